@@ -1,0 +1,397 @@
+//! One typed [`Config`] from three layers: defaults, `promptgate.toml` (`--config`),
+//! and command-line flags, flags winning.
+//!
+//! Both outer layers arrive as the same raw [`ConfigLayer`] (strings as typed), so
+//! every value is validated in one place and a bad one is reported the same way
+//! whichever layer it came from — with `file:line:col` when it came from the file.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http::Uri;
+use http::uri::{Authority, PathAndQuery, Scheme};
+use serde::Deserialize;
+
+/// Errors in the configuration: read by people, never on the request path.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{location}: {message}")]
+    Parse { location: String, message: String },
+    #[error("{setting}: {message}")]
+    Invalid {
+        setting: &'static str,
+        message: String,
+    },
+}
+
+/// Raw settings as written in the config file or given as flags.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigLayer {
+    pub listen: Option<String>,
+    pub upstream_anthropic: Option<String>,
+    pub upstream_openai: Option<String>,
+    pub upstream_ca: Option<Vec<PathBuf>>,
+    pub max_body: Option<Scalar>,
+    pub log_format: Option<String>,
+    pub connect_timeout: Option<Scalar>,
+    pub upstream_timeout: Option<Scalar>,
+    pub idle_timeout: Option<Scalar>,
+    pub shutdown_grace: Option<Scalar>,
+}
+
+/// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Scalar {
+    Number(u64),
+    Text(String),
+}
+
+impl From<String> for Scalar {
+    fn from(s: String) -> Self {
+        Scalar::Text(s)
+    }
+}
+
+/// The validated configuration of `promptgate serve`.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where the proxy listens.
+    pub listen: SocketAddr,
+    /// Where Anthropic routes are forwarded.
+    pub upstream_anthropic: BaseUrl,
+    /// Where OpenAI routes (`/openai/…`) are forwarded.
+    pub upstream_openai: BaseUrl,
+    /// Extra PEM roots trusted for upstream TLS.
+    pub upstream_ca: Vec<PathBuf>,
+    /// The largest request body accepted, in bytes.
+    pub max_body: u64,
+    pub log_format: LogFormat,
+    /// Time allowed to open a TCP connection (and TLS) to the upstream.
+    pub connect_timeout: Duration,
+    /// Time allowed for the upstream's response head (non-streamed answers can take minutes).
+    pub upstream_timeout: Duration,
+    /// Longest silence allowed between response body chunks; a live stream is never cut.
+    pub idle_timeout: Duration,
+    /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
+    pub shutdown_grace: Duration,
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8787)),
+            upstream_anthropic: BaseUrl::parse("https://api.anthropic.com")
+                .expect("the default Anthropic URL is valid"),
+            upstream_openai: BaseUrl::parse("https://api.openai.com")
+                .expect("the default OpenAI URL is valid"),
+            upstream_ca: Vec::new(),
+            max_body: 32 << 20,
+            log_format: LogFormat::Text,
+            connect_timeout: Duration::from_secs(10),
+            // The SDKs' own read timeout is 600 s; promptgate must not be the shorter one.
+            upstream_timeout: Duration::from_secs(600),
+            idle_timeout: Duration::from_secs(600),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+impl Config {
+    /// Builds the configuration: defaults, then the file at `config_path` (if any),
+    /// then `flags`.
+    pub fn load(config_path: Option<&Path>, flags: ConfigLayer) -> Result<Config, ConfigError> {
+        let mut config = Config::default();
+        if let Some(path) = config_path {
+            let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                path: path.display().to_string(),
+                source,
+            })?;
+            let mut file = parse_layer(&text, &path.display().to_string())?;
+            // Relative CA paths in a file are relative to the file.
+            if let (Some(cas), Some(dir)) = (file.upstream_ca.as_mut(), path.parent()) {
+                for ca in cas.iter_mut().filter(|p| p.is_relative()) {
+                    *ca = dir.join(&*ca);
+                }
+            }
+            config.apply(file)?;
+        }
+        config.apply(flags)?;
+        Ok(config)
+    }
+
+    fn apply(&mut self, layer: ConfigLayer) -> Result<(), ConfigError> {
+        if let Some(v) = layer.listen {
+            self.listen = v.parse().map_err(|_| ConfigError::Invalid {
+                setting: "listen",
+                message: format!("{v:?} is not an address and port (expected e.g. \"127.0.0.1:8787\")"),
+            })?;
+        }
+        if let Some(v) = layer.upstream_anthropic {
+            self.upstream_anthropic = BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
+                setting: "upstream-anthropic",
+                message,
+            })?;
+        }
+        if let Some(v) = layer.upstream_openai {
+            self.upstream_openai = BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
+                setting: "upstream-openai",
+                message,
+            })?;
+        }
+        if let Some(v) = layer.upstream_ca {
+            self.upstream_ca = v;
+        }
+        if let Some(v) = layer.max_body {
+            self.max_body = parse_size(&v).map_err(|message| ConfigError::Invalid {
+                setting: "max-body",
+                message,
+            })?;
+        }
+        if let Some(v) = layer.log_format {
+            self.log_format = match v.as_str() {
+                "text" => LogFormat::Text,
+                "json" => LogFormat::Json,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        setting: "log-format",
+                        message: format!("{v:?} is not a log format (expected \"text\" or \"json\")"),
+                    });
+                }
+            };
+        }
+        for (setting, value, slot) in [
+            ("connect-timeout", layer.connect_timeout, &mut self.connect_timeout),
+            ("upstream-timeout", layer.upstream_timeout, &mut self.upstream_timeout),
+            ("idle-timeout", layer.idle_timeout, &mut self.idle_timeout),
+            ("shutdown-grace", layer.shutdown_grace, &mut self.shutdown_grace),
+        ] {
+            if let Some(v) = value {
+                *slot = parse_duration(&v).map_err(|message| ConfigError::Invalid { setting, message })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses TOML text into a layer, reporting errors as `name:line:col: message`.
+pub fn parse_layer(text: &str, name: &str) -> Result<ConfigLayer, ConfigError> {
+    toml::from_str(text).map_err(|e| {
+        let (line, col) = e
+            .span()
+            .map(|span| line_col(text, span.start))
+            .unwrap_or((1, 1));
+        ConfigError::Parse {
+            location: format!("{name}:{line}:{col}"),
+            message: e.message().trim_end().to_owned(),
+        }
+    })
+}
+
+/// 1-based line and column (in characters) of a byte offset.
+pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let before = &text[..offset.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    (line, col)
+}
+
+/// An upstream origin with an optional base path: `https://api.anthropic.com`,
+/// `http://127.0.0.1:9000/prefix`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BaseUrl {
+    scheme: Scheme,
+    authority: Authority,
+    /// Without a trailing slash; empty for none.
+    base_path: String,
+}
+
+impl BaseUrl {
+    pub fn parse(text: &str) -> Result<BaseUrl, String> {
+        let uri: Uri = text
+            .parse()
+            .map_err(|e| format!("{text:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")"))?;
+        let scheme = uri.scheme().cloned().ok_or_else(|| {
+            format!("{text:?} has no scheme (expected e.g. \"https://api.anthropic.com\")")
+        })?;
+        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
+            return Err(format!("{text:?}: the scheme must be http or https"));
+        }
+        let authority = uri
+            .authority()
+            .cloned()
+            .ok_or_else(|| format!("{text:?} has no host"))?;
+        if authority.as_str().contains('@') {
+            return Err(format!("{text:?}: credentials do not belong in the upstream URL"));
+        }
+        if uri.query().is_some() {
+            return Err(format!("{text:?}: an upstream URL takes no query string"));
+        }
+        Ok(BaseUrl {
+            scheme,
+            authority,
+            base_path: uri.path().trim_end_matches('/').to_owned(),
+        })
+    }
+
+    /// The upstream URI for a routed path and query.
+    pub fn join(&self, path: &PathAndQuery) -> Result<Uri, http::Error> {
+        let pq = if self.base_path.is_empty() {
+            path.clone()
+        } else {
+            PathAndQuery::try_from(format!("{}{}", self.base_path, path.as_str()))?
+        };
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+    }
+
+    /// The host (and port, if given) requests go to.
+    pub fn authority(&self) -> &str {
+        self.authority.as_str()
+    }
+}
+
+impl fmt::Display for BaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+/// `1048576`, `"512KiB"`, `"32MiB"`, `"1GB"`: bytes.
+pub fn parse_size(v: &Scalar) -> Result<u64, String> {
+    let text = match v {
+        Scalar::Number(n) => return Ok(*n),
+        Scalar::Text(t) => t.trim(),
+    };
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a size (expected e.g. 33554432 or \"32MiB\")"))?;
+    let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "kib" => 1 << 10,
+        "m" | "mb" => 1_000_000,
+        "mib" => 1 << 20,
+        "g" | "gb" => 1_000_000_000,
+        "gib" => 1 << 30,
+        other => return Err(format!("{text:?}: unknown size unit {other:?} (use B, KB, KiB, MB, MiB, GB or GiB)")),
+    };
+    number
+        .checked_mul(factor)
+        .ok_or_else(|| format!("{text:?} is too large"))
+}
+
+/// `30` (seconds), `"500ms"`, `"10s"`, `"5m"`, `"1h"`.
+pub fn parse_duration(v: &Scalar) -> Result<Duration, String> {
+    let text = match v {
+        Scalar::Number(n) => return Ok(Duration::from_secs(*n)),
+        Scalar::Text(t) => t.trim(),
+    };
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration (expected e.g. 30 or \"10s\")"))?;
+    Ok(match unit.trim() {
+        "" | "s" => Duration::from_secs(number),
+        "ms" => Duration::from_millis(number),
+        "m" => Duration::from_secs(number * 60),
+        "h" => Duration::from_secs(number * 3600),
+        other => return Err(format!("{text:?}: unknown duration unit {other:?} (use ms, s, m or h)")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_durations() {
+        assert_eq!(parse_size(&Scalar::Number(5)), Ok(5));
+        assert_eq!(parse_size(&"32MiB".to_owned().into()), Ok(32 << 20));
+        assert_eq!(parse_size(&"1 KB".to_owned().into()), Ok(1000));
+        assert!(parse_size(&"12 parsecs".to_owned().into()).is_err());
+        assert_eq!(parse_duration(&"250ms".to_owned().into()), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration(&"5m".to_owned().into()), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration(&Scalar::Number(7)), Ok(Duration::from_secs(7)));
+        assert!(parse_duration(&"soon".to_owned().into()).is_err());
+    }
+
+    #[test]
+    fn base_urls_join_paths() {
+        let b = BaseUrl::parse("http://127.0.0.1:9000/").unwrap();
+        let p = PathAndQuery::from_static("/v1/messages?beta=true");
+        assert_eq!(b.join(&p).unwrap().to_string(), "http://127.0.0.1:9000/v1/messages?beta=true");
+        let b = BaseUrl::parse("https://gw.example/anthropic").unwrap();
+        assert_eq!(b.join(&p).unwrap().to_string(), "https://gw.example/anthropic/v1/messages?beta=true");
+        assert!(BaseUrl::parse("ftp://x").is_err());
+        assert!(BaseUrl::parse("api.anthropic.com").is_err());
+        assert!(BaseUrl::parse("https://user:pw@x").is_err());
+    }
+
+    #[test]
+    fn file_errors_point_at_line_and_column() {
+        let err = parse_layer("listen = \"127.0.0.1:1\"\nmax_bdy = 5\n", "p.toml").unwrap_err();
+        let text = err.to_string();
+        assert!(text.starts_with("p.toml:2:1: "), "{text}");
+        assert!(text.contains("max_body"), "lists the known keys: {text}");
+        let err = parse_layer("listen = [\n", "p.toml").unwrap_err();
+        assert!(err.to_string().starts_with("p.toml:"), "{err}");
+    }
+
+    #[test]
+    fn flags_win_over_file() {
+        let dir = std::env::temp_dir().join(format!("pg-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("promptgate.toml");
+        std::fs::write(
+            &path,
+            "listen = \"127.0.0.1:9001\"\nmax_body = \"1MiB\"\nupstream_ca = [\"ca.pem\"]\nlog_format = \"json\"\n",
+        )
+        .unwrap();
+        let flags = ConfigLayer {
+            listen: Some("127.0.0.1:9002".into()),
+            ..ConfigLayer::default()
+        };
+        let c = Config::load(Some(&path), flags).unwrap();
+        assert_eq!(c.listen.port(), 9002);
+        assert_eq!(c.max_body, 1 << 20);
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.upstream_ca, vec![dir.join("ca.pem")]);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let flags = ConfigLayer {
+            log_format: Some("xml".into()),
+            ..ConfigLayer::default()
+        };
+        let err = Config::load(None, flags).unwrap_err().to_string();
+        assert!(err.starts_with("log-format: \"xml\""), "{err}");
+    }
+}

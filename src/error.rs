@@ -1,0 +1,117 @@
+//! What can go wrong in one exchange, and how each failure is told to the client.
+//!
+//! Every [`ProxyError`] becomes a response in the provider's own error shape (see
+//! [`crate::provider::error_body`]), so agents print a readable message. The status,
+//! the machine code, the retry hint and the record outcome of each kind sit in one
+//! exhaustive match below.
+
+use http::StatusCode;
+
+use crate::record::Outcome;
+
+/// A failure that ends an exchange before a response from upstream reaches the client.
+/// An error and its causes on one line, without repeating a level.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct ProxyError {
+    pub kind: ErrorKind,
+    /// What happened, for people: ends up after `promptgate: ` in the error body.
+    pub message: String,
+}
+
+/// The kinds of [`ProxyError`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// The path is not one promptgate routes.
+    NoRoute,
+    /// The request body is over `--max-body`.
+    BodyTooLarge,
+    /// The request body could not be read from the client.
+    BadRequestBody,
+    /// The upstream could not be reached (DNS, refused, reset during connect).
+    UpstreamConnect,
+    /// The TLS handshake with the upstream failed (untrusted certificate, protocol).
+    UpstreamTls,
+    /// The upstream did not answer in time.
+    UpstreamTimeout,
+    /// The upstream answered with something that is not HTTP, or dropped the request.
+    UpstreamProtocol,
+}
+
+impl ErrorKind {
+    /// The status the client receives.
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::NoRoute => StatusCode::NOT_FOUND,
+            ErrorKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::BadRequestBody => StatusCode::BAD_REQUEST,
+            ErrorKind::UpstreamConnect => StatusCode::BAD_GATEWAY,
+            ErrorKind::UpstreamTls => StatusCode::BAD_GATEWAY,
+            ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
+            ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// A short machine code: OpenAI's `error.code`, and the record's error kind.
+    pub fn code(self) -> &'static str {
+        match self {
+            ErrorKind::NoRoute => "not_found",
+            ErrorKind::BodyTooLarge => "request_too_large",
+            ErrorKind::BadRequestBody => "bad_request_body",
+            ErrorKind::UpstreamConnect => "upstream_unreachable",
+            ErrorKind::UpstreamTls => "upstream_tls_failed",
+            ErrorKind::UpstreamTimeout => "upstream_timeout",
+            ErrorKind::UpstreamProtocol => "upstream_protocol_error",
+        }
+    }
+
+    /// The `x-should-retry` hint: only failures a retry can cure say yes
+    /// (PROTOCOL.md §C.7: SDKs obey it before looking at the status).
+    pub fn should_retry(self) -> bool {
+        match self {
+            ErrorKind::NoRoute => false,
+            ErrorKind::BodyTooLarge => false,
+            ErrorKind::BadRequestBody => false,
+            ErrorKind::UpstreamConnect => true,
+            ErrorKind::UpstreamTls => false,
+            ErrorKind::UpstreamTimeout => true,
+            ErrorKind::UpstreamProtocol => true,
+        }
+    }
+
+    /// The outcome recorded for the exchange.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            ErrorKind::NoRoute => Outcome::NoRoute,
+            ErrorKind::BodyTooLarge => Outcome::TooLarge,
+            ErrorKind::BadRequestBody => Outcome::BadRequest,
+            ErrorKind::UpstreamConnect => Outcome::UpstreamError,
+            ErrorKind::UpstreamTls => Outcome::UpstreamError,
+            ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
+            ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
+        }
+    }
+}
+
+impl ProxyError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        ProxyError {
+            kind,
+            message: message.into(),
+        }
+    }
+}

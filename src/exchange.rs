@@ -1,0 +1,416 @@
+//! One exchange: a client request, its trip upstream, the response back, and the
+//! record it ends as.
+//!
+//! The flow, in order: route the path → read the body once (up to `--max-body`) →
+//! sniff the model → forward headers (hop-by-hop removed) and the body byte for byte
+//! → hand the response head to the client and its body through an [`ObservedBody`]
+//! → when the body ends, observe the copy and emit one [`ExchangeRecord`].
+//! Every early exit answers in the provider's error shape and still emits a record;
+//! an exchange dropped mid-way (the client left) emits one from [`PendingRecord`]'s drop.
+
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::{Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, Version};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use crate::config::Config;
+use crate::error::{ErrorKind, ProxyError};
+use crate::id::ExchangeId;
+use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
+use crate::provider::{self, Provider};
+use crate::record::{ExchangeRecord, Outcome, Recorder};
+use crate::upstream::Upstream;
+
+/// The most response bytes the observer keeps a copy of, per exchange.
+const RETAIN_LIMIT: usize = 64 << 20;
+
+/// Everything an exchange needs, shared by all of them.
+pub struct Proxy {
+    pub config: Arc<Config>,
+    pub upstream: Upstream,
+    pub recorder: Arc<Recorder>,
+}
+
+/// The body promptgate answers with: its own (errors) or the upstream's, observed.
+pub enum ProxyBody {
+    Own(Full<Bytes>),
+    Upstream(ObservedBody<Incoming>),
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.get_mut() {
+            ProxyBody::Own(b) => Pin::new(b).poll_frame(cx).map_err(|e| match e {}),
+            ProxyBody::Upstream(b) => Pin::new(b).poll_frame(cx),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            ProxyBody::Own(b) => b.is_end_stream(),
+            ProxyBody::Upstream(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            ProxyBody::Own(b) => b.size_hint(),
+            ProxyBody::Upstream(b) => b.size_hint(),
+        }
+    }
+}
+
+/// A record under construction. Dropped unfinished — the client went away while
+/// promptgate waited on it or on the upstream — it is emitted as cancelled.
+struct PendingRecord {
+    record: Option<ExchangeRecord>,
+    recorder: Arc<Recorder>,
+    started: Instant,
+}
+
+impl PendingRecord {
+    fn get(&mut self) -> &mut ExchangeRecord {
+        self.record
+            .as_mut()
+            .expect("a pending record holds its record until it is emitted")
+    }
+
+    fn emit(mut self, outcome: Outcome, error: Option<String>) {
+        if let Some(mut record) = self.record.take() {
+            record.outcome = outcome;
+            record.error = error;
+            record.timing.total = self.started.elapsed();
+            self.recorder.emit(&record);
+        }
+    }
+}
+
+impl Drop for PendingRecord {
+    fn drop(&mut self) {
+        if let Some(mut record) = self.record.take() {
+            record.outcome = Outcome::ClientCancelled;
+            record.error = Some("the client went away before the response".into());
+            record.timing.total = self.started.elapsed();
+            self.recorder.emit(&record);
+        }
+    }
+}
+
+impl Proxy {
+    /// Handles one client request, start to end. Never fails: errors become responses.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+        client: Option<SocketAddr>,
+    ) -> Response<ProxyBody> {
+        let started = Instant::now();
+        let id = ExchangeId::new();
+        let path = request
+            .uri()
+            .path_and_query()
+            .map_or_else(|| request.uri().path().to_owned(), |p| p.as_str().to_owned());
+        self.recorder.begin();
+        let mut pending = PendingRecord {
+            record: Some(ExchangeRecord::begin(
+                id,
+                client,
+                request.method().clone(),
+                path,
+            )),
+            recorder: self.recorder.clone(),
+            started,
+        };
+
+        let route = request.uri().path_and_query().and_then(provider::route);
+        let Some(route) = route else {
+            let error = ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP);
+            return error_response(pending, Provider::Anthropic, error);
+        };
+        {
+            let r = pending.get();
+            r.provider = Some(route.provider);
+            r.api = Some(route.api);
+        }
+
+        let (mut parts, body) = request.into_parts();
+        let body = match read_body(body, &parts.headers, self.config.max_body).await {
+            Ok(body) => body,
+            Err(e) => return error_response(pending, route.provider, e),
+        };
+        let base = match route.provider {
+            Provider::Anthropic => &self.config.upstream_anthropic,
+            Provider::OpenAi => &self.config.upstream_openai,
+        };
+        let uri = match base.join(&route.upstream_path) {
+            Ok(uri) => uri,
+            Err(e) => {
+                let error = ProxyError::new(ErrorKind::NoRoute, format!("bad upstream path: {e}"));
+                return error_response(pending, route.provider, error);
+            }
+        };
+        {
+            let r = pending.get();
+            r.upstream_url = Some(uri.to_string());
+            r.bytes_in = body.len() as u64;
+            if body.first() == Some(&b'{') {
+                r.model = provider::sniff(&body).model;
+            }
+            r.request_body = body.clone();
+        }
+
+        // The record keeps the headers as received; upstream gets them minus hop-by-hop.
+        let received = std::mem::take(&mut parts.headers);
+        parts.headers = forwardable(&received, true);
+        pending.get().request_headers = received;
+        parts.uri = uri;
+        // ALPN decides the upstream protocol; the client's own version does not matter.
+        parts.version = Version::HTTP_11;
+        let upstream_request = Request::from_parts(parts, Full::new(body));
+
+        let sent = tokio::time::timeout(
+            self.config.upstream_timeout,
+            self.upstream.send(upstream_request),
+        )
+        .await;
+        let response = match sent {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => return error_response(pending, route.provider, e),
+            Err(_) => {
+                let error = ProxyError::new(
+                    ErrorKind::UpstreamTimeout,
+                    format!(
+                        "upstream sent no response within {}s",
+                        self.config.upstream_timeout.as_secs()
+                    ),
+                );
+                return error_response(pending, route.provider, error);
+            }
+        };
+
+        let (mut head, incoming) = response.into_parts();
+        head.headers = forwardable(&head.headers, false);
+        {
+            let r = pending.get();
+            r.status = Some(head.status);
+            r.response_headers = head.headers.clone();
+            r.timing.upstream_headers = Some(started.elapsed());
+        }
+        let is_sse = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        let can_append_error = is_sse
+            && !head.headers.contains_key(header::CONTENT_LENGTH)
+            && !head.headers.contains_key(header::CONTENT_ENCODING);
+        let error_event = can_append_error.then_some((route.provider, route.api));
+        let (provider, api) = (route.provider, route.api);
+        let headers_for_observer = head.headers.clone();
+        let body = ObservedBody::new(
+            incoming,
+            self.config.idle_timeout,
+            RETAIN_LIMIT,
+            error_event,
+            move |tap: TapResult| {
+                finish_observed(pending, provider, api, headers_for_observer, tap)
+            },
+        );
+        Response::from_parts(head, ProxyBody::Upstream(body))
+    }
+}
+
+/// Reads the request body whole, refusing it past `max` bytes.
+async fn read_body(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, ProxyError> {
+    let too_large = |n: u64| {
+        ProxyError::new(
+            ErrorKind::BodyTooLarge,
+            format!("request body of {n} bytes is over the limit of {max} bytes (--max-body)"),
+        )
+    };
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(n) = declared
+        && n > max
+    {
+        return Err(too_large(n));
+    }
+    // The common case is one frame: keep it as is, no copy.
+    let mut first: Option<Bytes> = None;
+    let mut joined: Option<BytesMut> = None;
+    let mut total: u64 = 0;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|e| {
+            ProxyError::new(
+                ErrorKind::BadRequestBody,
+                format!("could not read the request body: {}", crate::error::error_chain(&e)),
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue; // trailers carry nothing to forward in a JSON API
+        };
+        total += data.len() as u64;
+        if total > max {
+            return Err(too_large(total));
+        }
+        match (&mut first, &mut joined) {
+            (None, None) => first = Some(data),
+            (Some(_), None) => {
+                let head = first.take().unwrap_or_default();
+                let capacity = declared.unwrap_or(total).min(max) as usize;
+                let mut buf = BytesMut::with_capacity(capacity.max(total as usize));
+                buf.extend_from_slice(&head);
+                buf.extend_from_slice(&data);
+                joined = Some(buf);
+            }
+            (_, Some(buf)) => buf.extend_from_slice(&data),
+        }
+    }
+    Ok(match (first, joined) {
+        (_, Some(buf)) => buf.freeze(),
+        (Some(one), None) => one,
+        (None, None) => Bytes::new(),
+    })
+}
+
+/// Headers that only concern one connection and never cross a proxy (RFC 9110 §7.6.1),
+/// plus `Expect` (the body is already read) and, on requests, `Host` (the upstream's own
+/// is set from the URL).
+fn forwardable(headers: &HeaderMap, request: bool) -> HeaderMap {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    let mut out = HeaderMap::with_capacity(headers.len());
+    for (name, value) in headers {
+        let hop = matches!(
+            name.as_str(),
+            "connection"
+                | "keep-alive"
+                | "proxy-connection"
+                | "proxy-authenticate"
+                | "proxy-authorization"
+                | "te"
+                | "trailer"
+                | "transfer-encoding"
+                | "upgrade"
+        ) || (request && (name == header::HOST || name == header::EXPECT))
+            || named.contains(name);
+        if !hop {
+            out.append(name.clone(), value.clone());
+        }
+    }
+    out
+}
+
+/// Emits the record of an exchange whose response body has ended.
+fn finish_observed(
+    mut pending: PendingRecord,
+    provider: Provider,
+    api: provider::Api,
+    headers: HeaderMap,
+    tap: TapResult,
+) {
+    let work = move || {
+        let started = pending.started;
+        let observation = observer::observe(provider, api, &headers, &tap.chunks, tap.truncated);
+        let record = pending.get();
+        record.bytes_out = tap.bytes;
+        record.timing.first_byte = tap.first_byte.map(|t| t - started);
+        let stream_error = observation.summary.provider_error.clone();
+        record.observation = Some(observation);
+        let (outcome, error) = match tap.end {
+            BodyEnd::Complete => (Outcome::Ok, stream_error),
+            BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
+            BodyEnd::IdleTimeout(d) => (
+                Outcome::UpstreamError,
+                Some(format!("no data from upstream for {}s (--idle-timeout)", d.as_secs())),
+            ),
+            BodyEnd::ClientGone => (
+                Outcome::ClientCancelled,
+                Some("the client went away mid-response; the upstream request was cancelled".into()),
+            ),
+        };
+        pending.emit(outcome, error);
+    };
+    // Reading the copy happens off the client's path; outside a runtime (shutdown) inline.
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(async move { work() });
+        }
+        Err(_) => work(),
+    }
+}
+
+/// Answers with promptgate's own error in the provider's shape, and emits the record.
+fn error_response(pending: PendingRecord, provider: Provider, error: ProxyError) -> Response<ProxyBody> {
+    let mut pending = pending;
+    let status = error.kind.status();
+    let request_id = format!("req_promptgate_{}", pending.get().id);
+    let body = provider::error_body(provider, status, error.kind.code(), &error.message, &request_id);
+    let mut response = Response::new(ProxyBody::Own(Full::new(Bytes::from(body))));
+    *response.status_mut() = status;
+    let h = response.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let retry = if error.kind.should_retry() { "true" } else { "false" };
+    h.insert("x-should-retry", HeaderValue::from_static(retry));
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        h.insert("request-id", v.clone());
+        if provider == Provider::OpenAi {
+            h.insert("x-request-id", v);
+        }
+    }
+    {
+        let r = pending.get();
+        r.status = Some(status);
+        r.response_headers = response.headers().clone();
+    }
+    pending.emit(error.kind.outcome(), Some(error.message));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped_and_order_kept() {
+        let mut h = HeaderMap::new();
+        for (k, v) in [
+            ("accept", "application/json"),
+            ("x-api-key", "k"),
+            ("connection", "keep-alive, x-drop-me"),
+            ("x-drop-me", "1"),
+            ("host", "127.0.0.1:8787"),
+            ("expect", "100-continue"),
+            ("proxy-authorization", "Basic x"),
+            ("accept-encoding", "gzip, deflate, br, zstd"),
+            ("content-length", "5"),
+        ] {
+            h.append(k, HeaderValue::from_static(v));
+        }
+        let out = forwardable(&h, true);
+        let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
+        assert_eq!(names, ["accept", "x-api-key", "accept-encoding", "content-length"]);
+        let resp = forwardable(&h, false);
+        assert!(resp.contains_key("host") && !resp.contains_key("x-drop-me"));
+    }
+}

@@ -1,0 +1,37 @@
+//! promptgate: a local intercepting proxy for model-provider APIs.
+//!
+//! # Layout
+//!
+//! A request flows through the modules in this order:
+//!
+//! - [`listener`]: accepts client connections and hands each request to an exchange;
+//!   stops accepting and drains on shutdown.
+//! - [`exchange`]: one request/response pair, from the client's first byte to the
+//!   record that says what happened. It reads the body once, routes it, sends it
+//!   upstream and wraps the response for the observer.
+//! - [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
+//!   stream grammars and usage fields.
+//! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client to the providers, its trust
+//!   roots and timeouts.
+//! - [`observer`]: reads a copy of every response body (never delaying the client)
+//!   and turns it into an [`observer::Observation`]: model, usage, the reassembled
+//!   message, stream errors.
+//! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, and the sinks
+//!   that receive it (today: the exchange log line).
+//!
+//! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
+//! [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
+//! one exchange, and how it is told to the client).
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod exchange;
+pub mod id;
+pub mod listener;
+pub mod logging;
+pub mod observer;
+pub mod provider;
+pub mod record;
+pub mod upstream;

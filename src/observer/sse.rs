@@ -1,0 +1,135 @@
+//! Server-sent events framing (the WHATWG grammar the provider SDKs implement).
+//!
+//! Events end at a blank line; lines end in `\n`, `\r\n` or `\r`; `:` starts a
+//! comment; `field: value` loses one optional space; several `data:` lines join
+//! with `\n`. Bytes may arrive split anywhere, even inside a `\r\n`.
+
+use memchr::memchr2;
+
+/// An incremental SSE decoder: feed it bytes, it calls back once per complete event.
+#[derive(Debug, Default)]
+pub struct SseDecoder {
+    line: Vec<u8>,
+    event: String,
+    data: String,
+    has_data: bool,
+    /// The last byte fed was `\r`; a `\n` at the start of the next feed belongs to it.
+    after_cr: bool,
+}
+
+impl SseDecoder {
+    /// Feeds bytes; `on_event(name, data)` runs for each event completed by them.
+    pub fn feed(&mut self, mut bytes: &[u8], on_event: &mut dyn FnMut(&str, &str)) {
+        if bytes.is_empty() {
+            return;
+        }
+        if self.after_cr {
+            self.after_cr = false;
+            if let Some(rest) = bytes.strip_prefix(b"\n") {
+                bytes = rest;
+            }
+        }
+        while let Some(pos) = memchr2(b'\n', b'\r', bytes) {
+            self.line.extend_from_slice(&bytes[..pos]);
+            let mut next = pos + 1;
+            if bytes[pos] == b'\r' {
+                match bytes.get(next) {
+                    Some(b'\n') => next += 1,
+                    Some(_) => {}
+                    None => self.after_cr = true,
+                }
+            }
+            self.end_line(on_event);
+            bytes = &bytes[next..];
+        }
+        self.line.extend_from_slice(bytes);
+    }
+
+    fn end_line(&mut self, on_event: &mut dyn FnMut(&str, &str)) {
+        if self.line.is_empty() {
+            if self.has_data || !self.event.is_empty() {
+                on_event(&self.event, &self.data);
+            }
+            self.event.clear();
+            self.data.clear();
+            self.has_data = false;
+            return;
+        }
+        if self.line[0] != b':' {
+            let line = String::from_utf8_lossy(&self.line);
+            let (field, value) = match line.find(':') {
+                Some(i) => {
+                    let v = &line[i + 1..];
+                    (&line[..i], v.strip_prefix(' ').unwrap_or(v))
+                }
+                None => (&line[..], ""),
+            };
+            match field {
+                "event" => {
+                    self.event.clear();
+                    self.event.push_str(value);
+                }
+                "data" => {
+                    if self.has_data {
+                        self.data.push('\n');
+                    }
+                    self.data.push_str(value);
+                    self.has_data = true;
+                }
+                _ => {} // id, retry and unknown fields do not matter to a reader of usage
+            }
+        }
+        self.line.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(pieces: &[&[u8]]) -> Vec<(String, String)> {
+        let mut d = SseDecoder::default();
+        let mut out = Vec::new();
+        for p in pieces {
+            d.feed(p, &mut |e, data| out.push((e.to_owned(), data.to_owned())));
+        }
+        out
+    }
+
+    #[test]
+    fn named_events_and_multiline_data() {
+        let out = decode(&[b"event: a\ndata: 1\n\n: comment\ndata:x\ndata: y\n\nevent:b\ndata: {}\n\n"]);
+        assert_eq!(
+            out,
+            vec![
+                ("a".into(), "1".into()),
+                ("".into(), "x\ny".into()),
+                ("b".into(), "{}".into())
+            ]
+        );
+    }
+
+    #[test]
+    fn every_split_point_and_line_ending_gives_the_same_events() {
+        for text in [
+            "event: message_start\ndata: {\"a\":1}\n\nevent: ping\ndata: {}\n\ndata: [DONE]\n\n",
+            "event: message_start\r\ndata: {\"a\":1}\r\n\r\nevent: ping\r\ndata: {}\r\n\r\ndata: [DONE]\r\n\r\n",
+            "event: message_start\rdata: {\"a\":1}\r\revent: ping\rdata: {}\r\rdata: [DONE]\r\r",
+        ] {
+            let whole = decode(&[text.as_bytes()]);
+            assert_eq!(whole.len(), 3, "{text:?}");
+            assert_eq!(whole[2].1, "[DONE]");
+            let b = text.as_bytes();
+            for i in 0..b.len() {
+                for j in i..b.len() {
+                    assert_eq!(decode(&[&b[..i], &b[i..j], &b[j..]]), whole, "split {i},{j}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn unterminated_event_is_not_dispatched() {
+        assert!(decode(&[b"event: x\ndata: partial"]).is_empty());
+    }
+}

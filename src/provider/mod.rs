@@ -1,0 +1,316 @@
+//! What differs between providers: which paths go where, what an error looks
+//! like, how a response stream is read and where usage hides in it.
+//!
+//! Nothing here does IO; the exchange and the observer call in with bytes.
+
+pub mod anthropic;
+pub mod openai;
+mod sniff;
+mod usage;
+
+use http::uri::PathAndQuery;
+use serde_json::json;
+
+pub use sniff::{RequestSummary, sniff};
+pub use usage::Usage;
+
+use serde_json::Value;
+
+/// What a response body says, read by the provider's grammar.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct ResponseSummary {
+    /// The model that answered, as the provider reports it.
+    pub model: Option<String>,
+    /// The provider's id for the response (`msg_…`, `chatcmpl-…`, `resp_…`).
+    pub response_id: Option<String>,
+    /// Why generation stopped (`end_turn`, `tool_use`, `stop`, `completed`, …).
+    pub stop_reason: Option<String>,
+    /// Token usage, when the body carried it.
+    pub usage: Option<Usage>,
+    /// The whole message: the JSON body, or the message reassembled from a stream.
+    pub message: Option<Value>,
+    /// Number of SSE events read (0 for a JSON body).
+    pub events: u32,
+    /// A stream's terminal event arrived (`message_stop`, `[DONE]`, `response.completed`).
+    pub complete: bool,
+    /// An error the provider reported: an error body, or an error event mid-stream.
+    pub provider_error: Option<String>,
+}
+
+/// Reads a stream of SSE events of one provider API.
+pub trait StreamReader: Send {
+    /// One event: its `event:` name (empty when absent) and its joined `data:` lines.
+    fn event(&mut self, name: &str, data: &str);
+    /// What the stream said, as far as it went.
+    fn finish(self: Box<Self>) -> ResponseSummary;
+}
+
+/// The stream reader for an API's SSE responses.
+pub fn stream_reader(provider: Provider, api: Api) -> Box<dyn StreamReader> {
+    match (provider, api) {
+        (Provider::OpenAi, Api::ChatCompletions) => Box::<openai::ChatStream>::default(),
+        (Provider::OpenAi, _) => Box::<openai::ResponsesStream>::default(),
+        (Provider::Anthropic, _) => Box::<anthropic::MessageStream>::default(),
+    }
+}
+
+/// Reads a whole JSON response body of one provider API.
+pub fn read_json(provider: Provider, body: Value) -> ResponseSummary {
+    match provider {
+        Provider::Anthropic => anthropic::read_json(body),
+        Provider::OpenAi => openai::read_json(body),
+    }
+}
+
+/// The text of a provider error object: `type: message`, or `message` alone.
+pub(crate) fn error_text(error: &Value) -> String {
+    let message = error
+        .get("message")
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+        .unwrap_or_else(|| error.to_string());
+    let kind = error
+        .get("type")
+        .or_else(|| error.get("code"))
+        .and_then(Value::as_str);
+    match kind {
+        Some(kind) if !kind.is_empty() => format!("{kind}: {message}"),
+        _ => message,
+    }
+}
+
+/// A string field of a JSON object.
+pub(crate) fn str_field(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_owned)
+}
+
+/// The model provider a request is bound for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Provider {
+    Anthropic,
+    OpenAi,
+}
+
+impl Provider {
+    /// Lowercase name used in logs, records and rules.
+    pub fn name(self) -> &'static str {
+        match self {
+            Provider::Anthropic => "anthropic",
+            Provider::OpenAi => "openai",
+        }
+    }
+}
+
+/// The API behind a path, which decides how the response is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// Anthropic `POST /v1/messages`.
+    Messages,
+    /// Anthropic `POST /v1/messages/count_tokens`.
+    CountTokens,
+    /// OpenAI `POST /v1/chat/completions`.
+    ChatCompletions,
+    /// OpenAI `POST /v1/responses`.
+    Responses,
+    /// Anything else under a provider's prefix: passed through, read as plain JSON if it is.
+    Other,
+}
+
+/// Where a client path goes: the provider, the API, and the path (with query) to ask upstream.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub provider: Provider,
+    pub api: Api,
+    /// Path and query for the upstream request, before the upstream's own base path.
+    pub upstream_path: PathAndQuery,
+}
+
+/// What promptgate routes, for the 404 message.
+pub const ROUTES_HELP: &str = "promptgate routes /v1/* and /api/* to Anthropic (also under /anthropic/), \
+     and /openai/v1/* to OpenAI (set OPENAI_BASE_URL=http://<listen>/openai/v1)";
+
+/// Maps a client path to its provider. The query string is kept exactly as sent.
+pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
+    let path = path_and_query.path();
+    let (provider, rest) = if let Some(rest) = strip_segment(path, "/openai") {
+        (Provider::OpenAi, rest)
+    } else if let Some(rest) = strip_segment(path, "/anthropic") {
+        (Provider::Anthropic, rest)
+    } else {
+        (Provider::Anthropic, path)
+    };
+    if !(rest.starts_with("/v1/") || (provider == Provider::Anthropic && rest.starts_with("/api/")))
+    {
+        return None;
+    }
+    let api = match (provider, rest.trim_end_matches('/')) {
+        (Provider::Anthropic, "/v1/messages") => Api::Messages,
+        (Provider::Anthropic, "/v1/messages/count_tokens") => Api::CountTokens,
+        (Provider::OpenAi, "/v1/chat/completions") => Api::ChatCompletions,
+        (Provider::OpenAi, "/v1/responses") => Api::Responses,
+        _ => Api::Other,
+    };
+    let upstream_path = if rest.len() == path.len() {
+        path_and_query.clone()
+    } else {
+        let with_query = match path_and_query.query() {
+            Some(q) => format!("{rest}?{q}"),
+            None => rest.to_owned(),
+        };
+        PathAndQuery::try_from(with_query).ok()?
+    };
+    Some(Route {
+        provider,
+        api,
+        upstream_path,
+    })
+}
+
+/// `path` without a leading `/segment`, if it starts with that whole segment.
+fn strip_segment<'a>(path: &'a str, segment: &str) -> Option<&'a str> {
+    let rest = path.strip_prefix(segment)?;
+    rest.starts_with('/').then_some(rest)
+}
+
+/// The body of an error promptgate itself answers with, in the provider's shape.
+///
+/// `kind` is a short machine code (`upstream_unreachable`, `request_too_large`, …)
+/// used as OpenAI's `error.code`; Anthropic's `error.type` follows the status.
+pub fn error_body(
+    provider: Provider,
+    status: http::StatusCode,
+    kind: &str,
+    message: &str,
+    request_id: &str,
+) -> Vec<u8> {
+    let message = format!("promptgate: {message}");
+    let body = match provider {
+        Provider::Anthropic => json!({
+            "type": "error",
+            "error": {"type": anthropic::error_type(status), "message": message},
+            "request_id": request_id,
+        }),
+        Provider::OpenAi => json!({
+            "error": {
+                "message": message,
+                "type": openai::error_type(status),
+                "param": null,
+                "code": kind,
+            }
+        }),
+    };
+    body.to_string().into_bytes()
+}
+
+/// An SSE event that tells a streaming client the stream failed, in the shape its SDK
+/// raises on. Sent only at an event boundary, after the upstream broke mid-stream.
+pub fn stream_error_event(provider: Provider, api: Api, kind: &str, message: &str) -> Vec<u8> {
+    let message = format!("promptgate: {message}");
+    let text = match (provider, api) {
+        (Provider::OpenAi, Api::ChatCompletions) => format!(
+            "data: {}\n\n",
+            json!({"error": {"message": message, "type": "server_error", "param": null, "code": kind}})
+        ),
+        (Provider::OpenAi, _) => format!(
+            "event: error\ndata: {}\n\n",
+            json!({"type": "error", "code": kind, "message": message, "param": null})
+        ),
+        (Provider::Anthropic, _) => format!(
+            "event: error\ndata: {}\n\n",
+            json!({"type": "error", "error": {"type": "api_error", "message": message}})
+        ),
+    };
+    text.into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn r(p: &str) -> Option<(Provider, Api, String)> {
+        route(&PathAndQuery::try_from(p).unwrap())
+            .map(|r| (r.provider, r.api, r.upstream_path.to_string()))
+    }
+
+    #[test]
+    fn anthropic_paths_pass_through_with_query() {
+        assert_eq!(
+            r("/v1/messages?beta=true"),
+            Some((
+                Provider::Anthropic,
+                Api::Messages,
+                "/v1/messages?beta=true".into()
+            ))
+        );
+        assert_eq!(
+            r("/v1/messages/count_tokens?beta=true").map(|x| x.1),
+            Some(Api::CountTokens)
+        );
+        assert_eq!(
+            r("/v1/models?limit=5"),
+            Some((Provider::Anthropic, Api::Other, "/v1/models?limit=5".into()))
+        );
+        assert_eq!(
+            r("/api/event_logging/batch").map(|x| x.0),
+            Some(Provider::Anthropic)
+        );
+        assert_eq!(
+            r("/anthropic/v1/messages"),
+            Some((Provider::Anthropic, Api::Messages, "/v1/messages".into()))
+        );
+    }
+
+    #[test]
+    fn openai_prefix_is_stripped() {
+        assert_eq!(
+            r("/openai/v1/chat/completions"),
+            Some((
+                Provider::OpenAi,
+                Api::ChatCompletions,
+                "/v1/chat/completions".into()
+            ))
+        );
+        assert_eq!(
+            r("/openai/v1/responses?x=1"),
+            Some((Provider::OpenAi, Api::Responses, "/v1/responses?x=1".into()))
+        );
+        assert_eq!(
+            r("/openai/v1/models").map(|x| x.2),
+            Some("/v1/models".into())
+        );
+        // OpenAI has no /api/ tree.
+        assert_eq!(r("/openai/api/x"), None);
+    }
+
+    #[test]
+    fn unknown_paths_do_not_route() {
+        for p in ["/", "/v1", "/v2/messages", "/openai", "/openaiv1/x", "/favicon.ico"] {
+            assert_eq!(r(p), None, "{p}");
+        }
+    }
+
+    #[test]
+    fn error_bodies_have_the_provider_shape() {
+        let a: serde_json::Value = serde_json::from_slice(&error_body(
+            Provider::Anthropic,
+            http::StatusCode::BAD_GATEWAY,
+            "upstream_unreachable",
+            "no route",
+            "req_1",
+        ))
+        .unwrap();
+        assert_eq!(a["type"], "error");
+        assert_eq!(a["error"]["type"], "api_error");
+        assert_eq!(a["error"]["message"], "promptgate: no route");
+        let o: serde_json::Value = serde_json::from_slice(&error_body(
+            Provider::OpenAi,
+            http::StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            "too big",
+            "req_1",
+        ))
+        .unwrap();
+        assert_eq!(o["error"]["type"], "invalid_request_error");
+        assert_eq!(o["error"]["code"], "request_too_large");
+    }
+}

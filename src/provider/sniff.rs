@@ -1,0 +1,209 @@
+//! Reads the top-level `model` of a JSON request body without parsing the body.
+//!
+//! Agents send bodies of hundreds of KB; the log line and the record only need
+//! the model. This scanner walks top-level keys, skips values by structure (strings
+//! with memchr), and stops at `model`. It never validates the body: malformed JSON
+//! yields an empty summary, never an error or a panic.
+
+use memchr::memchr2;
+
+/// What the top level of a request body says about itself.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RequestSummary {
+    /// The `model` string, unescaped.
+    pub model: Option<String>,
+}
+
+/// Scans `body` for its top-level `"model"` string.
+pub fn sniff(body: &[u8]) -> RequestSummary {
+    RequestSummary {
+        model: top_level_string(body, b"model"),
+    }
+}
+
+fn top_level_string(body: &[u8], wanted: &[u8]) -> Option<String> {
+    let mut i = skip_ws(body, 0);
+    if body.get(i) != Some(&b'{') {
+        return None;
+    }
+    i += 1;
+    loop {
+        i = skip_ws(body, i);
+        if body.get(i) != Some(&b'"') {
+            return None; // `}` (end) or malformed
+        }
+        let key_end = skip_string(body, i)?;
+        let key = &body[i + 1..key_end - 1];
+        i = skip_ws(body, key_end);
+        if body.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(body, i + 1);
+        let value_end = skip_value(body, i)?;
+        if key == wanted {
+            // The value is a JSON string literal; let serde_json unescape it.
+            return serde_json::from_slice::<String>(&body[i..value_end]).ok();
+        }
+        i = skip_ws(body, value_end);
+        match body.get(i) {
+            Some(b',') => i += 1,
+            _ => return None,
+        }
+    }
+}
+
+fn skip_ws(body: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\n' | b'\r' | b'\t') = body.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// `i` is at an opening quote; returns the index just past the closing quote.
+fn skip_string(body: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        let k = j + memchr2(b'"', b'\\', body.get(j..)?)?;
+        if body[k] == b'"' {
+            return Some(k + 1);
+        }
+        j = k + 2; // skip the escaped character, whatever it is
+    }
+}
+
+/// `i` is at the first byte of a value; returns the index just past it.
+fn skip_value(body: &[u8], i: usize) -> Option<usize> {
+    match *body.get(i)? {
+        b'"' => skip_string(body, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match *body.get(j)? {
+                    b'"' => {
+                        j = skip_string(body, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while let Some(&b) = body.get(j) {
+                if matches!(b, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
+                    break;
+                }
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(s: &str) -> Option<String> {
+        sniff(s.as_bytes()).model
+    }
+
+    #[test]
+    fn finds_model_anywhere_at_top_level() {
+        assert_eq!(
+            model(r#"{"model":"claude-opus-5-5","messages":[]}"#).as_deref(),
+            Some("claude-opus-5-5")
+        );
+        assert_eq!(
+            model(
+                r#"{"max_tokens":10,"messages":[{"role":"user","content":"say \"model\": {x}"}],"model":"m2"}"#
+            )
+            .as_deref(),
+            Some("m2")
+        );
+        assert_eq!(
+            model("{ \"a\" : [1, {\"model\":\"inner\"}, \"]\"] ,\n \"model\" : \"outer\\u00e9\" }")
+                .as_deref(),
+            Some("outer\u{e9}")
+        );
+    }
+
+    #[test]
+    fn nested_model_keys_are_ignored() {
+        assert_eq!(model(r#"{"metadata":{"model":"x"}}"#), None);
+        assert_eq!(model(r#"{"messages":[{"model":"x"}],"stream":true}"#), None);
+    }
+
+    #[test]
+    fn malformed_bodies_give_nothing() {
+        for s in [
+            "",
+            "[]",
+            "not json",
+            "{",
+            r#"{"model""#,
+            r#"{"model":}"#,
+            r#"{"model":5}"#,
+            r#"{"a":"unterminated"#,
+            r#"{"a":[[[[}"#,
+            r#"{"a":1 "model":"x"}"#,
+        ] {
+            assert_eq!(model(s), None, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn agrees_with_serde_on_many_shapes() {
+        // A small deterministic generator of nested JSON values with escapes.
+        let mut seed = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        fn value(depth: u32, next: &mut dyn FnMut() -> u64) -> serde_json::Value {
+            match next() % if depth > 3 { 4 } else { 6 } {
+                0 => serde_json::Value::from(next() % 1000),
+                1 => serde_json::Value::from("q\"uo\\te\n}]{[ \u{1F600}"),
+                2 => serde_json::Value::Bool(next().is_multiple_of(2)),
+                3 => serde_json::Value::Null,
+                4 => (0..next() % 4).map(|_| value(depth + 1, next)).collect(),
+                _ => {
+                    let mut m = serde_json::Map::new();
+                    for k in 0..next() % 4 {
+                        m.insert(format!("model{k}"), value(depth + 1, next));
+                    }
+                    m.insert("model".into(), "nested".into());
+                    serde_json::Value::Object(m)
+                }
+            }
+        }
+        for _ in 0..500 {
+            let mut top = serde_json::Map::new();
+            for k in 0..next() % 5 {
+                top.insert(format!("k{k}"), value(0, &mut next));
+            }
+            if next() % 3 > 0 {
+                top.insert("model".into(), format!("m-\"{}\"", next() % 100).into());
+            }
+            for k in 5..5 + next() % 3 {
+                top.insert(format!("k{k}"), value(0, &mut next));
+            }
+            let text = serde_json::Value::Object(top.clone()).to_string();
+            let expected = top.get("model").and_then(|m| m.as_str()).map(String::from);
+            assert_eq!(model(&text), expected, "{text}");
+            let pretty = serde_json::to_string_pretty(&top).unwrap();
+            assert_eq!(model(&pretty), expected, "{pretty}");
+        }
+    }
+}

@@ -1,0 +1,190 @@
+//! The record every exchange ends as, and the sinks that receive it.
+//!
+//! Exactly one [`ExchangeRecord`] per exchange, whatever happened: answered,
+//! refused, failed upstream, or abandoned by the client. The exchange builds it;
+//! [`Recorder::emit`] hands it to each [`RecordSink`] (the log line today, the
+//! capture store later). Sinks must be quick: they run on a runtime thread.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use serde::Serialize;
+use tokio::sync::Notify;
+
+use crate::id::ExchangeId;
+use crate::observer::Observation;
+use crate::provider::{Api, Provider};
+
+/// How an exchange ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The upstream answered and its whole response reached the client, whatever the status.
+    Ok,
+    /// The path is not one promptgate routes; the upstream was not contacted.
+    NoRoute,
+    /// The request body was over `--max-body`; the upstream was not contacted.
+    TooLarge,
+    /// The request body could not be read from the client.
+    BadRequest,
+    /// The upstream could not be reached, failed TLS, timed out, or broke off mid-response.
+    UpstreamError,
+    /// The client went away before the response was complete; the upstream request was cancelled.
+    ClientCancelled,
+}
+
+impl Outcome {
+    pub fn name(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::NoRoute => "no_route",
+            Outcome::TooLarge => "too_large",
+            Outcome::BadRequest => "bad_request",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::ClientCancelled => "client_cancelled",
+        }
+    }
+}
+
+/// How the client reached promptgate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// The client was pointed at promptgate as its base URL.
+    Reverse,
+}
+
+/// Times within an exchange, from its start (the request head arriving).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timing {
+    /// Until the upstream's response head arrived.
+    pub upstream_headers: Option<Duration>,
+    /// Until the first response body byte arrived from upstream.
+    pub first_byte: Option<Duration>,
+    /// Until the exchange ended.
+    pub total: Duration,
+}
+
+/// Everything known about one exchange when it ended.
+#[derive(Debug, Clone)]
+pub struct ExchangeRecord {
+    pub id: ExchangeId,
+    pub started_at: SystemTime,
+    pub mode: Mode,
+    pub client_addr: Option<SocketAddr>,
+    pub method: Method,
+    /// Path and query as the client sent them.
+    pub path: String,
+    pub provider: Option<Provider>,
+    pub api: Option<Api>,
+    /// The upstream URL the request went to (no credentials are ever in it).
+    pub upstream_url: Option<String>,
+    /// The model the request asked for.
+    pub model: Option<String>,
+    /// Request headers as the client sent them. Secrets included: sinks must redact.
+    pub request_headers: HeaderMap,
+    /// The request body exactly as received (and, today, as sent).
+    pub request_body: Bytes,
+    pub status: Option<StatusCode>,
+    pub response_headers: HeaderMap,
+    pub outcome: Outcome,
+    /// What went wrong, when something did (also a provider error on a 2xx stream).
+    pub error: Option<String>,
+    pub timing: Timing,
+    /// Request body bytes received from the client.
+    pub bytes_in: u64,
+    /// Response body bytes sent to the client.
+    pub bytes_out: u64,
+    /// What the observer read from the response body.
+    pub observation: Option<Observation>,
+}
+
+impl ExchangeRecord {
+    /// A record for an exchange that has just begun.
+    pub fn begin(
+        id: ExchangeId,
+        client_addr: Option<SocketAddr>,
+        method: Method,
+        path: String,
+    ) -> Self {
+        ExchangeRecord {
+            id,
+            started_at: SystemTime::now(),
+            mode: Mode::Reverse,
+            client_addr,
+            method,
+            path,
+            provider: None,
+            api: None,
+            upstream_url: None,
+            model: None,
+            request_headers: HeaderMap::new(),
+            request_body: Bytes::new(),
+            status: None,
+            response_headers: HeaderMap::new(),
+            outcome: Outcome::ClientCancelled,
+            error: None,
+            timing: Timing::default(),
+            bytes_in: 0,
+            bytes_out: 0,
+            observation: None,
+        }
+    }
+}
+
+/// Receives every finished record.
+pub trait RecordSink: Send + Sync {
+    fn record(&self, record: &ExchangeRecord);
+}
+
+/// Hands records to the sinks and counts exchanges still in flight (for shutdown).
+pub struct Recorder {
+    sinks: Vec<Arc<dyn RecordSink>>,
+    in_flight: AtomicUsize,
+    idle: Notify,
+}
+
+impl Recorder {
+    pub fn new(sinks: Vec<Arc<dyn RecordSink>>) -> Self {
+        Recorder {
+            sinks,
+            in_flight: AtomicUsize::new(0),
+            idle: Notify::new(),
+        }
+    }
+
+    /// Counts an exchange that will end with exactly one [`Recorder::emit`].
+    pub fn begin(&self) {
+        self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Hands a finished record to every sink.
+    pub fn emit(&self, record: &ExchangeRecord) {
+        for sink in &self.sinks {
+            sink.record(record);
+        }
+        if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Exchanges begun and not yet emitted.
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no exchange is in flight.
+    pub async fn drained(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.in_flight() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}

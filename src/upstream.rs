@@ -1,0 +1,142 @@
+//! The client promptgate forwards with: pooled connections, HTTP/1.1 and HTTP/2 by
+//! ALPN, rustls with the public roots plus `--upstream-ca`, a connect timeout.
+//!
+//! It only sends; routing, timeouts on the response and error shapes live in the
+//! exchange. Errors are classified here into [`ProxyError`]s.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::RootCertStore;
+use rustls_pki_types::CertificateDer;
+use rustls_pki_types::pem::PemObject;
+
+use crate::error::{ErrorKind, ProxyError, error_chain};
+
+/// Errors building the upstream client (read by people at startup).
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamSetupError {
+    #[error("upstream-ca {path}: {message}")]
+    Ca { path: PathBuf, message: String },
+    #[error("TLS setup: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// The pooled client to the providers.
+#[derive(Clone)]
+pub struct Upstream {
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl Upstream {
+    /// Builds the client: public roots plus the PEM files in `extra_roots`.
+    pub fn new(extra_roots: &[PathBuf], connect_timeout: Duration) -> Result<Self, UpstreamSetupError> {
+        let mut roots = RootCertStore::empty();
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        for path in extra_roots {
+            let ca_error = |message: String| UpstreamSetupError::Ca {
+                path: path.clone(),
+                message,
+            };
+            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+                .map_err(|e| ca_error(e.to_string()))?
+                .collect::<Result<_, _>>()
+                .map_err(|e| ca_error(e.to_string()))?;
+            if certs.is_empty() {
+                return Err(ca_error("no PEM certificate in the file".into()));
+            }
+            for cert in certs {
+                roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
+            }
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let tls = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        // Without it the first SSE chunk waits ~40 ms for Nagle (RUST-NOTES pitfall 1).
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(connect_timeout));
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .enable_http2()
+            .wrap_connector(http);
+
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            // Agents' header names reach the provider spelled as they sent them.
+            .http1_preserve_header_case(true)
+            .build(https);
+        Ok(Upstream { client })
+    }
+
+    /// Sends a request; the response body streams as it arrives.
+    pub async fn send(&self, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
+        let target = format!(
+            "{}://{}",
+            request.uri().scheme_str().unwrap_or("http"),
+            request.uri().authority().map_or("", |a| a.as_str())
+        );
+        self.client
+            .request(request)
+            .await
+            .map_err(|e| classify(&e, &target))
+    }
+}
+
+/// Names a client error by what the user can do about it.
+fn classify(e: &hyper_util::client::legacy::Error, target: &str) -> ProxyError {
+    let chain = error_chain(e);
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    let mut timed_out = false;
+    let mut tls = false;
+    while let Some(s) = source {
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            tls = true;
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
+            tls |= io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
+        }
+        source = s.source();
+    }
+    if timed_out {
+        ProxyError::new(
+            ErrorKind::UpstreamTimeout,
+            format!("connecting to upstream {target} timed out: {chain}"),
+        )
+    } else if tls {
+        ProxyError::new(
+            ErrorKind::UpstreamTls,
+            format!("TLS with upstream {target} failed: {chain} (for a private CA, pass --upstream-ca FILE)"),
+        )
+    } else if e.is_connect() {
+        ProxyError::new(
+            ErrorKind::UpstreamConnect,
+            format!("could not connect to upstream {target}: {chain}"),
+        )
+    } else {
+        ProxyError::new(
+            ErrorKind::UpstreamProtocol,
+            format!("upstream {target} failed the request: {chain}"),
+        )
+    }
+}

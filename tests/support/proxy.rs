@@ -1,0 +1,144 @@
+//! The real promptgate binary, run as a child process on an ephemeral port.
+
+use std::io::{BufRead, BufReader, Read};
+use std::net::SocketAddr;
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// A running promptgate. Killed on drop if still running.
+pub struct Proxy {
+    child: Child,
+    pub addr: SocketAddr,
+    /// The one line promptgate printed on start.
+    pub start_line: String,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Proxy {
+    /// Starts `promptgate serve --listen 127.0.0.1:0 --log-format json <args>`.
+    pub fn start(args: &[&str]) -> Proxy {
+        Self::start_with_env(args, &[])
+    }
+
+    pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Proxy {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
+        command
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(args)
+            .env_remove("PROMPTGATE_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("promptgate starts");
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut err_pipe = child.stderr.take().unwrap();
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 8192];
+            while let Ok(n) = err_pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+        });
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            if let Some(Ok(line)) = lines.next() {
+                let _ = tx.send(line);
+            }
+            for _ in lines {}
+        });
+        let start_line = match rx.recv_timeout(Duration::from_secs(20)) {
+            Ok(line) => line,
+            Err(_) => {
+                let _ = child.kill();
+                std::thread::sleep(Duration::from_millis(100));
+                panic!("promptgate printed no start line; stderr:\n{}", stderr.lock().unwrap());
+            }
+        };
+        let addr = start_line
+            .split("listening on http://")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|a| a.parse().ok())
+            .unwrap_or_else(|| panic!("no address in start line {start_line:?}"));
+        Proxy { child, addr, start_line, stderr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Everything promptgate wrote to stderr so far.
+    pub fn log(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// The exchange log lines so far, parsed.
+    pub fn exchanges(&self) -> Vec<Value> {
+        self.log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["message"] == "exchange")
+            .collect()
+    }
+
+    /// Waits until `n` exchange lines were logged.
+    pub async fn wait_exchanges(&self, n: usize, limit: Duration) -> Vec<Value> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let found = self.exchanges();
+            if found.len() >= n {
+                return found;
+            }
+            if Instant::now() > deadline {
+                panic!("expected {n} exchange line(s), got {}; log:\n{}", found.len(), self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends a signal (`TERM`, `INT`).
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// Waits for the process to exit.
+    pub async fn wait_exit(&mut self, limit: Duration) -> ExitStatus {
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            if Instant::now() > deadline {
+                panic!("promptgate did not exit within {limit:?}; log:\n{}", self.log());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
