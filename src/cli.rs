@@ -20,7 +20,12 @@ use crate::upstream::Upstream;
 
 /// A local intercepting proxy for model-provider APIs.
 #[derive(Debug, Parser)]
-#[command(name = "promptgate", version, about, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "promptgate",
+    version,
+    about,
+    args_conflicts_with_subcommands = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,
@@ -122,9 +127,13 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
-    let local = listener.local_addr().context("reading the listen address")?;
+    let local = listener
+        .local_addr()
+        .context("reading the listen address")?;
     if !local.ip().is_loopback() {
-        tracing::warn!("listening on {local}, which is not loopback: anyone who can reach it can use it");
+        tracing::warn!(
+            "listening on {local}, which is not loopback: anyone who can reach it can use it"
+        );
     }
     let grace = config.shutdown_grace;
     println!(

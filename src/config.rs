@@ -139,14 +139,17 @@ impl Config {
         if let Some(v) = layer.listen {
             self.listen = v.parse().map_err(|_| ConfigError::Invalid {
                 setting: "listen",
-                message: format!("{v:?} is not an address and port (expected e.g. \"127.0.0.1:8787\")"),
+                message: format!(
+                    "{v:?} is not an address and port (expected e.g. \"127.0.0.1:8787\")"
+                ),
             })?;
         }
         if let Some(v) = layer.upstream_anthropic {
-            self.upstream_anthropic = BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
-                setting: "upstream-anthropic",
-                message,
-            })?;
+            self.upstream_anthropic =
+                BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
+                    setting: "upstream-anthropic",
+                    message,
+                })?;
         }
         if let Some(v) = layer.upstream_openai {
             self.upstream_openai = BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
@@ -170,19 +173,34 @@ impl Config {
                 _ => {
                     return Err(ConfigError::Invalid {
                         setting: "log-format",
-                        message: format!("{v:?} is not a log format (expected \"text\" or \"json\")"),
+                        message: format!(
+                            "{v:?} is not a log format (expected \"text\" or \"json\")"
+                        ),
                     });
                 }
             };
         }
         for (setting, value, slot) in [
-            ("connect-timeout", layer.connect_timeout, &mut self.connect_timeout),
-            ("upstream-timeout", layer.upstream_timeout, &mut self.upstream_timeout),
+            (
+                "connect-timeout",
+                layer.connect_timeout,
+                &mut self.connect_timeout,
+            ),
+            (
+                "upstream-timeout",
+                layer.upstream_timeout,
+                &mut self.upstream_timeout,
+            ),
             ("idle-timeout", layer.idle_timeout, &mut self.idle_timeout),
-            ("shutdown-grace", layer.shutdown_grace, &mut self.shutdown_grace),
+            (
+                "shutdown-grace",
+                layer.shutdown_grace,
+                &mut self.shutdown_grace,
+            ),
         ] {
             if let Some(v) = value {
-                *slot = parse_duration(&v).map_err(|message| ConfigError::Invalid { setting, message })?;
+                *slot = parse_duration(&v)
+                    .map_err(|message| ConfigError::Invalid { setting, message })?;
             }
         }
         Ok(())
@@ -223,9 +241,9 @@ pub struct BaseUrl {
 
 impl BaseUrl {
     pub fn parse(text: &str) -> Result<BaseUrl, String> {
-        let uri: Uri = text
-            .parse()
-            .map_err(|e| format!("{text:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")"))?;
+        let uri: Uri = text.parse().map_err(|e| {
+            format!("{text:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")")
+        })?;
         let scheme = uri.scheme().cloned().ok_or_else(|| {
             format!("{text:?} has no scheme (expected e.g. \"https://api.anthropic.com\")")
         })?;
@@ -237,7 +255,9 @@ impl BaseUrl {
             .cloned()
             .ok_or_else(|| format!("{text:?} has no host"))?;
         if authority.as_str().contains('@') {
-            return Err(format!("{text:?}: credentials do not belong in the upstream URL"));
+            return Err(format!(
+                "{text:?}: credentials do not belong in the upstream URL"
+            ));
         }
         if uri.query().is_some() {
             return Err(format!("{text:?}: an upstream URL takes no query string"));
@@ -296,7 +316,11 @@ pub fn parse_size(v: &Scalar) -> Result<u64, String> {
         "mib" => 1 << 20,
         "g" | "gb" => 1_000_000_000,
         "gib" => 1 << 30,
-        other => return Err(format!("{text:?}: unknown size unit {other:?} (use B, KB, KiB, MB, MiB, GB or GiB)")),
+        other => {
+            return Err(format!(
+                "{text:?}: unknown size unit {other:?} (use B, KB, KiB, MB, MiB, GB or GiB)"
+            ));
+        }
     };
     number
         .checked_mul(factor)
@@ -321,7 +345,11 @@ pub fn parse_duration(v: &Scalar) -> Result<Duration, String> {
         "ms" => Duration::from_millis(number),
         "m" => Duration::from_secs(number * 60),
         "h" => Duration::from_secs(number * 3600),
-        other => return Err(format!("{text:?}: unknown duration unit {other:?} (use ms, s, m or h)")),
+        other => {
+            return Err(format!(
+                "{text:?}: unknown duration unit {other:?} (use ms, s, m or h)"
+            ));
+        }
     })
 }
 
@@ -335,9 +363,18 @@ mod tests {
         assert_eq!(parse_size(&"32MiB".to_owned().into()), Ok(32 << 20));
         assert_eq!(parse_size(&"1 KB".to_owned().into()), Ok(1000));
         assert!(parse_size(&"12 parsecs".to_owned().into()).is_err());
-        assert_eq!(parse_duration(&"250ms".to_owned().into()), Ok(Duration::from_millis(250)));
-        assert_eq!(parse_duration(&"5m".to_owned().into()), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration(&Scalar::Number(7)), Ok(Duration::from_secs(7)));
+        assert_eq!(
+            parse_duration(&"250ms".to_owned().into()),
+            Ok(Duration::from_millis(250))
+        );
+        assert_eq!(
+            parse_duration(&"5m".to_owned().into()),
+            Ok(Duration::from_secs(300))
+        );
+        assert_eq!(
+            parse_duration(&Scalar::Number(7)),
+            Ok(Duration::from_secs(7))
+        );
         assert!(parse_duration(&"soon".to_owned().into()).is_err());
     }
 
@@ -345,9 +382,15 @@ mod tests {
     fn base_urls_join_paths() {
         let b = BaseUrl::parse("http://127.0.0.1:9000/").unwrap();
         let p = PathAndQuery::from_static("/v1/messages?beta=true");
-        assert_eq!(b.join(&p).unwrap().to_string(), "http://127.0.0.1:9000/v1/messages?beta=true");
+        assert_eq!(
+            b.join(&p).unwrap().to_string(),
+            "http://127.0.0.1:9000/v1/messages?beta=true"
+        );
         let b = BaseUrl::parse("https://gw.example/anthropic").unwrap();
-        assert_eq!(b.join(&p).unwrap().to_string(), "https://gw.example/anthropic/v1/messages?beta=true");
+        assert_eq!(
+            b.join(&p).unwrap().to_string(),
+            "https://gw.example/anthropic/v1/messages?beta=true"
+        );
         assert!(BaseUrl::parse("ftp://x").is_err());
         assert!(BaseUrl::parse("api.anthropic.com").is_err());
         assert!(BaseUrl::parse("https://user:pw@x").is_err());

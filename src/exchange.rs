@@ -102,8 +102,11 @@ impl PendingRecord {
 impl Drop for PendingRecord {
     fn drop(&mut self) {
         if let Some(mut record) = self.record.take() {
-            record.outcome = Outcome::ClientCancelled;
-            record.error = Some("the client went away before the response".into());
+            record.outcome = self.recorder.cut_outcome();
+            record.error = Some(match record.outcome {
+                Outcome::Shutdown => "promptgate shut down before the response".into(),
+                _ => "the client went away before the response".into(),
+            });
             record.timing.total = self.started.elapsed();
             self.recorder.emit(&record);
         }
@@ -119,10 +122,10 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let id = ExchangeId::new();
-        let path = request
-            .uri()
-            .path_and_query()
-            .map_or_else(|| request.uri().path().to_owned(), |p| p.as_str().to_owned());
+        let path = request.uri().path_and_query().map_or_else(
+            || request.uri().path().to_owned(),
+            |p| p.as_str().to_owned(),
+        );
         self.recorder.begin();
         let mut pending = PendingRecord {
             record: Some(ExchangeRecord::begin(
@@ -258,7 +261,10 @@ async fn read_body(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<
         let frame = frame.map_err(|e| {
             ProxyError::new(
                 ErrorKind::BadRequestBody,
-                format!("could not read the request body: {}", crate::error::error_chain(&e)),
+                format!(
+                    "could not read the request body: {}",
+                    crate::error::error_chain(&e)
+                ),
             )
         })?;
         let Ok(data) = frame.into_data() else {
@@ -329,6 +335,7 @@ fn finish_observed(
     headers: HeaderMap,
     tap: TapResult,
 ) {
+    let client_waiting = !matches!(tap.end, BodyEnd::ClientGone);
     let work = move || {
         let started = pending.started;
         let observation = observer::observe(provider, api, &headers, &tap.chunks, tap.truncated);
@@ -342,35 +349,65 @@ fn finish_observed(
             BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
             BodyEnd::IdleTimeout(d) => (
                 Outcome::UpstreamError,
-                Some(format!("no data from upstream for {}s (--idle-timeout)", d.as_secs())),
+                Some(format!(
+                    "no data from upstream for {}s (--idle-timeout)",
+                    d.as_secs()
+                )),
             ),
-            BodyEnd::ClientGone => (
-                Outcome::ClientCancelled,
-                Some("the client went away mid-response; the upstream request was cancelled".into()),
-            ),
+            BodyEnd::ClientGone => match pending.recorder.cut_outcome() {
+                Outcome::Shutdown => (
+                    Outcome::Shutdown,
+                    Some("promptgate shut down mid-response (--shutdown-grace)".into()),
+                ),
+                outcome => (
+                    outcome,
+                    Some(
+                        "the client went away mid-response; the upstream request was cancelled"
+                            .into(),
+                    ),
+                ),
+            },
         };
         pending.emit(outcome, error);
     };
-    // Reading the copy happens off the client's path; outside a runtime (shutdown) inline.
+    // Reading the copy happens off the client's path. With no client left (or the
+    // runtime going down, when a spawned task would never run) it happens right here.
     match tokio::runtime::Handle::try_current() {
-        Ok(rt) => {
+        Ok(rt) if client_waiting => {
             rt.spawn(async move { work() });
         }
-        Err(_) => work(),
+        _ => work(),
     }
 }
 
 /// Answers with promptgate's own error in the provider's shape, and emits the record.
-fn error_response(pending: PendingRecord, provider: Provider, error: ProxyError) -> Response<ProxyBody> {
+fn error_response(
+    pending: PendingRecord,
+    provider: Provider,
+    error: ProxyError,
+) -> Response<ProxyBody> {
     let mut pending = pending;
     let status = error.kind.status();
     let request_id = format!("req_promptgate_{}", pending.get().id);
-    let body = provider::error_body(provider, status, error.kind.code(), &error.message, &request_id);
+    let body = provider::error_body(
+        provider,
+        status,
+        error.kind.code(),
+        &error.message,
+        &request_id,
+    );
     let mut response = Response::new(ProxyBody::Own(Full::new(Bytes::from(body))));
     *response.status_mut() = status;
     let h = response.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    let retry = if error.kind.should_retry() { "true" } else { "false" };
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let retry = if error.kind.should_retry() {
+        "true"
+    } else {
+        "false"
+    };
     h.insert("x-should-retry", HeaderValue::from_static(retry));
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         h.insert("request-id", v.clone());
@@ -409,7 +446,10 @@ mod tests {
         }
         let out = forwardable(&h, true);
         let names: Vec<&str> = out.keys().map(|k| k.as_str()).collect();
-        assert_eq!(names, ["accept", "x-api-key", "accept-encoding", "content-length"]);
+        assert_eq!(
+            names,
+            ["accept", "x-api-key", "accept-encoding", "content-length"]
+        );
         let resp = forwardable(&h, false);
         assert!(resp.contains_key("host") && !resp.contains_key("x-drop-me"));
     }

@@ -46,7 +46,9 @@ impl ExchangeId {
         }
         let mut value: u128 = 0;
         for (i, c) in text.bytes().enumerate() {
-            let digit = CROCKFORD.iter().position(|&d| d == c.to_ascii_uppercase())? as u128;
+            let digit = CROCKFORD
+                .iter()
+                .position(|&d| d == c.to_ascii_uppercase())? as u128;
             // The first character carries only 3 bits (128 = 26 * 5 - 2).
             if i == 0 && digit > 7 {
                 return None;

@@ -19,7 +19,12 @@ use tokio::net::TcpListener;
 use crate::exchange::Proxy;
 
 /// Serves `listener` until `shutdown` resolves, then drains for up to `grace`.
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Future<Output = ()>, grace: Duration) {
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl Future<Output = ()>,
+    grace: Duration,
+) {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -64,7 +69,10 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Futu
 
     drop(listener);
     let in_flight = proxy.recorder.in_flight();
-    tracing::info!("shutting down: {in_flight} exchange(s) in flight, grace {}s", grace.as_secs());
+    tracing::info!(
+        "shutting down: {in_flight} exchange(s) in flight, grace {}s",
+        grace.as_secs()
+    );
     let drained = async {
         graceful.shutdown().await;
         proxy.recorder.drained().await;
@@ -74,5 +82,6 @@ pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, shutdown: impl Futu
             "grace period over with {} exchange(s) still in flight; closing them",
             proxy.recorder.in_flight()
         );
+        proxy.recorder.abandon_in_flight();
     }
 }

@@ -70,6 +70,7 @@ impl RecordSink for ExchangeLog {
             cache_write = usage.map(|u| u.cache_write_tokens),
             out_tokens = usage.map(|u| u.output_tokens),
             error = r.error.as_deref(),
+            parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
             "exchange"
         );
     }
@@ -93,9 +94,17 @@ pub fn masked_path(path: &str) -> String {
 
 fn is_secret_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
-    ["key", "token", "secret", "password", "auth", "sig", "credential"]
-        .iter()
-        .any(|s| n.contains(s))
+    [
+        "key",
+        "token",
+        "secret",
+        "password",
+        "auth",
+        "sig",
+        "credential",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
 }
 
 #[cfg(test)]
@@ -104,7 +113,10 @@ mod tests {
 
     #[test]
     fn secret_query_values_are_masked() {
-        assert_eq!(masked_path("/v1/messages?beta=true"), "/v1/messages?beta=true");
+        assert_eq!(
+            masked_path("/v1/messages?beta=true"),
+            "/v1/messages?beta=true"
+        );
         assert_eq!(
             masked_path("/v1/x?api_key=sk-123&beta=true&access_token=t"),
             "/v1/x?api_key=***&beta=true&access_token=***"

@@ -7,7 +7,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -35,6 +35,8 @@ pub enum Outcome {
     UpstreamError,
     /// The client went away before the response was complete; the upstream request was cancelled.
     ClientCancelled,
+    /// promptgate shut down and the grace period ended before the response did.
+    Shutdown,
 }
 
 impl Outcome {
@@ -46,6 +48,7 @@ impl Outcome {
             Outcome::BadRequest => "bad_request",
             Outcome::UpstreamError => "upstream_error",
             Outcome::ClientCancelled => "client_cancelled",
+            Outcome::Shutdown => "shutdown",
         }
     }
 }
@@ -146,6 +149,7 @@ pub struct Recorder {
     sinks: Vec<Arc<dyn RecordSink>>,
     in_flight: AtomicUsize,
     idle: Notify,
+    abandoning: AtomicBool,
 }
 
 impl Recorder {
@@ -154,6 +158,7 @@ impl Recorder {
             sinks,
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
+            abandoning: AtomicBool::new(false),
         }
     }
 
@@ -169,6 +174,21 @@ impl Recorder {
         }
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
+        }
+    }
+
+    /// Marks that the grace period is over: exchanges still open are being cut by
+    /// promptgate itself, not abandoned by their clients.
+    pub fn abandon_in_flight(&self) {
+        self.abandoning.store(true, Ordering::SeqCst);
+    }
+
+    /// How an exchange that ends without its response should be recorded.
+    pub fn cut_outcome(&self) -> Outcome {
+        if self.abandoning.load(Ordering::SeqCst) {
+            Outcome::Shutdown
+        } else {
+            Outcome::ClientCancelled
         }
     }
 

@@ -39,7 +39,10 @@ pub struct Upstream {
 
 impl Upstream {
     /// Builds the client: public roots plus the PEM files in `extra_roots`.
-    pub fn new(extra_roots: &[PathBuf], connect_timeout: Duration) -> Result<Self, UpstreamSetupError> {
+    pub fn new(
+        extra_roots: &[PathBuf],
+        connect_timeout: Duration,
+    ) -> Result<Self, UpstreamSetupError> {
         let mut roots = RootCertStore::empty();
         roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
         for path in extra_roots {
@@ -87,7 +90,10 @@ impl Upstream {
     }
 
     /// Sends a request; the response body streams as it arrives.
-    pub async fn send(&self, request: Request<Full<Bytes>>) -> Result<Response<Incoming>, ProxyError> {
+    pub async fn send(
+        &self,
+        request: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, ProxyError> {
         let target = format!(
             "{}://{}",
             request.uri().scheme_str().unwrap_or("http"),
@@ -103,21 +109,13 @@ impl Upstream {
 /// Names a client error by what the user can do about it.
 fn classify(e: &hyper_util::client::legacy::Error, target: &str) -> ProxyError {
     let chain = error_chain(e);
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    let mut timed_out = false;
-    let mut tls = false;
-    while let Some(s) = source {
-        if s.downcast_ref::<rustls::Error>().is_some() {
-            tls = true;
-        }
-        if let Some(io) = s.downcast_ref::<std::io::Error>() {
-            timed_out |= io.kind() == std::io::ErrorKind::TimedOut;
-            tls |= io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some());
-        }
-        source = s.source();
-    }
+    let (mut timed_out, mut tls) = (false, false);
+    visit_causes(e, &mut |cause| {
+        tls |= cause.downcast_ref::<rustls::Error>().is_some();
+        timed_out |= cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
+    });
     if timed_out {
         ProxyError::new(
             ErrorKind::UpstreamTimeout,
@@ -126,7 +124,9 @@ fn classify(e: &hyper_util::client::legacy::Error, target: &str) -> ProxyError {
     } else if tls {
         ProxyError::new(
             ErrorKind::UpstreamTls,
-            format!("TLS with upstream {target} failed: {chain} (for a private CA, pass --upstream-ca FILE)"),
+            format!(
+                "TLS with upstream {target} failed: {chain} (for a private CA, pass --upstream-ca FILE)"
+            ),
         )
     } else if e.is_connect() {
         ProxyError::new(
@@ -138,5 +138,23 @@ fn classify(e: &hyper_util::client::legacy::Error, target: &str) -> ProxyError {
             ErrorKind::UpstreamProtocol,
             format!("upstream {target} failed the request: {chain}"),
         )
+    }
+}
+
+/// Calls `f` on an error and every cause below it, including the errors wrapped
+/// inside `io::Error`s (whose `source()` skips them: connectors nest them twice).
+fn visit_causes(
+    e: &(dyn std::error::Error + 'static),
+    f: &mut dyn FnMut(&(dyn std::error::Error + 'static)),
+) {
+    f(e);
+    if let Some(inner) = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+    {
+        visit_causes(inner, f);
+    }
+    if let Some(next) = e.source() {
+        visit_causes(next, f);
     }
 }

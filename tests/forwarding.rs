@@ -22,12 +22,16 @@ fn end_to_end(headers: &[(String, String)]) -> Vec<(String, String)> {
 }
 
 fn owned(headers: &[(&str, String)]) -> Vec<(String, String)> {
-    headers.iter().map(|(k, v)| (k.to_string(), v.clone())).collect()
+    headers
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
 }
 
 #[tokio::test]
 async fn claude_code_request_arrives_byte_for_byte() {
-    let events = shapes::anthropic_events("claude-opus-5-5", &["Hel", "lo ", "wörld"], (21, 188, 0, 9));
+    let events =
+        shapes::anthropic_events("claude-opus-5-5", &["Hel", "lo ", "wörld"], (21, 188, 0, 9));
     let reply = Reply::sse(events, Duration::ZERO)
         .header("request-id", "req_011CU8XoNixdwRVBdt1T5ezg")
         .header("anthropic-ratelimit-requests-remaining", "49");
@@ -36,10 +40,22 @@ async fn claude_code_request_arrives_byte_for_byte() {
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
 
     let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
-    assert!(body.len() >= 50_000, "a first-turn-sized body: {}", body.len());
+    assert!(
+        body.len() >= 50_000,
+        "a first-turn-sized body: {}",
+        body.len()
+    );
     assert!(body.starts_with(br#"{"model":"claude-opus-5-5","messages":[{"role":"user""#));
-    let headers = shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-forwarding");
-    let response = client::send(proxy.addr, &request_bytes("POST", "/v1/messages?beta=true", &headers, &body)).await;
+    let headers = shapes::claude_code_headers(
+        &proxy.addr.to_string(),
+        body.len(),
+        "sk-ant-api03-forwarding",
+    );
+    let response = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages?beta=true", &headers, &body),
+    )
+    .await;
 
     assert_eq!(response.status, 200);
     let got = &fake.wait_requests(1, WAIT).await[0];
@@ -52,22 +68,42 @@ async fn claude_code_request_arrives_byte_for_byte() {
     assert_eq!(got.header("host"), Some(fake.addr.to_string().as_str()));
     // The client receives the provider's bytes and headers.
     assert_eq!(response.body.bytes, sent_body);
-    assert_eq!(response.header("request-id"), Some("req_011CU8XoNixdwRVBdt1T5ezg"));
-    assert_eq!(response.header("anthropic-ratelimit-requests-remaining"), Some("49"));
-    assert_eq!(response.header("content-type"), Some("text/event-stream; charset=utf-8"));
+    assert_eq!(
+        response.header("request-id"),
+        Some("req_011CU8XoNixdwRVBdt1T5ezg")
+    );
+    assert_eq!(
+        response.header("anthropic-ratelimit-requests-remaining"),
+        Some("49")
+    );
+    assert_eq!(
+        response.header("content-type"),
+        Some("text/event-stream; charset=utf-8")
+    );
 }
 
 #[tokio::test]
 async fn pi_request_arrives_byte_for_byte() {
-    let reply = Reply::json(200, &shapes::anthropic_message("claude-sonnet-5-5", "hi", (5, 0, 2000, 3)));
+    let reply = Reply::json(
+        200,
+        &shapes::anthropic_message("claude-sonnet-5-5", "hi", (5, 0, 2000, 3)),
+    );
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
     for turns in [0, 1, 3] {
         let body = shapes::to_bytes(&shapes::pi_body(turns));
         let headers = shapes::pi_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-pi");
-        let response = client::send(proxy.addr, &request_bytes("POST", "/v1/messages", &headers, &body)).await;
+        let response = client::send(
+            proxy.addr,
+            &request_bytes("POST", "/v1/messages", &headers, &body),
+        )
+        .await;
         assert_eq!(response.status, 200);
-        let got = fake.wait_requests(turns_seen(turns), WAIT).await.pop().unwrap();
+        let got = fake
+            .wait_requests(turns_seen(turns), WAIT)
+            .await
+            .pop()
+            .unwrap();
         assert_eq!(got.target, "/v1/messages");
         assert_eq!(got.body, body);
         assert_eq!(end_to_end(&got.headers), end_to_end(&owned(&headers)));
@@ -84,7 +120,10 @@ fn turns_seen(turns: usize) -> usize {
 
 #[tokio::test]
 async fn openai_routes_live_under_the_openai_prefix() {
-    let reply = Reply::json(200, &shapes::openai_chat_completion("gpt-5.6", "hi", (10, 0, 2)));
+    let reply = Reply::json(
+        200,
+        &shapes::openai_chat_completion("gpt-5.6", "hi", (10, 0, 2)),
+    );
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
     let body = shapes::to_bytes(&shapes::openai_chat_body(false));
@@ -95,7 +134,12 @@ async fn openai_routes_live_under_the_openai_prefix() {
     ];
     let response = client::send(
         proxy.addr,
-        &request_bytes("POST", "/openai/v1/chat/completions?trace=1", &headers, &body),
+        &request_bytes(
+            "POST",
+            "/openai/v1/chat/completions?trace=1",
+            &headers,
+            &body,
+        ),
     )
     .await;
     assert_eq!(response.status, 200);
@@ -108,7 +152,10 @@ async fn openai_routes_live_under_the_openai_prefix() {
 #[tokio::test]
 async fn other_anthropic_paths_pass_through() {
     let fake = FakeProvider::start(|r| {
-        Action::Respond(Reply::json(200, &serde_json::json!({"path": r.target, "method": r.method})))
+        Action::Respond(Reply::json(
+            200,
+            &serde_json::json!({"path": r.target, "method": r.method}),
+        ))
     })
     .await;
     let proxy = Proxy::start(&["--upstream-anthropic", &format!("{}/", fake.url())]);
@@ -126,7 +173,10 @@ async fn other_anthropic_paths_pass_through() {
         assert_eq!(response.status, 200, "{method} {target}");
         let got = fake.requests().pop().unwrap();
         assert_eq!(got.method, method);
-        assert_eq!(got.target, target.strip_prefix("/anthropic").unwrap_or(target));
+        assert_eq!(
+            got.target,
+            target.strip_prefix("/anthropic").unwrap_or(target)
+        );
     }
 }
 
@@ -140,9 +190,17 @@ async fn unknown_paths_get_a_provider_shaped_404() {
     assert_eq!(error["type"], "error");
     assert_eq!(error["error"]["type"], "not_found_error");
     let message = error["error"]["message"].as_str().unwrap();
-    assert!(message.starts_with("promptgate: ") && message.contains("/openai/v1"), "{message}");
+    assert!(
+        message.starts_with("promptgate: ") && message.contains("/openai/v1"),
+        "{message}"
+    );
     assert_eq!(response.header("x-should-retry"), Some("false"));
-    assert!(response.header("request-id").unwrap().starts_with("req_promptgate_"));
+    assert!(
+        response
+            .header("request-id")
+            .unwrap()
+            .starts_with("req_promptgate_")
+    );
     assert!(fake.requests().is_empty(), "nothing was sent upstream");
     let line = &proxy.wait_exchanges(1, WAIT).await[0];
     assert_eq!(line["outcome"], "no_route");
@@ -152,8 +210,11 @@ async fn unknown_paths_get_a_provider_shaped_404() {
 #[tokio::test]
 async fn compressed_responses_reach_the_client_as_sent() {
     for coding in ["gzip", "br", "zstd", "deflate"] {
-        let reply = Reply::json(200, &shapes::anthropic_message("claude-opus-5-5", &shapes::filler(1, 3000), (1, 2, 3, 4)))
-            .compressed(coding);
+        let reply = Reply::json(
+            200,
+            &shapes::anthropic_message("claude-opus-5-5", &shapes::filler(1, 3000), (1, 2, 3, 4)),
+        )
+        .compressed(coding);
         let sent = reply.body();
         let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
         let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
@@ -174,9 +235,23 @@ async fn keep_alive_connections_carry_many_exchanges() {
     let mut reader = BufReader::new(read);
     for i in 0..5 {
         let body = format!("{{\"model\":\"m{i}\"}}");
-        let headers = vec![("Host", proxy.addr.to_string()), ("content-type", "application/json".into())];
-        write.write_all(&request_bytes("POST", "/v1/messages", &headers, body.as_bytes())).await.unwrap();
-        let head = support::wire::read_head(&mut reader).await.unwrap().unwrap();
+        let headers = vec![
+            ("Host", proxy.addr.to_string()),
+            ("content-type", "application/json".into()),
+        ];
+        write
+            .write_all(&request_bytes(
+                "POST",
+                "/v1/messages",
+                &headers,
+                body.as_bytes(),
+            ))
+            .await
+            .unwrap();
+        let head = support::wire::read_head(&mut reader)
+            .await
+            .unwrap()
+            .unwrap();
         let body = support::wire::read_body(&mut reader, &head, WAIT).await;
         assert!(body.complete);
     }

@@ -19,7 +19,10 @@ pub fn decode(content_encoding: &str, body: Bytes, limit: u64) -> Result<Bytes, 
             // "deflate" means zlib-wrapped; some servers send raw deflate anyway.
             "deflate" => read_all(flate2::read::ZlibDecoder::new(&data[..]), limit)
                 .or_else(|_| read_all(flate2::read::DeflateDecoder::new(&data[..]), limit)),
-            "br" => read_all(brotli_decompressor::Decompressor::new(&data[..], 8192), limit),
+            "br" => read_all(
+                brotli_decompressor::Decompressor::new(&data[..], 8192),
+                limit,
+            ),
             "zstd" => zstd::stream::read::Decoder::new(&data[..])
                 .map_err(|e| e.to_string())
                 .and_then(|d| read_all(d, limit)),
@@ -47,7 +50,8 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    const TEXT: &[u8] = b"{\"type\":\"message\",\"usage\":{\"input_tokens\":3}} repeated repeated repeated";
+    const TEXT: &[u8] =
+        b"{\"type\":\"message\",\"usage\":{\"input_tokens\":3}} repeated repeated repeated";
 
     fn gzip(data: &[u8]) -> Vec<u8> {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
@@ -60,7 +64,8 @@ mod tests {
         let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
         z.write_all(TEXT).unwrap();
         let zlib = z.finish().unwrap();
-        let mut raw = flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
+        let mut raw =
+            flate2::write::DeflateEncoder::new(Vec::new(), flate2::Compression::default());
         raw.write_all(TEXT).unwrap();
         let raw = raw.finish().unwrap();
         let zst = zstd::encode_all(TEXT, 3).unwrap();
@@ -90,13 +95,20 @@ mod tests {
     #[test]
     fn stacked_codings_are_undone_in_reverse() {
         let body = zstd::encode_all(&gzip(TEXT)[..], 1).unwrap();
-        assert_eq!(decode("gzip, zstd", Bytes::from(body), 1 << 20).unwrap(), TEXT);
+        assert_eq!(
+            decode("gzip, zstd", Bytes::from(body), 1 << 20).unwrap(),
+            TEXT
+        );
     }
 
     #[test]
     fn bombs_and_garbage_are_errors() {
         let bomb = gzip(&vec![0u8; 1 << 20]);
-        assert!(decode("gzip", Bytes::from(bomb), 1000).unwrap_err().contains("over 1000"));
+        assert!(
+            decode("gzip", Bytes::from(bomb), 1000)
+                .unwrap_err()
+                .contains("over 1000")
+        );
         assert!(decode("gzip", Bytes::from_static(b"not gzip"), 1000).is_err());
         assert!(decode("compress", Bytes::from_static(b"x"), 1000).is_err());
     }

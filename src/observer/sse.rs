@@ -98,7 +98,8 @@ mod tests {
 
     #[test]
     fn named_events_and_multiline_data() {
-        let out = decode(&[b"event: a\ndata: 1\n\n: comment\ndata:x\ndata: y\n\nevent:b\ndata: {}\n\n"]);
+        let out =
+            decode(&[b"event: a\ndata: 1\n\n: comment\ndata:x\ndata: y\n\nevent:b\ndata: {}\n\n"]);
         assert_eq!(
             out,
             vec![
@@ -122,7 +123,11 @@ mod tests {
             let b = text.as_bytes();
             for i in 0..b.len() {
                 for j in i..b.len() {
-                    assert_eq!(decode(&[&b[..i], &b[i..j], &b[j..]]), whole, "split {i},{j}");
+                    assert_eq!(
+                        decode(&[&b[..i], &b[i..j], &b[j..]]),
+                        whole,
+                        "split {i},{j}"
+                    );
                 }
             }
         }

@@ -300,7 +300,9 @@ mod tests {
             }
             match self.steps.pop_front() {
                 None => Poll::Ready(None),
-                Some(Step::Data(d)) => Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(d.as_bytes()))))),
+                Some(Step::Data(d)) => {
+                    Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(d.as_bytes())))))
+                }
                 Some(Step::Fail) => Poll::Ready(Some(Err(Broken))),
                 Some(Step::Pause(d)) => {
                     self.sleep = Some(Box::pin(tokio::time::sleep(d)));
@@ -318,7 +320,10 @@ mod tests {
         let seen = Arc::new(Mutex::new(None));
         let slot = seen.clone();
         let b = ObservedBody::new(
-            Script { steps: steps.into(), sleep: None },
+            Script {
+                steps: steps.into(),
+                sleep: None,
+            },
             idle,
             1 << 20,
             sse.then_some((Provider::Anthropic, Api::Messages)),
@@ -340,7 +345,11 @@ mod tests {
 
     #[tokio::test]
     async fn passes_frames_and_reports_completion() {
-        let (b, seen) = body(vec![Step::Data("a"), Step::Data("bc")], Duration::from_secs(5), false);
+        let (b, seen) = body(
+            vec![Step::Data("a"), Step::Data("bc")],
+            Duration::from_secs(5),
+            false,
+        );
         assert_eq!(read_all(b).await, (b"abc".to_vec(), false));
         let r = seen.lock().unwrap().take().unwrap();
         assert_eq!(r.end, BodyEnd::Complete);
@@ -350,18 +359,33 @@ mod tests {
 
     #[tokio::test]
     async fn upstream_failure_at_boundary_becomes_an_error_event() {
-        let (b, seen) = body(vec![Step::Data("event: ping\ndata: {}\n\n"), Step::Fail], Duration::from_secs(5), true);
+        let (b, seen) = body(
+            vec![Step::Data("event: ping\ndata: {}\n\n"), Step::Fail],
+            Duration::from_secs(5),
+            true,
+        );
         let (out, errored) = read_all(b).await;
         let text = String::from_utf8(out).unwrap();
         assert!(!errored);
-        assert!(text.ends_with("\n\n") && text.contains("event: error\ndata: {\"type\":\"error\""), "{text}");
+        assert!(
+            text.ends_with("\n\n") && text.contains("event: error\ndata: {\"type\":\"error\""),
+            "{text}"
+        );
         let r = seen.lock().unwrap().take().unwrap();
-        assert!(matches!(r.end, BodyEnd::UpstreamError(ref m) if m.contains("connection reset")), "{:?}", r.end);
+        assert!(
+            matches!(r.end, BodyEnd::UpstreamError(ref m) if m.contains("connection reset")),
+            "{:?}",
+            r.end
+        );
     }
 
     #[tokio::test]
     async fn upstream_failure_mid_event_cuts_the_stream() {
-        let (b, _) = body(vec![Step::Data("event: ping\ndata: {"), Step::Fail], Duration::from_secs(5), true);
+        let (b, _) = body(
+            vec![Step::Data("event: ping\ndata: {"), Step::Fail],
+            Duration::from_secs(5),
+            true,
+        );
         let (out, errored) = read_all(b).await;
         assert!(errored);
         assert_eq!(out, b"event: ping\ndata: {");
@@ -382,12 +406,19 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text.matches("data: x").count(), 5);
         assert!(text.contains("no data from upstream for 5s"), "{text}");
-        assert_eq!(seen.lock().unwrap().take().unwrap().end, BodyEnd::IdleTimeout(Duration::from_secs(5)));
+        assert_eq!(
+            seen.lock().unwrap().take().unwrap().end,
+            BodyEnd::IdleTimeout(Duration::from_secs(5))
+        );
     }
 
     #[tokio::test]
     async fn dropping_early_means_the_client_left() {
-        let (mut b, seen) = body(vec![Step::Data("a"), Step::Data("b")], Duration::from_secs(5), false);
+        let (mut b, seen) = body(
+            vec![Step::Data("a"), Step::Data("b")],
+            Duration::from_secs(5),
+            false,
+        );
         let _ = b.frame().await;
         drop(b);
         let r = seen.lock().unwrap().take().unwrap();

@@ -61,13 +61,18 @@ pub struct MessageStream {
 impl MessageStream {
     fn block(&mut self, index: Option<u64>) -> Option<&mut Map<String, Value>> {
         let content = self.message.as_mut()?.get_mut("content")?.as_array_mut()?;
-        content.get_mut(usize::try_from(index?).ok()?)?.as_object_mut()
+        content
+            .get_mut(usize::try_from(index?).ok()?)?
+            .as_object_mut()
     }
 
     fn delta(&mut self, index: Option<u64>, delta: &Value) {
         let kind = delta.get("type").and_then(Value::as_str).unwrap_or("");
         if kind == "input_json_delta" {
-            let piece = delta.get("partial_json").and_then(Value::as_str).unwrap_or("");
+            let piece = delta
+                .get("partial_json")
+                .and_then(Value::as_str)
+                .unwrap_or("");
             if let Some(i) = index.and_then(|i| usize::try_from(i).ok()) {
                 match self.partial_json.iter_mut().find(|(j, _)| *j == i) {
                     Some((_, buf)) => buf.push_str(piece),
@@ -163,7 +168,9 @@ impl StreamReader for MessageStream {
             "content_block_stop" => self.block_stop(index),
             "message_delta" => {
                 if let Some(u) = data.get("usage") {
-                    self.usage.get_or_insert_with(Usage::default).merge_anthropic(u);
+                    self.usage
+                        .get_or_insert_with(Usage::default)
+                        .merge_anthropic(u);
                 }
                 if let (Some(Value::Object(delta)), Some(m)) =
                     (data.get("delta"), self.message.as_mut())
@@ -199,8 +206,16 @@ impl StreamReader for MessageStream {
             );
         }
         ResponseSummary {
-            model: message.as_ref().and_then(|m| m.get("model")).and_then(Value::as_str).map(str::to_owned),
-            response_id: message.as_ref().and_then(|m| m.get("id")).and_then(Value::as_str).map(str::to_owned),
+            model: message
+                .as_ref()
+                .and_then(|m| m.get("model"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
+            response_id: message
+                .as_ref()
+                .and_then(|m| m.get("id"))
+                .and_then(Value::as_str)
+                .map(str::to_owned),
             stop_reason: message
                 .as_ref()
                 .and_then(|m| m.get("stop_reason"))
@@ -242,17 +257,47 @@ mod tests {
     fn reassembles_text_and_tool_use() {
         let s = run(&[
             start(),
-            ("content_block_start", json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}})),
+            (
+                "content_block_start",
+                json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+            ),
             ("ping", json!({"type":"ping"})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Okay"}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":", é"}})),
-            ("content_block_stop", json!({"type":"content_block_stop","index":0})),
-            ("content_block_start", json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"location\": \"San Fra"}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"ncisco, CA\"}"}})),
-            ("content_block_stop", json!({"type":"content_block_stop","index":1})),
-            ("message_delta", json!({"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":89}})),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"Okay"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":", é"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type":"content_block_stop","index":0}),
+            ),
+            (
+                "content_block_start",
+                json!({"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"get_weather","input":{}}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"{\"location\": \"San Fra"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":1,"delta":{"type":"input_json_delta","partial_json":"ncisco, CA\"}"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type":"content_block_stop","index":1}),
+            ),
+            (
+                "message_delta",
+                json!({"type":"message_delta","delta":{"stop_reason":"tool_use","stop_sequence":null},"usage":{"output_tokens":89}}),
+            ),
             ("message_stop", json!({"type":"message_stop"})),
         ]);
         assert!(s.complete);
@@ -262,13 +307,21 @@ mod tests {
         assert_eq!(s.stop_reason.as_deref(), Some("tool_use"));
         let u = s.usage.unwrap();
         assert_eq!(
-            (u.input_tokens, u.cache_read_tokens, u.cache_write_tokens, u.output_tokens),
+            (
+                u.input_tokens,
+                u.cache_read_tokens,
+                u.cache_write_tokens,
+                u.output_tokens
+            ),
             (472, 5120, 10, 89)
         );
         assert_eq!(u.cache_write_1h_tokens, Some(10));
         let m = s.message.unwrap();
         assert_eq!(m["content"][0]["text"], "Okay, é");
-        assert_eq!(m["content"][1]["input"], json!({"location": "San Francisco, CA"}));
+        assert_eq!(
+            m["content"][1]["input"],
+            json!({"location": "San Francisco, CA"})
+        );
         assert_eq!(m["usage"]["output_tokens"], 89);
     }
 
@@ -276,10 +329,22 @@ mod tests {
     fn thinking_and_signature() {
         let s = run(&[
             start(),
-            ("content_block_start", json!({"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"step 1"}})),
-            ("content_block_delta", json!({"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQB"}})),
-            ("content_block_stop", json!({"type":"content_block_stop","index":0})),
+            (
+                "content_block_start",
+                json!({"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"step 1"}}),
+            ),
+            (
+                "content_block_delta",
+                json!({"type":"content_block_delta","index":0,"delta":{"type":"signature_delta","signature":"EqQB"}}),
+            ),
+            (
+                "content_block_stop",
+                json!({"type":"content_block_stop","index":0}),
+            ),
         ]);
         let m = s.message.unwrap();
         assert_eq!(m["content"][0]["thinking"], "step 1");
@@ -291,21 +356,34 @@ mod tests {
     fn mid_stream_error_is_recorded() {
         let s = run(&[
             start(),
-            ("error", json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}})),
+            (
+                "error",
+                json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}),
+            ),
         ]);
-        assert_eq!(s.provider_error.as_deref(), Some("overloaded_error: Overloaded"));
+        assert_eq!(
+            s.provider_error.as_deref(),
+            Some("overloaded_error: Overloaded")
+        );
         assert!(!s.complete);
         assert_eq!(s.usage.unwrap().input_tokens, 472, "provisional usage kept");
     }
 
     #[test]
     fn json_message_and_error_bodies() {
-        let s = read_json(json!({"id":"msg_2","type":"message","model":"m","content":[],
-            "stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":4}}));
+        let s = read_json(
+            json!({"id":"msg_2","type":"message","model":"m","content":[],
+            "stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":4}}),
+        );
         assert_eq!(s.usage.unwrap().output_tokens, 4);
         assert_eq!(s.stop_reason.as_deref(), Some("end_turn"));
-        let e = read_json(json!({"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}));
-        assert_eq!(e.provider_error.as_deref(), Some("rate_limit_error: slow down"));
+        let e = read_json(
+            json!({"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}),
+        );
+        assert_eq!(
+            e.provider_error.as_deref(),
+            Some("rate_limit_error: slow down")
+        );
         assert!(e.usage.is_none());
     }
 }

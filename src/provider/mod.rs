@@ -284,7 +284,14 @@ mod tests {
 
     #[test]
     fn unknown_paths_do_not_route() {
-        for p in ["/", "/v1", "/v2/messages", "/openai", "/openaiv1/x", "/favicon.ico"] {
+        for p in [
+            "/",
+            "/v1",
+            "/v2/messages",
+            "/openai",
+            "/openaiv1/x",
+            "/favicon.ico",
+        ] {
             assert_eq!(r(p), None, "{p}");
         }
     }

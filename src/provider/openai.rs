@@ -111,12 +111,17 @@ impl ChatStream {
             if let Some(reason) = c.get("finish_reason").and_then(Value::as_str) {
                 choice.finish_reason = Some(reason.to_owned());
             }
-            let Some(delta) = c.get("delta") else { continue };
+            let Some(delta) = c.get("delta") else {
+                continue;
+            };
             if let Some(role) = delta.get("role").and_then(Value::as_str) {
                 choice.role = Some(role.to_owned());
             }
             if let Some(text) = delta.get("content").and_then(Value::as_str) {
-                choice.content.get_or_insert_with(String::new).push_str(text);
+                choice
+                    .content
+                    .get_or_insert_with(String::new)
+                    .push_str(text);
             }
             for call in delta
                 .get("tool_calls")
@@ -256,7 +261,10 @@ impl StreamReader for ResponsesStream {
                 }
                 self.terminal = true;
                 if kind == "response.failed" {
-                    self.error = data.pointer("/response/error").filter(|e| !e.is_null()).map(error_text);
+                    self.error = data
+                        .pointer("/response/error")
+                        .filter(|e| !e.is_null())
+                        .map(error_text);
                 }
             }
             "error" => {
@@ -310,23 +318,50 @@ mod tests {
         let s = feed(
             Box::<ChatStream>::default(),
             &[
-                ("", r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-5.6","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#),
-                ("", r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}],"usage":null}"#),
-                ("", r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":null}],"usage":null}"#),
-                ("", r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\":"}}]}}]}"#),
-                ("", r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"ls\"}"}}]}}]}"#),
-                ("", r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#),
-                ("", r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[],"usage":{"prompt_tokens":2048,"completion_tokens":12,"total_tokens":2060,"prompt_tokens_details":{"cached_tokens":1920}}}"#),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"gpt-5.6","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}],"usage":null}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"content":"Hel"},"finish_reason":null}],"usage":null}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"content":"lo"},"finish_reason":null}],"usage":null}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"bash","arguments":"{\"cmd\":"}}]}}]}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"ls\"}"}}]}}]}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}],"usage":null}"#,
+                ),
+                (
+                    "",
+                    r#"{"id":"chatcmpl-1","model":"gpt-5.6","choices":[],"usage":{"prompt_tokens":2048,"completion_tokens":12,"total_tokens":2060,"prompt_tokens_details":{"cached_tokens":1920}}}"#,
+                ),
                 ("", "[DONE]"),
             ],
         );
         assert!(s.complete);
         assert_eq!(s.stop_reason.as_deref(), Some("tool_calls"));
         let u = s.usage.unwrap();
-        assert_eq!((u.input_tokens, u.cache_read_tokens, u.output_tokens), (128, 1920, 12));
+        assert_eq!(
+            (u.input_tokens, u.cache_read_tokens, u.output_tokens),
+            (128, 1920, 12)
+        );
         let m = s.message.unwrap();
         assert_eq!(m["choices"][0]["message"]["content"], "Hello");
-        assert_eq!(m["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{\"cmd\":\"ls\"}");
+        assert_eq!(
+            m["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"cmd\":\"ls\"}"
+        );
         assert_eq!(m["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
     }
 
@@ -334,7 +369,10 @@ mod tests {
     fn chat_stream_error_chunk() {
         let s = feed(
             Box::<ChatStream>::default(),
-            &[("", r#"{"error":{"message":"boom","type":"server_error","code":null}}"#)],
+            &[(
+                "",
+                r#"{"error":{"message":"boom","type":"server_error","code":null}}"#,
+            )],
         );
         assert_eq!(s.provider_error.as_deref(), Some("server_error: boom"));
         assert!(!s.complete);
@@ -345,9 +383,18 @@ mod tests {
         let s = feed(
             Box::<ResponsesStream>::default(),
             &[
-                ("response.created", r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","model":"gpt-5.6","output":[],"usage":null}}"#),
-                ("response.output_text.delta", r#"{"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi"}"#),
-                ("response.completed", r#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","object":"response","status":"completed","model":"gpt-5.6","output":[{"type":"message","content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":2048,"input_tokens_details":{"cached_tokens":1920,"cache_write_tokens":0},"output_tokens":12,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":2060}}}"#),
+                (
+                    "response.created",
+                    r#"{"type":"response.created","sequence_number":0,"response":{"id":"resp_1","object":"response","status":"in_progress","model":"gpt-5.6","output":[],"usage":null}}"#,
+                ),
+                (
+                    "response.output_text.delta",
+                    r#"{"type":"response.output_text.delta","sequence_number":4,"item_id":"msg_1","output_index":0,"content_index":0,"delta":"Hi"}"#,
+                ),
+                (
+                    "response.completed",
+                    r#"{"type":"response.completed","sequence_number":9,"response":{"id":"resp_1","object":"response","status":"completed","model":"gpt-5.6","output":[{"type":"message","content":[{"type":"output_text","text":"Hi"}]}],"usage":{"input_tokens":2048,"input_tokens_details":{"cached_tokens":1920,"cache_write_tokens":0},"output_tokens":12,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":2060}}}"#,
+                ),
             ],
         );
         assert!(s.complete);
@@ -358,15 +405,24 @@ mod tests {
 
     #[test]
     fn json_bodies() {
-        let chat = read_json(serde_json::json!({"id":"chatcmpl-2","object":"chat.completion","model":"gpt-5.6",
+        let chat = read_json(
+            serde_json::json!({"id":"chatcmpl-2","object":"chat.completion","model":"gpt-5.6",
             "choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}],
-            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}));
+            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}),
+        );
         assert_eq!(chat.stop_reason.as_deref(), Some("stop"));
         assert_eq!(chat.usage.unwrap().input_tokens, 10);
-        let resp = read_json(serde_json::json!({"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6",
-            "usage":{"input_tokens":7,"output_tokens":1,"input_tokens_details":{"cached_tokens":3}}}));
+        let resp = read_json(
+            serde_json::json!({"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6",
+            "usage":{"input_tokens":7,"output_tokens":1,"input_tokens_details":{"cached_tokens":3}}}),
+        );
         assert_eq!(resp.usage.unwrap().cache_read_tokens, 3);
-        let err = read_json(serde_json::json!({"error":{"message":"Incorrect API key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}));
-        assert_eq!(err.provider_error.as_deref(), Some("invalid_request_error: Incorrect API key"));
+        let err = read_json(
+            serde_json::json!({"error":{"message":"Incorrect API key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}),
+        );
+        assert_eq!(
+            err.provider_error.as_deref(),
+            Some("invalid_request_error: Incorrect API key")
+        );
     }
 }

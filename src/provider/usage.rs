@@ -69,7 +69,9 @@ impl Usage {
         Self::openai_split(
             count(u, "prompt_tokens").unwrap_or(0),
             details.and_then(|d| count(d, "cached_tokens")).unwrap_or(0),
-            details.and_then(|d| count(d, "cache_write_tokens")).unwrap_or(0),
+            details
+                .and_then(|d| count(d, "cache_write_tokens"))
+                .unwrap_or(0),
             count(u, "completion_tokens").unwrap_or(0),
             u.get("completion_tokens_details")
                 .and_then(|d| count(d, "reasoning_tokens")),
@@ -82,7 +84,9 @@ impl Usage {
         Self::openai_split(
             count(u, "input_tokens").unwrap_or(0),
             details.and_then(|d| count(d, "cached_tokens")).unwrap_or(0),
-            details.and_then(|d| count(d, "cache_write_tokens")).unwrap_or(0),
+            details
+                .and_then(|d| count(d, "cache_write_tokens"))
+                .unwrap_or(0),
             count(u, "output_tokens").unwrap_or(0),
             u.get("output_tokens_details")
                 .and_then(|d| count(d, "reasoning_tokens")),
@@ -140,7 +144,10 @@ mod tests {
             "output_tokens": 2
         }));
         u.merge_anthropic(&json!({"output_tokens": 89}));
-        assert_eq!((u.input_tokens, u.cache_read_tokens, u.output_tokens), (472, 5120, 89));
+        assert_eq!(
+            (u.input_tokens, u.cache_read_tokens, u.output_tokens),
+            (472, 5120, 89)
+        );
         u.merge_anthropic(&json!({"output_tokens": 90, "cache_read_input_tokens": null}));
         assert_eq!(u.cache_read_tokens, 5120);
     }
@@ -153,7 +160,12 @@ mod tests {
             "completion_tokens_details": {"reasoning_tokens": 4}
         }));
         assert_eq!(
-            (u.input_tokens, u.cache_read_tokens, u.output_tokens, u.reasoning_tokens),
+            (
+                u.input_tokens,
+                u.cache_read_tokens,
+                u.output_tokens,
+                u.reasoning_tokens
+            ),
             (128, 1920, 12, Some(4))
         );
         let r = Usage::from_openai_responses(&json!({

@@ -25,8 +25,12 @@ impl RawResponse {
         self.head.header(name)
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body.bytes)
-            .unwrap_or_else(|e| panic!("response is not JSON ({e}): {}", String::from_utf8_lossy(&self.body.bytes)))
+        serde_json::from_slice(&self.body.bytes).unwrap_or_else(|e| {
+            panic!(
+                "response is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body.bytes)
+            )
+        })
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body.bytes).into_owned()
@@ -35,12 +39,21 @@ impl RawResponse {
 
 /// The bytes of a request: request line, the headers exactly as given, the body.
 /// `Content-Length` is added after the given headers unless one is among them.
-pub fn request_bytes(method: &str, target: &str, headers: &[(&str, String)], body: &[u8]) -> Vec<u8> {
+pub fn request_bytes(
+    method: &str,
+    target: &str,
+    headers: &[(&str, String)],
+    body: &[u8],
+) -> Vec<u8> {
     let mut out = format!("{method} {target} HTTP/1.1\r\n");
     for (k, v) in headers {
         out.push_str(&format!("{k}: {v}\r\n"));
     }
-    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-length")) && (!body.is_empty() || method == "POST") {
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+        && (!body.is_empty() || method == "POST")
+    {
         out.push_str(&format!("Content-Length: {}\r\n", body.len()));
     }
     out.push_str("\r\n");
@@ -51,7 +64,9 @@ pub fn request_bytes(method: &str, target: &str, headers: &[(&str, String)], bod
 
 /// Sends `request` on a fresh connection and reads the whole response.
 pub async fn send(addr: SocketAddr, request: &[u8]) -> RawResponse {
-    let stream = TcpStream::connect(addr).await.expect("connect to promptgate");
+    let stream = TcpStream::connect(addr)
+        .await
+        .expect("connect to promptgate");
     stream.set_nodelay(true).unwrap();
     let (read, mut write) = stream.into_split();
     write.write_all(request).await.unwrap();
@@ -69,12 +84,20 @@ pub async fn send(addr: SocketAddr, request: &[u8]) -> RawResponse {
         .expect("status code");
     let bodiless = request.starts_with(b"HEAD ") || status == 204 || status == 304;
     let body = if bodiless {
-        wire::TimedBody { complete: true, ..Default::default() }
+        wire::TimedBody {
+            complete: true,
+            ..Default::default()
+        }
     } else {
         wire::read_body(&mut reader, &head, Duration::from_secs(30)).await
     };
     drop(write);
-    RawResponse { head, status, body, sent_at }
+    RawResponse {
+        head,
+        status,
+        body,
+        sent_at,
+    }
 }
 
 /// POSTs JSON with the usual Anthropic headers.
@@ -99,10 +122,14 @@ pub async fn send_and_leave(addr: SocketAddr, request: &[u8], pieces: usize) -> 
     let mut seen = 0;
     while seen < pieces {
         let mut size_line = Vec::new();
-        tokio::io::AsyncBufReadExt::read_until(&mut reader, b'\n', &mut size_line).await.unwrap();
+        tokio::io::AsyncBufReadExt::read_until(&mut reader, b'\n', &mut size_line)
+            .await
+            .unwrap();
         let size = usize::from_str_radix(String::from_utf8_lossy(&size_line).trim(), 16).unwrap();
         let mut chunk = vec![0; size + 2];
-        tokio::io::AsyncReadExt::read_exact(&mut reader, &mut chunk).await.unwrap();
+        tokio::io::AsyncReadExt::read_exact(&mut reader, &mut chunk)
+            .await
+            .unwrap();
         seen += 1;
     }
     head

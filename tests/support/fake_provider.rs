@@ -74,7 +74,10 @@ impl Reply {
         Reply {
             status: 200,
             headers: vec![
-                ("content-type".into(), "text/event-stream; charset=utf-8".into()),
+                (
+                    "content-type".into(),
+                    "text/event-stream; charset=utf-8".into(),
+                ),
                 ("cache-control".into(), "no-cache".into()),
             ],
             chunks: events.into_iter().map(String::into_bytes).collect(),
@@ -101,7 +104,8 @@ impl Reply {
         let n = self.chunks.len().max(1);
         let step = packed.len().div_ceil(n).max(1);
         self.chunks = packed.chunks(step).map(<[u8]>::to_vec).collect();
-        self.headers.push(("content-encoding".into(), coding.into()));
+        self.headers
+            .push(("content-encoding".into(), coding.into()));
         self
     }
 
@@ -124,7 +128,12 @@ pub fn compress(coding: &str, plain: &[u8]) -> Vec<u8> {
         }
         "br" => {
             let mut out = Vec::new();
-            brotli::BrotliCompress(&mut &plain[..], &mut out, &brotli::enc::BrotliEncoderParams::default()).unwrap();
+            brotli::BrotliCompress(
+                &mut &plain[..],
+                &mut out,
+                &brotli::enc::BrotliEncoderParams::default(),
+            )
+            .unwrap();
             out
         }
         "zstd" => zstd::encode_all(plain, 3).unwrap(),
@@ -180,7 +189,10 @@ impl StreamLog {
         self.changed.notify_waiters();
     }
     fn note_closed(&self) {
-        self.peer_closed.lock().unwrap().get_or_insert_with(Instant::now);
+        self.peer_closed
+            .lock()
+            .unwrap()
+            .get_or_insert_with(Instant::now);
         self.changed.notify_waiters();
     }
     fn note_over(&self) {
@@ -228,7 +240,9 @@ impl Drop for FakeProvider {
 
 impl FakeProvider {
     /// Plain HTTP/1.1 on 127.0.0.1.
-    pub async fn start(handler: impl Fn(&Received) -> Action + Send + Sync + 'static) -> FakeProvider {
+    pub async fn start(
+        handler: impl Fn(&Received) -> Action + Send + Sync + 'static,
+    ) -> FakeProvider {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let state = Arc::new(State {
@@ -245,7 +259,12 @@ impl FakeProvider {
                 tokio::spawn(serve_raw(stream, s.clone()));
             }
         });
-        FakeProvider { addr, tls: false, state, task }
+        FakeProvider {
+            addr,
+            tls: false,
+            state,
+            task,
+        }
     }
 
     /// TLS on 127.0.0.1 with a certificate for `localhost` and `127.0.0.1` from `ca`;
@@ -262,7 +281,8 @@ impl FakeProvider {
             arrived: Notify::new(),
             connections: Mutex::new(0),
         });
-        let acceptor = tokio_rustls::TlsAcceptor::from(ca.server_config(&["localhost", "127.0.0.1"]));
+        let acceptor =
+            tokio_rustls::TlsAcceptor::from(ca.server_config(&["localhost", "127.0.0.1"]));
         let s = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -271,17 +291,27 @@ impl FakeProvider {
                 let acceptor = acceptor.clone();
                 let s = s.clone();
                 tokio::spawn(async move {
-                    let Ok(tls) = acceptor.accept(stream).await else { return };
+                    let Ok(tls) = acceptor.accept(stream).await else {
+                        return;
+                    };
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                    let service = hyper::service::service_fn(move |req| serve_hyper(req, s.clone(), h2));
-                    let builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                    let service =
+                        hyper::service::service_fn(move |req| serve_hyper(req, s.clone(), h2));
+                    let builder = hyper_util::server::conn::auto::Builder::new(
+                        hyper_util::rt::TokioExecutor::new(),
+                    );
                     let _ = builder
                         .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
                         .await;
                 });
             }
         });
-        FakeProvider { addr, tls: true, state, task }
+        FakeProvider {
+            addr,
+            tls: true,
+            state,
+            task,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -312,7 +342,10 @@ impl FakeProvider {
                 }
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
-                panic!("the fake provider got {} request(s), expected {n}", self.requests().len());
+                panic!(
+                    "the fake provider got {} request(s), expected {n}",
+                    self.requests().len()
+                );
             }
         }
     }
@@ -451,7 +484,10 @@ struct ChannelBody(mpsc::Receiver<Result<Bytes, std::io::Error>>);
 impl http_body::Body for ChannelBody {
     type Data = Bytes;
     type Error = std::io::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         self.0.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
     }
 }
@@ -462,11 +498,18 @@ async fn serve_hyper(
     h2: bool,
 ) -> Result<hyper::Response<ChannelBody>, Infallible> {
     let (parts, body) = request.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes().to_vec()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes().to_vec())
+        .unwrap_or_default();
     let log = Arc::new(StreamLog::default());
     let received = Received {
         method: parts.method.to_string(),
-        target: parts.uri.path_and_query().map_or("/".into(), |p| p.to_string()),
+        target: parts
+            .uri
+            .path_and_query()
+            .map_or("/".into(), |p| p.to_string()),
         http2: h2,
         tls: true,
         headers: parts
@@ -512,7 +555,9 @@ async fn serve_hyper(
             log.note_sent();
         }
         if reply.end == End::Reset {
-            let _ = tx.send(Err(std::io::Error::other("reset by the fake"))).await;
+            let _ = tx
+                .send(Err(std::io::Error::other("reset by the fake")))
+                .await;
         }
         drop(tx);
         log.note_over();

@@ -26,7 +26,8 @@ impl TempDir {
     pub fn new(tag: &str) -> TempDir {
         static COUNTER: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        let path = std::env::temp_dir().join(format!("promptgate-test-{tag}-{}-{n}", std::process::id()));
+        let path =
+            std::env::temp_dir().join(format!("promptgate-test-{tag}-{}-{n}", std::process::id()));
         let _ = std::fs::remove_dir_all(&path);
         std::fs::create_dir_all(&path).unwrap();
         TempDir(path)
@@ -55,8 +56,13 @@ impl TestCa {
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, "promptgate test CA");
-        params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
-        let issuer = rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap()).unwrap();
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let issuer =
+            rcgen::CertifiedIssuer::self_signed(params, rcgen::KeyPair::generate().unwrap())
+                .unwrap();
         let pem = issuer.pem();
         TestCa { issuer, pem }
     }
@@ -71,7 +77,9 @@ impl TestCa {
     /// A rustls server config with a leaf for `names`, offering h2 and http/1.1.
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
         let key = rcgen::KeyPair::generate().unwrap();
-        let mut params = rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
         let leaf = params.signed_by(&key, &self.issuer).unwrap();
@@ -95,4 +103,81 @@ pub fn assert_absent(haystack: &[u8], needle: &str, what: &str) {
         .windows(needle.len())
         .any(|w| w == needle.as_bytes());
     assert!(!found, "the canary {needle:?} leaked into {what}");
+}
+
+/// A TCP relay in front of `target` that records every byte clients send through it:
+/// an independent witness of what a real client put on the wire.
+pub struct RecordingRelay {
+    pub addr: std::net::SocketAddr,
+    recorded: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RecordingRelay {
+    pub async fn start(target: std::net::SocketAddr) -> RecordingRelay {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let recorded: Arc<std::sync::Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let log = recorded.clone();
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let log = log.clone();
+                tokio::spawn(async move {
+                    let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let index = {
+                        let mut l = log.lock().unwrap();
+                        l.push(Vec::new());
+                        l.len() - 1
+                    };
+                    let (mut cr, mut cw) = client.into_split();
+                    let (mut ur, mut uw) = upstream.into_split();
+                    let up = async {
+                        let mut buf = vec![0u8; 64 << 10];
+                        while let Ok(n) = cr.read(&mut buf).await {
+                            if n == 0 || uw.write_all(&buf[..n]).await.is_err() {
+                                break;
+                            }
+                            log.lock().unwrap()[index].extend_from_slice(&buf[..n]);
+                        }
+                        let _ = uw.shutdown().await;
+                    };
+                    let down = async {
+                        let _ = tokio::io::copy(&mut ur, &mut cw).await;
+                        let _ = cw.shutdown().await;
+                    };
+                    tokio::join!(up, down);
+                });
+            }
+        });
+        RecordingRelay {
+            addr,
+            recorded,
+            task,
+        }
+    }
+
+    /// The requests clients sent through the relay, in connection order: (head, body).
+    pub async fn requests(&self) -> Vec<(wire::Head, Vec<u8>)> {
+        let streams = self.recorded.lock().unwrap().clone();
+        let mut out = Vec::new();
+        for bytes in streams {
+            let mut reader = tokio::io::BufReader::new(&bytes[..]);
+            while let Ok(Some(head)) = wire::read_head(&mut reader).await {
+                let body =
+                    wire::read_request_body(&mut reader, &head, std::time::Duration::from_secs(1))
+                        .await;
+                out.push((head, body.bytes));
+            }
+        }
+        out
+    }
+}
+
+impl Drop for RecordingRelay {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }

@@ -27,12 +27,15 @@ impl Proxy {
         let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
         command
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0", "--log-format", "json"])
+            .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("PROMPTGATE_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if !args.contains(&"--log-format") {
+            command.args(["--log-format", "json"]);
+        }
         for (k, v) in env {
             command.env(k, v);
         }
@@ -46,7 +49,9 @@ impl Proxy {
                 if n == 0 {
                     break;
                 }
-                sink.lock().unwrap().push_str(&String::from_utf8_lossy(&buf[..n]));
+                sink.lock()
+                    .unwrap()
+                    .push_str(&String::from_utf8_lossy(&buf[..n]));
             }
         });
         let stdout = child.stdout.take().unwrap();
@@ -63,7 +68,10 @@ impl Proxy {
             Err(_) => {
                 let _ = child.kill();
                 std::thread::sleep(Duration::from_millis(100));
-                panic!("promptgate printed no start line; stderr:\n{}", stderr.lock().unwrap());
+                panic!(
+                    "promptgate printed no start line; stderr:\n{}",
+                    stderr.lock().unwrap()
+                );
             }
         };
         let addr = start_line
@@ -72,7 +80,12 @@ impl Proxy {
             .and_then(|rest| rest.split_whitespace().next())
             .and_then(|a| a.parse().ok())
             .unwrap_or_else(|| panic!("no address in start line {start_line:?}"));
-        Proxy { child, addr, start_line, stderr }
+        Proxy {
+            child,
+            addr,
+            start_line,
+            stderr,
+        }
     }
 
     pub fn url(&self) -> String {
@@ -106,7 +119,11 @@ impl Proxy {
                 return found;
             }
             if Instant::now() > deadline {
-                panic!("expected {n} exchange line(s), got {}; log:\n{}", found.len(), self.log());
+                panic!(
+                    "expected {n} exchange line(s), got {}; log:\n{}",
+                    found.len(),
+                    self.log()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -129,7 +146,10 @@ impl Proxy {
                 return status;
             }
             if Instant::now() > deadline {
-                panic!("promptgate did not exit within {limit:?}; log:\n{}", self.log());
+                panic!(
+                    "promptgate did not exit within {limit:?}; log:\n{}",
+                    self.log()
+                );
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }

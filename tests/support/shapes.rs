@@ -13,22 +13,52 @@ use serde_json::{Value, json};
 /// Deterministic prose of about `len` bytes: ASCII, accents, CJK, quotes, newlines.
 pub fn filler(seed: usize, len: usize) -> String {
     const WORDS: &[&str] = &[
-        "the", "agent", "reads", "files", "before", "editing", "them;", "tests", "run", "with",
-        "cargo", "naïve", "café", "données", "über", "日本語", "テスト", "\"quoted\"", "path\\to\\file",
-        "résumé", "—", "λ", "→", "tab\there", "line\nbreak", "{braces}", "[brackets]", "emoji🙂",
+        "the",
+        "agent",
+        "reads",
+        "files",
+        "before",
+        "editing",
+        "them;",
+        "tests",
+        "run",
+        "with",
+        "cargo",
+        "naïve",
+        "café",
+        "données",
+        "über",
+        "日本語",
+        "テスト",
+        "\"quoted\"",
+        "path\\to\\file",
+        "résumé",
+        "—",
+        "λ",
+        "→",
+        "tab\there",
+        "line\nbreak",
+        "{braces}",
+        "[brackets]",
+        "emoji🙂",
     ];
     let mut out = String::with_capacity(len + 16);
-    let mut i = seed.wrapping_mul(2654435761);
+    let mut i = (seed as u64).wrapping_mul(2654435761);
     while out.len() < len {
-        i = i.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        i = i
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
         out.push_str(WORDS[(i >> 33) as usize % WORDS.len()]);
-        out.push(if (i >> 20) % 11 == 0 { '\n' } else { ' ' });
+        out.push(if (i >> 20).is_multiple_of(11) { '\n' } else { ' ' });
     }
     out
 }
 
 fn reminder(title: &str, seed: usize, len: usize) -> String {
-    format!("<system-reminder>\n# {title}\n{}\n</system-reminder>\n", filler(seed, len))
+    format!(
+        "<system-reminder>\n# {title}\n{}\n</system-reminder>\n",
+        filler(seed, len)
+    )
 }
 
 fn ephemeral() -> Value {
@@ -36,8 +66,18 @@ fn ephemeral() -> Value {
 }
 
 const CC_TOOLS: &[&str] = &[
-    "Agent", "Bash", "Edit", "ListAgents", "Read", "ReportFindings", "ScheduleWakeup", "Skill",
-    "ToolSearch", "Workflow", "DeferredToolPlaceholder", "Write",
+    "Agent",
+    "Bash",
+    "Edit",
+    "ListAgents",
+    "Read",
+    "ReportFindings",
+    "ScheduleWakeup",
+    "Skill",
+    "ToolSearch",
+    "Workflow",
+    "DeferredToolPlaceholder",
+    "Write",
 ];
 
 fn cc_tool(i: usize, name: &str) -> Value {
@@ -75,7 +115,10 @@ pub fn claude_code_body(rounds: usize, session: &str) -> Value {
         {"type": "text", "text": reminder("attribution", 3, 580)},
         {"type": "text", "text": "Say hello and list the files — «vite»."},
     ]});
-    let env_text = format!("# Environment\n{}\nToday's date is 2026-11-29.", filler(4, 9100));
+    let env_text = format!(
+        "# Environment\n{}\nToday's date is 2026-11-29.",
+        filler(4, 9100)
+    );
     let system_msg = if rounds == 0 {
         json!({"role": "system", "content": [{"type": "text", "text": env_text, "cache_control": ephemeral()}],
                "output_config": {"effort": "medium"}})
@@ -101,7 +144,8 @@ pub fn claude_code_body(rounds: usize, session: &str) -> Value {
         let n = blocks.len();
         blocks[n - 1]["cache_control"] = ephemeral();
     }
-    let user_id = json!({"device_id": "f".repeat(64), "account_uuid": "", "session_id": session}).to_string();
+    let user_id =
+        json!({"device_id": "f".repeat(64), "account_uuid": "", "session_id": session}).to_string();
     json!({
         "model": "claude-opus-5-5",
         "messages": messages,
@@ -142,7 +186,11 @@ pub fn to_bytes(v: &Value) -> Vec<u8> {
 
 /// Claude Code's request headers in wire order (CLIENTS.md §3), with `Host` and
 /// `Content-Length` for the given target and body.
-pub fn claude_code_headers(host: &str, body_len: usize, api_key: &str) -> Vec<(&'static str, String)> {
+pub fn claude_code_headers(
+    host: &str,
+    body_len: usize,
+    api_key: &str,
+) -> Vec<(&'static str, String)> {
     vec![
         ("Accept", "application/json".into()),
         ("Content-Type", "application/json".into()),
@@ -172,7 +220,8 @@ pub fn claude_code_headers(host: &str, body_len: usize, api_key: &str) -> Vec<(&
 /// with the breakpoint on the last, key order `model, messages, max_tokens, stream,
 /// system, tools, thinking` (CLIENTS.md §8).
 pub fn pi_body(turns: usize) -> Value {
-    let mut messages = vec![json!({"role": "user", "content": [{"type": "text", "text": "Say hello"}]})];
+    let mut messages =
+        vec![json!({"role": "user", "content": [{"type": "text", "text": "Say hello"}]})];
     for t in 0..turns {
         let id = format!("toolu_pi_{t}");
         messages.push(json!({"role": "assistant", "content": [
@@ -255,18 +304,24 @@ pub fn openai_chat_body(stream: bool) -> Value {
 /// `usage` is (input, cache_write, cache_read, output).
 pub fn anthropic_events(model: &str, pieces: &[&str], usage: (u64, u64, u64, u64)) -> Vec<String> {
     let (input, write, read, output) = usage;
-    let mut events = vec![sse("message_start", &json!({"type": "message_start", "message": {
+    let mut events = vec![sse(
+        "message_start",
+        &json!({"type": "message_start", "message": {
         "id": "msg_01XFDUDYJgAACzvnptvVoYEL", "type": "message", "role": "assistant", "model": model,
         "content": [], "stop_reason": null, "stop_sequence": null,
         "usage": {"input_tokens": input, "cache_creation_input_tokens": write, "cache_read_input_tokens": read,
                   "cache_creation": {"ephemeral_5m_input_tokens": write, "ephemeral_1h_input_tokens": 0},
-                  "output_tokens": 1}}}))];
+                  "output_tokens": 1}}}),
+    )];
     events.push(sse("content_block_start", &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
     events.push(sse("ping", &json!({"type": "ping"})));
     for p in pieces {
         events.push(sse("content_block_delta", &json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": p}})));
     }
-    events.push(sse("content_block_stop", &json!({"type": "content_block_stop", "index": 0})));
+    events.push(sse(
+        "content_block_stop",
+        &json!({"type": "content_block_stop", "index": 0}),
+    ));
     events.push(sse("message_delta", &json!({"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": null}, "usage": {"output_tokens": output}})));
     events.push(sse("message_stop", &json!({"type": "message_stop"})));
     events
@@ -287,10 +342,16 @@ pub fn anthropic_message(model: &str, text: &str, usage: (u64, u64, u64, u64)) -
 pub fn openai_chat_events(model: &str, pieces: &[&str], usage: (u64, u64, u64)) -> Vec<String> {
     let (prompt, cached, completion) = usage;
     let chunk = |delta: Value, finish: Value| {
-        format!("data: {}\n\n", json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1_764_000_000,
-            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}], "usage": null}))
+        format!(
+            "data: {}\n\n",
+            json!({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1_764_000_000,
+            "model": model, "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}], "usage": null})
+        )
     };
-    let mut events = vec![chunk(json!({"role": "assistant", "content": ""}), Value::Null)];
+    let mut events = vec![chunk(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
     for p in pieces {
         events.push(chunk(json!({"content": p}), Value::Null));
     }
@@ -312,21 +373,34 @@ pub fn openai_chat_completion(model: &str, text: &str, usage: (u64, u64, u64)) -
                   "prompt_tokens_details": {"cached_tokens": cached}}})
 }
 
-fn responses_object(model: &str, status: &str, text: Option<&str>, usage: Option<(u64, u64, u64)>) -> Value {
+fn responses_object(
+    model: &str,
+    status: &str,
+    text: Option<&str>,
+    usage: Option<(u64, u64, u64)>,
+) -> Value {
     let output = match text {
-        Some(t) => json!([{"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
-            "content": [{"type": "output_text", "text": t, "annotations": []}]}]),
+        Some(t) => {
+            json!([{"id": "msg_1", "type": "message", "status": "completed", "role": "assistant",
+            "content": [{"type": "output_text", "text": t, "annotations": []}]}])
+        }
         None => json!([]),
     };
-    let usage = usage.map(|(input, cached, out)| json!({"input_tokens": input,
+    let usage = usage.map(|(input, cached, out)| {
+        json!({"input_tokens": input,
         "input_tokens_details": {"cached_tokens": cached}, "output_tokens": out,
-        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input + out}));
+        "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": input + out})
+    });
     json!({"id": "resp_1", "object": "response", "created_at": 1_764_000_000, "status": status, "model": model,
         "output": output, "usage": usage, "parallel_tool_calls": true, "tool_choice": "auto", "tools": []})
 }
 
 /// An OpenAI Responses stream; usage in `response.completed`. `usage` is (input, cached, output).
-pub fn openai_responses_events(model: &str, pieces: &[&str], usage: (u64, u64, u64)) -> Vec<String> {
+pub fn openai_responses_events(
+    model: &str,
+    pieces: &[&str],
+    usage: (u64, u64, u64),
+) -> Vec<String> {
     let text: String = pieces.concat();
     let mut seq = 0;
     let mut ev = |kind: &str, mut data: Value| {
@@ -336,10 +410,22 @@ pub fn openai_responses_events(model: &str, pieces: &[&str], usage: (u64, u64, u
         sse(kind, &data)
     };
     let mut events = vec![
-        ev("response.created", json!({"response": responses_object(model, "in_progress", None, None)})),
-        ev("response.in_progress", json!({"response": responses_object(model, "in_progress", None, None)})),
-        ev("response.output_item.added", json!({"output_index": 0, "item": {"id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant", "content": []}})),
-        ev("response.content_part.added", json!({"item_id": "msg_1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}})),
+        ev(
+            "response.created",
+            json!({"response": responses_object(model, "in_progress", None, None)}),
+        ),
+        ev(
+            "response.in_progress",
+            json!({"response": responses_object(model, "in_progress", None, None)}),
+        ),
+        ev(
+            "response.output_item.added",
+            json!({"output_index": 0, "item": {"id": "msg_1", "type": "message", "status": "in_progress", "role": "assistant", "content": []}}),
+        ),
+        ev(
+            "response.content_part.added",
+            json!({"item_id": "msg_1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": "", "annotations": []}}),
+        ),
     ];
     for p in pieces {
         events.push(ev("response.output_text.delta", json!({"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": p, "logprobs": []})));
@@ -347,7 +433,10 @@ pub fn openai_responses_events(model: &str, pieces: &[&str], usage: (u64, u64, u
     events.push(ev("response.output_text.done", json!({"item_id": "msg_1", "output_index": 0, "content_index": 0, "text": text, "logprobs": []})));
     events.push(ev("response.content_part.done", json!({"item_id": "msg_1", "output_index": 0, "content_index": 0, "part": {"type": "output_text", "text": text, "annotations": []}})));
     events.push(ev("response.output_item.done", json!({"output_index": 0, "item": {"id": "msg_1", "type": "message", "status": "completed", "role": "assistant", "content": [{"type": "output_text", "text": text, "annotations": []}]}})));
-    events.push(ev("response.completed", json!({"response": responses_object(model, "completed", Some(&text), Some(usage))})));
+    events.push(ev(
+        "response.completed",
+        json!({"response": responses_object(model, "completed", Some(&text), Some(usage))}),
+    ));
     events
 }
 

@@ -27,7 +27,9 @@ impl Head {
 }
 
 /// Reads a head; `None` on a clean end of stream before any byte.
-pub async fn read_head<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::Result<Option<Head>> {
+pub async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+) -> std::io::Result<Option<Head>> {
     let mut raw = Vec::new();
     loop {
         let before = raw.len();
@@ -36,7 +38,10 @@ pub async fn read_head<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::R
             if raw.is_empty() {
                 return Ok(None);
             }
-            return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "eof inside head"));
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "eof inside head",
+            ));
         }
         if &raw[before..] == b"\r\n" {
             break;
@@ -50,7 +55,11 @@ pub async fn read_head<R: AsyncRead + Unpin>(r: &mut BufReader<R>) -> std::io::R
         .filter_map(|l| l.split_once(':'))
         .map(|(k, v)| (k.to_owned(), v.trim().to_owned()))
         .collect();
-    Ok(Some(Head { start_line, headers, raw }))
+    Ok(Some(Head {
+        start_line,
+        headers,
+        raw,
+    }))
 }
 
 /// A body read with the arrival time of each piece.
@@ -64,16 +73,28 @@ pub struct TimedBody {
 }
 
 /// Reads a request body: content-length or chunked; neither means none.
-pub async fn read_request_body<R: AsyncRead + Unpin>(r: &mut BufReader<R>, head: &Head, idle: Duration) -> TimedBody {
-    let framed = head.header("content-length").is_some() || head.header("transfer-encoding").is_some();
+pub async fn read_request_body<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    head: &Head,
+    idle: Duration,
+) -> TimedBody {
+    let framed =
+        head.header("content-length").is_some() || head.header("transfer-encoding").is_some();
     if !framed {
-        return TimedBody { complete: true, ..TimedBody::default() };
+        return TimedBody {
+            complete: true,
+            ..TimedBody::default()
+        };
     }
     read_body(r, head, idle).await
 }
 
 /// Reads a body framed by `head` (content-length, chunked, or until close).
-pub async fn read_body<R: AsyncRead + Unpin>(r: &mut BufReader<R>, head: &Head, idle: Duration) -> TimedBody {
+pub async fn read_body<R: AsyncRead + Unpin>(
+    r: &mut BufReader<R>,
+    head: &Head,
+    idle: Duration,
+) -> TimedBody {
     let mut out = TimedBody::default();
     let chunked = head
         .header("transfer-encoding")
@@ -86,7 +107,9 @@ pub async fn read_body<R: AsyncRead + Unpin>(r: &mut BufReader<R>, head: &Head, 
                 _ => return out,
             }
             let size_text = String::from_utf8_lossy(&size_line);
-            let Ok(size) = usize::from_str_radix(size_text.trim().split(';').next().unwrap_or(""), 16) else {
+            let Ok(size) =
+                usize::from_str_radix(size_text.trim().split(';').next().unwrap_or(""), 16)
+            else {
                 return out;
             };
             if size == 0 {
@@ -103,13 +126,17 @@ pub async fn read_body<R: AsyncRead + Unpin>(r: &mut BufReader<R>, head: &Head, 
             out.bytes.extend_from_slice(&chunk);
             out.pieces.push((Instant::now(), chunk));
         }
-    } else if let Some(len) = head.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+    } else if let Some(len) = head
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         let mut buf = vec![0; len];
         let mut filled = 0;
         while filled < len {
             match tokio::time::timeout(idle, r.read(&mut buf[filled..])).await {
                 Ok(Ok(n)) if n > 0 => {
-                    out.pieces.push((Instant::now(), buf[filled..filled + n].to_vec()));
+                    out.pieces
+                        .push((Instant::now(), buf[filled..filled + n].to_vec()));
                     filled += n;
                 }
                 _ => break,

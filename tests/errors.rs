@@ -1,0 +1,334 @@
+//! Failures answer in the provider's error shape, with the right status and retry
+//! hint, and each one still produces its exchange record. Secrets stay out of logs.
+
+mod support;
+
+use std::time::Duration;
+
+use support::client::{self, request_bytes};
+use support::shapes;
+use support::{Action, FakeProvider, Proxy, Reply, TempDir, TestCa};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn bodies_over_the_limit_get_413_without_reaching_upstream() {
+    let fake =
+        FakeProvider::start(|_| Action::Respond(Reply::json(200, &serde_json::json!({})))).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+        "--max-body",
+        "1KiB",
+    ]);
+    let big = vec![b'x'; 5000];
+    // Declared length over the limit.
+    let response = client::post(proxy.addr, "/v1/messages", &big).await;
+    assert_eq!(response.status, 413);
+    let e = response.json();
+    assert_eq!(e["error"]["type"], "request_too_large");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit of 1024 bytes")
+    );
+    assert_eq!(response.header("x-should-retry"), Some("false"));
+    // No declared length (chunked): cut when the limit is passed.
+    let mut chunked = format!("POST /openai/v1/chat/completions HTTP/1.1\r\nHost: {}\r\ntransfer-encoding: chunked\r\n\r\n", proxy.addr).into_bytes();
+    for _ in 0..5 {
+        chunked.extend_from_slice(b"3e8\r\n");
+        chunked.extend_from_slice(&[b'y'; 1000]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let response = client::send(proxy.addr, &chunked).await;
+    assert_eq!(response.status, 413);
+    assert_eq!(
+        response.json()["error"]["code"],
+        "request_too_large",
+        "OpenAI shape on OpenAI routes"
+    );
+    // At the limit is fine.
+    let response = client::post(proxy.addr, "/v1/messages", &vec![b' '; 1024]).await;
+    assert_eq!(response.status, 200);
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "only the request within the limit went upstream"
+    );
+    let lines = proxy.wait_exchanges(3, WAIT).await;
+    let outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(outcomes, ["too_large", "too_large", "ok"]);
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_gets_502_with_retry() {
+    let port = closed_port();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &format!("http://127.0.0.1:{port}"),
+        "--upstream-openai",
+        &format!("http://127.0.0.1:{port}"),
+    ]);
+    let response = client::post(
+        proxy.addr,
+        "/v1/messages",
+        b"{\"model\":\"claude-opus-5-5\"}",
+    )
+    .await;
+    assert_eq!(response.status, 502);
+    let e = response.json();
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["error"]["type"], "api_error");
+    let message = e["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("promptgate: could not connect to upstream http://127.0.0.1:"),
+        "{message}"
+    );
+    assert_eq!(response.header("x-should-retry"), Some("true"));
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let request_id = response.header("request-id").unwrap();
+    assert_eq!(e["request_id"], request_id);
+
+    let response = client::post(proxy.addr, "/openai/v1/responses", b"{}").await;
+    assert_eq!(response.status, 502);
+    let e = response.json();
+    assert_eq!(e["error"]["type"], "server_error");
+    assert_eq!(e["error"]["code"], "upstream_unreachable");
+    assert!(response.header("x-request-id").is_some());
+
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    assert!(
+        lines
+            .iter()
+            .all(|l| l["outcome"] == "upstream_error" && l["status"] == 502)
+    );
+    assert_eq!(lines[0]["model"], "claude-opus-5-5");
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_gets_504() {
+    let fake = FakeProvider::start(|_| Action::Hang).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-timeout",
+        "1s",
+    ]);
+    let response = client::post(proxy.addr, "/v1/messages", b"{}").await;
+    assert_eq!(response.status, 504);
+    assert_eq!(response.json()["error"]["type"], "timeout_error");
+    assert_eq!(response.header("x-should-retry"), Some("true"));
+    assert!(
+        fake.requests()[0]
+            .stream
+            .wait_over(Duration::from_secs(3))
+            .await,
+        "the upstream request was dropped"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_that_closes_without_answering_gets_502() {
+    let fake = FakeProvider::start(|_| Action::Close).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let response = client::post(proxy.addr, "/v1/messages", b"{}").await;
+    assert_eq!(response.status, 502);
+    assert!(
+        response.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("failed the request")
+    );
+}
+
+#[tokio::test]
+async fn an_untrusted_upstream_certificate_is_a_clear_502() {
+    let ca = TestCa::new();
+    let fake = FakeProvider::start_tls(&ca, |_| {
+        Action::Respond(Reply::json(200, &serde_json::json!({})))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let response = client::post(proxy.addr, "/v1/messages", b"{}").await;
+    assert_eq!(response.status, 502);
+    let message = response.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("TLS with upstream https://localhost:"),
+        "{message} {}",
+        proxy.log()
+    );
+    assert!(message.contains("--upstream-ca"), "{message}");
+    assert_eq!(response.header("x-should-retry"), Some("false"));
+}
+
+#[tokio::test]
+async fn http2_upstream_over_tls_with_the_test_ca() {
+    let ca = TestCa::new();
+    let dir = TempDir::new("h2");
+    let ca_path = ca.write_pem(dir.path());
+    let events = shapes::anthropic_events("claude-opus-5-5", &["over", " h2"], (30, 0, 500, 2));
+    let reply = Reply::sse(events.clone(), Duration::from_millis(20));
+    let fake = FakeProvider::start_tls(&ca, move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-ca",
+        ca_path.to_str().unwrap(),
+    ]);
+    let body = shapes::to_bytes(&shapes::claude_code_body(2, shapes::CC_SESSION));
+    let headers =
+        shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-h2");
+    for _ in 0..3 {
+        let response = client::send(
+            proxy.addr,
+            &request_bytes("POST", "/v1/messages?beta=true", &headers, &body),
+        )
+        .await;
+        assert_eq!(response.status, 200);
+        assert_eq!(response.text(), events.concat());
+    }
+    let got = fake.wait_requests(3, WAIT).await;
+    assert!(
+        got.iter().all(|r| r.http2 && r.tls),
+        "HTTP/2 negotiated by ALPN"
+    );
+    assert!(got.iter().all(|r| r.body == body));
+    assert_eq!(
+        got[0].header("x-claude-code-session-id"),
+        Some(shapes::CC_SESSION)
+    );
+    assert_eq!(
+        got[0].header("connection"),
+        None,
+        "no connection-specific headers on h2"
+    );
+    assert_eq!(fake.connections(), 1, "one pooled h2 connection");
+    let lines = proxy.wait_exchanges(3, WAIT).await;
+    assert_eq!(lines[2]["cache_read"], 500);
+}
+
+#[tokio::test]
+async fn bad_configuration_exits_2_with_a_location() {
+    let dir = TempDir::new("config");
+    let path = dir.path().join("promptgate.toml");
+    std::fs::write(&path, "listen = \"127.0.0.1:0\"\nmax_body = [1, 2]\n").unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["--config", path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("{}:2:12: ", path.display())),
+        "{stderr}"
+    );
+
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args([
+            "--upstream-ca",
+            "/nonexistent/ca.pem",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("upstream-ca /nonexistent/ca.pem"),
+        "{stderr}"
+    );
+}
+
+/// Canary credentials in every header clients use must never reach a log line,
+/// at any log level, whatever happens to the exchange.
+#[tokio::test]
+async fn credentials_never_reach_the_log() {
+    const KEY: &str = "sk-ant-api03-CANARYkeyQ7x9";
+    const TOKEN: &str = "sk-ant-oat01-CANARYtokenZ3";
+    const OPENAI: &str = "sk-proj-CANARYopenaiW2";
+    const COOKIE: &str = "CANARYcookieV1";
+    let fake = FakeProvider::start(|r| {
+        if r.target.contains("fail") {
+            Action::Close
+        } else {
+            Action::Respond(
+                Reply::sse(
+                    shapes::anthropic_events("m", &["ok"], (1, 0, 0, 1)),
+                    Duration::ZERO,
+                )
+                .header("set-cookie", &format!("session={COOKIE}")),
+            )
+        }
+    })
+    .await;
+    for level in ["info", "trace"] {
+        let proxy = Proxy::start_with_env(
+            &[
+                "--upstream-anthropic",
+                &fake.url(),
+                "--upstream-openai",
+                &fake.url(),
+                "--log-format",
+                "text",
+            ],
+            &[("PROMPTGATE_LOG", level)],
+        );
+        let headers = vec![
+            ("Host", proxy.addr.to_string()),
+            ("x-api-key", KEY.to_owned()),
+            ("authorization", format!("Bearer {TOKEN}")),
+            ("proxy-authorization", format!("Basic {TOKEN}")),
+            ("cookie", format!("c={COOKIE}")),
+            ("content-type", "application/json".to_owned()),
+        ];
+        let mut openai = headers.clone();
+        openai[2] = ("authorization", format!("Bearer {OPENAI}"));
+        for (target, h) in [
+            ("/v1/messages?beta=true", &headers),
+            ("/v1/messages?fail=1", &headers),
+            (&*format!("/v1/messages?api_key={KEY}"), &headers),
+            ("/nowhere", &headers),
+            ("/openai/v1/chat/completions", &openai),
+        ] {
+            client::send(
+                proxy.addr,
+                &request_bytes("POST", target, h, b"{\"model\":\"m\"}"),
+            )
+            .await;
+        }
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while proxy.log().matches(" exchange ").count() < 5
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let log = proxy.log();
+        assert_eq!(log.matches(" exchange ").count(), 5, "{log}");
+        for canary in [KEY, TOKEN, OPENAI, COOKIE] {
+            support::assert_absent(log.as_bytes(), canary, &format!("the log at level {level}"));
+            support::assert_absent(proxy.start_line.as_bytes(), canary, "stdout");
+        }
+    }
+    assert!(
+        fake.requests()
+            .iter()
+            .any(|r| r.header("x-api-key") == Some(KEY)),
+        "the key itself still went upstream"
+    );
+}

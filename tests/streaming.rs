@@ -1,0 +1,281 @@
+//! Streams pass through unbuffered, and every way a stream can end is handled:
+//! upstream reset, client gone, upstream silent, shutdown mid-stream.
+
+mod support;
+
+use std::time::Duration;
+
+use support::client::{self, request_bytes};
+use support::shapes;
+use support::{Action, FakeProvider, Proxy, Reply};
+use tokio::time::Instant;
+
+const WAIT: Duration = Duration::from_secs(10);
+
+fn stream_request(proxy: &Proxy) -> Vec<u8> {
+    let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
+    let headers =
+        shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-stream");
+    request_bytes("POST", "/v1/messages?beta=true", &headers, &body)
+}
+
+/// When the client held all of event `k` (the bytes through its end had arrived).
+fn arrival_of_each_event(events: &[String], pieces: &[(Instant, Vec<u8>)]) -> Vec<Instant> {
+    let mut out = Vec::new();
+    let mut have = 0usize;
+    let mut end = 0usize;
+    let mut pieces = pieces.iter();
+    let mut last = None;
+    for e in events {
+        end += e.len();
+        while have < end {
+            let (at, bytes) = pieces.next().expect("the client got every event");
+            have += bytes.len();
+            last = Some(*at);
+        }
+        out.push(last.expect("at least one piece"));
+    }
+    out
+}
+
+#[tokio::test]
+async fn sse_events_reach_the_client_before_the_next_is_sent() {
+    let events = shapes::anthropic_events("claude-opus-5-5", &["a", "b", "c", "d"], (10, 0, 0, 4));
+    let reply = Reply::sse(events.clone(), Duration::from_millis(100));
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert_eq!(response.status, 200);
+    assert!(response.body.complete);
+    assert_eq!(response.text(), events.concat());
+    let got = &fake.wait_requests(1, WAIT).await[0];
+    let sent = got.stream.sent.lock().unwrap().clone();
+    assert_eq!(sent.len(), events.len());
+    let held = arrival_of_each_event(&events, &response.body.pieces);
+    for k in 0..events.len() - 1 {
+        assert!(
+            held[k] < sent[k + 1],
+            "event {k} reached the client {:?} after event {} was sent",
+            held[k] - sent[k + 1],
+            k + 1
+        );
+        // And it did not wait for long: well under the 100 ms gap.
+        assert!(
+            held[k] - sent[k] < Duration::from_millis(50),
+            "event {k} took {:?}",
+            held[k] - sent[k]
+        );
+    }
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "ok");
+    assert!(
+        line["first_byte_ms"].as_u64().unwrap() < 100,
+        "first byte before the first gap: {line}"
+    );
+    assert!(
+        line["total_ms"].as_u64().unwrap() >= 900,
+        "the whole stream took the gaps: {line}"
+    );
+}
+
+#[tokio::test]
+async fn upstream_reset_mid_stream_ends_the_client_stream_with_an_error_event() {
+    let events = shapes::anthropic_events("claude-opus-5-5", &["a", "b", "c", "d"], (10, 0, 0, 4));
+    let reply = Reply::sse(events[..3].to_vec(), Duration::from_millis(20)).reset_at_end();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+
+    let started = Instant::now();
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "ended promptly");
+    let text = response.text();
+    assert!(text.starts_with(&events[..3].concat()), "{text}");
+    let tail = &text[events[..3].concat().len()..];
+    assert!(
+        tail.starts_with(
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\""
+        ),
+        "{tail}"
+    );
+    assert!(
+        tail.contains("promptgate: upstream broke off mid-response"),
+        "{tail}"
+    );
+    assert!(
+        response.body.complete,
+        "the client stream ends cleanly after the error event"
+    );
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "upstream_error");
+    assert_eq!(line["in_tokens"], 10, "usage from message_start is kept");
+}
+
+#[tokio::test]
+async fn upstream_reset_inside_an_event_cuts_the_client_stream() {
+    let mut chunks = shapes::anthropic_events("m", &["a"], (1, 0, 0, 1))[..2].to_vec();
+    chunks.push("event: content_block_delta\ndata: {\"type\":\"content_blo".into());
+    let reply = Reply::sse(chunks.clone(), Duration::from_millis(10)).reset_at_end();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let started = Instant::now();
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert!(started.elapsed() < Duration::from_secs(3), "ended promptly");
+    assert!(!response.body.complete, "no clean end after a half event");
+    assert_eq!(response.text(), chunks.concat());
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "upstream_error");
+}
+
+#[tokio::test]
+async fn client_disconnect_cancels_the_upstream_request() {
+    let events = shapes::anthropic_events("m", &["x"; 30], (1, 0, 0, 30));
+    let reply = Reply::sse(events, Duration::from_millis(100));
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+
+    client::send_and_leave(proxy.addr, &stream_request(&proxy), 2).await;
+    let left = Instant::now();
+    let got = &fake.wait_requests(1, WAIT).await[0];
+    assert!(
+        got.stream.wait_over(Duration::from_secs(3)).await,
+        "the fake stopped streaming"
+    );
+    let closed = got
+        .stream
+        .peer_closed
+        .lock()
+        .unwrap()
+        .expect("the fake saw its connection closed");
+    assert!(
+        closed - left < Duration::from_secs(1),
+        "closed {:?} after the client left",
+        closed - left
+    );
+    assert!(
+        got.stream.sent.lock().unwrap().len() < 10,
+        "the stream did not run on"
+    );
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "client_cancelled");
+}
+
+#[tokio::test]
+async fn client_leaving_while_waiting_for_upstream_is_recorded() {
+    let fake = FakeProvider::start(|_| Action::Hang).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+        stream.write_all(&stream_request(&proxy)).await.unwrap();
+        fake.wait_requests(1, WAIT).await;
+    }
+    let got = &fake.requests()[0];
+    assert!(
+        got.stream.wait_over(Duration::from_secs(3)).await,
+        "upstream connection closed"
+    );
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "client_cancelled");
+}
+
+#[tokio::test]
+async fn a_silent_upstream_is_cut_after_the_idle_timeout_but_a_slow_one_is_not() {
+    // Events 700 ms apart under a 1 s idle timeout: never cut.
+    let events = shapes::anthropic_events("m", &["a", "b"], (1, 0, 0, 2));
+    let slow = Reply::sse(events.clone(), Duration::from_millis(700));
+    let fake = FakeProvider::start(move |_| Action::Respond(slow.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--idle-timeout", "1s"]);
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert_eq!(response.text(), events.concat());
+    assert_eq!(proxy.wait_exchanges(1, WAIT).await[0]["outcome"], "ok");
+
+    // Then 3 s of silence after the first event: cut after ~1 s with an error event.
+    let silent = Reply::sse(events[..2].to_vec(), Duration::from_secs(3));
+    let fake = FakeProvider::start(move |_| Action::Respond(silent.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--idle-timeout", "1s"]);
+    let started = Instant::now();
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(900) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
+    assert!(
+        response.text().contains("no data from upstream for 1s"),
+        "{}",
+        response.text()
+    );
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "upstream_error");
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_stream_in_flight_finish() {
+    let events = shapes::anthropic_events("m", &["a", "b", "c", "d", "e", "f"], (1, 0, 0, 6));
+    let reply = Reply::sse(events.clone(), Duration::from_millis(150));
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let mut proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--shutdown-grace",
+        "10s",
+    ]);
+    let addr = proxy.addr;
+    let request = stream_request(&proxy);
+    let streaming = tokio::spawn(async move { client::send(addr, &request).await });
+    fake.wait_requests(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // No new connections once shutdown began.
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "the listener is closed"
+    );
+    let response = streaming.await.unwrap();
+    assert!(response.body.complete);
+    assert_eq!(response.text(), events.concat());
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
+    assert_eq!(
+        proxy.exchanges().len(),
+        1,
+        "the record was written before exit"
+    );
+}
+
+#[tokio::test]
+async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
+    let events = shapes::anthropic_events("m", &["x"; 20], (1, 0, 0, 20));
+    let reply = Reply::sse(events, Duration::from_millis(300));
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let mut proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--shutdown-grace",
+        "1s",
+    ]);
+    let addr = proxy.addr;
+    let request = stream_request(&proxy);
+    let streaming = tokio::spawn(async move { client::send(addr, &request).await });
+    fake.wait_requests(1, WAIT).await;
+    let signalled = Instant::now();
+    proxy.signal("INT");
+    let status = proxy.wait_exit(Duration::from_secs(10)).await;
+    assert!(status.success(), "{status:?}");
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "exited after the grace period"
+    );
+    let response = streaming.await.unwrap();
+    assert!(!response.body.complete, "the stream was cut, not completed");
+    let lines = proxy.exchanges();
+    assert_eq!(
+        lines.len(),
+        1,
+        "the cut exchange is still recorded: {}",
+        proxy.log()
+    );
+    assert_eq!(lines[0]["outcome"], "shutdown");
+}
