@@ -126,14 +126,19 @@ impl Proxy {
             || request.uri().path().to_owned(),
             |p| p.as_str().to_owned(),
         );
+        let host = request
+            .uri()
+            .authority()
+            .map(|a| a.as_str().to_owned())
+            .or_else(|| {
+                let h = request.headers().get(header::HOST)?;
+                h.to_str().ok().map(str::to_owned)
+            });
         self.recorder.begin();
+        let mut record = ExchangeRecord::begin(id, client, request.method().clone(), path);
+        record.host = host;
         let mut pending = PendingRecord {
-            record: Some(ExchangeRecord::begin(
-                id,
-                client,
-                request.method().clone(),
-                path,
-            )),
+            record: Some(record),
             recorder: self.recorder.clone(),
             started,
         };
@@ -173,12 +178,17 @@ impl Proxy {
                 r.model = provider::sniff(&body).model;
             }
             r.request_body = body.clone();
+            r.sent_body = body.clone();
         }
 
         // The record keeps the headers as received; upstream gets them minus hop-by-hop.
         let received = std::mem::take(&mut parts.headers);
         parts.headers = forwardable(&received, true);
-        pending.get().request_headers = received;
+        {
+            let r = pending.get();
+            r.request_headers = received;
+            r.sent_headers = parts.headers.clone();
+        }
         parts.uri = uri;
         // ALPN decides the upstream protocol; the client's own version does not matter.
         parts.version = Version::HTTP_11;

@@ -23,6 +23,7 @@
 //! [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
 //! one exchange, and how it is told to the client).
 #![forbid(unsafe_code)]
+#![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
 pub mod cli;
 pub mod config;

@@ -25,6 +25,8 @@ use crate::provider::{Api, Provider};
 pub enum Outcome {
     /// The upstream answered and its whole response reached the client, whatever the status.
     Ok,
+    /// A rule blocked the request; the upstream was not contacted.
+    Blocked,
     /// The path is not one promptgate routes; the upstream was not contacted.
     NoRoute,
     /// The request body was over `--max-body`; the upstream was not contacted.
@@ -43,6 +45,7 @@ impl Outcome {
     pub fn name(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
+            Outcome::Blocked => "blocked",
             Outcome::NoRoute => "no_route",
             Outcome::TooLarge => "too_large",
             Outcome::BadRequest => "bad_request",
@@ -82,6 +85,8 @@ pub struct ExchangeRecord {
     pub method: Method,
     /// Path and query as the client sent them.
     pub path: String,
+    /// The host the client addressed (its `Host` header or HTTP/2 authority).
+    pub host: Option<String>,
     pub provider: Option<Provider>,
     pub api: Option<Api>,
     /// The upstream URL the request went to (no credentials are ever in it).
@@ -90,8 +95,18 @@ pub struct ExchangeRecord {
     pub model: Option<String>,
     /// Request headers as the client sent them. Secrets included: sinks must redact.
     pub request_headers: HeaderMap,
-    /// The request body exactly as received (and, today, as sent).
+    /// The request body exactly as received.
     pub request_body: Bytes,
+    /// Request headers as sent upstream (hop-by-hop removed, rules applied).
+    pub sent_headers: HeaderMap,
+    /// The request body exactly as sent upstream (shares the received bytes when unchanged).
+    pub sent_body: Bytes,
+    /// Names of the rules that fired, in order.
+    pub rules_fired: Vec<String>,
+    /// Labels that rules put on the exchange.
+    pub tags: Vec<String>,
+    /// JSON pointers of the body nodes rules changed, in order.
+    pub body_diff: Vec<String>,
     pub status: Option<StatusCode>,
     pub response_headers: HeaderMap,
     pub outcome: Outcome,
@@ -121,12 +136,18 @@ impl ExchangeRecord {
             client_addr,
             method,
             path,
+            host: None,
             provider: None,
             api: None,
             upstream_url: None,
             model: None,
             request_headers: HeaderMap::new(),
             request_body: Bytes::new(),
+            sent_headers: HeaderMap::new(),
+            sent_body: Bytes::new(),
+            rules_fired: Vec::new(),
+            tags: Vec::new(),
+            body_diff: Vec::new(),
             status: None,
             response_headers: HeaderMap::new(),
             outcome: Outcome::ClientCancelled,

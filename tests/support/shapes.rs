@@ -49,7 +49,11 @@ pub fn filler(seed: usize, len: usize) -> String {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         out.push_str(WORDS[(i >> 33) as usize % WORDS.len()]);
-        out.push(if (i >> 20).is_multiple_of(11) { '\n' } else { ' ' });
+        out.push(if (i >> 20).is_multiple_of(11) {
+            '\n'
+        } else {
+            ' '
+        });
     }
     out
 }

@@ -1,16 +1,12 @@
-//! The command line: parse, dispatch, report errors once.
-//!
-//! `promptgate` with no verb is `promptgate serve`. Exit codes: 0 ok, 2 usage,
-//! configuration or IO error.
-#![allow(clippy::print_stdout, clippy::print_stderr)]
+//! `promptgate serve`: load the configuration, bind, print the start line, serve
+//! until SIGINT/SIGTERM.
 
 use std::io::Write;
 use std::path::PathBuf;
-use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Args, Parser, Subcommand};
+use clap::Args;
 
 use crate::config::{Config, ConfigLayer};
 use crate::exchange::Proxy;
@@ -18,30 +14,9 @@ use crate::logging::{self, ExchangeLog};
 use crate::record::Recorder;
 use crate::upstream::Upstream;
 
-/// A local intercepting proxy for model-provider APIs.
-#[derive(Debug, Parser)]
-#[command(
-    name = "promptgate",
-    version,
-    about,
-    args_conflicts_with_subcommands = true
-)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-    #[command(flatten)]
-    serve: ServeArgs,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Run the proxy (the default when no verb is given).
-    Serve(ServeArgs),
-}
-
 /// Flags of `promptgate serve`; each has a key of the same name (with `_`) in the config file.
 #[derive(Debug, Args, Default)]
-struct ServeArgs {
+pub struct ServeArgs {
     /// Config file (TOML); flags given here win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -95,23 +70,8 @@ impl ServeArgs {
     }
 }
 
-/// Parses the command line and runs it.
-pub fn run() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Some(Command::Serve(args)) => serve(args),
-        None => serve(cli.serve),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("promptgate: {e:#}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-fn serve(args: ServeArgs) -> anyhow::Result<()> {
+/// Runs the proxy until a shutdown signal; returns once drained.
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
     logging::init(config.log_format);
