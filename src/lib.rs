@@ -20,6 +20,7 @@
 //!   that receive it (today: the exchange log line).
 //!
 //! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
+//! [`conversation`] (which agent conversation an exchange belongs to),
 //! [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
 //! one exchange, and how it is told to the client).
 #![forbid(unsafe_code)]
@@ -27,6 +28,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod conversation;
 pub mod error;
 pub mod exchange;
 pub mod id;

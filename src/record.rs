@@ -107,6 +107,13 @@ pub struct ExchangeRecord {
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed, in order.
     pub body_diff: Vec<String>,
+    /// Whether the capture store should keep this exchange (a rule may turn it off).
+    pub capture: bool,
+    /// Extra secret patterns (from rules) the capture redacts in this exchange's bodies.
+    pub extra_redactions: Vec<regex::Regex>,
+    /// Header names whose values are secrets beyond the usual credential headers
+    /// (e.g. set by a rule from `${env:…}`): stored only as fingerprints.
+    pub secret_headers: Vec<http::HeaderName>,
     pub status: Option<StatusCode>,
     pub response_headers: HeaderMap,
     pub outcome: Outcome,
@@ -148,6 +155,9 @@ impl ExchangeRecord {
             rules_fired: Vec::new(),
             tags: Vec::new(),
             body_diff: Vec::new(),
+            capture: true,
+            extra_redactions: Vec::new(),
+            secret_headers: Vec::new(),
             status: None,
             response_headers: HeaderMap::new(),
             outcome: Outcome::ClientCancelled,
