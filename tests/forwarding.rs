@@ -260,3 +260,37 @@ async fn keep_alive_connections_carry_many_exchanges() {
     assert_eq!(models, ["m0", "m1", "m2", "m3", "m4"]);
     assert_eq!(fake.connections(), 1, "the upstream connection is pooled");
 }
+
+#[tokio::test]
+async fn http2_clients_are_served_too() {
+    use http_body_util::{BodyExt, Full};
+    let events = shapes::anthropic_events("claude-opus-5-5", &["h2", " client"], (1, 0, 0, 2));
+    let reply = Reply::sse(events.clone(), Duration::from_millis(5));
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    // HTTP/2 with prior knowledge, as gRPC-style and some SDK clients speak it.
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<Full<bytes::Bytes>>();
+    let body = shapes::to_bytes(&shapes::pi_body(1));
+    let request = http::Request::post(format!("{}/v1/messages?beta=true", proxy.url()))
+        .header("content-type", "application/json")
+        .header("x-api-key", "sk-ant-api03-h2c")
+        .body(Full::new(bytes::Bytes::from(body.clone())))
+        .unwrap();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    assert_eq!(response.status(), 200);
+    let got = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(got, events.concat().as_bytes());
+    let received = &fake.wait_requests(1, WAIT).await[0];
+    assert_eq!(received.body, body);
+    assert_eq!(received.header("x-api-key"), Some("sk-ant-api03-h2c"));
+    assert_eq!(
+        received.header("host"),
+        Some(fake.addr.to_string().as_str())
+    );
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["model"], "claude-sonnet-5-5");
+    assert_eq!(line["outcome"], "ok");
+}
