@@ -63,6 +63,7 @@ struct Cell {
 /// What wrk (through bench/post.lua) or bench-probe printed.
 #[derive(Debug, Deserialize)]
 struct Load {
+    tool: String,
     requests: u64,
     errors: u64,
     seconds: f64,
@@ -279,17 +280,24 @@ impl<'a> Report<'a> {
         if keys.is_empty() {
             return;
         }
+        let mut tools: Vec<&str> = keys
+            .iter()
+            .flat_map(|k| self.rows[*k].iter().map(|r| r.load.tool.as_str()))
+            .collect();
+        tools.sort_unstable();
+        tools.dedup();
+        let tools = tools.join(", ");
         if stream {
             let _ = writeln!(
                 out,
-                "\n## Streaming (SSE, 30 events; figures from bench-probe)\n\n\
+                "\n## Streaming (SSE, 30 events; measured with {tools})\n\n\
                  | payload | c | target | req/s | p50 ms | p99 ms | +TTFB p50 | +TTFB p99 | event delay p50 | event delay p99 | event delay max | peak RSS MB | CPU µs/req | bodies identical |\n\
                  |---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
             );
         } else {
             let _ = writeln!(
                 out,
-                "\n## Non-streaming (~1 KB JSON answer; figures from wrk)\n\n\
+                "\n## Non-streaming (~1 KB JSON answer; measured with {tools})\n\n\
                  | payload | c | target | req/s | p50 ms | p99 ms | +p50 ms | +p99 ms | peak RSS MB | CPU µs/req | bodies identical |\n\
                  |---|--:|---|--:|--:|--:|--:|--:|--:|--:|---|"
             );
