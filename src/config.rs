@@ -175,11 +175,11 @@ impl Config {
 
     /// Checks that only make sense on the merged layers.
     fn check_forward(&self) -> Result<(), ConfigError> {
-        if !self.listen.ip().is_loopback() && !self.allow_remote {
+        if !is_default_loopback(self.listen.ip()) && !self.allow_remote {
             return Err(ConfigError::Invalid {
                 setting: "listen",
                 message: format!(
-                    "{} is not a loopback address; to accept other machines pass --allow-remote \
+                    "{} is not 127.0.0.1 or ::1; to accept other clients pass --allow-remote \
                      and set proxy credentials (PROMPTGATE_PROXY_AUTH=user:password)",
                     self.listen
                 ),
@@ -338,6 +338,13 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Whether `ip` is the plain loopback address that needs no `--allow-remote`.
+/// Other 127.x addresses count as remote too: they are easy to publish (container
+/// port maps), and one rule is easier to trust than a subnet.
+pub fn is_default_loopback(ip: std::net::IpAddr) -> bool {
+    ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST
 }
 
 /// `HOST=URL`: an intercepted host and the upstream its requests go to instead.

@@ -12,8 +12,9 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
+use support::fake_provider::like_providers;
 use support::shapes;
-use support::{Action, FakeProvider, Proxy, Received, Reply};
+use support::{FakeProvider, Proxy, Received};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -29,36 +30,6 @@ fn python() -> PathBuf {
         path.display()
     );
     path
-}
-
-/// Answers like the providers do, by path and by `"stream":true` in the body.
-fn provider(r: &Received) -> Action {
-    let stream = r.json().get("stream") == Some(&Value::Bool(true));
-    let body = String::from_utf8_lossy(&r.body);
-    let path = r.target.split('?').next().unwrap_or("");
-    let reply = match path {
-        "/v1/messages" if body.contains("rate-limit-me") => Reply::json(
-            429,
-            &serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
-        )
-        .header("retry-after", "30"),
-        "/v1/messages" if stream => Reply::sse(
-            shapes::anthropic_events("claude-opus-5-5", &["Hello", " there"], (12, 100, 2000, 7)),
-            Duration::from_millis(5),
-        ),
-        "/v1/messages" => Reply::json(200, &shapes::anthropic_message("claude-opus-5-5", "Hello there", (12, 100, 2000, 7))),
-        "/v1/chat/completions" if stream => Reply::sse(
-            shapes::openai_chat_events("gpt-5.6", &["Hello", " there"], (300, 256, 9)),
-            Duration::from_millis(5),
-        ),
-        "/v1/chat/completions" => Reply::json(200, &shapes::openai_chat_completion("gpt-5.6", "Hello there", (300, 256, 9))),
-        "/v1/responses" => Reply::sse(
-            shapes::openai_responses_events("gpt-5.6", &["Hello", " there"], (400, 128, 5)),
-            Duration::from_millis(5),
-        ),
-        _ => Reply::json(404, &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": path}})),
-    };
-    Action::Respond(reply)
 }
 
 const CALLS: &[&str] = &[
@@ -109,7 +80,7 @@ fn comparable(r: &Received) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_sdks_get_the_same_answers_and_send_the_same_bytes() {
-    let fake = FakeProvider::start(provider).await;
+    let fake = FakeProvider::start(like_providers).await;
     let direct = run_sdks(fake.url(), format!("{}/v1", fake.url())).await;
     let direct_requests = fake.wait_requests(CALLS.len(), WAIT).await;
 
@@ -210,7 +181,7 @@ fn curl(args: &[&str]) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn curl_streams_and_large_bodies() {
-    let fake = FakeProvider::start(provider).await;
+    let fake = FakeProvider::start(like_providers).await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
     let url = format!("{}/v1/messages?beta=true", proxy.url());
 

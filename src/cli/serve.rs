@@ -137,9 +137,9 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
     let local = listener
         .local_addr()
         .context("reading the listen address")?;
-    if !local.ip().is_loopback() {
+    if !crate::config::is_default_loopback(local.ip()) {
         tracing::warn!(
-            "listening on {local}, which is not loopback (--allow-remote): every request must carry proxy credentials"
+            "listening on {local} (--allow-remote): every request must carry proxy credentials"
         );
     }
     let grace = config.shutdown_grace;

@@ -7,6 +7,7 @@ pub mod client;
 pub mod fake_provider;
 pub mod proxy;
 pub mod shapes;
+pub mod tunnel;
 pub mod wire;
 
 use std::path::{Path, PathBuf};
