@@ -591,4 +591,56 @@ mod tests {
         let err = Config::load(None, flags).unwrap_err().to_string();
         assert!(err.starts_with("log-format: \"xml\""), "{err}");
     }
+
+    #[test]
+    fn forward_settings_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("pg-config-fwd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("promptgate.toml");
+        std::fs::write(
+            &path,
+            "listen = \"0.0.0.0:8787\"\ncerts = \"ca\"\nintercept = [\"api.anthropic.com\", \"*.openai.azure.com=openai\"]\n\
+             resolve = [\"api.anthropic.com=https://127.0.0.1:9443\"]\nintercept_only = true\n\
+             connect_ports = [443, 8443]\nallow_remote = true\nproxy_auth = \"u:p\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&path), ConfigLayer::default()).unwrap();
+        assert_eq!(c.certs, dir.join("ca"));
+        assert_eq!(
+            c.intercept.provider_for("east.openai.azure.com"),
+            Some(crate::provider::Provider::OpenAi)
+        );
+        assert_eq!(c.intercept.provider_for("api.openai.com"), None);
+        assert_eq!(
+            c.upstream_for("api.anthropic.com", 443, "https")
+                .unwrap()
+                .to_string(),
+            "https://127.0.0.1:9443"
+        );
+        assert_eq!(
+            c.upstream_for("east.openai.azure.com", 443, "https")
+                .unwrap()
+                .to_string(),
+            "https://east.openai.azure.com"
+        );
+        assert!(c.intercept_only && c.allow_remote && c.proxy_auth.is_some());
+        assert_eq!(c.connect_ports, [443, 8443]);
+        assert!(
+            !format!("{c:?}").contains("u:p"),
+            "credentials stay out of Debug"
+        );
+
+        // Remote without credentials, and resolving a host that is not intercepted.
+        std::fs::write(&path, "listen = \"0.0.0.0:8787\"\nallow_remote = true\n").unwrap();
+        let err = Config::load(Some(&path), ConfigLayer::default()).unwrap_err();
+        assert!(err.to_string().contains("PROMPTGATE_PROXY_AUTH"), "{err}");
+        std::fs::write(&path, "resolve = [\"example.com=http://127.0.0.1:1\"]\n").unwrap();
+        let err = Config::load(Some(&path), ConfigLayer::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("resolve: \"example.com\" is not intercepted"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

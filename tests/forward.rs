@@ -661,3 +661,257 @@ async fn python_sdks_through_https_proxy_send_what_they_send_in_reverse_mode() {
         );
     }
 }
+
+/// Environment variables that would leak the machine's settings into a child.
+const CLIENT_VARS: &[&str] = &[
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "no_proxy",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "CURL_CA_BUNDLE",
+    "ANTHROPIC_BASE_URL",
+    "OPENAI_BASE_URL",
+    "PROMPTGATE_PROXY_AUTH",
+];
+
+/// Runs the binary with the client variables cleared, then `env` set.
+fn promptgate_clean(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
+    command.args(args);
+    for var in CLIENT_VARS {
+        command.env_remove(var);
+    }
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+#[test]
+fn env_prints_what_each_shell_needs() {
+    let dir = TempDir::new("env");
+    let certs = dir.path().join("certs");
+    let certs_arg = certs.to_str().unwrap();
+    let forward = &[
+        "env",
+        "--mode",
+        "forward",
+        "--certs",
+        certs_arg,
+        "--listen",
+        "127.0.0.1:9911",
+    ];
+    let out = promptgate_clean(forward, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    let ca = certs.join("promptgate-ca.pem").display().to_string();
+    let bundle = certs.join("promptgate-bundle.pem").display().to_string();
+    for line in [
+        "export HTTPS_PROXY='http://127.0.0.1:9911'".to_owned(),
+        "export https_proxy='http://127.0.0.1:9911'".to_owned(),
+        format!("export NODE_EXTRA_CA_CERTS='{ca}'"),
+        "export NODE_USE_ENV_PROXY='1'".to_owned(),
+        format!("export SSL_CERT_FILE='{bundle}'"),
+        format!("export REQUESTS_CA_BUNDLE='{bundle}'"),
+        "export NO_PROXY='localhost,127.0.0.1,::1'".to_owned(),
+        "unset ANTHROPIC_BASE_URL".to_owned(),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing {line:?} in:\n{text}"
+        );
+    }
+    assert!(text.contains(&format!("curl --cacert {ca}")), "{text}");
+    assert!(
+        !text.contains("HTTP_PROXY="),
+        "plain http stays off the proxy: {text}"
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("created the CA"));
+    // The bundle holds the system roots and the CA.
+    let pem = std::fs::read_to_string(&bundle).unwrap();
+    let ca_pem = std::fs::read_to_string(&ca).unwrap();
+    assert!(pem.ends_with(&ca_pem) && pem.len() > ca_pem.len() * 10);
+
+    // bash evaluates it as printed.
+    let script = format!(
+        "eval \"$('{}' env --mode forward --certs '{certs_arg}' --listen 127.0.0.1:9911)\"; \
+         echo \"$HTTPS_PROXY|$NODE_EXTRA_CA_CERTS|$SSL_CERT_FILE|${{ANTHROPIC_BASE_URL-unset}}\"",
+        env!("CARGO_BIN_EXE_promptgate")
+    );
+    let out = Command::new("bash")
+        .args(["-c", &script])
+        .env("ANTHROPIC_BASE_URL", "http://elsewhere")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("http://127.0.0.1:9911|{ca}|{bundle}|unset")
+    );
+
+    let fish = promptgate_clean(&[forward as &[&str], &["--shell", "fish"]].concat(), &[]);
+    let fish = String::from_utf8_lossy(&fish.stdout);
+    assert!(
+        fish.contains(&format!("set -gx NODE_EXTRA_CA_CERTS '{ca}'")),
+        "{fish}"
+    );
+    assert!(fish.contains("set -e ANTHROPIC_BASE_URL"), "{fish}");
+    let ps = promptgate_clean(
+        &[forward as &[&str], &["--shell", "powershell"]].concat(),
+        &[],
+    );
+    let ps = String::from_utf8_lossy(&ps.stdout);
+    assert!(
+        ps.contains("$env:HTTPS_PROXY = 'http://127.0.0.1:9911'"),
+        "{ps}"
+    );
+
+    let reverse = promptgate_clean(&["env", "--listen", "127.0.0.1:9911"], &[]);
+    let reverse = String::from_utf8_lossy(&reverse.stdout);
+    assert!(
+        reverse.contains("export ANTHROPIC_BASE_URL='http://127.0.0.1:9911'"),
+        "{reverse}"
+    );
+    assert!(reverse.contains("export OPENAI_BASE_URL='http://127.0.0.1:9911/openai/v1'"));
+
+    // Behind proxy credentials, the URL takes them from the environment at eval time.
+    let out = promptgate_clean(
+        &[
+            "env",
+            "--mode",
+            "forward",
+            "--certs",
+            certs_arg,
+            "--listen",
+            "127.0.0.2:9911",
+        ],
+        &[("PROMPTGATE_PROXY_AUTH", "bob:CANARYenvSecret")],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("export HTTPS_PROXY=\"http://${PROMPTGATE_PROXY_AUTH}@127.0.0.2:9911\""),
+        "{text}"
+    );
+    support::assert_absent(&out.stdout, "CANARYenvSecret", "the env output");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_checks_each_link_and_prints_the_fix() {
+    let (_fake, proxy, _dir) = forward_setup(&[]).await;
+    let certs = proxy.ca_cert().parent().unwrap().to_owned();
+    let certs_arg = certs.to_str().unwrap().to_owned();
+    let listen = proxy.addr.to_string();
+    let doctor = move |extra: Vec<String>, env: Vec<(String, String)>| {
+        let mut args = vec!["doctor".to_owned(), "--listen".into(), listen.clone()];
+        args.extend(extra);
+        async move {
+            tokio::task::spawn_blocking(move || {
+                let args: Vec<&str> = args.iter().map(String::as_str).collect();
+                let env: Vec<(&str, &str)> =
+                    env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                promptgate_clean(&args, &env)
+            })
+            .await
+            .unwrap()
+        }
+    };
+    let certs_flag = vec!["--certs".to_owned(), certs_arg.clone()];
+
+    // A shell that points nothing at promptgate: that one check fails, with its fix.
+    let out = doctor(certs_flag.clone(), vec![]).await;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("ok    listener: promptgate answers"),
+        "{text}"
+    );
+    assert!(text.contains("ok    ca: "), "{text}");
+    assert!(
+        text.contains("FAIL  environment: this shell points no client"),
+        "{text}"
+    );
+    assert!(
+        text.contains("fix: eval \"$(promptgate env --mode forward)\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("ok    connect: CONNECT api.anthropic.com:443"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "ok    upstream: api.anthropic.com answered through promptgate (HTTP/1.1 404"
+        ),
+        "{text}"
+    );
+
+    // With what `env --mode forward` prints, everything passes.
+    let out = promptgate_clean(&["env", "--mode", "forward", "--certs", &certs_arg], &[]);
+    let mut env = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if let Some((k, v)) = line.strip_prefix("export ").and_then(|l| l.split_once('=')) {
+            env.push((k.to_owned(), v.trim_matches('\'').to_owned()));
+        }
+    }
+    env.retain(|(k, _)| k != "HTTPS_PROXY" && k != "https_proxy");
+    env.push(("HTTPS_PROXY".into(), proxy.url()));
+    let out = doctor(certs_flag.clone(), env.clone()).await;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    assert!(text.contains("ok    environment: forward mode"), "{text}");
+
+    // The CA of another directory does not verify what the proxy presents.
+    let other = TempDir::new("doctor-other-ca");
+    let other_flag = vec![
+        "--certs".to_owned(),
+        other.path().to_str().unwrap().to_owned(),
+    ];
+    promptgate_clean(
+        &["ca", "init", "--certs", other.path().to_str().unwrap()],
+        &[],
+    );
+    let out = doctor([other_flag, vec!["--offline".into()]].concat(), env).await;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("FAIL  connect: TLS inside the tunnel to api.anthropic.com does not verify"),
+        "{text}"
+    );
+    assert!(
+        text.contains("FAIL  environment: NODE_EXTRA_CA_CERTS does not contain"),
+        "{text}"
+    );
+    assert!(text.contains("skip  upstream"), "{text}");
+
+    // Nothing listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let out = promptgate_clean(
+        &[
+            "doctor",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--certs",
+            &certs_arg,
+            "--offline",
+        ],
+        &[],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text.contains("FAIL  listener: nothing answers"), "{text}");
+    assert!(text.contains("fix: start it: promptgate serve"), "{text}");
+}

@@ -381,9 +381,9 @@ async fn round_trip(
     let exchange = async {
         tls.write_all(request.as_bytes()).await?;
         let mut answer = Vec::new();
-        // The status line and headers are enough; a body may be long.
+        // Enough for promptgate's own error; a real page may be longer and is not needed.
         let mut buf = [0u8; 4096];
-        while !answer.windows(4).any(|w| w == b"\r\n\r\n") {
+        while answer.len() < 64 << 10 {
             let n = tls.read(&mut buf).await?;
             if n == 0 {
                 break;
@@ -395,11 +395,16 @@ async fn round_trip(
     let upstream = match tokio::time::timeout(STEP * 3, exchange).await {
         Ok(Ok(answer)) => {
             let status = answer.lines().next().unwrap_or("").to_owned();
-            // promptgate's own failure carries a request id it made up.
+            // promptgate's own failure carries a request id it made up, and says why.
             if answer.contains("req_promptgate_") {
+                let why = answer
+                    .split_once("\r\n\r\n")
+                    .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+                    .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+                    .unwrap_or(status);
                 Check::Fail {
-                    problem: format!("{host} did not answer through promptgate ({status})"),
-                    fix: "check the network, --resolve and --upstream-ca; the promptgate log has the cause".into(),
+                    problem: format!("{host} did not answer through promptgate: {why}"),
+                    fix: "check the network, --resolve and --upstream-ca, or skip this check with --offline".into(),
                 }
             } else {
                 Check::Pass(format!("{host} answered through promptgate ({status})"))
