@@ -150,6 +150,13 @@ async fn curl_through_https_proxy_is_intercepted_over_http1_and_http2() {
     );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("certificate"), "{stderr}");
+    // And promptgate's log names the file the client should trust.
+    let deadline = std::time::Instant::now() + WAIT;
+    while !proxy.log().contains("does not trust promptgate's CA") {
+        assert!(std::time::Instant::now() < deadline, "{}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(proxy.log().contains(proxy.ca_cert().to_str().unwrap()));
 }
 
 #[tokio::test(flavor = "multi_thread")]
