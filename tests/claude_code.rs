@@ -131,17 +131,25 @@ async fn run_claude(
     .unwrap()
 }
 
-#[test]
-fn claude_code_print_mode_completes_through_promptgate() {
+/// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
+fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
     if !inside_namespace() {
         claude(); // fail early, outside, when the CLI is missing
-        return run_isolated("claude_code_print_mode_completes_through_promptgate");
+        return run_isolated(test);
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap()
-        .block_on(print_mode());
+        .block_on(body());
+}
+
+#[test]
+fn claude_code_print_mode_completes_through_promptgate() {
+    isolated(
+        "claude_code_print_mode_completes_through_promptgate",
+        print_mode,
+    );
 }
 
 async fn print_mode() {
@@ -229,15 +237,10 @@ async fn print_mode() {
 
 #[test]
 fn claude_code_through_https_proxy_sends_the_first_party_shape() {
-    if !inside_namespace() {
-        claude();
-        return run_isolated("claude_code_through_https_proxy_sends_the_first_party_shape");
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(forward_mode());
+    isolated(
+        "claude_code_through_https_proxy_sends_the_first_party_shape",
+        forward_mode,
+    );
 }
 
 async fn forward_mode() {

@@ -5,7 +5,7 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
@@ -45,24 +45,16 @@ async fn forward_setup(extra: &[&str]) -> (FakeProvider, Proxy, TempDir) {
 
 /// curl with no proxy or CA settings from the machine's environment.
 fn curl(args: &[&str]) -> std::process::Output {
-    Command::new("curl")
-        .args(["-sS"])
-        .args(args)
-        .env_remove("CURL_CA_BUNDLE")
-        .env_remove("SSL_CERT_FILE")
-        .env_remove("SSL_CERT_DIR")
-        .env_remove("HTTPS_PROXY")
-        .env_remove("https_proxy")
-        .env_remove("HTTP_PROXY")
-        .env_remove("http_proxy")
-        .env_remove("ALL_PROXY")
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
-        .output()
-        .unwrap()
+    let mut command = Command::new("curl");
+    command.arg("-sS").args(args);
+    for var in support::sdk::CLIENT_VARS {
+        command.env_remove(var);
+    }
+    command.output().unwrap()
 }
 
-async fn curl_async(args: Vec<String>) -> std::process::Output {
+async fn curl_async(args: &[&str]) -> std::process::Output {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
     tokio::task::spawn_blocking(move || curl(&args.iter().map(String::as_str).collect::<Vec<_>>()))
         .await
         .unwrap()
@@ -101,7 +93,8 @@ async fn curl_through_https_proxy_is_intercepted_over_http1_and_http2() {
             .concat();
 
     for (flag, version) in [("--http1.1", "1.1"), ("--http2", "2")] {
-        let out = curl_async(stream_request(&proxy, flag)).await;
+        let args = stream_request(&proxy, flag);
+        let out = curl_async(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
         assert!(
             out.status.success(),
             "{flag}: {}\n{}",
@@ -143,7 +136,7 @@ async fn curl_through_https_proxy_is_intercepted_over_http1_and_http2() {
     let mut args = stream_request(&proxy, "--http1.1");
     let at = args.iter().position(|a| a == "--cacert").unwrap();
     args.drain(at..at + 2);
-    let out = curl_async(args).await;
+    let out = curl_async(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
     assert!(
         !out.status.success(),
         "curl must not trust the leaf by default"
@@ -164,20 +157,15 @@ async fn plain_http_proxy_requests_are_forwarded_for_intercepted_hosts_only() {
     let fake = FakeProvider::start(like_providers).await;
     let resolve = format!("api.anthropic.com={}", fake.url());
     let proxy = Proxy::start(&["--resolve", &resolve]);
-    let out = curl_async(
-        [
-            "--proxy",
-            &proxy.url(),
-            "http://api.anthropic.com/v1/messages",
-            "-H",
-            "content-type: application/json",
-            "-d",
-            STREAM_BODY,
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    )
+    let out = curl_async(&[
+        "--proxy",
+        &proxy.url(),
+        "http://api.anthropic.com/v1/messages",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        STREAM_BODY,
+    ])
     .await;
     assert!(out.status.success());
     assert!(String::from_utf8_lossy(&out.stdout).contains("message_stop"));
@@ -188,18 +176,13 @@ async fn plain_http_proxy_requests_are_forwarded_for_intercepted_hosts_only() {
     assert_eq!(line["mode"], "forward");
     assert_eq!(line["host"], "api.anthropic.com");
 
-    let out = curl_async(
-        [
-            "--proxy",
-            &proxy.url(),
-            "-w",
-            "%{http_code}",
-            "http://example.com/",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect(),
-    )
+    let out = curl_async(&[
+        "--proxy",
+        &proxy.url(),
+        "-w",
+        "%{http_code}",
+        "http://example.com/",
+    ])
     .await;
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.ends_with("403"), "{stdout}");
@@ -292,12 +275,12 @@ async fn a_burst_of_connects_mints_one_certificate() {
 #[tokio::test(flavor = "multi_thread")]
 async fn remote_listening_needs_the_flag_and_proxy_credentials() {
     // Not loopback without --allow-remote: refused at start.
-    let out = promptgate(&["serve", "--listen", "127.0.0.2:0"], &[]);
+    let out = promptgate_clean(&["serve", "--listen", "127.0.0.2:0"], &[]);
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--allow-remote"), "{stderr}");
     // With the flag but no credentials: refused too.
-    let out = promptgate(&["serve", "--listen", "127.0.0.2:0", "--allow-remote"], &[]);
+    let out = promptgate_clean(&["serve", "--listen", "127.0.0.2:0", "--allow-remote"], &[]);
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("PROMPTGATE_PROXY_AUTH"));
 
@@ -395,16 +378,6 @@ fn base64_of(text: &str) -> String {
     base64::engine::general_purpose::STANDARD.encode(text)
 }
 
-/// Runs the binary to completion.
-fn promptgate(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
-    command.args(args).env_remove("PROMPTGATE_PROXY_AUTH");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command.output().unwrap()
-}
-
 /// Writes a CA whose validity ended yesterday, with promptgate's file names.
 fn write_expired_ca(dir: &Path) {
     let mut params = rcgen::CertificateParams::default();
@@ -418,20 +391,39 @@ fn write_expired_ca(dir: &Path) {
     std::fs::write(dir.join("promptgate-ca-key.pem"), key.serialize_pem()).unwrap();
 }
 
+/// `promptgate serve --certs certs` must refuse to start; returns its stderr.
+fn serve_refuses(certs: &Path) -> String {
+    let args = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--certs",
+        certs.to_str().unwrap(),
+    ];
+    let out = promptgate_clean(&args, &[]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "serve with {} must exit 2",
+        certs.display()
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 #[test]
 fn a_broken_ca_stops_the_start_with_a_clear_error() {
-    let dir = TempDir::new("expired-ca");
-    write_expired_ca(dir.path());
-    let certs = dir.path().to_str().unwrap();
-    let out = promptgate(&["serve", "--listen", "127.0.0.1:0", "--certs", certs], &[]);
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let expired = TempDir::new("expired-ca");
+    write_expired_ca(expired.path());
+    let stderr = serve_refuses(expired.path());
     assert!(
         stderr.contains("the CA certificate expired on 2021-01-01")
             && stderr.contains("promptgate ca init --force"),
         "{stderr}"
     );
-    let show = promptgate(&["ca", "show", "--certs", certs], &[]);
+    let show = promptgate_clean(
+        &["ca", "show", "--certs", expired.path().to_str().unwrap()],
+        &[],
+    );
     assert_eq!(show.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&show.stderr).contains("expired on 2021-01-01"));
 
@@ -439,18 +431,7 @@ fn a_broken_ca_stops_the_start_with_a_clear_error() {
     let unreadable = TempDir::new("unreadable-ca");
     std::fs::create_dir(unreadable.path().join("promptgate-ca.pem")).unwrap();
     std::fs::write(unreadable.path().join("promptgate-ca-key.pem"), "x").unwrap();
-    let out = promptgate(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--certs",
-            unreadable.path().to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = serve_refuses(unreadable.path());
     assert!(
         stderr.contains("promptgate-ca.pem: cannot read"),
         "{stderr}"
@@ -458,7 +439,7 @@ fn a_broken_ca_stops_the_start_with_a_clear_error() {
 
     // Malformed key.
     let malformed = TempDir::new("malformed-ca");
-    let init = promptgate(
+    let init = promptgate_clean(
         &["ca", "init", "--certs", malformed.path().to_str().unwrap()],
         &[],
     );
@@ -467,25 +448,28 @@ fn a_broken_ca_stops_the_start_with_a_clear_error() {
         "{}",
         String::from_utf8_lossy(&init.stderr)
     );
-    std::fs::write(
-        malformed.path().join("promptgate-ca-key.pem"),
-        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
-    )
-    .unwrap();
-    let out = promptgate(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--certs",
-            malformed.path().to_str().unwrap(),
-        ],
-        &[],
-    );
-    assert_eq!(out.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let key = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+    std::fs::write(malformed.path().join("promptgate-ca-key.pem"), key).unwrap();
+    let stderr = serve_refuses(malformed.path());
     assert!(
         stderr.contains("promptgate-ca-key.pem: not a valid PEM private key"),
+        "{stderr}"
+    );
+
+    // A key that belongs to another certificate.
+    let other = TempDir::new("other-ca");
+    promptgate_clean(
+        &["ca", "init", "--certs", other.path().to_str().unwrap()],
+        &[],
+    );
+    std::fs::copy(
+        other.path().join("promptgate-ca-key.pem"),
+        malformed.path().join("promptgate-ca-key.pem"),
+    )
+    .unwrap();
+    let stderr = serve_refuses(malformed.path());
+    assert!(
+        stderr.contains("does not belong to the certificate"),
         "{stderr}"
     );
 }
@@ -495,17 +479,17 @@ fn ca_init_and_show() {
     let dir = TempDir::new("ca-verbs");
     let certs = dir.path().join("nested");
     let certs_arg = certs.to_str().unwrap();
-    let init = promptgate(&["ca", "init", "--certs", certs_arg], &[]);
+    let init = promptgate_clean(&["ca", "init", "--certs", certs_arg], &[]);
     assert!(
         init.status.success(),
         "{}",
         String::from_utf8_lossy(&init.stderr)
     );
-    let again = promptgate(&["ca", "init", "--certs", certs_arg], &[]);
+    let again = promptgate_clean(&["ca", "init", "--certs", certs_arg], &[]);
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
 
-    let show = promptgate(&["ca", "show", "--certs", certs_arg], &[]);
+    let show = promptgate_clean(&["ca", "show", "--certs", certs_arg], &[]);
     assert!(show.status.success());
     let text = String::from_utf8_lossy(&show.stdout);
     let fingerprint = openssl_fingerprint(&certs.join("promptgate-ca.pem"));
@@ -541,17 +525,6 @@ fn openssl_fingerprint(path: &Path) -> String {
     text.trim().rsplit('=').next().unwrap().to_owned()
 }
 
-fn python() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-env/venv/bin/python");
-    let path = std::env::var_os("PROMPTGATE_TEST_PYTHON").map_or(path, PathBuf::from);
-    assert!(
-        path.exists(),
-        "no Python with the SDKs at {} — run tests/setup first",
-        path.display()
-    );
-    path
-}
-
 const SDK_CALLS: &[&str] = &[
     "anthropic_plain",
     "anthropic_stream",
@@ -559,46 +532,11 @@ const SDK_CALLS: &[&str] = &[
     "openai_responses_stream",
 ];
 
-/// Runs the SDK script with `env` on top of a clean proxy/CA environment.
-async fn run_sdks(env: Vec<(&'static str, String)>) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/sdk_roundtrip.py");
-    let output = tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(python());
-        command.arg(script).args(SDK_CALLS);
-        for var in [
-            "ANTHROPIC_BASE_URL",
-            "OPENAI_BASE_URL",
-            "ANTHROPIC_AUTH_TOKEN",
-            "HTTPS_PROXY",
-            "https_proxy",
-            "HTTP_PROXY",
-            "http_proxy",
-            "ALL_PROXY",
-            "all_proxy",
-            "NO_PROXY",
-            "no_proxy",
-            "SSL_CERT_FILE",
-            "SSL_CERT_DIR",
-            "REQUESTS_CA_BUNDLE",
-        ] {
-            command.env_remove(var);
-        }
-        command
-            .env("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-forward")
-            .env("OPENAI_API_KEY", "sk-proj-sdk-forward");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        command.output().unwrap()
-    })
-    .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "the SDK script failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
+/// The SDK calls with `env` on top of a clean proxy/CA environment, and test keys.
+async fn run_sdks(mut env: Vec<(&'static str, String)>) -> Value {
+    env.push(("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-forward".into()));
+    env.push(("OPENAI_API_KEY", "sk-proj-sdk-forward".into()));
+    support::sdk::run(SDK_CALLS, env).await
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -669,30 +607,11 @@ async fn python_sdks_through_https_proxy_send_what_they_send_in_reverse_mode() {
     }
 }
 
-/// Environment variables that would leak the machine's settings into a child.
-const CLIENT_VARS: &[&str] = &[
-    "HTTPS_PROXY",
-    "https_proxy",
-    "HTTP_PROXY",
-    "http_proxy",
-    "ALL_PROXY",
-    "NO_PROXY",
-    "no_proxy",
-    "SSL_CERT_FILE",
-    "SSL_CERT_DIR",
-    "REQUESTS_CA_BUNDLE",
-    "NODE_EXTRA_CA_CERTS",
-    "CURL_CA_BUNDLE",
-    "ANTHROPIC_BASE_URL",
-    "OPENAI_BASE_URL",
-    "PROMPTGATE_PROXY_AUTH",
-];
-
-/// Runs the binary with the client variables cleared, then `env` set.
+/// Runs the binary to completion, with the client variables cleared and `env` set.
 fn promptgate_clean(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
     command.args(args);
-    for var in CLIENT_VARS {
+    for var in support::sdk::CLIENT_VARS {
         command.env_remove(var);
     }
     for (k, v) in env {
@@ -706,15 +625,12 @@ fn env_prints_what_each_shell_needs() {
     let dir = TempDir::new("env");
     let certs = dir.path().join("certs");
     let certs_arg = certs.to_str().unwrap();
-    let forward = &[
-        "env",
-        "--mode",
-        "forward",
-        "--certs",
-        certs_arg,
-        "--listen",
-        "127.0.0.1:9911",
-    ];
+    let forward_at = |listen| {
+        [
+            "env", "--mode", "forward", "--certs", certs_arg, "--listen", listen,
+        ]
+    };
+    let forward = &forward_at("127.0.0.1:9911");
     let out = promptgate_clean(forward, &[]);
     assert!(
         out.status.success(),
@@ -793,15 +709,7 @@ fn env_prints_what_each_shell_needs() {
 
     // Behind proxy credentials, the URL takes them from the environment at eval time.
     let out = promptgate_clean(
-        &[
-            "env",
-            "--mode",
-            "forward",
-            "--certs",
-            certs_arg,
-            "--listen",
-            "127.0.0.2:9911",
-        ],
+        &forward_at("127.0.0.2:9911"),
         &[("PROMPTGATE_PROXY_AUTH", "bob:CANARYenvSecret")],
     );
     let text = String::from_utf8_lossy(&out.stdout);

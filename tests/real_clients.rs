@@ -2,12 +2,10 @@
 //! (streaming and not) and curl. Each SDK run is made twice — straight to the fake
 //! provider and through promptgate — and the provider must receive the same bytes.
 //!
-//! The SDKs live in a venv that `tests/setup` creates (`target/test-env/venv`);
-//! `PROMPTGATE_TEST_PYTHON` points elsewhere. A missing venv fails the test.
+//! The SDKs live in a venv that `tests/setup` creates (see `support::sdk`).
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
@@ -17,20 +15,6 @@ use support::shapes;
 use support::{FakeProvider, Proxy, Received};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn python() -> PathBuf {
-    let path = std::env::var_os("PROMPTGATE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-env/venv/bin/python")
-        });
-    assert!(
-        path.exists(),
-        "no Python with the SDKs at {} — run tests/setup first",
-        path.display()
-    );
-    path
-}
 
 const CALLS: &[&str] = &[
     "anthropic_plain",
@@ -43,30 +27,16 @@ const CALLS: &[&str] = &[
 ];
 
 async fn run_sdks(anthropic_url: String, openai_url: String) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/sdk_roundtrip.py");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .args(CALLS)
-            .env("ANTHROPIC_BASE_URL", anthropic_url)
-            .env("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test")
-            .env("OPENAI_BASE_URL", openai_url)
-            .env("OPENAI_API_KEY", "sk-proj-sdk-test")
-            .env_remove("ANTHROPIC_AUTH_TOKEN")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("HTTP_PROXY")
-            .env_remove("ALL_PROXY")
-            .output()
-            .unwrap()
-    })
+    support::sdk::run(
+        CALLS,
+        vec![
+            ("ANTHROPIC_BASE_URL", anthropic_url),
+            ("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test".into()),
+            ("OPENAI_BASE_URL", openai_url),
+            ("OPENAI_API_KEY", "sk-proj-sdk-test".into()),
+        ],
+    )
     .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "the SDK script failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// Headers that legitimately differ between a direct and a proxied run.

@@ -270,107 +270,11 @@ async fn round_trip(
     host: &str,
     offline: bool,
 ) -> (Check, Check) {
-    let skipped = || Check::Skip("the CONNECT check failed".into());
-    let mut stream = match tokio::time::timeout(STEP, TcpStream::connect(address)).await {
-        Ok(Ok(s)) => s,
-        _ => {
-            return (
-                Check::Fail {
-                    problem: format!("cannot connect to {address}"),
-                    fix: "start promptgate (see the listener check)".into(),
-                },
-                skipped(),
-            );
-        }
-    };
-    let _ = stream.set_nodelay(true);
-    let connect = format!(
-        "CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n{}\r\n",
-        credentials_line(config)
-    );
-    let head = async {
-        stream.write_all(connect.as_bytes()).await?;
-        let mut head = Vec::new();
-        while !head.ends_with(b"\r\n\r\n") {
-            let mut byte = [0u8; 1];
-            if stream.read(&mut byte).await? == 0 {
-                break;
-            }
-            head.push(byte[0]);
-        }
-        Ok::<_, std::io::Error>(String::from_utf8_lossy(&head).into_owned())
-    };
-    let head = match tokio::time::timeout(STEP, head).await {
-        Ok(Ok(h)) => h,
-        _ => {
-            return (
-                Check::Fail {
-                    problem: format!("no answer to CONNECT {host}:443"),
-                    fix: "check the promptgate log".into(),
-                },
-                skipped(),
-            );
-        }
-    };
-    let status = head.lines().next().unwrap_or("").to_owned();
-    if !status.contains(" 200") {
-        return (
-            Check::Fail {
-                problem: format!("CONNECT {host}:443 answered {status:?}"),
-                fix: "407: set PROMPTGATE_PROXY_AUTH; 403: check --intercept and --connect-port"
-                    .into(),
-            },
-            skipped(),
-        );
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    let _ = roots.add(ca.cert_der().clone());
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls_config = match rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-    {
-        Ok(b) => b.with_root_certificates(roots).with_no_client_auth(),
-        Err(e) => {
-            return (
-                Check::Fail {
-                    problem: e.to_string(),
-                    fix: "report this as a bug".into(),
-                },
-                skipped(),
-            );
-        }
-    };
-    let Ok(name) = ServerName::try_from(host.to_owned()) else {
-        return (
-            Check::Skip(format!("{host} is not a server name")),
-            skipped(),
-        );
-    };
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config));
-    let mut tls = match tokio::time::timeout(STEP, connector.connect(name, stream)).await {
-        Ok(Ok(tls)) => tls,
-        Ok(Err(e)) => {
-            return (
-                Check::Fail {
-                    problem: format!(
-                        "TLS inside the tunnel to {host} does not verify with the CA: {e}"
-                    ),
-                    fix: format!(
-                        "the running promptgate uses another CA: start it with --certs {}",
-                        absolute(&config.certs).display()
-                    ),
-                },
-                skipped(),
-            );
-        }
-        Err(_) => {
-            return (
-                Check::Fail {
-                    problem: "TLS handshake inside the tunnel timed out".into(),
-                    fix: "check the promptgate log".into(),
-                },
-                skipped(),
-            );
+    let mut tls = match open_tunnel(address, config, ca, host).await {
+        Ok(tls) => tls,
+        Err((problem, fix)) => {
+            let skipped = Check::Skip("the CONNECT check failed".into());
+            return (Check::Fail { problem, fix }, skipped);
         }
     };
     let tunnel = Check::Pass(format!("CONNECT {host}:443 → TLS verified with the CA"));
@@ -416,4 +320,90 @@ async fn round_trip(
         },
     };
     (tunnel, upstream)
+}
+
+/// What went wrong opening the tunnel: the problem and its fix.
+type Failure = (String, String);
+
+/// CONNECT through promptgate and a TLS handshake that trusts only the CA.
+async fn open_tunnel(
+    address: SocketAddr,
+    config: &Config,
+    ca: &CertificateAuthority,
+    host: &str,
+) -> Result<tokio_rustls::client::TlsStream<TcpStream>, Failure> {
+    let mut stream = match tokio::time::timeout(STEP, TcpStream::connect(address)).await {
+        Ok(Ok(s)) => s,
+        _ => {
+            return Err((
+                format!("cannot connect to {address}"),
+                "start promptgate (see the listener check)".into(),
+            ));
+        }
+    };
+    let _ = stream.set_nodelay(true);
+    let connect = format!(
+        "CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n{}\r\n",
+        credentials_line(config)
+    );
+    let head = async {
+        stream.write_all(connect.as_bytes()).await?;
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            if stream.read(&mut byte).await? == 0 {
+                break;
+            }
+            head.push(byte[0]);
+        }
+        Ok::<_, std::io::Error>(String::from_utf8_lossy(&head).into_owned())
+    };
+    let head = match tokio::time::timeout(STEP, head).await {
+        Ok(Ok(h)) => h,
+        _ => {
+            return Err((
+                format!("no answer to CONNECT {host}:443"),
+                "check the promptgate log".into(),
+            ));
+        }
+    };
+    let status = head.lines().next().unwrap_or("").to_owned();
+    if !status.contains(" 200") {
+        return Err((
+            format!("CONNECT {host}:443 answered {status:?}"),
+            "407: set PROMPTGATE_PROXY_AUTH; 403: check --intercept and --connect-port".into(),
+        ));
+    }
+    let mut roots = rustls::RootCertStore::empty();
+    let _ = roots.add(ca.cert_der().clone());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls_config = match rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+    {
+        Ok(b) => b.with_root_certificates(roots).with_no_client_auth(),
+        Err(e) => {
+            return Err((e.to_string(), "report this as a bug".into()));
+        }
+    };
+    let Ok(name) = ServerName::try_from(host.to_owned()) else {
+        return Err((
+            format!("{host} is not a server name"),
+            "use plain host names in --intercept".into(),
+        ));
+    };
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(tls_config));
+    match tokio::time::timeout(STEP, connector.connect(name, stream)).await {
+        Ok(Ok(tls)) => Ok(tls),
+        Ok(Err(e)) => Err((
+            format!("TLS inside the tunnel to {host} does not verify with the CA: {e}"),
+            format!(
+                "the running promptgate uses another CA: start it with --certs {}",
+                absolute(&config.certs).display()
+            ),
+        )),
+        Err(_) => Err((
+            "TLS handshake inside the tunnel timed out".into(),
+            "check the promptgate log".into(),
+        )),
+    }
 }

@@ -25,6 +25,16 @@ use crate::record::Mode;
 /// Time a client gets to finish the TLS handshake inside its tunnel.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A CONNECT request that passed the port check: what the client asked to reach.
+struct Connect {
+    request: Request<Incoming>,
+    peer: SocketAddr,
+    authority: Authority,
+    /// The authority's host, without IPv6 brackets.
+    host: String,
+    port: u16,
+}
+
 /// Answers a CONNECT: intercept, tunnel blind, or refuse.
 pub(super) async fn tunnel(
     front: Arc<Front>,
@@ -64,31 +74,38 @@ pub(super) async fn tunnel(
             ),
         );
     }
-    match config.intercept.provider_for(&host) {
-        Some(provider) => intercept(front, request, peer, authority, host, port, provider).await,
+    let connect = Connect {
+        request,
+        peer,
+        authority,
+        host,
+        port,
+    };
+    match config.intercept.provider_for(&connect.host) {
+        Some(provider) => intercept(front, connect, provider).await,
         None if config.intercept_only => refuse(
             peer,
-            authority.as_str(),
+            connect.authority.as_str(),
             StatusCode::FORBIDDEN,
             format!(
-                "{host} is not intercepted and --intercept-only is set (intercepted: {})",
+                "{} is not intercepted and --intercept-only is set (intercepted: {})",
+                connect.host,
                 config.intercept.patterns().join(", ")
             ),
         ),
-        None => blind(front, request, peer, authority, host, port).await,
+        None => blind(front, connect).await,
     }
 }
 
 /// Terminates TLS for an intercepted host and serves the requests inside.
-async fn intercept(
-    front: Arc<Front>,
-    request: Request<Incoming>,
-    peer: SocketAddr,
-    authority: Authority,
-    host: String,
-    port: u16,
-    provider: Provider,
-) -> Response<ProxyBody> {
+async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> Response<ProxyBody> {
+    let Connect {
+        request,
+        peer,
+        authority,
+        host,
+        port,
+    } = connect;
     let Some(leaves) = front.leaves.clone() else {
         return refuse(
             peer,
@@ -197,14 +214,14 @@ fn handshake_hint(e: &std::io::Error, ca: &std::path::Path) -> String {
 }
 
 /// Connects to a host that is not intercepted and relays bytes both ways, unread.
-async fn blind(
-    front: Arc<Front>,
-    request: Request<Incoming>,
-    peer: SocketAddr,
-    authority: Authority,
-    host: String,
-    port: u16,
-) -> Response<ProxyBody> {
+async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
+    let Connect {
+        request,
+        peer,
+        authority,
+        ..
+    } = connect;
+    let (host, port) = (connect.host, connect.port);
     let config = &front.proxy.config;
     let addresses = match tokio::net::lookup_host((host.as_str(), port)).await {
         Ok(found) => found.collect::<Vec<SocketAddr>>(),
