@@ -20,6 +20,15 @@ use super::ca::CertificateAuthority;
 /// The longest leaf lifetime browsers and Apple platforms accept (398 days, minus slack).
 const LEAF_DAYS: i64 = 397;
 
+/// A cached leaf this close to its end is minted again (a proxy that runs for a year).
+const RENEW_BEFORE: time::Duration = time::Duration::days(1);
+
+/// A minted leaf, ready to serve.
+struct Leaf {
+    config: Arc<ServerConfig>,
+    not_after: OffsetDateTime,
+}
+
 /// Why a leaf could not be made.
 #[derive(Debug, thiserror::Error)]
 pub enum LeafError {
@@ -32,7 +41,7 @@ pub enum LeafError {
 /// Per-host TLS server configurations, each holding a leaf signed by the CA.
 pub struct LeafCache {
     ca: Arc<CertificateAuthority>,
-    configs: DashMap<String, Arc<OnceCell<Arc<ServerConfig>>>>,
+    configs: DashMap<String, Arc<OnceCell<Leaf>>>,
     minted: AtomicU64,
 }
 
@@ -63,11 +72,18 @@ impl LeafCache {
     /// the first time.
     pub async fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, LeafError> {
         let host = host.to_ascii_lowercase();
-        // Clone the cell out so the map's shard lock is released before awaiting.
-        let cell = self.configs.entry(host.clone()).or_default().clone();
-        cell.get_or_try_init(|| async { self.mint(&host) })
-            .await
-            .cloned()
+        loop {
+            // Clone the cell out so the map's shard lock is released before awaiting.
+            let cell = self.configs.entry(host.clone()).or_default().clone();
+            let leaf = cell.get_or_try_init(|| async { self.mint(&host) }).await?;
+            let renewable = leaf.not_after < self.ca.not_after();
+            if !renewable || leaf.not_after - OffsetDateTime::now_utc() > RENEW_BEFORE {
+                return Ok(leaf.config.clone());
+            }
+            // Only the caller that still sees this cell removes it; the next turn mints.
+            self.configs
+                .remove_if(&host, |_, current| Arc::ptr_eq(current, &cell));
+        }
     }
 
     /// How many leaves were minted since start.
@@ -75,7 +91,7 @@ impl LeafCache {
         self.minted.load(Ordering::Relaxed)
     }
 
-    fn mint(&self, host: &str) -> Result<Arc<ServerConfig>, LeafError> {
+    fn mint(&self, host: &str) -> Result<Leaf, LeafError> {
         let started = Instant::now();
         let mint_error = |source| LeafError::Mint {
             host: host.to_owned(),
@@ -91,6 +107,7 @@ impl LeafCache {
         // Inside the CA's own lifetime, and no longer than clients accept for a leaf.
         params.not_before = (now - time::Duration::days(1)).max(self.ca.not_before());
         params.not_after = (now + time::Duration::days(LEAF_DAYS)).min(self.ca.not_after());
+        let not_after = params.not_after;
         let key = KeyPair::generate().map_err(mint_error)?;
         let leaf = params
             .signed_by(&key, self.ca.issuer())
@@ -116,7 +133,10 @@ impl LeafCache {
             minted_total = total,
             "minted leaf certificate"
         );
-        Ok(Arc::new(config))
+        Ok(Leaf {
+            config: Arc::new(config),
+            not_after,
+        })
     }
 }
 
@@ -148,6 +168,83 @@ mod tests {
         assert_eq!(cache.minted(), 2);
         assert!(Arc::ptr_eq(&configs[0], &configs[98]));
         assert!(!Arc::ptr_eq(&configs[0], &configs[1]));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The leaf a client gets for `host`, through a real handshake that trusts only the CA.
+    async fn handshake_leaf(cache: &LeafCache, host: &str) -> Vec<u8> {
+        let (client_io, server_io) = tokio::io::duplex(64 << 10);
+        let config = cache.server_config(host).await.unwrap();
+        let server = tokio::spawn(async move {
+            tokio_rustls::TlsAcceptor::from(config)
+                .accept(server_io)
+                .await
+                .map(|_| ())
+        });
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cache.ca().cert_der().clone()).unwrap();
+        let client = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let name = rustls_pki_types::ServerName::try_from(host.to_owned()).unwrap();
+        let tls = tokio_rustls::TlsConnector::from(Arc::new(client))
+            .connect(name, client_io)
+            .await
+            .expect("the leaf verifies with the CA");
+        server.await.unwrap().unwrap();
+        tls.get_ref().1.peer_certificates().unwrap()[0].to_vec()
+    }
+
+    #[tokio::test]
+    async fn leaves_are_short_lived_server_certificates_inside_the_ca() {
+        let dir = std::env::temp_dir().join(format!("pg-leaf-validity-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let long = LeafCache::new(Arc::new(
+            CertificateAuthority::create(&dir, 3650, false).unwrap(),
+        ));
+        let der = handshake_leaf(&long, "api.anthropic.com").await;
+        let (_, leaf) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let now = OffsetDateTime::now_utc();
+        let (from, to) = (
+            leaf.validity().not_before.to_datetime(),
+            leaf.validity().not_after.to_datetime(),
+        );
+        assert!(from <= now - time::Duration::hours(23) && from >= now - time::Duration::days(2));
+        assert!(
+            to <= now + time::Duration::days(LEAF_DAYS) && to > now + time::Duration::days(396)
+        );
+        let san = leaf.subject_alternative_name().unwrap().unwrap();
+        assert_eq!(
+            format!("{:?}", san.value.general_names),
+            "[DNSName(\"api.anthropic.com\")]"
+        );
+        let eku = leaf.extended_key_usage().unwrap().unwrap();
+        assert!(eku.value.server_auth);
+        let aki = leaf.extensions().iter().any(|e| {
+            matches!(
+                e.parsed_extension(),
+                x509_parser::extensions::ParsedExtension::AuthorityKeyIdentifier(_)
+            )
+        });
+        assert!(aki, "the leaf names its issuer's key");
+        assert!(!leaf.is_ca());
+
+        // A CA with a day left: the leaf ends with it, and is served (not re-minted forever).
+        let short = LeafCache::new(Arc::new(
+            CertificateAuthority::create(&dir, 1, true).unwrap(),
+        ));
+        let der = handshake_leaf(&short, "api.openai.com").await;
+        let (_, leaf) = x509_parser::parse_x509_certificate(&der).unwrap();
+        assert_eq!(
+            leaf.validity().not_after.to_datetime(),
+            short.ca().not_after()
+        );
+        handshake_leaf(&short, "api.openai.com").await;
+        assert_eq!(short.minted(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
