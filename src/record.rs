@@ -68,6 +68,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// Lowercase name used in logs and records.
     pub fn name(self) -> &'static str {
         match self {
             Mode::Reverse => "reverse",

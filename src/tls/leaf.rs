@@ -55,6 +55,7 @@ impl std::fmt::Debug for LeafCache {
 }
 
 impl LeafCache {
+    /// An empty cache whose leaves `ca` signs.
     pub fn new(ca: Arc<CertificateAuthority>) -> Self {
         LeafCache {
             ca,
