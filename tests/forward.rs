@@ -156,7 +156,7 @@ async fn curl_through_https_proxy_is_intercepted_over_http1_and_http2() {
 async fn plain_http_proxy_requests_are_forwarded_for_intercepted_hosts_only() {
     let fake = FakeProvider::start(like_providers).await;
     let resolve = format!("api.anthropic.com={}", fake.url());
-    let proxy = Proxy::start(&["--resolve", &resolve]);
+    let proxy = Proxy::start(&["--resolve", &resolve, "--upstream-anthropic", &fake.url()]);
     let out = curl_async(&[
         "--proxy",
         &proxy.url(),
@@ -187,6 +187,14 @@ async fn plain_http_proxy_requests_are_forwarded_for_intercepted_hosts_only() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.ends_with("403"), "{stdout}");
     assert!(stdout.contains("only for intercepted hosts"), "{stdout}");
+
+    // A proxied request for promptgate's own address is a reverse-mode request
+    // (a client with both http_proxy and a base URL at promptgate, and no NO_PROXY).
+    let own = format!("{}/v1/messages", proxy.url());
+    let out = curl_async(&["--proxy", &proxy.url(), &own, "-d", STREAM_BODY]).await;
+    assert!(String::from_utf8_lossy(&out.stdout).contains("message_stop"));
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    assert_eq!(lines[1]["mode"], "reverse", "{}", lines[1]);
 }
 
 /// A TCP echo server on loopback: the far end of a blind tunnel.
