@@ -14,6 +14,9 @@ use http::Uri;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use serde::Deserialize;
 
+use crate::listener::auth::ProxyCredentials;
+use crate::listener::intercept::InterceptList;
+
 /// Errors in the configuration: read by people, never on the request path.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -45,6 +48,14 @@ pub struct ConfigLayer {
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
     pub shutdown_grace: Option<Scalar>,
+    pub certs: Option<PathBuf>,
+    pub intercept: Option<Vec<String>>,
+    pub resolve: Option<Vec<String>>,
+    pub intercept_only: Option<bool>,
+    pub connect_ports: Option<Vec<u16>>,
+    pub allow_remote: Option<bool>,
+    /// `user:password`; from the file or `PROMPTGATE_PROXY_AUTH`, never a flag.
+    pub proxy_auth: Option<String>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -83,6 +94,20 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
+    /// Where the forward-proxy CA lives.
+    pub certs: PathBuf,
+    /// Hosts whose CONNECT tunnels are intercepted, with their provider.
+    pub intercept: InterceptList,
+    /// Intercepted hosts sent to another upstream (`--resolve HOST=URL`), host lowercase.
+    pub resolve: Vec<(String, BaseUrl)>,
+    /// Refuse CONNECT to hosts that are not intercepted instead of tunnelling them.
+    pub intercept_only: bool,
+    /// Ports CONNECT may reach.
+    pub connect_ports: Vec<u16>,
+    /// Listening beyond loopback was asked for explicitly.
+    pub allow_remote: bool,
+    /// Credentials every request must carry (required with `allow_remote`).
+    pub proxy_auth: Option<ProxyCredentials>,
 }
 
 /// Log line format.
@@ -108,6 +133,13 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            certs: PathBuf::from("certs"),
+            intercept: InterceptList::default(),
+            resolve: Vec::new(),
+            intercept_only: false,
+            connect_ports: vec![443],
+            allow_remote: false,
+            proxy_auth: None,
         }
     }
 }
@@ -129,10 +161,68 @@ impl Config {
                     *ca = dir.join(&*ca);
                 }
             }
+            if let (Some(certs), Some(dir)) = (file.certs.as_mut(), path.parent())
+                && certs.is_relative()
+            {
+                *certs = dir.join(&*certs);
+            }
             config.apply(file)?;
         }
         config.apply(flags)?;
+        config.check_forward()?;
         Ok(config)
+    }
+
+    /// Checks that only make sense on the merged layers.
+    fn check_forward(&self) -> Result<(), ConfigError> {
+        if !is_default_loopback(self.listen.ip()) && !self.allow_remote {
+            return Err(ConfigError::Invalid {
+                setting: "listen",
+                message: format!(
+                    "{} is not 127.0.0.1 or ::1; to accept other clients pass --allow-remote \
+                     and set proxy credentials (PROMPTGATE_PROXY_AUTH=user:password)",
+                    self.listen
+                ),
+            });
+        }
+        if self.allow_remote && self.proxy_auth.is_none() {
+            return Err(ConfigError::Invalid {
+                setting: "allow-remote",
+                message:
+                    "remote clients must authenticate: set PROMPTGATE_PROXY_AUTH=user:password \
+                          or proxy_auth in the config file"
+                        .into(),
+            });
+        }
+        for (host, _) in &self.resolve {
+            if self.intercept.provider_for(host).is_none() {
+                return Err(ConfigError::Invalid {
+                    setting: "resolve",
+                    message: format!(
+                        "{host:?} is not intercepted (intercept list: {}), so it has nothing to resolve",
+                        self.intercept.patterns().join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Where an intercepted host's requests go: its `--resolve` URL, or the host itself.
+    pub fn upstream_for(&self, host: &str, port: u16, scheme: &str) -> Result<BaseUrl, String> {
+        if let Some((_, url)) = self
+            .resolve
+            .iter()
+            .find(|(h, _)| h.eq_ignore_ascii_case(host))
+        {
+            return Ok(url.clone());
+        }
+        let default_port = if scheme == "https" { 443 } else { 80 };
+        if port == default_port {
+            BaseUrl::parse(&format!("{scheme}://{host}"))
+        } else {
+            BaseUrl::parse(&format!("{scheme}://{host}:{port}"))
+        }
     }
 
     fn apply(&mut self, layer: ConfigLayer) -> Result<(), ConfigError> {
@@ -180,6 +270,49 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = layer.certs {
+            self.certs = v;
+        }
+        if let Some(v) = layer.intercept {
+            self.intercept = InterceptList::parse(&v).map_err(|message| ConfigError::Invalid {
+                setting: "intercept",
+                message,
+            })?;
+        }
+        if let Some(v) = layer.resolve {
+            self.resolve = v
+                .iter()
+                .map(|entry| parse_resolve(entry))
+                .collect::<Result<_, _>>()
+                .map_err(|message| ConfigError::Invalid {
+                    setting: "resolve",
+                    message,
+                })?;
+        }
+        if let Some(v) = layer.intercept_only {
+            self.intercept_only = v;
+        }
+        if let Some(v) = layer.connect_ports {
+            if v.is_empty() || v.contains(&0) {
+                return Err(ConfigError::Invalid {
+                    setting: "connect-ports",
+                    message: "expected one or more ports from 1 to 65535, e.g. [443]".into(),
+                });
+            }
+            self.connect_ports = v;
+        }
+        if let Some(v) = layer.allow_remote {
+            self.allow_remote = v;
+        }
+        if let Some(v) = layer.proxy_auth {
+            self.proxy_auth =
+                Some(
+                    ProxyCredentials::parse(&v).map_err(|message| ConfigError::Invalid {
+                        setting: "proxy-auth",
+                        message,
+                    })?,
+                );
+        }
         for (setting, value, slot) in [
             (
                 "connect-timeout",
@@ -205,6 +338,27 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Whether `ip` is the plain loopback address that needs no `--allow-remote`.
+/// Other 127.x addresses count as remote too: they are easy to publish (container
+/// port maps), and one rule is easier to trust than a subnet.
+pub fn is_default_loopback(ip: std::net::IpAddr) -> bool {
+    ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST
+}
+
+/// `HOST=URL`: an intercepted host and the upstream its requests go to instead.
+fn parse_resolve(entry: &str) -> Result<(String, BaseUrl), String> {
+    let (host, url) = entry.split_once('=').ok_or_else(|| {
+        format!(
+            "{entry:?} is not HOST=URL (expected e.g. \"api.anthropic.com=https://127.0.0.1:9443\")"
+        )
+    })?;
+    let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
+    if host.is_empty() || host.contains(['/', ':', '*']) {
+        return Err(format!("{entry:?}: {host:?} is not a host name"));
+    }
+    Ok((host, BaseUrl::parse(url.trim())?))
 }
 
 /// Parses TOML text into a layer, reporting errors as `name:line:col: message`.
@@ -436,5 +590,57 @@ mod tests {
         };
         let err = Config::load(None, flags).unwrap_err().to_string();
         assert!(err.starts_with("log-format: \"xml\""), "{err}");
+    }
+
+    #[test]
+    fn forward_settings_from_the_file() {
+        let dir = std::env::temp_dir().join(format!("pg-config-fwd-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("promptgate.toml");
+        std::fs::write(
+            &path,
+            "listen = \"0.0.0.0:8787\"\ncerts = \"ca\"\nintercept = [\"api.anthropic.com\", \"*.openai.azure.com=openai\"]\n\
+             resolve = [\"api.anthropic.com=https://127.0.0.1:9443\"]\nintercept_only = true\n\
+             connect_ports = [443, 8443]\nallow_remote = true\nproxy_auth = \"u:p\"\n",
+        )
+        .unwrap();
+        let c = Config::load(Some(&path), ConfigLayer::default()).unwrap();
+        assert_eq!(c.certs, dir.join("ca"));
+        assert_eq!(
+            c.intercept.provider_for("east.openai.azure.com"),
+            Some(crate::provider::Provider::OpenAi)
+        );
+        assert_eq!(c.intercept.provider_for("api.openai.com"), None);
+        assert_eq!(
+            c.upstream_for("api.anthropic.com", 443, "https")
+                .unwrap()
+                .to_string(),
+            "https://127.0.0.1:9443"
+        );
+        assert_eq!(
+            c.upstream_for("east.openai.azure.com", 443, "https")
+                .unwrap()
+                .to_string(),
+            "https://east.openai.azure.com"
+        );
+        assert!(c.intercept_only && c.allow_remote && c.proxy_auth.is_some());
+        assert_eq!(c.connect_ports, [443, 8443]);
+        assert!(
+            !format!("{c:?}").contains("u:p"),
+            "credentials stay out of Debug"
+        );
+
+        // Remote without credentials, and resolving a host that is not intercepted.
+        std::fs::write(&path, "listen = \"0.0.0.0:8787\"\nallow_remote = true\n").unwrap();
+        let err = Config::load(Some(&path), ConfigLayer::default()).unwrap_err();
+        assert!(err.to_string().contains("PROMPTGATE_PROXY_AUTH"), "{err}");
+        std::fs::write(&path, "resolve = [\"example.com=http://127.0.0.1:1\"]\n").unwrap();
+        let err = Config::load(Some(&path), ConfigLayer::default()).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("resolve: \"example.com\" is not intercepted"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

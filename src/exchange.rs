@@ -21,12 +21,12 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::Config;
+use crate::config::{BaseUrl, Config};
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
 use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
 use crate::provider::{self, Provider};
-use crate::record::{ExchangeRecord, Outcome, Recorder};
+use crate::record::{ExchangeRecord, Mode, Outcome, Recorder};
 use crate::upstream::Upstream;
 
 /// The most response bytes the observer keeps a copy of, per exchange.
@@ -37,6 +37,31 @@ pub struct Proxy {
     pub config: Arc<Config>,
     pub upstream: Upstream,
     pub recorder: Arc<Recorder>,
+}
+
+/// Where a proxied request goes when the listener, not the path, decides: a request
+/// inside an intercepted CONNECT tunnel (or absolute-form `http://`) names its host,
+/// and the intercept list says which provider that host is. The listener puts it in
+/// the request's extensions; without it the path routes (reverse mode).
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub provider: Provider,
+    /// Where the requests go: the host itself, or its `--resolve` URL.
+    pub upstream: BaseUrl,
+    pub mode: Mode,
+    /// The host and port the client addressed (the CONNECT authority).
+    pub host: String,
+}
+
+impl Target {
+    /// The route of a path on the target host: every path is forwarded as is.
+    fn route(&self, path_and_query: &http::uri::PathAndQuery) -> provider::Route {
+        provider::Route {
+            provider: self.provider,
+            api: provider::api(self.provider, path_and_query.path()),
+            upstream_path: path_and_query.clone(),
+        }
+    }
 }
 
 /// The body promptgate answers with: its own (errors) or the upstream's, observed.
@@ -143,7 +168,17 @@ impl Proxy {
             started,
         };
 
-        let route = request.uri().path_and_query().and_then(provider::route);
+        let target = request.extensions().get::<Target>().cloned();
+        if let Some(t) = &target {
+            let r = pending.get();
+            r.mode = t.mode;
+            r.host = Some(t.host.clone());
+        }
+        let route = match (&target, request.uri().path_and_query()) {
+            (Some(t), Some(pq)) => Some(t.route(pq)),
+            (Some(t), None) => Some(t.route(&http::uri::PathAndQuery::from_static("/"))),
+            (None, pq) => pq.and_then(provider::route),
+        };
         let Some(route) = route else {
             let error = ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP);
             return error_response(pending, Provider::Anthropic, error);
@@ -159,9 +194,10 @@ impl Proxy {
             Ok(body) => body,
             Err(e) => return error_response(pending, route.provider, e),
         };
-        let base = match route.provider {
-            Provider::Anthropic => &self.config.upstream_anthropic,
-            Provider::OpenAi => &self.config.upstream_openai,
+        let base = match (&target, route.provider) {
+            (Some(t), _) => &t.upstream,
+            (None, Provider::Anthropic) => &self.config.upstream_anthropic,
+            (None, Provider::OpenAi) => &self.config.upstream_openai,
         };
         let uri = match base.join(&route.upstream_path) {
             Ok(uri) => uri,

@@ -5,7 +5,8 @@
 //! A request flows through the modules in this order:
 //!
 //! - [`listener`]: accepts client connections and hands each request to an exchange;
-//!   stops accepting and drains on shutdown.
+//!   answers CONNECT (forward-proxy mode: TLS terminated with a leaf from [`tls`], or a
+//!   blind tunnel); stops accepting and drains on shutdown.
 //! - [`exchange`]: one request/response pair, from the client's first byte to the
 //!   record that says what happened. It reads the body once, routes it, sends it
 //!   upstream and wraps the response for the observer.
@@ -21,7 +22,7 @@
 //!
 //! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`conversation`] (which agent conversation an exchange belongs to),
-//! [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
+//! [`tls`] (the local CA and its leaf certificates), [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
 //! one exchange, and how it is told to the client).
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
@@ -37,4 +38,5 @@ pub mod logging;
 pub mod observer;
 pub mod provider;
 pub mod record;
+pub mod tls;
 pub mod upstream;

@@ -60,7 +60,9 @@ impl RecordSink for ExchangeLog {
         tracing::info!(
             target: "promptgate::exchange",
             id = %r.id,
+            mode = r.mode.name(),
             method = %r.method,
+            host = r.host.as_deref(),
             path = %masked_path(&r.path),
             provider = r.provider.map(|p| p.name()),
             model = r.model.as_deref(),

@@ -62,6 +62,19 @@ impl Outcome {
 pub enum Mode {
     /// The client was pointed at promptgate as its base URL.
     Reverse,
+    /// The client used promptgate as its HTTP(S) proxy: a request inside an
+    /// intercepted CONNECT tunnel, or an absolute-form `http://` request.
+    Forward,
+}
+
+impl Mode {
+    /// Lowercase name used in logs and records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Reverse => "reverse",
+            Mode::Forward => "forward",
+        }
+    }
 }
 
 /// Times within an exchange, from its start (the request head arriving).

@@ -6,6 +6,10 @@
 //! relay in front of promptgate witnesses the bytes Claude Code sent; the fake
 //! provider must receive exactly those bytes. The CLI comes from `tests/setup`
 //! (`target/test-env/npm`), or `PROMPTGATE_TEST_CLAUDE`.
+//!
+//! Forward mode runs it the other way: HTTPS_PROXY at promptgate and its CA in
+//! NODE_EXTRA_CA_CERTS, `api.anthropic.com` resolved to the fake provider over TLS,
+//! which then receives Claude Code's first-party request shape.
 
 mod support;
 
@@ -14,7 +18,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use support::shapes;
-use support::{Action, FakeProvider, Proxy, RecordingRelay, Reply, TempDir};
+use support::{Action, FakeProvider, Proxy, RecordingRelay, Reply, TempDir, TestCa};
 
 const INSIDE: &str = "PROMPTGATE_TEST_IN_NETNS";
 const CANARY_KEY: &str = "sk-ant-api03-CANARYclaudeCodeK3y";
@@ -74,39 +78,33 @@ fn inside_namespace() -> bool {
     true
 }
 
-#[test]
-fn claude_code_print_mode_completes_through_promptgate() {
-    if !inside_namespace() {
-        claude(); // fail early, outside, when the CLI is missing
-        return run_isolated("claude_code_print_mode_completes_through_promptgate");
+/// The fake Anthropic API: a streamed answer to messages, 404 to everything else.
+fn answer(r: &support::Received) -> Action {
+    if r.target.starts_with("/v1/messages") {
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events(
+                "claude-opus-5-5",
+                &["Hello from ", "the fake provider"],
+                (3, 9000, 0, 8),
+            ),
+            Duration::from_millis(10),
+        ))
+    } else {
+        Action::Respond(Reply::json(
+            404,
+            &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": "no"}}),
+        ))
     }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(print_mode());
 }
 
-async fn print_mode() {
-    let fake = FakeProvider::start(|r| {
-        if r.target.starts_with("/v1/messages") {
-            Action::Respond(Reply::sse(
-                shapes::anthropic_events("claude-opus-5-5", &["Hello from ", "the fake provider"], (3, 9000, 0, 8)),
-                Duration::from_millis(10),
-            ))
-        } else {
-            Action::Respond(Reply::json(404, &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": "no"}})))
-        }
-    })
-    .await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
-    let relay = RecordingRelay::start(proxy.addr).await;
-    let home = TempDir::new("claude-home");
-    let work = TempDir::new("claude-work");
-
-    let base_url = format!("http://{}", relay.addr);
+/// Runs `claude -p "Say hello"` in `work` with only `env` (plus PATH and HOME) set.
+async fn run_claude(
+    work: &TempDir,
+    home: &TempDir,
+    env: Vec<(&'static str, String)>,
+) -> std::process::Output {
     let (cwd, home_dir) = (work.path().to_owned(), home.path().to_owned());
-    let output = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let mut command = Command::new(claude());
         command
             .args(["-p", "Say hello", "--output-format", "json"])
@@ -114,20 +112,55 @@ async fn print_mode() {
             .env_clear()
             .env("PATH", std::env::var("PATH").unwrap_or_default())
             .env("HOME", home_dir)
-            .env("ANTHROPIC_BASE_URL", base_url)
             .env("ANTHROPIC_API_KEY", CANARY_KEY)
             .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
             .env("DISABLE_AUTOUPDATER", "1")
             .env("CLAUDE_CODE_MAX_RETRIES", "0");
-        let child = command
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .unwrap();
-        child.wait_with_output().unwrap()
+            .unwrap()
+            .wait_with_output()
+            .unwrap()
     })
     .await
-    .unwrap();
+    .unwrap()
+}
+
+/// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
+fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
+    if !inside_namespace() {
+        claude(); // fail early, outside, when the CLI is missing
+        return run_isolated(test);
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(body());
+}
+
+#[test]
+fn claude_code_print_mode_completes_through_promptgate() {
+    isolated(
+        "claude_code_print_mode_completes_through_promptgate",
+        print_mode,
+    );
+}
+
+async fn print_mode() {
+    let fake = FakeProvider::start(answer).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let relay = RecordingRelay::start(proxy.addr).await;
+    let home = TempDir::new("claude-home");
+    let work = TempDir::new("claude-work");
+
+    let base_url = format!("http://{}", relay.addr);
+    let output = run_claude(&work, &home, vec![("ANTHROPIC_BASE_URL", base_url)]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -200,4 +233,78 @@ async fn print_mode() {
     assert_eq!(messages["outcome"], "ok");
     assert_eq!(messages["cache_write"], 9000);
     support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
+}
+
+#[test]
+fn claude_code_through_https_proxy_sends_the_first_party_shape() {
+    isolated(
+        "claude_code_through_https_proxy_sends_the_first_party_shape",
+        forward_mode,
+    );
+}
+
+async fn forward_mode() {
+    let ca = TestCa::new();
+    let fake = FakeProvider::start_tls(&ca, answer).await;
+    let dir = TempDir::new("claude-forward");
+    let upstream_ca = ca.write_pem(dir.path());
+    let resolve = format!("api.anthropic.com={}", fake.url());
+    let proxy = Proxy::start(&[
+        "--resolve",
+        &resolve,
+        "--upstream-ca",
+        upstream_ca.to_str().unwrap(),
+    ]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let env = vec![
+        ("HTTPS_PROXY", proxy.url()),
+        ("NODE_EXTRA_CA_CERTS", proxy.ca_cert().display().to_string()),
+    ];
+    let output = run_claude(&work, &home, env).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "claude -p through HTTPS_PROXY failed ({}):\n{stdout}\n{}\nproxy log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        proxy.log()
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
+
+    // The first-party shape, as the provider received it through the interception.
+    let messages: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.target.starts_with("/v1/messages"))
+        .collect();
+    assert!(!messages.is_empty(), "Claude Code called the messages API");
+    for m in &messages {
+        assert!(m.tls, "promptgate re-encrypted toward the provider");
+        let body = m.json();
+        let system = body["system"].as_array().expect("system blocks");
+        assert_eq!(system.len(), 4, "the first-party shape: 4 system blocks");
+        let global: Vec<_> = system
+            .iter()
+            .filter(|b| b["cache_control"]["scope"] == "global")
+            .collect();
+        assert_eq!(global.len(), 1, "one block with scope:global");
+        assert_eq!(m.header("x-api-key"), Some(CANARY_KEY));
+    }
+
+    let lines = proxy
+        .wait_exchanges(fake.requests().len(), Duration::from_secs(10))
+        .await;
+    let line = lines
+        .iter()
+        .find(|l| l["path"] == "/v1/messages?beta=true")
+        .expect("the exchange line");
+    assert_eq!(line["mode"], "forward");
+    assert_eq!(line["host"], "api.anthropic.com:443");
+    assert_eq!(line["outcome"], "ok");
+    assert_eq!(line["cache_write"], 9000);
+    let log = proxy.log();
+    assert!(log.contains("minted leaf certificate"), "{log}");
+    support::assert_absent(log.as_bytes(), CANARY_KEY, "the promptgate log");
 }

@@ -2,64 +2,19 @@
 //! (streaming and not) and curl. Each SDK run is made twice — straight to the fake
 //! provider and through promptgate — and the provider must receive the same bytes.
 //!
-//! The SDKs live in a venv that `tests/setup` creates (`target/test-env/venv`);
-//! `PROMPTGATE_TEST_PYTHON` points elsewhere. A missing venv fails the test.
+//! The SDKs live in a venv that `tests/setup` creates (see `support::sdk`).
 
 mod support;
 
-use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
+use support::fake_provider::like_providers;
 use support::shapes;
-use support::{Action, FakeProvider, Proxy, Received, Reply};
+use support::{FakeProvider, Proxy, Received};
 
 const WAIT: Duration = Duration::from_secs(20);
-
-fn python() -> PathBuf {
-    let path = std::env::var_os("PROMPTGATE_TEST_PYTHON")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/test-env/venv/bin/python")
-        });
-    assert!(
-        path.exists(),
-        "no Python with the SDKs at {} — run tests/setup first",
-        path.display()
-    );
-    path
-}
-
-/// Answers like the providers do, by path and by `"stream":true` in the body.
-fn provider(r: &Received) -> Action {
-    let stream = r.json().get("stream") == Some(&Value::Bool(true));
-    let body = String::from_utf8_lossy(&r.body);
-    let path = r.target.split('?').next().unwrap_or("");
-    let reply = match path {
-        "/v1/messages" if body.contains("rate-limit-me") => Reply::json(
-            429,
-            &serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
-        )
-        .header("retry-after", "30"),
-        "/v1/messages" if stream => Reply::sse(
-            shapes::anthropic_events("claude-opus-5-5", &["Hello", " there"], (12, 100, 2000, 7)),
-            Duration::from_millis(5),
-        ),
-        "/v1/messages" => Reply::json(200, &shapes::anthropic_message("claude-opus-5-5", "Hello there", (12, 100, 2000, 7))),
-        "/v1/chat/completions" if stream => Reply::sse(
-            shapes::openai_chat_events("gpt-5.6", &["Hello", " there"], (300, 256, 9)),
-            Duration::from_millis(5),
-        ),
-        "/v1/chat/completions" => Reply::json(200, &shapes::openai_chat_completion("gpt-5.6", "Hello there", (300, 256, 9))),
-        "/v1/responses" => Reply::sse(
-            shapes::openai_responses_events("gpt-5.6", &["Hello", " there"], (400, 128, 5)),
-            Duration::from_millis(5),
-        ),
-        _ => Reply::json(404, &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": path}})),
-    };
-    Action::Respond(reply)
-}
 
 const CALLS: &[&str] = &[
     "anthropic_plain",
@@ -72,30 +27,16 @@ const CALLS: &[&str] = &[
 ];
 
 async fn run_sdks(anthropic_url: String, openai_url: String) -> Value {
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/sdk_roundtrip.py");
-    let output = tokio::task::spawn_blocking(move || {
-        Command::new(python())
-            .arg(script)
-            .args(CALLS)
-            .env("ANTHROPIC_BASE_URL", anthropic_url)
-            .env("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test")
-            .env("OPENAI_BASE_URL", openai_url)
-            .env("OPENAI_API_KEY", "sk-proj-sdk-test")
-            .env_remove("ANTHROPIC_AUTH_TOKEN")
-            .env_remove("HTTPS_PROXY")
-            .env_remove("HTTP_PROXY")
-            .env_remove("ALL_PROXY")
-            .output()
-            .unwrap()
-    })
+    support::sdk::run(
+        CALLS,
+        vec![
+            ("ANTHROPIC_BASE_URL", anthropic_url),
+            ("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test".into()),
+            ("OPENAI_BASE_URL", openai_url),
+            ("OPENAI_API_KEY", "sk-proj-sdk-test".into()),
+        ],
+    )
     .await
-    .unwrap();
-    assert!(
-        output.status.success(),
-        "the SDK script failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
 }
 
 /// Headers that legitimately differ between a direct and a proxied run.
@@ -109,7 +50,7 @@ fn comparable(r: &Received) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_sdks_get_the_same_answers_and_send_the_same_bytes() {
-    let fake = FakeProvider::start(provider).await;
+    let fake = FakeProvider::start(like_providers).await;
     let direct = run_sdks(fake.url(), format!("{}/v1", fake.url())).await;
     let direct_requests = fake.wait_requests(CALLS.len(), WAIT).await;
 
@@ -210,7 +151,7 @@ fn curl(args: &[&str]) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn curl_streams_and_large_bodies() {
-    let fake = FakeProvider::start(provider).await;
+    let fake = FakeProvider::start(like_providers).await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
     let url = format!("{}/v1/messages?beta=true", proxy.url());
 

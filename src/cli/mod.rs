@@ -5,6 +5,9 @@
 //! or IO error.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod ca;
+mod doctor;
+mod env;
 mod serve;
 
 use std::process::ExitCode;
@@ -31,14 +34,27 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the proxy (the default when no verb is given).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
+    /// Create or show the forward-proxy CA.
+    Ca(ca::CaArgs),
+    /// Print the shell settings that point agents at promptgate.
+    Env(env::EnvArgs),
+    /// Check the proxy, the CA and this shell's settings; print the fix for each problem.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Parses the command line and runs it.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Command::Serve(args)) => serve::serve(args),
+        Some(Command::Serve(args)) => serve::serve(*args),
+        Some(Command::Ca(args)) => ca::run(args),
+        Some(Command::Env(args)) => env::run(args),
+        Some(Command::Doctor(args)) => match doctor::run(args) {
+            Ok(true) => Ok(()),
+            Ok(false) => return ExitCode::from(1),
+            Err(e) => Err(e),
+        },
         None => serve::serve(cli.serve),
     };
     match result {

@@ -12,6 +12,7 @@ use crate::config::{Config, ConfigLayer};
 use crate::exchange::Proxy;
 use crate::logging::{self, ExchangeLog};
 use crate::record::Recorder;
+use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
 use crate::upstream::Upstream;
 
 /// Flags of `promptgate serve`; each has a key of the same name (with `_`) in the config file.
@@ -50,11 +51,54 @@ pub struct ServeArgs {
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    #[command(flatten)]
+    forward: ForwardArgs,
+}
+
+/// Forward-proxy (HTTPS_PROXY) settings, shared by `serve`, `env` and `doctor`.
+#[derive(Debug, Args, Default, Clone)]
+pub struct ForwardArgs {
+    /// Directory of the forward-proxy CA [default: ./certs].
+    #[arg(long, value_name = "DIR")]
+    pub certs: Option<PathBuf>,
+    /// Host to intercept in CONNECT tunnels, PATTERN[=anthropic|openai]; repeatable;
+    /// replaces the default list [default: api.anthropic.com, api.openai.com].
+    #[arg(long, value_name = "PATTERN")]
+    pub intercept: Vec<String>,
+    /// Send an intercepted host's requests to another upstream, HOST=URL; repeatable.
+    #[arg(long, value_name = "HOST=URL")]
+    pub resolve: Vec<String>,
+    /// Refuse CONNECT to hosts that are not intercepted (default: tunnel them blind).
+    #[arg(long)]
+    pub intercept_only: bool,
+    /// Port CONNECT may reach; repeatable [default: 443].
+    #[arg(long = "connect-port", value_name = "PORT")]
+    pub connect_ports: Vec<u16>,
+    /// Accept clients from other machines (a non-loopback --listen); every request
+    /// must then carry Proxy-Authorization (PROMPTGATE_PROXY_AUTH=user:password).
+    #[arg(long)]
+    pub allow_remote: bool,
+}
+
+impl ForwardArgs {
+    /// Fills the forward-proxy part of a config layer (and the credentials from the env).
+    pub fn fill(self, layer: &mut ConfigLayer) {
+        layer.certs = self.certs;
+        layer.intercept = (!self.intercept.is_empty()).then_some(self.intercept);
+        layer.resolve = (!self.resolve.is_empty()).then_some(self.resolve);
+        layer.intercept_only = self.intercept_only.then_some(true);
+        layer.connect_ports = (!self.connect_ports.is_empty()).then_some(self.connect_ports);
+        layer.allow_remote = self.allow_remote.then_some(true);
+        // Credentials never come from a flag: flags show in `ps`.
+        layer.proxy_auth = std::env::var("PROMPTGATE_PROXY_AUTH")
+            .ok()
+            .filter(|v| !v.is_empty());
+    }
 }
 
 impl ServeArgs {
-    fn into_layer(self) -> (Option<PathBuf>, ConfigLayer) {
-        let layer = ConfigLayer {
+    pub(super) fn into_layer(self) -> (Option<PathBuf>, ConfigLayer) {
+        let mut layer = ConfigLayer {
             listen: self.listen,
             upstream_anthropic: self.upstream_anthropic,
             upstream_openai: self.upstream_openai,
@@ -65,7 +109,9 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            ..ConfigLayer::default()
         };
+        self.forward.fill(&mut layer);
         (self.config, layer)
     }
 }
@@ -84,15 +130,16 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 async fn serve_async(config: Config) -> anyhow::Result<()> {
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+    let leaves = load_ca(&config)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
     let local = listener
         .local_addr()
         .context("reading the listen address")?;
-    if !local.ip().is_loopback() {
+    if !crate::config::is_default_loopback(local.ip()) {
         tracing::warn!(
-            "listening on {local}, which is not loopback: anyone who can reach it can use it"
+            "listening on {local} (--allow-remote): every request must carry proxy credentials"
         );
     }
     let grace = config.shutdown_grace;
@@ -107,8 +154,38 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         upstream,
         recorder: Arc::new(Recorder::new(vec![Arc::new(ExchangeLog)])),
     });
-    crate::listener::serve(listener, proxy, shutdown_signal(), grace).await;
+    crate::listener::serve(listener, proxy, leaves, shutdown_signal(), grace).await;
     Ok(())
+}
+
+/// Loads the forward-proxy CA, creating it on first start. A CA that exists but is
+/// broken stops the start; one that cannot be created only turns interception off.
+fn load_ca(config: &Config) -> anyhow::Result<Option<Arc<LeafCache>>> {
+    if config.intercept.is_empty() {
+        return Ok(None);
+    }
+    match CertificateAuthority::load_or_create(&config.certs, tls::CA_DAYS) {
+        Ok((ca, created)) => {
+            if created {
+                tracing::info!(
+                    cert = %ca.cert_path().display(),
+                    fingerprint = %ca.fingerprint(),
+                    "created the forward-proxy CA; clients must trust the cert file (see `promptgate env --mode forward`)"
+                );
+                if let Some(system) = tls::system_bundle() {
+                    let _ = tls::write_bundle(&ca, &system);
+                }
+            }
+            Ok(Some(Arc::new(LeafCache::new(Arc::new(ca)))))
+        }
+        Err(e @ (CaError::Write { .. } | CaError::Generate(_))) => {
+            tracing::warn!(
+                "forward-proxy interception is off: {e}; pass --certs DIR to put the CA elsewhere"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("loading the forward-proxy CA")),
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -239,9 +239,10 @@ where
 impl<B: Body> Drop for ObservedBody<B> {
     fn drop(&mut self) {
         if let Some(tap) = self.tap.take() {
-            // hyper stops polling once the inner body says it is at its end; anything
-            // else dropped early means the client went away.
-            let end = if self.inner.is_end_stream() {
+            // hyper stops polling once the inner body says it is at its end, or once
+            // the declared length was sent (an HTTP/2 upstream's END_STREAM may still be
+            // on its way then); anything else dropped early means the client went away.
+            let end = if self.inner.is_end_stream() || self.inner.size_hint().exact() == Some(0) {
                 BodyEnd::Complete
             } else {
                 BodyEnd::ClientGone

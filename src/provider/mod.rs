@@ -144,13 +144,7 @@ pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
     {
         return None;
     }
-    let api = match (provider, rest.trim_end_matches('/')) {
-        (Provider::Anthropic, "/v1/messages") => Api::Messages,
-        (Provider::Anthropic, "/v1/messages/count_tokens") => Api::CountTokens,
-        (Provider::OpenAi, "/v1/chat/completions") => Api::ChatCompletions,
-        (Provider::OpenAi, "/v1/responses") => Api::Responses,
-        _ => Api::Other,
-    };
+    let api = api(provider, rest);
     let upstream_path = if rest.len() == path.len() {
         path_and_query.clone()
     } else {
@@ -165,6 +159,17 @@ pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
         api,
         upstream_path,
     })
+}
+
+/// The API behind a provider's own path (no promptgate prefix, no query).
+pub fn api(provider: Provider, path: &str) -> Api {
+    match (provider, path.trim_end_matches('/')) {
+        (Provider::Anthropic, "/v1/messages") => Api::Messages,
+        (Provider::Anthropic, "/v1/messages/count_tokens") => Api::CountTokens,
+        (Provider::OpenAi, "/v1/chat/completions") => Api::ChatCompletions,
+        (Provider::OpenAi, "/v1/responses") => Api::Responses,
+        _ => Api::Other,
+    }
 }
 
 /// `path` without a leading `/segment`, if it starts with that whole segment.

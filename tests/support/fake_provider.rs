@@ -141,6 +141,38 @@ pub fn compress(coding: &str, plain: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Answers like the providers do, by path and by `"stream":true` in the body
+/// (Anthropic and OpenAI paths, without promptgate's `/openai` prefix).
+pub fn like_providers(r: &Received) -> Action {
+    let stream = serde_json::from_slice::<serde_json::Value>(&r.body)
+        .is_ok_and(|v| v.get("stream") == Some(&serde_json::Value::Bool(true)));
+    let body = String::from_utf8_lossy(&r.body);
+    let path = r.target.split('?').next().unwrap_or("");
+    let reply = match path {
+        "/v1/messages" if body.contains("rate-limit-me") => Reply::json(
+            429,
+            &serde_json::json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+        )
+        .header("retry-after", "30"),
+        "/v1/messages" if stream => Reply::sse(
+            super::shapes::anthropic_events("claude-opus-5-5", &["Hello", " there"], (12, 100, 2000, 7)),
+            Duration::from_millis(5),
+        ),
+        "/v1/messages" => Reply::json(200, &super::shapes::anthropic_message("claude-opus-5-5", "Hello there", (12, 100, 2000, 7))),
+        "/v1/chat/completions" if stream => Reply::sse(
+            super::shapes::openai_chat_events("gpt-5.6", &["Hello", " there"], (300, 256, 9)),
+            Duration::from_millis(5),
+        ),
+        "/v1/chat/completions" => Reply::json(200, &super::shapes::openai_chat_completion("gpt-5.6", "Hello there", (300, 256, 9))),
+        "/v1/responses" => Reply::sse(
+            super::shapes::openai_responses_events("gpt-5.6", &["Hello", " there"], (400, 128, 5)),
+            Duration::from_millis(5),
+        ),
+        _ => Reply::json(404, &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": path}})),
+    };
+    Action::Respond(reply)
+}
+
 /// A request as the fake received it.
 #[derive(Debug, Clone)]
 pub struct Received {

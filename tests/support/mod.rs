@@ -6,7 +6,9 @@
 pub mod client;
 pub mod fake_provider;
 pub mod proxy;
+pub mod sdk;
 pub mod shapes;
+pub mod tunnel;
 pub mod wire;
 
 use std::path::{Path, PathBuf};

@@ -15,6 +15,8 @@ pub struct Proxy {
     /// The one line promptgate printed on start.
     pub start_line: String,
     stderr: Arc<Mutex<String>>,
+    /// The CA directory when the test gave none (`--certs`): a fresh one per proxy.
+    certs: Option<super::TempDir>,
 }
 
 impl Proxy {
@@ -27,14 +29,21 @@ impl Proxy {
         let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
         command
             .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
             .args(args)
             .env_remove("PROMPTGATE_LOG")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
+        if !args.contains(&"--listen") {
+            command.args(["--listen", "127.0.0.1:0"]);
+        }
         if !args.contains(&"--log-format") {
             command.args(["--log-format", "json"]);
+        }
+        // Each proxy gets its own CA unless the test brings one.
+        let certs = (!args.contains(&"--certs")).then(|| super::TempDir::new("certs"));
+        if let Some(dir) = &certs {
+            command.arg("--certs").arg(dir.path());
         }
         for (k, v) in env {
             command.env(k, v);
@@ -85,11 +94,21 @@ impl Proxy {
             addr,
             start_line,
             stderr,
+            certs,
         }
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// The CA certificate this proxy mints its leaves from (when the test gave no `--certs`).
+    pub fn ca_cert(&self) -> std::path::PathBuf {
+        self.certs
+            .as_ref()
+            .expect("the proxy was started with its own --certs")
+            .path()
+            .join("promptgate-ca.pem")
     }
 
     pub fn pid(&self) -> u32 {

@@ -1,0 +1,66 @@
+//! TLS for forward-proxy mode: the local CA ([`ca`]), the leaf certificates minted
+//! from it per intercepted host ([`leaf`]), and the combined trust bundle that
+//! clients which replace their roots (Python's `SSL_CERT_FILE`) need.
+//!
+//! The upstream side of TLS lives in [`crate::upstream`].
+
+pub mod ca;
+pub mod leaf;
+
+use std::path::{Path, PathBuf};
+
+pub use ca::{CaError, CertificateAuthority};
+pub use leaf::{LeafCache, LeafError};
+
+/// File name of the combined bundle (system roots + the CA) inside the certs directory.
+pub const BUNDLE_FILE: &str = "promptgate-bundle.pem";
+
+/// Default lifetime of a new CA, in days.
+pub const CA_DAYS: u32 = 3650;
+
+/// Where common systems keep their PEM bundle of trusted roots.
+const SYSTEM_BUNDLES: &[&str] = &[
+    "/etc/ssl/certs/ca-certificates.crt", // Debian, Ubuntu, Arch
+    "/etc/pki/tls/certs/ca-bundle.crt",   // Fedora, RHEL
+    "/etc/ssl/ca-bundle.pem",             // openSUSE
+    "/etc/ssl/cert.pem",                  // macOS, Alpine
+];
+
+/// The system's PEM bundle of trusted roots, if one of the usual files exists.
+pub fn system_bundle() -> Option<PathBuf> {
+    SYSTEM_BUNDLES
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.is_file())
+}
+
+/// Writes `<certs>/promptgate-bundle.pem`: the roots in `system` followed by the CA,
+/// for clients whose CA setting replaces their default roots instead of adding to them.
+pub fn write_bundle(ca: &CertificateAuthority, system: &Path) -> Result<PathBuf, CaError> {
+    let roots = std::fs::read(system).map_err(|source| CaError::Unreadable {
+        path: system.display().to_string(),
+        source,
+    })?;
+    let path = ca
+        .cert_path()
+        .parent()
+        .map_or_else(|| PathBuf::from(BUNDLE_FILE), |d| d.join(BUNDLE_FILE));
+    let mut bytes = roots;
+    if !bytes.ends_with(b"\n") {
+        bytes.push(b'\n');
+    }
+    bytes.extend_from_slice(b"# promptgate local CA\n");
+    bytes.extend_from_slice(ca.cert_pem().as_bytes());
+    ca::write_atomically(&path, &bytes)?;
+    Ok(path)
+}
+
+/// Whether the PEM file at `path` contains the CA's certificate.
+pub fn file_trusts(path: &Path, ca: &CertificateAuthority) -> bool {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let Ok(certs) = CertificateDer::pem_file_iter(path) else {
+        return false;
+    };
+    certs.flatten().any(|c| c == *ca.cert_der())
+}
