@@ -45,6 +45,7 @@ pub struct ConfigLayer {
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
     pub shutdown_grace: Option<Scalar>,
+    pub rules: Option<PathBuf>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -83,6 +84,10 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
+    /// The hook rules directory.
+    pub rules_dir: PathBuf,
+    /// Whether `rules_dir` was given (a missing default directory just means no rules).
+    pub rules_explicit: bool,
 }
 
 /// Log line format.
@@ -108,6 +113,8 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            rules_dir: PathBuf::from("rules"),
+            rules_explicit: false,
         }
     }
 }
@@ -128,6 +135,11 @@ impl Config {
                 for ca in cas.iter_mut().filter(|p| p.is_relative()) {
                     *ca = dir.join(&*ca);
                 }
+            }
+            if let (Some(rules), Some(dir)) = (file.rules.as_mut(), path.parent())
+                && rules.is_relative()
+            {
+                *rules = dir.join(&*rules);
             }
             config.apply(file)?;
         }
@@ -156,6 +168,10 @@ impl Config {
                 setting: "upstream-openai",
                 message,
             })?;
+        }
+        if let Some(v) = layer.rules {
+            self.rules_dir = v;
+            self.rules_explicit = true;
         }
         if let Some(v) = layer.upstream_ca {
             self.upstream_ca = v;

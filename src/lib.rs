@@ -37,4 +37,5 @@ pub mod logging;
 pub mod observer;
 pub mod provider;
 pub mod record;
+pub mod rules;
 pub mod upstream;

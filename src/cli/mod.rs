@@ -5,6 +5,7 @@
 //! or IO error.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod rules;
 mod serve;
 
 use std::process::ExitCode;
@@ -32,17 +33,20 @@ struct Cli {
 enum Command {
     /// Run the proxy (the default when no verb is given).
     Serve(ServeArgs),
+    /// Check hook rules, or dry-run a request through them.
+    Rules(rules::RulesArgs),
 }
 
 /// Parses the command line and runs it.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Command::Serve(args)) => serve::serve(args),
-        None => serve::serve(cli.serve),
+        Some(Command::Serve(args)) => serve::serve(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Rules(args)) => rules::run(args),
+        None => serve::serve(cli.serve).map(|()| ExitCode::SUCCESS),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("promptgate: {e:#}");
             ExitCode::from(2)

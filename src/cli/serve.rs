@@ -50,6 +50,9 @@ pub struct ServeArgs {
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    /// Hook rules directory: its *.toml files are loaded in name order and reloaded on change [default: ./rules, none if missing].
+    #[arg(long, value_name = "DIR")]
+    rules: Option<PathBuf>,
 }
 
 impl ServeArgs {
@@ -65,6 +68,7 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            rules: self.rules,
         };
         (self.config, layer)
     }
@@ -83,6 +87,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve_async(config: Config) -> anyhow::Result<()> {
+    let rules = super::rules::load_for_serve(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -106,6 +111,7 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         config: Arc::new(config),
         upstream,
         recorder: Arc::new(Recorder::new(vec![Arc::new(ExchangeLog)])),
+        rules,
     });
     crate::listener::serve(listener, proxy, shutdown_signal(), grace).await;
     Ok(())
