@@ -188,7 +188,7 @@ impl<'a> Node<'a> {
     }
 
     /// Marks this container as changed (its text will be re-emitted).
-    fn touch(&mut self) {
+    pub(crate) fn touch(&mut self) {
         if let Node::Object { orig, .. } | Node::Array { orig, .. } = self {
             *orig = None;
         }

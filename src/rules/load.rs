@@ -568,7 +568,7 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
     let description = table
         .get("description")
         .and_then(|v| cx.str(v, "description").map(str::to_owned));
-    let phase = phase?;
+    // With an unknown phase, the rest is still checked (phase checks skipped).
     let when = match table.get("when") {
         Some(v) => Matcher::compile_when(cx, v, phase),
         None => Some(Matcher::All(Vec::new())),
@@ -593,6 +593,7 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
     }
     let when = when?;
     let (name, _) = name?;
+    let phase = phase?;
     if cx.errors.len() != errors_before {
         return None;
     }

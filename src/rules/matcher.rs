@@ -211,7 +211,11 @@ const TEST_KEYS: &[&str] = &["equals", "contains", "regex", "exists"];
 
 impl Matcher {
     /// Compiles a rule's `when` table.
-    pub(crate) fn compile_when(cx: &mut Cx<'_>, v: &Val<'_>, phase: Phase) -> Option<Matcher> {
+    pub(crate) fn compile_when(
+        cx: &mut Cx<'_>,
+        v: &Val<'_>,
+        phase: Option<Phase>,
+    ) -> Option<Matcher> {
         let keys: Vec<&str> = MATCHERS.iter().map(|m| m.key).collect();
         let table = cx.table(v, "when", &keys)?;
         let mut all = Vec::new();
@@ -221,7 +225,9 @@ impl Matcher {
             let Some(spec) = MATCHERS.iter().find(|m| m.key == key_text) else {
                 continue; // reported by `table`
             };
-            if !spec.phases.contains(&phase) {
+            if let Some(phase) = phase
+                && !spec.phases.contains(&phase)
+            {
                 let allowed: Vec<&str> = spec.phases.iter().map(|p| p.name()).collect();
                 cx.error(
                     key.span(),
@@ -398,7 +404,12 @@ fn header_test(headers: &HeaderMap, name: &HeaderName, test: &TextTest) -> bool 
     }
 }
 
-fn compile_one(cx: &mut Cx<'_>, key: &str, v: &Val<'_>, phase: Phase) -> Option<Vec<Matcher>> {
+fn compile_one(
+    cx: &mut Cx<'_>,
+    key: &str,
+    v: &Val<'_>,
+    phase: Option<Phase>,
+) -> Option<Vec<Matcher>> {
     let one = |m| Some(vec![m]);
     match key {
         "provider" => {

@@ -265,7 +265,11 @@ pub static ACTIONS: &[ActionSpec] = &[
 ];
 
 /// Compiles one entry of a rule's `actions`.
-pub(crate) fn compile(cx: &mut Cx<'_>, entry: &Val<'_>, phase: Phase) -> Option<CompiledAction> {
+pub(crate) fn compile(
+    cx: &mut Cx<'_>,
+    entry: &Val<'_>,
+    phase: Option<Phase>,
+) -> Option<CompiledAction> {
     let DeValue::Table(table) = entry.get_ref() else {
         cx.error(
             entry.span(),
@@ -279,6 +283,7 @@ pub(crate) fn compile(cx: &mut Cx<'_>, entry: &Val<'_>, phase: Phase) -> Option<
     let keys: Vec<&str> = ACTIONS.iter().map(|a| a.key).collect();
     let mut table = table;
     let mut prefix = String::new();
+    let mut first_span = None;
     loop {
         if table.len() != 1 {
             let found: Vec<String> = table
@@ -293,11 +298,14 @@ pub(crate) fn compile(cx: &mut Cx<'_>, entry: &Val<'_>, phase: Phase) -> Option<
         }
         let (key, arg) = table.iter().next()?;
         let name = format!("{prefix}{}", key.get_ref());
+        let span = first_span.get_or_insert_with(|| key.span()).clone();
         if let Some(spec) = ACTIONS.iter().find(|a| a.key == name) {
-            if !spec.phases.contains(&phase) {
+            if let Some(phase) = phase
+                && !spec.phases.contains(&phase)
+            {
                 let allowed: Vec<&str> = spec.phases.iter().map(|p| p.name()).collect();
                 cx.error(
-                    key.span(),
+                    span,
                     format!(
                         "action {name:?} cannot be used in {} (only in {})",
                         phase.name(),
@@ -319,8 +327,32 @@ pub(crate) fn compile(cx: &mut Cx<'_>, entry: &Val<'_>, phase: Phase) -> Option<
                 table = inner;
             }
             _ => {
-                let mut message = format!("unknown action {name:?}");
-                if let Some(near) = nearest(&name, &keys) {
+                // A misspelt family (`sytem.prepend`) is a dotted key: try the deeper names too.
+                let mut candidates = vec![name.clone()];
+                let mut inner = arg;
+                while let DeValue::Table(t) = inner.get_ref() {
+                    let Some((k, v)) = t
+                        .iter()
+                        .next()
+                        .filter(|_| t.len() == 1 && candidates.len() < 3)
+                    else {
+                        break;
+                    };
+                    candidates.push(format!(
+                        "{}.{}",
+                        candidates.last().expect("not empty"),
+                        k.get_ref()
+                    ));
+                    inner = v;
+                }
+                let found = candidates
+                    .iter()
+                    .find_map(|c| nearest(c, &keys).map(|k| (c.clone(), k)));
+                let mut message = match &found {
+                    Some((c, _)) => format!("unknown action {c:?}"),
+                    None => format!("unknown action {name:?}"),
+                };
+                if let Some((_, near)) = found {
                     message.push_str(&format!("; did you mean {near:?}?"));
                 }
                 message.push_str(&format!(" (known: {})", keys.join(", ")));
