@@ -970,7 +970,9 @@ fn every_example_in_the_tables_compiles() {
 // === the shipped examples, on Claude-Code-shaped and pi-shaped bodies ===
 
 fn example(file: &str) -> RuleSet {
-    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples").join(file);
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("rules/examples")
+        .join(file);
     let text = std::fs::read_to_string(&path).unwrap();
     set(&text)
 }
@@ -981,17 +983,37 @@ fn example_org_policy_leads_the_system_prompt() {
     for req in [cc(), pi()] {
         let r = req.run(&rules);
         let v = sent(&r, &req);
-        assert_eq!(v["system"][0]["text"], "ACME policy: never paste customer data into a prompt.");
-        assert_eq!(count_markers(&v), 4, "the agent's 3 breakpoints and the policy's");
+        assert_eq!(
+            v["system"][0]["text"],
+            "ACME policy: never paste customer data into a prompt."
+        );
+        assert_eq!(
+            count_markers(&v),
+            4,
+            "the agent's 3 breakpoints and the policy's"
+        );
         assert_eq!(r.effects.tags, ["org-policy"]);
         if v["tools"][3].get("cache_control").is_some() {
             // pi caches its tools (5m) before the system: a 1h marker after it would be
             // refused, so the policy lowers it and says so.
-            assert_eq!(v["system"][0]["cache_control"], json!({"type": "ephemeral"}));
-            assert_eq!(r.effects.body_diff, ["/system/0", "/system/0/cache_control/ttl"]);
-            assert!(r.effects.logs[0].1.starts_with("lowered ttl 1h to 5m"), "{:?}", r.effects.logs);
+            assert_eq!(
+                v["system"][0]["cache_control"],
+                json!({"type": "ephemeral"})
+            );
+            assert_eq!(
+                r.effects.body_diff,
+                ["/system/0", "/system/0/cache_control/ttl"]
+            );
+            assert!(
+                r.effects.logs[0].1.starts_with("lowered ttl 1h to 5m"),
+                "{:?}",
+                r.effects.logs
+            );
         } else {
-            assert_eq!(v["system"][0]["cache_control"], json!({"type": "ephemeral", "ttl": "1h"}));
+            assert_eq!(
+                v["system"][0]["cache_control"],
+                json!({"type": "ephemeral", "ttl": "1h"})
+            );
             assert_eq!(r.effects.body_diff, ["/system/0"]);
         }
     }
@@ -1000,10 +1022,20 @@ fn example_org_policy_leads_the_system_prompt() {
 #[test]
 fn example_block_opus_for_batch() {
     let rules = example("20-block-opus-for-batch.toml");
-    let Verdict::Respond(b) = cc().header("x-team", "batch").run(&rules).verdict else { panic!("Claude Code's Opus request is blocked") };
+    let Verdict::Respond(b) = cc().header("x-team", "batch").run(&rules).verdict else {
+        panic!("Claude Code's Opus request is blocked")
+    };
     assert_eq!(b.status, StatusCode::FORBIDDEN);
-    assert_eq!(pi().header("x-team", "batch").run(&rules).verdict, Verdict::Continue, "pi asks for Sonnet");
-    assert_eq!(cc().run(&rules).verdict, Verdict::Continue, "other teams pass");
+    assert_eq!(
+        pi().header("x-team", "batch").run(&rules).verdict,
+        Verdict::Continue,
+        "pi asks for Sonnet"
+    );
+    assert_eq!(
+        cc().run(&rules).verdict,
+        Verdict::Continue,
+        "other teams pass"
+    );
 }
 
 #[test]
@@ -1023,7 +1055,10 @@ fn example_ttl_1h_everywhere() {
         let r = req.run(&rules);
         let ms = markers_of(&sent(&r, &req));
         assert_eq!(ms.len(), 3);
-        assert!(ms.iter().all(|(_, ttl, _)| ttl.as_deref() == Some("1h")), "{ms:?}");
+        assert!(
+            ms.iter().all(|(_, ttl, _)| ttl.as_deref() == Some("1h")),
+            "{ms:?}"
+        );
     }
 }
 
@@ -1039,7 +1074,10 @@ fn example_move_dates_out_of_system() {
         v["messages"][0]["content"][0]["text"],
         "<system-reminder>\n\nCurrent date: 2026-11-29\n\nCurrent working directory: /home/dev/proj\n</system-reminder>"
     );
-    assert_eq!(v["system"][0]["cache_control"], json!({"type": "ephemeral"}));
+    assert_eq!(
+        v["system"][0]["cache_control"],
+        json!({"type": "ephemeral"})
+    );
     // Claude Code keeps the date out of `system` already: nothing to do, same bytes.
     let r = cc().run(&rules);
     assert!(r.effects.fired.is_empty() && r.body.is_none());
@@ -1050,13 +1088,22 @@ fn example_remove_tool() {
     let rules = example("60-remove-tool.toml");
     let req = cc();
     let v = sent(&req.run(&rules), &req);
-    let names: Vec<&str> = v["tools"].as_array().unwrap().iter().map(|t| t["name"].as_str().unwrap()).collect();
+    let names: Vec<&str> = v["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names.len(), 10);
     assert!(!names.contains(&"Write") && !names.contains(&"Edit"));
     let req = pi();
     let v = sent(&req.run(&rules), &req);
     assert_eq!(v["tools"].as_array().unwrap().len(), 2);
-    assert_eq!(v["tools"][1]["cache_control"], json!({"type": "ephemeral"}), "pi's last-tool breakpoint moved to the new last tool");
+    assert_eq!(
+        v["tools"][1]["cache_control"],
+        json!({"type": "ephemeral"}),
+        "pi's last-tool breakpoint moved to the new last tool"
+    );
 }
 
 #[test]
@@ -1064,9 +1111,25 @@ fn example_note_429() {
     let rules = example("70-note-429.toml");
     let mut response = HeaderMap::new();
     response.insert("retry-after", HeaderValue::from_static("30"));
-    let e = rules.apply_response(Provider::Anthropic, Api::Messages, &Method::POST, None, "/v1/messages", Some("claude-opus-5-5"), &HeaderMap::new(), StatusCode::TOO_MANY_REQUESTS, &mut response);
+    let e = rules.apply_response(
+        Provider::Anthropic,
+        Api::Messages,
+        &Method::POST,
+        None,
+        "/v1/messages",
+        Some("claude-opus-5-5"),
+        &HeaderMap::new(),
+        StatusCode::TOO_MANY_REQUESTS,
+        &mut response,
+    );
     assert_eq!(e.tags, ["rate-limited"]);
-    assert_eq!(e.logs, [("note-rate-limits".to_owned(), "rate limited on claude-opus-5-5: retry-after=30".to_owned())]);
+    assert_eq!(
+        e.logs,
+        [(
+            "note-rate-limits".to_owned(),
+            "rate limited on claude-opus-5-5: retry-after=30".to_owned()
+        )]
+    );
     // The request side never fires it.
     assert!(cc().run(&rules).effects.fired.is_empty());
 }
@@ -1076,7 +1139,8 @@ fn the_bench_set_fires_on_a_claude_code_request() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/bench");
     let rules = RuleSet::load_dir(&path).unwrap();
     assert_eq!(rules.rules().len(), 10);
-    let req = Req::bytes(shapes::claude_code_body_of_size(200_000)).header("x-stainless-os", "Linux");
+    let req =
+        Req::bytes(shapes::claude_code_body_of_size(200_000)).header("x-stainless-os", "Linux");
     let r = req.run(&rules);
     assert_eq!(r.effects.fired.len(), 8, "{:?}", r.effects.fired);
     assert!(r.body.is_some());
