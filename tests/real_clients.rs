@@ -72,11 +72,15 @@ const CALLS: &[&str] = &[
 ];
 
 async fn run_sdks(anthropic_url: String, openai_url: String) -> Value {
+    run_sdk_calls(CALLS, anthropic_url, openai_url).await
+}
+
+async fn run_sdk_calls(calls: &'static [&'static str], anthropic_url: String, openai_url: String) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/sdk_roundtrip.py");
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python())
             .arg(script)
-            .args(CALLS)
+            .args(calls)
             .env("ANTHROPIC_BASE_URL", anthropic_url)
             .env("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test")
             .env("OPENAI_BASE_URL", openai_url)
@@ -276,4 +280,29 @@ async fn curl_streams_and_large_bodies() {
     assert_eq!(got.body.len(), big.len());
     assert!(got.body == big, "3 MB arrive byte for byte");
     assert_eq!(got.header("expect"), None);
+}
+
+/// A rule's `block` reaches the official SDK as the exception for its status
+/// (403 → PermissionDeniedError), and `x-should-retry: false` stops its retries.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rule_block_raises_permission_denied_without_a_retry() {
+    let fake = FakeProvider::start(provider).await;
+    let rules = support::TempDir::new("sdk-rules");
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules/examples/20-block-opus-for-batch.toml"),
+        rules.path().join("20-block-opus-for-batch.toml"),
+    )
+    .unwrap();
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--rules", rules.path().to_str().unwrap()]);
+    let result = run_sdk_calls(&["anthropic_blocked"], proxy.url(), format!("{}/openai/v1", proxy.url())).await;
+    let blocked = &result["anthropic_blocked"];
+    assert_eq!(blocked["exception"], "PermissionDeniedError", "{result}");
+    assert_eq!(blocked["status"], 403);
+    assert_eq!(blocked["retry_count_header"], "0", "the one and only try");
+    assert_eq!(blocked["body"]["error"]["type"], "permission_error");
+    let lines = proxy.wait_exchanges(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(proxy.exchanges().len(), 1, "no retry reached promptgate: {lines:?}");
+    assert_eq!(lines[0]["outcome"], "blocked");
+    assert!(fake.requests().is_empty(), "the provider never saw it");
 }
