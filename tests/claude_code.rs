@@ -74,39 +74,10 @@ fn inside_namespace() -> bool {
     true
 }
 
-#[test]
-fn claude_code_print_mode_completes_through_promptgate() {
-    if !inside_namespace() {
-        claude(); // fail early, outside, when the CLI is missing
-        return run_isolated("claude_code_print_mode_completes_through_promptgate");
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(print_mode());
-}
-
-async fn print_mode() {
-    let fake = FakeProvider::start(|r| {
-        if r.target.starts_with("/v1/messages") {
-            Action::Respond(Reply::sse(
-                shapes::anthropic_events("claude-opus-5-5", &["Hello from ", "the fake provider"], (3, 9000, 0, 8)),
-                Duration::from_millis(10),
-            ))
-        } else {
-            Action::Respond(Reply::json(404, &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": "no"}})))
-        }
-    })
-    .await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
-    let relay = RecordingRelay::start(proxy.addr).await;
-    let home = TempDir::new("claude-home");
-    let work = TempDir::new("claude-work");
-
-    let base_url = format!("http://{}", relay.addr);
+/// Runs `claude -p "Say hello" --output-format json` against `base_url`.
+async fn run_print(base_url: String, home: &TempDir, work: &TempDir) -> std::process::Output {
     let (cwd, home_dir) = (work.path().to_owned(), home.path().to_owned());
-    let output = tokio::task::spawn_blocking(move || {
+    tokio::task::spawn_blocking(move || {
         let mut command = Command::new(claude());
         command
             .args(["-p", "Say hello", "--output-format", "json"])
@@ -127,7 +98,125 @@ async fn print_mode() {
         child.wait_with_output().unwrap()
     })
     .await
+    .unwrap()
+}
+
+fn fake_messages_reply(r: &support::Received) -> Action {
+    if r.target.starts_with("/v1/messages") {
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events(
+                "claude-opus-5-5",
+                &["Hello from ", "the fake provider"],
+                (3, 9000, 0, 8),
+            ),
+            Duration::from_millis(10),
+        ))
+    } else {
+        Action::Respond(Reply::json(
+            404,
+            &serde_json::json!({"type": "error", "error": {"type": "not_found_error", "message": "no"}}),
+        ))
+    }
+}
+
+#[test]
+fn claude_code_completes_with_an_org_policy_rule() {
+    if !inside_namespace() {
+        claude();
+        return run_isolated("claude_code_completes_with_an_org_policy_rule");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(org_policy());
+}
+
+async fn org_policy() {
+    let fake = FakeProvider::start(fake_messages_reply).await;
+    let rules = TempDir::new("claude-rules");
+    std::fs::copy(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules/examples/10-org-policy.toml"),
+        rules.path().join("10-org-policy.toml"),
+    )
     .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let output = run_print(proxy.url(), &home, &work).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "claude -p failed ({}):\n{stdout}\n{}\nproxy log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        proxy.log()
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
+    let received: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.target.starts_with("/v1/messages"))
+        .collect();
+    assert!(!received.is_empty());
+    for got in &received {
+        let body: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+        let system = body["system"].as_array().expect("system blocks");
+        assert_eq!(
+            system[0]["text"], "ACME policy: never paste customer data into a prompt.",
+            "the preamble leads"
+        );
+        assert_eq!(system.len(), 4, "Claude Code's 3 blocks follow it");
+        assert!(
+            system[1]["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("x-anthropic-billing-header")
+        );
+        assert_eq!(
+            got.header("content-length").unwrap(),
+            got.body.len().to_string()
+        );
+    }
+    let lines = proxy
+        .wait_exchanges(received.len(), Duration::from_secs(10))
+        .await;
+    let messages = lines
+        .iter()
+        .find(|l| l["path"] == "/v1/messages?beta=true")
+        .expect("the exchange line");
+    assert_eq!(messages["rules"], "org-policy-preamble");
+    assert_eq!(messages["outcome"], "ok");
+    support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
+}
+
+#[test]
+fn claude_code_print_mode_completes_through_promptgate() {
+    if !inside_namespace() {
+        claude(); // fail early, outside, when the CLI is missing
+        return run_isolated("claude_code_print_mode_completes_through_promptgate");
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(print_mode());
+}
+
+async fn print_mode() {
+    let fake = FakeProvider::start(fake_messages_reply).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let relay = RecordingRelay::start(proxy.addr).await;
+    let home = TempDir::new("claude-home");
+    let work = TempDir::new("claude-work");
+
+    let output = run_print(format!("http://{}", relay.addr), &home, &work).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(

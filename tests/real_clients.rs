@@ -75,7 +75,11 @@ async fn run_sdks(anthropic_url: String, openai_url: String) -> Value {
     run_sdk_calls(CALLS, anthropic_url, openai_url).await
 }
 
-async fn run_sdk_calls(calls: &'static [&'static str], anthropic_url: String, openai_url: String) -> Value {
+async fn run_sdk_calls(
+    calls: &'static [&'static str],
+    anthropic_url: String,
+    openai_url: String,
+) -> Value {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/sdk_roundtrip.py");
     let output = tokio::task::spawn_blocking(move || {
         Command::new(python())
@@ -289,12 +293,23 @@ async fn a_rule_block_raises_permission_denied_without_a_retry() {
     let fake = FakeProvider::start(provider).await;
     let rules = support::TempDir::new("sdk-rules");
     std::fs::copy(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules/examples/20-block-opus-for-batch.toml"),
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("rules/examples/20-block-opus-for-batch.toml"),
         rules.path().join("20-block-opus-for-batch.toml"),
     )
     .unwrap();
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--rules", rules.path().to_str().unwrap()]);
-    let result = run_sdk_calls(&["anthropic_blocked"], proxy.url(), format!("{}/openai/v1", proxy.url())).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let result = run_sdk_calls(
+        &["anthropic_blocked"],
+        proxy.url(),
+        format!("{}/openai/v1", proxy.url()),
+    )
+    .await;
     let blocked = &result["anthropic_blocked"];
     assert_eq!(blocked["exception"], "PermissionDeniedError", "{result}");
     assert_eq!(blocked["status"], 403);
@@ -302,7 +317,11 @@ async fn a_rule_block_raises_permission_denied_without_a_retry() {
     assert_eq!(blocked["body"]["error"]["type"], "permission_error");
     let lines = proxy.wait_exchanges(1, WAIT).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(proxy.exchanges().len(), 1, "no retry reached promptgate: {lines:?}");
+    assert_eq!(
+        proxy.exchanges().len(),
+        1,
+        "no retry reached promptgate: {lines:?}"
+    );
     assert_eq!(lines[0]["outcome"], "blocked");
     assert!(fake.requests().is_empty(), "the provider never saw it");
 }
