@@ -334,6 +334,29 @@ async fn version_seen(proxy: &Proxy, fake: &FakeProvider, n: usize) -> Option<St
     got[n - 1].header("x-rule-version").map(str::to_owned)
 }
 
+/// Sends requests until the provider sees rule version `want`, or fails with `what`.
+async fn wait_for_version(
+    proxy: &Proxy,
+    fake: &FakeProvider,
+    n: &mut usize,
+    want: &str,
+    what: &str,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        *n += 1;
+        if version_seen(proxy, fake, *n).await.as_deref() == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} was not picked up; log:\n{}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn version_rule(v: &str) -> String {
     format!(
         "[[rule]]\nname = \"version\"\non = \"before_provider_headers\"\nactions = [ {{ header.set = {{ \"x-rule-version\" = \"{v}\" }} }} ]\n"
@@ -355,19 +378,7 @@ async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
 
     // A valid change is picked up.
     std::fs::write(dir.path().join("10-version.toml"), version_rule("2")).unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        n += 1;
-        if version_seen(&proxy, &fake, n).await.as_deref() == Some("2") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the change was not picked up; log:\n{}",
-            proxy.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_version(&proxy, &fake, &mut n, "2", "the change").await;
     assert!(proxy.log().contains("rules reloaded"));
 
     // An invalid file is refused with file:line:col, and version 2 stays live.
@@ -402,19 +413,7 @@ async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
     assert_eq!(version_seen(&proxy, &fake, n).await.as_deref(), Some("2"));
     // Fixing the file makes the whole directory live.
     std::fs::remove_file(&broken).unwrap();
-    let deadline = Instant::now() + WAIT;
-    loop {
-        n += 1;
-        if version_seen(&proxy, &fake, n).await.as_deref() == Some("3") {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the fix was not picked up; log:\n{}",
-            proxy.log()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_version(&proxy, &fake, &mut n, "3", "the fix").await;
 }
 
 #[tokio::test]

@@ -196,18 +196,24 @@ impl<'s> Cx<'s> {
 
     pub(crate) fn regex(&mut self, v: &Val<'_>, what: &str) -> Option<Regex> {
         let text = self.str(v, what)?;
+        self.regex_text(text, v.span())
+    }
+
+    /// Compiles a regex; on error says why and shows the expected form.
+    pub(crate) fn regex_text(&mut self, text: &str, span: Range<usize>) -> Option<Regex> {
         match Regex::new(text) {
             Ok(r) => Some(r),
             Err(e) => {
-                let reason = e.to_string();
-                let reason = reason
+                // regex's message is a multi-line picture; its last line is the reason.
+                let full = e.to_string();
+                let reason = full
                     .lines()
                     .last()
                     .unwrap_or("")
                     .trim()
                     .trim_start_matches("error: ");
                 self.error(
-                    v.span(),
+                    span,
                     format!("invalid regex {text:?}: {reason} (expected e.g. \"\\\\d{{4}}-\\\\d{{2}}-\\\\d{{2}}\")"),
                 );
                 None

@@ -1145,3 +1145,38 @@ fn the_bench_set_fires_on_a_claude_code_request() {
     assert_eq!(r.effects.fired.len(), 8, "{:?}", r.effects.fired);
     assert!(r.body.is_some());
 }
+
+#[test]
+fn capture_and_redactions_reach_the_record() {
+    let rules = set(r#"
+[[rule]]
+name = "private"
+on = "before_provider_request"
+when = { header."x-private" = "1" }
+actions = [ { capture = false }, { redact = ["ACME-[0-9]{6}", "secret-\\w+"] }, { capture = true } ]
+"#);
+    let r = pi().header("x-private", "1").run(&rules);
+    let mut record = crate::record::ExchangeRecord::begin(
+        crate::id::ExchangeId::new(),
+        None,
+        Method::POST,
+        "/v1/messages".into(),
+    );
+    r.effects.record_into(&mut record);
+    assert!(!record.capture, "off wins over a later on");
+    assert_eq!(record.extra_redactions.len(), 2);
+    assert!(record.extra_redactions[0].is_match("id ACME-123456"));
+    assert_eq!(record.rules_fired, ["private"]);
+    assert!(r.body.is_none(), "notes change nothing on the wire");
+}
+
+#[test]
+fn an_exchange_keeps_the_set_it_started_with() {
+    let live = reload::LiveRules::new(set(
+        "[[rule]]\nname = \"old\"\non = \"before_provider_request\"\nactions = [ { tag = \"old\" } ]\n",
+    ));
+    let in_flight = live.snapshot();
+    live.replace(set("[[rule]]\nname = \"new\"\non = \"before_provider_request\"\nactions = [ { tag = \"new\" } ]\n"));
+    assert_eq!(pi().run(&in_flight).effects.fired, ["old"]);
+    assert_eq!(pi().run(&live.snapshot()).effects.fired, ["new"]);
+}

@@ -224,21 +224,7 @@ impl Action for Redact {
 pub(super) fn compile_redact(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
     let mut out = Vec::new();
     for (text, span) in cx.strings(v, "redact")? {
-        match Regex::new(&text) {
-            Ok(r) => out.push(r),
-            Err(e) => {
-                let reason = e.to_string();
-                let reason = reason
-                    .lines()
-                    .last()
-                    .unwrap_or("")
-                    .trim()
-                    .trim_start_matches("error: ")
-                    .to_owned();
-                cx.error(span, format!("invalid regex {text:?}: {reason}"));
-                return None;
-            }
-        }
+        out.push(cx.regex_text(&text, span)?);
     }
     Some(Box::new(Redact(out)))
 }
