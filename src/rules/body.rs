@@ -91,9 +91,9 @@ impl std::fmt::Display for Pointer {
     }
 }
 
-/// Builds a token list from string and index parts: `ptr!["messages", 3, "content"]`.
+/// Pointer tokens from string and index parts: `ptr!["messages", 3, "content"]` (an array; `.to_vec()` for a list).
 macro_rules! ptr {
-    ($($part:expr),* $(,)?) => { vec![$($part.to_string()),*] };
+    ($($part:expr),* $(,)?) => { [$($part.to_string()),*] };
 }
 pub(crate) use ptr;
 
@@ -566,7 +566,7 @@ impl<'a> LazyBody<'a> {
     /// The parsed body, or why it cannot be read as a JSON object.
     pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
         if self.root.is_none() {
-            let parsed = self.plain().and_then(|bytes| parse_root(bytes));
+            let parsed = self.plain().and_then(parse_root);
             self.root = Some(parsed);
         }
         match self.root.as_mut() {

@@ -108,7 +108,7 @@ pub(crate) fn markers(root: &mut Node<'_>) -> Vec<Marker> {
     {
         for i in 0..tools.len().unwrap_or(0) {
             if let Some(tool) = tools.child(&i.to_string()) {
-                out.extend(marker_at(tool, Section::Tools, ptr!["tools", i]));
+                out.extend(marker_at(tool, Section::Tools, ptr!["tools", i].to_vec()));
             }
         }
     }
@@ -118,7 +118,11 @@ pub(crate) fn markers(root: &mut Node<'_>) -> Vec<Marker> {
     {
         for i in 0..system.len().unwrap_or(0) {
             if let Some(block) = system.child(&i.to_string()) {
-                out.extend(marker_at(block, Section::System, ptr!["system", i]));
+                out.extend(marker_at(
+                    block,
+                    Section::System,
+                    ptr!["system", i].to_vec(),
+                ));
             }
         }
     }
@@ -139,7 +143,7 @@ pub(crate) fn markers(root: &mut Node<'_>) -> Vec<Marker> {
                     out.extend(marker_at(
                         block,
                         Section::Messages,
-                        ptr!["messages", i, "content", j],
+                        ptr!["messages", i, "content", j].to_vec(),
                     ));
                 }
             }

@@ -46,7 +46,7 @@ pub(crate) fn text_locations(root: &mut Node<'_>, scope: Scope) -> Vec<Vec<Strin
     if scope != Scope::Messages
         && let Some(system) = root.child("system")
     {
-        collect_texts(system, ptr!["system"], &mut out);
+        collect_texts(system, ptr!["system"].to_vec(), &mut out);
     }
     if scope != Scope::System
         && let Some(messages) = root.child("messages")
@@ -61,7 +61,7 @@ pub(crate) fn text_locations(root: &mut Node<'_>, scope: Scope) -> Vec<Vec<Strin
                 continue;
             }
             if let Some(content) = m.child("content") {
-                collect_texts(content, ptr!["messages", i, "content"], &mut out);
+                collect_texts(content, ptr!["messages", i, "content"].to_vec(), &mut out);
             }
         }
     }
