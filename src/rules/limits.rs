@@ -6,7 +6,9 @@
 //! 1. a marker on a thinking, redacted_thinking or empty text block is removed;
 //! 2. a `1h` marker after a `5m` one is lowered to 5m (its `ttl` removed: the cheaper
 //!    reading of a request the provider would refuse);
-//! 3. while there are more than 4 breakpoints (or the rule's `max_breakpoints`), the
+//! 3. an explicit marker on the block automatic caching lands on is removed when
+//!    their ttls differ (the provider refuses that);
+//! 4. while there are more than 4 breakpoints (or the rule's `max_breakpoints`), the
 //!    earliest explicit marker is removed: later breakpoints cover longer prefixes.
 //!
 //! Each fix is returned, and recorded on the exchange (log line and body diff).
@@ -155,6 +157,47 @@ pub(crate) fn markers(root: &mut Node<'_>) -> Vec<Marker> {
     out
 }
 
+/// The block top-level automatic caching lands on: the last one that can carry a
+/// marker, walking back through messages, then system, then tools.
+fn last_cacheable(root: &mut Node<'_>) -> Option<Vec<String>> {
+    if let Some(messages) = root.child("messages") {
+        for i in (0..messages.len().unwrap_or(0)).rev() {
+            let Some(content) = messages
+                .child(&i.to_string())
+                .and_then(|m| m.child("content"))
+            else {
+                continue;
+            };
+            if content.is_string() {
+                // A string content has no block to carry a marker of its own.
+                continue;
+            }
+            for j in (0..content.len().unwrap_or(0)).rev() {
+                if content
+                    .child(&j.to_string())
+                    .is_some_and(|b| ineligible(b).is_none())
+                {
+                    return Some(ptr!["messages", i, "content", j].to_vec());
+                }
+            }
+        }
+    }
+    if let Some(system) = root.child("system")
+        && let Some(n) = system.len()
+    {
+        for i in (0..n).rev() {
+            if system
+                .child(&i.to_string())
+                .is_some_and(|b| ineligible(b).is_none())
+            {
+                return Some(ptr!["system", i].to_vec());
+            }
+        }
+    }
+    let n = root.child("tools")?.len()?;
+    n.checked_sub(1).map(|i| ptr!["tools", i].to_vec())
+}
+
 /// Removes the marker of `block`; returns the pointer removed.
 pub(crate) fn remove_marker(root: &mut Node<'_>, block: &[String]) -> Option<String> {
     root.at_mut(block)?.remove_key("cache_control").then(|| {
@@ -229,6 +272,22 @@ pub(crate) fn enforce(root: &mut Node<'_>, max: usize) -> Vec<Fix> {
         }
         if !m.is_1h() {
             seen_5m = true;
+        }
+    }
+    // Automatic caching lands on the last cacheable block: an explicit marker there
+    // with another ttl is refused (§B.2). Automatic caching always counts as a slot.
+    if let Some(top) = kept.iter().find(|m| m.section == Section::Top).cloned()
+        && let Some(last) = last_cacheable(root)
+        && let Some(at) = kept.iter().position(|m| m.block == last)
+    {
+        if kept[at].ttl.as_deref().unwrap_or("5m") != top.ttl.as_deref().unwrap_or("5m") {
+            if let Some(pointer) = remove_marker(root, &last) {
+                fixes.push(Fix {
+                    pointer,
+                    what: "removed a breakpoint whose ttl differs from top-level automatic caching on the same block".into(),
+                });
+            }
+            kept.remove(at);
         }
     }
     let mut count = kept.len();

@@ -751,6 +751,47 @@ fn markers_of(v: &Value) -> Vec<(String, Option<String>, bool)> {
     out
 }
 
+/// Where automatic caching lands, in `markers_of` naming.
+fn last_cacheable_of(v: &Value) -> Option<String> {
+    let ok = |b: &Value| {
+        let t = b["type"].as_str().unwrap_or("");
+        !(t == "thinking" || t == "redacted_thinking" || (t == "text" && b["text"] == ""))
+    };
+    let none = Vec::new();
+    for (i, m) in v["messages"]
+        .as_array()
+        .unwrap_or(&none)
+        .iter()
+        .enumerate()
+        .rev()
+    {
+        for (j, b) in m["content"]
+            .as_array()
+            .unwrap_or(&none)
+            .iter()
+            .enumerate()
+            .rev()
+        {
+            if ok(b) {
+                return Some(format!("messages/{i}/{j}"));
+            }
+        }
+    }
+    for (i, b) in v["system"]
+        .as_array()
+        .unwrap_or(&none)
+        .iter()
+        .enumerate()
+        .rev()
+    {
+        if ok(b) {
+            return Some(format!("system/{i}"));
+        }
+    }
+    let n = v["tools"].as_array().map_or(0, Vec::len);
+    n.checked_sub(1).map(|i| format!("tools/{i}"))
+}
+
 fn count_markers(v: &Value) -> usize {
     markers_of(v).len()
 }
@@ -894,6 +935,18 @@ fn property_the_cache_control_limits_always_hold() {
             "a marker on a thinking or empty block\n{}",
             context()
         );
+        if let Some((_, top_ttl, _)) = ms.iter().find(|(at, _, _)| at == "top") {
+            // The explicit marker on the block automatic caching lands on, if any, has its ttl.
+            let last = last_cacheable_of(&v);
+            if let Some((_, ttl, _)) = ms.iter().find(|(at, _, _)| Some(at) == last.as_ref()) {
+                assert_eq!(
+                    ttl.as_deref().unwrap_or("5m"),
+                    top_ttl.as_deref().unwrap_or("5m"),
+                    "automatic and explicit ttls differ\n{}",
+                    context()
+                );
+            }
+        }
         let mut seen_5m = false;
         for (_, ttl, _) in &ms {
             let is_1h = ttl.as_deref() == Some("1h");
