@@ -508,6 +508,8 @@ fn rules_test_dry_runs_a_request() {
     )
     .unwrap();
     let out_body = dir.path().join("out.json");
+    let response_headers = dir.path().join("response.json");
+    std::fs::write(&response_headers, r#"{"retry-after": "30"}"#).unwrap();
     let (code, out) = run_cli(&[
         "rules",
         "test",
@@ -518,6 +520,10 @@ fn rules_test_dry_runs_a_request() {
         headers.to_str().unwrap(),
         "--body-out",
         out_body.to_str().unwrap(),
+        "--status",
+        "429",
+        "--response-headers",
+        response_headers.to_str().unwrap(),
     ]);
     assert_eq!(code, Some(0), "{out}");
     golden("rules-test-bench-pi.txt", &out);

@@ -43,6 +43,12 @@ enum RulesCommand {
         /// Write the body that would be sent to this file.
         #[arg(long, value_name = "FILE")]
         body_out: Option<PathBuf>,
+        /// Also run after_provider_response as if the upstream answered this status.
+        #[arg(long, value_name = "STATUS")]
+        status: Option<u16>,
+        /// Response headers for --status: a JSON object of name → value.
+        #[arg(long, value_name = "HEADERS.json", requires = "status")]
+        response_headers: Option<PathBuf>,
     },
 }
 
@@ -56,13 +62,17 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             headers,
             path,
             body_out,
-        } => test(
-            &rules.unwrap_or_else(|| PathBuf::from("rules")),
-            &request,
-            headers.as_deref(),
-            &path,
-            body_out.as_deref(),
-        ),
+            status,
+            response_headers,
+        } => test(&TestArgs {
+            dir: &rules.unwrap_or_else(|| PathBuf::from("rules")),
+            request: &request,
+            headers: headers.as_deref(),
+            path: &path,
+            body_out: body_out.as_deref(),
+            status,
+            response_headers: response_headers.as_deref(),
+        }),
     }
 }
 
@@ -168,13 +178,53 @@ pub fn summary(set: &RuleSet) -> String {
     out
 }
 
-fn test(
-    dir: &Path,
-    request: &Path,
-    headers: Option<&Path>,
-    path: &str,
-    body_out: Option<&Path>,
-) -> anyhow::Result<ExitCode> {
+/// What `rules test` was asked.
+struct TestArgs<'a> {
+    dir: &'a Path,
+    request: &'a Path,
+    headers: Option<&'a Path>,
+    path: &'a str,
+    body_out: Option<&'a Path>,
+    status: Option<u16>,
+    response_headers: Option<&'a Path>,
+}
+
+/// Reads a JSON object of header name → value.
+fn read_headers(file: &Path) -> anyhow::Result<HeaderMap> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| {
+            format!(
+                "{}: expected a JSON object of header name to value",
+                file.display()
+            )
+        })?;
+    let mut map = HeaderMap::new();
+    for (k, v) in object {
+        let name = HeaderName::from_bytes(k.as_bytes())
+            .with_context(|| format!("invalid header name {k:?}"))?;
+        let value = v
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| v.to_string());
+        map.append(
+            name,
+            HeaderValue::from_str(&value)
+                .with_context(|| format!("invalid value for header {k:?}"))?,
+        );
+    }
+    Ok(map)
+}
+
+fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
+    let TestArgs {
+        dir,
+        request,
+        path,
+        body_out,
+        ..
+    } = *args;
     let set = match RuleSet::load_dir(dir) {
         Ok(set) => set,
         Err(errors) => {
@@ -187,31 +237,10 @@ fn test(
     let body = Bytes::from(
         std::fs::read(request).with_context(|| format!("reading {}", request.display()))?,
     );
-    let mut header_map = HeaderMap::new();
-    if let Some(h) = headers {
-        let text =
-            std::fs::read_to_string(h).with_context(|| format!("reading {}", h.display()))?;
-        let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
-            .with_context(|| {
-                format!(
-                    "{}: expected a JSON object of header name to value",
-                    h.display()
-                )
-            })?;
-        for (k, v) in object {
-            let name = HeaderName::from_bytes(k.as_bytes())
-                .with_context(|| format!("invalid header name {k:?}"))?;
-            let value = v
-                .as_str()
-                .map(str::to_owned)
-                .unwrap_or_else(|| v.to_string());
-            header_map.append(
-                name,
-                HeaderValue::from_str(&value)
-                    .with_context(|| format!("invalid value for header {k:?}"))?,
-            );
-        }
-    }
+    let header_map = match args.headers {
+        Some(h) => read_headers(h)?,
+        None => HeaderMap::new(),
+    };
     let pq = http::uri::PathAndQuery::try_from(path)
         .with_context(|| format!("invalid path {path:?}"))?;
     let Some(route) = crate::provider::route(&pq) else {
@@ -277,6 +306,42 @@ fn test(
             for p in &result.effects.body_diff {
                 println!("  changed {p}");
             }
+        }
+    }
+    if let (Some(status), Verdict::Continue) = (args.status, &result.verdict) {
+        let status = http::StatusCode::from_u16(status)
+            .with_context(|| format!("invalid status {status}"))?;
+        let mut response = match args.response_headers {
+            Some(h) => read_headers(h)?,
+            None => HeaderMap::new(),
+        };
+        let before = response.clone();
+        let effects = set.apply_response(
+            route.provider,
+            route.api,
+            &method,
+            None,
+            route.upstream_path.path(),
+            model.as_deref(),
+            &result.headers,
+            status,
+            &mut response,
+        );
+        println!("response: {}", status.as_u16());
+        if effects.fired.is_empty() {
+            println!("fired: none");
+        }
+        for name in &effects.fired {
+            println!("fired: {name} (after_provider_response)");
+        }
+        for (rule, line) in &effects.logs {
+            println!("log: [{rule}] {line}");
+        }
+        if !effects.tags.is_empty() {
+            println!("tags: {}", effects.tags.join(", "));
+        }
+        for line in header_changes(&before, &response, &effects.secret_headers) {
+            println!("response header: {line}");
         }
     }
     if let Some(out) = body_out {
