@@ -279,16 +279,15 @@ pub(crate) fn enforce(root: &mut Node<'_>, max: usize) -> Vec<Fix> {
     if let Some(top) = kept.iter().find(|m| m.section == Section::Top).cloned()
         && let Some(last) = last_cacheable(root)
         && let Some(at) = kept.iter().position(|m| m.block == last)
+        && kept[at].ttl.as_deref().unwrap_or("5m") != top.ttl.as_deref().unwrap_or("5m")
     {
-        if kept[at].ttl.as_deref().unwrap_or("5m") != top.ttl.as_deref().unwrap_or("5m") {
-            if let Some(pointer) = remove_marker(root, &last) {
-                fixes.push(Fix {
-                    pointer,
-                    what: "removed a breakpoint whose ttl differs from top-level automatic caching on the same block".into(),
-                });
-            }
-            kept.remove(at);
+        if let Some(pointer) = remove_marker(root, &last) {
+            fixes.push(Fix {
+                pointer,
+                what: "removed a breakpoint whose ttl differs from top-level automatic caching on the same block".into(),
+            });
         }
+        kept.remove(at);
     }
     let mut count = kept.len();
     let mut explicit = kept.iter().filter(|m| m.section != Section::Top);
