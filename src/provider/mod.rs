@@ -13,6 +13,8 @@ use http::uri::PathAndQuery;
 use serde_json::json;
 
 pub use sniff::{RequestSummary, sniff};
+// The structural scanners, for reading inside JSON already known to be valid.
+pub(crate) use sniff::{skip_string, skip_value, skip_ws};
 pub use usage::Usage;
 
 use serde_json::Value;

@@ -12,15 +12,16 @@ use std::cell::OnceCell;
 
 use bytes::Bytes;
 use serde_json::Value;
-use serde_json::value::RawValue;
 
-use crate::provider::request::{RawObject, raw_array};
+use crate::provider::request::RawObject;
+use crate::provider::{skip_string, skip_value, skip_ws};
 
 /// One JSON value of the body.
 #[derive(Debug, Clone)]
 pub(crate) enum Node<'a> {
-    /// Untouched, exactly as sent.
-    Raw(&'a RawValue),
+    /// Untouched, exactly as sent (the body was validated whole when it was parsed,
+    /// so slices of it are split by a structural scan, not parsed again).
+    Raw(&'a str),
     /// An opened object; `orig` is its text as sent while nothing in it changed.
     Object {
         orig: Option<&'a str>,
@@ -109,7 +110,7 @@ impl<'a> Node<'a> {
 
     fn first_byte(&self) -> Option<u8> {
         match self {
-            Node::Raw(r) => r.get().as_bytes().first().copied(),
+            Node::Raw(r) => r.as_bytes().first().copied(),
             Node::Object { .. } => Some(b'{'),
             Node::Array { .. } => Some(b'['),
             Node::Value(Value::Object(_)) => Some(b'{'),
@@ -137,33 +138,24 @@ impl<'a> Node<'a> {
         match self {
             Node::Object { .. } | Node::Array { .. } => true,
             Node::Raw(r) => {
-                let raw: &'a RawValue = r;
-                match raw.get().as_bytes().first() {
-                    Some(b'{') => match RawObject::of(raw) {
-                        Some(o) => {
-                            *self = Node::Object {
-                                orig: Some(raw.get()),
-                                entries: o
-                                    .entries
-                                    .into_iter()
-                                    .map(|(k, v)| (k, Node::Raw(v)))
-                                    .collect(),
-                            };
-                            true
-                        }
-                        None => false,
-                    },
-                    Some(b'[') => match raw_array(raw) {
-                        Some(items) => {
-                            *self = Node::Array {
-                                orig: Some(raw.get()),
-                                items: items.into_iter().map(Node::Raw).collect(),
-                            };
-                            true
-                        }
-                        None => false,
-                    },
-                    _ => false,
+                let text: &'a str = r;
+                let opened = match text.as_bytes().first() {
+                    Some(b'{') => split_object(text).map(|entries| Node::Object {
+                        orig: Some(text),
+                        entries,
+                    }),
+                    Some(b'[') => split_array(text).map(|items| Node::Array {
+                        orig: Some(text),
+                        items,
+                    }),
+                    _ => None,
+                };
+                match opened {
+                    Some(node) => {
+                        *self = node;
+                        true
+                    }
+                    None => false,
                 }
             }
             Node::Value(v @ (Value::Object(_) | Value::Array(_))) => {
@@ -263,7 +255,7 @@ impl<'a> Node<'a> {
     /// true for changed ones. Lets a scan skip subtrees without opening them.
     pub(crate) fn may_contain(&self, needle: &str) -> bool {
         let text = match self {
-            Node::Raw(r) => r.get(),
+            Node::Raw(r) => r,
             Node::Object { orig: Some(t), .. } | Node::Array { orig: Some(t), .. } => t,
             _ => return true,
         };
@@ -273,9 +265,7 @@ impl<'a> Node<'a> {
     /// A string value, unescaped.
     pub(crate) fn as_str(&self) -> Option<Cow<'_, str>> {
         match self {
-            Node::Raw(r) if r.get().starts_with('"') => {
-                serde_json::from_str::<Cow<'_, str>>(r.get()).ok()
-            }
+            Node::Raw(r) if r.starts_with('"') => serde_json::from_str::<Cow<'_, str>>(r).ok(),
             Node::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
             _ => None,
         }
@@ -283,7 +273,7 @@ impl<'a> Node<'a> {
 
     pub(crate) fn as_bool(&self) -> Option<bool> {
         match self {
-            Node::Raw(r) => match r.get() {
+            Node::Raw(r) => match *r {
                 "true" => Some(true),
                 "false" => Some(false),
                 _ => None,
@@ -295,7 +285,7 @@ impl<'a> Node<'a> {
 
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
-            Node::Raw(r) => r.get().parse().ok(),
+            Node::Raw(r) => r.parse().ok(),
             Node::Value(v) => v.as_u64(),
             _ => None,
         }
@@ -314,7 +304,7 @@ impl<'a> Node<'a> {
     /// The whole value (numbers as serde_json reads them).
     pub(crate) fn to_value(&self) -> Value {
         match self {
-            Node::Raw(r) => serde_json::from_str(r.get()).unwrap_or(Value::Null),
+            Node::Raw(r) => serde_json::from_str(r).unwrap_or(Value::Null),
             Node::Object { entries, .. } => Value::Object(
                 entries
                     .iter()
@@ -380,7 +370,7 @@ impl<'a> Node<'a> {
     /// Writes the node: untouched parts as the exact bytes sent, changed ones compactly.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         match self {
-            Node::Raw(r) => out.extend_from_slice(r.get().as_bytes()),
+            Node::Raw(r) => out.extend_from_slice(r.as_bytes()),
             Node::Object {
                 orig: Some(text), ..
             }
@@ -605,17 +595,75 @@ impl<'a> LazyBody<'a> {
 
 /// Parses the top level of a body that must be a JSON object.
 fn parse_root(bytes: &Bytes) -> Result<Node<'_>, String> {
-    let object =
-        RawObject::parse(bytes).map_err(|e| format!("the body is not a JSON object: {e}"))?;
-    let text = std::str::from_utf8(bytes).map_err(|e| format!("the body is not UTF-8: {e}"))?;
+    // One UTF-8 pass over the whole body; parsing from a `str` then borrows every
+    // raw value without checking its UTF-8 again (that second pass doubled the cost).
+    let text = std::str::from_utf8(bytes)
+        .map_err(|e| format!("the body is not a JSON object: it is not UTF-8 ({e})"))?;
+    let object: RawObject<'_> =
+        serde_json::from_str(text).map_err(|e| format!("the body is not a JSON object: {e}"))?;
     Ok(Node::Object {
         orig: Some(text),
         entries: object
             .entries
             .into_iter()
-            .map(|(k, v)| (k, Node::Raw(v)))
+            .map(|(k, v)| (k, Node::Raw(v.get())))
             .collect(),
     })
+}
+
+/// Splits a valid JSON object into its keys and raw values, in order.
+fn split_object(text: &str) -> Option<Vec<(Cow<'_, str>, Node<'_>)>> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b'}') {
+        return Some(out);
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(b, i)?;
+        let key = &text[i..key_end];
+        let key = if key.contains('\\') {
+            Cow::Owned(serde_json::from_str::<String>(key).ok()?)
+        } else {
+            Cow::Borrowed(&key[1..key.len() - 1])
+        };
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let end = skip_value(b, i)?;
+        out.push((key, Node::Raw(&text[i..end])));
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+/// Splits a valid JSON array into its raw items.
+fn split_array(text: &str) -> Option<Vec<Node<'_>>> {
+    let b = text.as_bytes();
+    let mut out = Vec::new();
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b']') {
+        return Some(out);
+    }
+    loop {
+        let end = skip_value(b, i)?;
+        out.push(Node::Raw(&text[i..end]));
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b']') => return Some(out),
+            _ => return None,
+        }
+    }
 }
 
 #[cfg(test)]
