@@ -13,23 +13,23 @@ use std::cell::OnceCell;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::provider::request::RawObject;
 use crate::provider::{skip_string, skip_value, skip_ws};
 
 /// One JSON value of the body.
 #[derive(Debug, Clone)]
 pub(crate) enum Node<'a> {
-    /// Untouched, exactly as sent (the body was validated whole when it was parsed,
-    /// so slices of it are split by a structural scan, not parsed again).
-    Raw(&'a str),
+    /// Untouched, exactly as sent. Containers are split by a structural scan (quotes,
+    /// brackets, commas), not parsed: a string is decoded (and its UTF-8 checked)
+    /// only when a rule reads it.
+    Raw(&'a [u8]),
     /// An opened object; `orig` is its text as sent while nothing in it changed.
     Object {
-        orig: Option<&'a str>,
+        orig: Option<&'a [u8]>,
         entries: Vec<(Cow<'a, str>, Node<'a>)>,
     },
     /// An opened array; `orig` as for objects.
     Array {
-        orig: Option<&'a str>,
+        orig: Option<&'a [u8]>,
         items: Vec<Node<'a>>,
     },
     /// A value a rule wrote.
@@ -110,7 +110,7 @@ impl<'a> Node<'a> {
 
     fn first_byte(&self) -> Option<u8> {
         match self {
-            Node::Raw(r) => r.as_bytes().first().copied(),
+            Node::Raw(r) => r.first().copied(),
             Node::Object { .. } => Some(b'{'),
             Node::Array { .. } => Some(b'['),
             Node::Value(Value::Object(_)) => Some(b'{'),
@@ -138,9 +138,9 @@ impl<'a> Node<'a> {
         match self {
             Node::Object { .. } | Node::Array { .. } => true,
             Node::Raw(r) => {
-                let text: &'a str = r;
-                let opened = match text.as_bytes().first() {
-                    Some(b'{') => split_object(text).map(|entries| Node::Object {
+                let text: &'a [u8] = r;
+                let opened = match text.first() {
+                    Some(b'{') => split_object(text).map(|(entries, _)| Node::Object {
                         orig: Some(text),
                         entries,
                     }),
@@ -255,17 +255,19 @@ impl<'a> Node<'a> {
     /// true for changed ones. Lets a scan skip subtrees without opening them.
     pub(crate) fn may_contain(&self, needle: &str) -> bool {
         let text = match self {
-            Node::Raw(r) => r,
-            Node::Object { orig: Some(t), .. } | Node::Array { orig: Some(t), .. } => t,
+            Node::Raw(r) => *r,
+            Node::Object { orig: Some(t), .. } | Node::Array { orig: Some(t), .. } => *t,
             _ => return true,
         };
-        memchr::memmem::find(text.as_bytes(), needle.as_bytes()).is_some()
+        memchr::memmem::find(text, needle.as_bytes()).is_some()
     }
 
     /// A string value, unescaped.
     pub(crate) fn as_str(&self) -> Option<Cow<'_, str>> {
         match self {
-            Node::Raw(r) if r.starts_with('"') => serde_json::from_str::<Cow<'_, str>>(r).ok(),
+            Node::Raw(r) if r.first() == Some(&b'"') => {
+                serde_json::from_slice::<Cow<'_, str>>(r).ok()
+            }
             Node::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
             _ => None,
         }
@@ -274,8 +276,8 @@ impl<'a> Node<'a> {
     pub(crate) fn as_bool(&self) -> Option<bool> {
         match self {
             Node::Raw(r) => match *r {
-                "true" => Some(true),
-                "false" => Some(false),
+                b"true" => Some(true),
+                b"false" => Some(false),
                 _ => None,
             },
             Node::Value(Value::Bool(b)) => Some(*b),
@@ -285,7 +287,7 @@ impl<'a> Node<'a> {
 
     pub(crate) fn as_u64(&self) -> Option<u64> {
         match self {
-            Node::Raw(r) => r.parse().ok(),
+            Node::Raw(r) => std::str::from_utf8(r).ok()?.parse().ok(),
             Node::Value(v) => v.as_u64(),
             _ => None,
         }
@@ -304,7 +306,7 @@ impl<'a> Node<'a> {
     /// The whole value (numbers as serde_json reads them).
     pub(crate) fn to_value(&self) -> Value {
         match self {
-            Node::Raw(r) => serde_json::from_str(r).unwrap_or(Value::Null),
+            Node::Raw(r) => serde_json::from_slice(r).unwrap_or(Value::Null),
             Node::Object { entries, .. } => Value::Object(
                 entries
                     .iter()
@@ -370,13 +372,13 @@ impl<'a> Node<'a> {
     /// Writes the node: untouched parts as the exact bytes sent, changed ones compactly.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         match self {
-            Node::Raw(r) => out.extend_from_slice(r.as_bytes()),
+            Node::Raw(r) => out.extend_from_slice(r),
             Node::Object {
                 orig: Some(text), ..
             }
             | Node::Array {
                 orig: Some(text), ..
-            } => out.extend_from_slice(text.as_bytes()),
+            } => out.extend_from_slice(text),
             Node::Object {
                 orig: None,
                 entries,
@@ -593,31 +595,38 @@ impl<'a> LazyBody<'a> {
     }
 }
 
-/// Parses the top level of a body that must be a JSON object.
+/// Reads the top level of a body that must be a JSON object.
+///
+/// The body is not validated whole (a serde_json pass plus a UTF-8 pass cost as
+/// much as everything rules do): its structure is scanned, and each string is
+/// decoded and checked when a rule reads it. What cannot be split is "not JSON";
+/// anything subtler the provider will refuse, exactly as without promptgate.
 fn parse_root(bytes: &Bytes) -> Result<Node<'_>, String> {
-    // One UTF-8 pass over the whole body; parsing from a `str` then borrows every
-    // raw value without checking its UTF-8 again (that second pass doubled the cost).
-    let text = std::str::from_utf8(bytes)
-        .map_err(|e| format!("the body is not a JSON object: it is not UTF-8 ({e})"))?;
-    let object: RawObject<'_> =
-        serde_json::from_str(text).map_err(|e| format!("the body is not a JSON object: {e}"))?;
+    let b: &[u8] = bytes;
+    let start = skip_ws(b, 0);
+    if b.get(start) != Some(&b'{') {
+        return Err("the body is not a JSON object".into());
+    }
+    let Some((entries, end)) = split_object(&b[start..]) else {
+        return Err("the body is not a JSON object: it is malformed or cut short".into());
+    };
+    if skip_ws(b, start + end) != b.len() {
+        return Err("the body is not a JSON object: data follows the object".into());
+    }
     Ok(Node::Object {
-        orig: Some(text),
-        entries: object
-            .entries
-            .into_iter()
-            .map(|(k, v)| (k, Node::Raw(v.get())))
-            .collect(),
+        orig: Some(b),
+        entries,
     })
 }
 
-/// Splits a valid JSON object into its keys and raw values, in order.
-fn split_object(text: &str) -> Option<Vec<(Cow<'_, str>, Node<'_>)>> {
-    let b = text.as_bytes();
+/// Splits a JSON object into its keys and raw values, in order; also returns
+/// where it ends. `None` when it is malformed.
+fn split_object(text: &[u8]) -> Option<(Vec<(Cow<'_, str>, Node<'_>)>, usize)> {
+    let b = text;
     let mut out = Vec::new();
     let mut i = skip_ws(b, 1);
     if b.get(i) == Some(&b'}') {
-        return Some(out);
+        return Some((out, i + 1));
     }
     loop {
         if b.get(i) != Some(&b'"') {
@@ -625,10 +634,10 @@ fn split_object(text: &str) -> Option<Vec<(Cow<'_, str>, Node<'_>)>> {
         }
         let key_end = skip_string(b, i)?;
         let key = &text[i..key_end];
-        let key = if key.contains('\\') {
-            Cow::Owned(serde_json::from_str::<String>(key).ok()?)
+        let key = if key.contains(&b'\\') {
+            Cow::Owned(serde_json::from_slice::<String>(key).ok()?)
         } else {
-            Cow::Borrowed(&key[1..key.len() - 1])
+            Cow::Borrowed(std::str::from_utf8(&key[1..key.len() - 1]).ok()?)
         };
         i = skip_ws(b, key_end);
         if b.get(i) != Some(&b':') {
@@ -640,15 +649,15 @@ fn split_object(text: &str) -> Option<Vec<(Cow<'_, str>, Node<'_>)>> {
         i = skip_ws(b, end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some(out),
+            Some(b'}') => return Some((out, i + 1)),
             _ => return None,
         }
     }
 }
 
 /// Splits a valid JSON array into its raw items.
-fn split_array(text: &str) -> Option<Vec<Node<'_>>> {
-    let b = text.as_bytes();
+fn split_array(text: &[u8]) -> Option<Vec<Node<'_>>> {
+    let b = text;
     let mut out = Vec::new();
     let mut i = skip_ws(b, 1);
     if b.get(i) == Some(&b']') {
@@ -774,9 +783,26 @@ mod tests {
         let cell = OnceCell::new();
         let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
-        let bytes = Bytes::from_static(b"[1]");
-        let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
-        assert!(lazy.root().is_err());
-        assert!(lazy.changed().is_none());
+        for bad in [
+            &b"[1]"[..],
+            b"{\"a\":1} x",
+            b"{\"a\":",
+            b"{\"a\" 1}",
+            b"{a:1}",
+            b"{\"a\":[1,{\"b\":2}}",
+            b"",
+        ] {
+            let bytes = Bytes::copy_from_slice(bad);
+            let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+            let e = lazy.root().unwrap_err();
+            assert!(e.starts_with("the body is not a JSON object"), "{e}");
+            assert!(lazy.changed().is_none());
+        }
+        // Whitespace around and inside is fine, and kept when nothing changes.
+        let out = with_root(" {\n \"a\" : [ 1 , \"x\" ] ,\"b\":{ }}\n", |root| {
+            assert_eq!(root.at(&ptr!["a", 1]).unwrap().as_str().unwrap(), "x");
+            assert_eq!(root.at(&ptr!["b"]).unwrap().len(), None);
+        });
+        assert_eq!(out, " {\n \"a\" : [ 1 , \"x\" ] ,\"b\":{ }}\n");
     }
 }
