@@ -15,6 +15,9 @@ use serde_json::Value;
 
 use crate::provider::{skip_string, skip_value, skip_ws};
 
+/// The keys and values of an object, in order.
+pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
+
 /// One JSON value of the body.
 #[derive(Debug, Clone)]
 pub(crate) enum Node<'a> {
@@ -25,7 +28,7 @@ pub(crate) enum Node<'a> {
     /// An opened object; `orig` is its text as sent while nothing in it changed.
     Object {
         orig: Option<&'a [u8]>,
-        entries: Vec<(Cow<'a, str>, Node<'a>)>,
+        entries: Entries<'a>,
     },
     /// An opened array; `orig` as for objects.
     Array {
@@ -225,7 +228,7 @@ impl<'a> Node<'a> {
     }
 
     /// The entries of an opened object.
-    pub(crate) fn entries(&mut self) -> Option<&mut Vec<(Cow<'a, str>, Node<'a>)>> {
+    pub(crate) fn entries(&mut self) -> Option<&mut Entries<'a>> {
         if !self.open() {
             return None;
         }
@@ -621,7 +624,7 @@ fn parse_root(bytes: &Bytes) -> Result<Node<'_>, String> {
 
 /// Splits a JSON object into its keys and raw values, in order; also returns
 /// where it ends. `None` when it is malformed.
-fn split_object(text: &[u8]) -> Option<(Vec<(Cow<'_, str>, Node<'_>)>, usize)> {
+fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
     let b = text;
     let mut out = Vec::new();
     let mut i = skip_ws(b, 1);
