@@ -134,12 +134,7 @@ fn claude_code_completes_with_an_org_policy_rule() {
 
 async fn org_policy() {
     let fake = FakeProvider::start(fake_messages_reply).await;
-    let rules = TempDir::new("claude-rules");
-    std::fs::copy(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules/examples/10-org-policy.toml"),
-        rules.path().join("10-org-policy.toml"),
-    )
-    .unwrap();
+    let rules = support::example_rules(&["10-org-policy.toml"]);
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),

@@ -291,13 +291,7 @@ async fn curl_streams_and_large_bodies() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rule_block_raises_permission_denied_without_a_retry() {
     let fake = FakeProvider::start(provider).await;
-    let rules = support::TempDir::new("sdk-rules");
-    std::fs::copy(
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("rules/examples/20-block-opus-for-batch.toml"),
-        rules.path().join("20-block-opus-for-batch.toml"),
-    )
-    .unwrap();
+    let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),

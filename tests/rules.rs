@@ -66,8 +66,7 @@ async fn post_cc(
 #[tokio::test]
 async fn rewrites_reach_the_provider_and_untouched_requests_stay_byte_identical() {
     let fake = fake_ok().await;
-    let dir = rules_dir(&[]);
-    copy_example(&dir, "10-org-policy.toml");
+    let dir = support::example_rules(&["10-org-policy.toml"]);
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),
@@ -293,8 +292,7 @@ actions = [ { header.set = { "x-promptgate-rule" = "mark" } } ]
 #[tokio::test]
 async fn a_compressed_request_is_decoded_for_rules_and_sent_as_identity_when_changed() {
     let fake = fake_ok().await;
-    let dir = rules_dir(&[]);
-    copy_example(&dir, "30-strip-cache-control.toml");
+    let dir = support::example_rules(&["30-strip-cache-control.toml"]);
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),
