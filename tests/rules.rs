@@ -33,6 +33,18 @@ async fn fake_ok() -> FakeProvider {
     .await
 }
 
+/// promptgate with both providers at the fake, and `dir` as its rules.
+fn start(fake: &FakeProvider, dir: &TempDir) -> Proxy {
+    Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ])
+}
+
 fn rules_dir(files: &[(&str, &str)]) -> TempDir {
     let dir = TempDir::new("rules");
     for (name, text) in files {
@@ -67,14 +79,7 @@ async fn post_cc(
 async fn rewrites_reach_the_provider_and_untouched_requests_stay_byte_identical() {
     let fake = fake_ok().await;
     let dir = support::example_rules(&["10-org-policy.toml"]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--upstream-openai",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = start(&fake, &dir);
 
     let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
     let response = post_cc(&proxy, &body, &[]).await;
@@ -132,14 +137,7 @@ actions = [ { block = { status = 400, type = "invalid_request_error", message = 
 "#,
     )]);
     copy_example(&dir, "20-block-opus-for-batch.toml");
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--upstream-openai",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = start(&fake, &dir);
     let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
     let response = post_cc(&proxy, &body, &[("x-team", "batch".into())]).await;
     assert_eq!(response.status, 403);
@@ -182,12 +180,7 @@ when = { system = { contains = "ACME" } }
 actions = [ { tag = "has-policy" } ]
 "#,
     )]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = start(&fake, &dir);
     let response = client::post(
         proxy.addr,
         "/v1/messages",
@@ -258,12 +251,7 @@ actions = [ { header.set = { "x-promptgate-rule" = "mark" } } ]
 "#,
     )]);
     copy_example(&dir, "70-note-429.toml");
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = start(&fake, &dir);
     let body = br#"{"model":"claude-haiku-5-5","max_tokens":8,"messages":[{"role":"user","content":"rate-limit-me"}]}"#;
     let response = client::post(proxy.addr, "/v1/messages", body).await;
     assert_eq!(response.status, 429);
@@ -293,12 +281,7 @@ actions = [ { header.set = { "x-promptgate-rule" = "mark" } } ]
 async fn a_compressed_request_is_decoded_for_rules_and_sent_as_identity_when_changed() {
     let fake = fake_ok().await;
     let dir = support::example_rules(&["30-strip-cache-control.toml"]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = start(&fake, &dir);
     let plain = shapes::to_bytes(&shapes::pi_body(1));
     let packed = support::fake_provider::compress("zstd", &plain);
     let headers = vec![
@@ -365,12 +348,7 @@ fn version_rule(v: &str) -> String {
 async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
     let fake = fake_ok().await;
     let dir = rules_dir(&[("10-version.toml", &version_rule("1"))]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = start(&fake, &dir);
     let mut n = 1;
     assert_eq!(version_seen(&proxy, &fake, n).await.as_deref(), Some("1"));
 

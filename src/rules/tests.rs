@@ -969,30 +969,18 @@ fn the_readme_documents_every_phase_matcher_and_action() {
             phase.name()
         );
     }
-    for m in MATCHERS {
+    let entries = MATCHERS
+        .iter()
+        .map(|m| ("matcher", m.key, m.example))
+        .chain(ACTIONS.iter().map(|a| ("action", a.key, a.example)));
+    for (kind, key, example) in entries {
         assert!(
-            readme.contains(&format!("`{}`", m.key)),
-            "README lacks matcher `{}`",
-            m.key
+            readme.contains(&format!("`{key}`")),
+            "README lacks {kind} `{key}`"
         );
         assert!(
-            readme.contains(m.example),
-            "README lacks the example of matcher `{}`: {}",
-            m.key,
-            m.example
-        );
-    }
-    for a in ACTIONS {
-        assert!(
-            readme.contains(&format!("`{}`", a.key)),
-            "README lacks action `{}`",
-            a.key
-        );
-        assert!(
-            readme.contains(a.example),
-            "README lacks the example of action `{}`: {}",
-            a.key,
-            a.example
+            readme.contains(example),
+            "README lacks the example of {kind} `{key}`: {example}"
         );
     }
 }

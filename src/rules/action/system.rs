@@ -256,6 +256,30 @@ pub(super) fn set_text_at(root: &mut Node<'_>, loc: &[String], text: String) -> 
     Some(Pointer::text(loc))
 }
 
+/// Runs `edit` on every system text in `scope`; a `Some` result replaces the text
+/// (blank: its block is removed). Records the changed pointers.
+fn edit_texts(
+    st: &mut State<'_, '_>,
+    scope: Scope,
+    edit: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Block>, String> {
+    let root = st.root()?;
+    let mut changed = Vec::new();
+    // Last first, so removing a block leaves earlier locations valid.
+    for loc in shape::text_locations(root, scope).into_iter().rev() {
+        let new = root
+            .at(&loc)
+            .and_then(|n| n.as_str().and_then(|t| edit(&t)));
+        if let Some(new) = new {
+            changed.extend(set_text_at(root, &loc, new));
+        }
+    }
+    for p in changed.into_iter().rev() {
+        st.changed(p);
+    }
+    Ok(None)
+}
+
 // === system.replace ===
 
 #[derive(Debug)]
@@ -271,26 +295,10 @@ impl Action for Replace {
     }
 
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
-        let root = st.root()?;
-        let mut changed = Vec::new();
-        // Last first, so removing a block leaves earlier locations valid.
-        for loc in shape::text_locations(root, self.scope).into_iter().rev() {
-            let Some(text) = root
-                .at(&loc)
-                .and_then(|n| n.as_str().map(|t| t.into_owned()))
-            else {
-                continue;
-            };
-            let new = self.regex.replace_all(&text, self.with.as_str());
-            if new != text {
-                let new = new.into_owned();
-                changed.extend(set_text_at(root, &loc, new));
-            }
-        }
-        for p in changed.into_iter().rev() {
-            st.changed(p);
-        }
-        Ok(None)
+        edit_texts(st, self.scope, |text| {
+            let new = self.regex.replace_all(text, self.with.as_str());
+            (new != text).then(|| new.into_owned())
+        })
     }
 }
 
@@ -361,21 +369,10 @@ impl Action for Remove {
     }
 
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
-        let root = st.root()?;
-        let mut changed = Vec::new();
-        for loc in shape::text_locations(root, self.scope).into_iter().rev() {
-            let hit = root
-                .at(&loc)
-                .and_then(|n| n.as_str().map(|t| self.test.is_match(&t)))
-                .unwrap_or(false);
-            if hit {
-                changed.extend(remove_text_at(root, &loc));
-            }
-        }
-        for p in changed.into_iter().rev() {
-            st.changed(p);
-        }
-        Ok(None)
+        // An empty text removes its block (and an emptied system message).
+        edit_texts(st, self.scope, |text| {
+            self.test.is_match(text).then(String::new)
+        })
     }
 }
 
