@@ -56,6 +56,7 @@ pub struct ConfigLayer {
     pub allow_remote: Option<bool>,
     /// `user:password`; from the file or `PROMPTGATE_PROXY_AUTH`, never a flag.
     pub proxy_auth: Option<String>,
+    pub rules: Option<PathBuf>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -108,6 +109,10 @@ pub struct Config {
     pub allow_remote: bool,
     /// Credentials every request must carry (required with `allow_remote`).
     pub proxy_auth: Option<ProxyCredentials>,
+    /// The hook rules directory.
+    pub rules_dir: PathBuf,
+    /// Whether `rules_dir` was given (a missing default directory just means no rules).
+    pub rules_explicit: bool,
 }
 
 /// Log line format.
@@ -140,6 +145,8 @@ impl Default for Config {
             connect_ports: vec![443],
             allow_remote: false,
             proxy_auth: None,
+            rules_dir: PathBuf::from("rules"),
+            rules_explicit: false,
         }
     }
 }
@@ -165,6 +172,11 @@ impl Config {
                 && certs.is_relative()
             {
                 *certs = dir.join(&*certs);
+            }
+            if let (Some(rules), Some(dir)) = (file.rules.as_mut(), path.parent())
+                && rules.is_relative()
+            {
+                *rules = dir.join(&*rules);
             }
             config.apply(file)?;
         }
@@ -246,6 +258,10 @@ impl Config {
                 setting: "upstream-openai",
                 message,
             })?;
+        }
+        if let Some(v) = layer.rules {
+            self.rules_dir = v;
+            self.rules_explicit = true;
         }
         if let Some(v) = layer.upstream_ca {
             self.upstream_ca = v;

@@ -27,6 +27,8 @@ use crate::id::ExchangeId;
 use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
 use crate::provider::{self, Provider};
 use crate::record::{ExchangeRecord, Mode, Outcome, Recorder};
+use crate::rules::reload::LiveRules;
+use crate::rules::{RequestCtx, Verdict};
 use crate::upstream::Upstream;
 
 /// The most response bytes the observer keeps a copy of, per exchange.
@@ -37,6 +39,8 @@ pub struct Proxy {
     pub config: Arc<Config>,
     pub upstream: Upstream,
     pub recorder: Arc<Recorder>,
+    /// The hook rules; each exchange takes a snapshot when it starts.
+    pub rules: Arc<LiveRules>,
 }
 
 /// Where a proxied request goes when the listener, not the path, decides: a request
@@ -147,6 +151,8 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let started = Instant::now();
         let id = ExchangeId::new();
+        // A request in flight finishes with the rule set it started with.
+        let rules = self.rules.snapshot();
         let path = request.uri().path_and_query().map_or_else(
             || request.uri().path().to_owned(),
             |p| p.as_str().to_owned(),
@@ -161,7 +167,7 @@ impl Proxy {
             });
         self.recorder.begin();
         let mut record = ExchangeRecord::begin(id, client, request.method().clone(), path);
-        record.host = host;
+        record.host = host.clone();
         let mut pending = PendingRecord {
             record: Some(record),
             recorder: self.recorder.clone(),
@@ -214,16 +220,42 @@ impl Proxy {
                 r.model = provider::sniff(&body).model;
             }
             r.request_body = body.clone();
-            r.sent_body = body.clone();
         }
 
-        // The record keeps the headers as received; upstream gets them minus hop-by-hop.
+        // The record keeps the headers as received; upstream gets them minus hop-by-hop,
+        // then as the before_provider_headers / before_provider_request rules leave them.
         let received = std::mem::take(&mut parts.headers);
-        parts.headers = forwardable(&received, true);
+        let model = pending.get().model.clone();
+        let applied = rules.apply_request(RequestCtx {
+            provider: route.provider,
+            api: route.api,
+            method: &parts.method,
+            host: host.as_deref(),
+            path: route.upstream_path.path(),
+            model: model.as_deref(),
+            headers: forwardable(&received, true),
+            body: &body,
+            max_body: self.config.max_body,
+        });
+        parts.headers = applied.headers;
+        let body = applied.body.unwrap_or(body);
         {
             let r = pending.get();
             r.request_headers = received;
             r.sent_headers = parts.headers.clone();
+            r.sent_body = body.clone();
+            applied.effects.record_into(r);
+        }
+        if let Verdict::Respond(block) = applied.verdict {
+            let error = OwnError {
+                status: block.status,
+                error_type: block.error_type.as_deref(),
+                code: "blocked_by_rule",
+                message: &format!("{} (rule {:?})", block.message, block.rule),
+                retry: false,
+                outcome: Outcome::Blocked,
+            };
+            return own_error(pending, route.provider, error);
         }
         parts.uri = uri;
         // ALPN decides the upstream protocol; the client's own version does not matter.
@@ -254,6 +286,18 @@ impl Proxy {
         head.headers = forwardable(&head.headers, false);
         {
             let r = pending.get();
+            let effects = rules.apply_response(
+                route.provider,
+                route.api,
+                &r.method,
+                r.host.as_deref(),
+                route.upstream_path.path(),
+                r.model.as_deref(),
+                &r.sent_headers,
+                head.status,
+                &mut head.headers,
+            );
+            effects.record_into(r);
             r.status = Some(head.status);
             r.response_headers = head.headers.clone();
             r.timing.upstream_headers = Some(started.elapsed());
@@ -432,14 +476,42 @@ fn error_response(
     provider: Provider,
     error: ProxyError,
 ) -> Response<ProxyBody> {
+    let own = OwnError {
+        status: error.kind.status(),
+        error_type: None,
+        code: error.kind.code(),
+        message: &error.message,
+        retry: error.kind.should_retry(),
+        outcome: error.kind.outcome(),
+    };
+    own_error(pending, provider, own)
+}
+
+/// An error promptgate answers with itself: a failure, or a rule's block.
+struct OwnError<'a> {
+    status: http::StatusCode,
+    /// The provider error type; by default it follows the status.
+    error_type: Option<&'a str>,
+    code: &'a str,
+    message: &'a str,
+    retry: bool,
+    outcome: Outcome,
+}
+
+fn own_error(
+    pending: PendingRecord,
+    provider: Provider,
+    error: OwnError<'_>,
+) -> Response<ProxyBody> {
     let mut pending = pending;
-    let status = error.kind.status();
+    let status = error.status;
     let request_id = format!("req_promptgate_{}", pending.get().id);
-    let body = provider::error_body(
+    let body = provider::error_body_typed(
         provider,
         status,
-        error.kind.code(),
-        &error.message,
+        error.error_type,
+        error.code,
+        error.message,
         &request_id,
     );
     let mut response = Response::new(ProxyBody::Own(Full::new(Bytes::from(body))));
@@ -449,11 +521,7 @@ fn error_response(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/json"),
     );
-    let retry = if error.kind.should_retry() {
-        "true"
-    } else {
-        "false"
-    };
+    let retry = if error.retry { "true" } else { "false" };
     h.insert("x-should-retry", HeaderValue::from_static(retry));
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         h.insert("request-id", v.clone());
@@ -466,7 +534,7 @@ fn error_response(
         r.status = Some(status);
         r.response_headers = response.headers().clone();
     }
-    pending.emit(error.kind.outcome(), Some(error.message));
+    pending.emit(error.outcome, Some(error.message.to_owned()));
     response
 }
 

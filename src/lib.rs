@@ -10,6 +10,9 @@
 //! - [`exchange`]: one request/response pair, from the client's first byte to the
 //!   record that says what happened. It reads the body once, routes it, sends it
 //!   upstream and wraps the response for the observer.
+//! - [`rules`]: the hook rules from the rules directory, run by the exchange in three
+//!   phases (`before_provider_headers`, `before_provider_request` on the request,
+//!   `after_provider_response` on the response head); loaded, checked and hot-reloaded.
 //! - [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
 //!   stream grammars and usage fields.
 //! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client to the providers, its trust
@@ -38,5 +41,6 @@ pub mod logging;
 pub mod observer;
 pub mod provider;
 pub mod record;
+pub mod rules;
 pub mod tls;
 pub mod upstream;

@@ -76,6 +76,8 @@ impl RecordSink for ExchangeLog {
             cache_read = usage.map(|u| u.cache_read_tokens),
             cache_write = usage.map(|u| u.cache_write_tokens),
             out_tokens = usage.map(|u| u.output_tokens),
+            rules = (!r.rules_fired.is_empty()).then(|| r.rules_fired.join(",")),
+            tags = (!r.tags.is_empty()).then(|| r.tags.join(",")),
             error = r.error.as_deref(),
             parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
             "exchange"

@@ -308,3 +308,67 @@ async fn forward_mode() {
     assert!(log.contains("minted leaf certificate"), "{log}");
     support::assert_absent(log.as_bytes(), CANARY_KEY, "the promptgate log");
 }
+
+#[test]
+fn claude_code_completes_with_an_org_policy_rule() {
+    isolated("claude_code_completes_with_an_org_policy_rule", org_policy);
+}
+
+async fn org_policy() {
+    let fake = FakeProvider::start(answer).await;
+    let rules = support::example_rules(&["10-org-policy.toml"]);
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let output = run_claude(&work, &home, vec![("ANTHROPIC_BASE_URL", proxy.url())]).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "claude -p failed ({}):\n{stdout}\n{}\nproxy log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        proxy.log()
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
+    let received: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.target.starts_with("/v1/messages"))
+        .collect();
+    assert!(!received.is_empty());
+    for got in &received {
+        let body: serde_json::Value = serde_json::from_slice(&got.body).unwrap();
+        let system = body["system"].as_array().expect("system blocks");
+        assert_eq!(
+            system[0]["text"], "ACME policy: never paste customer data into a prompt.",
+            "the preamble leads"
+        );
+        assert_eq!(system.len(), 4, "Claude Code's 3 blocks follow it");
+        assert!(
+            system[1]["text"]
+                .as_str()
+                .unwrap()
+                .starts_with("x-anthropic-billing-header")
+        );
+        assert_eq!(
+            got.header("content-length").unwrap(),
+            got.body.len().to_string()
+        );
+    }
+    let lines = proxy
+        .wait_exchanges(received.len(), Duration::from_secs(10))
+        .await;
+    let messages = lines
+        .iter()
+        .find(|l| l["path"] == "/v1/messages?beta=true")
+        .expect("the exchange line");
+    assert_eq!(messages["rules"], "org-policy-preamble");
+    assert_eq!(messages["outcome"], "ok");
+    support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
+}

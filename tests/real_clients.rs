@@ -27,8 +27,16 @@ const CALLS: &[&str] = &[
 ];
 
 async fn run_sdks(anthropic_url: String, openai_url: String) -> Value {
+    run_sdk_calls(CALLS, anthropic_url, openai_url).await
+}
+
+async fn run_sdk_calls(
+    calls: &'static [&'static str],
+    anthropic_url: String,
+    openai_url: String,
+) -> Value {
     support::sdk::run(
-        CALLS,
+        calls,
         vec![
             ("ANTHROPIC_BASE_URL", anthropic_url),
             ("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test".into()),
@@ -217,4 +225,38 @@ async fn curl_streams_and_large_bodies() {
     assert_eq!(got.body.len(), big.len());
     assert!(got.body == big, "3 MB arrive byte for byte");
     assert_eq!(got.header("expect"), None);
+}
+
+/// A rule's `block` reaches the official SDK as the exception for its status
+/// (403 → PermissionDeniedError), and `x-should-retry: false` stops its retries.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rule_block_raises_permission_denied_without_a_retry() {
+    let fake = FakeProvider::start(like_providers).await;
+    let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let result = run_sdk_calls(
+        &["anthropic_blocked"],
+        proxy.url(),
+        format!("{}/openai/v1", proxy.url()),
+    )
+    .await;
+    let blocked = &result["anthropic_blocked"];
+    assert_eq!(blocked["exception"], "PermissionDeniedError", "{result}");
+    assert_eq!(blocked["status"], 403);
+    assert_eq!(blocked["retry_count_header"], "0", "the one and only try");
+    assert_eq!(blocked["body"]["error"]["type"], "permission_error");
+    let lines = proxy.wait_exchanges(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        proxy.exchanges().len(),
+        1,
+        "no retry reached promptgate: {lines:?}"
+    );
+    assert_eq!(lines[0]["outcome"], "blocked");
+    assert!(fake.requests().is_empty(), "the provider never saw it");
 }

@@ -8,6 +8,7 @@
 mod ca;
 mod doctor;
 mod env;
+mod rules;
 mod serve;
 
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ struct Cli {
 enum Command {
     /// Run the proxy (the default when no verb is given).
     Serve(Box<ServeArgs>),
+    /// Check hook rules, or dry-run a request through them.
+    Rules(rules::RulesArgs),
     /// Create or show the forward-proxy CA.
     Ca(ca::CaArgs),
     /// Print the shell settings that point agents at promptgate.
@@ -47,18 +50,21 @@ enum Command {
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Some(Command::Serve(args)) => serve::serve(*args),
-        Some(Command::Ca(args)) => ca::run(args),
-        Some(Command::Env(args)) => env::run(args),
-        Some(Command::Doctor(args)) => match doctor::run(args) {
-            Ok(true) => Ok(()),
-            Ok(false) => return ExitCode::from(1),
-            Err(e) => Err(e),
-        },
-        None => serve::serve(cli.serve),
+        Some(Command::Serve(args)) => serve::serve(*args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Rules(args)) => rules::run(args),
+        Some(Command::Ca(args)) => ca::run(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Env(args)) => env::run(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Doctor(args)) => doctor::run(args).map(|ok| {
+            if ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }),
+        None => serve::serve(cli.serve).map(|()| ExitCode::SUCCESS),
     };
     match result {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("promptgate: {e:#}");
             ExitCode::from(2)

@@ -51,6 +51,9 @@ pub struct ServeArgs {
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    /// Hook rules directory: its *.toml files are loaded in name order and reloaded on change [default: ./rules, none if missing].
+    #[arg(long, value_name = "DIR")]
+    rules: Option<PathBuf>,
     #[command(flatten)]
     forward: ForwardArgs,
 }
@@ -109,6 +112,7 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            rules: self.rules,
             ..ConfigLayer::default()
         };
         self.forward.fill(&mut layer);
@@ -129,6 +133,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 async fn serve_async(config: Config) -> anyhow::Result<()> {
+    let rules = super::rules::load_for_serve(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let leaves = load_ca(&config)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -153,6 +158,7 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         config: Arc::new(config),
         upstream,
         recorder: Arc::new(Recorder::new(vec![Arc::new(ExchangeLog)])),
+        rules,
     });
     crate::listener::serve(listener, proxy, leaves, shutdown_signal(), grace).await;
     Ok(())

@@ -13,6 +13,8 @@ use http::uri::PathAndQuery;
 use serde_json::json;
 
 pub use sniff::{RequestSummary, sniff};
+// The structural scanners, for reading inside JSON already known to be valid.
+pub(crate) use sniff::{skip_string, skip_value, skip_ws};
 pub use usage::Usage;
 
 use serde_json::Value;
@@ -189,17 +191,29 @@ pub fn error_body(
     message: &str,
     request_id: &str,
 ) -> Vec<u8> {
+    error_body_typed(provider, status, None, kind, message, request_id)
+}
+
+/// [`error_body`] with an explicit `error.type` (a rule's `block` may name one).
+pub fn error_body_typed(
+    provider: Provider,
+    status: http::StatusCode,
+    error_type: Option<&str>,
+    kind: &str,
+    message: &str,
+    request_id: &str,
+) -> Vec<u8> {
     let message = format!("promptgate: {message}");
     let body = match provider {
         Provider::Anthropic => json!({
             "type": "error",
-            "error": {"type": anthropic::error_type(status), "message": message},
+            "error": {"type": error_type.unwrap_or(anthropic::error_type(status)), "message": message},
             "request_id": request_id,
         }),
         Provider::OpenAi => json!({
             "error": {
                 "message": message,
-                "type": openai::error_type(status),
+                "type": error_type.unwrap_or(openai::error_type(status)),
                 "param": null,
                 "code": kind,
             }

@@ -52,7 +52,7 @@ fn top_level_string(body: &[u8], wanted: &[u8]) -> Option<String> {
     }
 }
 
-fn skip_ws(body: &[u8], mut i: usize) -> usize {
+pub(crate) fn skip_ws(body: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\n' | b'\r' | b'\t') = body.get(i) {
         i += 1;
     }
@@ -60,7 +60,7 @@ fn skip_ws(body: &[u8], mut i: usize) -> usize {
 }
 
 /// `i` is at an opening quote; returns the index just past the closing quote.
-fn skip_string(body: &[u8], i: usize) -> Option<usize> {
+pub(crate) fn skip_string(body: &[u8], i: usize) -> Option<usize> {
     let mut j = i + 1;
     loop {
         let k = j + memchr2(b'"', b'\\', body.get(j..)?)?;
@@ -72,7 +72,7 @@ fn skip_string(body: &[u8], i: usize) -> Option<usize> {
 }
 
 /// `i` is at the first byte of a value; returns the index just past it.
-fn skip_value(body: &[u8], i: usize) -> Option<usize> {
+pub(crate) fn skip_value(body: &[u8], i: usize) -> Option<usize> {
     match *body.get(i)? {
         b'"' => skip_string(body, i),
         b'{' | b'[' => {

@@ -45,6 +45,18 @@ def anthropic_error():
     a.messages.create(model="claude-opus-5-5", max_tokens=8, messages=[{"role": "user", "content": "rate-limit-me"}])
 
 
+def anthropic_blocked():
+    # Retries allowed: a policy block must still be raised at once, without a retry.
+    retrying = anthropic.Anthropic(max_retries=2)
+    try:
+        retrying.messages.create(model="claude-opus-5-5", max_tokens=8, messages=messages,
+                                 extra_headers={"x-team": "batch"})
+    except anthropic.APIStatusError as e:
+        return {"exception": type(e).__name__, "status": e.status_code,
+                "retry_count_header": e.response.request.headers.get("x-stainless-retry-count"),
+                "body": e.body}
+
+
 def openai_chat():
     c = o.chat.completions.create(model="gpt-5.6", messages=messages)
     return {"text": c.choices[0].message.content, "usage": c.usage.model_dump()}

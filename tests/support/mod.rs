@@ -45,6 +45,16 @@ impl Drop for TempDir {
     }
 }
 
+/// A rules directory holding copies of the named `rules/examples/` files.
+pub fn example_rules(names: &[&str]) -> TempDir {
+    let dir = TempDir::new("rules");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples");
+    for name in names {
+        std::fs::copy(examples.join(name), dir.path().join(name)).unwrap();
+    }
+    dir
+}
+
 /// A throwaway certificate authority for TLS tests.
 pub struct TestCa {
     issuer: rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,

@@ -1,0 +1,110 @@
+//! What applying a rule set costs on a large agent request, next to a plain parse.
+//!
+//! `cargo run --release --example rules_cost [RULES_DIR] [BYTES]` (default
+//! `rules/bench`, 200000): builds a Claude-Code-shaped body, then times (CPU time)
+//! `serde_json::from_slice::<Value>` of it and `RuleSet::apply_request` with the
+//! set, and prints both and their ratio. A measurement, not a test.
+#![allow(clippy::print_stdout)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Method};
+use promptgate::provider::{Api, Provider};
+use promptgate::rules::{RequestCtx, RuleSet};
+
+#[path = "../tests/support/shapes.rs"]
+mod shapes;
+
+/// This thread's CPU time (user + system) so far, from /proc: unlike wall time it
+/// does not count the time other processes on a busy machine take.
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    // Fields after the command name (which is in parentheses): utime is 14th, stime 15th.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let field = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let ticks = field(11) + field(12);
+    Duration::from_millis(ticks * 10) // USER_HZ is 100 on Linux
+}
+
+/// Mean CPU time of one call, over enough calls for the 10 ms tick to vanish.
+fn time(mut f: impl FnMut()) -> Duration {
+    for _ in 0..20 {
+        f();
+    }
+    let n = 400;
+    let start = cpu_time();
+    for _ in 0..n {
+        f();
+    }
+    (cpu_time() - start) / n
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let dir = PathBuf::from(args.next().unwrap_or_else(|| "rules/bench".into()));
+    let size: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(200_000);
+    let rules = RuleSet::load_dir(&dir).unwrap_or_else(|e| panic!("{e:?}"));
+    let body = Bytes::from(shapes::claude_code_body_of_size(size));
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    headers.insert("x-stainless-os", HeaderValue::from_static("Linux"));
+    let model = promptgate::provider::sniff(&body).model;
+    let apply = || {
+        rules.apply_request(RequestCtx {
+            provider: Provider::Anthropic,
+            api: Api::Messages,
+            method: &Method::POST,
+            host: None,
+            path: "/v1/messages",
+            model: model.as_deref(),
+            headers: headers.clone(),
+            body: &body,
+            max_body: 64 << 20,
+        })
+    };
+    let result = apply();
+    let parse = time(|| {
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        std::hint::black_box(v);
+    });
+    let applied = time(|| {
+        std::hint::black_box(apply());
+    });
+    let top = time(|| {
+        let v = promptgate::provider::request::RawObject::parse(&body).unwrap();
+        std::hint::black_box(v);
+    });
+    println!(
+        "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers)",
+        body.len(),
+        rules.rules().len(),
+        dir.display(),
+        result.effects.fired.len(),
+        result.body.is_some(),
+        result.effects.body_diff.len()
+    );
+    println!(
+        "serde_json::Value parse: {:>8.1} µs",
+        parse.as_secs_f64() * 1e6
+    );
+    println!(
+        "apply_request:           {:>8.1} µs",
+        applied.as_secs_f64() * 1e6
+    );
+    println!(
+        "RawObject top-level parse: {:>6.1} µs (validating, for scale; apply does not make it)",
+        top.as_secs_f64() * 1e6
+    );
+    println!(
+        "ratio apply / parse:     {:>8.2}",
+        applied.as_secs_f64() / parse.as_secs_f64()
+    );
+}

@@ -1,0 +1,377 @@
+//! `promptgate rules check` and `promptgate rules test`, and loading the rules for `serve`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+
+use crate::config::Config;
+use crate::rules::reload::{self, LiveRules};
+use crate::rules::{LoadError, RequestCtx, RuleSet, Verdict};
+
+/// `promptgate rules …`
+#[derive(Debug, Args)]
+pub struct RulesArgs {
+    #[command(subcommand)]
+    command: RulesCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum RulesCommand {
+    /// Validate a rules directory and print a summary per file and rule; exit 1 on errors.
+    Check {
+        /// The rules directory [default: ./rules].
+        dir: Option<PathBuf>,
+    },
+    /// Show which rules a request fires and how they change it, sending nothing.
+    Test {
+        /// The rules directory [default: ./rules].
+        #[arg(long, value_name = "DIR")]
+        rules: Option<PathBuf>,
+        /// The request body (JSON) as a client would send it.
+        request: PathBuf,
+        /// Request headers: a JSON object of name → value.
+        #[arg(long, value_name = "HEADERS.json")]
+        headers: Option<PathBuf>,
+        /// The path the client would ask for [default: /v1/messages].
+        #[arg(long, value_name = "PATH", default_value = "/v1/messages")]
+        path: String,
+        /// Write the body that would be sent to this file.
+        #[arg(long, value_name = "FILE")]
+        body_out: Option<PathBuf>,
+        /// Also run after_provider_response as if the upstream answered this status.
+        #[arg(long, value_name = "STATUS")]
+        status: Option<u16>,
+        /// Response headers for --status: a JSON object of name → value.
+        #[arg(long, value_name = "HEADERS.json", requires = "status")]
+        response_headers: Option<PathBuf>,
+    },
+}
+
+/// Runs `promptgate rules …`.
+pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        RulesCommand::Check { dir } => Ok(check(&dir.unwrap_or_else(|| PathBuf::from("rules")))),
+        RulesCommand::Test {
+            rules,
+            request,
+            headers,
+            path,
+            body_out,
+            status,
+            response_headers,
+        } => test(&TestArgs {
+            dir: &rules.unwrap_or_else(|| PathBuf::from("rules")),
+            request: &request,
+            headers: headers.as_deref(),
+            path: &path,
+            body_out: body_out.as_deref(),
+            status,
+            response_headers: response_headers.as_deref(),
+        }),
+    }
+}
+
+/// The live rules for `serve`, watched for changes. A missing default directory
+/// means no rules; a missing explicit one, or one that does not compile, is an error.
+pub(crate) fn load_for_serve(config: &Config) -> anyhow::Result<Arc<LiveRules>> {
+    let dir = &config.rules_dir;
+    if !dir.is_dir() {
+        if config.rules_explicit {
+            bail!("rules directory {} does not exist (--rules)", dir.display());
+        }
+        tracing::info!(target: "promptgate::rules", dir = %dir.display(), "no rules directory; no rules apply");
+        return Ok(Arc::new(LiveRules::new(RuleSet::default())));
+    }
+    let set =
+        RuleSet::load_dir(dir).map_err(|errors| anyhow::anyhow!("{}", errors_text(&errors)))?;
+    tracing::info!(
+        target: "promptgate::rules",
+        rules = set.rules().len(),
+        files = set.files.len(),
+        dir = %dir.display(),
+        "rules loaded"
+    );
+    let live = Arc::new(LiveRules::new(set));
+    reload::watch(live.clone(), dir.clone())
+        .with_context(|| format!("watching {} for changes", dir.display()))?;
+    Ok(live)
+}
+
+fn errors_text(errors: &[LoadError]) -> String {
+    let mut text = format!("{} error(s) in the rules:", errors.len());
+    for e in errors {
+        text.push_str(&format!("\n{e}"));
+    }
+    text
+}
+
+fn check(dir: &Path) -> ExitCode {
+    match RuleSet::load_dir(dir) {
+        Ok(set) => {
+            print!("{}", summary(&set));
+            ExitCode::SUCCESS
+        }
+        Err(errors) => {
+            for e in &errors {
+                println!("{e}");
+            }
+            println!(
+                "{} error(s); nothing loaded from {}",
+                errors.len(),
+                dir.display()
+            );
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The `rules check` summary: each file, each rule with its phase, tests and actions.
+pub fn summary(set: &RuleSet) -> String {
+    let mut out = String::new();
+    let mut rules = set.rules().iter();
+    for (file, count) in &set.files {
+        out.push_str(&format!(
+            "{file}: {count} rule{}\n",
+            if *count == 1 { "" } else { "s" }
+        ));
+        for rule in rules.by_ref().take(*count) {
+            let mut flags = Vec::new();
+            if rule.enforce {
+                flags.push("enforce");
+            }
+            if !rule.enabled {
+                flags.push("disabled");
+            }
+            let flags = if flags.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", flags.join(", "))
+            };
+            let when = rule.matcher_keys();
+            let when = if when.is_empty() {
+                "always".to_owned()
+            } else {
+                when.join(", ")
+            };
+            out.push_str(&format!(
+                "  {}:{} {} ({}){flags}\n    when: {when}\n    actions: {}\n",
+                rule.file,
+                rule.line,
+                rule.name,
+                rule.phase.name(),
+                rule.action_keys().join(", ")
+            ));
+        }
+    }
+    let files = set.files.len();
+    out.push_str(&format!(
+        "ok: {} rule{} in {files} file{}\n",
+        set.rules().len(),
+        if set.rules().len() == 1 { "" } else { "s" },
+        if files == 1 { "" } else { "s" }
+    ));
+    out
+}
+
+/// What `rules test` was asked.
+struct TestArgs<'a> {
+    dir: &'a Path,
+    request: &'a Path,
+    headers: Option<&'a Path>,
+    path: &'a str,
+    body_out: Option<&'a Path>,
+    status: Option<u16>,
+    response_headers: Option<&'a Path>,
+}
+
+/// Reads a JSON object of header name → value.
+fn read_headers(file: &Path) -> anyhow::Result<HeaderMap> {
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
+    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
+        .with_context(|| {
+            format!(
+                "{}: expected a JSON object of header name to value",
+                file.display()
+            )
+        })?;
+    let mut map = HeaderMap::new();
+    for (k, v) in object {
+        let name = HeaderName::from_bytes(k.as_bytes())
+            .with_context(|| format!("invalid header name {k:?}"))?;
+        let value = v
+            .as_str()
+            .map(str::to_owned)
+            .unwrap_or_else(|| v.to_string());
+        map.append(
+            name,
+            HeaderValue::from_str(&value)
+                .with_context(|| format!("invalid value for header {k:?}"))?,
+        );
+    }
+    Ok(map)
+}
+
+fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
+    let TestArgs {
+        dir,
+        request,
+        path,
+        body_out,
+        ..
+    } = *args;
+    let set = match RuleSet::load_dir(dir) {
+        Ok(set) => set,
+        Err(errors) => {
+            for e in &errors {
+                println!("{e}");
+            }
+            return Ok(ExitCode::from(1));
+        }
+    };
+    let body = Bytes::from(
+        std::fs::read(request).with_context(|| format!("reading {}", request.display()))?,
+    );
+    let header_map = match args.headers {
+        Some(h) => read_headers(h)?,
+        None => HeaderMap::new(),
+    };
+    let pq = http::uri::PathAndQuery::try_from(path)
+        .with_context(|| format!("invalid path {path:?}"))?;
+    let Some(route) = crate::provider::route(&pq) else {
+        bail!(
+            "promptgate does not route {path:?}: {}",
+            crate::provider::ROUTES_HELP
+        );
+    };
+    let model = crate::provider::sniff(&body).model;
+    let before = header_map.clone();
+    let method = Method::POST;
+    let result = set.apply_request(RequestCtx {
+        provider: route.provider,
+        api: route.api,
+        method: &method,
+        host: None,
+        path: route.upstream_path.path(),
+        model: model.as_deref(),
+        headers: header_map,
+        body: &body,
+        max_body: 32 << 20,
+    });
+    println!(
+        "request: POST {path} ({}, model {}, {} bytes)",
+        route.provider.name(),
+        model.as_deref().unwrap_or("-"),
+        body.len()
+    );
+    if result.effects.fired.is_empty() {
+        println!("fired: none");
+    }
+    for name in &result.effects.fired {
+        let phase = set
+            .rules()
+            .iter()
+            .find(|r| &r.name == name)
+            .map_or("", |r| r.phase.name());
+        println!("fired: {name} ({phase})");
+    }
+    for (rule, line) in &result.effects.logs {
+        println!("log: [{rule}] {line}");
+    }
+    if !result.effects.tags.is_empty() {
+        println!("tags: {}", result.effects.tags.join(", "));
+    }
+    for line in header_changes(&before, &result.headers, &result.effects.secret_headers) {
+        println!("header: {line}");
+    }
+    match &result.verdict {
+        Verdict::Continue => println!("verdict: continue (sent upstream)"),
+        Verdict::Respond(b) => println!(
+            "verdict: block {} {}: {} (rule {:?})",
+            b.status.as_u16(),
+            b.error_type.as_deref().unwrap_or("-"),
+            b.message,
+            b.rule
+        ),
+    }
+    match &result.body {
+        None => println!("body: unchanged (sent byte for byte)"),
+        Some(new) => {
+            println!("body: changed, {} → {} bytes", body.len(), new.len());
+            for p in &result.effects.body_diff {
+                println!("  changed {p}");
+            }
+        }
+    }
+    if let (Some(status), Verdict::Continue) = (args.status, &result.verdict) {
+        let status = http::StatusCode::from_u16(status)
+            .with_context(|| format!("invalid status {status}"))?;
+        let mut response = match args.response_headers {
+            Some(h) => read_headers(h)?,
+            None => HeaderMap::new(),
+        };
+        let before = response.clone();
+        let effects = set.apply_response(
+            route.provider,
+            route.api,
+            &method,
+            None,
+            route.upstream_path.path(),
+            model.as_deref(),
+            &result.headers,
+            status,
+            &mut response,
+        );
+        println!("response: {}", status.as_u16());
+        if effects.fired.is_empty() {
+            println!("fired: none");
+        }
+        for name in &effects.fired {
+            println!("fired: {name} (after_provider_response)");
+        }
+        for (rule, line) in &effects.logs {
+            println!("log: [{rule}] {line}");
+        }
+        if !effects.tags.is_empty() {
+            println!("tags: {}", effects.tags.join(", "));
+        }
+        for line in header_changes(&before, &response, &effects.secret_headers) {
+            println!("response header: {line}");
+        }
+    }
+    if let Some(out) = body_out {
+        let bytes = result.body.as_ref().unwrap_or(&body);
+        std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `+ name: value`, `~ name: value`, `- name` lines; secret values hidden.
+fn header_changes(before: &HeaderMap, after: &HeaderMap, secrets: &[HeaderName]) -> Vec<String> {
+    let shown = |name: &HeaderName, v: &HeaderValue| {
+        if secrets.contains(name) || v.is_sensitive() {
+            "<secret>".to_owned()
+        } else {
+            String::from_utf8_lossy(v.as_bytes()).into_owned()
+        }
+    };
+    let mut out = Vec::new();
+    for (name, v) in after {
+        match before.get(name) {
+            None => out.push(format!("+ {name}: {}", shown(name, v))),
+            Some(old) if old != v => out.push(format!("~ {name}: {}", shown(name, v))),
+            _ => {}
+        }
+    }
+    for name in before.keys() {
+        if !after.contains_key(name) {
+            out.push(format!("- {name}"));
+        }
+    }
+    out
+}

@@ -1,0 +1,480 @@
+//! `system.*`: add, rewrite, remove and move system prompt text, in the `system`
+//! field, in `role:"system"` messages, or both.
+
+use regex::Regex;
+use serde_json::{Value, json};
+
+use super::Action;
+use super::cache_control::Ttl;
+use crate::provider::Provider;
+use crate::rules::body::{Node, Pointer, ptr};
+use crate::rules::load::{Cx, Val};
+use crate::rules::shape::{self, Scope};
+use crate::rules::{Block, State};
+
+// === system.prepend / system.append ===
+
+#[derive(Debug)]
+struct Add {
+    first: bool,
+    text: String,
+    cache: Option<Option<Ttl>>,
+    scope: Scope,
+}
+
+impl Add {
+    fn block(&self) -> Value {
+        let mut block = json!({"type": "text", "text": self.text});
+        if let Some(ttl) = self.cache {
+            block["cache_control"] = super::cache_control::marker(ttl);
+        }
+        block
+    }
+}
+
+impl Action for Add {
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        // OpenAI chat bodies have no `system` field: their system prompt is a message.
+        let scope = if st.info.provider == Provider::OpenAi {
+            Scope::Messages
+        } else {
+            self.scope
+        };
+        let provider = st.info.provider;
+        let root = st.root()?;
+        let changed = match scope {
+            Scope::Messages => add_to_system_message(root, provider, self)?,
+            _ => {
+                system_as_blocks(root);
+                let system = root
+                    .at_mut(&ptr!["system"])
+                    .expect("system_as_blocks made it");
+                let n = system.len().unwrap_or(0);
+                let at = if self.first { 0 } else { n };
+                system.insert(at, Node::Value(self.block()));
+                format!("/system/{at}")
+            }
+        };
+        st.changed(changed);
+        Ok(None)
+    }
+}
+
+/// Makes `system` an array of blocks: created when missing, a string wrapped in a
+/// text block (an empty string becomes no block).
+fn system_as_blocks(root: &mut Node<'_>) {
+    match root.child("system") {
+        Some(s) if s.is_array() => {}
+        Some(s) => {
+            let text = s.as_str().map(|t| t.into_owned()).unwrap_or_default();
+            let blocks = if text.is_empty() {
+                json!([])
+            } else {
+                json!([{"type": "text", "text": text}])
+            };
+            root.at_mut(&[])
+                .expect("the root")
+                .set_key("system", Node::Value(blocks));
+        }
+        None => {
+            root.at_mut(&[])
+                .expect("the root")
+                .set_key("system", Node::Value(json!([])));
+        }
+    }
+}
+
+fn add_to_system_message(
+    root: &mut Node<'_>,
+    provider: Provider,
+    add: &Add,
+) -> Result<String, String> {
+    let found = {
+        let messages = root.child("messages").ok_or("the body has no messages")?;
+        let n = messages.len().ok_or("messages is not an array")?;
+        (0..n).find(|i| {
+            messages
+                .child(&i.to_string())
+                .and_then(|m| m.str_field("role"))
+                .is_some_and(|r| shape::is_system_role(&r))
+        })
+    };
+    let Some(i) = found else {
+        if provider != Provider::OpenAi {
+            return Err("there is no role:\"system\" message to add to".into());
+        }
+        let messages = root.at_mut(&ptr!["messages"]).expect("found above");
+        messages.insert(
+            0,
+            Node::Value(json!({"role": "system", "content": add.text})),
+        );
+        return Ok("/messages/0".into());
+    };
+    let content = ptr!["messages", i, "content"];
+    content_as_blocks(root, &content)?;
+    let node = root.at_mut(&content).expect("content_as_blocks made it");
+    let n = node.len().unwrap_or(0);
+    let at = if add.first { 0 } else { n };
+    let mut block = add.block();
+    if provider == Provider::OpenAi {
+        block.as_object_mut().map(|o| o.remove("cache_control"));
+    }
+    node.insert(at, Node::Value(block));
+    Ok(format!("/messages/{i}/content/{at}"))
+}
+
+/// Makes a message's `content` an array of blocks (a string becomes one text block).
+pub(super) fn content_as_blocks(root: &mut Node<'_>, content: &[String]) -> Result<(), String> {
+    let node = root
+        .at(content)
+        .ok_or_else(|| format!("{} is missing", Pointer::text(content)))?;
+    if node.is_array() {
+        return Ok(());
+    }
+    let text = node
+        .as_str()
+        .ok_or_else(|| format!("{} is neither text nor blocks", Pointer::text(content)))?
+        .into_owned();
+    let blocks = if text.is_empty() {
+        json!([])
+    } else {
+        json!([{"type": "text", "text": text}])
+    };
+    let (last, parent) = content
+        .split_last()
+        .expect("content pointers are not empty");
+    root.at_mut(parent)
+        .expect("found above")
+        .set_key(last, Node::Value(blocks));
+    Ok(())
+}
+
+fn compile_add(cx: &mut Cx<'_>, v: &Val<'_>, first: bool) -> Option<Box<dyn Action>> {
+    let what = if first {
+        "system.prepend"
+    } else {
+        "system.append"
+    };
+    let t = cx.table(v, what, &["text", "cache", "scope"])?;
+    let Some(text) = t.get("text") else {
+        cx.error(
+            v.span(),
+            format!("{what} needs text (e.g. {{ text = \"ACME policy: …\" }})"),
+        );
+        return None;
+    };
+    let text = cx.str(text, "text")?.to_owned();
+    if text.is_empty() {
+        cx.error(
+            v.span(),
+            "text must not be empty (an empty text block is refused by the provider)",
+        );
+        return None;
+    }
+    let cache = match t.get("cache") {
+        None => None,
+        Some(c) => Some(super::cache_control::compile_cache_flag(cx, c)?),
+    };
+    let scope = match t.get("scope") {
+        Some(s) => shape::compile_scope(cx, s)?,
+        None => Scope::System,
+    };
+    if scope == Scope::Both {
+        cx.error(
+            t.get("scope")?.span(),
+            format!("{what} adds one block: scope must be \"system\" or \"messages\""),
+        );
+        return None;
+    }
+    Some(Box::new(Add {
+        first,
+        text,
+        cache,
+        scope,
+    }))
+}
+
+pub(super) fn compile_prepend(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    compile_add(cx, v, true)
+}
+
+pub(super) fn compile_append(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    compile_add(cx, v, false)
+}
+
+// === removing a text and what holds it ===
+
+/// Removes the text at `loc` together with its block; a system message left
+/// without content goes too. Returns the pointer removed.
+pub(super) fn remove_text_at(root: &mut Node<'_>, loc: &[String]) -> Option<String> {
+    match loc {
+        [system] if system == "system" => root
+            .at_mut(&[])?
+            .remove_key("system")
+            .then(|| "/system".to_owned()),
+        [system, j, _text] if system == "system" => {
+            let i: usize = j.parse().ok()?;
+            root.at_mut(&ptr!["system"])?
+                .remove_index(i)
+                .then(|| format!("/system/{i}"))
+        }
+        [messages, i, _content] if messages == "messages" => {
+            let i: usize = i.parse().ok()?;
+            root.at_mut(&ptr!["messages"])?
+                .remove_index(i)
+                .then(|| format!("/messages/{i}"))
+        }
+        [messages, i, content, j, _text] if messages == "messages" => {
+            let (i, j): (usize, usize) = (i.parse().ok()?, j.parse().ok()?);
+            let blocks = ptr!["messages", i, content];
+            if root.at(&blocks)?.len() == Some(1) {
+                return root
+                    .at_mut(&ptr!["messages"])?
+                    .remove_index(i)
+                    .then(|| format!("/messages/{i}"));
+            }
+            root.at_mut(&blocks)?
+                .remove_index(j)
+                .then(|| format!("/messages/{i}/content/{j}"))
+        }
+        _ => None,
+    }
+}
+
+/// Sets the text at `loc`, or removes its block when the new text is blank.
+pub(super) fn set_text_at(root: &mut Node<'_>, loc: &[String], text: String) -> Option<String> {
+    if text.trim().is_empty() {
+        return remove_text_at(root, loc);
+    }
+    let (last, parent) = loc.split_last()?;
+    root.at_mut(parent)?
+        .set_key(last, Node::Value(Value::String(text)));
+    Some(Pointer::text(loc))
+}
+
+/// Runs `edit` on every system text in `scope`; a `Some` result replaces the text
+/// (blank: its block is removed). Records the changed pointers.
+fn edit_texts(
+    st: &mut State<'_, '_>,
+    scope: Scope,
+    edit: impl Fn(&str) -> Option<String>,
+) -> Result<Option<Block>, String> {
+    let root = st.root()?;
+    let mut changed = Vec::new();
+    // Last first, so removing a block leaves earlier locations valid.
+    for loc in shape::text_locations(root, scope).into_iter().rev() {
+        let new = root
+            .at(&loc)
+            .and_then(|n| n.as_str().and_then(|t| edit(&t)));
+        if let Some(new) = new {
+            changed.extend(set_text_at(root, &loc, new));
+        }
+    }
+    for p in changed.into_iter().rev() {
+        st.changed(p);
+    }
+    Ok(None)
+}
+
+// === system.replace ===
+
+#[derive(Debug)]
+struct Replace {
+    regex: Regex,
+    with: String,
+    scope: Scope,
+}
+
+impl Action for Replace {
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        edit_texts(st, self.scope, |text| {
+            let new = self.regex.replace_all(text, self.with.as_str());
+            (new != text).then(|| new.into_owned())
+        })
+    }
+}
+
+pub(super) fn compile_replace(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    let t = cx.table(v, "system.replace", &["regex", "with", "scope"])?;
+    let (Some(r), Some(w)) = (t.get("regex"), t.get("with")) else {
+        cx.error(
+            v.span(),
+            "system.replace needs regex and with (e.g. { regex = \"cwd: .*\", with = \"\" })",
+        );
+        return None;
+    };
+    let regex = cx.regex(r, "regex")?;
+    let with = cx.str(w, "with")?.to_owned();
+    let scope = match t.get("scope") {
+        Some(s) => shape::compile_scope(cx, s)?,
+        None => Scope::System,
+    };
+    Some(Box::new(Replace { regex, with, scope }))
+}
+
+// === system.remove ===
+
+/// A text test given as `regex` or `contains`.
+#[derive(Debug)]
+pub(super) enum TextMatch {
+    Regex(Regex),
+    Contains(String),
+}
+
+impl TextMatch {
+    pub(super) fn is_match(&self, text: &str) -> bool {
+        match self {
+            TextMatch::Regex(r) => r.is_match(text),
+            TextMatch::Contains(c) => text.contains(c.as_str()),
+        }
+    }
+
+    pub(super) fn compile(
+        cx: &mut Cx<'_>,
+        v: &Val<'_>,
+        t: &toml::de::DeTable<'_>,
+        what: &str,
+    ) -> Option<TextMatch> {
+        match (t.get("regex"), t.get("contains")) {
+            (Some(r), None) => Some(TextMatch::Regex(cx.regex(r, "regex")?)),
+            (None, Some(c)) => Some(TextMatch::Contains(cx.str(c, "contains")?.to_owned())),
+            _ => {
+                cx.error(
+                    v.span(),
+                    format!("{what} needs exactly one of regex or contains"),
+                );
+                None
+            }
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Remove {
+    test: TextMatch,
+    scope: Scope,
+}
+
+impl Action for Remove {
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        // An empty text removes its block (and an emptied system message).
+        edit_texts(st, self.scope, |text| {
+            self.test.is_match(text).then(String::new)
+        })
+    }
+}
+
+pub(super) fn compile_remove(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    let t = cx.table(v, "system.remove", &["regex", "contains", "scope"])?;
+    let test = TextMatch::compile(cx, v, t, "system.remove")?;
+    let scope = match t.get("scope") {
+        Some(s) => shape::compile_scope(cx, s)?,
+        None => Scope::System,
+    };
+    Some(Box::new(Remove { test, scope }))
+}
+
+// === system.move_to_user ===
+
+#[derive(Debug)]
+struct Move {
+    regex: Regex,
+    scope: Scope,
+}
+
+impl Action for Move {
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        let root = st.root()?;
+        let Some(user) = shape::first_user_message(root) else {
+            return Err("there is no user message to move the text to".into());
+        };
+        let mut moved = Vec::new();
+        let mut changed = Vec::new();
+        let locations = shape::text_locations(root, self.scope);
+        // Cut in document order (the reminder reads in the order the text was), apply last first.
+        let mut cuts = Vec::new();
+        for loc in &locations {
+            let Some(text) = root
+                .at(loc)
+                .and_then(|n| n.as_str().map(|t| t.into_owned()))
+            else {
+                continue;
+            };
+            let found: Vec<String> = self
+                .regex
+                .find_iter(&text)
+                .map(|m| m.as_str().to_owned())
+                .filter(|m| !m.is_empty())
+                .collect();
+            if found.is_empty() {
+                continue;
+            }
+            moved.extend(found);
+            cuts.push((loc.clone(), self.regex.replace_all(&text, "").into_owned()));
+        }
+        if moved.is_empty() {
+            return Ok(None);
+        }
+        // A system message before the first user message shifts its index if removed.
+        let mut user = user;
+        for (loc, rest) in cuts.into_iter().rev() {
+            if let Some(p) = set_text_at(root, &loc, rest) {
+                if loc.len() >= 3
+                    && loc[0] == "messages"
+                    && p == format!("/messages/{}", loc[1])
+                    && loc[1].parse::<usize>().is_ok_and(|i| i < user)
+                {
+                    user -= 1;
+                }
+                changed.push(p);
+            }
+        }
+        let content = ptr!["messages", user, "content"];
+        content_as_blocks(root, &content)?;
+        let text = format!(
+            "<system-reminder>\n{}\n</system-reminder>",
+            moved.join("\n")
+        );
+        root.at_mut(&content)
+            .expect("content_as_blocks made it")
+            .insert(0, Node::Value(json!({"type": "text", "text": text})));
+        for p in changed.into_iter().rev() {
+            st.changed(p);
+        }
+        st.changed(format!("/messages/{user}/content/0"));
+        Ok(None)
+    }
+}
+
+pub(super) fn compile_move(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    let t = cx.table(v, "system.move_to_user", &["regex", "scope"])?;
+    let Some(r) = t.get("regex") else {
+        cx.error(
+            v.span(),
+            "system.move_to_user needs a regex (e.g. { regex = \"(?m)^Current date: .*$\" })",
+        );
+        return None;
+    };
+    let regex = cx.regex(r, "regex")?;
+    let scope = match t.get("scope") {
+        Some(s) => shape::compile_scope(cx, s)?,
+        None => Scope::System,
+    };
+    Some(Box::new(Move { regex, scope }))
+}

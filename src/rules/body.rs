@@ -1,0 +1,811 @@
+//! The request body as rules see it: parsed only when asked, changed in place, and
+//! written back touching only what changed.
+//!
+//! A [`Node`] is the exact bytes the client sent ([`Node::Raw`]), an object or array
+//! opened because a rule looked inside it, or a value a rule wrote. Writing back
+//! copies every untouched node's bytes as they were; only containers on the path to
+//! a change are re-emitted (compact, key order kept). Deciding what to change is not
+//! this module's job (see `action/`).
+
+use std::borrow::Cow;
+use std::cell::OnceCell;
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::provider::{skip_string, skip_value, skip_ws};
+
+/// The keys and values of an object, in order.
+pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
+
+/// One JSON value of the body.
+#[derive(Debug, Clone)]
+pub(crate) enum Node<'a> {
+    /// Untouched, exactly as sent. Containers are split by a structural scan (quotes,
+    /// brackets, commas), not parsed: a string is decoded (and its UTF-8 checked)
+    /// only when a rule reads it.
+    Raw(&'a [u8]),
+    /// An opened object; `orig` is its text as sent while nothing in it changed.
+    Object {
+        orig: Option<&'a [u8]>,
+        entries: Entries<'a>,
+    },
+    /// An opened array; `orig` as for objects.
+    Array {
+        orig: Option<&'a [u8]>,
+        items: Vec<Node<'a>>,
+    },
+    /// A value a rule wrote.
+    Value(Value),
+}
+
+/// An RFC 6901 JSON pointer, split into unescaped tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pointer(pub(crate) Vec<String>);
+
+impl Pointer {
+    /// Parses `""`, `"/a/0"`, `"/a~1b/c~0d"`.
+    pub(crate) fn parse(text: &str) -> Result<Pointer, String> {
+        if text.is_empty() {
+            return Ok(Pointer(Vec::new()));
+        }
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(format!(
+                "invalid JSON pointer {text:?}: it must start with \"/\" (expected e.g. \"/metadata/user_id\")"
+            ));
+        };
+        let mut tokens = Vec::new();
+        for raw in rest.split('/') {
+            let mut token = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    token.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => token.push('~'),
+                    Some('1') => token.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "invalid JSON pointer {text:?}: \"~\" must be followed by 0 or 1 (\"~0\" is ~, \"~1\" is /)"
+                        ));
+                    }
+                }
+            }
+            tokens.push(token);
+        }
+        Ok(Pointer(tokens))
+    }
+
+    /// The pointer text of `tokens`.
+    pub(crate) fn text(tokens: &[String]) -> String {
+        let mut out = String::new();
+        for t in tokens {
+            out.push('/');
+            out.push_str(&t.replace('~', "~0").replace('/', "~1"));
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Pointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&Pointer::text(&self.0))
+    }
+}
+
+/// Pointer tokens from string and index parts: `ptr!["messages", 3, "content"]` (an array; `.to_vec()` for a list).
+macro_rules! ptr {
+    ($($part:expr),* $(,)?) => { [$($part.to_string()),*] };
+}
+pub(crate) use ptr;
+
+impl<'a> Node<'a> {
+    /// Whether anything in this node differs from what was sent.
+    pub(crate) fn is_dirty(&self) -> bool {
+        match self {
+            Node::Raw(_) => false,
+            Node::Object { orig, .. } | Node::Array { orig, .. } => orig.is_none(),
+            Node::Value(_) => true,
+        }
+    }
+
+    fn first_byte(&self) -> Option<u8> {
+        match self {
+            Node::Raw(r) => r.first().copied(),
+            Node::Object { .. } => Some(b'{'),
+            Node::Array { .. } => Some(b'['),
+            Node::Value(Value::Object(_)) => Some(b'{'),
+            Node::Value(Value::Array(_)) => Some(b'['),
+            Node::Value(Value::String(_)) => Some(b'"'),
+            Node::Value(_) => Some(b'0'),
+        }
+    }
+
+    pub(crate) fn is_object(&self) -> bool {
+        self.first_byte() == Some(b'{')
+    }
+
+    pub(crate) fn is_array(&self) -> bool {
+        self.first_byte() == Some(b'[')
+    }
+
+    pub(crate) fn is_string(&self) -> bool {
+        self.first_byte() == Some(b'"')
+    }
+
+    /// Opens a raw object or array (or one a rule wrote) so its children can be
+    /// reached. Changes nothing that is written back. False for scalars.
+    pub(crate) fn open(&mut self) -> bool {
+        match self {
+            Node::Object { .. } | Node::Array { .. } => true,
+            Node::Raw(r) => {
+                let text: &'a [u8] = r;
+                let opened = match text.first() {
+                    Some(b'{') => split_object(text).map(|(entries, _)| Node::Object {
+                        orig: Some(text),
+                        entries,
+                    }),
+                    Some(b'[') => split_array(text).map(|items| Node::Array {
+                        orig: Some(text),
+                        items,
+                    }),
+                    _ => None,
+                };
+                match opened {
+                    Some(node) => {
+                        *self = node;
+                        true
+                    }
+                    None => false,
+                }
+            }
+            Node::Value(v @ (Value::Object(_) | Value::Array(_))) => {
+                *self = match std::mem::take(v) {
+                    Value::Object(m) => Node::Object {
+                        orig: None,
+                        entries: m
+                            .into_iter()
+                            .map(|(k, v)| (Cow::Owned(k), Node::Value(v)))
+                            .collect(),
+                    },
+                    Value::Array(a) => Node::Array {
+                        orig: None,
+                        items: a.into_iter().map(Node::Value).collect(),
+                    },
+                    _ => unreachable!("matched an object or array above"),
+                };
+                true
+            }
+            Node::Value(_) => false,
+        }
+    }
+
+    /// Marks this container as changed (its text will be re-emitted).
+    pub(crate) fn touch(&mut self) {
+        if let Node::Object { orig, .. } | Node::Array { orig, .. } = self {
+            *orig = None;
+        }
+    }
+
+    /// The child named by one pointer token, opening this node if needed.
+    pub(crate) fn child(&mut self, token: &str) -> Option<&mut Node<'a>> {
+        if !self.open() {
+            return None;
+        }
+        match self {
+            Node::Object { entries, .. } => {
+                entries.iter_mut().find(|(k, _)| k == token).map(|(_, v)| v)
+            }
+            Node::Array { items, .. } => {
+                let i = array_index(token)?;
+                items.get_mut(i)
+            }
+            _ => None,
+        }
+    }
+
+    /// The node at `tokens`, for reading.
+    pub(crate) fn at(&mut self, tokens: &[String]) -> Option<&mut Node<'a>> {
+        let mut node = self;
+        for t in tokens {
+            node = node.child(t)?;
+        }
+        Some(node)
+    }
+
+    /// The node at `tokens`, for changing: every container on the way is marked changed.
+    pub(crate) fn at_mut(&mut self, tokens: &[String]) -> Option<&mut Node<'a>> {
+        self.at(tokens)?;
+        let mut node = self;
+        node.touch();
+        for t in tokens {
+            node = node.child(t)?;
+            node.touch();
+        }
+        Some(node)
+    }
+
+    /// The entries of an opened object.
+    pub(crate) fn entries(&mut self) -> Option<&mut Entries<'a>> {
+        if !self.open() {
+            return None;
+        }
+        match self {
+            Node::Object { entries, .. } => Some(entries),
+            _ => None,
+        }
+    }
+
+    /// The items of an opened array.
+    pub(crate) fn items(&mut self) -> Option<&mut Vec<Node<'a>>> {
+        if !self.open() {
+            return None;
+        }
+        match self {
+            Node::Array { items, .. } => Some(items),
+            _ => None,
+        }
+    }
+
+    /// The number of items, when this is an array.
+    pub(crate) fn len(&mut self) -> Option<usize> {
+        self.items().map(|i| i.len())
+    }
+
+    /// Whether the node's text may contain `needle`: exact for untouched nodes, always
+    /// true for changed ones. Lets a scan skip subtrees without opening them.
+    pub(crate) fn may_contain(&self, needle: &str) -> bool {
+        let text = match self {
+            Node::Raw(r) => *r,
+            Node::Object { orig: Some(t), .. } | Node::Array { orig: Some(t), .. } => *t,
+            _ => return true,
+        };
+        memchr::memmem::find(text, needle.as_bytes()).is_some()
+    }
+
+    /// A string value, unescaped.
+    pub(crate) fn as_str(&self) -> Option<Cow<'_, str>> {
+        match self {
+            Node::Raw(r) if r.first() == Some(&b'"') => {
+                serde_json::from_slice::<Cow<'_, str>>(r).ok()
+            }
+            Node::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_bool(&self) -> Option<bool> {
+        match self {
+            Node::Raw(r) => match *r {
+                b"true" => Some(true),
+                b"false" => Some(false),
+                _ => None,
+            },
+            Node::Value(Value::Bool(b)) => Some(*b),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_u64(&self) -> Option<u64> {
+        match self {
+            Node::Raw(r) => std::str::from_utf8(r).ok()?.parse().ok(),
+            Node::Value(v) => v.as_u64(),
+            _ => None,
+        }
+    }
+
+    /// The string field `key` of an object node.
+    pub(crate) fn str_field(&mut self, key: &str) -> Option<String> {
+        self.child(key)?.as_str().map(Cow::into_owned)
+    }
+
+    /// Whether the object has `key`.
+    pub(crate) fn has(&mut self, key: &str) -> bool {
+        self.child(key).is_some()
+    }
+
+    /// The whole value (numbers as serde_json reads them).
+    pub(crate) fn to_value(&self) -> Value {
+        match self {
+            Node::Raw(r) => serde_json::from_slice(r).unwrap_or(Value::Null),
+            Node::Object { entries, .. } => Value::Object(
+                entries
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_value()))
+                    .collect(),
+            ),
+            Node::Array { items, .. } => Value::Array(items.iter().map(Node::to_value).collect()),
+            Node::Value(v) => v.clone(),
+        }
+    }
+
+    /// Sets `key` in an object (replacing it in place, or appending it). Marks the object changed.
+    pub(crate) fn set_key(&mut self, key: &str, value: Node<'a>) -> bool {
+        let Some(entries) = self.entries() else {
+            return false;
+        };
+        match entries.iter_mut().find(|(k, _)| k == key) {
+            Some((_, slot)) => *slot = value,
+            None => entries.push((Cow::Owned(key.to_owned()), value)),
+        }
+        self.touch();
+        true
+    }
+
+    /// Removes `key` from an object; true if it was there.
+    pub(crate) fn remove_key(&mut self, key: &str) -> bool {
+        let Some(entries) = self.entries() else {
+            return false;
+        };
+        let before = entries.len();
+        entries.retain(|(k, _)| k != key);
+        let removed = entries.len() != before;
+        if removed {
+            self.touch();
+        }
+        removed
+    }
+
+    /// Inserts into an array at `index` (clamped to the end). Marks the array changed.
+    pub(crate) fn insert(&mut self, index: usize, value: Node<'a>) -> bool {
+        let Some(items) = self.items() else {
+            return false;
+        };
+        let index = index.min(items.len());
+        items.insert(index, value);
+        self.touch();
+        true
+    }
+
+    /// Removes an array item; true if it was there.
+    pub(crate) fn remove_index(&mut self, index: usize) -> bool {
+        let Some(items) = self.items() else {
+            return false;
+        };
+        if index >= items.len() {
+            return false;
+        }
+        items.remove(index);
+        self.touch();
+        true
+    }
+
+    /// Writes the node: untouched parts as the exact bytes sent, changed ones compactly.
+    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+        match self {
+            Node::Raw(r) => out.extend_from_slice(r),
+            Node::Object {
+                orig: Some(text), ..
+            }
+            | Node::Array {
+                orig: Some(text), ..
+            } => out.extend_from_slice(text),
+            Node::Object {
+                orig: None,
+                entries,
+            } => {
+                out.push(b'{');
+                for (i, (k, v)) in entries.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    write_json(out, &Value::String(k.to_string()));
+                    out.push(b':');
+                    v.write(out);
+                }
+                out.push(b'}');
+            }
+            Node::Array { orig: None, items } => {
+                out.push(b'[');
+                for (i, v) in items.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    v.write(out);
+                }
+                out.push(b']');
+            }
+            Node::Value(v) => write_json(out, v),
+        }
+    }
+}
+
+fn write_json(out: &mut Vec<u8>, v: &Value) {
+    // Writing a Value into a Vec cannot fail: no IO, and every key is a string.
+    serde_json::to_writer(out, v).expect("a JSON value serialises into memory");
+}
+
+/// An array index token: digits only, no leading zero (RFC 6901 §4).
+fn array_index(token: &str) -> Option<usize> {
+    if token.is_empty() || (token.len() > 1 && token.starts_with('0')) {
+        return None;
+    }
+    if !token.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    token.parse().ok()
+}
+
+// === pointer operations (json.set / json.remove / json.append) ===
+
+/// Sets the value at `tokens` (RFC 6901; `-` or the length appends to an array).
+/// The parent must exist.
+pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
+    let Some((last, parent)) = tokens.split_last() else {
+        return Err("cannot replace the whole body".into());
+    };
+    let Some(node) = root.at(parent) else {
+        return Err(format!("{} does not exist", Pointer::text(parent)));
+    };
+    if node.is_object() {
+        let node = root.at_mut(parent).expect("found just above");
+        node.set_key(last, Node::Value(value));
+        return Ok(());
+    }
+    let Some(len) = node.len() else {
+        return Err(format!(
+            "{} is not an object or array",
+            Pointer::text(parent)
+        ));
+    };
+    let index = if last == "-" {
+        len
+    } else {
+        array_index(last)
+            .filter(|i| *i <= len)
+            .ok_or_else(|| format!("{} has no index {last:?}", Pointer::text(parent)))?
+    };
+    let node = root.at_mut(parent).expect("found just above");
+    if index == len {
+        node.insert(index, Node::Value(value));
+    } else if let Some(items) = node.items() {
+        items[index] = Node::Value(value);
+    }
+    Ok(())
+}
+
+/// Removes the value at `tokens`; `Ok(false)` when there was nothing to remove.
+pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, String> {
+    let Some((last, parent)) = tokens.split_last() else {
+        return Err("cannot remove the whole body".into());
+    };
+    let Some(node) = root.at(parent) else {
+        return Ok(false);
+    };
+    if node.is_object() {
+        if !node.has(last) {
+            return Ok(false);
+        }
+        let node = root.at_mut(parent).expect("found just above");
+        return Ok(node.remove_key(last));
+    }
+    match (node.len(), array_index(last)) {
+        (Some(len), Some(i)) if i < len => {
+            let node = root.at_mut(parent).expect("found just above");
+            Ok(node.remove_index(i))
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Appends `value` to the array at `tokens`, creating `[value]` there when it is
+/// missing and its parent is an object.
+pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
+    match root.at(tokens) {
+        Some(node) if node.is_array() => {
+            let node = root.at_mut(tokens).expect("found just above");
+            node.insert(usize::MAX, Node::Value(value));
+            Ok(())
+        }
+        Some(_) => Err(format!("{} is not an array", Pointer::text(tokens))),
+        None => set(root, tokens, Value::Array(vec![value])),
+    }
+}
+
+// === the body of one request, parsed on first use ===
+
+/// The body of one request: its bytes (decoded when compressed), parsed on first use.
+pub(crate) struct LazyBody<'a> {
+    sent: &'a Bytes,
+    encoding: Option<&'a str>,
+    decoded: &'a OnceCell<Result<Bytes, String>>,
+    limit: u64,
+    root: Option<Result<Node<'a>, String>>,
+}
+
+impl<'a> LazyBody<'a> {
+    /// `sent` as received; `encoding` its `Content-Encoding`, if any.
+    pub(crate) fn new(
+        sent: &'a Bytes,
+        encoding: Option<&'a str>,
+        decoded: &'a OnceCell<Result<Bytes, String>>,
+        limit: u64,
+    ) -> Self {
+        LazyBody {
+            sent,
+            encoding,
+            decoded,
+            limit,
+            root: None,
+        }
+    }
+
+    /// Body size in bytes, as received (no parse).
+    pub(crate) fn size(&self) -> u64 {
+        self.sent.len() as u64
+    }
+
+    /// Whether the body was parsed (for tests of the no-parse rule).
+    pub(crate) fn was_parsed(&self) -> bool {
+        self.root.is_some()
+    }
+
+    /// The bytes rules read: decoded when the body was compressed.
+    fn plain(&self) -> Result<&'a Bytes, String> {
+        let Some(encoding) = self
+            .encoding
+            .filter(|e| !e.trim().eq_ignore_ascii_case("identity"))
+        else {
+            return Ok(self.sent);
+        };
+        let sent = self.sent;
+        let limit = self.limit;
+        self.decoded
+            .get_or_init(|| crate::observer::decode::decode(encoding, sent.clone(), limit))
+            .as_ref()
+            .map_err(Clone::clone)
+    }
+
+    /// The parsed body, or why it cannot be read as a JSON object.
+    pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
+        if self.root.is_none() {
+            let parsed = self.plain().and_then(parse_root);
+            self.root = Some(parsed);
+        }
+        match self.root.as_mut() {
+            Some(Ok(node)) => Ok(node),
+            Some(Err(e)) => Err(e.clone()),
+            None => unreachable!("set just above"),
+        }
+    }
+
+    /// The parsed body, if it was parsed and is JSON.
+    pub(crate) fn root_if_parsed(&self) -> Option<&Node<'a>> {
+        match &self.root {
+            Some(Ok(node)) => Some(node),
+            _ => None,
+        }
+    }
+
+    /// The body to send when rules changed it (identity-encoded), else `None`.
+    pub(crate) fn changed(&self) -> Option<Bytes> {
+        match &self.root {
+            Some(Ok(node)) if node.is_dirty() => {
+                let mut out = Vec::with_capacity(self.sent.len() + 256);
+                node.write(&mut out);
+                Some(Bytes::from(out))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the received body was compressed (a changed body goes on as identity).
+    pub(crate) fn was_encoded(&self) -> bool {
+        self.encoding
+            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"))
+    }
+}
+
+/// Reads the top level of a body that must be a JSON object.
+///
+/// The body is not validated whole (a serde_json pass plus a UTF-8 pass cost as
+/// much as everything rules do): its structure is scanned, and each string is
+/// decoded and checked when a rule reads it. What cannot be split is "not JSON";
+/// anything subtler the provider will refuse, exactly as without promptgate.
+fn parse_root(bytes: &Bytes) -> Result<Node<'_>, String> {
+    let b: &[u8] = bytes;
+    let start = skip_ws(b, 0);
+    if b.get(start) != Some(&b'{') {
+        return Err("the body is not a JSON object".into());
+    }
+    let Some((entries, end)) = split_object(&b[start..]) else {
+        return Err("the body is not a JSON object: it is malformed or cut short".into());
+    };
+    if skip_ws(b, start + end) != b.len() {
+        return Err("the body is not a JSON object: data follows the object".into());
+    }
+    Ok(Node::Object {
+        orig: Some(b),
+        entries,
+    })
+}
+
+/// Splits a JSON object into its keys and raw values, in order; also returns
+/// where it ends. `None` when it is malformed.
+fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
+    let b = text;
+    let mut out = Vec::new();
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b'}') {
+        return Some((out, i + 1));
+    }
+    loop {
+        if b.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = skip_string(b, i)?;
+        let key = &text[i..key_end];
+        let key = if key.contains(&b'\\') {
+            Cow::Owned(serde_json::from_slice::<String>(key).ok()?)
+        } else {
+            Cow::Borrowed(std::str::from_utf8(&key[1..key.len() - 1]).ok()?)
+        };
+        i = skip_ws(b, key_end);
+        if b.get(i) != Some(&b':') {
+            return None;
+        }
+        i = skip_ws(b, i + 1);
+        let end = skip_value(b, i)?;
+        out.push((key, Node::Raw(&text[i..end])));
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b'}') => return Some((out, i + 1)),
+            _ => return None,
+        }
+    }
+}
+
+/// Splits a valid JSON array into its raw items.
+fn split_array(text: &[u8]) -> Option<Vec<Node<'_>>> {
+    let b = text;
+    let mut out = Vec::new();
+    let mut i = skip_ws(b, 1);
+    if b.get(i) == Some(&b']') {
+        return Some(out);
+    }
+    loop {
+        let end = skip_value(b, i)?;
+        out.push(Node::Raw(&text[i..end]));
+        i = skip_ws(b, end);
+        match b.get(i) {
+            Some(b',') => i = skip_ws(b, i + 1),
+            Some(b']') => return Some(out),
+            _ => return None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const BODY: &str = r#"{"model":"m","temperature":0.70,"system":[{"type":"text","text":"caf\u00e9"},{"type":"text","text":"b"}],"n":[1,2]}"#;
+
+    fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
+        let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let cell = OnceCell::new();
+        let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+        f(lazy.root().unwrap());
+        match lazy.changed() {
+            Some(b) => String::from_utf8(b.to_vec()).unwrap(),
+            None => body.to_owned(),
+        }
+    }
+
+    #[test]
+    fn pointers_parse_and_print() {
+        assert_eq!(Pointer::parse("").unwrap().0, Vec::<String>::new());
+        assert_eq!(
+            Pointer::parse("/a~1b/c~0d/0").unwrap().0,
+            ["a/b", "c~d", "0"]
+        );
+        assert_eq!(
+            Pointer::parse("/a~1b/c~0d").unwrap().to_string(),
+            "/a~1b/c~0d"
+        );
+        assert!(
+            Pointer::parse("a/b")
+                .unwrap_err()
+                .contains("must start with")
+        );
+        assert!(Pointer::parse("/a~2").is_err());
+    }
+
+    #[test]
+    fn reading_opens_but_changes_nothing() {
+        let out = with_root(BODY, |root| {
+            assert_eq!(
+                root.at(&ptr!["system", 0, "text"])
+                    .unwrap()
+                    .as_str()
+                    .unwrap(),
+                "café"
+            );
+            assert_eq!(root.at(&ptr!["n", 1]).unwrap().as_u64(), Some(2));
+            assert!(
+                root.at(&ptr!["n", "01"]).is_none(),
+                "leading zeros are not indices"
+            );
+            assert!(!root.is_dirty());
+        });
+        assert_eq!(out, BODY);
+    }
+
+    #[test]
+    fn a_change_rewrites_only_its_path() {
+        let out = with_root(BODY, |root| {
+            set(root, &ptr!["system", 1, "text"], json!("B")).unwrap();
+        });
+        assert_eq!(
+            out,
+            r#"{"model":"m","temperature":0.70,"system":[{"type":"text","text":"caf\u00e9"},{"type":"text","text":"B"}],"n":[1,2]}"#,
+            "the untouched block keeps its escape, the number its text"
+        );
+    }
+
+    #[test]
+    fn set_remove_append() {
+        let out = with_root(BODY, |root| {
+            set(root, &ptr!["n", "-"], json!(3)).unwrap();
+            set(root, &ptr!["n", 0], json!(0)).unwrap();
+            assert!(set(root, &ptr!["n", 9], json!(0)).is_err());
+            assert!(
+                set(root, &ptr!["missing", "x"], json!(0))
+                    .unwrap_err()
+                    .contains("does not exist")
+            );
+            assert!(remove(root, &ptr!["model"]).unwrap());
+            assert!(!remove(root, &ptr!["model"]).unwrap());
+            assert!(!remove(root, &ptr!["nope", "x"]).unwrap());
+            append(root, &ptr!["stop"], json!("END")).unwrap();
+            append(root, &ptr!["stop"], json!("FIN")).unwrap();
+            assert!(append(root, &ptr!["temperature"], json!(1)).is_err());
+        });
+        assert_eq!(
+            out,
+            r#"{"temperature":0.70,"system":[{"type":"text","text":"caf\u00e9"},{"type":"text","text":"b"}],"n":[0,2,3],"stop":["END","FIN"]}"#
+        );
+    }
+
+    #[test]
+    fn values_written_by_rules_can_be_reached_into() {
+        let out = with_root(r#"{"a":1}"#, |root| {
+            set(root, &ptr!["meta"], json!({"x": {"y": 1}})).unwrap();
+            set(root, &ptr!["meta", "x", "z"], json!(2)).unwrap();
+        });
+        assert_eq!(out, r#"{"a":1,"meta":{"x":{"y":1,"z":2}}}"#);
+    }
+
+    #[test]
+    fn non_json_bodies_say_why() {
+        let bytes = Bytes::from_static(b"not json");
+        let cell = OnceCell::new();
+        let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+        assert!(lazy.root().unwrap_err().contains("not a JSON object"));
+        for bad in [
+            &b"[1]"[..],
+            b"{\"a\":1} x",
+            b"{\"a\":",
+            b"{\"a\" 1}",
+            b"{a:1}",
+            b"{\"a\":[1,{\"b\":2}}",
+            b"",
+        ] {
+            let bytes = Bytes::copy_from_slice(bad);
+            let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+            let e = lazy.root().unwrap_err();
+            assert!(e.starts_with("the body is not a JSON object"), "{e}");
+            assert!(lazy.changed().is_none());
+        }
+        // Whitespace around and inside is fine, and kept when nothing changes.
+        let out = with_root(" {\n \"a\" : [ 1 , \"x\" ] ,\"b\":{ }}\n", |root| {
+            assert_eq!(root.at(&ptr!["a", 1]).unwrap().as_str().unwrap(), "x");
+            assert_eq!(root.at(&ptr!["b"]).unwrap().len(), None);
+        });
+        assert_eq!(out, " {\n \"a\" : [ 1 , \"x\" ] ,\"b\":{ }}\n");
+    }
+}

@@ -1,0 +1,619 @@
+//! Rule files → a compiled [`RuleSet`], or every error in them as `file:line:col: message`.
+//!
+//! Files are the `*.toml` at the top of the rules directory, read in file-name order.
+//! The TOML is walked with its spans, so every message points at the text that is
+//! wrong; unknown keys list the known ones and suggest the nearest. Regexes, globs,
+//! JSON pointers and templates are compiled here, never on the request path.
+
+use std::fmt;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+
+use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
+use regex::Regex;
+use serde_json::Value;
+use toml::Spanned;
+use toml::de::{DeTable, DeValue};
+
+use super::action;
+use super::matcher::Matcher;
+use super::{Phase, Rule, RuleSet};
+use crate::config::line_col;
+
+/// A TOML value with its position.
+pub(crate) type Val<'i> = Spanned<DeValue<'i>>;
+
+/// One problem in a rule file, at a position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// The file, as given (e.g. `rules/20-cache.toml`).
+    pub file: String,
+    pub line: usize,
+    pub col: usize,
+    pub message: String,
+    offset: usize,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.col, self.message
+        )
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// What the loader knows while compiling one file: where it is, and what went wrong so far.
+pub(crate) struct Cx<'s> {
+    pub(crate) file: &'s str,
+    text: &'s str,
+    pub(crate) errors: Vec<LoadError>,
+    /// Header names whose values rules read from the environment.
+    pub(crate) secret_headers: Vec<http::HeaderName>,
+    /// Reads an environment variable (a parameter so tests need no process env).
+    pub(crate) env: &'s dyn Fn(&str) -> Option<String>,
+}
+
+impl<'s> Cx<'s> {
+    pub(crate) fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, col) = line_col(self.text, span.start);
+        self.errors.push(LoadError {
+            file: self.file.to_owned(),
+            line,
+            col,
+            message: message.into(),
+            offset: span.start,
+        });
+    }
+
+    /// The position `span` starts at, as `file:line:col`.
+    pub(crate) fn position(&self, span: Range<usize>) -> (usize, usize) {
+        line_col(self.text, span.start)
+    }
+
+    fn wrong_type(&mut self, v: &Val<'_>, what: &str, expected: &str) {
+        self.error(
+            v.span(),
+            format!(
+                "{what} must be {expected}, found {}",
+                v.get_ref().type_str()
+            ),
+        );
+    }
+
+    pub(crate) fn str<'v>(&mut self, v: &'v Val<'_>, what: &str) -> Option<&'v str> {
+        match v.get_ref() {
+            DeValue::String(s) => Some(s.as_ref()),
+            _ => {
+                self.wrong_type(v, what, "a string");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn bool(&mut self, v: &Val<'_>, what: &str) -> Option<bool> {
+        match v.get_ref() {
+            DeValue::Boolean(b) => Some(*b),
+            _ => {
+                self.wrong_type(v, what, "true or false");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn int(&mut self, v: &Val<'_>, what: &str) -> Option<i64> {
+        match v.get_ref() {
+            DeValue::Integer(i) => match i64::from_str_radix(i.as_str(), i.radix()) {
+                Ok(n) => Some(n),
+                Err(_) => {
+                    self.error(v.span(), format!("{what} is out of range"));
+                    None
+                }
+            },
+            _ => {
+                self.wrong_type(v, what, "an integer");
+                None
+            }
+        }
+    }
+
+    /// A non-negative integer within `range`.
+    pub(crate) fn count(&mut self, v: &Val<'_>, what: &str, range: Range<i64>) -> Option<u64> {
+        let n = self.int(v, what)?;
+        if !range.contains(&n) {
+            self.error(
+                v.span(),
+                format!(
+                    "{what} must be between {} and {}, found {n}",
+                    range.start,
+                    range.end - 1
+                ),
+            );
+            return None;
+        }
+        Some(n as u64)
+    }
+
+    /// A table whose keys must all be in `known`.
+    pub(crate) fn table<'v, 'i>(
+        &mut self,
+        v: &'v Val<'i>,
+        what: &str,
+        known: &[&str],
+    ) -> Option<&'v DeTable<'i>> {
+        let DeValue::Table(t) = v.get_ref() else {
+            self.wrong_type(v, what, "a table");
+            return None;
+        };
+        for (k, _) in t.iter() {
+            if !known.contains(&k.get_ref().as_ref()) {
+                self.unknown(k, what, known);
+            }
+        }
+        Some(t)
+    }
+
+    /// Reports an unknown key, listing the known ones and the nearest.
+    pub(crate) fn unknown(
+        &mut self,
+        key: &Spanned<std::borrow::Cow<'_, str>>,
+        what: &str,
+        known: &[&str],
+    ) {
+        let name = key.get_ref().as_ref();
+        let mut message = format!("unknown key {name:?} in {what}");
+        if let Some(near) = nearest(name, known) {
+            message.push_str(&format!("; did you mean {near:?}?"));
+        }
+        message.push_str(&format!(" (known: {})", known.join(", ")));
+        self.error(key.span(), message);
+    }
+
+    /// One string, or an array of strings.
+    pub(crate) fn strings(
+        &mut self,
+        v: &Val<'_>,
+        what: &str,
+    ) -> Option<Vec<(String, Range<usize>)>> {
+        match v.get_ref() {
+            DeValue::String(s) => Some(vec![(s.to_string(), v.span())]),
+            DeValue::Array(items) => {
+                let mut out = Vec::new();
+                for item in items.iter() {
+                    out.push((self.str(item, what)?.to_owned(), item.span()));
+                }
+                Some(out)
+            }
+            _ => {
+                self.wrong_type(v, what, "a string or an array of strings");
+                None
+            }
+        }
+    }
+
+    pub(crate) fn regex(&mut self, v: &Val<'_>, what: &str) -> Option<Regex> {
+        let text = self.str(v, what)?;
+        self.regex_text(text, v.span())
+    }
+
+    /// Compiles a regex; on error says why and shows the expected form.
+    pub(crate) fn regex_text(&mut self, text: &str, span: Range<usize>) -> Option<Regex> {
+        match Regex::new(text) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                // regex's message is a multi-line picture; its last line is the reason.
+                let full = e.to_string();
+                let reason = full
+                    .lines()
+                    .last()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_start_matches("error: ");
+                self.error(
+                    span,
+                    format!("invalid regex {text:?}: {reason} (expected e.g. \"\\\\d{{4}}-\\\\d{{2}}-\\\\d{{2}}\")"),
+                );
+                None
+            }
+        }
+    }
+
+    pub(crate) fn glob_text(&mut self, text: &str, span: Range<usize>) -> Option<GlobMatcher> {
+        match Glob::new(text) {
+            Ok(g) => Some(g.compile_matcher()),
+            Err(e) => {
+                self.error(
+                    span,
+                    format!(
+                        "invalid glob {text:?}: {} (expected e.g. \"claude-opus-*\")",
+                        e.kind()
+                    ),
+                );
+                None
+            }
+        }
+    }
+
+    /// One glob or an array of them, as a set.
+    pub(crate) fn globs(&mut self, v: &Val<'_>, what: &str) -> Option<(GlobSet, Vec<String>)> {
+        let texts = self.strings(v, what)?;
+        let mut builder = GlobSetBuilder::new();
+        let mut ok = true;
+        for (text, span) in &texts {
+            match Glob::new(text) {
+                Ok(g) => {
+                    builder.add(g);
+                }
+                Err(e) => {
+                    ok = false;
+                    self.error(
+                        span.clone(),
+                        format!(
+                            "invalid glob {text:?}: {} (expected e.g. \"claude-opus-*\")",
+                            e.kind()
+                        ),
+                    );
+                }
+            }
+        }
+        if !ok {
+            return None;
+        }
+        match builder.build() {
+            Ok(set) => Some((set, texts.into_iter().map(|(t, _)| t).collect())),
+            Err(e) => {
+                self.error(v.span(), format!("invalid globs: {e}"));
+                None
+            }
+        }
+    }
+
+    pub(crate) fn pointer(&mut self, v: &Val<'_>, what: &str) -> Option<super::body::Pointer> {
+        let text = self.str(v, what)?;
+        self.pointer_text(text, v.span())
+    }
+
+    pub(crate) fn pointer_text(
+        &mut self,
+        text: &str,
+        span: Range<usize>,
+    ) -> Option<super::body::Pointer> {
+        match super::body::Pointer::parse(text) {
+            Ok(p) => Some(p),
+            Err(e) => {
+                self.error(span, e);
+                None
+            }
+        }
+    }
+
+    /// Any TOML value as JSON (datetimes become strings).
+    pub(crate) fn json(&mut self, v: &Val<'_>) -> Option<Value> {
+        Some(match v.get_ref() {
+            DeValue::String(s) => Value::String(s.to_string()),
+            DeValue::Integer(_) => Value::from(self.int(v, "a number")?),
+            DeValue::Float(f) => {
+                let n: f64 = f.as_str().replace('_', "").parse().ok()?;
+                match serde_json::Number::from_f64(n) {
+                    Some(n) => Value::Number(n),
+                    None => {
+                        self.error(v.span(), "JSON has no inf or nan");
+                        return None;
+                    }
+                }
+            }
+            DeValue::Boolean(b) => Value::Bool(*b),
+            DeValue::Datetime(d) => Value::String(d.to_string()),
+            DeValue::Array(items) => {
+                let mut out = Vec::new();
+                for item in items.iter() {
+                    out.push(self.json(item)?);
+                }
+                Value::Array(out)
+            }
+            DeValue::Table(t) => {
+                let mut out = serde_json::Map::new();
+                for (k, item) in t.iter() {
+                    out.insert(k.get_ref().to_string(), self.json(item)?);
+                }
+                Value::Object(out)
+            }
+        })
+    }
+
+    /// A string that may hold `${env:NAME}` references, resolved now. Returns the
+    /// value and whether any part came from the environment (then it is a secret).
+    pub(crate) fn env_string(&mut self, v: &Val<'_>, what: &str) -> Option<(String, bool)> {
+        let text = self.str(v, what)?;
+        let mut out = String::new();
+        let mut rest = text;
+        let mut secret = false;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else {
+                self.error(
+                    v.span(),
+                    format!(
+                        "unclosed \"${{\" in {what} (expected e.g. \"Bearer ${{env:ORG_TOKEN}}\")"
+                    ),
+                );
+                return None;
+            };
+            let reference = &after[..end];
+            let Some(name) = reference.strip_prefix("env:") else {
+                self.error(
+                    v.span(),
+                    format!("unknown reference \"${{{reference}}}\" in {what} (only ${{env:NAME}} is known)"),
+                );
+                return None;
+            };
+            match (self.env)(name) {
+                Some(value) => out.push_str(&value),
+                None => {
+                    self.error(
+                        v.span(),
+                        format!("environment variable {name} is not set (used in {what})"),
+                    );
+                    return None;
+                }
+            }
+            secret = true;
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Some((out, secret))
+    }
+}
+
+/// The known name closest to `name`, if it is close enough to be a likely typo.
+pub(crate) fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    known
+        .iter()
+        .map(|k| (distance(name, k), *k))
+        .filter(|(d, k)| *d <= (k.len().max(name.len()) / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over chars.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+const RULE_KEYS: &[&str] = &[
+    "name",
+    "description",
+    "on",
+    "when",
+    "actions",
+    "enforce",
+    "enabled",
+];
+
+/// Loads every `*.toml` at the top of `dir`, in file-name order.
+pub(crate) fn load_dir(dir: &Path) -> Result<RuleSet, Vec<LoadError>> {
+    load_dir_with(dir, &|name| std::env::var(name).ok())
+}
+
+pub(crate) fn load_dir_with(
+    dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<RuleSet, Vec<LoadError>> {
+    let shown = dir.display().to_string();
+    let entries = std::fs::read_dir(dir).map_err(|e| {
+        vec![LoadError {
+            file: shown.clone(),
+            line: 1,
+            col: 1,
+            message: format!("cannot read the rules directory: {e}"),
+            offset: 0,
+        }]
+    })?;
+    let mut files: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+        .collect();
+    files.sort();
+    let mut sources = Vec::new();
+    let mut errors = Vec::new();
+    for path in files {
+        let name = path.display().to_string();
+        match std::fs::read_to_string(&path) {
+            Ok(text) => sources.push((name, text)),
+            Err(e) => errors.push(LoadError {
+                file: name,
+                line: 1,
+                col: 1,
+                message: format!("cannot read: {e}"),
+                offset: 0,
+            }),
+        }
+    }
+    let mut set = match compile_sources(&sources, env) {
+        Ok(set) => set,
+        Err(mut more) => {
+            errors.append(&mut more);
+            return Err(errors);
+        }
+    };
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    set.dir = Some(dir.to_owned());
+    Ok(set)
+}
+
+/// Compiles named TOML texts (in the order given) into one set.
+pub(crate) fn compile_sources(
+    sources: &[(String, String)],
+    env: &dyn Fn(&str) -> Option<String>,
+) -> Result<RuleSet, Vec<LoadError>> {
+    let mut set = RuleSet::default();
+    let mut errors = Vec::new();
+    let mut seen: Vec<(String, String)> = Vec::new(); // rule name → where first defined
+    for (file, text) in sources {
+        let mut cx = Cx {
+            file,
+            text,
+            errors: Vec::new(),
+            secret_headers: Vec::new(),
+            env,
+        };
+        let rules = compile_file(&mut cx, text, &mut seen);
+        set.files.push((file.clone(), rules.len()));
+        set.rules.extend(rules);
+        set.secret_headers.append(&mut cx.secret_headers);
+        errors.append(&mut cx.errors);
+    }
+    if errors.is_empty() {
+        Ok(set)
+    } else {
+        errors.sort_by(|a, b| (a.file.as_str(), a.offset).cmp(&(b.file.as_str(), b.offset)));
+        Err(errors)
+    }
+}
+
+fn compile_file(cx: &mut Cx<'_>, text: &str, seen: &mut Vec<(String, String)>) -> Vec<Rule> {
+    let (doc, parse_errors) = DeTable::parse_recoverable(text);
+    if !parse_errors.is_empty() {
+        for e in parse_errors {
+            let span = e.span().unwrap_or(0..0);
+            cx.error(span, e.message().trim_end().to_owned());
+        }
+        return Vec::new();
+    }
+    let mut rules = Vec::new();
+    for (key, value) in doc.get_ref().iter() {
+        if key.get_ref() != "rule" {
+            cx.unknown(key, "a rule file", &["rule"]);
+            continue;
+        }
+        let DeValue::Array(items) = value.get_ref() else {
+            cx.error(value.span(), "rules are written as [[rule]] tables");
+            continue;
+        };
+        for item in items.iter() {
+            if let Some(rule) = compile_rule(cx, item, seen) {
+                rules.push(rule);
+            }
+        }
+    }
+    rules
+}
+
+fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)>) -> Option<Rule> {
+    let errors_before = cx.errors.len();
+    let table = cx.table(item, "a rule", RULE_KEYS)?;
+    let (line, _) = cx.position(item.span());
+    let name = match table.get("name") {
+        Some(v) => cx.str(v, "name").map(|n| (n.to_owned(), v.span())),
+        None => {
+            cx.error(
+                item.span(),
+                "a rule needs a name (e.g. name = \"org-policy\")",
+            );
+            None
+        }
+    };
+    if let Some((name, span)) = &name {
+        let (l, c) = cx.position(span.clone());
+        if name.is_empty() {
+            cx.error(span.clone(), "a rule name must not be empty");
+        } else if let Some((_, at)) = seen.iter().find(|(n, _)| n == name) {
+            let message = format!("duplicate rule name {name:?} (first defined at {at})");
+            cx.error(span.clone(), message);
+        } else {
+            seen.push((name.clone(), format!("{}:{l}:{c}", cx.file)));
+        }
+    }
+    let phase = match table.get("on") {
+        Some(v) => cx
+            .str(v, "on")
+            .and_then(|text| match Phase::from_name(text) {
+                Some(p) => Some(p),
+                None => {
+                    let names: Vec<&str> = Phase::ALL.iter().map(|p| p.name()).collect();
+                    let mut message = format!("unknown phase {text:?}");
+                    if let Some(near) = nearest(text, &names) {
+                        message.push_str(&format!("; did you mean {near:?}?"));
+                    }
+                    message.push_str(&format!(" (known: {})", names.join(", ")));
+                    cx.error(v.span(), message);
+                    None
+                }
+            }),
+        None => {
+            cx.error(item.span(), "a rule needs `on` (before_provider_headers, before_provider_request or after_provider_response)");
+            None
+        }
+    };
+    let enforce = match table.get("enforce") {
+        Some(v) => cx.bool(v, "enforce").unwrap_or(false),
+        None => false,
+    };
+    let enabled = match table.get("enabled") {
+        Some(v) => cx.bool(v, "enabled").unwrap_or(true),
+        None => true,
+    };
+    let description = table
+        .get("description")
+        .and_then(|v| cx.str(v, "description").map(str::to_owned));
+    // With an unknown phase, the rest is still checked (phase checks skipped).
+    let when = match table.get("when") {
+        Some(v) => Matcher::compile_when(cx, v, phase),
+        None => Some(Matcher::All(Vec::new())),
+    };
+    let mut actions = Vec::new();
+    match table.get("actions") {
+        Some(v) => match v.get_ref() {
+            DeValue::Array(items) if !items.is_empty() => {
+                for entry in items.iter() {
+                    if let Some(a) = action::compile(cx, entry, phase) {
+                        actions.push(a);
+                    }
+                }
+            }
+            DeValue::Array(_) => cx.error(v.span(), "a rule needs at least one action"),
+            _ => cx.error(
+                v.span(),
+                format!("actions must be an array of tables (e.g. actions = [ {{ tag = \"x\" }} ]), found {}", v.get_ref().type_str()),
+            ),
+        },
+        None => cx.error(item.span(), "a rule needs actions (e.g. actions = [ { tag = \"seen\" } ])"),
+    }
+    let when = when?;
+    let (name, _) = name?;
+    let phase = phase?;
+    if cx.errors.len() != errors_before {
+        return None;
+    }
+    let needs_body = when.needs_body() || actions.iter().any(|a| a.action.needs_body());
+    Some(Rule {
+        name,
+        description,
+        phase,
+        enforce,
+        enabled,
+        file: cx.file.to_owned(),
+        line,
+        when,
+        actions,
+        needs_body,
+    })
+}

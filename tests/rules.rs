@@ -1,0 +1,511 @@
+//! Hook rules through the real binary: rewrites reach the provider, blocks never do,
+//! untouched requests stay byte-identical, the rules directory reloads while serving,
+//! and `rules check` / `rules test` print what they should.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::client::{self, request_bytes};
+use support::shapes;
+use support::{Action, FakeProvider, Proxy, Reply, TempDir};
+
+const WAIT: Duration = Duration::from_secs(10);
+const CANARY_TOKEN: &str = "tok-CANARY-rules-9f3b2c";
+
+fn examples() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples")
+}
+
+async fn fake_ok() -> FakeProvider {
+    FakeProvider::start(|r| {
+        if r.body.windows(12).any(|w| w == b"rate-limit-m") {
+            return Action::Respond(
+                Reply::json(429, &json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow"}}))
+                    .header("retry-after", "30"),
+            );
+        }
+        Action::Respond(Reply::json(200, &shapes::anthropic_message("claude-opus-5-5", "ok", (1, 0, 0, 1))))
+    })
+    .await
+}
+
+/// promptgate with both providers at the fake, and `dir` as its rules.
+fn start(fake: &FakeProvider, dir: &TempDir) -> Proxy {
+    Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ])
+}
+
+fn rules_dir(files: &[(&str, &str)]) -> TempDir {
+    let dir = TempDir::new("rules");
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    dir
+}
+
+fn copy_example(dir: &TempDir, name: &str) {
+    std::fs::copy(examples().join(name), dir.path().join(name)).unwrap();
+}
+
+async fn post_cc(
+    proxy: &Proxy,
+    body: &[u8],
+    extra: &[(&'static str, String)],
+) -> client::RawResponse {
+    let mut headers = shapes::claude_code_headers(
+        &proxy.addr.to_string(),
+        body.len(),
+        "sk-ant-api03-rules-test",
+    );
+    headers.extend(extra.iter().cloned());
+    client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages?beta=true", &headers, body),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn rewrites_reach_the_provider_and_untouched_requests_stay_byte_identical() {
+    let fake = fake_ok().await;
+    let dir = support::example_rules(&["10-org-policy.toml"]);
+    let proxy = start(&fake, &dir);
+
+    let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
+    let response = post_cc(&proxy, &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let got = &fake.wait_requests(1, WAIT).await[0];
+    let sent: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(
+        sent["system"][0]["text"],
+        "ACME policy: never paste customer data into a prompt."
+    );
+    assert_eq!(
+        got.header("content-length").unwrap(),
+        got.body.len().to_string()
+    );
+    // Only the system key changed: everything after it is the client's exact bytes.
+    let tail = |b: &[u8]| {
+        let s = std::str::from_utf8(b).unwrap();
+        s[s.find(",\"tools\":").unwrap()..].to_owned()
+    };
+    assert_eq!(tail(&got.body), tail(&body));
+    let head = |b: &[u8]| {
+        let s = std::str::from_utf8(b).unwrap();
+        s[..s.find(",\"system\":").unwrap()].to_owned()
+    };
+    assert_eq!(
+        head(&got.body),
+        head(&body),
+        "messages, before system, untouched"
+    );
+
+    // An OpenAI request matches no rule: byte for byte.
+    let chat = shapes::to_bytes(&shapes::openai_chat_body(false));
+    let response = client::post(proxy.addr, "/openai/v1/chat/completions", &chat).await;
+    assert_eq!(response.status, 200);
+    let got = &fake.wait_requests(2, WAIT).await[1];
+    assert_eq!(got.body, chat);
+
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    assert_eq!(lines[0]["rules"], "org-policy-preamble");
+    assert_eq!(lines[0]["tags"], "org-policy");
+    assert!(lines[1].get("rules").is_none_or(Value::is_null));
+}
+
+#[tokio::test]
+async fn a_block_answers_in_the_provider_shape_and_never_reaches_upstream() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[(
+        "block.toml",
+        r#"
+[[rule]]
+name = "no-gpt-5"
+on = "before_provider_headers"
+when = { provider = "openai", model = "gpt-5*" }
+actions = [ { block = { status = 400, type = "invalid_request_error", message = "gpt-5 is off" } } ]
+"#,
+    )]);
+    copy_example(&dir, "20-block-opus-for-batch.toml");
+    let proxy = start(&fake, &dir);
+    let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
+    let response = post_cc(&proxy, &body, &[("x-team", "batch".into())]).await;
+    assert_eq!(response.status, 403);
+    assert_eq!(response.header("x-should-retry"), Some("false"));
+    assert_eq!(response.header("content-type"), Some("application/json"));
+    let request_id = response.header("request-id").unwrap().to_owned();
+    let e = response.json();
+    assert_eq!(e["type"], "error");
+    assert_eq!(e["error"]["type"], "permission_error");
+    assert_eq!(
+        e["error"]["message"],
+        "promptgate: Opus is not allowed for team batch; use claude-sonnet-* (rule \"no-opus-for-batch\")"
+    );
+    assert_eq!(e["request_id"], request_id);
+
+    let chat = shapes::to_bytes(&shapes::openai_chat_body(true));
+    let response = client::post(proxy.addr, "/openai/v1/chat/completions", &chat).await;
+    assert_eq!(response.status, 400);
+    let e = response.json();
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["code"], "blocked_by_rule");
+
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    assert!(lines.iter().all(|l| l["outcome"] == "blocked"), "{lines:?}");
+    assert_eq!(lines[0]["rules"], "no-opus-for-batch");
+    assert_eq!(fake.requests().len(), 0, "the upstream was never contacted");
+}
+
+#[tokio::test]
+async fn enforce_fails_closed_on_a_body_that_is_not_json() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[(
+        "enforce.toml",
+        r#"
+[[rule]]
+name = "policy-needs-system"
+on = "before_provider_request"
+enforce = true
+when = { system = { contains = "ACME" } }
+actions = [ { tag = "has-policy" } ]
+"#,
+    )]);
+    let proxy = start(&fake, &dir);
+    let response = client::post(
+        proxy.addr,
+        "/v1/messages",
+        b"{\"model\": \"claude\", truncated",
+    )
+    .await;
+    assert_eq!(response.status, 400);
+    assert_eq!(response.header("x-should-retry"), Some("false"));
+    let message = response.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(message.contains("rule \"policy-needs-system\" is enforced and could not be evaluated: the body is not a JSON object"), "{message}");
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(line["outcome"], "blocked");
+    assert_eq!(fake.requests().len(), 0);
+}
+
+#[tokio::test]
+async fn env_secrets_in_headers_never_reach_the_log() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[(
+        "auth.toml",
+        r#"
+[[rule]]
+name = "gateway-token"
+on = "before_provider_headers"
+actions = [ { header.set = { "x-gateway-token" = "${env:PG_GATEWAY_TOKEN}" } }, { log = "token={header.x-gateway-token}" } ]
+"#,
+    )]);
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--rules",
+            dir.path().to_str().unwrap(),
+        ],
+        &[
+            ("PG_GATEWAY_TOKEN", CANARY_TOKEN),
+            ("PROMPTGATE_LOG", "debug"),
+        ],
+    );
+    let body = shapes::to_bytes(&shapes::pi_body(0));
+    let response = client::post(proxy.addr, "/v1/messages", &body).await;
+    assert_eq!(response.status, 200);
+    let got = &fake.wait_requests(1, WAIT).await[0];
+    assert_eq!(got.header("x-gateway-token"), Some(CANARY_TOKEN));
+    assert_eq!(
+        got.body, body,
+        "a headers-only rule leaves the body as sent"
+    );
+    proxy.wait_exchanges(1, WAIT).await;
+    assert!(proxy.log().contains("token=<secret>"), "{}", proxy.log());
+    support::assert_absent(proxy.log().as_bytes(), CANARY_TOKEN, "the promptgate log");
+}
+
+#[tokio::test]
+async fn after_provider_response_notes_rate_limits_and_sets_headers() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[(
+        "resp.toml",
+        r#"
+[[rule]]
+name = "mark"
+on = "after_provider_response"
+when = { status = "4xx" }
+actions = [ { header.set = { "x-promptgate-rule" = "mark" } } ]
+"#,
+    )]);
+    copy_example(&dir, "70-note-429.toml");
+    let proxy = start(&fake, &dir);
+    let body = br#"{"model":"claude-haiku-5-5","max_tokens":8,"messages":[{"role":"user","content":"rate-limit-me"}]}"#;
+    let response = client::post(proxy.addr, "/v1/messages", body).await;
+    assert_eq!(response.status, 429);
+    assert_eq!(response.header("retry-after"), Some("30"));
+    assert_eq!(response.header("x-promptgate-rule"), Some("mark"));
+    assert_eq!(
+        response.json()["error"]["type"],
+        "rate_limit_error",
+        "the body is the provider's, untouched"
+    );
+    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    assert_eq!(
+        line["rules"], "note-rate-limits,mark",
+        "file-name order: 70-note-429.toml, then resp.toml"
+    );
+    assert_eq!(line["tags"], "rate-limited");
+    assert!(
+        proxy
+            .log()
+            .contains("rate limited on claude-haiku-5-5: retry-after=30"),
+        "{}",
+        proxy.log()
+    );
+}
+
+#[tokio::test]
+async fn a_compressed_request_is_decoded_for_rules_and_sent_as_identity_when_changed() {
+    let fake = fake_ok().await;
+    let dir = support::example_rules(&["30-strip-cache-control.toml"]);
+    let proxy = start(&fake, &dir);
+    let plain = shapes::to_bytes(&shapes::pi_body(1));
+    let packed = support::fake_provider::compress("zstd", &plain);
+    let headers = vec![
+        ("Host", proxy.addr.to_string()),
+        ("content-type", "application/json".into()),
+        ("content-encoding", "zstd".into()),
+    ];
+    let response = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages", &headers, &packed),
+    )
+    .await;
+    assert_eq!(response.status, 200);
+    let got = &fake.wait_requests(1, WAIT).await[0];
+    assert_eq!(got.header("content-encoding"), None);
+    assert_eq!(
+        got.header("content-length").unwrap(),
+        got.body.len().to_string()
+    );
+    let sent: Value = serde_json::from_slice(&got.body).unwrap();
+    assert!(!sent.to_string().contains("cache_control"));
+    assert_eq!(sent["tools"].as_array().unwrap().len(), 4);
+}
+
+/// Sends a request and returns the `x-rule-version` the provider saw.
+async fn version_seen(proxy: &Proxy, fake: &FakeProvider, n: usize) -> Option<String> {
+    let body = shapes::to_bytes(&shapes::pi_body(0));
+    let response = client::post(proxy.addr, "/v1/messages", &body).await;
+    assert_eq!(response.status, 200);
+    let got = fake.wait_requests(n, WAIT).await;
+    got[n - 1].header("x-rule-version").map(str::to_owned)
+}
+
+/// Sends requests until the provider sees rule version `want`, or fails with `what`.
+async fn wait_for_version(
+    proxy: &Proxy,
+    fake: &FakeProvider,
+    n: &mut usize,
+    want: &str,
+    what: &str,
+) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        *n += 1;
+        if version_seen(proxy, fake, *n).await.as_deref() == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what} was not picked up; log:\n{}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn version_rule(v: &str) -> String {
+    format!(
+        "[[rule]]\nname = \"version\"\non = \"before_provider_headers\"\nactions = [ {{ header.set = {{ \"x-rule-version\" = \"{v}\" }} }} ]\n"
+    )
+}
+
+#[tokio::test]
+async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[("10-version.toml", &version_rule("1"))]);
+    let proxy = start(&fake, &dir);
+    let mut n = 1;
+    assert_eq!(version_seen(&proxy, &fake, n).await.as_deref(), Some("1"));
+
+    // A valid change is picked up.
+    std::fs::write(dir.path().join("10-version.toml"), version_rule("2")).unwrap();
+    wait_for_version(&proxy, &fake, &mut n, "2", "the change").await;
+    assert!(proxy.log().contains("rules reloaded"));
+
+    // An invalid file is refused with file:line:col, and version 2 stays live.
+    let broken = dir.path().join("20-broken.toml");
+    std::fs::write(
+        &broken,
+        "[[rule]]\nname = \"b\"\non = \"before_provider_request\"\nactions = [ { tag = 5 } ]\n",
+    )
+    .unwrap();
+    let want = format!(
+        "{}:4:21: tag must be a string or an array of strings, found integer",
+        broken.display()
+    );
+    let deadline = Instant::now() + WAIT;
+    while !proxy.log().contains(&want) {
+        assert!(
+            Instant::now() < deadline,
+            "no reload error logged; log:\n{}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        proxy
+            .log()
+            .contains("rules not reloaded; the last good set stays live")
+    );
+    // A valid edit elsewhere is still refused while the broken file is there: the set is all or nothing.
+    std::fs::write(dir.path().join("10-version.toml"), version_rule("3")).unwrap();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    n += 1;
+    assert_eq!(version_seen(&proxy, &fake, n).await.as_deref(), Some("2"));
+    // Fixing the file makes the whole directory live.
+    std::fs::remove_file(&broken).unwrap();
+    wait_for_version(&proxy, &fake, &mut n, "3", "the fix").await;
+}
+
+#[tokio::test]
+async fn broken_or_missing_rules_stop_serve_with_every_error() {
+    let dir = rules_dir(&[(
+        "a.toml",
+        "[[rule]]\nname = \"a\"\non = \"before\"\nactions = []\n",
+    )]);
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--rules"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("a.toml:3:6: unknown phase \"before\""),
+        "{err}"
+    );
+    assert!(
+        err.contains("a.toml:4:11: a rule needs at least one action"),
+        "{err}"
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--rules",
+            "/nonexistent/rules-dir",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("rules directory /nonexistent/rules-dir does not exist")
+    );
+}
+
+// === rules check / rules test: golden output ===
+
+/// Compares with `tests/golden/NAME`; `PROMPTGATE_BLESS=1` rewrites it.
+fn golden(name: &str, got: &str) {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("PROMPTGATE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|_| panic!("no {} (run with PROMPTGATE_BLESS=1)", path.display()));
+    assert!(
+        want == got,
+        "{name} differs\nexpected:\n```\n{want}```\ngot:\n```\n{got}```"
+    );
+}
+
+fn run_cli(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[test]
+fn rules_check_prints_a_summary_or_every_error() {
+    let (code, out) = run_cli(&["rules", "check", "rules/examples"]);
+    assert_eq!(code, Some(0), "{out}");
+    golden("rules-check-examples.txt", &out);
+    let (code, out) = run_cli(&["rules", "check", "tests/fixtures/rules-broken"]);
+    assert_eq!(code, Some(1), "{out}");
+    golden("rules-check-broken.txt", &out);
+}
+
+#[test]
+fn rules_test_dry_runs_a_request() {
+    let dir = TempDir::new("rules-test");
+    let request = dir.path().join("request.json");
+    std::fs::write(&request, shapes::to_bytes(&shapes::pi_body(0))).unwrap();
+    let headers = dir.path().join("headers.json");
+    std::fs::write(
+        &headers,
+        r#"{"x-team": "batch", "x-stainless-os": "Linux"}"#,
+    )
+    .unwrap();
+    let out_body = dir.path().join("out.json");
+    let response_headers = dir.path().join("response.json");
+    std::fs::write(&response_headers, r#"{"retry-after": "30"}"#).unwrap();
+    let (code, out) = run_cli(&[
+        "rules",
+        "test",
+        "--rules",
+        "rules/bench",
+        request.to_str().unwrap(),
+        "--headers",
+        headers.to_str().unwrap(),
+        "--body-out",
+        out_body.to_str().unwrap(),
+        "--status",
+        "429",
+        "--response-headers",
+        response_headers.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    golden("rules-test-bench-pi.txt", &out);
+    let sent: Value = serde_json::from_slice(&std::fs::read(&out_body).unwrap()).unwrap();
+    assert_eq!(
+        sent["system"][0]["text"],
+        "ACME policy: never paste customer data into a prompt."
+    );
+}
