@@ -45,6 +45,8 @@ pub struct ConfigLayer {
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
     pub shutdown_grace: Option<Scalar>,
+    /// `[cache]`: prompt-cache analysis (file only).
+    pub cache: Option<crate::cache::CacheConfigLayer>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -83,6 +85,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
+    /// Prompt-cache analysis: on/off, ignored units, minimum lengths, prices.
+    pub cache: crate::cache::CacheSettings,
 }
 
 /// Log line format.
@@ -108,6 +112,7 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            cache: crate::cache::CacheSettings::default(),
         }
     }
 }
@@ -202,6 +207,14 @@ impl Config {
                 *slot = parse_duration(&v)
                     .map_err(|message| ConfigError::Invalid { setting, message })?;
             }
+        }
+        if let Some(cache) = layer.cache {
+            self.cache
+                .apply(cache)
+                .map_err(|message| ConfigError::Invalid {
+                    setting: "cache",
+                    message,
+                })?;
         }
         Ok(())
     }

@@ -94,7 +94,7 @@ impl PendingRecord {
             record.outcome = outcome;
             record.error = error;
             record.timing.total = self.started.elapsed();
-            self.recorder.emit(&record);
+            self.recorder.emit(&mut record);
         }
     }
 }
@@ -108,7 +108,7 @@ impl Drop for PendingRecord {
                 _ => "the client went away before the response".into(),
             });
             record.timing.total = self.started.elapsed();
-            self.recorder.emit(&record);
+            self.recorder.emit(&mut record);
         }
     }
 }
@@ -222,6 +222,7 @@ impl Proxy {
             r.response_headers = head.headers.clone();
             r.timing.upstream_headers = Some(started.elapsed());
         }
+        self.recorder.response_began(pending.get());
         let is_sse = head
             .headers
             .get(header::CONTENT_TYPE)

@@ -69,6 +69,7 @@ impl RecordSink for ExchangeLog {
             cache_read = usage.map(|u| u.cache_read_tokens),
             cache_write = usage.map(|u| u.cache_write_tokens),
             out_tokens = usage.map(|u| u.output_tokens),
+            cache = r.cache.as_ref().map(|c| c.log_field()),
             error = r.error.as_deref(),
             parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
             "exchange"

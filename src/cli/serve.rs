@@ -8,7 +8,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use crate::cache::CacheStage;
 use crate::config::{Config, ConfigLayer};
+use crate::conversation::KeySource;
 use crate::exchange::Proxy;
 use crate::logging::{self, ExchangeLog};
 use crate::record::Recorder;
@@ -65,6 +67,7 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            cache: None,
         };
         (self.config, layer)
     }
@@ -102,10 +105,12 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         config.upstream_anthropic, config.upstream_openai
     );
     let _ = std::io::stdout().flush();
+    let cache = CacheStage::new(config.cache.clone(), KeySource::default());
+    let recorder = Recorder::with_stages(vec![Arc::new(cache)], vec![Arc::new(ExchangeLog)]);
     let proxy = Arc::new(Proxy {
         config: Arc::new(config),
         upstream,
-        recorder: Arc::new(Recorder::new(vec![Arc::new(ExchangeLog)])),
+        recorder: Arc::new(recorder),
     });
     crate::listener::serve(listener, proxy, shutdown_signal(), grace).await;
     Ok(())
