@@ -164,8 +164,11 @@ pub struct Conversation {
     last_seen: Millis,
 }
 
-/// How many requests a conversation keeps for comparison.
-const SNAPSHOTS_KEPT: usize = 4;
+/// How many requests a conversation keeps for comparison (each holds its body).
+const SNAPSHOTS_KEPT: usize = 3;
+
+/// A conversation idle this long has nothing alive left (the longest ttl is 1 h).
+const IDLE_FORGOTTEN: Millis = 3_600_000 + 60_000;
 
 impl Conversation {
     /// The newest request that started before `start` (other than `id`).
@@ -249,6 +252,10 @@ impl History {
 
     /// The conversation `key`, made if new.
     pub fn conversation(&mut self, key: &str, now: Millis) -> &mut Conversation {
+        if !self.conversations.contains_key(key) {
+            self.conversations
+                .retain(|_, c| c.last_seen + IDLE_FORGOTTEN > now);
+        }
         if !self.conversations.contains_key(key) && self.conversations.len() >= self.limit {
             let oldest = self
                 .conversations
@@ -344,6 +351,9 @@ mod tests {
         h.conversation("c", 4);
         assert_eq!(h.len(), 2);
         assert!(h.get("a").is_some() && h.get("b").is_none());
+        // Idle past the longest ttl: forgotten when another conversation starts.
+        h.conversation("d", 3 + IDLE_FORGOTTEN);
+        assert!(h.get("a").is_none() && h.get("c").is_some() && h.get("d").is_some());
     }
 
     #[test]

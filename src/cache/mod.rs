@@ -77,7 +77,7 @@ impl Default for CacheSettings {
             ignore: vec![IgnoreRule::billing_header()],
             min_tokens: cost::min_tokens(Vec::new()),
             prices: cost::prices(Vec::new()),
-            conversations: 256,
+            conversations: 64,
         }
     }
 }
