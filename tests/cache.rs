@@ -456,48 +456,34 @@ async fn analysis_can_be_turned_off() {
     assert!(line["cache_write"].as_u64().unwrap() > 0);
 }
 
-#[tokio::test]
-async fn bad_cache_config_says_where() {
+/// Runs `promptgate serve` with a config file holding `text`; it should refuse it.
+fn refused_config(text: &str) -> String {
     let dir = TempDir::new("cache-bad");
     let config = dir.path().join("promptgate.toml");
-    std::fs::write(
-        &config,
-        "[cache]\nignore = [{ region = \"system\", text = \"(x\" }]\n",
-    )
-    .unwrap();
+    std::fs::write(&config, text).unwrap();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&out.stderr);
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn bad_cache_config_says_where() {
+    let err = refused_config("[cache]\nignore = [{ region = \"system\", text = \"(x\" }]\n");
     assert!(
         err.contains("cache: ignore[0].text: invalid regex \"(x\""),
         "{err}"
     );
-    std::fs::write(
-        &config,
-        "[cache]\nmin_tokens = { \"claude-*\" = \"many\" }\n",
-    )
-    .unwrap();
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
-        .args([
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = refused_config("[cache]\nmin_tokens = { \"claude-*\" = \"many\" }\n");
     assert!(err.contains("promptgate.toml:2:"), "{err}");
+    let err = refused_config("[cache]\nignore = [{ region = \"body\", text = \"x\" }]\n");
+    assert!(
+        err.contains("ignore[0].region: \"body\" is not a region"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

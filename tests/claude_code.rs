@@ -76,6 +76,28 @@ fn inside_namespace() -> bool {
     true
 }
 
+/// The CLI with `args`, in `cwd`, with a clean environment that points it at `base_url`.
+fn claude_command(
+    args: &[&str],
+    cwd: &std::path::Path,
+    home: &std::path::Path,
+    base_url: &str,
+) -> Command {
+    let mut command = Command::new(claude());
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("ANTHROPIC_BASE_URL", base_url)
+        .env("ANTHROPIC_API_KEY", CANARY_KEY)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_MAX_RETRIES", "0");
+    command
+}
+
 #[test]
 fn claude_code_print_mode_completes_through_promptgate() {
     if !inside_namespace() {
@@ -109,18 +131,12 @@ async fn print_mode() {
     let base_url = format!("http://{}", relay.addr);
     let (cwd, home_dir) = (work.path().to_owned(), home.path().to_owned());
     let output = tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(claude());
-        command
-            .args(["-p", "Say hello", "--output-format", "json"])
-            .current_dir(cwd)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", home_dir)
-            .env("ANTHROPIC_BASE_URL", base_url)
-            .env("ANTHROPIC_API_KEY", CANARY_KEY)
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .env("CLAUDE_CODE_MAX_RETRIES", "0");
+        let mut command = claude_command(
+            &["-p", "Say hello", "--output-format", "json"],
+            &cwd,
+            &home_dir,
+            &base_url,
+        );
         let child = command
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -300,24 +316,15 @@ async fn tool_round_trip() {
     let base_url = proxy.url();
     let (cwd, home_dir) = (work.path().to_owned(), home.path().to_owned());
     let output = tokio::task::spawn_blocking(move || {
-        Command::new(claude())
-            .args([
-                "-p",
-                "Read note.txt and tell me the answer",
-                "--output-format",
-                "json",
-                "--allowedTools",
-                "Read",
-            ])
-            .current_dir(cwd)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", home_dir)
-            .env("ANTHROPIC_BASE_URL", base_url)
-            .env("ANTHROPIC_API_KEY", CANARY_KEY)
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .env("CLAUDE_CODE_MAX_RETRIES", "0")
+        let args = [
+            "-p",
+            "Read note.txt and tell me the answer",
+            "--output-format",
+            "json",
+            "--allowedTools",
+            "Read",
+        ];
+        claude_command(&args, &cwd, &home_dir, &base_url)
             .output()
             .unwrap()
     })
