@@ -347,8 +347,17 @@ impl CacheStage {
         };
         let key = conversation_key(&b.headers, Some(&view), &self.key_source)
             .unwrap_or_else(|| "unkeyed".into());
-        let Ok(segments) = segment::segment_view(&b.body, &view, b.format, &self.settings.ignore)
-        else {
+        let previous = state
+            .history
+            .get(&key)
+            .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
+        let Ok(segments) = segment::segment_view(
+            &b.body,
+            &view,
+            b.format,
+            &self.settings.ignore,
+            previous.as_deref(),
+        ) else {
             return;
         };
         let segments = Arc::new(segments);

@@ -264,17 +264,21 @@ pub fn segment(
     ignore: &[IgnoreRule],
 ) -> Result<Segments, SegmentError> {
     let view = RequestView::parse(body)?;
-    segment_view(body, &view, format, ignore)
+    segment_view(body, &view, format, ignore, None)
 }
 
 /// [`segment`] for a body already parsed into `view` (which must borrow `body`).
+/// Units byte-identical to `previous`'s at the same place (an agent's earlier turn)
+/// take its hash and token estimate instead of computing them again.
 pub fn segment_view(
     body: &Bytes,
     view: &RequestView<'_>,
     format: Format,
     ignore: &[IgnoreRule],
+    previous: Option<&Segments>,
 ) -> Result<Segments, SegmentError> {
     let mut cut = Cutter::new(body, format, ignore, view);
+    cut.previous = previous;
     match format {
         Format::AnthropicMessages => cut.anthropic(view),
         Format::OpenAiChat => cut.openai_chat(view),
@@ -288,6 +292,7 @@ pub fn segment_view(
 /// Builds the unit list; owns the running prefix hash.
 struct Cutter<'b> {
     body: &'b Bytes,
+    previous: Option<&'b Segments>,
     format: Format,
     ignore: &'b [IgnoreRule],
     units: Vec<Unit>,
@@ -328,6 +333,7 @@ impl<'b> Cutter<'b> {
         seed.update(settings.model.as_bytes());
         Cutter {
             body,
+            previous: None,
             format,
             ignore,
             units: Vec::new(),
@@ -458,13 +464,13 @@ impl<'b> Cutter<'b> {
         bytes.extend_from_slice(raw);
         bytes.push(b'}');
         let ignored = self.is_ignored(path.region, Some(text));
-        let tokens = estimate::tokens(self.format.provider(), raw) + estimate::BLOCK_OVERHEAD;
         let cacheable = raw.len() > 2;
+        let (hash, tokens) = self.measure(&path, &bytes, raw);
         self.push(
             path,
             "text".into(),
             Bytes::from(bytes),
-            tokens,
+            (hash, tokens),
             None,
             cacheable,
             ignored,
@@ -527,7 +533,7 @@ impl<'b> Cutter<'b> {
             _ => None,
         }
         .unwrap_or(&bytes);
-        let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
+        let measured = self.measure(&path, &bytes, counted);
         let cacheable = match kind.as_str() {
             "thinking" | "redacted_thinking" => false,
             "text" => text.is_some_and(|t| t.get().len() > 2),
@@ -540,7 +546,20 @@ impl<'b> Cutter<'b> {
         {
             self.settings.images = true;
         }
-        self.push(path, kind, bytes, tokens, breakpoint, cacheable, ignored);
+        self.push(path, kind, bytes, measured, breakpoint, cacheable, ignored);
+    }
+
+    /// The unit's hash and token estimate: the earlier turn's when the same place
+    /// held the same bytes (a memcmp is far cheaper than hashing and counting).
+    fn measure(&self, path: &UnitPath, bytes: &[u8], counted: &[u8]) -> (Hash, u32) {
+        if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
+            && prev.path == *path
+            && prev.bytes[..] == *bytes
+        {
+            return (prev.hash, prev.tokens);
+        }
+        let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
+        (sha256(bytes), tokens)
     }
 
     /// The body's own bytes for `raw`, without a copy.
@@ -573,12 +592,11 @@ impl<'b> Cutter<'b> {
         path: UnitPath,
         kind: String,
         bytes: Bytes,
-        tokens: u32,
+        (hash, tokens): (Hash, u32),
         breakpoint: Option<Breakpoint>,
         cacheable: bool,
         ignored: bool,
     ) {
-        let hash = sha256(&bytes);
         if path.region == Region::Tools {
             self.tools.update(&hash);
         }
@@ -839,6 +857,20 @@ mod tests {
         .unwrap();
         assert_eq!(paths(&s), ["instructions", "input[0]"]);
         assert!(segment(&Bytes::from_static(b"[1]"), Format::OpenAiChat, &[]).is_err());
+    }
+
+    #[test]
+    fn an_earlier_turn_lends_its_hashes() {
+        let a = cut(TURN1);
+        let body = Bytes::copy_from_slice(TURN2.as_bytes());
+        let view = RequestView::parse(&body).unwrap();
+        let ignore = [IgnoreRule::billing_header()];
+        let fresh = segment_view(&body, &view, Format::AnthropicMessages, &ignore, None).unwrap();
+        let lent =
+            segment_view(&body, &view, Format::AnthropicMessages, &ignore, Some(&a)).unwrap();
+        for (x, y) in fresh.units.iter().zip(&lent.units) {
+            assert_eq!((x.hash, x.prefix, x.tokens), (y.hash, y.prefix, y.tokens));
+        }
     }
 
     #[test]
