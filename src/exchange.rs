@@ -381,11 +381,13 @@ fn finish_observed(
         };
         pending.emit(outcome, error);
     };
-    // Reading the copy happens off the client's path. With no client left (or the
-    // runtime going down, when a spawned task would never run) it happens right here.
+    // Reading the copy happens off the client's path, on the blocking pool: reading
+    // a large body and cache analysis must not hold a runtime worker that other
+    // streams need. With no client left (or the runtime going down, when a spawned
+    // task would never run) it happens right here.
     match tokio::runtime::Handle::try_current() {
         Ok(rt) if client_waiting => {
-            rt.spawn(async move { work() });
+            rt.spawn_blocking(work);
         }
         _ => work(),
     }

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod estimate;
 pub mod explain;
 pub mod history;
+pub mod scan;
 pub mod segment;
 
 use std::collections::{BTreeMap, HashMap};
@@ -270,7 +271,8 @@ struct Began {
     start: Millis,
     began: Millis,
     format: Format,
-    headers: HeaderMap,
+    /// The conversation key when a header names it; else the headers, for later.
+    key: Result<String, HeaderMap>,
     body: Bytes,
 }
 
@@ -283,7 +285,6 @@ struct Pending {
 }
 
 struct State {
-    began: Vec<Began>,
     pending: HashMap<ExchangeId, Pending>,
     history: History,
 }
@@ -298,6 +299,9 @@ pub struct CacheStage {
     settings: CacheSettings,
     key_source: KeySource,
     clock: Clock,
+    /// Requests whose response began, in that order. Its own lock: the request path
+    /// only ever waits for a push, never for an analysis.
+    began: Mutex<Vec<Began>>,
     state: Mutex<State>,
 }
 
@@ -327,8 +331,8 @@ impl CacheStage {
             settings,
             key_source,
             clock,
+            began: Mutex::new(Vec::new()),
             state: Mutex::new(State {
-                began: Vec::new(),
                 pending: HashMap::new(),
                 history,
             }),
@@ -342,25 +346,34 @@ impl CacheStage {
 
     /// Cuts and predicts a queued request, and notes what it will cache.
     fn prepare(&self, state: &mut State, b: Began) {
-        let Ok(view) = RequestView::parse(&b.body) else {
-            return;
-        };
-        let key = conversation_key(&b.headers, Some(&view), &self.key_source)
-            .unwrap_or_else(|| "unkeyed".into());
+        // The session header names most agent conversations without reading the
+        // body; only the others (pi, SDK apps) need the request view.
+        let key = match &b.key {
+            Ok(key) => Some(key.clone()),
+            Err(headers) => RequestView::parse(&b.body)
+                .ok()
+                .and_then(|view| conversation_key(headers, Some(&view), &self.key_source)),
+        }
+        .unwrap_or_else(|| "unkeyed".into());
         let previous = state
             .history
             .get(&key)
             .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
-        let Ok(segments) = segment::segment_view(
-            &b.body,
-            &view,
-            b.format,
-            &self.settings.ignore,
-            previous.as_deref(),
-        ) else {
-            return;
+        let segments = match previous {
+            // A byte-identical resend (a retry, a replay) is the same units.
+            Some(p) if p.format == b.format && p.body == b.body => p,
+            _ => {
+                let Ok(s) = segment::segment_after(
+                    &b.body,
+                    b.format,
+                    &self.settings.ignore,
+                    previous.as_deref(),
+                ) else {
+                    return;
+                };
+                Arc::new(s)
+            }
         };
-        let segments = Arc::new(segments);
         let min = self.settings.min_tokens_for(&segments.settings.model);
         let conv = state.history.conversation(&key, b.start);
         let req = Request {
@@ -570,14 +583,20 @@ impl RecordStage for CacheStage {
                 .timing
                 .upstream_headers
                 .map_or(0, |d| d.as_millis() as Millis);
-        self.lock().began.push(Began {
+        let began = Began {
             id: record.id,
             start,
             began,
             format,
-            headers: record.sent_headers.clone(),
+            key: conversation_key(&record.sent_headers, None, &self.key_source)
+                .ok_or_else(|| record.sent_headers.clone()),
             body: record.sent_body.clone(),
-        });
+        };
+        // A panic elsewhere while holding it cannot leave the queue half-pushed.
+        self.began
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(began);
     }
 
     fn apply(&self, record: &mut ExchangeRecord) {
@@ -586,7 +605,8 @@ impl RecordStage for CacheStage {
         }
         let mut state = self.lock();
         let state = &mut *state;
-        let queued = std::mem::take(&mut state.began);
+        // Taken under the state lock, so queued requests are prepared in arrival order.
+        let queued = std::mem::take(&mut *self.began.lock().unwrap_or_else(|p| p.into_inner()));
         for b in queued {
             self.prepare(state, b);
         }

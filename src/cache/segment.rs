@@ -14,10 +14,9 @@ use bytes::Bytes;
 use regex::Regex;
 use ring::digest::{Context, SHA256};
 use serde::Serialize;
-use serde_json::value::RawValue;
 
 use super::estimate;
-use crate::provider::request::{Content, RawObject, RequestView};
+use super::scan::{self, Node, ScanError, scan};
 use crate::provider::{Api, Provider};
 
 /// A SHA-256 digest.
@@ -106,10 +105,22 @@ impl Ttl {
         }
     }
 
-    fn of(cache_control: &RawValue) -> Ttl {
-        match RawObject::of(cache_control).and_then(|o| o.str("ttl")) {
-            Some(t) if t == "1h" => Ttl::OneHour,
-            _ => Ttl::FiveMinutes,
+    /// The ttl of a `cache_control` object (scanned again when it was kept as a leaf).
+    fn of(body: &[u8], cache_control: &Node) -> Ttl {
+        let span = cache_control.span();
+        let is_1h = match cache_control {
+            Node::Object(..) => cache_control
+                .get(body, "ttl")
+                .is_some_and(|t| t.is_str(body, "1h")),
+            _ => scan::scan(span.of(body), 1).is_ok_and(|n| {
+                n.get(span.of(body), "ttl")
+                    .is_some_and(|t| t.is_str(span.of(body), "1h"))
+            }),
+        };
+        if is_1h {
+            Ttl::OneHour
+        } else {
+            Ttl::FiveMinutes
         }
     }
 }
@@ -201,6 +212,8 @@ impl Format {
 /// A request as cache units.
 #[derive(Debug, Clone)]
 pub struct Segments {
+    /// The body the units were cut from.
+    pub body: Bytes,
     pub format: Format,
     pub units: Vec<Unit>,
     pub settings: Settings,
@@ -252,39 +265,43 @@ impl IgnoreRule {
 /// Why a body could not be cut into units.
 #[derive(Debug, thiserror::Error)]
 pub enum SegmentError {
-    #[error("request body is not a JSON object: {0}")]
-    NotJson(#[from] serde_json::Error),
+    #[error("request body is not JSON: {0}")]
+    NotJson(#[from] ScanError),
+    #[error("request body is not a JSON object")]
+    NotObject,
 }
 
-/// Cuts `body` into cache units. One pass over the units: each is normalised,
-/// hashed, estimated and chained into the prefix as it is met.
+/// Cuts `body` into cache units. One pass over the bytes finds the structure;
+/// each unit is then normalised, hashed, estimated and chained into the prefix.
 pub fn segment(
     body: &Bytes,
     format: Format,
     ignore: &[IgnoreRule],
 ) -> Result<Segments, SegmentError> {
-    let view = RequestView::parse(body)?;
-    segment_view(body, &view, format, ignore, None)
+    segment_after(body, format, ignore, None)
 }
 
-/// [`segment`] for a body already parsed into `view` (which must borrow `body`).
-/// Units byte-identical to `previous`'s at the same place (an agent's earlier turn)
-/// take its hash and token estimate instead of computing them again.
-pub fn segment_view(
+/// [`segment`], where units byte-identical to `previous`'s at the same place (an
+/// agent's earlier turn) take its hash and token estimate instead of computing them.
+pub fn segment_after(
     body: &Bytes,
-    view: &RequestView<'_>,
     format: Format,
     ignore: &[IgnoreRule],
     previous: Option<&Segments>,
 ) -> Result<Segments, SegmentError> {
-    let mut cut = Cutter::new(body, format, ignore, view);
+    // top → messages → message → content → block: five levels keep every unit.
+    let top = scan(body, 5)?;
+    if !matches!(top, Node::Object(..)) {
+        return Err(SegmentError::NotObject);
+    }
+    let mut cut = Cutter::new(body, format, ignore, &top);
     cut.previous = previous;
     match format {
-        Format::AnthropicMessages => cut.anthropic(view),
-        Format::OpenAiChat => cut.openai_chat(view),
-        Format::OpenAiResponses => cut.openai_responses(view),
+        Format::AnthropicMessages => cut.anthropic(&top),
+        Format::OpenAiChat => cut.openai_chat(&top),
+        Format::OpenAiResponses => cut.openai_responses(&top),
     }
-    Ok(cut.finish(view))
+    Ok(cut.finish(&top))
 }
 
 // === impl Cutter ===
@@ -307,22 +324,33 @@ struct Cutter<'b> {
 
 const IGNORED: &[u8] = b"promptgate:ignored-unit";
 
+/// The items of an array node (none for anything else).
+fn items(node: Option<&Node>) -> &[Node] {
+    match node {
+        Some(Node::Array(_, items)) => items,
+        _ => &[],
+    }
+}
+
 impl<'b> Cutter<'b> {
-    fn new(
-        body: &'b Bytes,
-        format: Format,
-        ignore: &'b [IgnoreRule],
-        view: &RequestView<'_>,
-    ) -> Cutter<'b> {
-        let raw = |k: &str| view.top.get(k).map(|v| v.get().to_owned());
-        let output_config = view.top.get("output_config").and_then(RawObject::of);
+    fn new(body: &'b Bytes, format: Format, ignore: &'b [IgnoreRule], top: &Node) -> Cutter<'b> {
+        let b: &[u8] = body;
+        let raw = |k: &str| {
+            top.get(b, k)
+                .map(|v| String::from_utf8_lossy(v.span().of(b)).into_owned())
+        };
+        let effort = top
+            .get(b, "output_config")
+            .and_then(|o| o.get(b, "effort"))
+            .map(|v| String::from_utf8_lossy(v.span().of(b)).into_owned());
         let settings = Settings {
-            model: view.model().map(|m| m.into_owned()).unwrap_or_default(),
+            model: top
+                .get(b, "model")
+                .and_then(|m| m.string(b))
+                .unwrap_or_default(),
             tool_choice: raw("tool_choice"),
             thinking: raw("thinking").or_else(|| raw("reasoning")),
-            effort: output_config
-                .and_then(|o| o.get("effort").map(|v| v.get().to_owned()))
-                .or_else(|| raw("reasoning_effort")),
+            effort: effort.or_else(|| raw("reasoning_effort")),
             speed: raw("speed"),
             images: false,
         };
@@ -345,83 +373,87 @@ impl<'b> Cutter<'b> {
         }
     }
 
-    fn anthropic(&mut self, view: &RequestView<'_>) {
-        for (i, tool) in view.tools().into_iter().enumerate() {
+    fn anthropic(&mut self, top: &Node) {
+        let b: &[u8] = self.body;
+        for (i, tool) in items(top.get(b, "tools")).iter().enumerate() {
             self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
         }
         self.mix_speed();
-        match view.system() {
-            Some(Content::Text(text)) => {
-                self.string(UnitPath::new(Region::System, 0, None, true), text)
-            }
-            Some(Content::Blocks(blocks)) => {
-                for (i, b) in blocks.into_iter().enumerate() {
-                    self.block(UnitPath::new(Region::System, i, None, false), b, "");
+        match top.get(b, "system") {
+            Some(Node::Array(_, blocks)) => {
+                for (i, block) in blocks.iter().enumerate() {
+                    self.block(UnitPath::new(Region::System, i, None, false), block, "");
                 }
             }
-            None => {}
+            Some(text) if text.span().of(b).first() == Some(&b'"') => {
+                self.string(UnitPath::new(Region::System, 0, None, true), text)
+            }
+            _ => {}
         }
-        self.messages(view, Region::Messages);
+        self.messages(top, Region::Messages);
     }
 
-    fn openai_chat(&mut self, view: &RequestView<'_>) {
-        for (i, tool) in view.tools().into_iter().enumerate() {
+    fn openai_chat(&mut self, top: &Node) {
+        let b: &[u8] = self.body;
+        for (i, tool) in items(top.get(b, "tools")).iter().enumerate() {
             self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
         }
-        self.messages(view, Region::Messages);
+        self.messages(top, Region::Messages);
     }
 
-    fn openai_responses(&mut self, view: &RequestView<'_>) {
-        if let Some(text) = view
-            .top
-            .get("instructions")
-            .filter(|v| v.get().starts_with('"'))
+    fn openai_responses(&mut self, top: &Node) {
+        let b: &[u8] = self.body;
+        if let Some(text) = top
+            .get(b, "instructions")
+            .filter(|v| v.span().of(b).first() == Some(&b'"'))
         {
             self.string(UnitPath::new(Region::Instructions, 0, None, true), text);
         }
-        for (i, tool) in view.tools().into_iter().enumerate() {
+        for (i, tool) in items(top.get(b, "tools")).iter().enumerate() {
             self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
         }
         self.mix_settings();
-        match view.top.get("input").and_then(Content::of) {
-            Some(Content::Text(text)) => {
-                self.string(UnitPath::new(Region::Input, 0, None, true), text)
-            }
-            Some(Content::Blocks(items)) => {
-                for (i, item) in items.into_iter().enumerate() {
+        match top.get(b, "input") {
+            Some(Node::Array(_, list)) => {
+                for (i, item) in list.iter().enumerate() {
                     self.block(UnitPath::new(Region::Input, i, None, false), item, "item");
                 }
             }
-            None => {}
+            Some(text) if text.span().of(b).first() == Some(&b'"') => {
+                self.string(UnitPath::new(Region::Input, 0, None, true), text)
+            }
+            _ => {}
         }
     }
 
-    fn messages(&mut self, view: &RequestView<'_>, region: Region) {
+    fn messages(&mut self, top: &Node, region: Region) {
+        let b: &[u8] = self.body;
         self.mix_settings();
-        for (i, message) in view.messages().into_iter().enumerate() {
+        for (i, message) in items(top.get(b, "messages")).iter().enumerate() {
             // The role and any message-level field (Claude Code's role:"system"
             // message carries output_config) are rendered into the prompt.
-            let object = RawObject::of(message.raw).unwrap_or_default();
             self.pending.extend_from_slice(b"\0message{");
-            for (k, v) in &object.entries {
-                if k != "content" {
-                    self.pending.extend_from_slice(k.as_bytes());
-                    self.pending.push(b':');
-                    self.pending.extend_from_slice(v.get().as_bytes());
-                    self.pending.push(b',');
+            if let Node::Object(_, entries) = message {
+                for (k, v) in entries {
+                    if !scan::is_key(b, *k, "content") {
+                        self.pending.extend_from_slice(k.of(b));
+                        self.pending.push(b':');
+                        self.pending.extend_from_slice(v.span().of(b));
+                        self.pending.push(b',');
+                    }
                 }
             }
             self.pending.push(b'}');
-            match message.content {
-                Some(Content::Text(text)) => {
-                    self.string(UnitPath::new(region, i, None, true), text)
-                }
-                Some(Content::Blocks(blocks)) => {
-                    for (j, b) in blocks.into_iter().enumerate() {
-                        self.block(UnitPath::new(region, i, Some(j), false), b, "");
+            match message.get(b, "content") {
+                Some(Node::Array(_, blocks)) => {
+                    for (j, block) in blocks.iter().enumerate() {
+                        self.block(UnitPath::new(region, i, Some(j), false), block, "");
                     }
                 }
-                None => {}
+                Some(text) if text.span().of(b).first() == Some(&b'"') => {
+                    self.string(UnitPath::new(region, i, None, true), text)
+                }
+                _ => {}
             }
         }
     }
@@ -437,7 +469,7 @@ impl<'b> Cutter<'b> {
         }
     }
 
-    /// tool_choice, thinking, effort (and images, see `finish`) change only the
+    /// tool_choice, thinking and effort (and images, see `finish`) change only the
     /// messages cache (§B.6).
     fn mix_settings(&mut self) {
         self.mix_speed();
@@ -457,20 +489,20 @@ impl<'b> Cutter<'b> {
     }
 
     /// A string content: one text block `{"type":"text","text":<string as sent>}`.
-    fn string(&mut self, path: UnitPath, text: &RawValue) {
-        let raw = text.get().as_bytes();
+    fn string(&mut self, path: UnitPath, text: &Node) {
+        let raw = text.span().of(self.body);
         let mut bytes = Vec::with_capacity(raw.len() + 24);
         bytes.extend_from_slice(b"{\"type\":\"text\",\"text\":");
         bytes.extend_from_slice(raw);
         bytes.push(b'}');
         let ignored = self.is_ignored(path.region, Some(text));
         let cacheable = raw.len() > 2;
-        let (hash, tokens) = self.measure(&path, &bytes, raw);
+        let measured = self.measure(&path, &bytes, raw);
         self.push(
             path,
             "text".into(),
             Bytes::from(bytes),
-            (hash, tokens),
+            measured,
             None,
             cacheable,
             ignored,
@@ -478,65 +510,60 @@ impl<'b> Cutter<'b> {
     }
 
     /// A block (or tool, or input item) as sent, less its `cache_control`.
-    fn block(&mut self, path: UnitPath, raw: &RawValue, default_kind: &str) {
-        let object = RawObject::of(raw).unwrap_or_default();
-        let kind = object
-            .str("type")
-            .map(|t| t.into_owned())
+    fn block(&mut self, path: UnitPath, node: &Node, default_kind: &str) {
+        let body = self.body;
+        let b: &[u8] = body;
+        let field = |k: &str| node.get(b, k);
+        let kind = field("type")
+            .and_then(|t| t.plain_str(b).map(str::to_owned).or_else(|| t.string(b)))
             .unwrap_or_else(|| default_kind.to_owned());
         // Client tools may omit `type` or say "custom"; server tools keep theirs.
-        let kind = match (default_kind, object.get("type")) {
+        let kind = match (default_kind, field("type")) {
             ("tool", None) => "tool".to_owned(),
             ("tool", Some(_)) if kind == "custom" => "tool".to_owned(),
             _ => kind,
         };
-        let marker = object.get("cache_control");
-        let bytes = match marker {
-            None => self.slice(raw),
-            Some(_) => {
-                let mut out = Vec::with_capacity(raw.get().len());
+        let marker = field("cache_control");
+        let span = node.span();
+        let bytes = match (marker, node) {
+            (Some(_), Node::Object(_, entries)) => {
+                let mut out = Vec::with_capacity(span.end - span.start);
                 out.push(b'{');
-                let mut first = true;
-                for (k, v) in &object.entries {
-                    if k == "cache_control" {
-                        continue;
-                    }
-                    if !first {
+                for (k, v) in entries
+                    .iter()
+                    .filter(|(k, _)| !scan::is_key(b, *k, "cache_control"))
+                {
+                    if out.len() > 1 {
                         out.push(b',');
                     }
-                    first = false;
-                    // Keys are re-quoted; their bytes are the client's unless it escaped them.
-                    out.extend_from_slice(
-                        serde_json::to_string(k.as_ref())
-                            .unwrap_or_default()
-                            .as_bytes(),
-                    );
+                    out.extend_from_slice(k.of(b));
                     out.push(b':');
-                    out.extend_from_slice(v.get().as_bytes());
+                    out.extend_from_slice(v.span().of(b));
                 }
                 out.push(b'}');
                 Bytes::from(out)
             }
+            _ => body.slice(span.start..span.end),
         };
         let breakpoint = marker
-            .filter(|m| m.get().starts_with('{'))
+            .filter(|m| m.span().of(b).first() == Some(&b'{'))
             .map(|m| Breakpoint {
-                ttl: Ttl::of(m),
+                ttl: Ttl::of(b, m),
                 automatic: false,
             });
-        let text = (kind == "text").then(|| object.get("text")).flatten();
+        let text = (kind == "text").then(|| field("text")).flatten();
         let ignored = text.is_some() && self.is_ignored(path.region, text);
         // The rendered part of text and tool results is their content, not the JSON around it.
         let counted = match kind.as_str() {
-            "text" => text.map(|t| t.get().as_bytes()),
-            "tool_result" => object.get("content").map(|c| c.get().as_bytes()),
+            "text" => text.map(|t| t.span().of(b)),
+            "tool_result" => field("content").map(|c| c.span().of(b)),
             _ => None,
         }
         .unwrap_or(&bytes);
         let measured = self.measure(&path, &bytes, counted);
         let cacheable = match kind.as_str() {
             "thinking" | "redacted_thinking" => false,
-            "text" => text.is_some_and(|t| t.get().len() > 2),
+            "text" => text.is_some_and(|t| t.span().of(b).len() > 2),
             _ => true,
         };
         if path.region == Region::Messages
@@ -562,28 +589,17 @@ impl<'b> Cutter<'b> {
         (sha256(bytes), tokens)
     }
 
-    /// The body's own bytes for `raw`, without a copy.
-    fn slice(&self, raw: &RawValue) -> Bytes {
-        let text = raw.get().as_bytes();
-        let start = (text.as_ptr() as usize).wrapping_sub(self.body.as_ptr() as usize);
-        if start <= self.body.len() && start + text.len() <= self.body.len() {
-            self.body.slice(start..start + text.len())
-        } else {
-            // Not borrowed from the body (a key with escapes made serde copy): keep a copy.
-            Bytes::copy_from_slice(text)
-        }
-    }
-
-    fn is_ignored(&self, region: Region, text: Option<&RawValue>) -> bool {
+    fn is_ignored(&self, region: Region, text: Option<&Node>) -> bool {
         let Some(text) = text else { return false };
-        let rules: Vec<&IgnoreRule> = self.ignore.iter().filter(|r| r.region == region).collect();
-        if rules.is_empty() {
+        if !self.ignore.iter().any(|r| r.region == region) {
             return false;
         }
-        let Ok(decoded) = serde_json::from_str::<std::borrow::Cow<'_, str>>(text.get()) else {
+        let Some(decoded) = text.string(self.body) else {
             return false;
         };
-        rules.iter().any(|r| r.text.is_match(&decoded))
+        self.ignore
+            .iter()
+            .any(|r| r.region == region && r.text.is_match(&decoded))
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -625,7 +641,7 @@ impl<'b> Cutter<'b> {
         });
     }
 
-    fn finish(mut self, view: &RequestView<'_>) -> Segments {
+    fn finish(mut self, top: &Node) -> Segments {
         // Images are known only after the messages were read, so they are mixed in
         // afterwards: every message unit's prefix hash is rechained with the flag.
         if self.settings.images
@@ -651,16 +667,16 @@ impl<'b> Cutter<'b> {
             }
         }
         // Top-level automatic caching puts a breakpoint on the last cacheable block (§B.2).
+        let b: &[u8] = self.body;
         if self.format == Format::AnthropicMessages
-            && let Some(auto) = view
-                .top
-                .get("cache_control")
-                .filter(|v| v.get().starts_with('{'))
+            && let Some(auto) = top
+                .get(b, "cache_control")
+                .filter(|v| v.span().of(b).first() == Some(&b'{'))
             && let Some(last) = self.units.iter_mut().rev().find(|u| u.cacheable)
             && last.breakpoint.is_none()
         {
             last.breakpoint = Some(Breakpoint {
-                ttl: Ttl::of(auto),
+                ttl: Ttl::of(b, auto),
                 automatic: true,
             });
         }
@@ -672,6 +688,7 @@ impl<'b> Cutter<'b> {
             .map(|(i, _)| i)
             .collect();
         Segments {
+            body: self.body.clone(),
             format: self.format,
             units: self.units,
             settings: self.settings,
@@ -863,11 +880,9 @@ mod tests {
     fn an_earlier_turn_lends_its_hashes() {
         let a = cut(TURN1);
         let body = Bytes::copy_from_slice(TURN2.as_bytes());
-        let view = RequestView::parse(&body).unwrap();
         let ignore = [IgnoreRule::billing_header()];
-        let fresh = segment_view(&body, &view, Format::AnthropicMessages, &ignore, None).unwrap();
-        let lent =
-            segment_view(&body, &view, Format::AnthropicMessages, &ignore, Some(&a)).unwrap();
+        let fresh = segment_after(&body, Format::AnthropicMessages, &ignore, None).unwrap();
+        let lent = segment_after(&body, Format::AnthropicMessages, &ignore, Some(&a)).unwrap();
         for (x, y) in fresh.units.iter().zip(&lent.units) {
             assert_eq!((x.hash, x.prefix, x.tokens), (y.hash, y.prefix, y.tokens));
         }
