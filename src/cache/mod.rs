@@ -626,3 +626,62 @@ impl RecordStage for CacheStage {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(text: &str) -> CacheConfigLayer {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn settings_apply_over_the_defaults() {
+        let mut s = CacheSettings::default();
+        assert_eq!(s.min_tokens_for("claude-opus-4-6"), 4096);
+        assert_eq!(
+            s.min_tokens_for("someone-elses-model"),
+            cost::FALLBACK_MIN_TOKENS
+        );
+        s.apply(layer(
+            r#"
+            enabled = false
+            conversations = 3
+            ignore = []
+            [min_tokens]
+            "claude-opus-4-6*" = 2048
+            [prices."my-model"]
+            input = 1.0
+            output = 2.0
+            "#,
+        ))
+        .unwrap();
+        assert!(!s.enabled && s.ignore.is_empty() && s.conversations == 3);
+        assert_eq!(s.min_tokens_for("claude-opus-4-6"), 2048);
+        let (_, p) = s.prices.find("my-model").unwrap();
+        assert_eq!(
+            (p.cache_read, p.cache_write_5m, p.cache_write_1h),
+            (0.1, 1.25, 2.0)
+        );
+        assert!(s.prices.find("claude-opus-5").is_some(), "defaults stay");
+    }
+
+    #[test]
+    fn bad_settings_name_their_key() {
+        let mut s = CacheSettings::default();
+        let err = s
+            .apply(layer(r#"ignore = [{ region = "system", text = "(" }]"#))
+            .unwrap_err();
+        assert!(err.starts_with("ignore[0].text: invalid regex"), "{err}");
+        let err = s.apply(layer("conversations = 0")).unwrap_err();
+        assert_eq!(err, "conversations: must be at least 1");
+        let err = s
+            .apply(layer("[prices.m]\ninput = -1.0\noutput = 1.0"))
+            .unwrap_err();
+        assert!(err.contains("must be numbers >= 0"), "{err}");
+        assert!(
+            toml::from_str::<CacheConfigLayer>("colour = 1").is_err(),
+            "unknown keys refused"
+        );
+    }
+}

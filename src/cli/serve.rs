@@ -99,14 +99,14 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         );
     }
     let grace = config.shutdown_grace;
+    let cache = CacheStage::new(config.cache.clone(), KeySource::default());
+    let recorder = Recorder::with_stages(vec![Arc::new(cache)], vec![Arc::new(ExchangeLog)]);
     println!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
          paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
         config.upstream_anthropic, config.upstream_openai
     );
     let _ = std::io::stdout().flush();
-    let cache = CacheStage::new(config.cache.clone(), KeySource::default());
-    let recorder = Recorder::with_stages(vec![Arc::new(cache)], vec![Arc::new(ExchangeLog)]);
     let proxy = Arc::new(Proxy {
         config: Arc::new(config),
         upstream,
