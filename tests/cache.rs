@@ -488,7 +488,6 @@ async fn bad_cache_config_says_where() {
 
 #[tokio::test]
 async fn openai_cached_tokens_beside_the_stable_prefix() {
-    let dir = TempDir::new("cache-openai");
     let fake = FakeProvider::start(|req| {
         let body: Value = serde_json::from_slice(&req.body).unwrap();
         let turns = body["messages"].as_array().unwrap().len();
@@ -503,7 +502,6 @@ async fn openai_cached_tokens_beside_the_stable_prefix() {
         &["--upstream-openai", &fake.url()],
         &[("PROMPTGATE_LOG", "info,promptgate::cache=debug")],
     );
-    let _ = dir;
     let first = shapes::openai_chat_body(true);
     let mut second = first.clone();
     second["messages"].as_array_mut().unwrap().extend([
