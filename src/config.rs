@@ -57,6 +57,8 @@ pub struct ConfigLayer {
     /// `user:password`; from the file or `PROMPTGATE_PROXY_AUTH`, never a flag.
     pub proxy_auth: Option<String>,
     pub rules: Option<PathBuf>,
+    /// `[cache]`: prompt-cache analysis (file only).
+    pub cache: Option<crate::cache::CacheConfigLayer>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -113,6 +115,8 @@ pub struct Config {
     pub rules_dir: PathBuf,
     /// Whether `rules_dir` was given (a missing default directory just means no rules).
     pub rules_explicit: bool,
+    /// Prompt-cache analysis: on/off, ignored units, minimum lengths, prices.
+    pub cache: crate::cache::CacheSettings,
 }
 
 /// Log line format.
@@ -147,6 +151,7 @@ impl Default for Config {
             proxy_auth: None,
             rules_dir: PathBuf::from("rules"),
             rules_explicit: false,
+            cache: crate::cache::CacheSettings::default(),
         }
     }
 }
@@ -351,6 +356,14 @@ impl Config {
                 *slot = parse_duration(&v)
                     .map_err(|message| ConfigError::Invalid { setting, message })?;
             }
+        }
+        if let Some(cache) = layer.cache {
+            self.cache
+                .apply(cache)
+                .map_err(|message| ConfigError::Invalid {
+                    setting: "cache",
+                    message,
+                })?;
         }
         Ok(())
     }

@@ -123,7 +123,7 @@ impl PendingRecord {
             record.outcome = outcome;
             record.error = error;
             record.timing.total = self.started.elapsed();
-            self.recorder.emit(&record);
+            self.recorder.emit(&mut record);
         }
     }
 }
@@ -137,7 +137,7 @@ impl Drop for PendingRecord {
                 _ => "the client went away before the response".into(),
             });
             record.timing.total = self.started.elapsed();
-            self.recorder.emit(&record);
+            self.recorder.emit(&mut record);
         }
     }
 }
@@ -302,6 +302,7 @@ impl Proxy {
             r.response_headers = head.headers.clone();
             r.timing.upstream_headers = Some(started.elapsed());
         }
+        self.recorder.response_began(pending.get());
         let is_sse = head
             .headers
             .get(header::CONTENT_TYPE)
@@ -460,11 +461,13 @@ fn finish_observed(
         };
         pending.emit(outcome, error);
     };
-    // Reading the copy happens off the client's path. With no client left (or the
-    // runtime going down, when a spawned task would never run) it happens right here.
+    // Reading the copy happens off the client's path, on the blocking pool: reading
+    // a large body and cache analysis must not hold a runtime worker that other
+    // streams need. With no client left (or the runtime going down, when a spawned
+    // task would never run) it happens right here.
     match tokio::runtime::Handle::try_current() {
         Ok(rt) if client_waiting => {
-            rt.spawn(async move { work() });
+            rt.spawn_blocking(work);
         }
         _ => work(),
     }

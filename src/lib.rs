@@ -20,8 +20,10 @@
 //! - [`observer`]: reads a copy of every response body (never delaying the client)
 //!   and turns it into an [`observer::Observation`]: model, usage, the reassembled
 //!   message, stream errors.
-//! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, and the sinks
-//!   that receive it (today: the exchange log line).
+//! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, the stages
+//!   that annotate it and the sinks that receive it (today: the exchange log line).
+//! - [`cache`]: prompt-cache analysis, a record stage: per request the cache units
+//!   and prefix hashes, the prediction, the verdict against `usage`, the cost.
 //!
 //! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`conversation`] (which agent conversation an exchange belongs to),
@@ -30,6 +32,7 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
+pub mod cache;
 pub mod cli;
 pub mod config;
 pub mod conversation;

@@ -78,6 +78,7 @@ impl RecordSink for ExchangeLog {
             out_tokens = usage.map(|u| u.output_tokens),
             rules = (!r.rules_fired.is_empty()).then(|| r.rules_fired.join(",")),
             tags = (!r.tags.is_empty()).then(|| r.tags.join(",")),
+            cache = r.cache.as_ref().map(|c| c.log_field()),
             error = r.error.as_deref(),
             parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
             "exchange"

@@ -139,6 +139,8 @@ pub struct ExchangeRecord {
     pub bytes_out: u64,
     /// What the observer read from the response body.
     pub observation: Option<Observation>,
+    /// What prompt-cache analysis made of the exchange (set by its stage before the sinks).
+    pub cache: Option<crate::cache::CacheReport>,
 }
 
 impl ExchangeRecord {
@@ -179,6 +181,7 @@ impl ExchangeRecord {
             bytes_in: 0,
             bytes_out: 0,
             observation: None,
+            cache: None,
         }
     }
 }
@@ -188,8 +191,19 @@ pub trait RecordSink: Send + Sync {
     fn record(&self, record: &ExchangeRecord);
 }
 
-/// Hands records to the sinks and counts exchanges still in flight (for shutdown).
+/// Works on a record before the sinks see it (cache analysis), in emit order.
+pub trait RecordStage: Send + Sync {
+    /// The upstream's response head arrived (status and timing set). Runs on the
+    /// request path: it must only take note, never compute.
+    fn response_began(&self, _record: &ExchangeRecord) {}
+    /// Annotates a finished record; runs once per record, before the sinks.
+    fn apply(&self, record: &mut ExchangeRecord);
+}
+
+/// Hands records to the stages, then the sinks, and counts exchanges still in
+/// flight (for shutdown).
 pub struct Recorder {
+    stages: Vec<Arc<dyn RecordStage>>,
     sinks: Vec<Arc<dyn RecordSink>>,
     in_flight: AtomicUsize,
     idle: Notify,
@@ -198,7 +212,13 @@ pub struct Recorder {
 
 impl Recorder {
     pub fn new(sinks: Vec<Arc<dyn RecordSink>>) -> Self {
+        Self::with_stages(Vec::new(), sinks)
+    }
+
+    /// A recorder that runs `stages` on each record, in order, before the sinks.
+    pub fn with_stages(stages: Vec<Arc<dyn RecordStage>>, sinks: Vec<Arc<dyn RecordSink>>) -> Self {
         Recorder {
+            stages,
             sinks,
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
@@ -211,8 +231,18 @@ impl Recorder {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Hands a finished record to every sink.
-    pub fn emit(&self, record: &ExchangeRecord) {
+    /// Tells the stages that an exchange's response head arrived.
+    pub fn response_began(&self, record: &ExchangeRecord) {
+        for stage in &self.stages {
+            stage.response_began(record);
+        }
+    }
+
+    /// Runs the stages on a finished record, then hands it to every sink.
+    pub fn emit(&self, record: &mut ExchangeRecord) {
+        for stage in &self.stages {
+            stage.apply(record);
+        }
         for sink in &self.sinks {
             sink.record(record);
         }

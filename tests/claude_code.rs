@@ -17,6 +17,8 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use serde_json::{Value, json};
+use support::cache_emulator::{self, CacheEmulator};
 use support::shapes;
 use support::{Action, FakeProvider, Proxy, RecordingRelay, Reply, TempDir, TestCa};
 
@@ -97,6 +99,31 @@ fn answer(r: &support::Received) -> Action {
     }
 }
 
+/// The CLI with `args`, in `cwd`, with a clean environment (PATH, HOME, a canary
+/// key, no non-essential traffic, no retries) plus `env`.
+fn claude_command(
+    args: &[&str],
+    cwd: &std::path::Path,
+    home: &std::path::Path,
+    env: &[(&'static str, String)],
+) -> Command {
+    let mut command = Command::new(claude());
+    command
+        .args(args)
+        .current_dir(cwd)
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .env("HOME", home)
+        .env("ANTHROPIC_API_KEY", CANARY_KEY)
+        .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        .env("DISABLE_AUTOUPDATER", "1")
+        .env("CLAUDE_CODE_MAX_RETRIES", "0");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command
+}
+
 /// Runs `claude -p "Say hello"` in `work` with only `env` (plus PATH and HOME) set.
 async fn run_claude(
     work: &TempDir,
@@ -105,27 +132,18 @@ async fn run_claude(
 ) -> std::process::Output {
     let (cwd, home_dir) = (work.path().to_owned(), home.path().to_owned());
     tokio::task::spawn_blocking(move || {
-        let mut command = Command::new(claude());
-        command
-            .args(["-p", "Say hello", "--output-format", "json"])
-            .current_dir(cwd)
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .env("HOME", home_dir)
-            .env("ANTHROPIC_API_KEY", CANARY_KEY)
-            .env("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-            .env("DISABLE_AUTOUPDATER", "1")
-            .env("CLAUDE_CODE_MAX_RETRIES", "0");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        command
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap()
-            .wait_with_output()
-            .unwrap()
+        claude_command(
+            &["-p", "Say hello", "--output-format", "json"],
+            &cwd,
+            &home_dir,
+            &env,
+        )
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .wait_with_output()
+        .unwrap()
     })
     .await
     .unwrap()
@@ -370,5 +388,163 @@ async fn org_policy() {
         .expect("the exchange line");
     assert_eq!(messages["rules"], "org-policy-preamble");
     assert_eq!(messages["outcome"], "ok");
+    support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
+}
+
+#[test]
+fn claude_code_tool_round_trip_cache_prediction_matches() {
+    isolated(
+        "claude_code_tool_round_trip_cache_prediction_matches",
+        tool_round_trip,
+    );
+}
+
+/// An Anthropic stream whose only block is a `tool_use`.
+fn tool_use_events(model: &str, name: &str, input: &Value, usage: (u64, u64, u64)) -> Vec<String> {
+    let (input_tokens, write, read) = usage;
+    vec![
+        shapes::sse(
+            "message_start",
+            &json!({"type": "message_start", "message": {
+            "id": "msg_tool", "type": "message", "role": "assistant", "model": model, "content": [],
+            "stop_reason": null, "stop_sequence": null,
+            "usage": {"input_tokens": input_tokens, "cache_creation_input_tokens": write,
+                      "cache_read_input_tokens": read, "output_tokens": 1}}}),
+        ),
+        shapes::sse(
+            "content_block_start",
+            &json!({"type": "content_block_start", "index": 0,
+            "content_block": {"type": "tool_use", "id": "toolu_01CacheTest", "name": name, "input": {}}}),
+        ),
+        shapes::sse(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": input.to_string()}}),
+        ),
+        shapes::sse(
+            "content_block_stop",
+            &json!({"type": "content_block_stop", "index": 0}),
+        ),
+        shapes::sse(
+            "message_delta",
+            &json!({"type": "message_delta",
+            "delta": {"stop_reason": "tool_use", "stop_sequence": null}, "usage": {"output_tokens": 20}}),
+        ),
+        shapes::sse("message_stop", &json!({"type": "message_stop"})),
+    ]
+}
+
+/// The real CLI asks, the fake answers with a Read tool call, the CLI reads the file
+/// and asks again with the tool result: turn 2's cache read must be what the rules
+/// predicted from turn 1 — through Claude Code's own cache_control placement.
+async fn tool_round_trip() {
+    let work = TempDir::new("claude-cache-work");
+    let note = work.path().join("note.txt");
+    std::fs::write(&note, "the answer is 42\n").unwrap();
+    let emulator: cache_emulator::Shared =
+        std::sync::Arc::new(std::sync::Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let note_path = note.display().to_string();
+    let fake = FakeProvider::start(move |r| {
+        if !r.target.starts_with("/v1/messages") {
+            return Action::Respond(Reply::json(
+                404,
+                &json!({"type": "error", "error": {"type": "not_found_error", "message": "no"}}),
+            ));
+        }
+        let body: Value = serde_json::from_slice(&r.body).unwrap_or(Value::Null);
+        let has_result = body.to_string().contains(r#""type":"tool_result""#);
+        let has_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+        if !has_tools || has_result {
+            return Action::Respond(cache_emulator::reply(&e, &r.body));
+        }
+        let u = e.lock().unwrap().respond(&r.body);
+        let model = body["model"]
+            .as_str()
+            .unwrap_or("claude-opus-5-5")
+            .to_owned();
+        Action::Respond(Reply::sse(
+            tool_use_events(
+                &model,
+                "Read",
+                &json!({"file_path": note_path}),
+                (u.input, u.write, u.read),
+            ),
+            Duration::ZERO,
+        ))
+    })
+    .await;
+    let proxy = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url()],
+        &[("PROMPTGATE_LOG", "info,promptgate::cache=debug")],
+    );
+    let home = TempDir::new("claude-cache-home");
+    let base_url = proxy.url();
+    let (cwd, home_dir) = (work.path().to_owned(), home.path().to_owned());
+    let output = tokio::task::spawn_blocking(move || {
+        let args = [
+            "-p",
+            "Read note.txt and tell me the answer",
+            "--output-format",
+            "json",
+            "--allowedTools",
+            "Read",
+        ];
+        claude_command(&args, &cwd, &home_dir, &[("ANTHROPIC_BASE_URL", base_url)])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(
+        output.status.success(),
+        "claude -p failed:\n{}\n{}\nproxy log:\n{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+        proxy.log()
+    );
+    let received: Vec<Value> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.target.starts_with("/v1/messages"))
+        .map(|r| r.json())
+        .collect();
+    let lines = proxy
+        .wait_exchanges(fake.requests().len(), Duration::from_secs(10))
+        .await;
+    let analyses: Vec<Value> = proxy
+        .log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == "cache analysis")
+        .map(|v| serde_json::from_str(v["analysis"].as_str().unwrap()).unwrap())
+        .collect();
+    assert_eq!(
+        analyses.len(),
+        received.len(),
+        "one analysis per messages request"
+    );
+    // Every verdict agrees with the emulator (none is unexplained).
+    for a in &analyses {
+        assert_ne!(a["verdict"], "unexplained", "{a}\nlog:\n{}", proxy.log());
+    }
+    // The main-loop turns: the one with the tool result reads what the first wrote.
+    let with_result = received
+        .iter()
+        .position(|b| b.to_string().contains(r#""type":"tool_result""#))
+        .unwrap_or_else(|| panic!("Claude Code sent no tool result; {received:?}"));
+    let turn2 = &analyses[with_result];
+    assert_eq!(turn2["verdict"], "hit", "{turn2}");
+    assert_eq!(turn2["prediction"]["exact"], true);
+    assert_eq!(turn2["prediction"]["read_tokens"], turn2["actual"]["read"]);
+    let line = lines
+        .iter()
+        .filter(|l| l["path"] == "/v1/messages?beta=true")
+        .nth(with_result)
+        .unwrap();
+    assert!(
+        line["cache"].as_str().unwrap().starts_with("hit "),
+        "{line}"
+    );
     support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
 }

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use crate::cache::CacheStage;
 use crate::config::{Config, ConfigLayer};
+use crate::conversation::KeySource;
 use crate::exchange::Proxy;
 use crate::logging::{self, ExchangeLog};
 use crate::record::Recorder;
@@ -148,6 +150,8 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         );
     }
     let grace = config.shutdown_grace;
+    let cache = CacheStage::new(config.cache.clone(), KeySource::default());
+    let recorder = Recorder::with_stages(vec![Arc::new(cache)], vec![Arc::new(ExchangeLog)]);
     println!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
          paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
@@ -157,7 +161,7 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
     let proxy = Arc::new(Proxy {
         config: Arc::new(config),
         upstream,
-        recorder: Arc::new(Recorder::new(vec![Arc::new(ExchangeLog)])),
+        recorder: Arc::new(recorder),
         rules,
     });
     crate::listener::serve(listener, proxy, leaves, shutdown_signal(), grace).await;

@@ -48,6 +48,8 @@ pub struct Reply {
     /// Send with Content-Length (else chunked).
     pub fixed_length: bool,
     pub end: End,
+    /// Pause before the response head (time to first byte).
+    pub head_delay: Duration,
 }
 
 /// How a streamed reply ends.
@@ -67,6 +69,7 @@ impl Reply {
             gap: Duration::ZERO,
             fixed_length: true,
             end: End::Finish,
+            head_delay: Duration::ZERO,
         }
     }
 
@@ -84,6 +87,7 @@ impl Reply {
             gap,
             fixed_length: false,
             end: End::Finish,
+            head_delay: Duration::ZERO,
         }
     }
 
@@ -434,6 +438,9 @@ async fn serve_raw(stream: TcpStream, state: Arc<State>) {
                 return;
             }
         };
+        if !reply.head_delay.is_zero() {
+            tokio::time::sleep(reply.head_delay).await;
+        }
         let mut out = format!("HTTP/1.1 {} {}\r\n", reply.status, reason(reply.status));
         for (k, v) in &reply.headers {
             out.push_str(&format!("{k}: {v}\r\n"));
@@ -566,6 +573,7 @@ async fn serve_hyper(
             return Ok(hyper::Response::new(ChannelBody(rx)));
         }
     };
+    tokio::time::sleep(reply.head_delay).await;
     let (tx, rx) = mpsc::channel(4);
     let mut response = hyper::Response::builder().status(reply.status);
     for (k, v) in &reply.headers {

@@ -1,0 +1,1031 @@
+//! The prediction before the response and the verdict after it.
+//!
+//! Prediction (PROTOCOL.md §B.4, §B.10): from each breakpoint, walk back at most 20
+//! lookback positions for the longest prefix an earlier request wrote or read that is
+//! still alive for this request; the deepest breakpoint that reaches the model's
+//! minimum length is written. Verdict: set the provider's `usage` beside it — a hit,
+//! a partial read or a miss with the reason, or `unexplained` when the provider did
+//! better or worse than the rules say (never a confident wrong reason).
+
+use std::fmt;
+
+use serde::Serialize;
+
+use super::history::{Conversation, EntryState, Millis, Snapshot};
+use super::segment::{Region, Segments, Ttl, Unit};
+use crate::id::ExchangeId;
+use crate::provider::Usage;
+
+/// Lookback positions per breakpoint, the breakpoint itself counted first (§B.4).
+pub const LOOKBACK: u32 = 20;
+
+/// The request being explained.
+#[derive(Debug, Clone, Copy)]
+pub struct Request<'a> {
+    pub id: ExchangeId,
+    /// Start on the analysis clock.
+    pub start: Millis,
+    pub segments: &'a Segments,
+}
+
+/// What the rules say the provider will do, before the response.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Prediction {
+    pub read_tokens: u64,
+    pub write_tokens: u64,
+    /// Of the writes, those at the 1h price.
+    pub write_1h_tokens: u64,
+    /// The unit whose prefix should be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_through: Option<String>,
+    /// Who wrote (or last refreshed) that prefix.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub read_from: Option<String>,
+    /// The unit through which the prefix should be written.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub write_through: Option<String>,
+    /// The read size comes from an earlier usage, not from the estimator.
+    pub exact: bool,
+    #[serde(skip)]
+    pub hit: Option<usize>,
+    #[serde(skip)]
+    pub written: Vec<usize>,
+}
+
+/// How the provider's caching of one request went.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// It read everything earlier requests had cached for it, as predicted.
+    Hit,
+    /// It read part of what was cached; `reason` says why not the rest.
+    Partial,
+    /// It read nothing of what was cached; `reason` says why.
+    Miss,
+    /// Nothing was cached for it yet (a new conversation): it wrote, as predicted.
+    Write,
+    /// Nothing read or written, as predicted (no breakpoint, or below the minimum).
+    None,
+    /// The provider did better or worse than the rules predict.
+    Unexplained,
+}
+
+/// Why a request did not read what earlier requests had cached.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Reason {
+    /// The first unit that differs from the earlier request, and where.
+    PrefixChanged {
+        unit: String,
+        /// Byte offset of the first difference inside the normalised unit.
+        offset: usize,
+        /// The earlier and the current bytes around it (prompt text: keep out of logs).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        before: Option<String>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        after: Option<String>,
+    },
+    ToolsChanged {
+        added: Vec<String>,
+        removed: Vec<String>,
+        changed: Vec<String>,
+    },
+    ModelChanged {
+        before: String,
+        after: String,
+    },
+    /// A request-level input rendered into the prompt changed (§B.6): tool_choice,
+    /// thinking, effort, speed or images.
+    SettingChanged {
+        setting: String,
+        before: Option<String>,
+        after: Option<String>,
+    },
+    /// The cached prefix outlived its ttl.
+    TtlExpired {
+        unit: String,
+        idle_s: u64,
+        ttl_s: u64,
+    },
+    /// No breakpoint at or after the end of the cached prefix.
+    BreakpointMissing {
+        unit: String,
+    },
+    /// The nearest breakpoint after the cached prefix is too many positions away.
+    LookbackExceeded {
+        unit: String,
+        breakpoint: String,
+        positions: u32,
+    },
+    /// The prefix up to the last breakpoint is shorter than the model's minimum.
+    BelowMinimum {
+        tokens: u64,
+        minimum: u64,
+    },
+    /// The request that wrote the prefix had not begun its response when this one started.
+    Concurrent {
+        other: String,
+        began_after_ms: u64,
+    },
+    /// The rules and the provider disagree; `rules` is what the rules would have said.
+    Unexplained {
+        predicted_read: u64,
+        actual_read: u64,
+        predicted_write: u64,
+        actual_write: u64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        rules: Option<Box<Reason>>,
+    },
+}
+
+impl Reason {
+    /// The snake_case name of the reason.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Reason::PrefixChanged { .. } => "prefix_changed",
+            Reason::ToolsChanged { .. } => "tools_changed",
+            Reason::ModelChanged { .. } => "model_changed",
+            Reason::SettingChanged { .. } => "setting_changed",
+            Reason::TtlExpired { .. } => "ttl_expired",
+            Reason::BreakpointMissing { .. } => "breakpoint_missing",
+            Reason::LookbackExceeded { .. } => "lookback_exceeded",
+            Reason::BelowMinimum { .. } => "below_minimum",
+            Reason::Concurrent { .. } => "concurrent",
+            Reason::Unexplained { .. } => "unexplained",
+        }
+    }
+
+    /// The same reason without prompt text (for logs).
+    pub fn without_excerpts(&self) -> Reason {
+        match self {
+            Reason::PrefixChanged { unit, offset, .. } => Reason::PrefixChanged {
+                unit: unit.clone(),
+                offset: *offset,
+                before: None,
+                after: None,
+            },
+            Reason::Unexplained {
+                predicted_read,
+                actual_read,
+                predicted_write,
+                actual_write,
+                rules,
+            } => Reason::Unexplained {
+                predicted_read: *predicted_read,
+                actual_read: *actual_read,
+                predicted_write: *predicted_write,
+                actual_write: *actual_write,
+                rules: rules.as_ref().map(|r| Box::new(r.without_excerpts())),
+            },
+            other => other.clone(),
+        }
+    }
+}
+
+/// Short, for the log line; never prompt text beyond unit paths and tool names.
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Reason::PrefixChanged { unit, offset, .. } => write!(f, "{unit} changed @{offset}"),
+            Reason::ToolsChanged {
+                added,
+                removed,
+                changed,
+            } => {
+                f.write_str("tools changed")?;
+                let list: Vec<String> = added
+                    .iter()
+                    .map(|n| format!("+{n}"))
+                    .chain(removed.iter().map(|n| format!("-{n}")))
+                    .chain(changed.iter().map(|n| format!("~{n}")))
+                    .collect();
+                if !list.is_empty() {
+                    write!(f, " ({})", list.join(" "))?;
+                }
+                Ok(())
+            }
+            Reason::ModelChanged { before, after } => {
+                write!(f, "model changed ({before} -> {after})")
+            }
+            Reason::SettingChanged { setting, .. } => write!(f, "{setting} changed"),
+            Reason::TtlExpired { idle_s, ttl_s, .. } => {
+                write!(f, "ttl expired (idle {idle_s}s > {ttl_s}s)")
+            }
+            Reason::BreakpointMissing { unit } => write!(f, "no breakpoint at or after {unit}"),
+            Reason::LookbackExceeded {
+                breakpoint,
+                positions,
+                ..
+            } => write!(
+                f,
+                "lookback exceeded ({positions} positions back from {breakpoint} > {LOOKBACK})"
+            ),
+            Reason::BelowMinimum { tokens, minimum } => {
+                write!(f, "below minimum ({tokens} < {minimum} tokens)")
+            }
+            Reason::Concurrent {
+                other,
+                began_after_ms,
+            } => write!(
+                f,
+                "concurrent with {other} (its response began {began_after_ms}ms after this request started)"
+            ),
+            Reason::Unexplained {
+                predicted_read,
+                actual_read,
+                predicted_write,
+                actual_write,
+                ..
+            } => write!(
+                f,
+                "rules predicted read {}/write {}, provider read {}/write {}",
+                kilo(*predicted_read),
+                kilo(*predicted_write),
+                kilo(*actual_read),
+                kilo(*actual_write)
+            ),
+        }
+    }
+}
+
+/// `48213` → `48.2k`.
+pub fn kilo(n: u64) -> String {
+    if n < 1000 {
+        n.to_string()
+    } else {
+        format!("{:.1}k", n as f64 / 1000.0)
+    }
+}
+
+// === prediction ===
+
+/// Token counts per prefix: exact where an earlier usage pinned them, else the
+/// calibrated estimate added on top of the nearest exact prefix before it.
+struct Tokens {
+    through: Vec<u64>,
+    exact: Vec<bool>,
+}
+
+impl Tokens {
+    fn new(segments: &Segments, conv: Option<&Conversation>) -> Tokens {
+        let k = conv.and_then(|c| c.calibration).unwrap_or(1.0);
+        let mut through = Vec::with_capacity(segments.units.len());
+        let mut exact = Vec::with_capacity(segments.units.len());
+        let (mut anchor, mut anchor_est, mut est) = (0u64, 0u64, 0u64);
+        for u in &segments.units {
+            est += u64::from(u.tokens);
+            let known = conv
+                .and_then(|c| c.entries.get(&u.prefix))
+                .and_then(|e| e.tokens);
+            match known {
+                Some(n) => {
+                    (anchor, anchor_est) = (n, est);
+                    through.push(n);
+                    exact.push(true);
+                }
+                None => {
+                    through.push(anchor + ((est - anchor_est) as f64 * k).round() as u64);
+                    exact.push(false);
+                }
+            }
+        }
+        Tokens { through, exact }
+    }
+
+    fn at(&self, i: usize) -> u64 {
+        self.through.get(i).copied().unwrap_or(0)
+    }
+}
+
+/// What the rules say the provider will read and write for `req`.
+pub fn predict(req: Request<'_>, conv: Option<&Conversation>, min_tokens: u64) -> Prediction {
+    let segs = req.segments;
+    let tokens = Tokens::new(segs, conv);
+    let mut hit: Option<(usize, ExchangeId)> = None;
+    if let Some(conv) = conv {
+        for &b in &segs.breakpoints {
+            let floor = segs.units[b].position.saturating_sub(LOOKBACK - 1);
+            for i in (0..=b).rev() {
+                if segs.units[i].position < floor {
+                    break;
+                }
+                let Some(entry) = conv.entries.get(&segs.units[i].prefix) else {
+                    continue;
+                };
+                if let EntryState::Alive { last } = entry.state(req.start, req.id) {
+                    let by = entry
+                        .uses
+                        .iter()
+                        .filter(|u| u.at == last)
+                        .map(|u| u.by)
+                        .next()
+                        .unwrap_or(req.id);
+                    if hit.is_none_or(|(h, _)| i > h) {
+                        hit = Some((i, by));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    let read = hit.map_or(0, |(h, _)| tokens.at(h));
+    let mut p = Prediction {
+        read_tokens: read,
+        exact: hit.is_some_and(|(h, _)| tokens.exact[h]),
+        hit: hit.map(|(h, _)| h),
+        read_through: hit.map(|(h, _)| segs.units[h].path.to_string()),
+        read_from: hit.map(|(_, by)| by.to_string()),
+        ..Prediction::default()
+    };
+    // Every breakpoint whose prefix reaches the minimum is written (or refreshed).
+    p.written = segs
+        .breakpoints
+        .iter()
+        .copied()
+        .filter(|&b| tokens.at(b) >= min_tokens)
+        .collect();
+    if let Some(&last) = p.written.last()
+        && hit.is_none_or(|(h, _)| last > h)
+    {
+        p.write_tokens = tokens.at(last).saturating_sub(read);
+        p.write_through = Some(segs.units[last].path.to_string());
+        // Billing with mixed ttls (§B.7): 1h up to the last 1h marker after the hit.
+        let one_hour = p
+            .written
+            .iter()
+            .copied()
+            .filter(|&b| hit.is_none_or(|(h, _)| b > h))
+            .filter(|&b| {
+                segs.units[b]
+                    .breakpoint
+                    .is_some_and(|m| m.ttl == Ttl::OneHour)
+            })
+            .max();
+        if let Some(b) = one_hour {
+            p.write_1h_tokens = tokens.at(b).saturating_sub(read);
+        }
+    }
+    p
+}
+
+/// Automatic caching (OpenAI, §D.5): how much of the previous request's prefix
+/// stayed, set beside the provider's cached tokens. OpenAI's cache is best effort
+/// (routing, eviction), so a stable prefix that was not reused is `unexplained`.
+pub fn explain_automatic(
+    req: Request<'_>,
+    conv: &Conversation,
+    usage: &Usage,
+    min_tokens: u64,
+) -> (Explanation, super::StablePrefix) {
+    let now = req.segments;
+    let tokens = Tokens::new(now, Some(conv));
+    let baseline = conv.baseline(req.id, req.start);
+    let mut out = Explanation {
+        verdict: Verdict::None,
+        reason: None,
+        lost_tokens: 0,
+        baseline: baseline.as_ref().map(|b| b.id),
+    };
+    let Some(prev) = baseline else {
+        out.verdict = if usage.cache_read_tokens > 0 {
+            Verdict::Hit
+        } else if usage.cache_write_tokens > 0 {
+            Verdict::Write
+        } else {
+            Verdict::None
+        };
+        let stable = super::StablePrefix {
+            units: 0,
+            tokens: 0,
+            changed_at: None,
+        };
+        return (out, stable);
+    };
+    let before = &*prev.segments;
+    let n = now
+        .units
+        .iter()
+        .zip(&before.units)
+        .take_while(|(a, b)| a.prefix == b.prefix)
+        .count();
+    let stable_tokens = if n == 0 { 0 } else { tokens.at(n - 1) };
+    let reason = (n < before.units.len()).then(|| changed(now, before, n));
+    let stable = super::StablePrefix {
+        units: n,
+        tokens: stable_tokens,
+        changed_at: (n < before.units.len())
+            .then(|| {
+                now.units
+                    .get(n)
+                    .or(before.units.get(n))
+                    .map(|u| u.path.to_string())
+            })
+            .flatten(),
+    };
+    let prev_tokens = Tokens::new(before, Some(conv)).at(before.units.len().saturating_sub(1));
+    out.verdict = match (usage.cache_read_tokens > 0, &reason) {
+        (true, None) => Verdict::Hit,
+        (true, Some(_)) => Verdict::Partial,
+        (false, Some(_)) if stable_tokens >= min_tokens => Verdict::Unexplained,
+        (false, Some(_)) => Verdict::Miss,
+        (false, None) if prev_tokens < min_tokens => Verdict::None,
+        (false, None) => Verdict::Unexplained,
+    };
+    out.reason = match out.verdict {
+        Verdict::Unexplained => Some(Reason::Unexplained {
+            predicted_read: stable_tokens,
+            actual_read: usage.cache_read_tokens,
+            predicted_write: 0,
+            actual_write: usage.cache_write_tokens,
+            rules: reason.map(Box::new),
+        }),
+        Verdict::None => Some(Reason::BelowMinimum {
+            tokens: prev_tokens,
+            minimum: min_tokens,
+        }),
+        _ => reason,
+    };
+    (out, stable)
+}
+
+// === verdict ===
+
+/// The explanation of one request, given its usage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Explanation {
+    pub verdict: Verdict,
+    pub reason: Option<Reason>,
+    /// Tokens the rules say could have been read but were not.
+    pub lost_tokens: u64,
+    /// The request compared with.
+    pub baseline: Option<ExchangeId>,
+}
+
+/// Sets the actual usage beside the prediction and explains the difference from
+/// the conversation's previous request.
+pub fn explain(
+    req: Request<'_>,
+    conv: Option<&Conversation>,
+    prediction: &Prediction,
+    usage: &Usage,
+    min_tokens: u64,
+) -> Explanation {
+    let baseline = conv.and_then(|c| c.baseline(req.id, req.start));
+    let tokens = Tokens::new(req.segments, conv);
+    let (rules, lost) = match (&baseline, conv) {
+        (Some(p), Some(c)) => gap(req, c, p, prediction),
+        _ => (None, 0),
+    };
+    let read_agrees = agrees(
+        prediction.read_tokens,
+        usage.cache_read_tokens,
+        prediction.exact,
+    );
+    let write_agrees = (prediction.write_tokens == 0) == (usage.cache_write_tokens == 0);
+    let mut out = Explanation {
+        verdict: Verdict::Hit,
+        reason: None,
+        lost_tokens: lost,
+        baseline: baseline.as_ref().map(|b| b.id),
+    };
+    if !(read_agrees && write_agrees) {
+        out.verdict = Verdict::Unexplained;
+        out.reason = Some(Reason::Unexplained {
+            predicted_read: prediction.read_tokens,
+            actual_read: usage.cache_read_tokens,
+            predicted_write: prediction.write_tokens,
+            actual_write: usage.cache_write_tokens,
+            rules: rules.map(Box::new),
+        });
+        out.lost_tokens = 0;
+        return out;
+    }
+    match rules {
+        Some(reason) => {
+            out.verdict = if usage.cache_read_tokens > 0 {
+                Verdict::Partial
+            } else {
+                Verdict::Miss
+            };
+            out.reason = Some(reason);
+        }
+        None if usage.cache_read_tokens > 0 => out.verdict = Verdict::Hit,
+        None if usage.cache_write_tokens > 0 => out.verdict = Verdict::Write,
+        None => {
+            out.verdict = Verdict::None;
+            out.reason = below_minimum(req.segments, &tokens, min_tokens);
+        }
+    }
+    out
+}
+
+/// Whether a predicted count matches the provider's: both zero or both not, and
+/// close (1 % when the prediction came from an earlier usage, else 25 %: estimates).
+fn agrees(predicted: u64, actual: u64, exact: bool) -> bool {
+    if (predicted == 0) != (actual == 0) {
+        return false;
+    }
+    let slack = if exact {
+        (predicted / 100).max(16)
+    } else {
+        (predicted / 4).max(64)
+    };
+    predicted.abs_diff(actual) <= slack
+}
+
+fn below_minimum(segs: &Segments, tokens: &Tokens, min_tokens: u64) -> Option<Reason> {
+    let last = *segs.breakpoints.last()?;
+    let n = tokens.at(last);
+    (n < min_tokens).then_some(Reason::BelowMinimum {
+        tokens: n,
+        minimum: min_tokens,
+    })
+}
+
+/// Why `req` does not read what its baseline `prev` cached, if it does not; and the
+/// tokens that costs.
+fn gap(
+    req: Request<'_>,
+    conv: &Conversation,
+    prev: &Snapshot,
+    prediction: &Prediction,
+) -> (Option<Reason>, u64) {
+    let (now, before) = (req.segments, &*prev.segments);
+    // A baseline that cached nothing (no breakpoint, below the minimum) leaves no gap.
+    let Some(&target) = prev.cached.last() else {
+        return (None, 0);
+    };
+    let target_tokens = conv
+        .entries
+        .get(&before.units[target].prefix)
+        .and_then(|e| e.tokens)
+        .unwrap_or_else(|| Tokens::new(before, Some(conv)).at(target));
+    let lost = target_tokens.saturating_sub(prediction.read_tokens);
+    if prediction.hit.is_some_and(|h| h >= target)
+        && now.units.get(target).map(|u| u.prefix) == Some(before.units[target].prefix)
+    {
+        return (None, 0);
+    }
+    if now.settings.model != before.settings.model {
+        return (
+            Some(Reason::ModelChanged {
+                before: before.settings.model.clone(),
+                after: now.settings.model.clone(),
+            }),
+            lost,
+        );
+    }
+    let diverged =
+        (0..=target).find(|&i| now.units.get(i).map(|u| u.prefix) != Some(before.units[i].prefix));
+    if let Some(d) = diverged {
+        return (Some(changed(now, before, d)), lost);
+    }
+    let unit = before.units[target].path.to_string();
+    let entry = conv.entries.get(&before.units[target].prefix);
+    match entry.map(|e| e.state(req.start, req.id)) {
+        Some(EntryState::Pending { by, available }) => {
+            return (
+                Some(Reason::Concurrent {
+                    other: by.to_string(),
+                    began_after_ms: available.saturating_sub(req.start),
+                }),
+                lost,
+            );
+        }
+        Some(EntryState::Expired { last, ttl }) => {
+            return (
+                Some(Reason::TtlExpired {
+                    unit,
+                    idle_s: req.start.saturating_sub(last) / 1000,
+                    ttl_s: ttl.secs(),
+                }),
+                lost,
+            );
+        }
+        Some(EntryState::Alive { .. }) => {}
+        // Nothing on record (forgotten, or the provider said it cached nothing).
+        Some(EntryState::Absent) | None => return (None, 0),
+    }
+    let nearest = now.breakpoints.iter().copied().find(|&b| b >= target);
+    match nearest {
+        None => (Some(Reason::BreakpointMissing { unit }), lost),
+        Some(b) => {
+            let positions = now.units[b].position - now.units[target].position + 1;
+            if positions > LOOKBACK {
+                (
+                    Some(Reason::LookbackExceeded {
+                        unit,
+                        breakpoint: now.units[b].path.to_string(),
+                        positions,
+                    }),
+                    lost,
+                )
+            } else {
+                (None, 0)
+            }
+        }
+    }
+}
+
+/// What changed at unit `d`, the first whose prefix differs.
+fn changed(now: &Segments, before: &Segments, d: usize) -> Reason {
+    let (a, b) = (before.units.get(d), now.units.get(d));
+    let in_tools = |u: Option<&Unit>| u.is_some_and(|u| u.path.region == Region::Tools);
+    if in_tools(a) || in_tools(b) {
+        return tools_changed(before, now);
+    }
+    if let (Some(a), Some(b)) = (a, b)
+        && (a.hash == b.hash || a.ignored || b.ignored)
+    {
+        let (s, t) = (&before.settings, &now.settings);
+        let region = b.path.region;
+        let first_of_region = now.region_start(region) == Some(d);
+        let candidates: [(&str, Option<String>, Option<String>); 5] = [
+            ("speed", s.speed.clone(), t.speed.clone()),
+            ("tool_choice", s.tool_choice.clone(), t.tool_choice.clone()),
+            ("thinking", s.thinking.clone(), t.thinking.clone()),
+            ("effort", s.effort.clone(), t.effort.clone()),
+            (
+                "images",
+                Some(present(s.images).into()),
+                Some(present(t.images).into()),
+            ),
+        ];
+        if first_of_region
+            && let Some((name, x, y)) = candidates.into_iter().find(|(_, x, y)| x != y)
+        {
+            return Reason::SettingChanged {
+                setting: name.to_owned(),
+                before: x,
+                after: y,
+            };
+        }
+    }
+    let path = b.or(a).map(|u| u.path.to_string()).unwrap_or_default();
+    let empty = bytes::Bytes::new();
+    let (x, y) = (
+        a.map_or(&empty, |u| &u.bytes),
+        b.map_or(&empty, |u| &u.bytes),
+    );
+    let offset = x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count();
+    Reason::PrefixChanged {
+        unit: path,
+        offset,
+        before: a.map(|_| excerpt(x, offset)),
+        after: b.map(|_| excerpt(y, offset)),
+    }
+}
+
+fn present(b: bool) -> &'static str {
+    if b { "present" } else { "absent" }
+}
+
+/// Up to 24 bytes either side of `at`, as text.
+fn excerpt(bytes: &[u8], at: usize) -> String {
+    let from = at.saturating_sub(24);
+    let to = (at + 24).min(bytes.len());
+    let mut s = String::new();
+    if from > 0 {
+        s.push('…');
+    }
+    s.push_str(&String::from_utf8_lossy(&bytes[from.min(to)..to]));
+    if to < bytes.len() {
+        s.push('…');
+    }
+    s
+}
+
+fn tools_changed(before: &Segments, now: &Segments) -> Reason {
+    let named = |s: &Segments| -> Vec<(String, [u8; 32])> {
+        s.units
+            .iter()
+            .filter(|u| u.path.region == Region::Tools)
+            .map(|u| {
+                let name = crate::provider::request::RawObject::parse(&u.bytes)
+                    .ok()
+                    .and_then(|o| o.str("name").map(|n| n.into_owned()))
+                    .unwrap_or_else(|| u.path.to_string());
+                (name, u.hash)
+            })
+            .collect()
+    };
+    let (a, b) = (named(before), named(now));
+    let added = b
+        .iter()
+        .filter(|(n, _)| !a.iter().any(|(m, _)| m == n))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let removed = a
+        .iter()
+        .filter(|(n, _)| !b.iter().any(|(m, _)| m == n))
+        .map(|(n, _)| n.clone())
+        .collect();
+    let changed = b
+        .iter()
+        .filter(|(n, h)| a.iter().any(|(m, g)| m == n && g != h))
+        .map(|(n, _)| n.clone())
+        .collect();
+    Reason::ToolsChanged {
+        added,
+        removed,
+        changed,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cache::history::Snapshot;
+    use crate::cache::segment::{Format, IgnoreRule, segment};
+    use bytes::Bytes;
+    use std::sync::Arc;
+
+    const MIN: u64 = 100;
+
+    fn segs(body: &str) -> Segments {
+        segment(
+            &Bytes::copy_from_slice(body.as_bytes()),
+            Format::AnthropicMessages,
+            &[IgnoreRule::billing_header()],
+        )
+        .unwrap()
+    }
+
+    fn text(n: usize, seed: &str) -> String {
+        format!("{seed} ").repeat(n)
+    }
+
+    /// A body: a system block with a breakpoint, then `turns` user/assistant texts
+    /// with the breakpoint on the last block.
+    fn body(system: &str, turns: usize) -> String {
+        let mut messages = Vec::new();
+        for t in 0..turns {
+            let role = if t % 2 == 0 { "user" } else { "assistant" };
+            let cc = if t + 1 == turns {
+                r#","cache_control":{"type":"ephemeral"}"#
+            } else {
+                ""
+            };
+            messages.push(format!(
+                r#"{{"role":"{role}","content":[{{"type":"text","text":"turn {t} {}"{cc}}}]}}"#,
+                text(40, "word")
+            ));
+        }
+        format!(
+            r#"{{"model":"claude-test","system":[{{"type":"text","text":"{system}","cache_control":{{"type":"ephemeral"}}}}],"messages":[{}]}}"#,
+            messages.join(",")
+        )
+    }
+
+    /// Runs requests in order at the given times (ms) and returns each verdict,
+    /// recording history as the stage does, with usage from the rules themselves.
+    fn run(bodies: &[(String, Millis)]) -> Vec<(Verdict, Option<Reason>, Prediction)> {
+        let mut conv = Conversation::default();
+        let mut out = Vec::new();
+        for (body, at) in bodies {
+            let s = Arc::new(segs(body));
+            let id = ExchangeId::new();
+            let req = Request {
+                id,
+                start: *at,
+                segments: &s,
+            };
+            let p = predict(req, Some(&conv), MIN);
+            let usage = Usage {
+                cache_read_tokens: p.read_tokens,
+                cache_write_tokens: p.write_tokens,
+                input_tokens: 10,
+                ..Usage::default()
+            };
+            let e = explain(req, Some(&conv), &p, &usage, MIN);
+            for &b in &p.written {
+                let ttl = s.units[b].breakpoint.unwrap().ttl;
+                conv.cache(s.units[b].prefix, *at, *at + 500, ttl, id);
+            }
+            conv.keep(Snapshot {
+                id,
+                start: *at,
+                began: *at + 500,
+                segments: s.clone(),
+                usage: Some(usage),
+                cached: p.written.clone(),
+            });
+            out.push((e.verdict, e.reason, p));
+        }
+        out
+    }
+
+    #[test]
+    fn growing_conversation_hits() {
+        let sys = text(150, "rules");
+        let r = run(&[
+            (body(&sys, 1), 0),
+            (body(&sys, 2), 10_000),
+            (body(&sys, 3), 20_000),
+        ]);
+        assert_eq!(r[0].0, Verdict::Write);
+        assert_eq!(r[1].0, Verdict::Hit);
+        assert_eq!(
+            r[1].2.read_through.as_deref(),
+            Some("messages[0].content[0]")
+        );
+        assert_eq!(r[2].0, Verdict::Hit);
+        assert!(r[2].2.read_tokens > r[1].2.read_tokens);
+    }
+
+    #[test]
+    fn a_changed_system_block_is_named_with_offset_and_excerpt() {
+        let a = format!("{} Today is 2026-11-29.", text(150, "rules"));
+        let b = a.replace("2026-11-29", "2026-11-30");
+        let r = run(&[(body(&a, 1), 0), (body(&b, 2), 10_000)]);
+        assert_eq!(r[1].0, Verdict::Miss);
+        let Some(Reason::PrefixChanged {
+            unit,
+            offset,
+            before,
+            after,
+        }) = &r[1].1
+        else {
+            panic!("{:?}", r[1].1)
+        };
+        assert_eq!(unit, "system[0]");
+        let unit_bytes = format!(r#"{{"type":"text","text":"{a}"#);
+        assert_eq!(*offset, unit_bytes.find("29.").unwrap());
+        assert!(
+            before.as_ref().unwrap().contains("2026-11-29"),
+            "{before:?}"
+        );
+        assert!(after.as_ref().unwrap().contains("2026-11-30"), "{after:?}");
+        assert_eq!(
+            r[1].1.as_ref().unwrap().to_string(),
+            format!("system[0] changed @{offset}")
+        );
+    }
+
+    #[test]
+    fn ttl_expiry_and_refresh_by_reads() {
+        let sys = text(150, "rules");
+        let r = run(&[
+            (body(&sys, 1), 0),
+            (body(&sys, 1), 240_000), // read at 4 min: refreshed
+            (body(&sys, 1), 480_000), // 4 min after the refresh: still alive
+            (body(&sys, 1), 900_000), // 7 min idle: expired
+        ]);
+        assert_eq!(r[1].0, Verdict::Hit);
+        assert_eq!(r[2].0, Verdict::Hit);
+        assert_eq!(r[3].0, Verdict::Miss);
+        assert_eq!(
+            r[3].1,
+            Some(Reason::TtlExpired {
+                unit: "messages[0].content[0]".into(),
+                idle_s: 420,
+                ttl_s: 300
+            })
+        );
+    }
+
+    #[test]
+    fn lookback_and_missing_breakpoints() {
+        let sys = text(150, "rules");
+        // Turn 2 appends 24 blocks after the cached prefix with the breakpoint on the last.
+        let r = run(&[(body(&sys, 1), 0), (body(&sys, 25), 10_000)]);
+        assert_eq!(
+            r[1].0,
+            Verdict::Partial,
+            "the system breakpoint still reads"
+        );
+        assert!(
+            matches!(
+                &r[1].1,
+                Some(Reason::LookbackExceeded { unit, positions: 25, .. }) if unit == "messages[0].content[0]"
+            ),
+            "{:?}",
+            r[1].1
+        );
+        let bare = body(&sys, 2).replace(r#","cache_control":{"type":"ephemeral"}}]}]"#, "}]}]");
+        let r = run(&[(body(&sys, 1), 0), (bare, 10_000)]);
+        assert_eq!(r[1].0, Verdict::Partial);
+        assert_eq!(
+            r[1].1,
+            Some(Reason::BreakpointMissing {
+                unit: "messages[0].content[0]".into()
+            })
+        );
+    }
+
+    #[test]
+    fn model_tools_and_settings() {
+        let sys = text(150, "rules");
+        let other = body(&sys, 2).replace("claude-test", "claude-other");
+        let r = run(&[(body(&sys, 1), 0), (other, 10_000)]);
+        assert_eq!(r[1].0, Verdict::Miss);
+        assert!(matches!(&r[1].1, Some(Reason::ModelChanged { .. })));
+        let with_tool = |name: &str| {
+            body(&sys, 2).replacen(
+                "{",
+                &format!(r#"{{"tools":[{{"name":"{name}","input_schema":{{}}}}],"#),
+                1,
+            )
+        };
+        let r = run(&[(with_tool("A"), 0), (with_tool("B"), 10_000)]);
+        assert_eq!(
+            r[1].1,
+            Some(Reason::ToolsChanged {
+                added: vec!["B".into()],
+                removed: vec!["A".into()],
+                changed: vec![]
+            })
+        );
+        let choice = body(&sys, 2).replacen('{', r#"{"tool_choice":{"type":"auto"},"#, 1);
+        let r = run(&[(body(&sys, 1), 0), (choice, 10_000)]);
+        assert_eq!(r[1].0, Verdict::Partial, "system still read");
+        assert!(
+            matches!(&r[1].1, Some(Reason::SettingChanged { setting, .. }) if setting == "tool_choice")
+        );
+    }
+
+    #[test]
+    fn below_minimum_writes_nothing() {
+        let r = run(&[(body("short", 1), 0)]);
+        // 1 turn of ~45 words + a short system: under 100 estimated tokens? make sure.
+        let tokens = segs(&body("short", 1)).total_tokens();
+        if tokens < MIN {
+            assert_eq!(r[0].0, Verdict::None);
+            assert!(matches!(
+                r[0].1,
+                Some(Reason::BelowMinimum { minimum: MIN, .. })
+            ));
+        } else {
+            panic!("fixture too large: {tokens}");
+        }
+    }
+
+    #[test]
+    fn concurrent_writer_is_named() {
+        let sys = text(150, "rules");
+        let s1 = Arc::new(segs(&body(&sys, 1)));
+        let s2 = Arc::new(segs(&body(&sys, 1)));
+        let (a, b) = (ExchangeId::new(), ExchangeId::new());
+        let mut conv = Conversation::default();
+        let pa = predict(
+            Request {
+                id: a,
+                start: 0,
+                segments: &s1,
+            },
+            Some(&conv),
+            MIN,
+        );
+        for &bp in &pa.written {
+            conv.cache(s1.units[bp].prefix, 0, 800, Ttl::FiveMinutes, a);
+        }
+        conv.keep(Snapshot {
+            id: a,
+            start: 0,
+            began: 800,
+            segments: s1.clone(),
+            usage: None,
+            cached: pa.written.clone(),
+        });
+        let req = Request {
+            id: b,
+            start: 50,
+            segments: &s2,
+        };
+        let pb = predict(req, Some(&conv), MIN);
+        assert_eq!(pb.read_tokens, 0);
+        let usage = Usage {
+            cache_write_tokens: pb.write_tokens,
+            ..Usage::default()
+        };
+        let e = explain(req, Some(&conv), &pb, &usage, MIN);
+        assert_eq!(e.verdict, Verdict::Miss);
+        assert_eq!(
+            e.reason,
+            Some(Reason::Concurrent {
+                other: a.to_string(),
+                began_after_ms: 750
+            })
+        );
+        // The provider read anyway: the rules are wrong here, and say so.
+        let usage = Usage {
+            cache_read_tokens: 300,
+            ..Usage::default()
+        };
+        let e = explain(req, Some(&conv), &pb, &usage, MIN);
+        assert_eq!(e.verdict, Verdict::Unexplained);
+        assert!(
+            matches!(&e.reason, Some(Reason::Unexplained { rules: Some(r), .. }) if r.name() == "concurrent")
+        );
+    }
+
+    #[test]
+    fn agreement_slack() {
+        assert!(agrees(0, 0, false));
+        assert!(!agrees(0, 5, true));
+        assert!(agrees(10_000, 10_050, true));
+        assert!(!agrees(10_000, 10_500, true));
+        assert!(agrees(10_000, 12_000, false));
+        assert!(!agrees(10_000, 14_000, false));
+    }
+}

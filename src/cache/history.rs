@@ -1,0 +1,372 @@
+//! What each conversation has cached so far: the prefixes written and read, when,
+//! with which ttl, and the last few requests to compare a new one with.
+//!
+//! Times are milliseconds on the analysis clock ([`Clock`]): a request's start plus a
+//! test-only offset. A cache entry is keyed by its prefix hash (which already holds
+//! the model and the tool set). It is usable from the moment the writer's response
+//! began, and lives for its ttl from the start of the last request that wrote or read
+//! it (PROTOCOL.md §B.4). Nothing here predicts; `explain` asks.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use super::segment::{Hash, Segments, Ttl};
+use crate::id::ExchangeId;
+use crate::provider::Usage;
+
+/// Milliseconds since the Unix epoch, on the analysis clock.
+pub type Millis = u64;
+
+/// The clock cache analysis reads time from: the wall clock, moved by an offset
+/// that only tests set.
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    /// TEST ONLY: a file holding a number of seconds to add to every time
+    /// (`PROMPTGATE_TEST_CLOCK_FILE`), so tests can let a ttl run out without waiting.
+    offset_file: Option<PathBuf>,
+}
+
+impl Clock {
+    /// The wall clock.
+    pub fn system() -> Clock {
+        Clock { offset_file: None }
+    }
+
+    /// TEST ONLY: the wall clock plus the seconds written in `file` (read at each use;
+    /// a missing or unreadable file counts as 0).
+    pub fn with_offset_file(file: PathBuf) -> Clock {
+        Clock {
+            offset_file: Some(file),
+        }
+    }
+
+    /// `at` on this clock.
+    pub fn at(&self, at: SystemTime) -> Millis {
+        let wall = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        wall + self.offset_ms()
+    }
+
+    fn offset_ms(&self) -> Millis {
+        let Some(file) = &self.offset_file else {
+            return 0;
+        };
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s >= 0.0)
+            .map_or(0, |s| (s * 1000.0) as Millis)
+    }
+}
+
+/// One request that wrote or read an entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Use {
+    /// The request's start: the ttl runs from here.
+    pub at: Millis,
+    /// From when others could read it: the writer's response began; a refresh of a
+    /// live entry is readable at once.
+    pub available: Millis,
+    pub ttl: Ttl,
+    pub by: ExchangeId,
+}
+
+/// A cached prefix.
+#[derive(Debug, Clone, Default)]
+pub struct Entry {
+    /// Tokens through the end of the prefix, from a provider's usage when known.
+    pub tokens: Option<u64>,
+    pub uses: Vec<Use>,
+}
+
+/// What an entry is for a reader starting at some time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryState {
+    /// Readable; last written or read at `last`.
+    Alive { last: Millis },
+    /// Written by a request whose response had not begun when the reader started.
+    Pending { by: ExchangeId, available: Millis },
+    /// Its ttl ran out: idle since `last`.
+    Expired { last: Millis, ttl: Ttl },
+    /// Nobody wrote it before the reader started.
+    Absent,
+}
+
+/// How many uses an entry keeps (the newest).
+const USES_KEPT: usize = 16;
+
+impl Entry {
+    /// The entry as a request `reader` starting at `t` finds it (its own uses aside).
+    pub fn state(&self, t: Millis, reader: ExchangeId) -> EntryState {
+        let before = || self.uses.iter().filter(|u| u.by != reader && u.at <= t);
+        let live = |u: &&Use| t < u.at + u.ttl.secs() * 1000;
+        if let Some(last) = before()
+            .filter(live)
+            .filter(|u| u.available <= t)
+            .map(|u| u.at)
+            .max()
+        {
+            return EntryState::Alive { last };
+        }
+        if let Some(u) = before().filter(live).min_by_key(|u| u.available) {
+            return EntryState::Pending {
+                by: u.by,
+                available: u.available,
+            };
+        }
+        match before().max_by_key(|u| u.at) {
+            Some(u) => EntryState::Expired {
+                last: u.at,
+                ttl: u.ttl,
+            },
+            None => EntryState::Absent,
+        }
+    }
+
+    fn record(&mut self, u: Use) {
+        self.uses.push(u);
+        if self.uses.len() > USES_KEPT {
+            self.uses.sort_by_key(|u| u.at);
+            self.uses.remove(0);
+        }
+    }
+
+    fn expired_at(&self, now: Millis) -> bool {
+        self.uses.iter().all(|u| now >= u.at + u.ttl.secs() * 1000)
+    }
+}
+
+/// One analysed (or in-flight) request of a conversation.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub id: ExchangeId,
+    pub start: Millis,
+    /// When its response began (upstream head).
+    pub began: Millis,
+    pub segments: Arc<Segments>,
+    /// The provider's usage, once the record is emitted.
+    pub usage: Option<Usage>,
+    /// Breakpoint units whose prefixes this request wrote or refreshed.
+    pub cached: Vec<usize>,
+}
+
+/// Everything remembered about one conversation.
+#[derive(Debug, Default)]
+pub struct Conversation {
+    pub entries: HashMap<Hash, Entry>,
+    /// The newest few requests, oldest first by start.
+    pub snapshots: VecDeque<Arc<Snapshot>>,
+    /// Provider tokens per estimated token, from the last usage seen.
+    pub calibration: Option<f64>,
+    last_seen: Millis,
+}
+
+/// How many requests a conversation keeps for comparison (each holds its body).
+const SNAPSHOTS_KEPT: usize = 3;
+
+/// A conversation idle this long has nothing alive left (the longest ttl is 1 h).
+const IDLE_FORGOTTEN: Millis = 3_600_000 + 60_000;
+
+impl Conversation {
+    /// The newest request that started before `start` (other than `id`).
+    pub fn baseline(&self, id: ExchangeId, start: Millis) -> Option<Arc<Snapshot>> {
+        self.snapshots
+            .iter()
+            .rev()
+            .find(|s| s.id != id && (s.start, s.id) < (start, id))
+            .cloned()
+    }
+
+    /// The snapshot of request `id`, if kept.
+    pub fn snapshot(&self, id: ExchangeId) -> Option<Arc<Snapshot>> {
+        self.snapshots.iter().find(|s| s.id == id).cloned()
+    }
+
+    /// Adds or replaces a request's snapshot, keeping start order.
+    pub fn keep(&mut self, snapshot: Snapshot) {
+        self.last_seen = self.last_seen.max(snapshot.start);
+        self.snapshots.retain(|s| s.id != snapshot.id);
+        let at = self
+            .snapshots
+            .iter()
+            .position(|s| (s.start, s.id) > (snapshot.start, snapshot.id))
+            .unwrap_or(self.snapshots.len());
+        self.snapshots.insert(at, Arc::new(snapshot));
+        while self.snapshots.len() > SNAPSHOTS_KEPT {
+            self.snapshots.pop_front();
+        }
+    }
+
+    /// Records that request `by`, started at `at`, whose response began at `began`,
+    /// wrote or refreshed the prefix `hash`.
+    pub fn cache(&mut self, hash: Hash, at: Millis, began: Millis, ttl: Ttl, by: ExchangeId) {
+        let entry = self.entries.entry(hash).or_default();
+        let available = match entry.state(at, by) {
+            EntryState::Alive { .. } => at,
+            _ => began,
+        };
+        entry.record(Use {
+            at,
+            available,
+            ttl,
+            by,
+        });
+    }
+
+    /// Forgets what request `by` was thought to cache (the provider says it cached nothing).
+    pub fn uncache(&mut self, by: ExchangeId) {
+        for entry in self.entries.values_mut() {
+            entry.uses.retain(|u| u.by != by);
+        }
+        self.entries.retain(|_, e| !e.uses.is_empty());
+    }
+
+    /// Drops entries whose every use has expired by `now`.
+    pub fn prune(&mut self, now: Millis) {
+        self.entries.retain(|_, e| !e.expired_at(now));
+    }
+}
+
+/// The conversations cache analysis remembers, by conversation key.
+#[derive(Debug)]
+pub struct History {
+    conversations: HashMap<String, Conversation>,
+    limit: usize,
+}
+
+impl History {
+    /// Remembers at most `limit` conversations (the least recently active are forgotten).
+    pub fn new(limit: usize) -> History {
+        History {
+            conversations: HashMap::new(),
+            limit: limit.max(1),
+        }
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Conversation> {
+        self.conversations.get(key)
+    }
+
+    /// The conversation `key`, made if new.
+    pub fn conversation(&mut self, key: &str, now: Millis) -> &mut Conversation {
+        if !self.conversations.contains_key(key) {
+            self.conversations
+                .retain(|_, c| c.last_seen + IDLE_FORGOTTEN > now);
+        }
+        if !self.conversations.contains_key(key) && self.conversations.len() >= self.limit {
+            let oldest = self
+                .conversations
+                .iter()
+                .min_by_key(|(_, c)| c.last_seen)
+                .map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                self.conversations.remove(&k);
+            }
+        }
+        let c = self.conversations.entry(key.to_owned()).or_default();
+        c.last_seen = c.last_seen.max(now);
+        c
+    }
+
+    pub fn len(&self) -> usize {
+        self.conversations.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.conversations.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_live_for_their_ttl_from_the_last_use() {
+        let (a, b, c) = (ExchangeId::new(), ExchangeId::new(), ExchangeId::new());
+        let mut conv = Conversation::default();
+        let h = [7u8; 32];
+        conv.cache(h, 1_000, 1_400, Ttl::FiveMinutes, a);
+        let e = &conv.entries[&h];
+        assert_eq!(
+            e.state(1_200, b),
+            EntryState::Pending {
+                by: a,
+                available: 1_400
+            },
+            "not readable before the writer's response began"
+        );
+        assert_eq!(e.state(1_400, b), EntryState::Alive { last: 1_000 });
+        assert_eq!(
+            e.state(500, b),
+            EntryState::Absent,
+            "written after the reader started"
+        );
+        assert_eq!(
+            e.state(1_500, a),
+            EntryState::Absent,
+            "a request never reads itself"
+        );
+        assert_eq!(
+            e.state(301_000, b),
+            EntryState::Expired {
+                last: 1_000,
+                ttl: Ttl::FiveMinutes
+            }
+        );
+        // A read at 250 s refreshes it: alive until 550 s, readable at once.
+        conv.cache(h, 250_000, 250_900, Ttl::FiveMinutes, b);
+        let e = &conv.entries[&h];
+        assert_eq!(e.uses[1].available, 250_000);
+        assert_eq!(e.state(540_000, c), EntryState::Alive { last: 250_000 });
+        assert!(matches!(
+            e.state(551_000, c),
+            EntryState::Expired { last: 250_000, .. }
+        ));
+        conv.prune(549_000);
+        assert_eq!(conv.entries.len(), 1);
+        conv.prune(551_000);
+        assert!(conv.entries.is_empty());
+    }
+
+    #[test]
+    fn uncache_forgets_one_writer() {
+        let (a, b) = (ExchangeId::new(), ExchangeId::new());
+        let mut conv = Conversation::default();
+        conv.cache([1; 32], 0, 10, Ttl::OneHour, a);
+        conv.cache([2; 32], 0, 10, Ttl::OneHour, b);
+        conv.uncache(a);
+        assert!(!conv.entries.contains_key(&[1; 32]) && conv.entries.contains_key(&[2; 32]));
+    }
+
+    #[test]
+    fn history_forgets_the_least_recent_conversation() {
+        let mut h = History::new(2);
+        h.conversation("a", 1);
+        h.conversation("b", 2);
+        h.conversation("a", 3);
+        h.conversation("c", 4);
+        assert_eq!(h.len(), 2);
+        assert!(h.get("a").is_some() && h.get("b").is_none());
+        // Idle past the longest ttl: forgotten when another conversation starts.
+        h.conversation("d", 3 + IDLE_FORGOTTEN);
+        assert!(h.get("a").is_none() && h.get("c").is_some() && h.get("d").is_some());
+    }
+
+    #[test]
+    fn test_clock_reads_its_offset_file() {
+        let dir = std::env::temp_dir().join(format!("pg-clock-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("offset");
+        let clock = Clock::with_offset_file(file.clone());
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(100);
+        assert_eq!(clock.at(t), 100_000, "missing file: no offset");
+        std::fs::write(&file, "360.5\n").unwrap();
+        assert_eq!(clock.at(t), 460_500);
+        assert_eq!(Clock::system().at(t), 100_000);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

@@ -1,0 +1,687 @@
+//! Prompt-cache analysis: for every Anthropic (and OpenAI) exchange, what the
+//! provider could reuse, what it did reuse, why not, and what that cost.
+//!
+//! [`segment`] cuts a request into cache units with a running prefix hash;
+//! [`history`] remembers per conversation what was cached when; [`explain`] predicts
+//! and then judges against the provider's `usage`; [`cost`] prices it. [`CacheStage`]
+//! runs all of it when a record is emitted (before the sinks, off the client's path)
+//! and puts a [`CacheReport`] on the record. It never changes a request.
+
+pub mod cost;
+pub mod estimate;
+pub mod explain;
+pub mod history;
+pub mod scan;
+pub mod segment;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use crate::conversation::{KeySource, conversation_key};
+use crate::id::ExchangeId;
+use crate::provider::Usage;
+use crate::provider::request::RequestView;
+use crate::record::{ExchangeRecord, RecordStage};
+use cost::{Cost, Price, Table};
+use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
+use history::{Clock, History, Millis, Snapshot};
+use segment::{Format, IgnoreRule, Region, Segments};
+
+/// TEST ONLY: names a file whose number (seconds) is added to the analysis clock.
+pub const TEST_CLOCK_ENV: &str = "PROMPTGATE_TEST_CLOCK_FILE";
+
+// === settings ===
+
+/// `[cache]` in the config file, as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfigLayer {
+    /// Turn the analysis off (`false`); on by default.
+    pub enabled: Option<bool>,
+    /// Units left out of the prefix hash; replaces the default list (the billing header).
+    pub ignore: Option<Vec<IgnoreConfig>>,
+    /// Minimum cacheable tokens by model pattern, over the defaults.
+    pub min_tokens: Option<BTreeMap<String, u64>>,
+    /// Prices by model pattern, over the defaults.
+    pub prices: Option<BTreeMap<String, Price>>,
+    /// How many conversations to remember (least recently active forgotten first).
+    pub conversations: Option<usize>,
+}
+
+/// One `[[cache.ignore]]` entry: text blocks of `region` whose text matches `text`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IgnoreConfig {
+    pub region: String,
+    pub text: String,
+}
+
+/// The validated cache-analysis settings.
+#[derive(Debug, Clone)]
+pub struct CacheSettings {
+    pub enabled: bool,
+    pub ignore: Vec<IgnoreRule>,
+    pub min_tokens: Table<u64>,
+    pub prices: Table<Price>,
+    pub conversations: usize,
+}
+
+impl Default for CacheSettings {
+    fn default() -> Self {
+        CacheSettings {
+            enabled: true,
+            ignore: vec![IgnoreRule::billing_header()],
+            min_tokens: cost::min_tokens(Vec::new()),
+            prices: cost::prices(Vec::new()),
+            conversations: 64,
+        }
+    }
+}
+
+impl CacheSettings {
+    /// Applies a layer; the error names the key, e.g. `ignore[0].text: …`.
+    pub fn apply(&mut self, layer: CacheConfigLayer) -> Result<(), String> {
+        if let Some(v) = layer.enabled {
+            self.enabled = v;
+        }
+        if let Some(list) = layer.ignore {
+            self.ignore = list
+                .into_iter()
+                .enumerate()
+                .map(|(i, c)| {
+                    let region = match c.region.as_str() {
+                        "tools" => Region::Tools,
+                        "system" => Region::System,
+                        "messages" => Region::Messages,
+                        other => {
+                            return Err(format!(
+                                "ignore[{i}].region: {other:?} is not a region (expected \"system\", \"messages\" or \"tools\")"
+                            ));
+                        }
+                    };
+                    let text = regex::Regex::new(&c.text).map_err(|e| {
+                        format!(
+                            "ignore[{i}].text: invalid regex {:?}: {e} (expected e.g. \"^x-anthropic-billing-header:\")",
+                            c.text
+                        )
+                    })?;
+                    Ok(IgnoreRule { region, text })
+                })
+                .collect::<Result<_, String>>()?;
+        }
+        if let Some(m) = layer.min_tokens {
+            self.min_tokens = cost::min_tokens(m.into_iter().collect());
+        }
+        if let Some(p) = layer.prices {
+            for (model, price) in &p {
+                let values = [
+                    price.input,
+                    price.output,
+                    price.cache_read,
+                    price.cache_write_5m,
+                    price.cache_write_1h,
+                ];
+                if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
+                    return Err(format!(
+                        "prices.{model:?}: prices and multipliers must be numbers >= 0"
+                    ));
+                }
+            }
+            self.prices = cost::prices(p.into_iter().collect());
+        }
+        if let Some(n) = layer.conversations {
+            if n == 0 {
+                return Err("conversations: must be at least 1".into());
+            }
+            self.conversations = n;
+        }
+        Ok(())
+    }
+
+    fn min_tokens_for(&self, model: &str) -> u64 {
+        self.min_tokens
+            .find(model)
+            .map_or(cost::FALLBACK_MIN_TOKENS, |(_, n)| n)
+    }
+}
+
+// === the report ===
+
+/// A breakpoint as the report shows it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BreakpointView {
+    pub unit: String,
+    pub position: u32,
+    pub ttl: segment::Ttl,
+    pub automatic: bool,
+    /// Estimated tokens through this unit.
+    pub tokens: u64,
+}
+
+/// The provider's cache numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Actual {
+    pub read: u64,
+    pub write: u64,
+    pub input: u64,
+}
+
+/// The token estimate set beside the provider's count of the same prompt.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct EstimateCheck {
+    /// The estimator's count of the whole prompt (uncalibrated).
+    pub tokens: u64,
+    /// The provider's: input + cache read + cache write.
+    pub actual: u64,
+    /// (estimate − actual) / actual, in percent.
+    pub error_pct: f64,
+}
+
+/// Dollars, with the price entry used.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CostView {
+    /// The price-table pattern that matched the model.
+    pub price: String,
+    #[serde(flatten)]
+    pub usd: Cost,
+}
+
+/// For automatic caching (OpenAI): how much of the previous request's prefix stayed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StablePrefix {
+    /// Units identical, in order, to the previous request's.
+    pub units: usize,
+    /// Their estimated tokens.
+    pub tokens: u64,
+    /// The first unit that differs, if one does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed_at: Option<String>,
+}
+
+/// Everything cache analysis says about one exchange; serialisable, so the capture
+/// store can keep it and `cache report` can build timelines and summaries from it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CacheReport {
+    pub provider: &'static str,
+    pub conversation: String,
+    pub model: String,
+    /// Start on the analysis clock (ms since the Unix epoch).
+    pub started_ms: Millis,
+    pub units: usize,
+    pub positions: u32,
+    pub breakpoints: Vec<BreakpointView>,
+    pub min_tokens: u64,
+    pub prediction: Prediction,
+    pub actual: Actual,
+    pub verdict: Verdict,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<Reason>,
+    /// Tokens the rules say could have been read and were not.
+    pub lost_tokens: u64,
+    /// The earlier request of the conversation this one was compared with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub baseline: Option<String>,
+    pub estimate: EstimateCheck,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cost: Option<CostView>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stable: Option<StablePrefix>,
+}
+
+impl CacheReport {
+    /// The `cache=` value of the exchange log line: `hit 48.2k/50.1k`,
+    /// `MISS system[2] changed @812`, `write 48.1k`, …
+    pub fn log_field(&self) -> String {
+        let total = self.actual.read + self.actual.write + self.actual.input;
+        let reason = self
+            .reason
+            .as_ref()
+            .map(|r| format!(" {r}"))
+            .unwrap_or_default();
+        match self.verdict {
+            Verdict::Hit => format!("hit {}/{}", kilo(self.actual.read), kilo(total)),
+            Verdict::Partial => {
+                format!("partial {}/{}{reason}", kilo(self.actual.read), kilo(total))
+            }
+            Verdict::Miss => format!("MISS{reason}"),
+            Verdict::Write => format!("write {}", kilo(self.actual.write)),
+            Verdict::None => format!("none{reason}"),
+            Verdict::Unexplained => format!("unexplained:{reason}"),
+        }
+    }
+
+    /// The report without prompt text (excerpts), for logs.
+    pub fn without_excerpts(&self) -> CacheReport {
+        let mut r = self.clone();
+        r.reason = r.reason.map(|x| x.without_excerpts());
+        r
+    }
+}
+
+// === the stage ===
+
+/// A request whose response head arrived, not yet cut into units.
+struct Began {
+    id: ExchangeId,
+    start: Millis,
+    began: Millis,
+    format: Format,
+    /// The conversation key when a header names it; else the headers, for later.
+    key: Result<String, HeaderMap>,
+    body: Bytes,
+}
+
+/// A request cut and predicted, waiting for its record.
+struct Pending {
+    key: String,
+    start: Millis,
+    segments: Arc<Segments>,
+    prediction: Prediction,
+}
+
+struct State {
+    pending: HashMap<ExchangeId, Pending>,
+    history: History,
+}
+
+/// The record stage that analyses prompt caching.
+///
+/// When a response head arrives it only queues the request (cheap, on the request
+/// path). When any record is emitted it first cuts and predicts the queued requests
+/// in arrival order — so a request that began before another is in the history
+/// before that one is judged, whichever finishes first — then judges the record.
+pub struct CacheStage {
+    settings: CacheSettings,
+    key_source: KeySource,
+    clock: Clock,
+    /// Requests whose response began, in that order. Its own lock: the request path
+    /// only ever waits for a push, never for an analysis.
+    began: Mutex<Vec<Began>>,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for CacheStage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CacheStage")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl CacheStage {
+    /// A stage with `settings`, grouping requests by `key_source`'s conversation keys,
+    /// on the wall clock — or, TEST ONLY, moved by the file named in
+    /// `PROMPTGATE_TEST_CLOCK_FILE`.
+    pub fn new(settings: CacheSettings, key_source: KeySource) -> CacheStage {
+        let clock = match std::env::var_os(TEST_CLOCK_ENV) {
+            Some(file) => Clock::with_offset_file(PathBuf::from(file)),
+            None => Clock::system(),
+        };
+        CacheStage::with_clock(settings, key_source, clock)
+    }
+
+    pub fn with_clock(settings: CacheSettings, key_source: KeySource, clock: Clock) -> CacheStage {
+        let history = History::new(settings.conversations);
+        CacheStage {
+            settings,
+            key_source,
+            clock,
+            began: Mutex::new(Vec::new()),
+            state: Mutex::new(State {
+                pending: HashMap::new(),
+                history,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        // A panic mid-analysis leaves at worst a stale history entry.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Cuts and predicts a queued request, and notes what it will cache.
+    fn prepare(&self, state: &mut State, b: Began) {
+        // The session header names most agent conversations without reading the
+        // body; only the others (pi, SDK apps) need the request view.
+        let key = match &b.key {
+            Ok(key) => Some(key.clone()),
+            Err(headers) => RequestView::parse(&b.body)
+                .ok()
+                .and_then(|view| conversation_key(headers, Some(&view), &self.key_source)),
+        }
+        .unwrap_or_else(|| "unkeyed".into());
+        let previous = state
+            .history
+            .get(&key)
+            .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
+        let segments = match previous {
+            // A byte-identical resend (a retry, a replay) is the same units.
+            Some(p) if p.format == b.format && p.body == b.body => p,
+            _ => {
+                let Ok(s) = segment::segment_after(
+                    &b.body,
+                    b.format,
+                    &self.settings.ignore,
+                    previous.as_deref(),
+                ) else {
+                    return;
+                };
+                Arc::new(s)
+            }
+        };
+        let min = self.settings.min_tokens_for(&segments.settings.model);
+        let conv = state.history.conversation(&key, b.start);
+        let req = Request {
+            id: b.id,
+            start: b.start,
+            segments: &segments,
+        };
+        let prediction = if b.format == Format::AnthropicMessages {
+            explain::predict(req, Some(conv), min)
+        } else {
+            Prediction::default()
+        };
+        let mut cached = prediction.written.clone();
+        if let Some(h) = prediction.hit {
+            cached.push(h);
+            cached.sort_unstable();
+            cached.dedup();
+        }
+        for &i in &cached {
+            let ttl = segments.units[i]
+                .breakpoint
+                .map_or(segment::Ttl::FiveMinutes, |m| m.ttl);
+            conv.cache(segments.units[i].prefix, b.start, b.began, ttl, b.id);
+        }
+        if b.format != Format::AnthropicMessages {
+            // Automatic caching: every request is a candidate prefix for the next.
+            cached.clear();
+        }
+        conv.keep(Snapshot {
+            id: b.id,
+            start: b.start,
+            began: b.began,
+            segments: segments.clone(),
+            usage: None,
+            cached,
+        });
+        state.pending.insert(
+            b.id,
+            Pending {
+                key,
+                start: b.start,
+                segments,
+                prediction,
+            },
+        );
+    }
+
+    /// Judges a prepared request against its usage and records what it did.
+    fn judge(&self, state: &mut State, id: ExchangeId, usage: &Usage) -> Option<CacheReport> {
+        let p = state.pending.remove(&id)?;
+        let segs = &*p.segments;
+        let model = segs.settings.model.clone();
+        let min = self.settings.min_tokens_for(&model);
+        let conv = state.history.conversation(&p.key, p.start);
+        let req = Request {
+            id,
+            start: p.start,
+            segments: segs,
+        };
+        let (explanation, stable) = if segs.format == Format::AnthropicMessages {
+            (
+                explain::explain(req, Some(conv), &p.prediction, usage, min),
+                None,
+            )
+        } else {
+            let (e, s) = explain::explain_automatic(req, conv, usage, min);
+            (e, Some(s))
+        };
+        // What the provider says it did becomes the history.
+        let estimated = segs.total_tokens();
+        let actual_total = usage.total_input();
+        if actual_total > 0 && estimated > 0 {
+            conv.calibration = Some(actual_total as f64 / estimated as f64);
+        }
+        if segs.format == Format::AnthropicMessages {
+            record_usage(conv, id, p.start, segs, &p.prediction, &explanation, usage);
+        }
+        if let Some(snap) = conv.snapshot(id) {
+            let mut s = (*snap).clone();
+            s.usage = Some(*usage);
+            if usage.cache_read_tokens + usage.cache_write_tokens == 0 {
+                s.cached.clear();
+            }
+            conv.keep(s);
+        }
+        conv.prune(p.start);
+        let one_hour = segs.breakpoints.iter().any(|&b| {
+            segs.units[b]
+                .breakpoint
+                .is_some_and(|m| m.ttl == segment::Ttl::OneHour)
+        });
+        let cost = self
+            .settings
+            .prices
+            .find(&model)
+            .map(|(pattern, price)| CostView {
+                price: pattern.to_owned(),
+                usd: cost::cost(&price, usage, explanation.lost_tokens, one_hour),
+            });
+        let mut through = 0u64;
+        let breakpoints = segs
+            .units
+            .iter()
+            .filter_map(|u| {
+                through += u64::from(u.tokens);
+                u.breakpoint.map(|m| BreakpointView {
+                    unit: u.path.to_string(),
+                    position: u.position,
+                    ttl: m.ttl,
+                    automatic: m.automatic,
+                    tokens: through,
+                })
+            })
+            .collect();
+        Some(CacheReport {
+            provider: segs.format.provider().name(),
+            conversation: p.key,
+            model,
+            started_ms: p.start,
+            units: segs.units.len(),
+            positions: segs.units.last().map_or(0, |u| u.position + 1),
+            breakpoints,
+            min_tokens: min,
+            prediction: p.prediction,
+            actual: Actual {
+                read: usage.cache_read_tokens,
+                write: usage.cache_write_tokens,
+                input: usage.input_tokens,
+            },
+            verdict: explanation.verdict,
+            reason: explanation.reason,
+            lost_tokens: explanation.lost_tokens,
+            baseline: explanation.baseline.map(|b| b.to_string()),
+            estimate: EstimateCheck {
+                tokens: estimated,
+                actual: actual_total,
+                error_pct: if actual_total == 0 {
+                    0.0
+                } else {
+                    (estimated as f64 - actual_total as f64) / actual_total as f64 * 100.0
+                },
+            },
+            cost,
+            stable,
+        })
+    }
+}
+
+/// Puts the provider's numbers into the history: exact token counts for the
+/// prefixes it read and wrote, and no entries at all when it cached nothing.
+fn record_usage(
+    conv: &mut history::Conversation,
+    id: ExchangeId,
+    start: Millis,
+    segs: &Segments,
+    prediction: &Prediction,
+    explanation: &Explanation,
+    usage: &Usage,
+) {
+    if usage.cache_read_tokens + usage.cache_write_tokens == 0 {
+        conv.uncache(id);
+        return;
+    }
+    // read + write = tokens through the last breakpoint (§B.7).
+    if let Some(&last) = segs.breakpoints.last() {
+        let prefix = segs.units[last].prefix;
+        let known = conv
+            .entries
+            .get(&prefix)
+            .is_some_and(|e| e.uses.iter().any(|u| u.by == id));
+        if !known && usage.cache_write_tokens > 0 {
+            let ttl = segs.units[last]
+                .breakpoint
+                .map_or(segment::Ttl::FiveMinutes, |m| m.ttl);
+            conv.cache(prefix, start, start, ttl, id);
+        }
+        if let Some(e) = conv.entries.get_mut(&prefix) {
+            e.tokens = Some(usage.cache_read_tokens + usage.cache_write_tokens);
+        }
+    }
+    if explanation.verdict != Verdict::Unexplained
+        && usage.cache_read_tokens > 0
+        && let Some(h) = prediction.hit
+        && let Some(e) = conv.entries.get_mut(&segs.units[h].prefix)
+    {
+        e.tokens = Some(usage.cache_read_tokens);
+    }
+}
+
+impl RecordStage for CacheStage {
+    fn response_began(&self, record: &ExchangeRecord) {
+        if !self.settings.enabled || !record.status.is_some_and(|s| s.is_success()) {
+            return;
+        }
+        let (Some(provider), Some(api)) = (record.provider, record.api) else {
+            return;
+        };
+        let Some(format) = Format::of(provider, api) else {
+            return;
+        };
+        if record.sent_body.first() != Some(&b'{') {
+            return;
+        }
+        let start = self.clock.at(record.started_at);
+        let began = start
+            + record
+                .timing
+                .upstream_headers
+                .map_or(0, |d| d.as_millis() as Millis);
+        let began = Began {
+            id: record.id,
+            start,
+            began,
+            format,
+            key: conversation_key(&record.sent_headers, None, &self.key_source)
+                .ok_or_else(|| record.sent_headers.clone()),
+            body: record.sent_body.clone(),
+        };
+        // A panic elsewhere while holding it cannot leave the queue half-pushed.
+        self.began
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(began);
+    }
+
+    fn apply(&self, record: &mut ExchangeRecord) {
+        if !self.settings.enabled {
+            return;
+        }
+        let mut state = self.lock();
+        let state = &mut *state;
+        // Taken under the state lock, so queued requests are prepared in arrival order.
+        let queued = std::mem::take(&mut *self.began.lock().unwrap_or_else(|p| p.into_inner()));
+        for b in queued {
+            self.prepare(state, b);
+        }
+        let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
+        let Some(usage) = usage else {
+            // No usage (cut before it, or an error body): keep what it may have
+            // cached as predicted; there is nothing to judge.
+            state.pending.remove(&record.id);
+            return;
+        };
+        record.cache = self.judge(state, record.id, &usage);
+        if let Some(report) = &record.cache
+            && tracing::enabled!(target: "promptgate::cache", tracing::Level::DEBUG)
+        {
+            let json = serde_json::to_string(&report.without_excerpts()).unwrap_or_default();
+            tracing::debug!(target: "promptgate::cache", id = %record.id, analysis = %json, "cache analysis");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layer(text: &str) -> CacheConfigLayer {
+        toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn settings_apply_over_the_defaults() {
+        let mut s = CacheSettings::default();
+        assert_eq!(s.min_tokens_for("claude-opus-4-6"), 4096);
+        assert_eq!(
+            s.min_tokens_for("someone-elses-model"),
+            cost::FALLBACK_MIN_TOKENS
+        );
+        s.apply(layer(
+            r#"
+            enabled = false
+            conversations = 3
+            ignore = []
+            [min_tokens]
+            "claude-opus-4-6*" = 2048
+            [prices."my-model"]
+            input = 1.0
+            output = 2.0
+            "#,
+        ))
+        .unwrap();
+        assert!(!s.enabled && s.ignore.is_empty() && s.conversations == 3);
+        assert_eq!(s.min_tokens_for("claude-opus-4-6"), 2048);
+        let (_, p) = s.prices.find("my-model").unwrap();
+        assert_eq!(
+            (p.cache_read, p.cache_write_5m, p.cache_write_1h),
+            (0.1, 1.25, 2.0)
+        );
+        assert!(s.prices.find("claude-opus-5").is_some(), "defaults stay");
+    }
+
+    #[test]
+    fn bad_settings_name_their_key() {
+        let mut s = CacheSettings::default();
+        let err = s
+            .apply(layer(r#"ignore = [{ region = "system", text = "(" }]"#))
+            .unwrap_err();
+        assert!(err.starts_with("ignore[0].text: invalid regex"), "{err}");
+        let err = s.apply(layer("conversations = 0")).unwrap_err();
+        assert_eq!(err, "conversations: must be at least 1");
+        let err = s
+            .apply(layer("[prices.m]\ninput = -1.0\noutput = 1.0"))
+            .unwrap_err();
+        assert!(err.contains("must be numbers >= 0"), "{err}");
+        assert!(
+            toml::from_str::<CacheConfigLayer>("colour = 1").is_err(),
+            "unknown keys refused"
+        );
+    }
+}

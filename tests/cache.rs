@@ -1,0 +1,570 @@
+//! Prompt-cache analysis through the real binary, against a fake provider whose
+//! usage comes from a cache emulator that follows the documented rules: the
+//! prediction must equal what the emulator did, and every miss must be named right.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::cache_emulator::{self, CacheEmulator, ClockFile};
+use support::{Action, FakeProvider, Proxy, Reply, TempDir, client, shapes};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A proxy in front of an emulating fake provider, with the test-only clock wired.
+struct Rig {
+    _fake: FakeProvider,
+    proxy: Proxy,
+    emulator: cache_emulator::Shared,
+    clock: ClockFile,
+    sent: Mutex<usize>,
+    _dir: TempDir,
+}
+
+impl Rig {
+    async fn start() -> Rig {
+        Self::start_with(CacheEmulator::new(), &[]).await
+    }
+
+    async fn start_with(emulator: CacheEmulator, args: &[&str]) -> Rig {
+        let dir = TempDir::new("cache");
+        let clock = ClockFile::new(dir.path());
+        let emulator = Arc::new(Mutex::new(emulator));
+        let e = emulator.clone();
+        let fake = FakeProvider::start(move |req| {
+            Action::Respond(if req.target.starts_with("/v1/messages") {
+                cache_emulator::reply(&e, &req.body)
+            } else {
+                Reply::json(404, &json!({}))
+            })
+        })
+        .await;
+        let mut all = vec!["--upstream-anthropic", fake.url().leak() as &str];
+        all.extend_from_slice(args);
+        let proxy = Proxy::start_with_env(
+            &all,
+            &[
+                ("PROMPTGATE_TEST_CLOCK_FILE", clock.path.to_str().unwrap()),
+                ("PROMPTGATE_LOG", "info,promptgate::cache=debug"),
+            ],
+        );
+        Rig {
+            _fake: fake,
+            proxy,
+            emulator,
+            clock,
+            sent: Mutex::new(0),
+            _dir: dir,
+        }
+    }
+
+    /// Moves both clocks (the emulator's and promptgate's) forward.
+    fn advance(&self, by: Duration) {
+        self.emulator.lock().unwrap().advance(by);
+        self.clock.advance(by);
+    }
+
+    /// Sends a Claude-Code-shaped request; returns its exchange line and analysis.
+    async fn send(&self, body: &Value) -> Turn {
+        self.send_raw(body).await;
+        let n = *self.sent.lock().unwrap();
+        self.turn(n).await
+    }
+
+    async fn send_raw(&self, body: &Value) {
+        *self.sent.lock().unwrap() += 1;
+        let bytes = shapes::to_bytes(body);
+        let headers = shapes::claude_code_headers(
+            &self.proxy.addr.to_string(),
+            bytes.len(),
+            "sk-ant-api03-test",
+        );
+        let request = client::request_bytes("POST", "/v1/messages?beta=true", &headers, &bytes);
+        let response = client::send(self.proxy.addr, &request).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+    }
+
+    /// The `n`th exchange (1-based, in log order) with its analysis.
+    async fn turn(&self, n: usize) -> Turn {
+        let line = self.proxy.wait_exchanges(n, WAIT).await.remove(n - 1);
+        let id = line["id"].as_str().unwrap().to_owned();
+        let analysis = self
+            .proxy
+            .log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find(|v| v["message"] == "cache analysis" && v["id"] == id.as_str())
+            .map(|v| serde_json::from_str(v["analysis"].as_str().unwrap()).unwrap())
+            .unwrap_or_else(|| panic!("no analysis for {id}; log:\n{}", self.proxy.log()));
+        Turn { line, analysis }
+    }
+
+    fn emulated(&self) -> Vec<cache_emulator::CacheUsage> {
+        self.emulator.lock().unwrap().log.clone()
+    }
+}
+
+struct Turn {
+    line: Value,
+    analysis: Value,
+}
+
+impl Turn {
+    fn field(&self) -> &str {
+        self.line["cache"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no cache field: {}", self.line))
+    }
+    fn verdict(&self) -> &str {
+        self.analysis["verdict"].as_str().unwrap()
+    }
+    fn reason(&self) -> &str {
+        self.analysis["reason"]["kind"].as_str().unwrap_or("")
+    }
+    fn predicted(&self) -> (u64, u64) {
+        let p = &self.analysis["prediction"];
+        (
+            p["read_tokens"].as_u64().unwrap(),
+            p["write_tokens"].as_u64().unwrap(),
+        )
+    }
+    fn actual(&self) -> (u64, u64) {
+        let a = &self.analysis["actual"];
+        (a["read"].as_u64().unwrap(), a["write"].as_u64().unwrap())
+    }
+}
+
+fn cc(rounds: usize) -> Value {
+    shapes::claude_code_body(rounds, shapes::CC_SESSION)
+}
+
+/// A Claude Code body whose `system[2]` text ends with a date.
+fn cc_dated(rounds: usize, date: &str) -> Value {
+    let mut b = cc(rounds);
+    let text = b["system"][2]["text"].as_str().unwrap().to_owned();
+    b["system"][2]["text"] = json!(format!("{text}\nToday's date is {date}."));
+    b
+}
+
+#[tokio::test]
+async fn claude_code_conversation_prediction_equals_the_emulator() {
+    let rig = Rig::start().await;
+    let mut turns = Vec::new();
+    for rounds in 0..6 {
+        let mut body = cc(rounds);
+        // The billing header changes per request in first-party mode; it is ignored.
+        body["system"][0]["text"] = json!(format!(
+            "x-anthropic-billing-header: cc_version=2.1.332.1c9; cc_entrypoint=sdk-cli; cch={rounds:05x};"
+        ));
+        turns.push(rig.send(&body).await);
+    }
+    let emulated = rig.emulated();
+    for (i, t) in turns.iter().enumerate() {
+        let e = emulated[i];
+        assert_eq!(
+            t.actual(),
+            (e.read, e.write),
+            "turn {i}: the record carries the usage"
+        );
+        let (read, write) = t.predicted();
+        if i == 0 {
+            assert_eq!(t.verdict(), "write", "turn 0: {}", t.analysis);
+            assert_eq!(read, 0);
+            assert!(t.field().starts_with("write "), "{}", t.field());
+        } else {
+            assert_eq!(t.verdict(), "hit", "turn {i}: {}", t.analysis);
+            // The prefix read was pinned by the previous turn's usage: exact.
+            assert_eq!(read, e.read, "turn {i}: predicted read");
+            assert!(t.analysis["prediction"]["exact"].as_bool().unwrap());
+            assert_eq!(
+                t.field(),
+                format!("hit {}/{}", kilo(e.read), kilo(e.read + e.write + e.input))
+            );
+        }
+        // Writes are estimated: uncalibrated on turn 0 (the emulator counts
+        // tokens its own way), then corrected by each usage: within 10 %.
+        if i == 0 {
+            assert!(write > 0);
+        } else {
+            let slack = e.write / 10;
+            assert!(
+                write.abs_diff(e.write) <= slack,
+                "turn {i}: predicted write {write}, emulator wrote {}",
+                e.write
+            );
+        }
+        // The breakpoint moves to the newest block every turn.
+        let last = t.analysis["breakpoints"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()["unit"]
+            .clone();
+        let expected = if i == 0 {
+            "messages[1].content[0]".to_owned()
+        } else {
+            format!("messages[{}].content[0]", 1 + 2 * i)
+        };
+        assert_eq!(last, expected.as_str());
+    }
+    // Turn 1 reads turn 0's prefix although messages[1] went from blocks to a string.
+    assert_eq!(
+        turns[1].analysis["prediction"]["read_through"],
+        "messages[1].content"
+    );
+    // The estimator's error against the provider's count is reported.
+    let err = turns[5].analysis["estimate"]["error_pct"].as_f64().unwrap();
+    assert!(err.abs() < 60.0, "{err}");
+    assert!(turns[5].analysis["cost"]["saved_usd"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn a_date_changed_inside_a_system_block() {
+    let rig = Rig::start().await;
+    rig.send(&cc_dated(1, "2026-11-29")).await;
+    let t = rig.send(&cc_dated(2, "2026-11-30")).await;
+    assert_eq!(t.reason(), "prefix_changed", "{}", t.analysis);
+    assert_eq!(t.analysis["reason"]["unit"], "system[2]");
+    // system[1]'s prefix (tools and the short block) still reads.
+    assert_eq!(t.verdict(), "partial");
+    let offset = t.analysis["reason"]["offset"].as_u64().unwrap();
+    let unit = serde_json::to_string(
+        &json!({"type": "text", "text": cc_dated(1, "2026-11-29")["system"][2]["text"]}),
+    )
+    .unwrap();
+    assert_eq!(offset as usize, unit.find("29.").unwrap());
+    assert!(t.field().starts_with("partial "), "{}", t.field());
+    assert!(
+        t.field().ends_with(&format!("system[2] changed @{offset}")),
+        "{}",
+        t.field()
+    );
+    assert_close(
+        t.predicted().0,
+        t.actual().0,
+        "the rules read what the emulator read",
+    );
+    // The log line never carries prompt text: no excerpt of the changed date.
+    assert!(!rig.proxy.log().contains("2026-11-30."));
+    assert!(t.analysis["cost"]["lost_usd"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn a_tool_added() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    let mut body = cc(2);
+    body["tools"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "WebFetch", "description": "Fetch a URL", "input_schema": {"type": "object"}}));
+    let t = rig.send(&body).await;
+    assert_eq!(t.verdict(), "miss", "{}", t.analysis);
+    assert_eq!(t.reason(), "tools_changed");
+    assert_eq!(t.analysis["reason"]["added"], json!(["WebFetch"]));
+    assert_eq!(t.field(), "MISS tools changed (+WebFetch)");
+    assert_eq!(t.actual().0, 0);
+}
+
+#[tokio::test]
+async fn the_ttl_elapsed() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    rig.advance(Duration::from_secs(400));
+    let t = rig.send(&cc(2)).await;
+    assert_eq!(t.verdict(), "miss", "{}", t.analysis);
+    assert_eq!(t.reason(), "ttl_expired");
+    let idle = t.analysis["reason"]["idle_s"].as_u64().unwrap();
+    assert!((400..410).contains(&idle), "{idle}");
+    assert_eq!(t.analysis["reason"]["ttl_s"], 300);
+    assert!(
+        t.field().starts_with("MISS ttl expired (idle 40"),
+        "{}",
+        t.field()
+    );
+    // Within the ttl, a read refreshes the entry.
+    rig.advance(Duration::from_secs(200));
+    assert_eq!(rig.send(&cc(3)).await.verdict(), "hit");
+    rig.advance(Duration::from_secs(200));
+    assert_eq!(rig.send(&cc(4)).await.verdict(), "hit");
+}
+
+#[tokio::test]
+async fn the_breakpoint_removed() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    let mut body = cc(2);
+    let last = body["messages"].as_array_mut().unwrap().last_mut().unwrap();
+    last["content"][0]
+        .as_object_mut()
+        .unwrap()
+        .remove("cache_control");
+    let t = rig.send(&body).await;
+    assert_eq!(t.reason(), "breakpoint_missing", "{}", t.analysis);
+    assert_eq!(t.analysis["reason"]["unit"], "messages[3].content[0]");
+    assert_eq!(t.verdict(), "partial", "the system breakpoints still read");
+    assert_close(t.predicted().0, t.actual().0, "read through system[2]");
+}
+
+#[tokio::test]
+async fn more_than_twenty_positions_after_the_last_breakpoint() {
+    let rig = Rig::start().await;
+    rig.send(&cc(0)).await;
+    // 7 tool round trips add 21 positions after turn 0's breakpoint.
+    let t = rig.send(&cc(7)).await;
+    assert_eq!(t.reason(), "lookback_exceeded", "{}", t.analysis);
+    assert_eq!(t.analysis["reason"]["unit"], "messages[1].content[0]");
+    assert_eq!(
+        t.analysis["reason"]["breakpoint"],
+        "messages[15].content[0]"
+    );
+    assert_eq!(t.analysis["reason"]["positions"], 22);
+    assert_eq!(t.verdict(), "partial");
+    assert_close(
+        t.predicted().0,
+        t.actual().0,
+        "both read only the system prefix",
+    );
+    // 6 round trips (19 positions) still reach it.
+    let rig = Rig::start().await;
+    rig.send(&cc(0)).await;
+    assert_eq!(rig.send(&cc(6)).await.verdict(), "hit");
+}
+
+#[tokio::test]
+async fn the_model_switched() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    let mut body = cc(2);
+    body["model"] = json!("claude-sonnet-5-5");
+    let t = rig.send(&body).await;
+    assert_eq!(t.verdict(), "miss");
+    assert_eq!(t.reason(), "model_changed");
+    assert_eq!(
+        t.field(),
+        "MISS model changed (claude-opus-5-5 -> claude-sonnet-5-5)"
+    );
+}
+
+#[tokio::test]
+async fn below_the_minimum_length() {
+    let rig = Rig::start().await;
+    let small = |turns: usize| {
+        let mut messages = vec![json!({"role": "user", "content": "What is 2+2?"})];
+        for _ in 0..turns {
+            messages.push(json!({"role": "assistant", "content": "4"}));
+            messages.push(json!({"role": "user", "content": [{"type": "text", "text": "And 3+3?", "cache_control": {"type": "ephemeral"}}]}));
+        }
+        json!({"model": "claude-opus-5-5", "max_tokens": 100, "stream": true,
+               "system": [{"type": "text", "text": "You are terse.", "cache_control": {"type": "ephemeral"}}],
+               "messages": messages})
+    };
+    for turns in 0..2 {
+        let t = rig.send(&small(turns)).await;
+        assert_eq!(t.actual(), (0, 0), "the emulator cached nothing");
+        assert_eq!(t.verdict(), "none", "{}", t.analysis);
+        assert_eq!(t.reason(), "below_minimum");
+        assert_eq!(t.analysis["reason"]["minimum"], 512);
+        assert!(
+            t.field().starts_with("none below minimum ("),
+            "{}",
+            t.field()
+        );
+    }
+}
+
+#[tokio::test]
+async fn two_concurrent_requests() {
+    let mut emulator = CacheEmulator::new();
+    emulator.response_delay = Duration::from_millis(600);
+    let rig = Rig::start_with(emulator, &[]).await;
+    let body = cc(0);
+    let first = rig.send_raw(&body);
+    let second = async {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        rig.send_raw(&body).await;
+    };
+    tokio::join!(first, second);
+    let (a, b) = (rig.turn(1).await, rig.turn(2).await);
+    let emulated = rig.emulated();
+    assert_eq!(
+        emulated[1].read, 0,
+        "the emulator could not read a write still in flight"
+    );
+    assert!(emulated[0].write > 0 && emulated[1].write > 0, "both wrote");
+    let mut verdicts = [a.verdict().to_owned(), b.verdict().to_owned()];
+    verdicts.sort();
+    assert_eq!(
+        verdicts,
+        ["miss", "write"],
+        "{} / {}",
+        a.analysis,
+        b.analysis
+    );
+    let miss = if a.verdict() == "miss" { &a } else { &b };
+    let write = if a.verdict() == "miss" { &b } else { &a };
+    assert_eq!(miss.reason(), "concurrent");
+    assert_eq!(miss.analysis["reason"]["other"], write.line["id"]);
+    let after = miss.analysis["reason"]["began_after_ms"].as_u64().unwrap();
+    assert!((300..=700).contains(&after), "{after}");
+    assert!(
+        miss.field().starts_with("MISS concurrent with "),
+        "{}",
+        miss.field()
+    );
+    // A third request, after both, reads.
+    assert_eq!(rig.send(&cc(1)).await.verdict(), "hit");
+}
+
+#[tokio::test]
+async fn the_provider_disagrees_with_the_rules() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    rig.emulator.lock().unwrap().evict_all();
+    let t = rig.send(&cc(2)).await;
+    assert_eq!(t.verdict(), "unexplained", "{}", t.analysis);
+    assert_eq!(t.actual().0, 0);
+    assert!(t.predicted().0 > 0);
+    assert!(
+        t.analysis["reason"].get("rules").is_none(),
+        "the rules had no reason for a miss"
+    );
+    assert!(
+        t.field().starts_with("unexplained: rules predicted read "),
+        "{}",
+        t.field()
+    );
+    // The next turn hits again: the history follows what the provider did.
+    assert_eq!(rig.send(&cc(3)).await.verdict(), "hit");
+}
+
+#[tokio::test]
+async fn analysis_can_be_turned_off() {
+    let dir = TempDir::new("cache-off");
+    let config = dir.path().join("promptgate.toml");
+    std::fs::write(&config, "[cache]\nenabled = false\n").unwrap();
+    let rig = Rig::start_with(
+        CacheEmulator::new(),
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    rig.send_raw(&cc(0)).await;
+    let line = rig.proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert!(line.get("cache").is_none(), "{line}");
+    assert!(line["cache_write"].as_u64().unwrap() > 0);
+}
+
+/// Runs `promptgate serve` with a config file holding `text`; it should refuse it.
+fn refused_config(text: &str) -> String {
+    let dir = TempDir::new("cache-bad");
+    let config = dir.path().join("promptgate.toml");
+    std::fs::write(&config, text).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn bad_cache_config_says_where() {
+    let err = refused_config("[cache]\nignore = [{ region = \"system\", text = \"(x\" }]\n");
+    assert!(
+        err.contains("cache: ignore[0].text: invalid regex \"(x\""),
+        "{err}"
+    );
+    let err = refused_config("[cache]\nmin_tokens = { \"claude-*\" = \"many\" }\n");
+    assert!(err.contains("promptgate.toml:2:"), "{err}");
+    let err = refused_config("[cache]\nignore = [{ region = \"body\", text = \"x\" }]\n");
+    assert!(
+        err.contains("ignore[0].region: \"body\" is not a region"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn openai_cached_tokens_beside_the_stable_prefix() {
+    let fake = FakeProvider::start(|req| {
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let turns = body["messages"].as_array().unwrap().len();
+        let cached = if turns > 2 { 1920 } else { 0 };
+        Action::Respond(Reply::sse(
+            shapes::openai_chat_events("gpt-5.6", &["hi"], (2100, cached, 5)),
+            Duration::ZERO,
+        ))
+    })
+    .await;
+    let proxy = Proxy::start_with_env(
+        &["--upstream-openai", &fake.url()],
+        &[("PROMPTGATE_LOG", "info,promptgate::cache=debug")],
+    );
+    let first = shapes::openai_chat_body(true);
+    let mut second = first.clone();
+    second["messages"].as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": "Hello!"}),
+        json!({"role": "user", "content": "more"}),
+    ]);
+    for body in [&first, &second] {
+        let r = client::post(
+            proxy.addr,
+            "/openai/v1/chat/completions",
+            &shapes::to_bytes(body),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    assert_eq!(lines[1]["cache"], "hit 1.9k/2.1k", "{}", lines[1]);
+    let analysis: Value = proxy
+        .log()
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["message"] == "cache analysis")
+        .map(|v| serde_json::from_str(v["analysis"].as_str().unwrap()).unwrap())
+        .nth(1)
+        .unwrap();
+    assert_eq!(analysis["provider"], "openai");
+    assert_eq!(
+        analysis["stable"]["units"], 3,
+        "tool, system and the first user message"
+    );
+    assert!(analysis["stable"].get("changed_at").is_none());
+    // An edited assistant turn: the stable prefix stops there.
+    let mut third = second.clone();
+    third["messages"][2]["content"] = json!("Hi!");
+    third["messages"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"role": "user", "content": "x"}));
+    client::post(
+        proxy.addr,
+        "/openai/v1/chat/completions",
+        &shapes::to_bytes(&third),
+    )
+    .await;
+    let line = proxy.wait_exchanges(3, WAIT).await.remove(2);
+    assert_eq!(
+        line["cache"], "partial 1.9k/2.1k messages[2].content changed @24",
+        "{line}"
+    );
+}
+
+/// Estimated reads (a prefix no usage pinned yet): within 5 % after calibration.
+fn assert_close(predicted: u64, actual: u64, what: &str) {
+    assert!(
+        predicted.abs_diff(actual) <= actual / 20,
+        "{what}: predicted {predicted}, actual {actual}"
+    );
+}
+
+fn kilo(n: u64) -> String {
+    if n < 1000 {
+        n.to_string()
+    } else {
+        format!("{:.1}k", n as f64 / 1000.0)
+    }
+}

@@ -1,0 +1,315 @@
+//! A prompt cache that follows Anthropic's documented rules (PROTOCOL.md §B), for the
+//! fake provider to answer with the usage it computes.
+//!
+//! Written apart from promptgate's own analysis (on `serde_json::Value`, with its own
+//! token count) so the two can disagree: prefix order tools → system → messages;
+//! writes only at breakpoints (explicit, or top-level automatic on the last cacheable
+//! block); reads walk back at most 20 positions from each breakpoint (a run of
+//! tool_use or tool_result blocks is one position); an entry lives for its ttl from
+//! the start of the last request that wrote or read it and is readable only once the
+//! writer's response began; nothing is cached under the model's minimum length.
+//! The `x-anthropic-billing-header` system block is left out, as Anthropic evidently does.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+
+/// Usage numbers the emulator answers with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CacheUsage {
+    pub input: u64,
+    pub write: u64,
+    pub read: u64,
+}
+
+struct Entry {
+    available_at: u64,
+    expires_at: u64,
+}
+
+struct Unit {
+    prefix: u64,
+    tokens: u64,
+    position: u32,
+    breakpoint: Option<u64>, // ttl in ms
+}
+
+/// The emulated cache. Time is milliseconds since it was made, plus what the test
+/// added with [`CacheEmulator::advance`].
+pub struct CacheEmulator {
+    start: Instant,
+    offset_ms: u64,
+    entries: HashMap<u64, Entry>,
+    /// Time from a request's arrival to its response beginning.
+    pub response_delay: Duration,
+    pub min_tokens: HashMap<String, u64>,
+    /// Every request's answer, in arrival order.
+    pub log: Vec<CacheUsage>,
+}
+
+impl CacheEmulator {
+    pub fn new() -> CacheEmulator {
+        let min_tokens = [("claude-opus-5-5", 512), ("claude-sonnet-5-5", 1024)]
+            .into_iter()
+            .map(|(m, n)| (m.to_owned(), n))
+            .collect();
+        CacheEmulator {
+            start: Instant::now(),
+            offset_ms: 0,
+            entries: HashMap::new(),
+            response_delay: Duration::ZERO,
+            min_tokens,
+            log: Vec::new(),
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64 + self.offset_ms
+    }
+
+    /// Moves the emulator's clock forward.
+    pub fn advance(&mut self, by: Duration) {
+        self.offset_ms += by.as_millis() as u64;
+    }
+
+    /// Drops every entry (server-side eviction the rules cannot know about).
+    pub fn evict_all(&mut self) {
+        self.entries.clear();
+    }
+
+    /// Answers one request body.
+    pub fn respond(&mut self, body: &[u8]) -> CacheUsage {
+        let now = self.now();
+        let request: Value = serde_json::from_slice(body).expect("a JSON request");
+        let model = request["model"].as_str().unwrap_or("").to_owned();
+        let min = self.min_tokens.get(&model).copied().unwrap_or(1024);
+        let units = units(&request);
+        let total: u64 = units.iter().map(|u| u.tokens).sum();
+        let through = |i: usize| units[..=i].iter().map(|u| u.tokens).sum::<u64>();
+        let breakpoints: Vec<usize> = (0..units.len())
+            .filter(|&i| units[i].breakpoint.is_some())
+            .collect();
+        // Reads: from each breakpoint, back through at most 20 positions.
+        let mut hit: Option<usize> = None;
+        for &b in &breakpoints {
+            let floor = units[b].position.saturating_sub(19);
+            for i in (0..=b).rev() {
+                if units[i].position < floor {
+                    break;
+                }
+                let alive = self
+                    .entries
+                    .get(&units[i].prefix)
+                    .is_some_and(|e| e.available_at <= now && now < e.expires_at);
+                if alive {
+                    hit = hit.max(Some(i));
+                    break;
+                }
+            }
+        }
+        let read = hit.map_or(0, through);
+        // Writes (or refreshes) at every breakpoint that reaches the minimum.
+        let mut write = 0;
+        for &b in &breakpoints {
+            let tokens = through(b);
+            if tokens < min {
+                continue;
+            }
+            let ttl = units[b].breakpoint.unwrap_or(300_000);
+            let prefix = units[b].prefix;
+            let alive = self
+                .entries
+                .get(&prefix)
+                .is_some_and(|e| e.available_at <= now && now < e.expires_at);
+            let available_at = if alive {
+                now
+            } else {
+                now + self.response_delay.as_millis() as u64
+            };
+            self.entries.insert(
+                prefix,
+                Entry {
+                    available_at,
+                    expires_at: now + ttl,
+                },
+            );
+            if hit.is_none_or(|h| b > h) {
+                write = tokens - read;
+            }
+        }
+        if let Some(h) = hit
+            && let Some(e) = self.entries.get_mut(&units[h].prefix)
+        {
+            e.expires_at = e.expires_at.max(now + 300_000);
+        }
+        let usage = CacheUsage {
+            input: total - read - write,
+            write,
+            read,
+        };
+        self.log.push(usage);
+        usage
+    }
+}
+
+/// The emulator's own token count: about four characters a token, plus framing.
+fn count(text: &str) -> u64 {
+    (text.chars().count() as u64).div_ceil(4) + 2
+}
+
+fn hash_of(parts: &[&str]) -> u64 {
+    let mut h = DefaultHasher::new();
+    for p in parts {
+        p.hash(&mut h);
+    }
+    h.finish()
+}
+
+fn ttl_of(block: &Value) -> Option<u64> {
+    let cc = block.get("cache_control")?;
+    Some(if cc["ttl"] == "1h" {
+        3_600_000
+    } else {
+        300_000
+    })
+}
+
+fn units(request: &Value) -> Vec<Unit> {
+    let mut out: Vec<Unit> = Vec::new();
+    let mut prefix = hash_of(&["model", request["model"].as_str().unwrap_or("")]);
+    let mut last_kind = String::new();
+    let mut push = |out: &mut Vec<Unit>, mix: String, block: &Value, kind: &str, ignored: bool| {
+        let ttl = ttl_of(block);
+        let mut clean = block.clone();
+        if let Some(o) = clean.as_object_mut() {
+            o.remove("cache_control");
+        }
+        let text = clean.to_string();
+        let shown = if ignored { "ignored" } else { text.as_str() };
+        prefix = hash_of(&[&prefix.to_string(), &mix, shown]);
+        let tokens = match kind {
+            "text" => count(clean["text"].as_str().unwrap_or("")),
+            _ => count(&text),
+        };
+        let same_run = (kind == "tool_use" || kind == "tool_result") && kind == last_kind;
+        let position = match out.last() {
+            None => 0,
+            Some(p) if same_run => p.position,
+            Some(p) => p.position + 1,
+        };
+        last_kind = kind.to_owned();
+        out.push(Unit {
+            prefix,
+            tokens,
+            position,
+            breakpoint: ttl,
+        });
+    };
+    for tool in request["tools"].as_array().into_iter().flatten() {
+        push(&mut out, String::new(), tool, "tool", false);
+    }
+    let mut mix = format!("speed={}", request["speed"]);
+    let system = match &request["system"] {
+        Value::String(s) => vec![json!({"type": "text", "text": s})],
+        Value::Array(a) => a.clone(),
+        _ => vec![],
+    };
+    for block in &system {
+        let ignored = block["text"]
+            .as_str()
+            .is_some_and(|t| t.starts_with("x-anthropic-billing-header:"));
+        push(&mut out, std::mem::take(&mut mix), block, "text", ignored);
+    }
+    let images = request.to_string().contains(r#""type":"image""#);
+    mix.push_str(&format!(
+        "tool_choice={} thinking={} effort={} images={images}",
+        request["tool_choice"], request["thinking"], request["output_config"]["effort"]
+    ));
+    for message in request["messages"].as_array().into_iter().flatten() {
+        let mut header = message.clone();
+        if let Some(o) = header.as_object_mut() {
+            o.remove("content");
+        }
+        mix.push_str(&header.to_string());
+        let blocks = match &message["content"] {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(a) => a.clone(),
+            _ => vec![],
+        };
+        for block in &blocks {
+            let kind = block["type"].as_str().unwrap_or("").to_owned();
+            push(&mut out, std::mem::take(&mut mix), block, &kind, false);
+        }
+    }
+    // Top-level automatic caching: the last cacheable block.
+    if let Some(cc) = request.get("cache_control") {
+        let ttl = if cc["ttl"] == "1h" {
+            3_600_000
+        } else {
+            300_000
+        };
+        if let Some(u) = out.last_mut()
+            && u.breakpoint.is_none()
+        {
+            u.breakpoint = Some(ttl);
+        }
+    }
+    out
+}
+
+/// An emulator shared between the fake provider's handler and the test.
+pub type Shared = Arc<Mutex<CacheEmulator>>;
+
+/// The fake provider's reply to a Messages request: an SSE stream (or JSON when the
+/// body says `"stream":false`) carrying the emulator's usage, sent after the
+/// emulator's response delay.
+pub fn reply(emulator: &Shared, body: &[u8]) -> super::Reply {
+    let (usage, delay) = {
+        let mut e = emulator.lock().unwrap();
+        (e.respond(body), e.response_delay)
+    };
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let model = request["model"].as_str().unwrap_or("claude-opus-5-5");
+    let numbers = (usage.input, usage.write, usage.read, 12);
+    let mut reply = if request["stream"] == false {
+        super::Reply::json(200, &super::shapes::anthropic_message(model, "ok", numbers))
+    } else {
+        super::Reply::sse(
+            super::shapes::anthropic_events(model, &["o", "k"], numbers),
+            Duration::ZERO,
+        )
+    };
+    reply.head_delay = delay;
+    reply
+}
+
+/// A file promptgate reads its test-only clock offset from (`PROMPTGATE_TEST_CLOCK_FILE`).
+pub struct ClockFile {
+    pub path: PathBuf,
+    seconds: Mutex<f64>,
+}
+
+impl ClockFile {
+    pub fn new(dir: &std::path::Path) -> ClockFile {
+        let path = dir.join("clock-offset");
+        std::fs::write(&path, "0").unwrap();
+        ClockFile {
+            path,
+            seconds: Mutex::new(0.0),
+        }
+    }
+
+    /// Moves promptgate's analysis clock forward.
+    pub fn advance(&self, by: Duration) {
+        let mut s = self.seconds.lock().unwrap();
+        *s += by.as_secs_f64();
+        std::fs::write(&self.path, s.to_string()).unwrap();
+    }
+}
