@@ -150,6 +150,8 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         );
     }
     let grace = config.shutdown_grace;
+    // Handlers go in before the start line: a signal right after it must drain, not kill.
+    let shutdown = shutdown_signal()?;
     let cache = CacheStage::new(config.cache.clone(), KeySource::default());
     let recorder = Recorder::with_stages(vec![Arc::new(cache)], vec![Arc::new(ExchangeLog)]);
     println!(
@@ -164,7 +166,7 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         recorder: Arc::new(recorder),
         rules,
     });
-    crate::listener::serve(listener, proxy, leaves, shutdown_signal(), grace).await;
+    crate::listener::serve(listener, proxy, leaves, shutdown, grace).await;
     Ok(())
 }
 
@@ -199,22 +201,16 @@ fn load_ca(config: &Config) -> anyhow::Result<Option<Arc<LeafCache>>> {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {},
-                    _ = term.recv() => {},
-                }
-            }
-            Err(_) => ctrl_c.await,
+fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Registered now (not at first poll), so the process never dies of a signal it
+    // should have handled.
+    let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => {},
+            _ = terminate.recv() => {},
         }
-    }
-    #[cfg(not(unix))]
-    ctrl_c.await;
+    })
 }
