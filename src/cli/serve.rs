@@ -206,7 +206,8 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     // Registered now (not at first poll), so the process never dies of a signal it
     // should have handled.
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
-    let mut terminate = signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
+    let mut terminate =
+        signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     Ok(async move {
         tokio::select! {
             _ = interrupt.recv() => {},

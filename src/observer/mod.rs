@@ -95,10 +95,14 @@ pub fn observe(
         observation.summary = reader.finish();
         return observation;
     }
-    match serde_json::from_slice::<serde_json::Value>(&body) {
-        Ok(value) => {
+    match provider::read_json(provider, &body) {
+        Ok(summary) => {
             observation.format = BodyFormat::Json;
-            observation.summary = provider::read_json(provider, value);
+            observation.summary = summary;
+        }
+        // Valid JSON of another shape (an array, a string): nothing to summarise.
+        Err(_) if serde_json::from_slice::<serde::de::IgnoredAny>(&body).is_ok() => {
+            observation.format = BodyFormat::Json;
         }
         Err(e) => {
             observation.format = BodyFormat::Other;

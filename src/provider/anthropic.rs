@@ -4,10 +4,13 @@
 //! `message_start` gives the snapshot, block events fill `content`, `message_delta`
 //! carries the stop reason and cumulative usage.
 
+use std::borrow::Cow;
+
 use http::StatusCode;
+use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{ResponseSummary, StreamReader, Usage, error_text, str_field};
+use super::{ResponseSummary, StreamReader, Usage, error_text};
 
 /// Anthropic's `error.type` for a status promptgate answers with.
 pub fn error_type(status: StatusCode) -> &'static str {
@@ -26,24 +29,63 @@ pub fn error_type(status: StatusCode) -> &'static str {
     }
 }
 
-/// Reads a non-streamed Messages response (or an error body).
-pub fn read_json(body: Value) -> ResponseSummary {
-    if body.get("type").and_then(Value::as_str) == Some("error") {
-        return ResponseSummary {
-            provider_error: body.get("error").map(error_text),
-            message: Some(body),
+/// The fields of a Messages response (or error body) a summary needs; `content` and
+/// everything else are skipped without being built.
+#[derive(Deserialize)]
+struct MessageHead<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    stop_reason: Option<Cow<'a, str>>,
+    usage: Option<Value>,
+    error: Option<Value>,
+}
+
+/// Reads a non-streamed Messages response (or an error body). The body itself is the
+/// message, so the summary does not copy it.
+pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
+    let head: MessageHead<'_> = serde_json::from_slice(body)?;
+    if head.kind.as_deref() == Some("error") {
+        return Ok(ResponseSummary {
+            provider_error: head.error.as_ref().map(error_text),
             ..ResponseSummary::default()
-        };
+        });
     }
-    ResponseSummary {
-        model: str_field(&body, "model"),
-        response_id: str_field(&body, "id"),
-        stop_reason: str_field(&body, "stop_reason"),
-        usage: body.get("usage").map(Usage::from_anthropic),
+    Ok(ResponseSummary {
+        model: head.model.map(Cow::into_owned),
+        response_id: head.id.map(Cow::into_owned),
+        stop_reason: head.stop_reason.map(Cow::into_owned),
+        usage: head.usage.as_ref().map(Usage::from_anthropic),
         complete: true,
-        message: Some(body),
         ..ResponseSummary::default()
-    }
+    })
+}
+
+/// A `content_block_delta` event, read without building a `Value`: it is most of a stream.
+#[derive(Deserialize)]
+struct DeltaEvent<'a> {
+    index: Option<u64>,
+    #[serde(borrow)]
+    delta: Delta<'a>,
+}
+
+#[derive(Deserialize)]
+struct Delta<'a> {
+    #[serde(rename = "type", borrow)]
+    kind: Cow<'a, str>,
+    #[serde(borrow)]
+    text: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    partial_json: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    thinking: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    signature: Option<Cow<'a, str>>,
+    citation: Option<Value>,
 }
 
 /// Reassembles a Messages SSE stream.
@@ -66,13 +108,9 @@ impl MessageStream {
             .as_object_mut()
     }
 
-    fn delta(&mut self, index: Option<u64>, delta: &Value) {
-        let kind = delta.get("type").and_then(Value::as_str).unwrap_or("");
-        if kind == "input_json_delta" {
-            let piece = delta
-                .get("partial_json")
-                .and_then(Value::as_str)
-                .unwrap_or("");
+    fn delta(&mut self, index: Option<u64>, delta: Delta<'_>) {
+        if delta.kind == "input_json_delta" {
+            let piece = delta.partial_json.as_deref().unwrap_or("");
             if let Some(i) = index.and_then(|i| usize::try_from(i).ok()) {
                 match self.partial_json.iter_mut().find(|(j, _)| *j == i) {
                     Some((_, buf)) => buf.push_str(piece),
@@ -84,8 +122,8 @@ impl MessageStream {
         let Some(block) = self.block(index) else {
             return;
         };
-        let append = |block: &mut Map<String, Value>, field: &str, piece: Option<&Value>| {
-            let piece = piece.and_then(Value::as_str).unwrap_or("");
+        let append = |block: &mut Map<String, Value>, field: &str, piece: Option<Cow<'_, str>>| {
+            let piece = piece.as_deref().unwrap_or("");
             match block.get_mut(field) {
                 Some(Value::String(s)) => s.push_str(piece),
                 _ => {
@@ -93,20 +131,20 @@ impl MessageStream {
                 }
             }
         };
-        match kind {
-            "text_delta" => append(block, "text", delta.get("text")),
-            "thinking_delta" => append(block, "thinking", delta.get("thinking")),
+        match delta.kind.as_ref() {
+            "text_delta" => append(block, "text", delta.text),
+            "thinking_delta" => append(block, "thinking", delta.thinking),
             "signature_delta" => {
-                if let Some(sig) = delta.get("signature") {
-                    block.insert("signature".into(), sig.clone());
+                if let Some(sig) = delta.signature {
+                    block.insert("signature".into(), Value::from(sig.into_owned()));
                 }
             }
             "citations_delta" => {
-                if let Some(c) = delta.get("citation") {
+                if let Some(c) = delta.citation {
                     match block.get_mut("citations") {
-                        Some(Value::Array(list)) => list.push(c.clone()),
+                        Some(Value::Array(list)) => list.push(c),
                         _ => {
-                            block.insert("citations".into(), Value::Array(vec![c.clone()]));
+                            block.insert("citations".into(), Value::Array(vec![c]));
                         }
                     }
                 }
@@ -138,6 +176,17 @@ impl MessageStream {
 impl StreamReader for MessageStream {
     fn event(&mut self, name: &str, data: &str) {
         self.events += 1;
+        // The frequent events are read typed (or not at all); the rest as a Value.
+        match name {
+            "ping" => return,
+            "content_block_delta" => {
+                if let Ok(e) = serde_json::from_str::<DeltaEvent<'_>>(data) {
+                    self.delta(e.index, e.delta);
+                }
+                return;
+            }
+            _ => {}
+        }
         let Ok(data) = serde_json::from_str::<Value>(data) else {
             if name == "error" {
                 self.error = Some(data.to_owned());
@@ -161,7 +210,10 @@ impl StreamReader for MessageStream {
                 }
             }
             "content_block_delta" => {
-                if let Some(delta) = data.get("delta") {
+                // Only reached for an event whose `event:` line was missing.
+                if let Some(delta) = data.get("delta")
+                    && let Ok(delta) = Delta::deserialize(delta)
+                {
                     self.delta(index, delta);
                 }
             }
@@ -372,18 +424,23 @@ mod tests {
     #[test]
     fn json_message_and_error_bodies() {
         let s = read_json(
-            json!({"id":"msg_2","type":"message","model":"m","content":[],
-            "stop_reason":"end_turn","usage":{"input_tokens":3,"output_tokens":4}}),
-        );
+            br#"{"id":"msg_2","type":"message","model":"m","content":[{"type":"text","text":"caf\u00e9"}],
+            "stop_reason":"end_turn","stop_sequence":null,"usage":{"input_tokens":3,"output_tokens":4}}"#,
+        )
+        .unwrap();
         assert_eq!(s.usage.unwrap().output_tokens, 4);
         assert_eq!(s.stop_reason.as_deref(), Some("end_turn"));
+        assert_eq!(s.response_id.as_deref(), Some("msg_2"));
+        assert!(s.complete);
         let e = read_json(
-            json!({"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}),
-        );
+            br#"{"type":"error","error":{"type":"rate_limit_error","message":"slow down"}}"#,
+        )
+        .unwrap();
         assert_eq!(
             e.provider_error.as_deref(),
             Some("rate_limit_error: slow down")
         );
         assert!(e.usage.is_none());
+        assert!(read_json(b"{\"id\":").is_err());
     }
 }

@@ -30,7 +30,8 @@ pub struct ResponseSummary {
     pub stop_reason: Option<String>,
     /// Token usage, when the body carried it.
     pub usage: Option<Usage>,
-    /// The whole message: the JSON body, or the message reassembled from a stream.
+    /// The message reassembled from a stream. (A JSON body is itself the message:
+    /// see `Observation::body`.)
     pub message: Option<Value>,
     /// Number of SSE events read (0 for a JSON body).
     pub events: u32,
@@ -58,7 +59,7 @@ pub fn stream_reader(provider: Provider, api: Api) -> Box<dyn StreamReader> {
 }
 
 /// Reads a whole JSON response body of one provider API.
-pub fn read_json(provider: Provider, body: Value) -> ResponseSummary {
+pub fn read_json(provider: Provider, body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
     match provider {
         Provider::Anthropic => anthropic::read_json(body),
         Provider::OpenAi => openai::read_json(body),

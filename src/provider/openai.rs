@@ -5,7 +5,10 @@
 //! typed events; the terminal one carries the whole response and its usage
 //! (PROTOCOL.md §D.3–D.5).
 
+use std::borrow::Cow;
+
 use http::StatusCode;
+use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::{ResponseSummary, StreamReader, Usage, error_text, str_field};
@@ -22,17 +25,41 @@ pub fn error_type(status: StatusCode) -> &'static str {
     }
 }
 
-/// Reads a non-streamed Chat Completions or Responses body (or an error body).
-pub fn read_json(body: Value) -> ResponseSummary {
-    if let Some(error) = body.get("error").filter(|e| e.is_object()) {
-        return ResponseSummary {
+/// The fields of a Chat Completions or Responses body a summary needs.
+#[derive(Deserialize)]
+struct ResponseHead<'a> {
+    #[serde(borrow)]
+    object: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    id: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    status: Option<Cow<'a, str>>,
+    #[serde(borrow, default)]
+    choices: Vec<ChoiceHead<'a>>,
+    usage: Option<Value>,
+    error: Option<Value>,
+}
+
+#[derive(Deserialize)]
+struct ChoiceHead<'a> {
+    #[serde(borrow)]
+    finish_reason: Option<Cow<'a, str>>,
+}
+
+/// Reads a non-streamed Chat Completions or Responses body (or an error body). The
+/// body itself is the message, so the summary does not copy it.
+pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
+    let head: ResponseHead<'_> = serde_json::from_slice(body)?;
+    if let Some(error) = head.error.as_ref().filter(|e| e.is_object()) {
+        return Ok(ResponseSummary {
             provider_error: Some(error_text(error)),
-            message: Some(body),
             ..ResponseSummary::default()
-        };
+        });
     }
-    let is_response = body.get("object").and_then(Value::as_str) == Some("response");
-    let usage = body.get("usage").filter(|u| u.is_object()).map(|u| {
+    let is_response = head.object.as_deref() == Some("response");
+    let usage = head.usage.as_ref().filter(|u| u.is_object()).map(|u| {
         if is_response {
             Usage::from_openai_responses(u)
         } else {
@@ -40,21 +67,21 @@ pub fn read_json(body: Value) -> ResponseSummary {
         }
     });
     let stop_reason = if is_response {
-        str_field(&body, "status")
+        head.status
     } else {
-        body.pointer("/choices/0/finish_reason")
-            .and_then(Value::as_str)
-            .map(str::to_owned)
+        head.choices
+            .into_iter()
+            .next()
+            .and_then(|c| c.finish_reason)
     };
-    ResponseSummary {
-        model: str_field(&body, "model"),
-        response_id: str_field(&body, "id"),
-        stop_reason,
+    Ok(ResponseSummary {
+        model: head.model.map(Cow::into_owned),
+        response_id: head.id.map(Cow::into_owned),
+        stop_reason: stop_reason.map(Cow::into_owned),
         usage,
         complete: true,
-        message: Some(body),
         ..ResponseSummary::default()
-    }
+    })
 }
 
 /// Reassembles a Chat Completions stream into a `chat.completion` object.
@@ -405,21 +432,15 @@ mod tests {
 
     #[test]
     fn json_bodies() {
-        let chat = read_json(
-            serde_json::json!({"id":"chatcmpl-2","object":"chat.completion","model":"gpt-5.6",
+        let chat = read_json(&serde_json::to_vec(&serde_json::json!({"id":"chatcmpl-2","object":"chat.completion","model":"gpt-5.6",
             "choices":[{"index":0,"message":{"role":"assistant","content":"x"},"finish_reason":"stop"}],
-            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}),
-        );
+            "usage":{"prompt_tokens":10,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}})).unwrap()).unwrap();
         assert_eq!(chat.stop_reason.as_deref(), Some("stop"));
         assert_eq!(chat.usage.unwrap().input_tokens, 10);
-        let resp = read_json(
-            serde_json::json!({"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6",
-            "usage":{"input_tokens":7,"output_tokens":1,"input_tokens_details":{"cached_tokens":3}}}),
-        );
+        let resp = read_json(&serde_json::to_vec(&serde_json::json!({"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6",
+            "usage":{"input_tokens":7,"output_tokens":1,"input_tokens_details":{"cached_tokens":3}}})).unwrap()).unwrap();
         assert_eq!(resp.usage.unwrap().cache_read_tokens, 3);
-        let err = read_json(
-            serde_json::json!({"error":{"message":"Incorrect API key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}),
-        );
+        let err = read_json(&serde_json::to_vec(&serde_json::json!({"error":{"message":"Incorrect API key","type":"invalid_request_error","param":null,"code":"invalid_api_key"}})).unwrap()).unwrap();
         assert_eq!(
             err.provider_error.as_deref(),
             Some("invalid_request_error: Incorrect API key")
