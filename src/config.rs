@@ -14,6 +14,9 @@ use http::Uri;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use serde::Deserialize;
 
+use crate::capture::{CaptureLayer, CaptureSettings};
+use crate::conversation::KeySource;
+
 /// Errors in the configuration: read by people, never on the request path.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -45,6 +48,13 @@ pub struct ConfigLayer {
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
     pub shutdown_grace: Option<Scalar>,
+    /// The admin API's address, or `"off"`.
+    pub admin: Option<String>,
+    /// A request header naming the conversation (after Claude Code's own ids).
+    pub conversation_header: Option<String>,
+    /// A JSON pointer into the request body naming the conversation.
+    pub conversation_pointer: Option<String>,
+    pub capture: Option<CaptureLayer>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -83,6 +93,11 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
+    /// Where the read-only admin API listens; `None` when it is off.
+    pub admin: Option<SocketAddr>,
+    /// Extra sources of conversation keys.
+    pub conversation: KeySource,
+    pub capture: CaptureSettings,
 }
 
 /// Log line format.
@@ -108,6 +123,9 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            admin: Some(SocketAddr::from(([127, 0, 0, 1], 8788))),
+            conversation: KeySource::default(),
+            capture: CaptureSettings::default(),
         }
     }
 }
@@ -129,13 +147,25 @@ impl Config {
                     *ca = dir.join(&*ca);
                 }
             }
-            config.apply(file)?;
+            config.apply(file, path.parent())?;
         }
-        config.apply(flags)?;
+        config.apply(flags, None)?;
+        if config
+            .admin
+            .is_some_and(|a| a == config.listen && a.port() != 0)
+        {
+            return Err(ConfigError::Invalid {
+                setting: "admin",
+                message: format!(
+                    "{} is the proxy's own address; the admin API needs its own (e.g. \"127.0.0.1:8788\") or \"off\"",
+                    config.listen
+                ),
+            });
+        }
         Ok(config)
     }
 
-    fn apply(&mut self, layer: ConfigLayer) -> Result<(), ConfigError> {
+    fn apply(&mut self, layer: ConfigLayer, base: Option<&Path>) -> Result<(), ConfigError> {
         if let Some(v) = layer.listen {
             self.listen = v.parse().map_err(|_| ConfigError::Invalid {
                 setting: "listen",
@@ -179,6 +209,43 @@ impl Config {
                     });
                 }
             };
+        }
+        if let Some(v) = layer.admin {
+            self.admin = if v.trim().eq_ignore_ascii_case("off") {
+                None
+            } else {
+                Some(v.parse().map_err(|_| ConfigError::Invalid {
+                    setting: "admin",
+                    message: format!(
+                        "{v:?} is not an address and port (expected e.g. \"127.0.0.1:8788\" or \"off\")"
+                    ),
+                })?)
+            };
+        }
+        if let Some(v) = layer.conversation_header {
+            self.conversation.header =
+                Some(http::HeaderName::from_bytes(v.as_bytes()).map_err(|_| {
+                    ConfigError::Invalid {
+                        setting: "conversation-header",
+                        message: format!(
+                            "{v:?} is not a header name (expected e.g. \"x-session\")"
+                        ),
+                    }
+                })?);
+        }
+        if let Some(v) = layer.conversation_pointer {
+            if !v.is_empty() && !v.starts_with('/') {
+                return Err(ConfigError::Invalid {
+                    setting: "conversation-pointer",
+                    message: format!(
+                        "{v:?} is not a JSON pointer (expected e.g. \"/metadata/conversation\")"
+                    ),
+                });
+            }
+            self.conversation.pointer = Some(v);
+        }
+        if let Some(capture) = layer.capture {
+            self.capture.apply(capture, base)?;
         }
         for (setting, value, slot) in [
             (
@@ -345,9 +412,10 @@ pub fn parse_duration(v: &Scalar) -> Result<Duration, String> {
         "ms" => Duration::from_millis(number),
         "m" => Duration::from_secs(number * 60),
         "h" => Duration::from_secs(number * 3600),
+        "d" => Duration::from_secs(number * 86_400),
         other => {
             return Err(format!(
-                "{text:?}: unknown duration unit {other:?} (use ms, s, m or h)"
+                "{text:?}: unknown duration unit {other:?} (use ms, s, m, h or d)"
             ));
         }
     })

@@ -194,6 +194,12 @@ impl Proxy {
         parts.version = Version::HTTP_11;
         let upstream_request = Request::from_parts(parts, Full::new(body));
 
+        // A sink that must not miss a record (capture.required) may refuse here.
+        if let Err(why) = self.recorder.admit(pending.get()) {
+            let error = ProxyError::new(ErrorKind::CaptureUnavailable, why);
+            return error_response(pending, route.provider, error);
+        }
+
         let sent = tokio::time::timeout(
             self.config.upstream_timeout,
             self.upstream.send(upstream_request),

@@ -17,7 +17,10 @@
 //!   and turns it into an [`observer::Observation`]: model, usage, the reassembled
 //!   message, stream errors.
 //! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, and the sinks
-//!   that receive it (today: the exchange log line).
+//!   that receive it: the exchange log line and the capture.
+//! - [`capture`]: redaction, the stored record, the SQLite store (each distinct unit
+//!   kept once), the cache-order unit view, exports; written off the request path.
+//! - [`admin`]: the read-only local HTTP API over the captures.
 //!
 //! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`conversation`] (which agent conversation an exchange belongs to),
@@ -26,6 +29,8 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
+pub mod admin;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod conversation;

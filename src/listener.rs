@@ -84,4 +84,7 @@ pub async fn serve(
         );
         proxy.recorder.abandon_in_flight();
     }
+    // Everything recorded so far reaches its sinks' storage before serve returns.
+    let recorder = proxy.recorder.clone();
+    let _ = tokio::task::spawn_blocking(move || recorder.flush()).await;
 }

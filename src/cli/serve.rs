@@ -8,10 +8,13 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use crate::admin::AdminState;
+use crate::capture::settings::RedactPattern;
+use crate::capture::{Capture, CaptureLayer};
 use crate::config::{Config, ConfigLayer};
 use crate::exchange::Proxy;
 use crate::logging::{self, ExchangeLog};
-use crate::record::Recorder;
+use crate::record::{RecordSink, Recorder};
 use crate::upstream::Upstream;
 
 /// Flags of `promptgate serve`; each has a key of the same name (with `_`) in the config file.
@@ -50,6 +53,36 @@ pub struct ServeArgs {
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    /// Directory of the capture store [default: ./captures].
+    #[arg(long, value_name = "DIR")]
+    captures: Option<PathBuf>,
+    /// Record nothing (capture.enabled = false).
+    #[arg(long)]
+    no_capture: bool,
+    /// Refuse requests with a 503 rather than let one go unrecorded (capture.required).
+    #[arg(long)]
+    capture_required: bool,
+    /// Delete captures older than this, or "off" [default: 30d] (capture.max_age).
+    #[arg(long, value_name = "DURATION")]
+    capture_max_age: Option<String>,
+    /// Keep the store under this size, or "off" [default: 1GiB] (capture.max_size).
+    #[arg(long, value_name = "BYTES")]
+    capture_max_size: Option<String>,
+    /// Another regex whose matches are redacted from captures; repeatable (capture.redact).
+    #[arg(long, value_name = "REGEX")]
+    redact: Vec<String>,
+    /// Another header whose value is a credential; repeatable (capture.secret_headers).
+    #[arg(long, value_name = "NAME")]
+    secret_header: Vec<String>,
+    /// Address of the read-only admin API, or "off" [default: 127.0.0.1:8788].
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
+    /// A request header that names the conversation (after Claude Code's session ids).
+    #[arg(long, value_name = "NAME")]
+    conversation_header: Option<String>,
+    /// A JSON pointer into the request body that names the conversation.
+    #[arg(long, value_name = "POINTER")]
+    conversation_pointer: Option<String>,
 }
 
 impl ServeArgs {
@@ -65,24 +98,58 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            admin: self.admin,
+            conversation_header: self.conversation_header,
+            conversation_pointer: self.conversation_pointer,
+            capture: Some(CaptureLayer {
+                enabled: self.no_capture.then_some(false),
+                dir: self.captures,
+                required: self.capture_required.then_some(true),
+                max_age: self.capture_max_age.map(Into::into),
+                max_size: self.capture_max_size.map(Into::into),
+                secret_headers: (!self.secret_header.is_empty()).then_some(self.secret_header),
+                redact: (!self.redact.is_empty())
+                    .then(|| self.redact.into_iter().map(RedactPattern::Plain).collect()),
+                ..CaptureLayer::default()
+            }),
         };
         (self.config, layer)
     }
 }
 
-/// Runs the proxy until a shutdown signal; returns once drained.
+/// Runs the proxy until a shutdown signal; returns once drained and every record
+/// is written.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
     logging::init(config.log_format);
+    let capture = if config.capture.enabled {
+        let dir = &config.capture.dir;
+        let capture = Capture::start(&config.capture, config.conversation.clone())
+            .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+        tracing::info!(
+            "capturing to {}",
+            dir.join(crate::capture::store::DB_FILE).display()
+        );
+        Some(capture)
+    } else {
+        None
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(serve_async(config))
+    let result = runtime.block_on(serve_async(config, capture.clone()));
+    // Exchanges cut at the end of the grace period emit their records as the runtime
+    // drops them; only then is the capture closed.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    if let Some(capture) = capture {
+        capture.close();
+    }
+    result
 }
 
-async fn serve_async(config: Config) -> anyhow::Result<()> {
+async fn serve_async(config: Config, capture: Option<Arc<Capture>>) -> anyhow::Result<()> {
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -102,10 +169,26 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         config.upstream_anthropic, config.upstream_openai
     );
     let _ = std::io::stdout().flush();
+    if let Some(addr) = config.admin {
+        let admin = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("admin API on {addr} (use --admin ADDR or --admin off)"))?;
+        let local = admin.local_addr().context("reading the admin address")?;
+        tracing::info!("admin API listening on http://{local}");
+        let state = Arc::new(AdminState {
+            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+            capture: capture.clone(),
+        });
+        tokio::spawn(crate::admin::serve(admin, state));
+    }
+    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog)];
+    if let Some(capture) = capture {
+        sinks.push(capture);
+    }
     let proxy = Arc::new(Proxy {
         config: Arc::new(config),
         upstream,
-        recorder: Arc::new(Recorder::new(vec![Arc::new(ExchangeLog)])),
+        recorder: Arc::new(Recorder::new(sinks)),
     });
     crate::listener::serve(listener, proxy, shutdown_signal(), grace).await;
     Ok(())
