@@ -155,6 +155,8 @@ impl Proxy {
         }
 
         let (mut parts, body) = request.into_parts();
+        // Known before the body: a request refused while reading it keeps its headers.
+        pending.get().request_headers = parts.headers.clone();
         let body = match read_body(body, &parts.headers, self.config.max_body).await {
             Ok(body) => body,
             Err(e) => return error_response(pending, route.provider, e),
@@ -412,7 +414,8 @@ fn error_response(
         &error.message,
         &request_id,
     );
-    let mut response = Response::new(ProxyBody::Own(Full::new(Bytes::from(body))));
+    let body = Bytes::from(body);
+    let mut response = Response::new(ProxyBody::Own(Full::new(body.clone())));
     *response.status_mut() = status;
     let h = response.headers_mut();
     h.insert(
@@ -435,6 +438,14 @@ fn error_response(
         let r = pending.get();
         r.status = Some(status);
         r.response_headers = response.headers().clone();
+        // The record keeps the body the client got, like an upstream's.
+        r.observation = Some(observer::Observation {
+            format: observer::BodyFormat::Json,
+            summary: provider::ResponseSummary::default(),
+            parse_error: None,
+            truncated: false,
+            body,
+        });
     }
     pending.emit(error.kind.outcome(), Some(error.message));
     response

@@ -173,9 +173,12 @@ impl Capture {
         );
     }
 
-    fn full(&self, state: &QueueState, extra_bytes: u64) -> bool {
-        let count = state.items.len() + state.reserved.len();
-        count >= self.settings.queue
+    /// No room for a record of `extra_bytes`. Admission (`reserving`) also counts the
+    /// places promised to exchanges in flight; a record arriving does not, so the queue
+    /// may hold up to twice its size while every promise is kept.
+    fn full(&self, state: &QueueState, extra_bytes: u64, reserving: bool) -> bool {
+        let promised = if reserving { state.reserved.len() } else { 0 };
+        state.items.len() + promised >= self.settings.queue
             || (!state.items.is_empty() && state.bytes + extra_bytes > self.settings.queue_bytes)
     }
 }
@@ -191,7 +194,7 @@ impl RecordSink for Capture {
         }
         if !state.reserved.remove(&record.id) {
             let deadline = Instant::now() + self.settings.queue_wait;
-            while self.full(&state, size) {
+            while self.full(&state, size, false) {
                 let left = deadline.saturating_duration_since(Instant::now());
                 if left.is_zero() {
                     let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
@@ -226,7 +229,7 @@ impl RecordSink for Capture {
         }
         let deadline = Instant::now() + self.settings.queue_wait;
         let mut state = self.shared.lock();
-        while self.full(&state, 0) {
+        while self.full(&state, 0, true) {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() || state.closed {
                 return Err("capture is required and the capture queue is full".into());

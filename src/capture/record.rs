@@ -268,8 +268,11 @@ impl CaptureRecord {
         };
         if r.capture {
             let secret = &r.secret_headers;
+            // What was sent mostly repeats what was received: its redactions count once.
+            let mut sent_summary = Summary::new();
             record.request.headers = redactor.headers(&r.request_headers, secret, &mut summary);
-            record.request.sent_headers = redactor.headers(&r.sent_headers, secret, &mut summary);
+            record.request.sent_headers =
+                redactor.headers(&r.sent_headers, secret, &mut sent_summary);
             record.response.headers = redactor.headers(&r.response_headers, secret, &mut summary);
             let coding = r
                 .request_headers
@@ -293,20 +296,29 @@ impl CaptureRecord {
                     coding,
                     redactor,
                     extra,
-                    &mut summary,
+                    &mut sent_summary,
                 ));
             }
+            for (kind, n) in sent_summary {
+                let seen = summary.entry(kind).or_default();
+                *seen = (*seen).max(n);
+            }
             if let Some(o) = observation {
-                let body = redactor.redact(&o.body, extra, &mut summary).into_owned();
-                record.response.body = BodyInfo::of(Bytes::from(body), None);
+                let mut body = redactor.redact(&o.body, extra, &mut summary).into_owned();
                 if o.format == BodyFormat::Sse
                     && let Some(message) = &o.summary.message
                 {
                     let text = message.to_string();
+                    // Secrets the stream split across events show whole only here.
+                    let secrets = redactor.secrets(text.as_bytes(), extra);
+                    if !secrets.is_empty() {
+                        body = redactor.scrub_fragments(&body, &secrets).into_owned();
+                    }
                     let text = redactor.redact(text.as_bytes(), extra, &mut summary);
                     record.response.message =
                         Some(BodyInfo::of(Bytes::from(text.into_owned()), None));
                 }
+                record.response.body = BodyInfo::of(Bytes::from(body), None);
             }
         }
         record.redactions = summary;

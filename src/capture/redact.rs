@@ -310,6 +310,73 @@ impl Redactor {
         }
     }
 
+    /// The secrets in `input`, as (kind, secret bytes), each once.
+    pub fn secrets(&self, input: &[u8], per_record: &[regex::Regex]) -> Vec<(String, Vec<u8>)> {
+        let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+        for (start, end, kind) in self.find(input, per_record) {
+            let secret = input[start..end].to_vec();
+            if !out.iter().any(|(_, s)| *s == secret) {
+                out.push((kind.into_owned(), secret));
+            }
+        }
+        out
+    }
+
+    /// Redacts the pieces of `secrets` that a stream split across events: in every JSON
+    /// string of `body`, a run of 3 or more bytes that is part of a secret and reaches
+    /// the string's start or end (or is the whole string) is replaced.
+    ///
+    /// A model that echoes a key streams it in token-sized deltas, so no single event
+    /// holds it whole; the reassembled message does, and tells which secrets to chase.
+    pub fn scrub_fragments<'a>(
+        &self,
+        body: &'a [u8],
+        secrets: &[(String, Vec<u8>)],
+    ) -> Cow<'a, [u8]> {
+        const MIN: usize = 3;
+        let mut spans: Vec<(usize, usize, &str, &[u8])> = Vec::new();
+        for (start, end) in json_strings(body) {
+            let text = &body[start..end];
+            for (kind, secret) in secrets {
+                if secret.len() < 8 || text.len() < MIN {
+                    continue;
+                }
+                let piece = if memchr::memmem::find(secret, text).is_some() {
+                    Some((start, end))
+                } else {
+                    let head = (MIN..=text.len().min(secret.len() - 1))
+                        .rev()
+                        .find(|&n| secret.ends_with(&text[..n]));
+                    let tail = (MIN..=text.len().min(secret.len() - 1))
+                        .rev()
+                        .find(|&n| secret.starts_with(&text[text.len() - n..]));
+                    match (head, tail) {
+                        (Some(h), Some(t)) if t > h => Some((end - t, end)),
+                        (Some(h), _) => Some((start, start + h)),
+                        (None, Some(t)) => Some((end - t, end)),
+                        (None, None) => None,
+                    }
+                };
+                if let Some((a, b)) = piece {
+                    spans.push((a, b, kind, secret));
+                    break;
+                }
+            }
+        }
+        if spans.is_empty() {
+            return Cow::Borrowed(body);
+        }
+        let mut out = Vec::with_capacity(body.len());
+        let mut at = 0;
+        for (a, b, kind, secret) in spans {
+            out.extend_from_slice(&body[at..a]);
+            out.extend_from_slice(marker(kind, None, secret).as_bytes());
+            at = b;
+        }
+        out.extend_from_slice(&body[at..]);
+        Cow::Owned(out)
+    }
+
     /// Secret spans in order, not overlapping: (start, end, kind).
     fn find<'k>(
         &'k self,
@@ -351,7 +418,7 @@ impl Redactor {
             }
             let mut end = secret.end();
             if shape.kind == "aws-access-key" {
-                end = pos + 20; // the pattern also reads the byte after, to check the boundary
+                end = 20; // the pattern also reads the byte after, to check the boundary
             }
             spans.push((pos + secret.start(), pos + end, Cow::Borrowed(shape.kind)));
             covered = pos + whole.end().max(end);
@@ -477,6 +544,32 @@ impl Redactor {
     }
 }
 
+/// The byte ranges of the contents of the JSON strings in `body` (escapes left as
+/// they are), outside strings anything goes: SSE framing, other text.
+fn json_strings(body: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(open) = memchr::memchr(b'"', &body[i..]) {
+        let start = i + open + 1;
+        let mut j = start;
+        loop {
+            match memchr::memchr2(b'"', b'\\', &body[j..]) {
+                Some(k) if body[j + k] == b'\\' => j += k + 2,
+                Some(k) => {
+                    out.push((start, j + k));
+                    i = j + k + 1;
+                    break;
+                }
+                None => return out,
+            }
+            if j >= body.len() {
+                return out;
+            }
+        }
+    }
+    out
+}
+
 /// The byte before `pos` is not a letter or digit (a JSON escape such as `\n` counts
 /// as a separator).
 fn at_word_start(input: &[u8], pos: usize) -> bool {
@@ -537,6 +630,7 @@ mod tests {
             ("sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "openai"),
             ("legacy sk-AbCdEfGhIjKlMnOpQrStUvWxYz01234567 x", "openai"),
             ("AKIAIOSFODNN7EXAMPLE", "aws-access-key"),
+            ("id: AKIAIOSFODNN7EXAMPLE, next", "aws-access-key"),
             (
                 "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
                 "aws-secret-key",
@@ -571,6 +665,18 @@ mod tests {
             assert_eq!(summary.get(kind), Some(&1), "{text} -> {out} {summary:?}");
             assert!(out.contains(&format!("[REDACTED:{kind}:")), "{out}");
         }
+    }
+
+    #[test]
+    fn text_around_a_secret_is_kept() {
+        let (out, _) =
+            run("id: AKIAIOSFODNN7EXAMPLE, next ghp_0123456789abcdefghijABCDEFGHIJ012345 end");
+        let h1 = hash8(b"AKIAIOSFODNN7EXAMPLE");
+        let h2 = hash8(b"ghp_0123456789abcdefghijABCDEFGHIJ012345");
+        assert_eq!(
+            out,
+            format!("id: [REDACTED:aws-access-key:{h1}], next [REDACTED:github:{h2}] end")
+        );
     }
 
     #[test]
@@ -666,6 +772,26 @@ mod tests {
                 .starts_with("ticket [REDACTED:rule:")
         );
         assert_eq!(summary["rule"], 1);
+    }
+
+    #[test]
+    fn secrets_split_across_stream_events_are_scrubbed() {
+        let secret = b"sk_live_0123456789abcdefSPLIT";
+        let r = redactor();
+        let found = r.secrets(br#"{"text":"key: sk_live_0123456789abcdefSPLIT ok"}"#, &[]);
+        assert_eq!(found, [("stripe".to_owned(), secret.to_vec())]);
+        let events = b"data: {\"delta\":{\"text\":\"key: sk_li\"}}\n\ndata: {\"delta\":{\"text\":\"ve_0123\"}}\n\ndata: {\"delta\":{\"text\":\"456789abcdefSP\"}}\n\ndata: {\"delta\":{\"text\":\"LIT ok\"}}\n\n";
+        let out = r.scrub_fragments(events, &found);
+        let text = std::str::from_utf8(&out).unwrap();
+        for fragment in ["sk_li", "ve_0123", "456789", "LIT"] {
+            assert!(!text.contains(fragment), "{fragment} left in {text}");
+        }
+        assert!(text.contains("\"key: [REDACTED:stripe:"), "{text}");
+        assert!(
+            text.contains("\"text\":\"[REDACTED:stripe:") && text.contains("] ok\""),
+            "{text}"
+        );
+        assert!(text.contains("\"delta\""), "keys are not secrets");
     }
 
     #[test]

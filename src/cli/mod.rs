@@ -5,6 +5,7 @@
 //! or IO error.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod captures;
 mod serve;
 
 use std::process::ExitCode;
@@ -28,10 +29,14 @@ struct Cli {
     serve: ServeArgs,
 }
 
+// Parsed once per run: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the proxy (the default when no verb is given).
     Serve(ServeArgs),
+    /// Read the capture store: list, show, diff, export, conversations.
+    Captures(captures::CapturesArgs),
 }
 
 /// Parses the command line and runs it.
@@ -39,6 +44,7 @@ pub fn run() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Serve(args)) => serve::serve(args),
+        Some(Command::Captures(args)) => captures::run(args),
         None => serve::serve(cli.serve),
     };
     match result {

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod captures;
 pub mod client;
 pub mod fake_provider;
 pub mod proxy;
