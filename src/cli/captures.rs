@@ -365,7 +365,7 @@ fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
     };
     let _ = writeln!(out, "  rules         {}", list(&r.rules_fired));
     let _ = writeln!(out, "  tags          {}", list(&r.tags));
-    let _ = writeln!(out, "  changed       {}", list(&r.body_diff));
+    let _ = writeln!(out, "  rule edits    {}", list(&r.body_diff));
     let redactions: Vec<String> = r
         .redactions
         .iter()
@@ -400,7 +400,7 @@ fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
     } else {
         ("as received", &r.request.body)
     };
-    let _ = writeln!(out, "\nrequest ({which}): {}", body_line(body));
+    let _ = writeln!(out, "\nrequest ({which}): {}", body_line(body, None));
     request_summary(body, out);
     if r.request.sent_body.is_some() {
         out.push_str("\nwhat the rules changed (received → sent):\n");
@@ -416,7 +416,7 @@ fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
         out,
         "\nresponse: {} {}",
         resp.status.map_or("-".into(), |s| s.to_string()),
-        body_line(&resp.body)
+        body_line(&resp.body, resp.format.as_deref())
     );
     if resp.format.as_deref() == Some("sse") {
         let _ = writeln!(
@@ -462,9 +462,11 @@ fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
     }
 }
 
-fn body_line(b: &BodyInfo) -> String {
+fn body_line(b: &BodyInfo, format: Option<&str>) -> String {
     let kind = if b.size == 0 {
         "empty"
+    } else if format == Some("sse") {
+        "server-sent events"
     } else if b.json {
         "JSON"
     } else {

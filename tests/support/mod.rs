@@ -6,6 +6,7 @@
 pub mod captures;
 pub mod client;
 pub mod fake_provider;
+pub mod golden;
 pub mod proxy;
 pub mod shapes;
 pub mod wire;
