@@ -750,3 +750,98 @@ fn like_pattern(text: &str, prefix: bool) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str, started_ms: u64, body: &str) -> CaptureRecord {
+        let mut r = CaptureRecord {
+            id: id.into(),
+            outcome: "ok".into(),
+            captured: true,
+            ..CaptureRecord::default()
+        };
+        r.times.started_ms = started_ms;
+        r.request.body = BodyInfo::of(Bytes::from(body.to_owned()), None);
+        r
+    }
+
+    fn dir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("pg-store-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    fn turn(n: usize) -> String {
+        let messages: Vec<String> = (0..n)
+            .map(|i| format!(r#"{{"role":"user","content":"message {i} {}"}}"#, "x".repeat(2000)))
+            .collect();
+        format!(r#"{{"model":"m","messages":[{}],"max_tokens":5}}"#, messages.join(","))
+    }
+
+    #[test]
+    fn bodies_rebuild_exactly_and_units_are_shared() {
+        let d = dir("share");
+        let mut store = Store::open(&d).unwrap();
+        store
+            .insert(&[record("01A", 1, &turn(3)), record("01B", 2, &turn(4))])
+            .unwrap();
+        store.insert(&[record("01A", 1, &turn(3))]).unwrap();
+        let stats = store.stats().unwrap();
+        assert_eq!(stats.records, 2, "an id is stored once");
+        assert_eq!(stats.units, 4 + 2, "4 distinct messages and 2 skeletons");
+        assert_eq!(store.load("01b").unwrap().request.body.bytes, turn(4).as_bytes());
+        assert!(matches!(store.load("01"), Err(StoreError::Ambiguous(_, 2))));
+        drop(store);
+        let mut read = Store::open_read_only(&d).unwrap();
+        assert_eq!(read.list(&Filter::default()).unwrap().len(), 2);
+        assert!(read.insert(&[record("01C", 3, "{}")]).is_err(), "read-only");
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn retention_by_age_and_size_prunes_records_and_their_units() {
+        let d = dir("prune");
+        let mut store = Store::open(&d).unwrap();
+        for i in 0..40u64 {
+            let body = format!(r#"{{"messages":[{{"n":{i},"t":"{}"}}]}}"#, ring_text(i));
+            store.insert(&[record(&format!("01{i:03}"), i * 1000, &body)]).unwrap();
+        }
+        let by_age = Retention {
+            max_age: Some(Duration::from_secs(10)),
+            max_size: None,
+        };
+        let pruned = store.prune(&by_age, 40_000).unwrap();
+        assert_eq!(pruned.records, 30, "older than 10 s at t=40 s");
+        assert_eq!(pruned.units, 30, "their own messages went with them");
+        assert_eq!(store.stats().unwrap().records, 10);
+        let size = store.stats().unwrap().used_bytes;
+        let by_size = Retention {
+            max_age: None,
+            max_size: Some(size / 2),
+        };
+        store.prune(&by_size, 40_000).unwrap();
+        let left = store.list(&Filter::default()).unwrap();
+        assert!(!left.is_empty() && left.len() < 10, "{}", left.len());
+        assert_eq!(left.last().unwrap().id, "01039", "the newest stay");
+        assert!(store.stats().unwrap().used_bytes <= size / 2);
+        for row in left {
+            store.load(&row.id).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Text that does not compress away: the size limit must see real bytes.
+    fn ring_text(seed: u64) -> String {
+        let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+        (0..6000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (b'a' + (x % 26) as u8) as char
+            })
+            .collect()
+    }
+}
