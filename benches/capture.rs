@@ -50,7 +50,12 @@ fn main() {
                 body.len() as f64 / t / 1e6
             );
         }
-        let mut record = ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, "/v1/messages?beta=true".into());
+        let mut record = ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages?beta=true".into(),
+        );
         record.request_body = Bytes::from(plain.clone());
         record.sent_body = record.request_body.clone();
         let keys = KeySource::default();
@@ -70,8 +75,16 @@ fn main() {
     let keys = KeySource::default();
     let records: Vec<CaptureRecord> = (0..100)
         .map(|round| {
-            let mut r = ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, "/v1/messages".into());
-            r.request_body = Bytes::from(shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION)));
+            let mut r = ExchangeRecord::begin(
+                ExchangeId::new(),
+                None,
+                http::Method::POST,
+                "/v1/messages".into(),
+            );
+            r.request_body = Bytes::from(shapes::to_bytes(&shapes::claude_code_body(
+                round,
+                shapes::CC_SESSION,
+            )));
             r.sent_body = r.request_body.clone();
             CaptureRecord::redacted(&r, &redactor, &keys)
         })

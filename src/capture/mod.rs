@@ -76,6 +76,28 @@ impl Shared {
         // A writer that panicked leaves a consistent queue behind: keep using it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Waits on `condvar` while `blocked` holds, until `deadline`; says whether it
+    /// still holds.
+    fn wait_while<'a>(
+        &self,
+        mut state: MutexGuard<'a, QueueState>,
+        condvar: &Condvar,
+        deadline: Instant,
+        blocked: impl Fn(&QueueState) -> bool,
+    ) -> (MutexGuard<'a, QueueState>, bool) {
+        while blocked(&state) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return (state, true);
+            }
+            state = condvar
+                .wait_timeout(state, left)
+                .unwrap_or_else(|p| p.into_inner())
+                .0;
+        }
+        (state, false)
+    }
 }
 
 /// The capture sink and its writer thread. See the module docs.
@@ -194,24 +216,21 @@ impl RecordSink for Capture {
         }
         if !state.reserved.remove(&record.id) {
             let deadline = Instant::now() + self.settings.queue_wait;
-            while self.full(&state, size, false) {
-                let left = deadline.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
-                    tracing::warn!(
-                        id = %record.id,
-                        dropped_total = dropped,
-                        "capture queue full for {}ms; record dropped",
-                        self.settings.queue_wait.as_millis()
-                    );
-                    return;
-                }
-                state = self
-                    .shared
-                    .not_full
-                    .wait_timeout(state, left)
-                    .unwrap_or_else(|p| p.into_inner())
-                    .0;
+            let still_full;
+            (state, still_full) =
+                self.shared
+                    .wait_while(state, &self.shared.not_full, deadline, |s| {
+                        self.full(s, size, false)
+                    });
+            if still_full {
+                let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
+                tracing::warn!(
+                    id = %record.id,
+                    dropped_total = dropped,
+                    "capture queue full for {}ms; record dropped",
+                    self.settings.queue_wait.as_millis()
+                );
+                return;
             }
         }
         state.bytes += size;
@@ -228,18 +247,13 @@ impl RecordSink for Capture {
             return Err("capture is required and the capture store is failing".into());
         }
         let deadline = Instant::now() + self.settings.queue_wait;
-        let mut state = self.shared.lock();
-        while self.full(&state, 0, true) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() || state.closed {
-                return Err("capture is required and the capture queue is full".into());
-            }
-            state = self
-                .shared
-                .not_full
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let (mut state, still_full) =
+            self.shared
+                .wait_while(self.shared.lock(), &self.shared.not_full, deadline, |s| {
+                    self.full(s, 0, true) && !s.closed
+                });
+        if still_full || state.closed {
+            return Err("capture is required and the capture queue is full".into());
         }
         state.reserved.insert(record.id);
         Ok(())
@@ -247,23 +261,17 @@ impl RecordSink for Capture {
 
     fn flush(&self) {
         let deadline = Instant::now() + FLUSH_LIMIT;
-        let mut state = self.shared.lock();
-        while !state.items.is_empty() || state.busy {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                tracing::error!(
-                    "capture flush gave up after {}s with {} record(s) unwritten",
-                    FLUSH_LIMIT.as_secs(),
-                    state.items.len()
-                );
-                return;
-            }
-            state = self
-                .shared
-                .idle
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        let (state, unwritten) =
+            self.shared
+                .wait_while(self.shared.lock(), &self.shared.idle, deadline, |s| {
+                    !s.items.is_empty() || s.busy
+                });
+        if unwritten {
+            tracing::error!(
+                "capture flush gave up after {}s with {} record(s) unwritten",
+                FLUSH_LIMIT.as_secs(),
+                state.items.len()
+            );
         }
     }
 }

@@ -775,9 +775,17 @@ mod tests {
 
     fn turn(n: usize) -> String {
         let messages: Vec<String> = (0..n)
-            .map(|i| format!(r#"{{"role":"user","content":"message {i} {}"}}"#, "x".repeat(2000)))
+            .map(|i| {
+                format!(
+                    r#"{{"role":"user","content":"message {i} {}"}}"#,
+                    "x".repeat(2000)
+                )
+            })
             .collect();
-        format!(r#"{{"model":"m","messages":[{}],"max_tokens":5}}"#, messages.join(","))
+        format!(
+            r#"{{"model":"m","messages":[{}],"max_tokens":5}}"#,
+            messages.join(",")
+        )
     }
 
     #[test]
@@ -791,7 +799,10 @@ mod tests {
         let stats = store.stats().unwrap();
         assert_eq!(stats.records, 2, "an id is stored once");
         assert_eq!(stats.units, 4 + 2, "4 distinct messages and 2 skeletons");
-        assert_eq!(store.load("01b").unwrap().request.body.bytes, turn(4).as_bytes());
+        assert_eq!(
+            store.load("01b").unwrap().request.body.bytes,
+            turn(4).as_bytes()
+        );
         assert!(matches!(store.load("01"), Err(StoreError::Ambiguous(_, 2))));
         drop(store);
         let mut read = Store::open_read_only(&d).unwrap();
@@ -806,7 +817,9 @@ mod tests {
         let mut store = Store::open(&d).unwrap();
         for i in 0..40u64 {
             let body = format!(r#"{{"messages":[{{"n":{i},"t":"{}"}}]}}"#, ring_text(i));
-            store.insert(&[record(&format!("01{i:03}"), i * 1000, &body)]).unwrap();
+            store
+                .insert(&[record(&format!("01{i:03}"), i * 1000, &body)])
+                .unwrap();
         }
         let by_age = Retention {
             max_age: Some(Duration::from_secs(10)),
