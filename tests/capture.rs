@@ -924,3 +924,38 @@ async fn capture_required_refuses_with_503_when_no_record_could_be_kept() {
     let ok = client::send(addr, &json_request).await;
     assert_eq!(ok.status, 200, "with room again, requests pass");
 }
+
+// === shutdown ===
+
+#[tokio::test]
+async fn a_stream_cut_by_shutdown_is_recorded_before_exit() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let mut proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--shutdown-grace",
+        "500ms",
+    ]);
+    let addr = proxy.addr;
+    let request = messages_request(&proxy, "cancel", &small_body(true));
+    // A 3-second stream; promptgate is stopped a moment into it.
+    let client = tokio::spawn(async move { client::send(addr, &request).await });
+    fake.wait_requests(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit(WAIT).await.success());
+    let _ = client.await;
+    // The process is gone: whatever is in the store was written before it exited.
+    let records = captures::export(&proxy.captures);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["outcome"], "shutdown");
+    assert!(
+        records[0]["response"]["events"].as_array().unwrap().len() >= 2,
+        "the events that arrived are kept"
+    );
+    assert!(
+        proxy
+            .log()
+            .contains("capture closed: 1 written, 0 dropped, 0 failed")
+    );
+}

@@ -497,3 +497,78 @@ mod tests {
         assert_eq!(e[1].data, "{\"x\"");
     }
 }
+
+#[cfg(test)]
+mod redacted_tests {
+    use super::*;
+    use crate::id::ExchangeId;
+
+    fn exchange() -> ExchangeRecord {
+        let mut r = ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages?key=abc123".into(),
+        );
+        r.request_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}]}"#);
+        r.sent_body = r.request_body.clone();
+        r.request_headers
+            .insert("x-team-secret", "team-value".parse().unwrap());
+        r.request_headers.insert(
+            "x-api-key",
+            "sk-ant-api03-RECORDSECRET0123456789".parse().unwrap(),
+        );
+        r.sent_headers = r.request_headers.clone();
+        r
+    }
+
+    #[test]
+    fn rule_patterns_and_secret_headers_apply_per_exchange() {
+        let mut r = exchange();
+        r.extra_redactions = vec![regex::Regex::new(r"internal-\d+").unwrap()];
+        r.secret_headers = vec![http::HeaderName::from_static("x-team-secret")];
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let c = CaptureRecord::redacted(&r, &redactor, &KeySource::default());
+        let body = std::str::from_utf8(&c.request.body.bytes).unwrap();
+        assert!(
+            body.contains("ticket [REDACTED:rule:") && !body.contains("4242"),
+            "{body}"
+        );
+        assert!(!body.contains("RECORDSECRET"));
+        let header = |name: &str| {
+            c.request
+                .headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .unwrap()
+                .1
+                .clone()
+        };
+        assert!(header("x-team-secret").starts_with("[REDACTED:x-team-secret:"));
+        assert!(
+            c.path
+                .starts_with("/v1/messages?key=[REDACTED:query-secret:")
+        );
+        assert_eq!(
+            c.redactions["anthropic"], 2,
+            "header and body, sent copies not counted twice"
+        );
+        assert_eq!(c.received_sha256, sha256_hex(&r.request_body));
+        assert!(c.request.sent_body.is_none(), "sent = received");
+    }
+
+    #[test]
+    fn capture_off_keeps_no_headers_or_bodies() {
+        let mut r = exchange();
+        r.capture = false;
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let c = CaptureRecord::redacted(&r, &redactor, &KeySource::default());
+        assert!(!c.captured);
+        assert!(c.request.headers.is_empty() && c.request.body.bytes.is_empty());
+        assert_eq!(
+            c.received_sha256,
+            sha256_hex(&r.request_body),
+            "the hash still proves what came"
+        );
+    }
+}
