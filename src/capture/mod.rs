@@ -78,25 +78,38 @@ impl Shared {
     }
 
     /// Waits on `condvar` while `blocked` holds, until `deadline`; says whether it
-    /// still holds.
+    /// still holds. A multi-threaded runtime moves its other tasks off this thread
+    /// meanwhile: a full capture queue must not stall live streams.
     fn wait_while<'a>(
         &self,
-        mut state: MutexGuard<'a, QueueState>,
+        state: MutexGuard<'a, QueueState>,
         condvar: &Condvar,
         deadline: Instant,
         blocked: impl Fn(&QueueState) -> bool,
     ) -> (MutexGuard<'a, QueueState>, bool) {
-        while blocked(&state) {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return (state, true);
-            }
-            state = condvar
-                .wait_timeout(state, left)
-                .unwrap_or_else(|p| p.into_inner())
-                .0;
+        if !blocked(&state) {
+            return (state, false);
         }
-        (state, false)
+        let wait = move || {
+            let mut state = state;
+            while blocked(&state) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return (state, true);
+                }
+                state = condvar
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            (state, false)
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        }
     }
 }
 
