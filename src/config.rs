@@ -497,6 +497,22 @@ mod tests {
     }
 
     #[test]
+    fn the_admin_api_needs_its_own_address() {
+        let flags = ConfigLayer {
+            listen: Some("127.0.0.1:9100".into()),
+            admin: Some("127.0.0.1:9100".into()),
+            ..ConfigLayer::default()
+        };
+        let err = Config::load(None, flags).unwrap_err().to_string();
+        assert!(err.starts_with("admin: 127.0.0.1:9100 is the proxy's own address"), "{err}");
+        let off = ConfigLayer {
+            admin: Some("off".into()),
+            ..ConfigLayer::default()
+        };
+        assert_eq!(Config::load(None, off).unwrap().admin, None);
+    }
+
+    #[test]
     fn bad_values_name_the_setting() {
         let flags = ConfigLayer {
             log_format: Some("xml".into()),
