@@ -504,7 +504,10 @@ mod tests {
             ..ConfigLayer::default()
         };
         let err = Config::load(None, flags).unwrap_err().to_string();
-        assert!(err.starts_with("admin: 127.0.0.1:9100 is the proxy's own address"), "{err}");
+        assert!(
+            err.starts_with("admin: 127.0.0.1:9100 is the proxy's own address"),
+            "{err}"
+        );
         let off = ConfigLayer {
             admin: Some("off".into()),
             ..ConfigLayer::default()

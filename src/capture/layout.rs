@@ -5,7 +5,18 @@
 //! metadata — is the skeleton. Joining the units back into the skeleton at their
 //! offsets gives the body byte for byte. Anything else is one unit.
 
+use bytes::Bytes;
+
 use crate::provider::request::{RequestView, raw_array};
+
+/// A body already cut, redacted and hashed (SHA-256 of each stored piece): the store
+/// keeps these as they are instead of cutting the body again.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parts {
+    pub skeleton: (Bytes, [u8; 32]),
+    /// Each unit with the skeleton offset it goes back in at.
+    pub units: Vec<(usize, Bytes, [u8; 32])>,
+}
 
 /// Top-level keys whose elements are units (Anthropic and OpenAI request shapes).
 const UNIT_KEYS: &[&str] = &["tools", "system", "messages", "input"];

@@ -162,6 +162,7 @@ impl Capture {
         let writer = Writer {
             shared: shared.clone(),
             store,
+            cache: record::UnitCache::default(),
             redactor,
             keys,
             retention: settings.retention,
@@ -304,6 +305,7 @@ fn record_bytes(r: &ExchangeRecord) -> u64 {
 struct Writer {
     shared: Arc<Shared>,
     store: Store,
+    cache: record::UnitCache,
     redactor: Redactor,
     keys: KeySource,
     retention: store::Retention,
@@ -358,9 +360,15 @@ impl Writer {
     }
 
     fn write(&mut self, batch: &[ExchangeRecord]) {
+        let Writer {
+            redactor,
+            keys,
+            cache,
+            ..
+        } = self;
         let records: Vec<CaptureRecord> = batch
             .iter()
-            .map(|r| CaptureRecord::redacted(r, &self.redactor, &self.keys))
+            .map(|r| CaptureRecord::redacted_with(r, redactor, keys, cache))
             .collect();
         match self.store.insert(&records) {
             Ok(()) => {

@@ -13,6 +13,7 @@ use http::header::CONTENT_ENCODING;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
+use super::layout::{self, Parts};
 use super::redact::{Redactor, Summary};
 use super::timestamp;
 use crate::conversation::{KeySource, conversation_key};
@@ -46,6 +47,9 @@ pub struct BodyInfo {
     /// The stored bytes, when loaded or about to be stored.
     #[serde(skip)]
     pub bytes: Bytes,
+    /// The stored bytes already cut into units, when the writer did it.
+    #[serde(skip)]
+    pub parts: Option<std::sync::Arc<Parts>>,
 }
 
 impl BodyInfo {
@@ -61,6 +65,7 @@ impl BodyInfo {
             encoding: None,
             content: None,
             bytes,
+            parts: None,
         }
     }
 
@@ -193,6 +198,17 @@ pub struct CaptureRecord {
 impl CaptureRecord {
     /// The record of `r`, every header, body, path and message redacted in memory.
     pub fn redacted(r: &ExchangeRecord, redactor: &Redactor, keys: &KeySource) -> CaptureRecord {
+        Self::redacted_with(r, redactor, keys, &mut UnitCache::default())
+    }
+
+    /// [`CaptureRecord::redacted`], redacting only the request units `cache` has not
+    /// seen (the writer keeps one cache for all records).
+    pub fn redacted_with(
+        r: &ExchangeRecord,
+        redactor: &Redactor,
+        keys: &KeySource,
+        cache: &mut UnitCache,
+    ) -> CaptureRecord {
         let mut summary = Summary::new();
         let extra = &r.extra_redactions;
         let started_ms = r
@@ -210,7 +226,12 @@ impl CaptureRecord {
         };
         // The key is read from what the client sent, then redacted like any text.
         let conversation = {
-            let view = RequestView::parse(&r.request_body).ok();
+            // Claude Code's header names the conversation: no need to parse the body.
+            let view = if r.request_headers.contains_key("x-claude-code-session-id") {
+                None
+            } else {
+                RequestView::parse(&r.request_body).ok()
+            };
             conversation_key(&r.request_headers, view.as_ref(), keys)
                 .map(|k| redactor.redact_text(&k, extra, &mut summary))
         };
@@ -279,11 +300,16 @@ impl CaptureRecord {
                 .get(CONTENT_ENCODING)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            record.request.body = request_body(
-                &r.request_body,
-                coding.as_deref(),
+            let ctx = &mut BodyContext {
                 redactor,
                 extra,
+                cache,
+            };
+            record.request.body = request_body(
+                &r.request_body,
+                &record.received_sha256,
+                coding.as_deref(),
+                ctx,
                 &mut summary,
             );
             if !same_body {
@@ -293,9 +319,9 @@ impl CaptureRecord {
                     .and_then(|v| v.to_str().ok());
                 record.request.sent_body = Some(request_body(
                     &r.sent_body,
+                    &record.sent_sha256,
                     coding,
-                    redactor,
-                    extra,
+                    ctx,
                     &mut sent_summary,
                 ));
             }
@@ -354,12 +380,20 @@ impl CaptureRecord {
     }
 }
 
-/// A request body, decoded when it came compressed, then redacted.
+/// What redacting a request body needs.
+struct BodyContext<'a> {
+    redactor: &'a Redactor,
+    extra: &'a [regex::Regex],
+    cache: &'a mut UnitCache,
+}
+
+/// A request body, decoded when it came compressed, then redacted. `raw_sha256` is
+/// the hash of `raw`, reused when the stored bytes are the same.
 fn request_body(
     raw: &Bytes,
+    raw_sha256: &str,
     coding: Option<&str>,
-    redactor: &Redactor,
-    extra: &[regex::Regex],
+    ctx: &mut BodyContext<'_>,
     summary: &mut Summary,
 ) -> BodyInfo {
     let (plain, mut note) = match coding.map(str::trim).filter(|c| !c.is_empty()) {
@@ -378,12 +412,28 @@ fn request_body(
         },
         None => (raw.clone(), None),
     };
-    let redacted = match redactor.redact(&plain, extra, summary) {
-        std::borrow::Cow::Borrowed(_) => None,
-        std::borrow::Cow::Owned(v) => Some(Bytes::from(v)),
+    let mut info = match ctx.cache.redact(&plain, ctx.redactor, ctx.extra, summary) {
+        // Untouched: the bytes parsed as a JSON object when they were cut.
+        Redacted::Same(parts) if note.is_none() => BodyInfo {
+            size: plain.len() as u64,
+            sha256: raw_sha256.to_owned(),
+            json: true,
+            parts: Some(parts),
+            ..BodyInfo::of(Bytes::new(), None)
+        },
+        Redacted::Same(parts) => BodyInfo {
+            parts: Some(parts),
+            ..BodyInfo::of(plain.clone(), None)
+        },
+        Redacted::Cut(bytes, parts) => BodyInfo {
+            parts: Some(parts),
+            ..BodyInfo::of(bytes, None)
+        },
+        Redacted::Whole(bytes) => BodyInfo::of(bytes, None),
     };
-    let stored = redacted.unwrap_or_else(|| plain.clone());
-    let mut info = BodyInfo::of(stored, None);
+    if info.bytes.is_empty() {
+        info.bytes = plain.clone();
+    }
     if !info.json && !info.bytes.is_empty() {
         let why = match serde_json::from_slice::<serde::de::IgnoredAny>(&plain) {
             Err(e) => format!("not valid JSON: {e}"),
@@ -396,6 +446,120 @@ fn request_body(
     }
     info.note = note;
     info
+}
+
+/// The most bytes of redacted units [`UnitCache`] keeps.
+const UNIT_CACHE_BYTES: usize = 64 << 20;
+
+/// Request units already redacted, by the SHA-256 of their bytes as sent. An agent
+/// resends its whole conversation every turn; each unit is scanned once. Kept in
+/// memory only, and emptied when full.
+#[derive(Debug, Default)]
+pub struct UnitCache {
+    units: std::collections::HashMap<[u8; 32], CachedUnit>,
+    bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+struct CachedUnit {
+    /// The unit as stored, and its SHA-256.
+    stored: Bytes,
+    hash: [u8; 32],
+    /// Redactions in it, per kind.
+    counts: Vec<(String, u32)>,
+}
+
+/// A request body after redaction.
+enum Redacted {
+    /// Cut into units, nothing redacted: the stored bytes are the bytes sent.
+    Same(std::sync::Arc<Parts>),
+    /// Cut into units, some redacted: the stored bytes.
+    Cut(Bytes, std::sync::Arc<Parts>),
+    /// Redacted whole (not a JSON object with units, or a rule added patterns).
+    Whole(Bytes),
+}
+
+impl UnitCache {
+    fn redact(
+        &mut self,
+        body: &Bytes,
+        redactor: &Redactor,
+        extra: &[regex::Regex],
+        summary: &mut Summary,
+    ) -> Redacted {
+        let whole = |summary: &mut Summary| {
+            Redacted::Whole(match redactor.redact(body, extra, summary) {
+                std::borrow::Cow::Borrowed(_) => body.clone(),
+                std::borrow::Cow::Owned(v) => Bytes::from(v),
+            })
+        };
+        let split = layout::split(body);
+        if !extra.is_empty() || split.units.is_empty() {
+            return whole(summary);
+        }
+        // A secret in the skeleton would shift the units' offsets: redact it whole.
+        let mut skeleton_summary = Summary::new();
+        if let std::borrow::Cow::Owned(_) =
+            redactor.redact(&split.skeleton, &[], &mut skeleton_summary)
+        {
+            return whole(summary);
+        }
+        let mut changed = false;
+        let mut units = Vec::with_capacity(split.units.len());
+        for (offset, unit) in &split.units {
+            let key = sha256(unit);
+            let cached = match self.units.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let mut counts = Summary::new();
+                    let (stored, hash) = match redactor.redact(unit, &[], &mut counts) {
+                        std::borrow::Cow::Borrowed(_) => (Bytes::copy_from_slice(unit), key),
+                        std::borrow::Cow::Owned(v) => {
+                            let hash = sha256(&v);
+                            (Bytes::from(v), hash)
+                        }
+                    };
+                    let c = CachedUnit {
+                        stored,
+                        hash,
+                        counts: counts.into_iter().collect(),
+                    };
+                    if self.bytes + c.stored.len() > UNIT_CACHE_BYTES {
+                        self.units.clear();
+                        self.bytes = 0;
+                    }
+                    self.bytes += c.stored.len();
+                    self.units.insert(key, c.clone());
+                    c
+                }
+            };
+            for (kind, n) in &cached.counts {
+                *summary.entry(kind.clone()).or_default() += n;
+            }
+            changed |= cached.hash != key;
+            units.push((*offset, cached.stored, cached.hash));
+        }
+        let skeleton_hash = sha256(&split.skeleton);
+        let parts = std::sync::Arc::new(Parts {
+            skeleton: (Bytes::from(split.skeleton), skeleton_hash),
+            units,
+        });
+        if !changed {
+            return Redacted::Same(parts);
+        }
+        let bytes = layout::join(
+            &parts.skeleton.0,
+            parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+        );
+        Redacted::Cut(Bytes::from(bytes), parts)
+    }
+}
+
+/// SHA-256.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
 }
 
 /// The events of an SSE body, in order.
@@ -439,8 +603,7 @@ fn format_name(format: BodyFormat) -> &'static str {
 
 /// Lowercase hex SHA-256.
 pub fn sha256_hex(bytes: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    sha256(bytes).iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn base64(bytes: &[u8]) -> String {
@@ -555,6 +718,50 @@ mod redacted_tests {
         );
         assert_eq!(c.received_sha256, sha256_hex(&r.request_body));
         assert!(c.request.sent_body.is_none(), "sent = received");
+    }
+
+    #[test]
+    fn unit_by_unit_redaction_equals_whole_body_redaction() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"DB_PASSWORD=hunter2hunter2"},{"role":"assistant","content":"ok"}],"system":[{"type":"text","text":"key sk-ant-api03-UNITSECRET0123456789"}],"tools":[{"name":"t"}]}"#,
+            r#"{"api_key":"sk-ant-api03-SKELETONSECRET0123","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"messages":[{"role":"user","content":"nothing here"}],"max_tokens":5}"#,
+            r#"not json sk-ant-api03-PLAINSECRET0123456"#,
+        ];
+        let mut cache = UnitCache::default();
+        for round in 0..2 {
+            for body in bodies {
+                let body = Bytes::from(body);
+                let mut whole = Summary::new();
+                let expected = redactor.redact(&body, &[], &mut whole).into_owned();
+                let mut units = Summary::new();
+                let got = match cache.redact(&body, &redactor, &[], &mut units) {
+                    Redacted::Same(parts) => {
+                        let joined = layout::join(
+                            &parts.skeleton.0,
+                            parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+                        );
+                        assert_eq!(joined, body, "parts rebuild the body");
+                        body.to_vec()
+                    }
+                    Redacted::Cut(bytes, parts) => {
+                        for (_, unit, hash) in &parts.units {
+                            assert_eq!(*hash, sha256(unit), "each part carries its own hash");
+                        }
+                        bytes.to_vec()
+                    }
+                    Redacted::Whole(bytes) => bytes.to_vec(),
+                };
+                assert_eq!(
+                    got,
+                    expected,
+                    "round {round}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+                assert_eq!(units, whole, "the same counts, cached or not");
+            }
+        }
     }
 
     #[test]

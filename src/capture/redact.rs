@@ -228,25 +228,38 @@ impl Redactor {
         secret_headers: &[String],
     ) -> Result<Self, PatternError> {
         let mut literals: Vec<&str> = Vec::new();
-        let mut trigger_shapes: Vec<Vec<usize>> = Vec::new();
         let mut shapes = Vec::with_capacity(SHAPES.len());
-        for (i, shape) in SHAPES.iter().enumerate() {
+        for shape in SHAPES {
             let regex = Regex::new(&format!("^(?:{})", shape.pattern))
                 .expect("built-in redaction patterns compile");
             shapes.push(regex);
             for t in shape.triggers {
-                match literals.iter().position(|l| l.eq_ignore_ascii_case(t)) {
-                    Some(at) => trigger_shapes[at].push(i),
-                    None => {
-                        literals.push(t);
-                        trigger_shapes.push(vec![i]);
-                    }
+                if !literals.iter().any(|l| l.eq_ignore_ascii_case(t)) {
+                    literals.push(t);
                 }
             }
         }
+        // The search is leftmost-longest, so a literal stands for every shape whose
+        // trigger it starts with (`sk-ant-` also tries the `sk-` shapes), in priority order.
+        let trigger_shapes = literals
+            .iter()
+            .map(|l| {
+                let l = l.to_ascii_lowercase();
+                (0..SHAPES.len())
+                    .filter(|&i| {
+                        SHAPES[i]
+                            .triggers
+                            .iter()
+                            .any(|t| l.starts_with(&t.to_ascii_lowercase()))
+                    })
+                    .collect()
+            })
+            .collect();
+        // A full DFA: the automaton is small, and it is the one pass over every body.
         let triggers = AhoCorasickBuilder::new()
             .ascii_case_insensitive(true)
-            .match_kind(MatchKind::Standard)
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
             .build(&literals)
             .expect("built-in triggers build");
         let extra = extra
@@ -383,45 +396,44 @@ impl Redactor {
         input: &[u8],
         per_record: &[regex::Regex],
     ) -> Vec<(usize, usize, Cow<'k, str>)> {
-        let mut hits: Vec<(usize, usize)> = self
-            .triggers
-            .find_overlapping_iter(input)
-            .flat_map(|m| {
-                self.trigger_shapes[m.pattern().as_usize()]
-                    .iter()
-                    .map(move |&shape| (m.start(), shape))
-            })
-            .collect();
-        hits.sort_unstable();
         let mut spans: Vec<(usize, usize, Cow<'k, str>)> = Vec::new();
-        let mut covered = 0;
-        for (pos, index) in hits {
-            if pos < covered {
-                continue;
-            }
-            let shape = &SHAPES[index];
-            if shape.word_start && !at_word_start(input, pos) {
-                continue;
-            }
-            let window = &input[pos..input.len().min(pos + shape.window)];
-            let Some(caps) = self.shapes[index].captures(window) else {
-                continue;
-            };
-            let whole = caps.get(0).expect("group 0 always matches");
-            let secret = caps.name("s").unwrap_or(whole);
-            if shape.kind == "env-secret" {
-                let rest = caps.name("rest").map_or(&b""[..], |r| r.as_bytes());
-                let plural = rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens");
-                if plural || is_placeholder(secret.as_bytes()) {
+        let mut from = 0;
+        while let Some(m) = self
+            .triggers
+            .find(aho_corasick::Input::new(input).range(from..))
+        {
+            let pos = m.start();
+            // No shape here: look again from the next byte (a trigger may hold another).
+            from = pos + 1;
+            for &index in &self.trigger_shapes[m.pattern().as_usize()] {
+                let shape = &SHAPES[index];
+                if shape.word_start && !at_word_start(input, pos) {
                     continue;
                 }
+                let window = &input[pos..input.len().min(pos + shape.window)];
+                let Some(caps) = self.shapes[index].captures(window) else {
+                    continue;
+                };
+                let whole = caps.get(0).expect("group 0 always matches");
+                let secret = caps.name("s").unwrap_or(whole);
+                if shape.kind == "env-secret" {
+                    let rest = caps.name("rest").map_or(&b""[..], |r| r.as_bytes());
+                    let plural = rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens");
+                    if plural || is_placeholder(secret.as_bytes()) {
+                        continue;
+                    }
+                }
+                let mut end = secret.end();
+                if shape.kind == "aws-access-key" {
+                    end = 20; // the pattern also reads the byte after, to check the boundary
+                }
+                spans.push((pos + secret.start(), pos + end, Cow::Borrowed(shape.kind)));
+                from = pos + whole.end().max(end);
+                break;
             }
-            let mut end = secret.end();
-            if shape.kind == "aws-access-key" {
-                end = 20; // the pattern also reads the byte after, to check the boundary
+            if from >= input.len() {
+                break;
             }
-            spans.push((pos + secret.start(), pos + end, Cow::Borrowed(shape.kind)));
-            covered = pos + whole.end().max(end);
         }
         let mut extra_spans = Vec::new();
         for (kind, regex) in &self.extra {

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 
 use super::layout;
-use super::record::{BodyInfo, CaptureRecord, sha256_hex};
+use super::record::{BodyInfo, CaptureRecord, sha256, sha256_hex};
 
 /// The file name of the store inside the captures directory.
 pub const DB_FILE: &str = "promptgate.db";
@@ -254,7 +254,7 @@ impl Store {
                 ];
                 for (slot, body) in layouts.iter_mut().zip(bodies) {
                     if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
-                        *slot = Some(store_body(&tx, &mut self.known, &body.bytes)?);
+                        *slot = Some(store_body(&tx, &mut self.known, body)?);
                     }
                 }
             }
@@ -624,31 +624,40 @@ impl Store {
     }
 }
 
-/// Stores a body's skeleton and units; returns its layout.
+/// Stores a body's skeleton and units (cut here unless the writer already did);
+/// returns its layout.
 fn store_body(
     tx: &Transaction<'_>,
     known: &mut HashMap<[u8; 32], i64>,
-    body: &[u8],
+    body: &BodyInfo,
 ) -> Result<Vec<u8>, StoreError> {
-    let split = layout::split(body);
-    let skeleton = unit_id(tx, known, &split.skeleton)?;
+    if let Some(parts) = &body.parts {
+        let (skeleton, hash) = &parts.skeleton;
+        let skeleton = unit_id(tx, known, skeleton, *hash)?;
+        let units = parts
+            .units
+            .iter()
+            .map(|(offset, unit, hash)| Ok((*offset, unit_id(tx, known, unit, *hash)?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        return Ok(layout::encode(skeleton, &units));
+    }
+    let split = layout::split(&body.bytes);
+    let skeleton = unit_id(tx, known, &split.skeleton, sha256(&split.skeleton))?;
     let units = split
         .units
         .iter()
-        .map(|(offset, unit)| Ok((*offset, unit_id(tx, known, unit)?)))
+        .map(|(offset, unit)| Ok((*offset, unit_id(tx, known, unit, sha256(unit))?)))
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(layout::encode(skeleton, &units))
 }
 
-/// The id of the unit holding `bytes`, storing it if it is new.
+/// The id of the unit holding `bytes` (whose SHA-256 is `hash`), storing it if new.
 fn unit_id(
     tx: &Transaction<'_>,
     known: &mut HashMap<[u8; 32], i64>,
     bytes: &[u8],
+    hash: [u8; 32],
 ) -> Result<i64, StoreError> {
-    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
-    let mut hash = [0u8; 32];
-    hash.copy_from_slice(digest.as_ref());
     if let Some(id) = known.get(&hash) {
         return Ok(*id);
     }
