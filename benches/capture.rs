@@ -86,6 +86,11 @@ fn main() {
                 shapes::CC_SESSION,
             )));
             r.sent_body = r.request_body.clone();
+            // Claude Code names the conversation in a header.
+            r.request_headers.insert(
+                "x-claude-code-session-id",
+                http::HeaderValue::from_static(shapes::CC_SESSION),
+            );
             r
         })
         .collect();
@@ -105,7 +110,7 @@ fn main() {
     let t = start.elapsed().as_secs_f64();
     let stats = store.stats().expect("stats");
     println!(
-        "record   100 turns, {bytes} bytes, one unit cache: {:.1} MB/s",
+        "record   100 turns, {bytes} bytes, one unit cache, session header: {:.1} MB/s",
         bytes as f64 / t_records / 1e6
     );
     println!(
