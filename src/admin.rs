@@ -1,9 +1,7 @@
-//! The admin API: a read-only local HTTP API over the captures, on its own listener
-//! (`--admin ADDR`, never the proxy's port) — the ground a web viewer will stand on.
-//!
-//! `GET /healthz`, `/api/captures` (list; filters as query parameters), `/api/captures/ID`,
-//! `/api/captures/ID/diff/OTHER`, `/api/conversations`. Every answer is JSON. It opens
-//! the store read-only per request and never writes.
+//! The admin API: read-only JSON over the captures on its own listener (`--admin`,
+//! never the proxy's port): `GET /healthz`, `/api/captures`, `/api/captures/ID`,
+//! `/api/captures/ID/diff/OTHER`, `/api/conversations`. It opens the store read-only
+//! per request and never writes.
 
 use std::convert::Infallible;
 use std::path::PathBuf;

@@ -1,8 +1,6 @@
-//! A body as stored: a skeleton plus units, so repeated content is kept once.
-//!
-//! A JSON request body is cut at its system blocks, tools and messages (each as the
-//! exact bytes sent, from [`RequestView`]); what is left — keys, commas, `max_tokens`,
-//! metadata — is the skeleton. Joining the units back into the skeleton at their
+//! A body as stored: a skeleton plus units. A JSON request is cut at its system
+//! blocks, tools and messages (the exact bytes, from [`RequestView`]); the rest —
+//! keys, commas, `max_tokens` — is the skeleton, and joining the units back at their
 //! offsets gives the body byte for byte. Anything else is one unit.
 
 use bytes::Bytes;

@@ -1,10 +1,8 @@
-//! Capture: every exchange kept once, redacted before it touches disk, stored without
-//! repetition. Owns redaction, the stored record, the store, the unit view and exports.
-//!
-//! [`Capture`] is a [`RecordSink`]: on the request path it only queues the record (its
-//! bodies are shared, not copied); a writer thread redacts, splits, compresses and
-//! writes. A full queue makes the proxy wait a bounded time, then drop the record,
-//! counted and logged — or, with `capture.required`, refuse new requests first.
+//! Capture: every exchange kept once, redacted in memory, stored without repetition.
+//! [`Capture`] (a [`RecordSink`]) only queues a record on the request path; a writer
+//! thread redacts, cuts, compresses and writes it. A full queue is waited on for a
+//! bounded time, then the record is dropped, counted and logged (or, with
+//! `capture.required`, new requests are refused). It never holds a stream's bytes back.
 
 pub mod export;
 pub mod layout;
@@ -391,5 +389,39 @@ impl Writer {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_after_close_are_counted_as_dropped_and_records_before_are_written() {
+        let dir = std::env::temp_dir().join(format!("pg-capture-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = CaptureSettings {
+            dir: dir.clone(),
+            ..CaptureSettings::default()
+        };
+        let capture = Capture::start(&settings, KeySource::default()).unwrap();
+        let record = |path: &str| {
+            let mut r =
+                ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());
+            r.request_body = bytes::Bytes::from_static(b"{\"messages\":[]}");
+            r
+        };
+        for _ in 0..5 {
+            capture.record(&record("/v1/messages"));
+        }
+        capture.flush();
+        assert_eq!(capture.counters().written, 5, "flush waits for the writer");
+        capture.close();
+        capture.record(&record("/v1/late"));
+        let c = capture.counters();
+        assert_eq!((c.written, c.dropped, c.queued), (5, 1, 0));
+        let store = Store::open_read_only(&dir).unwrap();
+        assert_eq!(store.list(&store::Filter::default()).unwrap().len(), 5);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,11 +1,8 @@
-//! Redaction: secrets out of headers and bodies, in memory, before the store sees them.
-//!
-//! Bodies are scanned once with an Aho-Corasick automaton over the literal triggers
-//! of every known secret shape (`sk-ant-`, `AKIA`, `ghp_`, `password`, …); only where
-//! a trigger hits does its anchored regex run. Each secret is replaced in place by
-//! `[REDACTED:<kind>:<hash8>]` (no character that needs a JSON escape, so JSON stays
-//! JSON), where `hash8` is the start of its SHA-256: the same secret correlates
-//! across records and headers. Credential headers keep only a fingerprint.
+//! Redaction, in memory, before the store: one Aho-Corasick pass over the literal
+//! starts of known secret shapes, their regexes only where one hits; each secret
+//! becomes `[REDACTED:<kind>:<hash8>]` (JSON stays JSON; `hash8`, from its SHA-256,
+//! correlates it across records). Credential headers keep a fingerprint only.
+//! It does not decide what is stored.
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;

@@ -1,11 +1,7 @@
-//! The capture store: SQLite (WAL) at `<captures dir>/promptgate.db`.
-//!
-//! Content-addressed: each distinct unit (a system block, a tool, a message, a
-//! skeleton, a response body) is kept once, zstd-compressed, under its SHA-256; a
-//! record keeps its metadata (compressed JSON), the columns lists filter on, and for
-//! each body a layout naming its units in order. The schema version lives in
-//! `PRAGMA user_version`, with one `migrate_N_to_M` per step. Only redacted records
-//! ever reach [`Store::insert`].
+//! The capture store: SQLite (WAL) at `<captures dir>/promptgate.db`, schema version
+//! in `PRAGMA user_version` (one `migrate_N_to_M` per step). Each distinct unit is
+//! kept once, zstd-compressed, under its SHA-256; a record keeps its metadata and,
+//! per body, the layout of its units. It stores what it is given: redaction is done.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};

@@ -1,10 +1,8 @@
-//! The unit view of a request in the provider's cache order — tools → system →
-//! messages (PROTOCOL.md §B.4) — and the structural diff of two requests.
-//!
-//! Units are compared normalised, the way the cache sees them and not the way the
-//! bytes look (CLIENTS.md §5): a string `content`/`system` equals one text block, and
-//! `cache_control` is ignored (breakpoints move every turn). `captures diff` and the
-//! cache analysis both read requests through [`cache_order`].
+//! The unit view of a request in the provider's cache order (tools → system →
+//! messages, PROTOCOL.md §B.4) and the structural diff of two requests, normalised as
+//! the cache sees them: a string equals one text block, `cache_control` is ignored
+//! (CLIENTS.md §5). `captures diff` and the cache analysis read requests through
+//! [`cache_order`]; nothing here touches the store.
 
 use serde::Serialize;
 use serde_json::{Map, Value};
