@@ -179,3 +179,26 @@ async fn the_admin_api_serves_the_same_store_as_json() {
     let (status, _) = get(proxy.addr, "/healthz").await;
     assert_eq!(status, 404, "the proxy port does not serve the admin API");
 }
+
+#[test]
+fn a_taken_admin_port_stops_promptgate_before_it_serves() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = support::TempDir::new("admin-taken");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            &addr,
+            "--captures",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "no start line");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("admin API on {addr}")), "{err}");
+}

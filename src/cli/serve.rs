@@ -162,6 +162,14 @@ async fn serve_async(config: Config, capture: Option<Arc<Capture>>) -> anyhow::R
             "listening on {local}, which is not loopback: anyone who can reach it can use it"
         );
     }
+    // Bound before the start line, so a taken admin port stops promptgate before it says it runs.
+    let admin =
+        match config.admin {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
+                format!("admin API on {addr} (use --admin ADDR or --admin off)")
+            })?),
+            None => None,
+        };
     let grace = config.shutdown_grace;
     println!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
@@ -169,10 +177,7 @@ async fn serve_async(config: Config, capture: Option<Arc<Capture>>) -> anyhow::R
         config.upstream_anthropic, config.upstream_openai
     );
     let _ = std::io::stdout().flush();
-    if let Some(addr) = config.admin {
-        let admin = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("admin API on {addr} (use --admin ADDR or --admin off)"))?;
+    if let Some(admin) = admin {
         let local = admin.local_addr().context("reading the admin address")?;
         tracing::info!("admin API listening on http://{local}");
         let state = Arc::new(AdminState {
