@@ -74,10 +74,27 @@ pub fn split(body: &[u8]) -> Split<'_> {
     skeleton.extend_from_slice(&body[at..]);
     let split = Split { skeleton, units };
     // The cut must be lossless; if it is not (it always should be), keep the body whole.
-    if join(&split.skeleton, split.units.iter().map(|(o, u)| (*o, *u))) != body {
+    if !joins_to(&split, body) {
         return whole();
     }
     split
+}
+
+/// Whether the split's pieces, joined, are exactly `body` (without building it).
+fn joins_to(split: &Split<'_>, body: &[u8]) -> bool {
+    let mut rest = body;
+    let mut at = 0;
+    for (offset, unit) in &split.units {
+        let Some(piece) = split.skeleton.get(at..*offset) else {
+            return false;
+        };
+        let Some(after) = rest.strip_prefix(piece).and_then(|r| r.strip_prefix(*unit)) else {
+            return false;
+        };
+        rest = after;
+        at = *offset;
+    }
+    split.skeleton.get(at..) == Some(rest)
 }
 
 /// The body from its skeleton and `(offset, unit)` pairs in order.

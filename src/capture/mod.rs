@@ -364,10 +364,21 @@ impl Writer {
             cache,
             ..
         } = self;
-        let records: Vec<CaptureRecord> = batch
-            .iter()
-            .map(|r| CaptureRecord::redacted_with(r, redactor, keys, cache))
-            .collect();
+        let mut records: Vec<CaptureRecord> = Vec::with_capacity(batch.len());
+        for r in batch {
+            // A record that cannot be prepared (a bug) is counted; the writer goes on.
+            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                CaptureRecord::redacted_with(r, redactor, keys, cache)
+            }));
+            match prepared {
+                Ok(record) => records.push(record),
+                Err(_) => {
+                    *cache = record::UnitCache::default();
+                    let failed = self.shared.failed.fetch_add(1, Ordering::SeqCst) + 1;
+                    tracing::error!(id = %r.id, failed_total = failed, "capture could not prepare a record");
+                }
+            }
+        }
         match self.store.insert(&records) {
             Ok(()) => {
                 self.shared
