@@ -123,6 +123,8 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
     logging::init(config.log_format);
+    // Everything that can refuse to start does so before the store is created.
+    let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let capture = if config.capture.enabled {
         let dir = &config.capture.dir;
         let capture = Capture::start(&config.capture, config.conversation.clone())
@@ -139,7 +141,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let result = runtime.block_on(serve_async(config, capture.clone()));
+    let result = runtime.block_on(serve_async(config, upstream, capture.clone()));
     // Exchanges cut at the end of the grace period emit their records as the runtime
     // drops them; only then is the capture closed.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -149,8 +151,11 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     result
 }
 
-async fn serve_async(config: Config, capture: Option<Arc<Capture>>) -> anyhow::Result<()> {
-    let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+async fn serve_async(
+    config: Config,
+    upstream: Upstream,
+    capture: Option<Arc<Capture>>,
+) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .with_context(|| format!("listening on {}", config.listen))?;
