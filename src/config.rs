@@ -14,6 +14,8 @@ use http::Uri;
 use http::uri::{Authority, PathAndQuery, Scheme};
 use serde::Deserialize;
 
+use crate::capture::{CaptureLayer, CaptureSettings};
+use crate::conversation::KeySource;
 use crate::listener::auth::ProxyCredentials;
 use crate::listener::intercept::InterceptList;
 
@@ -59,6 +61,13 @@ pub struct ConfigLayer {
     pub rules: Option<PathBuf>,
     /// `[cache]`: prompt-cache analysis (file only).
     pub cache: Option<crate::cache::CacheConfigLayer>,
+    /// The admin API's address, or `"off"`.
+    pub admin: Option<String>,
+    /// A request header naming the conversation (after Claude Code's own ids).
+    pub conversation_header: Option<String>,
+    /// A JSON pointer into the request body naming the conversation.
+    pub conversation_pointer: Option<String>,
+    pub capture: Option<CaptureLayer>,
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
@@ -117,6 +126,11 @@ pub struct Config {
     pub rules_explicit: bool,
     /// Prompt-cache analysis: on/off, ignored units, minimum lengths, prices.
     pub cache: crate::cache::CacheSettings,
+    /// Where the read-only admin API listens; `None` when it is off.
+    pub admin: Option<SocketAddr>,
+    /// Extra sources of conversation keys.
+    pub conversation: KeySource,
+    pub capture: CaptureSettings,
 }
 
 /// Log line format.
@@ -152,6 +166,9 @@ impl Default for Config {
             rules_dir: PathBuf::from("rules"),
             rules_explicit: false,
             cache: crate::cache::CacheSettings::default(),
+            admin: Some(SocketAddr::from(([127, 0, 0, 1], 8788))),
+            conversation: KeySource::default(),
+            capture: CaptureSettings::default(),
         }
     }
 }
@@ -183,10 +200,22 @@ impl Config {
             {
                 *rules = dir.join(&*rules);
             }
-            config.apply(file)?;
+            config.apply(file, path.parent())?;
         }
-        config.apply(flags)?;
+        config.apply(flags, None)?;
         config.check_forward()?;
+        if config
+            .admin
+            .is_some_and(|a| a == config.listen && a.port() != 0)
+        {
+            return Err(ConfigError::Invalid {
+                setting: "admin",
+                message: format!(
+                    "{} is the proxy's own address; the admin API needs its own (e.g. \"127.0.0.1:8788\") or \"off\"",
+                    config.listen
+                ),
+            });
+        }
         Ok(config)
     }
 
@@ -242,7 +271,7 @@ impl Config {
         }
     }
 
-    fn apply(&mut self, layer: ConfigLayer) -> Result<(), ConfigError> {
+    fn apply(&mut self, layer: ConfigLayer, base: Option<&Path>) -> Result<(), ConfigError> {
         if let Some(v) = layer.listen {
             self.listen = v.parse().map_err(|_| ConfigError::Invalid {
                 setting: "listen",
@@ -333,6 +362,43 @@ impl Config {
                         message,
                     })?,
                 );
+        }
+        if let Some(v) = layer.admin {
+            self.admin = if v.trim().eq_ignore_ascii_case("off") {
+                None
+            } else {
+                Some(v.parse().map_err(|_| ConfigError::Invalid {
+                    setting: "admin",
+                    message: format!(
+                        "{v:?} is not an address and port (expected e.g. \"127.0.0.1:8788\" or \"off\")"
+                    ),
+                })?)
+            };
+        }
+        if let Some(v) = layer.conversation_header {
+            self.conversation.header =
+                Some(http::HeaderName::from_bytes(v.as_bytes()).map_err(|_| {
+                    ConfigError::Invalid {
+                        setting: "conversation-header",
+                        message: format!(
+                            "{v:?} is not a header name (expected e.g. \"x-session\")"
+                        ),
+                    }
+                })?);
+        }
+        if let Some(v) = layer.conversation_pointer {
+            if !v.is_empty() && !v.starts_with('/') {
+                return Err(ConfigError::Invalid {
+                    setting: "conversation-pointer",
+                    message: format!(
+                        "{v:?} is not a JSON pointer (expected e.g. \"/metadata/conversation\")"
+                    ),
+                });
+            }
+            self.conversation.pointer = Some(v);
+        }
+        if let Some(capture) = layer.capture {
+            self.capture.apply(capture, base)?;
         }
         for (setting, value, slot) in [
             (
@@ -528,9 +594,10 @@ pub fn parse_duration(v: &Scalar) -> Result<Duration, String> {
         "ms" => Duration::from_millis(number),
         "m" => Duration::from_secs(number * 60),
         "h" => Duration::from_secs(number * 3600),
+        "d" => Duration::from_secs(number * 86_400),
         other => {
             return Err(format!(
-                "{text:?}: unknown duration unit {other:?} (use ms, s, m or h)"
+                "{text:?}: unknown duration unit {other:?} (use ms, s, m, h or d)"
             ));
         }
     })
@@ -609,6 +676,25 @@ mod tests {
         assert_eq!(c.log_format, LogFormat::Json);
         assert_eq!(c.upstream_ca, vec![dir.join("ca.pem")]);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_admin_api_needs_its_own_address() {
+        let flags = ConfigLayer {
+            listen: Some("127.0.0.1:9100".into()),
+            admin: Some("127.0.0.1:9100".into()),
+            ..ConfigLayer::default()
+        };
+        let err = Config::load(None, flags).unwrap_err().to_string();
+        assert!(
+            err.starts_with("admin: 127.0.0.1:9100 is the proxy's own address"),
+            "{err}"
+        );
+        let off = ConfigLayer {
+            admin: Some("off".into()),
+            ..ConfigLayer::default()
+        };
+        assert_eq!(Config::load(None, off).unwrap().admin, None);
     }
 
     #[test]

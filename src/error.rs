@@ -50,6 +50,8 @@ pub enum ErrorKind {
     UpstreamTimeout,
     /// The upstream answered with something that is not HTTP, or dropped the request.
     UpstreamProtocol,
+    /// `capture.required` is set and the capture cannot take the record.
+    CaptureUnavailable,
 }
 
 impl ErrorKind {
@@ -63,6 +65,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTls => StatusCode::BAD_GATEWAY,
             ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
+            ErrorKind::CaptureUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -76,6 +79,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTls => "upstream_tls_failed",
             ErrorKind::UpstreamTimeout => "upstream_timeout",
             ErrorKind::UpstreamProtocol => "upstream_protocol_error",
+            ErrorKind::CaptureUnavailable => "capture_unavailable",
         }
     }
 
@@ -90,6 +94,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTls => false,
             ErrorKind::UpstreamTimeout => true,
             ErrorKind::UpstreamProtocol => true,
+            ErrorKind::CaptureUnavailable => true,
         }
     }
 
@@ -103,6 +108,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTls => Outcome::UpstreamError,
             ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
             ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
+            ErrorKind::CaptureUnavailable => Outcome::CaptureUnavailable,
         }
     }
 }

@@ -196,6 +196,8 @@ impl Proxy {
         }
 
         let (mut parts, body) = request.into_parts();
+        // Known before the body: a request refused while reading it keeps its headers.
+        pending.get().request_headers = parts.headers.clone();
         let body = match read_body(body, &parts.headers, self.config.max_body).await {
             Ok(body) => body,
             Err(e) => return error_response(pending, route.provider, e),
@@ -261,6 +263,12 @@ impl Proxy {
         // ALPN decides the upstream protocol; the client's own version does not matter.
         parts.version = Version::HTTP_11;
         let upstream_request = Request::from_parts(parts, Full::new(body));
+
+        // A sink that must not miss a record (capture.required) may refuse here.
+        if let Err(why) = self.recorder.admit(pending.get()) {
+            let error = ProxyError::new(ErrorKind::CaptureUnavailable, why);
+            return error_response(pending, route.provider, error);
+        }
 
         let sent = tokio::time::timeout(
             self.config.upstream_timeout,
@@ -517,7 +525,8 @@ fn own_error(
         error.message,
         &request_id,
     );
-    let mut response = Response::new(ProxyBody::Own(Full::new(Bytes::from(body))));
+    let body = Bytes::from(body);
+    let mut response = Response::new(ProxyBody::Own(Full::new(body.clone())));
     *response.status_mut() = status;
     let h = response.headers_mut();
     h.insert(
@@ -536,6 +545,14 @@ fn own_error(
         let r = pending.get();
         r.status = Some(status);
         r.response_headers = response.headers().clone();
+        // The record keeps the body the client got, like an upstream's.
+        r.observation = Some(observer::Observation {
+            format: observer::BodyFormat::Json,
+            summary: provider::ResponseSummary::default(),
+            parse_error: None,
+            truncated: false,
+            body,
+        });
     }
     pending.emit(error.outcome, Some(error.message.to_owned()));
     response

@@ -24,6 +24,11 @@
 //!   that annotate it and the sinks that receive it (today: the exchange log line).
 //! - [`cache`]: prompt-cache analysis, a record stage: per request the cache units
 //!   and prefix hashes, the prediction, the verdict against `usage`, the cost.
+//! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, and the sinks
+//!   that receive it: the exchange log line and the capture.
+//! - [`capture`]: redaction, the stored record, the SQLite store (each distinct unit
+//!   kept once), the cache-order unit view, exports; written off the request path.
+//! - [`admin`]: the read-only local HTTP API over the captures.
 //!
 //! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`conversation`] (which agent conversation an exchange belongs to),
@@ -32,7 +37,9 @@
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
+pub mod admin;
 pub mod cache;
+pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod conversation;

@@ -102,7 +102,7 @@ pub fn masked_path(path: &str) -> String {
     format!("{base}?{}", params.join("&"))
 }
 
-fn is_secret_name(name: &str) -> bool {
+pub(crate) fn is_secret_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     [
         "key",

@@ -39,6 +39,9 @@ pub enum Outcome {
     ClientCancelled,
     /// promptgate shut down and the grace period ended before the response did.
     Shutdown,
+    /// `capture.required` is set and the capture could not take the record; the
+    /// upstream was not contacted.
+    CaptureUnavailable,
 }
 
 impl Outcome {
@@ -52,6 +55,7 @@ impl Outcome {
             Outcome::UpstreamError => "upstream_error",
             Outcome::ClientCancelled => "client_cancelled",
             Outcome::Shutdown => "shutdown",
+            Outcome::CaptureUnavailable => "capture_unavailable",
         }
     }
 }
@@ -189,6 +193,15 @@ impl ExchangeRecord {
 /// Receives every finished record.
 pub trait RecordSink: Send + Sync {
     fn record(&self, record: &ExchangeRecord);
+
+    /// Asked before the request goes upstream: `Err(why)` refuses the exchange (a
+    /// sink that must not miss a record and could not take one now).
+    fn admit(&self, _record: &ExchangeRecord) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// Blocks until every record received so far is handled (called on shutdown).
+    fn flush(&self) {}
 }
 
 /// Works on a record before the sinks see it (cache analysis), in emit order.
@@ -248,6 +261,18 @@ impl Recorder {
         }
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
+        }
+    }
+
+    /// Asks every sink whether the exchange may go upstream.
+    pub fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+        self.sinks.iter().try_for_each(|sink| sink.admit(record))
+    }
+
+    /// Blocks until every sink has handled the records emitted so far.
+    pub fn flush(&self) {
+        for sink in &self.sinks {
+            sink.flush();
         }
     }
 

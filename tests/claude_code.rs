@@ -251,6 +251,31 @@ async fn print_mode() {
     assert_eq!(messages["outcome"], "ok");
     assert_eq!(messages["cache_write"], 9000);
     support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
+
+    // Every exchange was captured, under Claude Code's own session id, and the key
+    // is nowhere in the store or its exports.
+    let records =
+        support::captures::wait_records(&proxy.captures, lines.len(), Duration::from_secs(10))
+            .await;
+    assert_eq!(records.len(), lines.len());
+    let record = records
+        .iter()
+        .find(|r| r["path"] == "/v1/messages?beta=true")
+        .expect("the messages record");
+    assert!(
+        record["conversation"].as_str().unwrap().starts_with("cc:"),
+        "{}",
+        record["conversation"]
+    );
+    assert_eq!(
+        record["request"]["body"]["sha256"], record["received_sha256"],
+        "stored byte for byte"
+    );
+    let export = support::captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);
+    support::assert_absent(export.as_bytes(), CANARY_KEY, "the capture export");
+    for (path, bytes) in support::captures::files_under(&proxy.captures) {
+        support::assert_absent(&bytes, CANARY_KEY, &path.display().to_string());
+    }
 }
 
 #[test]

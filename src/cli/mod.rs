@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod ca;
+mod captures;
 mod doctor;
 mod env;
 mod rules;
@@ -32,10 +33,14 @@ struct Cli {
     serve: ServeArgs,
 }
 
+// Parsed once per run: the size of the serve flags does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the proxy (the default when no verb is given).
     Serve(Box<ServeArgs>),
+    /// Read the capture store: list, show, diff, export, conversations.
+    Captures(captures::CapturesArgs),
     /// Check hook rules, or dry-run a request through them.
     Rules(rules::RulesArgs),
     /// Create or show the forward-proxy CA.
@@ -51,6 +56,7 @@ pub fn run() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Some(Command::Serve(args)) => serve::serve(*args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Captures(args)) => captures::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Rules(args)) => rules::run(args),
         Some(Command::Ca(args)) => ca::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Env(args)) => env::run(args).map(|()| ExitCode::SUCCESS),

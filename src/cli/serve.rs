@@ -8,12 +8,14 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
+use crate::admin::AdminState;
 use crate::cache::CacheStage;
+use crate::capture::settings::RedactPattern;
+use crate::capture::{Capture, CaptureLayer};
 use crate::config::{Config, ConfigLayer};
-use crate::conversation::KeySource;
 use crate::exchange::Proxy;
 use crate::logging::{self, ExchangeLog};
-use crate::record::Recorder;
+use crate::record::{RecordSink, Recorder};
 use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
 use crate::upstream::Upstream;
 
@@ -53,6 +55,36 @@ pub struct ServeArgs {
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    /// Directory of the capture store [default: ./captures].
+    #[arg(long, value_name = "DIR")]
+    captures: Option<PathBuf>,
+    /// Record nothing (capture.enabled = false).
+    #[arg(long)]
+    no_capture: bool,
+    /// Refuse requests with a 503 rather than let one go unrecorded (capture.required).
+    #[arg(long)]
+    capture_required: bool,
+    /// Delete captures older than this, or "off" [default: 30d] (capture.max_age).
+    #[arg(long, value_name = "DURATION")]
+    capture_max_age: Option<String>,
+    /// Keep the store under this size, or "off" [default: 1GiB] (capture.max_size).
+    #[arg(long, value_name = "BYTES")]
+    capture_max_size: Option<String>,
+    /// Another regex whose matches are redacted from captures; repeatable (capture.redact).
+    #[arg(long, value_name = "REGEX")]
+    redact: Vec<String>,
+    /// Another header whose value is a credential; repeatable (capture.secret_headers).
+    #[arg(long, value_name = "NAME")]
+    secret_header: Vec<String>,
+    /// Address of the read-only admin API, or "off" [default: 127.0.0.1:8788].
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<String>,
+    /// A request header that names the conversation (after Claude Code's session ids).
+    #[arg(long, value_name = "NAME")]
+    conversation_header: Option<String>,
+    /// A JSON pointer into the request body that names the conversation.
+    #[arg(long, value_name = "POINTER")]
+    conversation_pointer: Option<String>,
     /// Hook rules directory: its *.toml files are loaded in name order and reloaded on change [default: ./rules, none if missing].
     #[arg(long, value_name = "DIR")]
     rules: Option<PathBuf>,
@@ -114,6 +146,20 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            admin: self.admin,
+            conversation_header: self.conversation_header,
+            conversation_pointer: self.conversation_pointer,
+            capture: Some(CaptureLayer {
+                enabled: self.no_capture.then_some(false),
+                dir: self.captures,
+                required: self.capture_required.then_some(true),
+                max_age: self.capture_max_age.map(Into::into),
+                max_size: self.capture_max_size.map(Into::into),
+                secret_headers: (!self.secret_header.is_empty()).then_some(self.secret_header),
+                redact: (!self.redact.is_empty())
+                    .then(|| self.redact.into_iter().map(RedactPattern::Plain).collect()),
+                ..CaptureLayer::default()
+            }),
             rules: self.rules,
             ..ConfigLayer::default()
         };
@@ -122,7 +168,8 @@ impl ServeArgs {
     }
 }
 
-/// Runs the proxy until a shutdown signal; returns once drained.
+/// Runs the proxy until a shutdown signal; returns once drained and every record
+/// is written.
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
@@ -131,10 +178,20 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    runtime.block_on(serve_async(config))
+    let capture = runtime.block_on(serve_async(config))?;
+    // Exchanges cut at the end of the grace period emit their records as the runtime
+    // drops them; only then is the capture closed.
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    if let Some(capture) = capture {
+        capture.close();
+    }
+    Ok(())
 }
 
-async fn serve_async(config: Config) -> anyhow::Result<()> {
+/// Serves until a shutdown signal; returns the capture, still open, for the caller
+/// to close once the runtime is down.
+async fn serve_async(config: Config) -> anyhow::Result<Option<Arc<Capture>>> {
+    // Everything that can refuse to start does so before the store is created.
     let rules = super::rules::load_for_serve(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let leaves = load_ca(&config)?;
@@ -149,17 +206,53 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
             "listening on {local} (--allow-remote): every request must carry proxy credentials"
         );
     }
-    let grace = config.shutdown_grace;
+    // Bound before the start line, so a taken admin port stops promptgate before it says it runs.
+    let admin =
+        match config.admin {
+            Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
+                format!("admin API on {addr} (use --admin ADDR or --admin off)")
+            })?),
+            None => None,
+        };
+    let admin_addr = match &admin {
+        Some(a) => Some(a.local_addr().context("reading the admin address")?),
+        None => None,
+    };
     // Handlers go in before the start line: a signal right after it must drain, not kill.
     let shutdown = shutdown_signal()?;
-    let cache = CacheStage::new(config.cache.clone(), KeySource::default());
-    let recorder = Recorder::with_stages(vec![Arc::new(cache)], vec![Arc::new(ExchangeLog)]);
+    let capture = if config.capture.enabled {
+        let dir = &config.capture.dir;
+        let capture = Capture::start(&config.capture, config.conversation.clone())
+            .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+        tracing::info!(
+            "capturing to {}",
+            dir.join(crate::capture::store::DB_FILE).display()
+        );
+        Some(capture)
+    } else {
+        None
+    };
+    let grace = config.shutdown_grace;
+    let cache = CacheStage::new(config.cache.clone(), config.conversation.clone());
+    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog)];
+    if let Some(capture) = &capture {
+        sinks.push(capture.clone());
+    }
+    let recorder = Recorder::with_stages(vec![Arc::new(cache)], sinks);
     println!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
          paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
         config.upstream_anthropic, config.upstream_openai
     );
     let _ = std::io::stdout().flush();
+    if let (Some(admin), Some(addr)) = (admin, admin_addr) {
+        tracing::info!("admin API listening on http://{addr}");
+        let state = Arc::new(AdminState {
+            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+            capture: capture.clone(),
+        });
+        tokio::spawn(crate::admin::serve(admin, state));
+    }
     let proxy = Arc::new(Proxy {
         config: Arc::new(config),
         upstream,
@@ -167,7 +260,7 @@ async fn serve_async(config: Config) -> anyhow::Result<()> {
         rules,
     });
     crate::listener::serve(listener, proxy, leaves, shutdown, grace).await;
-    Ok(())
+    Ok(capture)
 }
 
 /// Loads the forward-proxy CA, creating it on first start. A CA that exists but is

@@ -115,6 +115,9 @@ pub async fn serve(
         );
         proxy.recorder.abandon_in_flight();
     }
+    // Everything recorded so far reaches its sinks' storage before serve returns.
+    let recorder = proxy.recorder.clone();
+    let _ = tokio::task::spawn_blocking(move || recorder.flush()).await;
 }
 
 /// The HTTP/1.1 + HTTP/2 server settings for client connections, outer and tunnelled.

@@ -8,7 +8,7 @@ use serde_json::Value;
 /// `input_tokens` follows Anthropic's meaning — input neither read from nor written to
 /// the cache — so the four input fields add up to the whole prompt for both providers
 /// (OpenAI's `prompt_tokens` includes cached tokens; it is split here).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Usage {
     /// Input tokens neither read from nor written to the cache.
     pub input_tokens: u64,

@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub mod cache_emulator;
+pub mod captures;
 pub mod client;
 pub mod fake_provider;
+pub mod golden;
 pub mod proxy;
 pub mod sdk;
 pub mod shapes;

@@ -2,6 +2,7 @@
 
 use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,6 +13,10 @@ use serde_json::Value;
 pub struct Proxy {
     child: Child,
     pub addr: SocketAddr,
+    /// The captures directory (a temp dir unless `--captures` was given).
+    pub captures: PathBuf,
+    /// Keeps the default captures directory alive as long as the proxy.
+    _captures_tmp: Option<super::TempDir>,
     /// The one line promptgate printed on start.
     pub start_line: String,
     stderr: Arc<Mutex<String>>,
@@ -20,7 +25,9 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// Starts `promptgate serve --listen 127.0.0.1:0 --log-format json <args>`.
+    /// Starts `promptgate serve --listen 127.0.0.1:0 --log-format json <args>`, with
+    /// captures in a temp dir and the admin API on an ephemeral port unless `args`
+    /// say otherwise.
     pub fn start(args: &[&str]) -> Proxy {
         Self::start_with_env(args, &[])
     }
@@ -45,6 +52,17 @@ impl Proxy {
         if let Some(dir) = &certs {
             command.arg("--certs").arg(dir.path());
         }
+        if !args.contains(&"--admin") {
+            command.args(["--admin", "127.0.0.1:0"]);
+        }
+        let (captures, captures_tmp) = match args.iter().position(|a| *a == "--captures") {
+            Some(i) => (PathBuf::from(args[i + 1]), None),
+            None => {
+                let tmp = super::TempDir::new("captures");
+                command.arg("--captures").arg(tmp.path());
+                (tmp.path().to_path_buf(), Some(tmp))
+            }
+        };
         for (k, v) in env {
             command.env(k, v);
         }
@@ -92,6 +110,8 @@ impl Proxy {
         Proxy {
             child,
             addr,
+            captures,
+            _captures_tmp: captures_tmp,
             start_line,
             stderr,
             certs,
@@ -146,6 +166,21 @@ impl Proxy {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The admin API's address, from its start log line.
+    pub fn admin_addr(&self) -> SocketAddr {
+        self.log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .find_map(|v| {
+                v["message"]
+                    .as_str()?
+                    .strip_prefix("admin API listening on http://")?
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or_else(|| panic!("no admin address in the log:\n{}", self.log()))
     }
 
     /// Sends a signal (`TERM`, `INT`).

@@ -1,0 +1,124 @@
+//! Capture throughput on Claude-Code-shaped bodies, one core:
+//! `cargo bench --bench capture` (release). Prints MB/s for redaction alone, for
+//! turning an exchange into a stored record (redaction, hashes, conversation key),
+//! and records/s for the store (splitting, dedup, compression, SQLite).
+
+#[path = "../tests/support/shapes.rs"]
+mod shapes;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use promptgate::capture::{CaptureRecord, Redactor, Store};
+use promptgate::conversation::KeySource;
+use promptgate::id::ExchangeId;
+use promptgate::record::ExchangeRecord;
+
+/// Runs `f` until `budget` passes; returns the seconds one call takes.
+fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
+    f();
+    let start = Instant::now();
+    let mut n = 0u32;
+    while start.elapsed() < budget {
+        f();
+        n += 1;
+    }
+    start.elapsed().as_secs_f64() / f64::from(n)
+}
+
+fn main() {
+    let redactor = Redactor::new(&[], &[]).expect("built-in patterns compile");
+    let budget = Duration::from_secs(2);
+    println!("capture bench, one core, Claude-Code-shaped bodies");
+    for size in [50_000usize, 200_000, 1_000_000] {
+        let plain = shapes::claude_code_body_of_size(size);
+        // The same body with a few secrets planted, as a real session might carry.
+        let mut secret = String::from_utf8(plain.clone()).expect("shapes are UTF-8");
+        let at = secret.find("Say hello").expect("the prompt is there");
+        secret.insert_str(at, "DB_PASSWORD=hunter2hunter2 sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWx ghp_0123456789abcdefghijABCDEFGHIJ012345 ");
+        for (label, body) in [("clean", plain.clone()), ("3 secrets", secret.into_bytes())] {
+            let mut found = 0;
+            let t = time(budget, || {
+                let mut summary = Default::default();
+                let out = redactor.redact(&body, &[], &mut summary);
+                found = summary.values().sum::<u32>();
+                std::hint::black_box(out);
+            });
+            println!(
+                "redact   {:>8} bytes ({label:<9}): {:>8.1} MB/s  ({found} found)",
+                body.len(),
+                body.len() as f64 / t / 1e6
+            );
+        }
+        let mut record = ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages?beta=true".into(),
+        );
+        record.request_body = Bytes::from(plain.clone());
+        record.sent_body = record.request_body.clone();
+        let keys = KeySource::default();
+        let t = time(budget, || {
+            std::hint::black_box(CaptureRecord::redacted(&record, &redactor, &keys));
+        });
+        println!(
+            "record   {:>8} bytes            : {:>8.1} MB/s",
+            plain.len(),
+            plain.len() as f64 / t / 1e6
+        );
+    }
+    // The store: a 100-turn conversation, each turn one record.
+    let dir = std::env::temp_dir().join(format!("pg-bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let mut store = Store::open(&dir).expect("store opens");
+    let keys = KeySource::default();
+    let exchanges: Vec<ExchangeRecord> = (0..100)
+        .map(|round| {
+            let mut r = ExchangeRecord::begin(
+                ExchangeId::new(),
+                None,
+                http::Method::POST,
+                "/v1/messages".into(),
+            );
+            r.request_body = Bytes::from(shapes::to_bytes(&shapes::claude_code_body(
+                round,
+                shapes::CC_SESSION,
+            )));
+            r.sent_body = r.request_body.clone();
+            // Claude Code names the conversation in a header.
+            r.request_headers.insert(
+                "x-claude-code-session-id",
+                http::HeaderValue::from_static(shapes::CC_SESSION),
+            );
+            r
+        })
+        .collect();
+    // As the writer does: one unit cache across the conversation.
+    let mut cache = promptgate::capture::record::UnitCache::default();
+    let start = Instant::now();
+    let records: Vec<CaptureRecord> = exchanges
+        .iter()
+        .map(|r| CaptureRecord::redacted_with(r, &redactor, &keys, &mut cache))
+        .collect();
+    let t_records = start.elapsed().as_secs_f64();
+    let bytes: usize = records.iter().map(|r| r.request.body.bytes.len()).sum();
+    let start = Instant::now();
+    for r in &records {
+        store.insert(std::slice::from_ref(r)).expect("insert");
+    }
+    let t = start.elapsed().as_secs_f64();
+    let stats = store.stats().expect("stats");
+    println!(
+        "record   100 turns, {bytes} bytes, one unit cache, session header: {:.1} MB/s",
+        bytes as f64 / t_records / 1e6
+    );
+    println!(
+        "store    100 turns, {bytes} bytes: {:.0} records/s, {:.1} MB/s of bodies, stored {} bytes ({:.2} %)",
+        100.0 / t,
+        bytes as f64 / t / 1e6,
+        stats.used_bytes,
+        stats.used_bytes as f64 * 100.0 / bytes as f64
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,0 +1,214 @@
+//! The admin API: read-only JSON over the captures on its own listener (`--admin`,
+//! never the proxy's port): `GET /healthz`, `/api/captures`, `/api/captures/ID`,
+//! `/api/captures/ID/diff/OTHER`, `/api/conversations`. It opens the store read-only
+//! per request and never writes.
+
+use std::convert::Infallible;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+
+use crate::capture::store::Filter;
+use crate::capture::{Capture, Store, StoreError, timestamp, units};
+
+/// What the admin API reads.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    /// The captures directory; `None` when capture is off.
+    pub captures: Option<PathBuf>,
+    /// The live capture pipeline, for its counters.
+    pub capture: Option<Arc<Capture>>,
+}
+
+/// Serves the admin API on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+    let builder = auto::Builder::new(TokioExecutor::new());
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            continue;
+        };
+        let state = state.clone();
+        let service = service_fn(move |request: Request<hyper::body::Incoming>| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(answer(&state, request.method(), request.uri()).await) }
+        });
+        let connection = builder
+            .serve_connection(TokioIo::new(stream), service)
+            .into_owned();
+        tokio::spawn(async move {
+            let _ = connection.await;
+        });
+    }
+}
+
+async fn answer(
+    state: &Arc<AdminState>,
+    method: &Method,
+    uri: &http::Uri,
+) -> Response<Full<Bytes>> {
+    if method != Method::GET && method != Method::HEAD {
+        return reply(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &json!({"error": "the admin API is read-only: GET only"}),
+        );
+    }
+    let path = uri.path().to_owned();
+    let query = uri.query().unwrap_or("").to_owned();
+    if path == "/healthz" {
+        let counters = state.capture.as_ref().map(|c| c.counters());
+        return reply(
+            StatusCode::OK,
+            &json!({"status": "ok", "capture": counters}),
+        );
+    }
+    let Some(dir) = state.captures.clone() else {
+        return reply(
+            StatusCode::NOT_FOUND,
+            &json!({"error": "capture is off (--no-capture)"}),
+        );
+    };
+    let work = move || route(&dir, &path, &query);
+    match tokio::task::spawn_blocking(work).await {
+        Ok(Ok(value)) => reply(StatusCode::OK, &value),
+        Ok(Err((status, message))) => reply(status, &json!({"error": message})),
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"error": e.to_string()}),
+        ),
+    }
+}
+
+type Answer = Result<Value, (StatusCode, String)>;
+
+fn route(dir: &std::path::Path, path: &str, query: &str) -> Answer {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let store = Store::open_read_only(dir).map_err(store_error)?;
+    match segments.as_slice() {
+        ["api", "captures"] => {
+            let rows = store.list(&filter(query)?).map_err(store_error)?;
+            Ok(json!({"captures": rows}))
+        }
+        ["api", "captures", id] => {
+            let mut record = store.load(id).map_err(store_error)?;
+            record.with_contents();
+            serde_json::to_value(record)
+                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+        }
+        ["api", "captures", a, "diff", b] => {
+            let a = store.load(a).map_err(store_error)?;
+            let b = store.load(b).map_err(store_error)?;
+            let entries = units::diff_bodies(&a.sent().bytes, &b.sent().bytes)
+                .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?;
+            Ok(json!({"a": a.id, "b": b.id, "entries": entries}))
+        }
+        ["api", "conversations"] => {
+            let rows = store.conversations(&filter(query)?).map_err(store_error)?;
+            Ok(json!({"conversations": rows}))
+        }
+        _ => Err((
+            StatusCode::NOT_FOUND,
+            format!("no such resource {path:?} (try /api/captures, /api/conversations, /healthz)"),
+        )),
+    }
+}
+
+fn store_error(e: StoreError) -> (StatusCode, String) {
+    let status = match e {
+        StoreError::NotFound(_) | StoreError::Missing(_) => StatusCode::NOT_FOUND,
+        StoreError::Ambiguous(..) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, e.to_string())
+}
+
+/// A [`Filter`] from `since`, `model`, `conversation`, `outcome`, `grep` and `limit`.
+fn filter(query: &str) -> Result<Filter, (StatusCode, String)> {
+    let mut f = Filter::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+        match k {
+            "since" => {
+                let now = timestamp::now_ms();
+                f.since_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+            }
+            "model" => f.model = Some(v),
+            "conversation" => f.conversation = Some(v),
+            "outcome" => f.outcome = Some(v),
+            "grep" => f.grep = Some(v),
+            "limit" => {
+                f.limit = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("limit {v:?} is not a number")))?,
+                )
+            }
+            other => return Err(bad(format!("unknown parameter {other:?}"))),
+        }
+    }
+    Ok(f)
+}
+
+fn percent_decode(text: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = match bytes[i] {
+            b'%' if i + 2 < bytes.len() => hex(bytes[i + 1]).zip(hex(bytes[i + 2])),
+            _ => None,
+        };
+        match (decoded, bytes[i]) {
+            (Some((hi, lo)), _) => {
+                out.push(hi << 4 | lo);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
+    let mut text = serde_json::to_vec(body).unwrap_or_default();
+    text.push(b'\n');
+    let mut response = Response::new(Full::new(Bytes::from(text)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parameters_decode() {
+        assert_eq!(percent_decode("cc%3A54c1+x%2"), "cc:54c1 x%2");
+        let f = filter("model=claude-*&limit=5&conversation=cc%3Aabc").unwrap();
+        assert_eq!(f.model.as_deref(), Some("claude-*"));
+        assert_eq!(f.limit, Some(5));
+        assert_eq!(f.conversation.as_deref(), Some("cc:abc"));
+        assert!(filter("colour=red").is_err());
+    }
+}

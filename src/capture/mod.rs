@@ -1,0 +1,438 @@
+//! Capture: every exchange kept once, redacted in memory, stored without repetition.
+//! [`Capture`] (a [`RecordSink`]) only queues a record on the request path; a writer
+//! thread redacts, cuts, compresses and writes it. A full queue is waited on for a
+//! bounded time, then the record is dropped, counted and logged (or, with
+//! `capture.required`, new requests are refused). It never holds a stream's bytes back.
+
+pub mod export;
+pub mod layout;
+pub mod record;
+pub mod redact;
+pub mod settings;
+pub mod store;
+pub mod timestamp;
+pub mod units;
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::conversation::KeySource;
+use crate::id::ExchangeId;
+use crate::record::{ExchangeRecord, RecordSink};
+
+pub use record::CaptureRecord;
+pub use redact::Redactor;
+pub use settings::{CaptureLayer, CaptureSettings};
+pub use store::{Store, StoreError};
+
+/// Records written per transaction at most.
+const BATCH: usize = 64;
+/// How often the writer applies the retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// How long a shutdown waits for the queue to be written.
+const FLUSH_LIMIT: Duration = Duration::from_secs(120);
+
+/// Counters of the capture pipeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    /// Records waiting for the writer.
+    pub queued: u64,
+    pub written: u64,
+    /// Records dropped because the queue stayed full.
+    pub dropped: u64,
+    /// Records the store failed to write.
+    pub failed: u64,
+}
+
+struct QueueState {
+    items: VecDeque<ExchangeRecord>,
+    bytes: u64,
+    /// Exchanges admitted under `capture.required`: their records have a place.
+    reserved: HashSet<ExchangeId>,
+    /// The writer holds records taken from the queue and not yet committed.
+    busy: bool,
+    closed: bool,
+}
+
+struct Shared {
+    state: Mutex<QueueState>,
+    not_empty: Condvar,
+    not_full: Condvar,
+    idle: Condvar,
+    written: AtomicU64,
+    dropped: AtomicU64,
+    failed: AtomicU64,
+    /// The last write succeeded (what `capture.required` admits on).
+    healthy: AtomicBool,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, QueueState> {
+        // A writer that panicked leaves a consistent queue behind: keep using it.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits on `condvar` while `blocked` holds, until `deadline`; says whether it
+    /// still holds. A multi-threaded runtime moves its other tasks off this thread
+    /// meanwhile: a full capture queue must not stall live streams.
+    fn wait_while<'a>(
+        &self,
+        state: MutexGuard<'a, QueueState>,
+        condvar: &Condvar,
+        deadline: Instant,
+        blocked: impl Fn(&QueueState) -> bool,
+    ) -> (MutexGuard<'a, QueueState>, bool) {
+        if !blocked(&state) {
+            return (state, false);
+        }
+        let wait = move || {
+            let mut state = state;
+            while blocked(&state) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    return (state, true);
+                }
+                state = condvar
+                    .wait_timeout(state, left)
+                    .unwrap_or_else(|p| p.into_inner())
+                    .0;
+            }
+            (state, false)
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        }
+    }
+}
+
+/// The capture sink and its writer thread. See the module docs.
+pub struct Capture {
+    shared: Arc<Shared>,
+    settings: CaptureSettings,
+    writer: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Capture {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Capture")
+            .field("dir", &self.settings.dir)
+            .field("counters", &self.counters())
+            .finish()
+    }
+}
+
+impl Capture {
+    /// Opens the store in `settings.dir` and starts the writer.
+    pub fn start(settings: &CaptureSettings, keys: KeySource) -> Result<Arc<Capture>, StoreError> {
+        let redactor = Redactor::new(&settings.redact, &settings.secret_headers)
+            .map_err(|e| StoreError::Corrupt(format!("capture.redact: {e}")))?;
+        let mut store = Store::open(&settings.dir)?;
+        let now = timestamp::now_ms();
+        match store.prune(&settings.retention, now) {
+            Ok(p) if p.records > 0 => {
+                tracing::info!("capture retention removed {} record(s)", p.records)
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!("capture retention failed: {e}"),
+        }
+        let shared = Arc::new(Shared {
+            state: Mutex::new(QueueState {
+                items: VecDeque::new(),
+                bytes: 0,
+                reserved: HashSet::new(),
+                busy: false,
+                closed: false,
+            }),
+            not_empty: Condvar::new(),
+            not_full: Condvar::new(),
+            idle: Condvar::new(),
+            written: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+        });
+        let writer = Writer {
+            shared: shared.clone(),
+            store,
+            cache: record::UnitCache::default(),
+            redactor,
+            keys,
+            retention: settings.retention,
+        };
+        let handle = std::thread::Builder::new()
+            .name("capture-writer".into())
+            .spawn(move || writer.run())
+            .map_err(|e| StoreError::Io {
+                path: "capture writer thread".into(),
+                source: e,
+            })?;
+        Ok(Arc::new(Capture {
+            shared,
+            settings: settings.clone(),
+            writer: Mutex::new(Some(handle)),
+        }))
+    }
+
+    /// The pipeline's counters now.
+    pub fn counters(&self) -> Counters {
+        Counters {
+            queued: self.shared.lock().items.len() as u64,
+            written: self.shared.written.load(Ordering::SeqCst),
+            dropped: self.shared.dropped.load(Ordering::SeqCst),
+            failed: self.shared.failed.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Writes everything queued, stops the writer and checkpoints the store.
+    pub fn close(&self) {
+        self.flush();
+        self.shared.lock().closed = true;
+        self.shared.not_empty.notify_all();
+        let handle = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+        let c = self.counters();
+        tracing::info!(
+            "capture closed: {} written, {} dropped, {} failed",
+            c.written,
+            c.dropped,
+            c.failed
+        );
+    }
+
+    /// No room for a record of `extra_bytes`. Admission (`reserving`) also counts the
+    /// places promised to exchanges in flight; a record arriving does not, so the queue
+    /// may hold up to twice its size while every promise is kept.
+    fn full(&self, state: &QueueState, extra_bytes: u64, reserving: bool) -> bool {
+        let promised = if reserving { state.reserved.len() } else { 0 };
+        state.items.len() + promised >= self.settings.queue
+            || (!state.items.is_empty() && state.bytes + extra_bytes > self.settings.queue_bytes)
+    }
+}
+
+impl RecordSink for Capture {
+    fn record(&self, record: &ExchangeRecord) {
+        let size = record_bytes(record);
+        let mut state = self.shared.lock();
+        if state.closed {
+            self.shared.dropped.fetch_add(1, Ordering::SeqCst);
+            tracing::warn!(id = %record.id, "capture is closed; record dropped");
+            return;
+        }
+        if !state.reserved.remove(&record.id) {
+            let deadline = Instant::now() + self.settings.queue_wait;
+            let still_full;
+            (state, still_full) =
+                self.shared
+                    .wait_while(state, &self.shared.not_full, deadline, |s| {
+                        self.full(s, size, false)
+                    });
+            if still_full {
+                let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
+                tracing::warn!(
+                    id = %record.id,
+                    dropped_total = dropped,
+                    "capture queue full for {}ms; record dropped",
+                    self.settings.queue_wait.as_millis()
+                );
+                return;
+            }
+        }
+        state.bytes += size;
+        state.items.push_back(record.clone());
+        drop(state);
+        self.shared.not_empty.notify_one();
+    }
+
+    fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+        if !self.settings.required {
+            return Ok(());
+        }
+        if !self.shared.healthy.load(Ordering::SeqCst) {
+            return Err("capture is required and the capture store is failing".into());
+        }
+        let deadline = Instant::now() + self.settings.queue_wait;
+        let (mut state, still_full) =
+            self.shared
+                .wait_while(self.shared.lock(), &self.shared.not_full, deadline, |s| {
+                    self.full(s, 0, true) && !s.closed
+                });
+        if still_full || state.closed {
+            return Err("capture is required and the capture queue is full".into());
+        }
+        state.reserved.insert(record.id);
+        Ok(())
+    }
+
+    fn flush(&self) {
+        let deadline = Instant::now() + FLUSH_LIMIT;
+        let (state, unwritten) =
+            self.shared
+                .wait_while(self.shared.lock(), &self.shared.idle, deadline, |s| {
+                    !s.items.is_empty() || s.busy
+                });
+        if unwritten {
+            tracing::error!(
+                "capture flush gave up after {}s with {} record(s) unwritten",
+                FLUSH_LIMIT.as_secs(),
+                state.items.len()
+            );
+        }
+    }
+}
+
+/// Body bytes a queued record holds on to.
+fn record_bytes(r: &ExchangeRecord) -> u64 {
+    let sent = if r.sent_body == r.request_body {
+        0
+    } else {
+        r.sent_body.len()
+    };
+    let response = r.observation.as_ref().map_or(0, |o| o.body.len());
+    (r.request_body.len() + sent + response) as u64
+}
+
+/// The writer thread: takes records off the queue, redacts and stores them.
+struct Writer {
+    shared: Arc<Shared>,
+    store: Store,
+    cache: record::UnitCache,
+    redactor: Redactor,
+    keys: KeySource,
+    retention: store::Retention,
+}
+
+impl Writer {
+    fn run(mut self) {
+        let mut last_prune = Instant::now();
+        loop {
+            let batch: Vec<ExchangeRecord> = {
+                let mut state = self.shared.lock();
+                while state.items.is_empty() && !state.closed {
+                    state = self
+                        .shared
+                        .not_empty
+                        .wait_timeout(state, PRUNE_EVERY)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    if state.items.is_empty() && last_prune.elapsed() >= PRUNE_EVERY {
+                        break;
+                    }
+                }
+                if state.items.is_empty() && state.closed {
+                    break;
+                }
+                let n = state.items.len().min(BATCH);
+                let batch: Vec<ExchangeRecord> = state.items.drain(..n).collect();
+                state.bytes -= batch.iter().map(record_bytes).sum::<u64>().min(state.bytes);
+                state.busy = !batch.is_empty();
+                batch
+            };
+            self.shared.not_full.notify_all();
+            if !batch.is_empty() {
+                self.write(&batch);
+            }
+            if last_prune.elapsed() >= PRUNE_EVERY {
+                last_prune = Instant::now();
+                if let Err(e) = self.store.prune(&self.retention, timestamp::now_ms()) {
+                    tracing::warn!("capture retention failed: {e}");
+                }
+            }
+            let mut state = self.shared.lock();
+            state.busy = false;
+            if state.items.is_empty() {
+                self.shared.idle.notify_all();
+            }
+        }
+        if let Err(e) = self.store.checkpoint() {
+            tracing::warn!("capture checkpoint failed: {e}");
+        }
+        self.shared.idle.notify_all();
+    }
+
+    fn write(&mut self, batch: &[ExchangeRecord]) {
+        let Writer {
+            redactor,
+            keys,
+            cache,
+            ..
+        } = self;
+        let mut records: Vec<CaptureRecord> = Vec::with_capacity(batch.len());
+        for r in batch {
+            // A record that cannot be prepared (a bug) is counted; the writer goes on.
+            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                CaptureRecord::redacted_with(r, redactor, keys, cache)
+            }));
+            match prepared {
+                Ok(record) => records.push(record),
+                Err(_) => {
+                    *cache = record::UnitCache::default();
+                    let failed = self.shared.failed.fetch_add(1, Ordering::SeqCst) + 1;
+                    tracing::error!(id = %r.id, failed_total = failed, "capture could not prepare a record");
+                }
+            }
+        }
+        match self.store.insert(&records) {
+            Ok(()) => {
+                self.shared
+                    .written
+                    .fetch_add(records.len() as u64, Ordering::SeqCst);
+                self.shared.healthy.store(true, Ordering::SeqCst);
+            }
+            Err(e) => {
+                let failed = self
+                    .shared
+                    .failed
+                    .fetch_add(records.len() as u64, Ordering::SeqCst)
+                    + records.len() as u64;
+                self.shared.healthy.store(false, Ordering::SeqCst);
+                tracing::error!(
+                    failed_total = failed,
+                    "capture store failed to write {} record(s): {e}",
+                    records.len()
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_after_close_are_counted_as_dropped_and_records_before_are_written() {
+        let dir = std::env::temp_dir().join(format!("pg-capture-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = CaptureSettings {
+            dir: dir.clone(),
+            ..CaptureSettings::default()
+        };
+        let capture = Capture::start(&settings, KeySource::default()).unwrap();
+        let record = |path: &str| {
+            let mut r =
+                ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());
+            r.request_body = bytes::Bytes::from_static(b"{\"messages\":[]}");
+            r
+        };
+        for _ in 0..5 {
+            capture.record(&record("/v1/messages"));
+        }
+        capture.flush();
+        assert_eq!(capture.counters().written, 5, "flush waits for the writer");
+        capture.close();
+        capture.record(&record("/v1/late"));
+        let c = capture.counters();
+        assert_eq!((c.written, c.dropped, c.queued), (5, 1, 0));
+        let store = Store::open_read_only(&dir).unwrap();
+        assert_eq!(store.list(&store::Filter::default()).unwrap().len(), 5);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,781 @@
+//! The stored record: one exchange after redaction, as the store keeps it and the
+//! command line, the admin API and the exports show it.
+//!
+//! Built from an [`ExchangeRecord`] by [`CaptureRecord::redacted`]; nothing in it
+//! holds a secret. Bodies travel beside the metadata as bytes and are stored as
+//! units (see `layout`); [`BodyInfo`] describes each.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::header::CONTENT_ENCODING;
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::layout::{self, Parts};
+use super::redact::{Redactor, Summary};
+use super::timestamp;
+use crate::conversation::{KeySource, conversation_key};
+use crate::observer::{BodyFormat, SseDecoder};
+use crate::provider::request::RequestView;
+use crate::provider::{Api, Usage};
+use crate::record::ExchangeRecord;
+
+/// The largest decoded request body kept (compressed request bodies are decoded to be
+/// redacted; this caps a compression bomb).
+const DECODE_LIMIT: u64 = 256 << 20;
+
+/// One body as stored: what it is, and (when loaded) its bytes.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct BodyInfo {
+    /// Stored bytes (after redaction; decoded when it arrived compressed).
+    pub size: u64,
+    /// SHA-256 of the stored bytes: a rebuilt body is checked against it.
+    pub sha256: String,
+    /// The stored bytes are one JSON document.
+    pub json: bool,
+    /// What to know about it: not JSON, decoded from gzip, not stored and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+    /// How `content` is written: `json` (the body itself), `text` or `base64` (a string).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// The body, only in exports and `show --raw`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<Box<RawValue>>,
+    /// The stored bytes, when loaded or about to be stored.
+    #[serde(skip)]
+    pub bytes: Bytes,
+    /// The stored bytes already cut into units, when the writer did it.
+    #[serde(skip)]
+    pub parts: Option<std::sync::Arc<Parts>>,
+}
+
+impl BodyInfo {
+    /// Describes `bytes`, which are about to be stored.
+    pub fn of(bytes: Bytes, note: Option<String>) -> BodyInfo {
+        let json =
+            !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
+        BodyInfo {
+            size: bytes.len() as u64,
+            sha256: sha256_hex(&bytes),
+            json,
+            note,
+            encoding: None,
+            content: None,
+            bytes,
+            parts: None,
+        }
+    }
+
+    /// Fills `encoding` and `content` from `bytes`, for an export. JSON without line
+    /// breaks is embedded as is (byte-exact); anything else becomes a string.
+    pub fn with_content(&mut self) {
+        if self.bytes.is_empty() && self.size == 0 {
+            return;
+        }
+        let text = std::str::from_utf8(&self.bytes).ok();
+        let (encoding, raw) = match text {
+            Some(t) if self.json && !t.contains(['\n', '\r']) => {
+                ("json", RawValue::from_string(t.to_owned()).ok())
+            }
+            Some(t) => (
+                "text",
+                serde_json::to_string(t)
+                    .ok()
+                    .and_then(|s| RawValue::from_string(s).ok()),
+            ),
+            None => (
+                "base64",
+                RawValue::from_string(format!("\"{}\"", base64(&self.bytes))).ok(),
+            ),
+        };
+        self.encoding = Some(encoding.into());
+        self.content = raw;
+    }
+}
+
+/// The request side of a record.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct RequestPart {
+    /// Headers as received, credentials fingerprinted.
+    pub headers: Vec<(String, String)>,
+    pub body: BodyInfo,
+    /// Headers as sent upstream.
+    pub sent_headers: Vec<(String, String)>,
+    /// The body as sent upstream; absent when it is the body as received.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent_body: Option<BodyInfo>,
+}
+
+/// The response side of a record.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ResponsePart {
+    /// The status the client got; absent when the exchange ended before one.
+    pub status: Option<u16>,
+    pub headers: Vec<(String, String)>,
+    /// The body as the provider sent it, decoded; for a stream, the raw events.
+    pub body: BodyInfo,
+    /// `json`, `sse`, `other` or `empty`.
+    pub format: Option<String>,
+    /// The reassembled message of a stream (a JSON body is its own message).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<BodyInfo>,
+    /// The events of a stream, in exports: `[{event, data}]`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events: Option<Vec<SseEvent>>,
+    pub event_count: u32,
+    /// A stream's terminal event arrived.
+    pub complete: bool,
+    pub stop_reason: Option<String>,
+    pub response_id: Option<String>,
+    /// Why the body could not be read, when it could not.
+    pub parse_error: Option<String>,
+    /// More came than the observer keeps; the body is a prefix.
+    pub truncated: bool,
+}
+
+/// One server-sent event as it came.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SseEvent {
+    pub event: String,
+    pub data: String,
+}
+
+/// Times of an exchange.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize)]
+pub struct Times {
+    /// Start, milliseconds since the Unix epoch.
+    pub started_ms: u64,
+    /// Milliseconds from the start to the upstream's response head.
+    pub upstream_headers_ms: Option<f64>,
+    /// Milliseconds from the start to the first response body byte from upstream.
+    pub first_byte_ms: Option<f64>,
+    /// Milliseconds from the start to the end.
+    pub total_ms: f64,
+}
+
+/// One exchange as stored. See the module docs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CaptureRecord {
+    pub id: String,
+    /// RFC 3339, UTC.
+    pub started_at: String,
+    pub times: Times,
+    pub mode: String,
+    pub client: Option<String>,
+    pub provider: Option<String>,
+    pub api: Option<String>,
+    pub method: String,
+    pub host: Option<String>,
+    /// Path and query as the client sent them (credential-like query values fingerprinted).
+    pub path: String,
+    pub upstream_url: Option<String>,
+    pub model: Option<String>,
+    pub conversation: Option<String>,
+    pub rules_fired: Vec<String>,
+    pub tags: Vec<String>,
+    /// JSON pointers of the body nodes rules changed.
+    pub body_diff: Vec<String>,
+    pub request: RequestPart,
+    pub response: ResponsePart,
+    pub usage: Option<Usage>,
+    pub outcome: String,
+    pub error: Option<String>,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    /// SHA-256 of the exact request bytes received, before anything (redaction included).
+    pub received_sha256: String,
+    /// SHA-256 of the exact request bytes sent upstream.
+    pub sent_sha256: String,
+    /// Redactions per kind.
+    pub redactions: BTreeMap<String, u32>,
+    /// False when a rule turned capture off: headers and bodies were not kept.
+    pub captured: bool,
+}
+
+impl CaptureRecord {
+    /// The record of `r`, every header, body, path and message redacted in memory.
+    pub fn redacted(r: &ExchangeRecord, redactor: &Redactor, keys: &KeySource) -> CaptureRecord {
+        Self::redacted_with(r, redactor, keys, &mut UnitCache::default())
+    }
+
+    /// [`CaptureRecord::redacted`], redacting only the request units `cache` has not
+    /// seen (the writer keeps one cache for all records).
+    pub fn redacted_with(
+        r: &ExchangeRecord,
+        redactor: &Redactor,
+        keys: &KeySource,
+        cache: &mut UnitCache,
+    ) -> CaptureRecord {
+        let mut summary = Summary::new();
+        let extra = &r.extra_redactions;
+        let started_ms = r
+            .started_at
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO)
+            .as_millis() as u64;
+        let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
+        let received_sha256 = sha256_hex(&r.request_body);
+        let same_body = r.sent_body == r.request_body;
+        let sent_sha256 = if same_body {
+            received_sha256.clone()
+        } else {
+            sha256_hex(&r.sent_body)
+        };
+        // The key is read from what the client sent, then redacted like any text.
+        let conversation = {
+            // Claude Code's header names the conversation: no need to parse the body.
+            let view = if r.request_headers.contains_key("x-claude-code-session-id") {
+                None
+            } else {
+                RequestView::parse(&r.request_body).ok()
+            };
+            conversation_key(&r.request_headers, view.as_ref(), keys)
+                .map(|k| redactor.redact_text(&k, extra, &mut summary))
+        };
+        let observation = r.observation.as_ref();
+        let summary_of = observation.map(|o| &o.summary);
+        let mut record = CaptureRecord {
+            id: r.id.to_string(),
+            started_at: timestamp::rfc3339(started_ms),
+            times: Times {
+                started_ms,
+                upstream_headers_ms: r.timing.upstream_headers.map(ms),
+                first_byte_ms: r.timing.first_byte.map(ms),
+                total_ms: ms(r.timing.total),
+            },
+            mode: "reverse".into(),
+            client: r.client_addr.map(|a| a.to_string()),
+            provider: r.provider.map(|p| p.name().to_owned()),
+            api: r.api.map(|a| api_name(a).to_owned()),
+            method: r.method.to_string(),
+            host: r.host.clone(),
+            path: redactor.path(&r.path, &mut summary),
+            upstream_url: r
+                .upstream_url
+                .as_ref()
+                .map(|u| redactor.path(u, &mut summary)),
+            model: r.model.clone(),
+            conversation,
+            rules_fired: r.rules_fired.clone(),
+            tags: r.tags.clone(),
+            body_diff: r.body_diff.clone(),
+            request: RequestPart::default(),
+            response: ResponsePart {
+                status: r.status.map(|s| s.as_u16()),
+                format: observation.map(|o| format_name(o.format).to_owned()),
+                event_count: summary_of.map_or(0, |s| s.events),
+                complete: summary_of.is_some_and(|s| s.complete),
+                stop_reason: summary_of.and_then(|s| s.stop_reason.clone()),
+                response_id: summary_of.and_then(|s| s.response_id.clone()),
+                parse_error: observation.and_then(|o| o.parse_error.clone()),
+                truncated: observation.is_some_and(|o| o.truncated),
+                ..ResponsePart::default()
+            },
+            usage: summary_of.and_then(|s| s.usage),
+            outcome: r.outcome.name().to_owned(),
+            error: r
+                .error
+                .as_ref()
+                .map(|e| redactor.redact_text(e, extra, &mut summary)),
+            bytes_in: r.bytes_in,
+            bytes_out: r.bytes_out,
+            received_sha256,
+            sent_sha256,
+            redactions: BTreeMap::new(),
+            captured: r.capture,
+        };
+        if r.capture {
+            let secret = &r.secret_headers;
+            // What was sent mostly repeats what was received: its redactions count once.
+            let mut sent_summary = Summary::new();
+            record.request.headers = redactor.headers(&r.request_headers, secret, &mut summary);
+            record.request.sent_headers =
+                redactor.headers(&r.sent_headers, secret, &mut sent_summary);
+            record.response.headers = redactor.headers(&r.response_headers, secret, &mut summary);
+            let coding = r
+                .request_headers
+                .get(CONTENT_ENCODING)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let ctx = &mut BodyContext {
+                redactor,
+                extra,
+                cache,
+            };
+            record.request.body = request_body(
+                &r.request_body,
+                &record.received_sha256,
+                coding.as_deref(),
+                ctx,
+                &mut summary,
+            );
+            if !same_body {
+                let coding = r
+                    .sent_headers
+                    .get(CONTENT_ENCODING)
+                    .and_then(|v| v.to_str().ok());
+                record.request.sent_body = Some(request_body(
+                    &r.sent_body,
+                    &record.sent_sha256,
+                    coding,
+                    ctx,
+                    &mut sent_summary,
+                ));
+            }
+            for (kind, n) in sent_summary {
+                let seen = summary.entry(kind).or_default();
+                *seen = (*seen).max(n);
+            }
+            if let Some(o) = observation {
+                let mut body = redactor.redact(&o.body, extra, &mut summary).into_owned();
+                if o.format == BodyFormat::Sse
+                    && let Some(message) = &o.summary.message
+                {
+                    let text = message.to_string();
+                    // Secrets the stream split across events show whole only here.
+                    let secrets = redactor.secrets(text.as_bytes(), extra);
+                    if !secrets.is_empty() {
+                        body = redactor.scrub_fragments(&body, &secrets).into_owned();
+                    }
+                    let text = redactor.redact(text.as_bytes(), extra, &mut summary);
+                    record.response.message =
+                        Some(BodyInfo::of(Bytes::from(text.into_owned()), None));
+                }
+                record.response.body = BodyInfo::of(Bytes::from(body), None);
+            }
+        }
+        record.redactions = summary;
+        record
+    }
+
+    /// The stored bodies, in a fixed order: received, sent, response, message.
+    pub fn bodies_mut(&mut self) -> [Option<&mut BodyInfo>; 4] {
+        [
+            Some(&mut self.request.body),
+            self.request.sent_body.as_mut(),
+            Some(&mut self.response.body),
+            self.response.message.as_mut(),
+        ]
+    }
+
+    /// The request body as sent upstream (the received one when they are the same).
+    pub fn sent(&self) -> &BodyInfo {
+        self.request
+            .sent_body
+            .as_ref()
+            .unwrap_or(&self.request.body)
+    }
+
+    /// Fills every body's content and a stream's event list, for an export.
+    pub fn with_contents(&mut self) {
+        for body in self.bodies_mut().into_iter().flatten() {
+            body.with_content();
+        }
+        if self.response.format.as_deref() == Some("sse") {
+            self.response.events = Some(sse_events(&self.response.body.bytes));
+        }
+    }
+}
+
+/// What redacting a request body needs.
+struct BodyContext<'a> {
+    redactor: &'a Redactor,
+    extra: &'a [regex::Regex],
+    cache: &'a mut UnitCache,
+}
+
+/// A request body, decoded when it came compressed, then redacted. `raw_sha256` is
+/// the hash of `raw`, reused when the stored bytes are the same.
+fn request_body(
+    raw: &Bytes,
+    raw_sha256: &str,
+    coding: Option<&str>,
+    ctx: &mut BodyContext<'_>,
+    summary: &mut Summary,
+) -> BodyInfo {
+    let (plain, mut note) = match coding.map(str::trim).filter(|c| !c.is_empty()) {
+        Some(c) if c.eq_ignore_ascii_case("identity") => (raw.clone(), None),
+        Some(c) => match crate::observer::decode::decode(c, raw.clone(), DECODE_LIMIT) {
+            Ok(plain) => (plain, Some(format!("decoded from {c}"))),
+            // Undecodable bytes cannot be scanned, so they are not kept.
+            Err(e) => {
+                return BodyInfo {
+                    size: 0,
+                    sha256: sha256_hex(b""),
+                    note: Some(format!("not stored: {e}")),
+                    ..BodyInfo::default()
+                };
+            }
+        },
+        None => (raw.clone(), None),
+    };
+    let mut info = match ctx.cache.redact(&plain, ctx.redactor, ctx.extra, summary) {
+        // Untouched: the bytes parsed as a JSON object when they were cut.
+        Redacted::Same(parts) if note.is_none() => BodyInfo {
+            size: plain.len() as u64,
+            sha256: raw_sha256.to_owned(),
+            json: true,
+            parts: Some(parts),
+            ..BodyInfo::of(Bytes::new(), None)
+        },
+        Redacted::Same(parts) => BodyInfo {
+            parts: Some(parts),
+            ..BodyInfo::of(plain.clone(), None)
+        },
+        Redacted::Cut(bytes, parts) => BodyInfo {
+            parts: Some(parts),
+            ..BodyInfo::of(bytes, None)
+        },
+        Redacted::Whole(bytes) => BodyInfo::of(bytes, None),
+    };
+    if info.bytes.is_empty() {
+        info.bytes = plain.clone();
+    }
+    if !info.json && !info.bytes.is_empty() {
+        let why = match serde_json::from_slice::<serde::de::IgnoredAny>(&plain) {
+            Err(e) => format!("not valid JSON: {e}"),
+            Ok(_) => "not valid JSON after redaction".to_owned(),
+        };
+        note = Some(match note {
+            Some(n) => format!("{n}; {why}"),
+            None => why,
+        });
+    }
+    info.note = note;
+    info
+}
+
+/// The most bytes of redacted units [`UnitCache`] keeps.
+const UNIT_CACHE_BYTES: usize = 64 << 20;
+
+/// Request units already redacted, by the SHA-256 of their bytes as sent. An agent
+/// resends its whole conversation every turn; each unit is scanned once. Kept in
+/// memory only, and emptied when full.
+#[derive(Debug, Default)]
+pub struct UnitCache {
+    units: std::collections::HashMap<[u8; 32], CachedUnit>,
+    bytes: usize,
+}
+
+#[derive(Debug, Clone)]
+struct CachedUnit {
+    /// The unit as stored, and its SHA-256.
+    stored: Bytes,
+    hash: [u8; 32],
+    /// Redactions in it, per kind.
+    counts: Vec<(String, u32)>,
+}
+
+/// A request body after redaction.
+enum Redacted {
+    /// Cut into units, nothing redacted: the stored bytes are the bytes sent.
+    Same(std::sync::Arc<Parts>),
+    /// Cut into units, some redacted: the stored bytes.
+    Cut(Bytes, std::sync::Arc<Parts>),
+    /// Redacted whole (not a JSON object with units, or a rule added patterns).
+    Whole(Bytes),
+}
+
+impl UnitCache {
+    fn redact(
+        &mut self,
+        body: &Bytes,
+        redactor: &Redactor,
+        extra: &[regex::Regex],
+        summary: &mut Summary,
+    ) -> Redacted {
+        let whole = |summary: &mut Summary| {
+            Redacted::Whole(match redactor.redact(body, extra, summary) {
+                std::borrow::Cow::Borrowed(_) => body.clone(),
+                std::borrow::Cow::Owned(v) => Bytes::from(v),
+            })
+        };
+        let split = layout::split(body);
+        if !extra.is_empty() || split.units.is_empty() {
+            return whole(summary);
+        }
+        // A secret in the skeleton would shift the units' offsets: redact it whole.
+        let mut skeleton_summary = Summary::new();
+        if let std::borrow::Cow::Owned(_) =
+            redactor.redact(&split.skeleton, &[], &mut skeleton_summary)
+        {
+            return whole(summary);
+        }
+        let mut changed = false;
+        let mut units = Vec::with_capacity(split.units.len());
+        for (offset, unit) in &split.units {
+            let key = sha256(unit);
+            let cached = match self.units.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let mut counts = Summary::new();
+                    let (stored, hash) = match redactor.redact(unit, &[], &mut counts) {
+                        std::borrow::Cow::Borrowed(_) => (Bytes::copy_from_slice(unit), key),
+                        std::borrow::Cow::Owned(v) => {
+                            let hash = sha256(&v);
+                            (Bytes::from(v), hash)
+                        }
+                    };
+                    let c = CachedUnit {
+                        stored,
+                        hash,
+                        counts: counts.into_iter().collect(),
+                    };
+                    if self.bytes + c.stored.len() > UNIT_CACHE_BYTES {
+                        self.units.clear();
+                        self.bytes = 0;
+                    }
+                    self.bytes += c.stored.len();
+                    self.units.insert(key, c.clone());
+                    c
+                }
+            };
+            for (kind, n) in &cached.counts {
+                *summary.entry(kind.clone()).or_default() += n;
+            }
+            changed |= cached.hash != key;
+            units.push((*offset, cached.stored, cached.hash));
+        }
+        let skeleton_hash = sha256(&split.skeleton);
+        let parts = std::sync::Arc::new(Parts {
+            skeleton: (Bytes::from(split.skeleton), skeleton_hash),
+            units,
+        });
+        if !changed {
+            return Redacted::Same(parts);
+        }
+        let bytes = layout::join(
+            &parts.skeleton.0,
+            parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+        );
+        Redacted::Cut(Bytes::from(bytes), parts)
+    }
+}
+
+/// SHA-256.
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
+    out
+}
+
+/// The events of an SSE body, in order.
+pub fn sse_events(body: &[u8]) -> Vec<SseEvent> {
+    let mut out = Vec::new();
+    let mut decoder = SseDecoder::default();
+    decoder.feed(body, &mut |event, data| {
+        out.push(SseEvent {
+            event: event.to_owned(),
+            data: data.to_owned(),
+        })
+    });
+    // A body cut inside its last event still shows that event.
+    decoder.feed(b"\n\n", &mut |event, data| {
+        out.push(SseEvent {
+            event: event.to_owned(),
+            data: data.to_owned(),
+        })
+    });
+    out
+}
+
+fn api_name(api: Api) -> &'static str {
+    match api {
+        Api::Messages => "messages",
+        Api::CountTokens => "count_tokens",
+        Api::ChatCompletions => "chat_completions",
+        Api::Responses => "responses",
+        Api::Other => "other",
+    }
+}
+
+fn format_name(format: BodyFormat) -> &'static str {
+    match format {
+        BodyFormat::Empty => "empty",
+        BodyFormat::Json => "json",
+        BodyFormat::Sse => "sse",
+        BodyFormat::Other => "other",
+    }
+}
+
+/// Lowercase hex SHA-256.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    sha256(bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n =
+            chunk.iter().fold(0u32, |acc, b| (acc << 8) | u32::from(*b)) << (8 * (3 - chunk.len()));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[((n >> (18 - 6 * i)) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_matches_the_standard() {
+        assert_eq!(base64(b""), "");
+        assert_eq!(base64(b"f"), "Zg==");
+        assert_eq!(base64(b"fo"), "Zm8=");
+        assert_eq!(base64(b"foo"), "Zm9v");
+        assert_eq!(base64(b"foobar"), "Zm9vYmFy");
+    }
+
+    #[test]
+    fn content_is_exact_json_or_a_string() {
+        let mut b = BodyInfo::of(Bytes::from_static(br#"{"a":0.70,"b":"\u00e9"}"#), None);
+        b.with_content();
+        assert_eq!(b.encoding.as_deref(), Some("json"));
+        assert_eq!(
+            b.content.as_ref().unwrap().get(),
+            r#"{"a":0.70,"b":"\u00e9"}"#
+        );
+        let mut b = BodyInfo::of(Bytes::from_static(b"{\n\"a\":1}"), None);
+        b.with_content();
+        assert_eq!(b.encoding.as_deref(), Some("text"));
+        let mut b = BodyInfo::of(Bytes::from_static(&[0xff, 0x00]), None);
+        b.with_content();
+        assert_eq!(b.content.as_ref().unwrap().get(), "\"/wA=\"");
+    }
+
+    #[test]
+    fn sse_events_include_a_cut_last_event() {
+        let e = sse_events(b"event: a\ndata: 1\n\nevent: b\ndata: {\"x\"");
+        assert_eq!(e.len(), 2);
+        assert_eq!(e[1].data, "{\"x\"");
+    }
+}
+
+#[cfg(test)]
+mod redacted_tests {
+    use super::*;
+    use crate::id::ExchangeId;
+
+    fn exchange() -> ExchangeRecord {
+        let mut r = ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages?key=abc123".into(),
+        );
+        r.request_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}]}"#);
+        r.sent_body = r.request_body.clone();
+        r.request_headers
+            .insert("x-team-secret", "team-value".parse().unwrap());
+        r.request_headers.insert(
+            "x-api-key",
+            "sk-ant-api03-RECORDSECRET0123456789".parse().unwrap(),
+        );
+        r.sent_headers = r.request_headers.clone();
+        r
+    }
+
+    #[test]
+    fn rule_patterns_and_secret_headers_apply_per_exchange() {
+        let mut r = exchange();
+        r.extra_redactions = vec![regex::Regex::new(r"internal-\d+").unwrap()];
+        r.secret_headers = vec![http::HeaderName::from_static("x-team-secret")];
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let c = CaptureRecord::redacted(&r, &redactor, &KeySource::default());
+        let body = std::str::from_utf8(&c.request.body.bytes).unwrap();
+        assert!(
+            body.contains("ticket [REDACTED:rule:") && !body.contains("4242"),
+            "{body}"
+        );
+        assert!(!body.contains("RECORDSECRET"));
+        let header = |name: &str| {
+            c.request
+                .headers
+                .iter()
+                .find(|(k, _)| k == name)
+                .unwrap()
+                .1
+                .clone()
+        };
+        assert!(header("x-team-secret").starts_with("[REDACTED:x-team-secret:"));
+        assert!(
+            c.path
+                .starts_with("/v1/messages?key=[REDACTED:query-secret:")
+        );
+        assert_eq!(
+            c.redactions["anthropic"], 2,
+            "header and body, sent copies not counted twice"
+        );
+        assert_eq!(c.received_sha256, sha256_hex(&r.request_body));
+        assert!(c.request.sent_body.is_none(), "sent = received");
+    }
+
+    #[test]
+    fn unit_by_unit_redaction_equals_whole_body_redaction() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let bodies = [
+            r#"{"model":"m","messages":[{"role":"user","content":"DB_PASSWORD=hunter2hunter2"},{"role":"assistant","content":"ok"}],"system":[{"type":"text","text":"key sk-ant-api03-UNITSECRET0123456789"}],"tools":[{"name":"t"}]}"#,
+            r#"{"api_key":"sk-ant-api03-SKELETONSECRET0123","messages":[{"role":"user","content":"hi"}]}"#,
+            r#"{"messages":[{"role":"user","content":"nothing here"}],"max_tokens":5}"#,
+            r#"not json sk-ant-api03-PLAINSECRET0123456"#,
+        ];
+        let mut cache = UnitCache::default();
+        for round in 0..2 {
+            for body in bodies {
+                let body = Bytes::from(body);
+                let mut whole = Summary::new();
+                let expected = redactor.redact(&body, &[], &mut whole).into_owned();
+                let mut units = Summary::new();
+                let got = match cache.redact(&body, &redactor, &[], &mut units) {
+                    Redacted::Same(parts) => {
+                        let joined = layout::join(
+                            &parts.skeleton.0,
+                            parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+                        );
+                        assert_eq!(joined, body, "parts rebuild the body");
+                        body.to_vec()
+                    }
+                    Redacted::Cut(bytes, parts) => {
+                        for (_, unit, hash) in &parts.units {
+                            assert_eq!(*hash, sha256(unit), "each part carries its own hash");
+                        }
+                        bytes.to_vec()
+                    }
+                    Redacted::Whole(bytes) => bytes.to_vec(),
+                };
+                assert_eq!(
+                    got,
+                    expected,
+                    "round {round}: {}",
+                    String::from_utf8_lossy(&body)
+                );
+                assert_eq!(units, whole, "the same counts, cached or not");
+            }
+        }
+    }
+
+    #[test]
+    fn capture_off_keeps_no_headers_or_bodies() {
+        let mut r = exchange();
+        r.capture = false;
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let c = CaptureRecord::redacted(&r, &redactor, &KeySource::default());
+        assert!(!c.captured);
+        assert!(c.request.headers.is_empty() && c.request.body.bytes.is_empty());
+        assert_eq!(
+            c.received_sha256,
+            sha256_hex(&r.request_body),
+            "the hash still proves what came"
+        );
+    }
+}

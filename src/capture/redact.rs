@@ -1,0 +1,814 @@
+//! Redaction, in memory, before the store: one Aho-Corasick pass over the literal
+//! starts of known secret shapes, their regexes only where one hits; each secret
+//! becomes `[REDACTED:<kind>:<hash8>]` (JSON stays JSON; `hash8`, from its SHA-256,
+//! correlates it across records). Credential headers keep a fingerprint only.
+//! It does not decide what is stored.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+
+use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
+use http::HeaderMap;
+use regex::bytes::Regex;
+
+/// Headers whose whole value is a credential, whatever it looks like.
+const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "x-goog-api-key",
+    "cookie",
+    "set-cookie",
+];
+
+/// Counts of redactions per kind, for one record. Never holds a value.
+pub type Summary = BTreeMap<String, u32>;
+
+/// One known secret shape.
+struct Shape {
+    kind: &'static str,
+    /// Literals (ASCII case-insensitive) where the secret, or its keyword, starts.
+    triggers: &'static [&'static str],
+    /// Anchored at the trigger. The secret is the group `s` when there is one.
+    pattern: &'static str,
+    /// The byte before the trigger must not be a letter or digit (`task-` is not `sk-`).
+    word_start: bool,
+    /// How far past the trigger the match may reach.
+    window: usize,
+}
+
+/// Built in, in priority order: at one position the first shape that matches wins.
+const SHAPES: &[Shape] = &[
+    Shape {
+        kind: "pem-private-key",
+        triggers: &["-----BEGIN"],
+        pattern: r"-----BEGIN[A-Z ]{0,40}PRIVATE KEY-----(?:[A-Za-z0-9+/=\s:,.-]|\\[nrt]|\\/)*?-----END[A-Z ]{0,40}PRIVATE KEY-----",
+        word_start: false,
+        window: 24_000,
+    },
+    Shape {
+        // A key cut short (no END line): everything that can belong to its body.
+        kind: "pem-private-key",
+        triggers: &["-----BEGIN"],
+        pattern: r"-----BEGIN[A-Z ]{0,40}PRIVATE KEY-----(?:[A-Za-z0-9+/=\s:,.-]|\\[nrt]|\\/)*",
+        word_start: false,
+        window: 24_000,
+    },
+    Shape {
+        kind: "anthropic",
+        triggers: &["sk-ant-"],
+        pattern: r"sk-ant-[A-Za-z0-9_-]{16,}",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        kind: "openai",
+        triggers: &["sk-"],
+        pattern: r"sk-(?:(?:proj|svcacct|admin|None)-[A-Za-z0-9_-]{20,}|[A-Za-z0-9]{32,})",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        kind: "stripe",
+        triggers: &["sk_live_", "sk_test_", "rk_live_", "rk_test_", "whsec_"],
+        pattern: r"(?:[sr]k_(?:live|test)_|whsec_)[A-Za-z0-9]{16,}",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        kind: "aws-access-key",
+        triggers: &["AKIA", "ASIA", "ABIA", "ACCA"],
+        pattern: r"(?-i:A(?:KIA|SIA|BIA|CCA)[A-Z0-9]{16})(?:[^A-Za-z0-9]|$)",
+        word_start: true,
+        window: 21,
+    },
+    Shape {
+        kind: "aws-secret-key",
+        triggers: &[
+            "aws_secret_access_key",
+            "secret_access_key",
+            "secretaccesskey",
+        ],
+        pattern: r#"(?i:(?:aws_)?secret_?access_?key)(?:\\?["'])?\s*[:=]\s*(?:\\?["'])?(?P<s>[A-Za-z0-9/+=]{40})"#,
+        word_start: false,
+        window: 128,
+    },
+    Shape {
+        kind: "gcp-service-account",
+        triggers: &["private_key_id"],
+        pattern: r#"private_key_id(?:\\?")?\s*:\s*(?:\\?")?(?P<s>[0-9a-f]{40})"#,
+        word_start: false,
+        window: 128,
+    },
+    Shape {
+        kind: "google-api-key",
+        triggers: &["AIza"],
+        pattern: r"(?-i:AIza[0-9A-Za-z_-]{35})",
+        word_start: true,
+        window: 64,
+    },
+    Shape {
+        kind: "github",
+        triggers: &["ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"],
+        pattern: r"(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        kind: "gitlab",
+        triggers: &["glpat-", "gldt-", "glrt-", "glptt-", "glcbt-", "glsoat-"],
+        pattern: r"gl(?:pat|dt|rt|ptt|cbt|soat)-[A-Za-z0-9_-]{20,}",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        kind: "slack",
+        triggers: &[
+            "xoxb-",
+            "xoxa-",
+            "xoxp-",
+            "xoxr-",
+            "xoxs-",
+            "xoxe-",
+            "hooks.slack.com/",
+        ],
+        pattern: r"(?:xox[baprse]-[A-Za-z0-9-]{10,}|hooks\.slack\.com/(?:services|workflows)/[A-Za-z0-9/_-]{20,})",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        kind: "jwt",
+        triggers: &["eyJ"],
+        pattern: r"(?-i:eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)",
+        word_start: true,
+        window: 16_384,
+    },
+    Shape {
+        kind: "bearer",
+        triggers: &["bearer "],
+        pattern: r"(?i:bearer)\s+(?P<s>[A-Za-z0-9._~+/-]{16,}=*)",
+        word_start: true,
+        window: 4096,
+    },
+    Shape {
+        // `.env`-style assignments: `DB_PASSWORD=…`, `export GITHUB_TOKEN=…`, `?token=…`.
+        kind: "env-secret",
+        triggers: &[
+            "password",
+            "passwd",
+            "secret",
+            "token",
+            "api_key",
+            "apikey",
+            "api-key",
+            "access_key",
+            "private_key",
+            "credential",
+        ],
+        pattern: r#"(?i:password|passwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)(?P<rest>[A-Za-z0-9_.-]{0,40})[ \t]*=[ \t]*(?:\\?["'])?(?P<s>[^\s"'\\,;&<>(){}\[\]]{3,512})"#,
+        word_start: false,
+        window: 640,
+    },
+];
+
+/// Values after `=` that are placeholders, not secrets.
+fn is_placeholder(value: &[u8]) -> bool {
+    matches!(value.first(), Some(b'$' | b'%' | b'*'))
+        || value.iter().all(|b| *b == b'x' || *b == b'X' || *b == b'*')
+        || [
+            &b"null"[..],
+            b"none",
+            b"true",
+            b"false",
+            b"undefined",
+            b"changeme",
+        ]
+        .iter()
+        .any(|p| value.eq_ignore_ascii_case(p))
+}
+
+/// A compiled set of secret shapes plus the configured extra patterns.
+pub struct Redactor {
+    triggers: AhoCorasick,
+    /// For each trigger literal, the shapes it starts, in priority order.
+    trigger_shapes: Vec<Vec<usize>>,
+    shapes: Vec<Regex>,
+    /// Configured patterns: (kind, regex), run over the whole body.
+    extra: Vec<(String, Regex)>,
+    /// Extra header names whose values are credentials (lowercase).
+    secret_headers: Vec<String>,
+}
+
+impl std::fmt::Debug for Redactor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Redactor")
+            .field("extra", &self.extra.len())
+            .field("secret_headers", &self.secret_headers)
+            .finish()
+    }
+}
+
+/// A configured redaction pattern that does not compile.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid regex {pattern:?}: {message}")]
+pub struct PatternError {
+    pub pattern: String,
+    pub message: String,
+}
+
+impl Redactor {
+    /// The built-in shapes plus `extra` patterns `(kind, regex)` and extra credential
+    /// header names.
+    pub fn new(
+        extra: &[(String, String)],
+        secret_headers: &[String],
+    ) -> Result<Self, PatternError> {
+        let mut literals: Vec<&str> = Vec::new();
+        let mut shapes = Vec::with_capacity(SHAPES.len());
+        for shape in SHAPES {
+            let regex = Regex::new(&format!("^(?:{})", shape.pattern))
+                .expect("built-in redaction patterns compile");
+            shapes.push(regex);
+            for t in shape.triggers {
+                if !literals.iter().any(|l| l.eq_ignore_ascii_case(t)) {
+                    literals.push(t);
+                }
+            }
+        }
+        // The search is leftmost-longest, so a literal stands for every shape whose
+        // trigger it starts with (`sk-ant-` also tries the `sk-` shapes), in priority order.
+        let trigger_shapes = literals
+            .iter()
+            .map(|l| {
+                let l = l.to_ascii_lowercase();
+                (0..SHAPES.len())
+                    .filter(|&i| {
+                        SHAPES[i]
+                            .triggers
+                            .iter()
+                            .any(|t| l.starts_with(&t.to_ascii_lowercase()))
+                    })
+                    .collect()
+            })
+            .collect();
+        // A full DFA: the automaton is small, and it is the one pass over every body.
+        let triggers = AhoCorasickBuilder::new()
+            .ascii_case_insensitive(true)
+            .match_kind(MatchKind::LeftmostLongest)
+            .kind(Some(aho_corasick::AhoCorasickKind::DFA))
+            .build(&literals)
+            .expect("built-in triggers build");
+        let extra = extra
+            .iter()
+            .map(|(kind, pattern)| {
+                Regex::new(pattern)
+                    .map(|r| (kind.clone(), r))
+                    .map_err(|e| PatternError {
+                        pattern: pattern.clone(),
+                        message: e.to_string(),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Redactor {
+            triggers,
+            trigger_shapes,
+            shapes,
+            extra,
+            secret_headers: secret_headers
+                .iter()
+                .map(|h| h.to_ascii_lowercase())
+                .collect(),
+        })
+    }
+
+    /// `input` with every secret replaced; counts go to `summary`. `per_record` are
+    /// patterns rules added for this exchange (kind `rule`).
+    pub fn redact<'a>(
+        &self,
+        input: &'a [u8],
+        per_record: &[regex::Regex],
+        summary: &mut Summary,
+    ) -> Cow<'a, [u8]> {
+        let spans = self.find(input, per_record);
+        if spans.is_empty() {
+            return Cow::Borrowed(input);
+        }
+        let mut out = Vec::with_capacity(input.len());
+        let mut at = 0;
+        for (start, end, kind) in spans {
+            out.extend_from_slice(&input[at..start]);
+            out.extend_from_slice(marker(&kind, None, &input[start..end]).as_bytes());
+            *summary.entry(kind.into_owned()).or_default() += 1;
+            at = end;
+        }
+        out.extend_from_slice(&input[at..]);
+        Cow::Owned(out)
+    }
+
+    /// `text` redacted, as text (lossy only for bytes that were not UTF-8 to begin with).
+    pub fn redact_text(
+        &self,
+        text: &str,
+        per_record: &[regex::Regex],
+        summary: &mut Summary,
+    ) -> String {
+        match self.redact(text.as_bytes(), per_record, summary) {
+            Cow::Borrowed(_) => text.to_owned(),
+            Cow::Owned(v) => String::from_utf8(v)
+                .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        }
+    }
+
+    /// The secrets in `input`, as (kind, secret bytes), each once.
+    pub fn secrets(&self, input: &[u8], per_record: &[regex::Regex]) -> Vec<(String, Vec<u8>)> {
+        let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+        for (start, end, kind) in self.find(input, per_record) {
+            let secret = input[start..end].to_vec();
+            if !out.iter().any(|(_, s)| *s == secret) {
+                out.push((kind.into_owned(), secret));
+            }
+        }
+        out
+    }
+
+    /// Redacts the pieces of `secrets` that a stream split across events: in every JSON
+    /// string of `body`, a run of 3 or more bytes that is part of a secret and reaches
+    /// the string's start or end (or is the whole string) is replaced.
+    ///
+    /// A model that echoes a key streams it in token-sized deltas, so no single event
+    /// holds it whole; the reassembled message does, and tells which secrets to chase.
+    pub fn scrub_fragments<'a>(
+        &self,
+        body: &'a [u8],
+        secrets: &[(String, Vec<u8>)],
+    ) -> Cow<'a, [u8]> {
+        const MIN: usize = 3;
+        let mut spans: Vec<(usize, usize, &str, &[u8])> = Vec::new();
+        for (start, end) in json_strings(body) {
+            let text = &body[start..end];
+            for (kind, secret) in secrets {
+                if secret.len() < 8 || text.len() < MIN {
+                    continue;
+                }
+                let piece = if memchr::memmem::find(secret, text).is_some() {
+                    Some((start, end))
+                } else {
+                    let head = (MIN..=text.len().min(secret.len() - 1))
+                        .rev()
+                        .find(|&n| secret.ends_with(&text[..n]));
+                    let tail = (MIN..=text.len().min(secret.len() - 1))
+                        .rev()
+                        .find(|&n| secret.starts_with(&text[text.len() - n..]));
+                    match (head, tail) {
+                        (Some(h), Some(t)) if t > h => Some((end - t, end)),
+                        (Some(h), _) => Some((start, start + h)),
+                        (None, Some(t)) => Some((end - t, end)),
+                        (None, None) => None,
+                    }
+                };
+                if let Some((a, b)) = piece {
+                    spans.push((a, b, kind, secret));
+                    break;
+                }
+            }
+        }
+        if spans.is_empty() {
+            return Cow::Borrowed(body);
+        }
+        let mut out = Vec::with_capacity(body.len());
+        let mut at = 0;
+        for (a, b, kind, secret) in spans {
+            out.extend_from_slice(&body[at..a]);
+            out.extend_from_slice(marker(kind, None, secret).as_bytes());
+            at = b;
+        }
+        out.extend_from_slice(&body[at..]);
+        Cow::Owned(out)
+    }
+
+    /// Secret spans in order, not overlapping: (start, end, kind).
+    fn find<'k>(
+        &'k self,
+        input: &[u8],
+        per_record: &[regex::Regex],
+    ) -> Vec<(usize, usize, Cow<'k, str>)> {
+        let mut spans: Vec<(usize, usize, Cow<'k, str>)> = Vec::new();
+        let mut from = 0;
+        while let Some(m) = self
+            .triggers
+            .find(aho_corasick::Input::new(input).range(from..))
+        {
+            let pos = m.start();
+            // No shape here: look again from the next byte (a trigger may hold another).
+            from = pos + 1;
+            for &index in &self.trigger_shapes[m.pattern().as_usize()] {
+                let shape = &SHAPES[index];
+                if shape.word_start && !at_word_start(input, pos) {
+                    continue;
+                }
+                let window = &input[pos..input.len().min(pos + shape.window)];
+                let Some(caps) = self.shapes[index].captures(window) else {
+                    continue;
+                };
+                let whole = caps.get(0).expect("group 0 always matches");
+                let secret = caps.name("s").unwrap_or(whole);
+                if shape.kind == "env-secret" {
+                    let rest = caps.name("rest").map_or(&b""[..], |r| r.as_bytes());
+                    let plural = rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens");
+                    if plural || is_placeholder(secret.as_bytes()) {
+                        continue;
+                    }
+                }
+                let mut end = secret.end();
+                if shape.kind == "aws-access-key" {
+                    end = 20; // the pattern also reads the byte after, to check the boundary
+                }
+                spans.push((pos + secret.start(), pos + end, Cow::Borrowed(shape.kind)));
+                from = pos + whole.end().max(end);
+                break;
+            }
+            if from >= input.len() {
+                break;
+            }
+        }
+        let mut extra_spans = Vec::new();
+        for (kind, regex) in &self.extra {
+            for caps in regex.captures_iter(input) {
+                if let Some(m) = caps.name("s").or_else(|| caps.get(0))
+                    && !m.is_empty()
+                {
+                    extra_spans.push((m.start(), m.end(), Cow::Borrowed(kind.as_str())));
+                }
+            }
+        }
+        if !per_record.is_empty() {
+            // Rule patterns are text regexes; bodies are bytes (mostly UTF-8).
+            let text = String::from_utf8_lossy(input);
+            if text.len() == input.len() {
+                for regex in per_record {
+                    for caps in regex.captures_iter(&text) {
+                        if let Some(m) = caps.name("s").or_else(|| caps.get(0))
+                            && !m.is_empty()
+                        {
+                            extra_spans.push((m.start(), m.end(), Cow::Borrowed("rule")));
+                        }
+                    }
+                }
+            }
+        }
+        if !extra_spans.is_empty() {
+            spans.extend(extra_spans);
+            spans.sort_by_key(|s| (s.0, std::cmp::Reverse(s.1)));
+            let mut merged: Vec<(usize, usize, Cow<'k, str>)> = Vec::with_capacity(spans.len());
+            for span in spans {
+                match merged.last_mut() {
+                    Some(last) if span.0 < last.1 => last.1 = last.1.max(span.1),
+                    _ => merged.push(span),
+                }
+            }
+            spans = merged;
+        }
+        spans
+    }
+
+    /// Headers as `(name, value)` pairs with every credential replaced by its fingerprint
+    /// and every other value scanned like a body. `secret` names more credential headers.
+    pub fn headers(
+        &self,
+        headers: &HeaderMap,
+        secret: &[http::HeaderName],
+        summary: &mut Summary,
+    ) -> Vec<(String, String)> {
+        headers
+            .iter()
+            .map(|(name, value)| {
+                let lower = name.as_str();
+                let credential = CREDENTIAL_HEADERS.contains(&lower)
+                    || self.secret_headers.iter().any(|h| h == lower)
+                    || secret.iter().any(|h| h == name);
+                let text = String::from_utf8_lossy(value.as_bytes());
+                let out = if credential {
+                    self.fingerprint_header(lower, &text, summary)
+                } else {
+                    self.redact_text(&text, &[], summary)
+                };
+                (lower.to_owned(), out)
+            })
+            .collect()
+    }
+
+    /// A credential header value as its fingerprint; an auth scheme word is kept.
+    fn fingerprint_header(&self, name: &str, value: &str, summary: &mut Summary) -> String {
+        let (scheme, secret) = match value.split_once(' ') {
+            Some((s, rest))
+                if (name == "authorization" || name == "proxy-authorization")
+                    && !s.is_empty()
+                    && s.bytes().all(|b| b.is_ascii_alphabetic()) =>
+            {
+                (Some(s), rest.trim())
+            }
+            _ => (None, value.trim()),
+        };
+        let kind = self.kind_of(secret.as_bytes()).unwrap_or(name);
+        *summary.entry(kind.to_owned()).or_default() += 1;
+        let fp = marker(kind, Some(secret), secret.as_bytes());
+        match scheme {
+            Some(s) => format!("{s} {fp}"),
+            None => fp,
+        }
+    }
+
+    /// The kind of a whole value when it is one known secret shape.
+    fn kind_of(&self, value: &[u8]) -> Option<&'static str> {
+        self.find(value, &[]).first().and_then(|(start, _, kind)| {
+            let kind: &str = kind;
+            (*start == 0)
+                .then(|| SHAPES.iter().find(|s| s.kind == kind).map(|s| s.kind))
+                .flatten()
+        })
+    }
+
+    /// A path with the values of credential-like query parameters fingerprinted, and
+    /// the rest scanned like a body.
+    pub fn path(&self, path: &str, summary: &mut Summary) -> String {
+        let Some((base, query)) = path.split_once('?') else {
+            return self.redact_text(path, &[], summary);
+        };
+        let params: Vec<String> = query
+            .split('&')
+            .map(|pair| match pair.split_once('=') {
+                Some((k, v)) if crate::logging::is_secret_name(k) && !v.is_empty() => {
+                    *summary.entry("query-secret".into()).or_default() += 1;
+                    format!("{k}={}", marker("query-secret", None, v.as_bytes()))
+                }
+                _ => self.redact_text(pair, &[], summary),
+            })
+            .collect();
+        format!(
+            "{}?{}",
+            self.redact_text(base, &[], summary),
+            params.join("&")
+        )
+    }
+}
+
+/// The byte ranges of the contents of the JSON strings in `body` (escapes left as
+/// they are), outside strings anything goes: SSE framing, other text.
+fn json_strings(body: &[u8]) -> Vec<(usize, usize)> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while let Some(open) = memchr::memchr(b'"', &body[i..]) {
+        let start = i + open + 1;
+        let mut j = start;
+        loop {
+            match memchr::memchr2(b'"', b'\\', &body[j..]) {
+                Some(k) if body[j + k] == b'\\' => j += k + 2,
+                Some(k) => {
+                    out.push((start, j + k));
+                    i = j + k + 1;
+                    break;
+                }
+                None => return out,
+            }
+            if j >= body.len() {
+                return out;
+            }
+        }
+    }
+    out
+}
+
+/// The byte before `pos` is not a letter or digit (a JSON escape such as `\n` counts
+/// as a separator).
+fn at_word_start(input: &[u8], pos: usize) -> bool {
+    match pos.checked_sub(1).map(|i| input[i]) {
+        None => true,
+        Some(b) if b.is_ascii_alphanumeric() => pos >= 2 && input[pos - 2] == b'\\',
+        Some(_) => true,
+    }
+}
+
+/// The first 8 hex digits of the secret's SHA-256.
+pub fn hash8(secret: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, secret);
+    digest.as_ref()[..4]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// `[REDACTED:<kind>:<hash8>]`, or with the first 4 characters of a long enough
+/// header credential: `[REDACTED:<kind>:<first4>...:<hash8>]`.
+fn marker(kind: &str, shown: Option<&str>, secret: &[u8]) -> String {
+    let hash = hash8(secret);
+    match shown {
+        Some(s) if s.chars().count() >= 16 => {
+            let first4: String = s.chars().take(4).collect();
+            format!("[REDACTED:{kind}:{first4}...:{hash}]")
+        }
+        _ => format!("[REDACTED:{kind}:{hash}]"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn redactor() -> Redactor {
+        Redactor::new(
+            &[("acme".into(), r"acme_[a-z0-9]{12}".into())],
+            &["x-gateway-token".into()],
+        )
+        .unwrap()
+    }
+
+    fn run(text: &str) -> (String, Summary) {
+        let mut summary = Summary::new();
+        let out = redactor().redact(text.as_bytes(), &[], &mut summary);
+        (String::from_utf8(out.into_owned()).unwrap(), summary)
+    }
+
+    #[test]
+    fn each_known_shape_is_replaced() {
+        let cases = [
+            (
+                "key sk-ant-api03-AbCdEfGhIjKlMnOpQrStUvWx-yz_0123 end",
+                "anthropic",
+            ),
+            ("sk-proj-AbCdEfGhIjKlMnOpQrStUvWxYz0123456789", "openai"),
+            ("legacy sk-AbCdEfGhIjKlMnOpQrStUvWxYz01234567 x", "openai"),
+            ("AKIAIOSFODNN7EXAMPLE", "aws-access-key"),
+            ("id: AKIAIOSFODNN7EXAMPLE, next", "aws-access-key"),
+            (
+                "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY",
+                "aws-secret-key",
+            ),
+            (
+                r#"{\"private_key_id\": \"0123456789abcdef0123456789abcdef01234567\"}"#,
+                "gcp-service-account",
+            ),
+            ("ghp_0123456789abcdefghijABCDEFGHIJ012345", "github"),
+            (
+                "github_pat_11ABCDEFG0123456789_abcdefghijklmnopqrstuvwxyz",
+                "github",
+            ),
+            ("glpat-abcdefghij0123456789", "gitlab"),
+            ("xoxb-1234567890-abcdefghijkl", "slack"),
+            ("sk_live_0123456789abcdefABCDEF", "stripe"),
+            (
+                "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+                "jwt",
+            ),
+            (
+                "-----BEGIN RSA PRIVATE KEY-----\\nMIIEowIBAAKCAQEA7\\nabc+/=\\n-----END RSA PRIVATE KEY-----",
+                "pem-private-key",
+            ),
+            ("DB_PASSWORD=hunter2hunter2", "env-secret"),
+            ("export GITHUB_TOKEN=abc123def456", "env-secret"),
+            ("Authorization: Bearer abcdefghijklmnop0123456789", "bearer"),
+            ("acme_0123456789ab", "acme"),
+        ];
+        for (text, kind) in cases {
+            let (out, summary) = run(text);
+            assert_eq!(summary.get(kind), Some(&1), "{text} -> {out} {summary:?}");
+            assert!(out.contains(&format!("[REDACTED:{kind}:")), "{out}");
+        }
+    }
+
+    #[test]
+    fn text_around_a_secret_is_kept() {
+        let (out, _) =
+            run("id: AKIAIOSFODNN7EXAMPLE, next ghp_0123456789abcdefghijABCDEFGHIJ012345 end");
+        let h1 = hash8(b"AKIAIOSFODNN7EXAMPLE");
+        let h2 = hash8(b"ghp_0123456789abcdefghijABCDEFGHIJ012345");
+        assert_eq!(
+            out,
+            format!("id: [REDACTED:aws-access-key:{h1}], next [REDACTED:github:{h2}] end")
+        );
+    }
+
+    #[test]
+    fn prose_is_left_alone() {
+        for text in [
+            "max_tokens=128000 and the task-list",
+            "tokens are counted; password reset flows; secret sauce",
+            "token=${TOKEN} password=*** secret=xxxxxx",
+            "the ask-question tool",
+            "AKIAIOSFODNN7EXAMPLEX is too long",
+        ] {
+            let (out, summary) = run(text);
+            assert!(summary.is_empty(), "{text} -> {out}");
+            assert_eq!(out, text);
+        }
+    }
+
+    #[test]
+    fn json_stays_valid_and_secrets_correlate() {
+        let body = br#"{"system":[{"type":"text","text":"use sk-ant-api03-SECRETSECRETSECRET01\nand DB_PASSWORD=s3cr3t-pw\n"}],"messages":[{"role":"user","content":"again sk-ant-api03-SECRETSECRETSECRET01"}]}"#;
+        let mut summary = Summary::new();
+        let out = redactor().redact(body, &[], &mut summary);
+        let text = std::str::from_utf8(&out).unwrap();
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        assert!(!text.contains("SECRETSECRET") && !text.contains("s3cr3t"));
+        let h = hash8(b"sk-ant-api03-SECRETSECRETSECRET01");
+        assert_eq!(
+            text.matches(&format!("[REDACTED:anthropic:{h}]")).count(),
+            2
+        );
+        assert_eq!(summary["anthropic"], 2);
+        assert_eq!(summary["env-secret"], 1);
+        assert!(
+            v["system"][0]["text"]
+                .as_str()
+                .unwrap()
+                .contains("DB_PASSWORD=[REDACTED:env-secret:")
+        );
+    }
+
+    #[test]
+    fn credential_headers_keep_a_fingerprint() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "x-api-key",
+            "sk-ant-api03-HEADERSECRET0123456789".parse().unwrap(),
+        );
+        h.insert(
+            "authorization",
+            "Bearer tok_0123456789abcdefXYZ".parse().unwrap(),
+        );
+        h.insert("x-gateway-token", "gw-secret-value".parse().unwrap());
+        h.insert("cookie", "sid=abc".parse().unwrap());
+        h.insert(
+            "x-note",
+            "carries glpat-abcdefghij0123456789".parse().unwrap(),
+        );
+        h.insert("anthropic-version", "2023-06-01".parse().unwrap());
+        let mut summary = Summary::new();
+        let out = redactor().headers(&h, &[], &mut summary);
+        let get = |n: &str| out.iter().find(|(k, _)| k == n).unwrap().1.clone();
+        let hash = hash8(b"sk-ant-api03-HEADERSECRET0123456789");
+        assert_eq!(
+            get("x-api-key"),
+            format!("[REDACTED:anthropic:sk-a...:{hash}]")
+        );
+        assert!(get("authorization").starts_with("Bearer [REDACTED:authorization:tok_...:"));
+        assert!(get("x-gateway-token").starts_with("[REDACTED:x-gateway-token:"));
+        assert!(
+            !get("x-gateway-token").contains("gw-s"),
+            "short values show no prefix"
+        );
+        assert!(get("cookie").starts_with("[REDACTED:cookie:"));
+        assert!(get("x-note").starts_with("carries [REDACTED:gitlab:"));
+        assert_eq!(get("anthropic-version"), "2023-06-01");
+        assert_eq!(summary.values().sum::<u32>(), 5);
+    }
+
+    #[test]
+    fn query_secrets_and_rule_patterns() {
+        let r = redactor();
+        let mut summary = Summary::new();
+        let p = r.path("/v1/messages?beta=true&api_key=abc123", &mut summary);
+        assert!(
+            p.starts_with("/v1/messages?beta=true&api_key=[REDACTED:query-secret:"),
+            "{p}"
+        );
+        let rule = regex::Regex::new(r"internal-\d{4}").unwrap();
+        let out = r.redact(b"ticket internal-1234 ok", &[rule], &mut summary);
+        assert!(
+            std::str::from_utf8(&out)
+                .unwrap()
+                .starts_with("ticket [REDACTED:rule:")
+        );
+        assert_eq!(summary["rule"], 1);
+    }
+
+    #[test]
+    fn secrets_split_across_stream_events_are_scrubbed() {
+        let secret = b"sk_live_0123456789abcdefSPLIT";
+        let r = redactor();
+        let found = r.secrets(br#"{"text":"key: sk_live_0123456789abcdefSPLIT ok"}"#, &[]);
+        assert_eq!(found, [("stripe".to_owned(), secret.to_vec())]);
+        let events = b"data: {\"delta\":{\"text\":\"key: sk_li\"}}\n\ndata: {\"delta\":{\"text\":\"ve_0123\"}}\n\ndata: {\"delta\":{\"text\":\"456789abcdefSP\"}}\n\ndata: {\"delta\":{\"text\":\"LIT ok\"}}\n\n";
+        let out = r.scrub_fragments(events, &found);
+        let text = std::str::from_utf8(&out).unwrap();
+        for fragment in ["sk_li", "ve_0123", "456789", "LIT"] {
+            assert!(!text.contains(fragment), "{fragment} left in {text}");
+        }
+        assert!(text.contains("\"key: [REDACTED:stripe:"), "{text}");
+        assert!(
+            text.contains("\"text\":\"[REDACTED:stripe:") && text.contains("] ok\""),
+            "{text}"
+        );
+        assert!(text.contains("\"delta\""), "keys are not secrets");
+    }
+
+    #[test]
+    fn non_utf8_bodies_are_scanned_too() {
+        let mut body = vec![0xff, 0xfe, b' '];
+        body.extend_from_slice(b"ghp_0123456789abcdefghijABCDEFGHIJ012345");
+        let mut summary = Summary::new();
+        let out = redactor().redact(&body, &[], &mut summary);
+        assert!(!out.windows(10).any(|w| w == b"0123456789"));
+    }
+}

@@ -1,0 +1,197 @@
+//! The `[capture]` settings: where records go, how long they stay, what else is
+//! secret, and what happens when the store cannot keep up.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::redact::Redactor;
+use super::store::Retention;
+use crate::config::{ConfigError, Scalar, parse_duration, parse_size};
+
+/// Raw `[capture]` settings, from the config file or flags.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureLayer {
+    pub enabled: Option<bool>,
+    pub dir: Option<PathBuf>,
+    pub required: Option<bool>,
+    pub max_age: Option<Scalar>,
+    pub max_size: Option<Scalar>,
+    pub queue: Option<u64>,
+    pub queue_bytes: Option<Scalar>,
+    pub queue_wait: Option<Scalar>,
+    pub secret_headers: Option<Vec<String>>,
+    pub redact: Option<Vec<RedactPattern>>,
+}
+
+/// An extra redaction pattern: a regex (kind `custom`), or `{ kind, pattern }`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RedactPattern {
+    Plain(String),
+    Named { kind: String, pattern: String },
+}
+
+/// The validated capture settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CaptureSettings {
+    /// Off with `--no-capture` or `enabled = false`.
+    pub enabled: bool,
+    /// The captures directory; the store is `promptgate.db` in it.
+    pub dir: PathBuf,
+    /// Refuse requests (503) rather than let one go unrecorded.
+    pub required: bool,
+    pub retention: Retention,
+    /// Records the queue to the store holds before the proxy waits.
+    pub queue: usize,
+    /// Body bytes the queue holds before the proxy waits.
+    pub queue_bytes: u64,
+    /// How long the proxy waits for room in a full queue before it drops (or refuses).
+    pub queue_wait: Duration,
+    /// More header names whose values are credentials.
+    pub secret_headers: Vec<String>,
+    /// More redaction patterns: (kind, regex).
+    pub redact: Vec<(String, String)>,
+}
+
+impl Default for CaptureSettings {
+    fn default() -> Self {
+        CaptureSettings {
+            enabled: true,
+            dir: PathBuf::from("./captures"),
+            required: false,
+            retention: Retention {
+                max_age: Some(Duration::from_secs(30 * 86_400)),
+                max_size: Some(1 << 30),
+            },
+            queue: 1024,
+            queue_bytes: 256 << 20,
+            queue_wait: Duration::from_secs(2),
+            secret_headers: Vec::new(),
+            redact: Vec::new(),
+        }
+    }
+}
+
+impl CaptureSettings {
+    /// Applies a layer over these settings. `base` is the config file's directory
+    /// (relative `dir` values in a file are relative to it).
+    pub fn apply(&mut self, layer: CaptureLayer, base: Option<&Path>) -> Result<(), ConfigError> {
+        let invalid = |setting: &'static str| {
+            move |message: String| ConfigError::Invalid { setting, message }
+        };
+        if let Some(v) = layer.enabled {
+            self.enabled = v;
+        }
+        if let Some(v) = layer.dir {
+            self.dir = match base {
+                Some(b) if v.is_relative() => b.join(v),
+                _ => v,
+            };
+        }
+        if let Some(v) = layer.required {
+            self.required = v;
+        }
+        if let Some(v) = layer.max_age {
+            self.retention.max_age =
+                optional(&v, parse_duration).map_err(invalid("capture.max_age"))?;
+        }
+        if let Some(v) = layer.max_size {
+            self.retention.max_size =
+                optional(&v, parse_size).map_err(invalid("capture.max_size"))?;
+        }
+        if let Some(v) = layer.queue {
+            if v == 0 {
+                return Err(invalid("capture.queue")("must be at least 1".into()));
+            }
+            self.queue = v as usize;
+        }
+        if let Some(v) = layer.queue_bytes {
+            self.queue_bytes = parse_size(&v).map_err(invalid("capture.queue_bytes"))?;
+        }
+        if let Some(v) = layer.queue_wait {
+            self.queue_wait = parse_duration(&v).map_err(invalid("capture.queue_wait"))?;
+        }
+        if let Some(names) = layer.secret_headers {
+            for name in &names {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(invalid("capture.secret_headers")(format!(
+                        "{name:?} is not a header name (expected e.g. \"x-gateway-token\")"
+                    )));
+                }
+            }
+            self.secret_headers
+                .extend(names.into_iter().map(|n| n.to_ascii_lowercase()));
+        }
+        if let Some(patterns) = layer.redact {
+            for p in patterns {
+                let (kind, pattern) = match p {
+                    RedactPattern::Plain(pattern) => ("custom".to_owned(), pattern),
+                    RedactPattern::Named { kind, pattern } => (kind, pattern),
+                };
+                if kind.is_empty()
+                    || !kind
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                {
+                    return Err(invalid("capture.redact")(format!(
+                        "kind {kind:?} must be letters, digits, '-' or '_' (expected e.g. \"acme-token\")"
+                    )));
+                }
+                self.redact.push((kind, pattern));
+            }
+            Redactor::new(&self.redact, &[]).map_err(|e| {
+                invalid("capture.redact")(format!("{e} (expected e.g. \"acme_[a-z0-9]{{32}}\")"))
+            })?;
+        }
+        Ok(())
+    }
+}
+
+/// `"off"` or a value.
+fn optional<T>(v: &Scalar, parse: fn(&Scalar) -> Result<T, String>) -> Result<Option<T>, String> {
+    match v {
+        Scalar::Text(t) if t.trim().eq_ignore_ascii_case("off") => Ok(None),
+        v => parse(v).map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_and_validate() {
+        let mut s = CaptureSettings::default();
+        let layer: CaptureLayer = toml::from_str(
+            r#"
+            dir = "caps"
+            required = true
+            max_age = "7d"
+            max_size = "off"
+            secret_headers = ["X-Gateway-Token"]
+            redact = ["acme_[0-9]{4}", { kind = "ticket", pattern = "T-[0-9]+" }]
+            "#,
+        )
+        .unwrap();
+        s.apply(layer, Some(Path::new("/etc/pg"))).unwrap();
+        assert_eq!(s.dir, PathBuf::from("/etc/pg/caps"));
+        assert!(s.required);
+        assert_eq!(s.retention.max_age, Some(Duration::from_secs(7 * 86_400)));
+        assert_eq!(s.retention.max_size, None);
+        assert_eq!(s.secret_headers, ["x-gateway-token"]);
+        assert_eq!(s.redact[1], ("ticket".into(), "T-[0-9]+".into()));
+
+        let bad: CaptureLayer = toml::from_str(r#"redact = ["(unclosed"]"#).unwrap();
+        let err = CaptureSettings::default()
+            .apply(bad, None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("capture.redact: invalid regex \"(unclosed\""),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,486 @@
+//! The unit view of a request in the provider's cache order (tools → system →
+//! messages, PROTOCOL.md §B.4) and the structural diff of two requests, normalised as
+//! the cache sees them: a string equals one text block, `cache_control` is ignored
+//! (CLIENTS.md §5). `captures diff` and the cache analysis read requests through
+//! [`cache_order`]; nothing here touches the store.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::provider::request::{Content, RequestView};
+
+/// Where a unit sits in the cached prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Section {
+    Tools,
+    System,
+    Messages,
+}
+
+impl Section {
+    pub fn name(self) -> &'static str {
+        match self {
+            Section::Tools => "tools",
+            Section::System => "system",
+            Section::Messages => "messages",
+        }
+    }
+}
+
+/// One unit of a request: a tool, a system block or a message.
+#[derive(Debug, Clone)]
+pub struct Unit<'a> {
+    pub section: Section,
+    /// Position within its section.
+    pub index: usize,
+    /// The exact bytes sent (for a string `system`, the string).
+    pub raw: &'a str,
+    /// It (or a block inside it) carries `cache_control`.
+    pub breakpoint: bool,
+    /// Compact JSON with `cache_control` removed and string content as one text block.
+    pub normalized: String,
+    /// A short description: a tool's name, a block's type and size, a message's role and blocks.
+    pub label: String,
+}
+
+/// The units of a request, in cache order.
+pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
+    let mut out = Vec::new();
+    for (index, raw) in view.tools().into_iter().enumerate() {
+        let mut v = parse(raw.get());
+        let breakpoint = strip_cache_control(&mut v);
+        let name = v
+            .get("name")
+            .or_else(|| v.get("function").and_then(|f| f.get("name")))
+            .and_then(Value::as_str)
+            .unwrap_or("?")
+            .to_owned();
+        out.push(Unit {
+            section: Section::Tools,
+            index,
+            raw: raw.get(),
+            breakpoint,
+            normalized: v.to_string(),
+            label: format!("tool {name}"),
+        });
+    }
+    match view.system() {
+        Some(Content::Text(raw)) => {
+            let text = parse(raw.get());
+            let v = text_block(text);
+            out.push(Unit {
+                section: Section::System,
+                index: 0,
+                raw: raw.get(),
+                breakpoint: false,
+                label: block_label(&v),
+                normalized: v.to_string(),
+            });
+        }
+        Some(Content::Blocks(blocks)) => {
+            for (index, raw) in blocks.into_iter().enumerate() {
+                let mut v = parse(raw.get());
+                let breakpoint = strip_cache_control(&mut v);
+                out.push(Unit {
+                    section: Section::System,
+                    index,
+                    raw: raw.get(),
+                    breakpoint,
+                    label: block_label(&v),
+                    normalized: v.to_string(),
+                });
+            }
+        }
+        None => {}
+    }
+    for (index, m) in view.messages().into_iter().enumerate() {
+        let mut v = parse(m.raw.get());
+        let breakpoint = strip_cache_control(&mut v);
+        if let Some(obj) = v.as_object_mut()
+            && let Some(content) = obj.get_mut("content")
+            && content.is_string()
+        {
+            *content = Value::Array(vec![text_block(content.take())]);
+        }
+        out.push(Unit {
+            section: Section::Messages,
+            index,
+            raw: m.raw.get(),
+            breakpoint,
+            label: message_label(&v),
+            normalized: v.to_string(),
+        });
+    }
+    out
+}
+
+fn parse(raw: &str) -> Value {
+    serde_json::from_str(raw).unwrap_or(Value::Null)
+}
+
+fn text_block(text: Value) -> Value {
+    let mut block = Map::new();
+    block.insert("type".into(), Value::from("text"));
+    block.insert("text".into(), text);
+    Value::Object(block)
+}
+
+/// Removes every `cache_control` (a unit's own and its blocks'); says whether there was one.
+fn strip_cache_control(v: &mut Value) -> bool {
+    match v {
+        Value::Object(map) => {
+            let mut found = map.shift_remove("cache_control").is_some();
+            if let Some(content) = map.get_mut("content") {
+                found |= strip_cache_control(content);
+            }
+            found
+        }
+        Value::Array(items) => items
+            .iter_mut()
+            .fold(false, |found, item| strip_cache_control(item) | found),
+        _ => false,
+    }
+}
+
+fn block_label(block: &Value) -> String {
+    let kind = block.get("type").and_then(Value::as_str).unwrap_or("block");
+    match (kind, block.get("text").and_then(Value::as_str)) {
+        ("text", Some(t)) => format!("text, {} chars", t.chars().count()),
+        (kind, _) => match kind {
+            "tool_use" => format!(
+                "tool_use {}",
+                block.get("name").and_then(Value::as_str).unwrap_or("?")
+            ),
+            "tool_result" => format!("tool_result, {} chars", display_text(block).chars().count()),
+            kind => kind.to_owned(),
+        },
+    }
+}
+
+fn message_label(m: &Value) -> String {
+    let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+    let blocks: Vec<String> = match m.get("content") {
+        Some(Value::Array(items)) => items.iter().map(block_label).collect(),
+        Some(Value::Null) | None => Vec::new(),
+        Some(other) => vec![other.to_string().chars().take(40).collect()],
+    };
+    format!("{role}: {}", blocks.join("; "))
+}
+
+/// Readable text of a unit: text blocks as their text, other blocks as JSON.
+pub fn display_text(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        Value::Array(items) => items
+            .iter()
+            .map(display_text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Value::Object(map) => {
+            let kind = map.get("type").and_then(Value::as_str);
+            match kind {
+                Some("text") => map.get("text").map(display_text).unwrap_or_default(),
+                Some("tool_result") => format!(
+                    "[tool_result {}]\n{}",
+                    map.get("tool_use_id").and_then(Value::as_str).unwrap_or(""),
+                    map.get("content").map(display_text).unwrap_or_default()
+                ),
+                Some("tool_use") => format!(
+                    "[tool_use {}] {}",
+                    map.get("name").and_then(Value::as_str).unwrap_or("?"),
+                    map.get("input").map(Value::to_string).unwrap_or_default()
+                ),
+                _ if map.contains_key("role") => {
+                    let role = map.get("role").and_then(Value::as_str).unwrap_or("?");
+                    let content = map.get("content").map(display_text).unwrap_or_default();
+                    format!("[{role}]\n{content}")
+                }
+                _ => serde_json::to_string_pretty(v).unwrap_or_default(),
+            }
+        }
+        other => other.to_string(),
+    }
+}
+
+/// How a unit differs between two requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Change {
+    Same,
+    Added,
+    Removed,
+    Changed,
+}
+
+/// One line of a structural diff.
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffEntry {
+    pub section: Section,
+    pub change: Change,
+    /// Index in the first request.
+    pub a: Option<usize>,
+    /// Index in the second request.
+    pub b: Option<usize>,
+    pub label: String,
+    /// For a changed unit: its readable text as a line diff (`-`, `+`, ` ` prefixes).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub lines: Vec<String>,
+}
+
+/// The structural diff of two requests' units, section by section in cache order.
+pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
+    let mut out = Vec::new();
+    for section in [Section::Tools, Section::System, Section::Messages] {
+        let xs: Vec<&Unit<'_>> = a.iter().filter(|u| u.section == section).collect();
+        let ys: Vec<&Unit<'_>> = b.iter().filter(|u| u.section == section).collect();
+        let ops = align(&xs, &ys);
+        let mut i = 0;
+        while i < ops.len() {
+            match ops[i] {
+                Op::Same(x, y) => {
+                    out.push(entry(section, Change::Same, Some(xs[x]), Some(ys[y])));
+                    i += 1;
+                }
+                _ => {
+                    // A run of removals and additions: pair them up as changes.
+                    let run_end = ops[i..]
+                        .iter()
+                        .position(|o| matches!(o, Op::Same(..)))
+                        .map_or(ops.len(), |p| i + p);
+                    let removed: Vec<usize> = ops[i..run_end]
+                        .iter()
+                        .filter_map(|o| {
+                            if let Op::Removed(x) = o {
+                                Some(*x)
+                            } else {
+                                None
+                            }
+                        })
+                        .collect();
+                    let added: Vec<usize> = ops[i..run_end]
+                        .iter()
+                        .filter_map(|o| if let Op::Added(y) = o { Some(*y) } else { None })
+                        .collect();
+                    let paired = removed.len().min(added.len());
+                    for k in 0..paired {
+                        let (x, y) = (xs[removed[k]], ys[added[k]]);
+                        let mut e = entry(section, Change::Changed, Some(x), Some(y));
+                        e.lines = line_diff(
+                            &display_text(&parse(&x.normalized)),
+                            &display_text(&parse(&y.normalized)),
+                        );
+                        out.push(e);
+                    }
+                    for &x in &removed[paired..] {
+                        out.push(entry(section, Change::Removed, Some(xs[x]), None));
+                    }
+                    for &y in &added[paired..] {
+                        out.push(entry(section, Change::Added, None, Some(ys[y])));
+                    }
+                    i = run_end;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The structural diff of two request bodies (each must be a JSON object).
+pub fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, String> {
+    fn view<'b>(body: &'b [u8], which: &str) -> Result<RequestView<'b>, String> {
+        RequestView::parse(body)
+            .map_err(|e| format!("the {which} request body is not a JSON object: {e}"))
+    }
+    let (va, vb) = (view(a, "first")?, view(b, "second")?);
+    Ok(diff(&cache_order(&va), &cache_order(&vb)))
+}
+
+fn entry(
+    section: Section,
+    change: Change,
+    x: Option<&Unit<'_>>,
+    y: Option<&Unit<'_>>,
+) -> DiffEntry {
+    DiffEntry {
+        section,
+        change,
+        a: x.map(|u| u.index),
+        b: y.map(|u| u.index),
+        label: y.or(x).map(|u| u.label.clone()).unwrap_or_default(),
+        lines: Vec::new(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Same(usize, usize),
+    Removed(usize),
+    Added(usize),
+}
+
+/// A longest-common-subsequence alignment of two unit lists by normalised content.
+fn align(xs: &[&Unit<'_>], ys: &[&Unit<'_>]) -> Vec<Op> {
+    lcs(xs.len(), ys.len(), |i, j| {
+        xs[i].normalized == ys[j].normalized
+    })
+}
+
+/// LCS edit script over two sequences given an equality test; common ends are
+/// matched first so long equal prefixes cost nothing.
+fn lcs(n: usize, m: usize, eq: impl Fn(usize, usize) -> bool) -> Vec<Op> {
+    let mut head = 0;
+    while head < n && head < m && eq(head, head) {
+        head += 1;
+    }
+    let mut tail = 0;
+    while tail < n - head && tail < m - head && eq(n - 1 - tail, m - 1 - tail) {
+        tail += 1;
+    }
+    let (n2, m2) = (n - head - tail, m - head - tail);
+    let mut ops: Vec<Op> = (0..head).map(|i| Op::Same(i, i)).collect();
+    if n2 * m2 > 4_000_000 {
+        // Too big to align: everything in the middle is removed, then added.
+        ops.extend((head..head + n2).map(Op::Removed));
+        ops.extend((head..head + m2).map(Op::Added));
+    } else {
+        let mut table = vec![0u32; (n2 + 1) * (m2 + 1)];
+        let at = |i: usize, j: usize| i * (m2 + 1) + j;
+        for i in (0..n2).rev() {
+            for j in (0..m2).rev() {
+                table[at(i, j)] = if eq(head + i, head + j) {
+                    table[at(i + 1, j + 1)] + 1
+                } else {
+                    table[at(i + 1, j)].max(table[at(i, j + 1)])
+                };
+            }
+        }
+        let (mut i, mut j) = (0, 0);
+        while i < n2 || j < m2 {
+            if i < n2 && j < m2 && eq(head + i, head + j) {
+                ops.push(Op::Same(head + i, head + j));
+                i += 1;
+                j += 1;
+            } else if i < n2 && (j == m2 || table[at(i + 1, j)] >= table[at(i, j + 1)]) {
+                ops.push(Op::Removed(head + i));
+                i += 1;
+            } else {
+                ops.push(Op::Added(head + j));
+                j += 1;
+            }
+        }
+    }
+    ops.extend((0..tail).map(|k| Op::Same(n - tail + k, m - tail + k)));
+    ops
+}
+
+/// A line diff of two texts: changed lines with one line of context around each
+/// change, long lines cut.
+pub fn line_diff(a: &str, b: &str) -> Vec<String> {
+    const WIDTH: usize = 160;
+    let xs: Vec<&str> = a.lines().collect();
+    let ys: Vec<&str> = b.lines().collect();
+    let ops = lcs(xs.len(), ys.len(), |i, j| xs[i] == ys[j]);
+    let cut = |s: &str| -> String {
+        if s.chars().count() > WIDTH {
+            format!("{}…", s.chars().take(WIDTH).collect::<String>())
+        } else {
+            s.to_owned()
+        }
+    };
+    let changed: Vec<bool> = ops.iter().map(|o| !matches!(o, Op::Same(..))).collect();
+    let mut out = Vec::new();
+    let mut skipped = false;
+    for (k, op) in ops.iter().enumerate() {
+        let near = changed[k.saturating_sub(1)..(k + 2).min(ops.len())]
+            .iter()
+            .any(|c| *c);
+        if !near {
+            skipped = true;
+            continue;
+        }
+        if skipped && !out.is_empty() {
+            out.push("  …".to_owned());
+        }
+        skipped = false;
+        out.push(match op {
+            Op::Same(i, _) => format!("  {}", cut(xs[*i])),
+            Op::Removed(i) => format!("- {}", cut(xs[*i])),
+            Op::Added(j) => format!("+ {}", cut(ys[*j])),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TURN1: &str = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"system","content":[{"type":"text","text":"env\ndate 1","cache_control":{"type":"ephemeral"}}]}],"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are X","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}"#;
+    const TURN2: &str = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"system","content":"env\ndate 1"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a.rs","cache_control":{"type":"ephemeral"}}]}],"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are X","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}"#;
+
+    fn units(body: &str) -> Vec<Unit<'_>> {
+        let view = RequestView::parse(body.as_bytes()).unwrap();
+        cache_order(&view)
+    }
+
+    #[test]
+    fn units_come_in_cache_order() {
+        let u = units(TURN1);
+        let order: Vec<(Section, usize)> = u.iter().map(|u| (u.section, u.index)).collect();
+        assert_eq!(
+            order,
+            [
+                (Section::Tools, 0),
+                (Section::Tools, 1),
+                (Section::System, 0),
+                (Section::System, 1),
+                (Section::Messages, 0),
+                (Section::Messages, 1)
+            ]
+        );
+        assert_eq!(u[0].label, "tool Bash");
+        assert!(u[3].breakpoint && !u[2].breakpoint);
+        assert_eq!(u[5].label, "system: text, 10 chars");
+    }
+
+    #[test]
+    fn a_turn_only_appends_once_normalised() {
+        let d = diff(&units(TURN1), &units(TURN2));
+        let changes: Vec<(Section, Change)> = d.iter().map(|e| (e.section, e.change)).collect();
+        assert_eq!(
+            changes,
+            [
+                (Section::Tools, Change::Same),
+                (Section::Tools, Change::Same),
+                (Section::System, Change::Same),
+                (Section::System, Change::Same),
+                (Section::Messages, Change::Same),
+                (Section::Messages, Change::Same),
+                (Section::Messages, Change::Added),
+                (Section::Messages, Change::Added),
+            ],
+            "string vs [text] and moved breakpoints are not changes"
+        );
+    }
+
+    #[test]
+    fn changed_units_show_their_text() {
+        let b = TURN1
+            .replace("date 1", "date 2")
+            .replace("You are X", "You are Y");
+        let d = diff(&units(TURN1), &units(&b));
+        let changed: Vec<&DiffEntry> = d.iter().filter(|e| e.change == Change::Changed).collect();
+        assert_eq!(changed.len(), 2);
+        assert_eq!(changed[0].section, Section::System);
+        assert_eq!(changed[0].lines, ["- You are X", "+ You are Y"]);
+        assert_eq!(changed[1].lines, ["  env", "- date 1", "+ date 2"]);
+    }
+
+    #[test]
+    fn line_diff_keeps_context_short() {
+        let a = "1\n2\n3\n4\n5\n6\n7";
+        let b = "1\n2\n3\nfour\n5\n6\n7";
+        assert_eq!(line_diff(a, b), ["  3", "- 4", "+ four", "  5"]);
+    }
+}

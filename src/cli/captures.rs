@@ -1,0 +1,760 @@
+//! `promptgate captures …`: list, show, diff, export and conversations, read from the
+//! store in `--captures DIR` (the same default as `serve`).
+
+use std::fmt::Write as _;
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use serde_json::Value;
+
+use crate::capture::record::{BodyInfo, CaptureRecord};
+use crate::capture::store::{Filter, Row};
+use crate::capture::units::{self, Change, DiffEntry};
+use crate::capture::{Store, timestamp};
+use crate::config::{Config, ConfigLayer};
+use crate::provider::request::{Content, RequestView};
+
+/// `promptgate captures` and its verbs.
+#[derive(Debug, Args)]
+pub struct CapturesArgs {
+    #[command(subcommand)]
+    verb: Verb,
+    /// Directory of the capture store [default: ./captures, or capture.dir of --config].
+    #[arg(long, value_name = "DIR", global = true)]
+    captures: Option<PathBuf>,
+    /// Config file whose capture.dir to read.
+    #[arg(long, value_name = "FILE", global = true)]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Verb {
+    /// One line per exchange: time, id, conversation, model, status, outcome, tokens, rules.
+    List(FilterArgs),
+    /// One exchange, readable: system blocks, messages, tools, usage, rules.
+    Show(ShowArgs),
+    /// What changed between two requests, in the provider's cache order.
+    Diff(DiffArgs),
+    /// Every matching exchange as JSONL or HAR 1.2.
+    Export(ExportArgs),
+    /// One line per conversation: requests, tokens, first and last time.
+    Conversations(FilterArgs),
+}
+
+/// Which exchanges.
+#[derive(Debug, Args, Default)]
+struct FilterArgs {
+    /// Only since this time: 30m, 2h, 7d, 2026-11-29, 2026-11-29T14:00Z (UTC).
+    #[arg(long, value_name = "WHEN")]
+    since: Option<String>,
+    /// Only this model (`*` matches anything, e.g. claude-opus-*).
+    #[arg(long, value_name = "MODEL")]
+    model: Option<String>,
+    /// Only this conversation (a key or its start).
+    #[arg(long, value_name = "KEY")]
+    conversation: Option<String>,
+    /// Only this outcome: ok, blocked, no_route, too_large, bad_request, upstream_error,
+    /// client_cancelled, shutdown, capture_unavailable.
+    #[arg(long, value_name = "OUTCOME")]
+    outcome: Option<String>,
+    /// Only exchanges whose record or bodies contain this text.
+    #[arg(long, value_name = "TEXT")]
+    grep: Option<String>,
+    /// At most this many (the most recent).
+    #[arg(long, value_name = "N")]
+    limit: Option<usize>,
+}
+
+impl FilterArgs {
+    fn filter(&self) -> anyhow::Result<Filter> {
+        let since_ms = match &self.since {
+            Some(s) => {
+                Some(timestamp::parse_since(s, timestamp::now_ms()).map_err(anyhow::Error::msg)?)
+            }
+            None => None,
+        };
+        Ok(Filter {
+            since_ms,
+            model: self.model.clone(),
+            conversation: self.conversation.clone(),
+            outcome: self.outcome.clone(),
+            grep: self.grep.clone(),
+            limit: self.limit,
+        })
+    }
+}
+
+#[derive(Debug, Args)]
+struct ShowArgs {
+    /// The exchange id (or its start; unique).
+    id: String,
+    /// The redacted record as JSON, bodies included; with --sent/--received, that body's bytes.
+    #[arg(long)]
+    raw: bool,
+    /// Show the request as sent upstream (after rules).
+    #[arg(long, conflicts_with = "received")]
+    sent: bool,
+    /// Show the request as received from the client (the default).
+    #[arg(long)]
+    received: bool,
+}
+
+#[derive(Debug, Args)]
+struct DiffArgs {
+    /// The earlier exchange.
+    a: String,
+    /// The later exchange.
+    b: String,
+    /// Compare the requests as received instead of as sent upstream.
+    #[arg(long)]
+    received: bool,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// jsonl (one whole record per line) or har (HAR 1.2).
+    #[arg(long, value_name = "FORMAT", default_value = "jsonl")]
+    format: String,
+    /// Write here instead of standard output.
+    #[arg(long, short, value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    filter: FilterArgs,
+}
+
+/// Runs a `captures` verb.
+pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
+    let dir = match (args.captures, args.config) {
+        (Some(dir), _) => dir,
+        (None, Some(config)) => {
+            Config::load(Some(&config), ConfigLayer::default())?
+                .capture
+                .dir
+        }
+        (None, None) => Config::default().capture.dir,
+    };
+    let store = Store::open_read_only(&dir)?;
+    let mut out = String::new();
+    match args.verb {
+        Verb::List(f) => list(&store, &f.filter()?, &mut out)?,
+        Verb::Show(s) => {
+            let record = store.load(&s.id)?;
+            if s.raw {
+                return raw(record, &s);
+            }
+            show(&record, s.sent, &mut out);
+        }
+        Verb::Diff(d) => {
+            let a = store.load(&d.a)?;
+            let b = store.load(&d.b)?;
+            diff(&a, &b, d.received, &mut out)?;
+        }
+        Verb::Export(e) => return export(&store, &e),
+        Verb::Conversations(f) => conversations(&store, &f.filter()?, &mut out)?,
+    }
+    print(out.as_bytes())
+}
+
+fn print(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+// === list, conversations ===
+
+fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> {
+    let rows = store.list(filter)?;
+    let mut table = vec![
+        [
+            "TIME",
+            "ID",
+            "CONVERSATION",
+            "MODEL",
+            "STATUS",
+            "OUTCOME",
+            "IN",
+            "OUT",
+            "CACHE_R",
+            "CACHE_W",
+            "RULES",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for r in &rows {
+        table.push(row_cells(r));
+    }
+    render_table(
+        &table,
+        &[
+            false, false, false, false, true, false, true, true, true, true, false,
+        ],
+        out,
+    );
+    let _ = writeln!(out, "{} exchange(s)", rows.len());
+    Ok(())
+}
+
+fn row_cells(r: &Row) -> Vec<String> {
+    let n = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
+    vec![
+        timestamp::short(r.started_ms),
+        r.id.clone(),
+        cut(r.conversation.as_deref().unwrap_or("-"), 28),
+        r.model.clone().unwrap_or_else(|| "-".into()),
+        r.status.map_or("-".into(), |s| s.to_string()),
+        r.outcome.clone(),
+        n(r.input_tokens),
+        n(r.output_tokens),
+        n(r.cache_read_tokens),
+        n(r.cache_write_tokens),
+        if r.rules.is_empty() {
+            "-".into()
+        } else {
+            r.rules.join(",")
+        },
+    ]
+}
+
+fn conversations(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> {
+    let rows = store.conversations(filter)?;
+    let mut table = vec![
+        [
+            "CONVERSATION",
+            "REQUESTS",
+            "MODELS",
+            "IN",
+            "OUT",
+            "CACHE_R",
+            "CACHE_W",
+            "FIRST",
+            "LAST",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+    ];
+    for c in &rows {
+        table.push(vec![
+            c.conversation.clone().unwrap_or_else(|| "-".into()),
+            c.requests.to_string(),
+            c.models.join(","),
+            c.input_tokens.to_string(),
+            c.output_tokens.to_string(),
+            c.cache_read_tokens.to_string(),
+            c.cache_write_tokens.to_string(),
+            timestamp::short(c.first_ms),
+            timestamp::short(c.last_ms),
+        ]);
+    }
+    render_table(
+        &table,
+        &[false, true, false, true, true, true, true, false, false],
+        out,
+    );
+    let _ = writeln!(out, "{} conversation(s)", rows.len());
+    Ok(())
+}
+
+/// Columns padded to their widest cell; `right` aligns numbers.
+fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
+    let cols = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let pad = widths[c] - cell.chars().count();
+            if c > 0 {
+                line.push_str("  ");
+            }
+            if right[c] {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                if c + 1 < cols {
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
+
+// === show ===
+
+fn raw(mut record: CaptureRecord, args: &ShowArgs) -> anyhow::Result<()> {
+    if args.sent || args.received {
+        let body = if args.sent {
+            record.sent()
+        } else {
+            &record.request.body
+        };
+        return print(&body.bytes);
+    }
+    record.with_contents();
+    let mut text = serde_json::to_string_pretty(&record)?;
+    text.push('\n');
+    print(text.as_bytes())
+}
+
+fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
+    let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
+    let _ = writeln!(out, "capture {}", r.id);
+    let _ = writeln!(
+        out,
+        "  time          {} (upstream head {}, first byte {}, total {})",
+        r.started_at,
+        ms(r.times.upstream_headers_ms),
+        ms(r.times.first_byte_ms),
+        ms(Some(r.times.total_ms))
+    );
+    let _ = writeln!(
+        out,
+        "  request       {} {} from {} ({} mode, host {})",
+        r.method,
+        r.path,
+        r.client.as_deref().unwrap_or("?"),
+        r.mode,
+        r.host.as_deref().unwrap_or("-")
+    );
+    let _ = writeln!(
+        out,
+        "  upstream      {} {} {}",
+        r.provider.as_deref().unwrap_or("-"),
+        r.api.as_deref().unwrap_or("-"),
+        r.upstream_url.as_deref().unwrap_or("(not contacted)")
+    );
+    let _ = writeln!(out, "  model         {}", r.model.as_deref().unwrap_or("-"));
+    let _ = writeln!(
+        out,
+        "  conversation  {}",
+        r.conversation.as_deref().unwrap_or("-")
+    );
+    let status = r
+        .response
+        .status
+        .map_or("no status".into(), |s| format!("status {s}"));
+    let _ = writeln!(out, "  outcome       {}, {status}", r.outcome);
+    if let Some(e) = &r.error {
+        let _ = writeln!(out, "  error         {e}");
+    }
+    match &r.usage {
+        Some(u) => {
+            let _ = writeln!(
+                out,
+                "  usage         input {}, output {}, cache read {}, cache write {}",
+                u.input_tokens, u.output_tokens, u.cache_read_tokens, u.cache_write_tokens
+            );
+        }
+        None => out.push_str("  usage         -\n"),
+    }
+    let list = |v: &[String]| {
+        if v.is_empty() {
+            "(none)".to_owned()
+        } else {
+            v.join(", ")
+        }
+    };
+    let _ = writeln!(out, "  rules         {}", list(&r.rules_fired));
+    let _ = writeln!(out, "  tags          {}", list(&r.tags));
+    let _ = writeln!(out, "  rule edits    {}", list(&r.body_diff));
+    let redactions: Vec<String> = r
+        .redactions
+        .iter()
+        .map(|(k, n)| format!("{k} ×{n}"))
+        .collect();
+    let _ = writeln!(out, "  redactions    {}", list(&redactions));
+    let _ = writeln!(
+        out,
+        "  received      {} bytes, sha256 {}",
+        r.bytes_in, r.received_sha256
+    );
+    match &r.request.sent_body {
+        None => {
+            let _ = writeln!(out, "  sent          same body, sha256 {}", r.sent_sha256);
+        }
+        Some(b) => {
+            let _ = writeln!(
+                out,
+                "  sent          {} bytes, sha256 {}",
+                b.size, r.sent_sha256
+            );
+        }
+    }
+    if !r.captured {
+        out.push_str(
+            "\n(a rule turned capture off for this exchange: headers and bodies were not kept)\n",
+        );
+        return;
+    }
+    let (which, body) = if sent {
+        ("as sent", r.sent())
+    } else {
+        ("as received", &r.request.body)
+    };
+    let _ = writeln!(out, "\nrequest ({which}): {}", body_line(body, None));
+    request_summary(body, out);
+    if r.request.sent_body.is_some() {
+        out.push_str("\nwhat the rules changed (received → sent):\n");
+        match units::diff_bodies(&r.request.body.bytes, &r.sent().bytes) {
+            Ok(entries) => diff_lines(&entries, out),
+            Err(e) => {
+                let _ = writeln!(out, "  {e}");
+            }
+        }
+    }
+    let resp = &r.response;
+    let _ = writeln!(
+        out,
+        "\nresponse: {} {}",
+        resp.status.map_or("-".into(), |s| s.to_string()),
+        body_line(&resp.body, resp.format.as_deref())
+    );
+    if resp.format.as_deref() == Some("sse") {
+        let _ = writeln!(
+            out,
+            "  stream        {} event(s), {}",
+            resp.event_count,
+            if resp.complete {
+                "complete"
+            } else {
+                "incomplete"
+            }
+        );
+    }
+    if let Some(stop) = &resp.stop_reason {
+        let _ = writeln!(out, "  stop reason   {stop}");
+    }
+    if let Some(e) = &resp.parse_error {
+        let _ = writeln!(out, "  unreadable    {e}");
+    }
+    let message = resp.message.as_ref().unwrap_or(&resp.body);
+    if let Ok(v) = serde_json::from_slice::<Value>(&message.bytes) {
+        if let Some(blocks) = v.get("content").and_then(Value::as_array) {
+            for b in blocks {
+                let _ = writeln!(out, "  {}", block_line(b));
+            }
+        } else if let Some(choices) = v.get("choices").and_then(Value::as_array) {
+            for c in choices {
+                let text = c
+                    .pointer("/message/content")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let _ = writeln!(out, "  choice: {}", preview(text));
+            }
+        }
+    }
+    out.push_str("\nrequest headers (received, redacted):\n");
+    for (k, v) in &r.request.headers {
+        let _ = writeln!(out, "  {k}: {v}");
+    }
+    out.push_str("\nresponse headers:\n");
+    for (k, v) in &r.response.headers {
+        let _ = writeln!(out, "  {k}: {v}");
+    }
+}
+
+fn body_line(b: &BodyInfo, format: Option<&str>) -> String {
+    let kind = if b.size == 0 {
+        "empty"
+    } else if format == Some("sse") {
+        "server-sent events"
+    } else if b.json {
+        "JSON"
+    } else {
+        "not JSON"
+    };
+    let mut line = format!("{} bytes, {kind}", b.size);
+    if let Some(n) = &b.note {
+        let _ = write!(line, " ({n})");
+    }
+    line
+}
+
+/// System blocks with their cache_control, tools by name, messages by role and block
+/// type, and the other top-level keys.
+fn request_summary(body: &BodyInfo, out: &mut String) {
+    let Ok(view) = RequestView::parse(&body.bytes) else {
+        if !body.bytes.is_empty() {
+            let _ = writeln!(out, "  {}", preview(&String::from_utf8_lossy(&body.bytes)));
+        }
+        return;
+    };
+    let tools = view.tools();
+    if !tools.is_empty() {
+        let names: Vec<String> = tools
+            .iter()
+            .map(|t| {
+                let v: Value = serde_json::from_str(t.get()).unwrap_or(Value::Null);
+                let name = v
+                    .get("name")
+                    .or_else(|| v.pointer("/function/name"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("?")
+                    .to_owned();
+                match v.get("cache_control") {
+                    Some(cc) => format!("{name} (cache_control {cc})"),
+                    None => name,
+                }
+            })
+            .collect();
+        let _ = writeln!(out, "  tools ({}): {}", tools.len(), names.join(", "));
+    }
+    match view.system() {
+        Some(Content::Text(raw)) => {
+            let text: String = serde_json::from_str(raw.get()).unwrap_or_default();
+            let _ = writeln!(
+                out,
+                "  system: string, {} chars: {}",
+                text.chars().count(),
+                preview(&text)
+            );
+        }
+        Some(Content::Blocks(blocks)) => {
+            let _ = writeln!(out, "  system ({}):", blocks.len());
+            for (i, b) in blocks.iter().enumerate() {
+                let v: Value = serde_json::from_str(b.get()).unwrap_or(Value::Null);
+                let _ = writeln!(out, "    [{i}] {}", block_line(&v));
+            }
+        }
+        None => {}
+    }
+    let messages = view.messages();
+    if !messages.is_empty() {
+        let _ = writeln!(out, "  messages ({}):", messages.len());
+        for (i, m) in messages.iter().enumerate() {
+            let role = m.role.as_deref().unwrap_or("?");
+            let blocks: Vec<String> = match &m.content {
+                Some(Content::Text(raw)) => {
+                    let text: String = serde_json::from_str(raw.get()).unwrap_or_default();
+                    vec![format!("string, {} chars", text.chars().count())]
+                }
+                Some(Content::Blocks(blocks)) => blocks
+                    .iter()
+                    .map(|b| {
+                        let v: Value = serde_json::from_str(b.get()).unwrap_or(Value::Null);
+                        block_kind(&v)
+                    })
+                    .collect(),
+                None => vec!["no content".into()],
+            };
+            let _ = writeln!(out, "    [{i}] {role}: {}", blocks.join("; "));
+        }
+    }
+    let others: Vec<String> = view
+        .top
+        .entries
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_ref(), "tools" | "system" | "messages"))
+        .map(|(k, v)| {
+            let raw = v.get();
+            if raw.len() <= 40 {
+                format!("{k}={raw}")
+            } else {
+                format!("{k}=…({} bytes)", raw.len())
+            }
+        })
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(out, "  other: {}", others.join(" "));
+    }
+}
+
+/// A block's type and size, its cache_control, and a preview of its text.
+fn block_line(v: &Value) -> String {
+    let mut line = block_kind(v);
+    if let Some(text) = v.get("text").and_then(Value::as_str) {
+        let _ = write!(line, ": {}", preview(text));
+    } else if let Some(input) = v.get("input") {
+        let _ = write!(line, ": {}", preview(&input.to_string()));
+    }
+    line
+}
+
+fn block_kind(v: &Value) -> String {
+    let kind = v.get("type").and_then(Value::as_str).unwrap_or("?");
+    let mut s = match kind {
+        "text" => format!(
+            "text, {} chars",
+            v.get("text")
+                .and_then(Value::as_str)
+                .map_or(0, |t| t.chars().count())
+        ),
+        "tool_use" => format!(
+            "tool_use {}",
+            v.get("name").and_then(Value::as_str).unwrap_or("?")
+        ),
+        "tool_result" => format!(
+            "tool_result, {} chars{}",
+            units::display_text(v.get("content").unwrap_or(&Value::Null))
+                .chars()
+                .count(),
+            if v.get("is_error") == Some(&Value::Bool(true)) {
+                ", error"
+            } else {
+                ""
+            }
+        ),
+        other => other.to_owned(),
+    };
+    if let Some(cc) = v.get("cache_control") {
+        let _ = write!(s, " [cache_control {cc}]");
+    }
+    s
+}
+
+/// The first 60 characters of a text, on one line.
+fn preview(text: &str) -> String {
+    let flat: String = text
+        .chars()
+        .map(|c| {
+            if c == '\n' || c == '\r' || c == '\t' {
+                ' '
+            } else {
+                c
+            }
+        })
+        .collect();
+    format!("\"{}\"", cut(flat.trim(), 60))
+}
+
+fn cut(text: &str, width: usize) -> String {
+    if text.chars().count() > width {
+        format!("{}…", text.chars().take(width - 1).collect::<String>())
+    } else {
+        text.to_owned()
+    }
+}
+
+// === diff ===
+
+fn diff(
+    a: &CaptureRecord,
+    b: &CaptureRecord,
+    received: bool,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    let pick = |r: &'_ CaptureRecord| -> anyhow::Result<Vec<u8>> {
+        let body = if received { &r.request.body } else { r.sent() };
+        if !r.captured || body.bytes.is_empty() {
+            bail!("capture {} kept no request body", r.id);
+        }
+        Ok(body.bytes.to_vec())
+    };
+    let (ba, bb) = (pick(a)?, pick(b)?);
+    let entries = units::diff_bodies(&ba, &bb).map_err(anyhow::Error::msg)?;
+    let _ = writeln!(
+        out,
+        "diff {} → {} (requests as {}; cache order tools → system → messages; a string equals one text block; cache_control ignored)",
+        a.id,
+        b.id,
+        if received { "received" } else { "sent" }
+    );
+    diff_lines(&entries, out);
+    let count = |c: Change| entries.iter().filter(|e| e.change == c).count();
+    let _ = write!(
+        out,
+        "{} same, {} changed, {} added, {} removed",
+        count(Change::Same),
+        count(Change::Changed),
+        count(Change::Added),
+        count(Change::Removed)
+    );
+    match entries.iter().position(|e| e.change != Change::Same) {
+        Some(at) => {
+            let e = &entries[at];
+            let index = e.b.or(e.a).unwrap_or(0);
+            let _ = writeln!(
+                out,
+                "; first difference at {}[{index}] after {at} unchanged unit(s)",
+                e.section.name()
+            );
+        }
+        None => out.push_str("; the requests are the same unit for unit\n"),
+    }
+    Ok(())
+}
+
+/// Diff entries as lines; runs of unchanged units collapse into one.
+fn diff_lines(entries: &[DiffEntry], out: &mut String) {
+    let mut i = 0;
+    while i < entries.len() {
+        let e = &entries[i];
+        if e.change == Change::Same {
+            let run = entries[i..]
+                .iter()
+                .take_while(|x| x.change == Change::Same && x.section == e.section)
+                .count();
+            let last = &entries[i + run - 1];
+            let _ = writeln!(
+                out,
+                "  {:<9} = {} unchanged ({})",
+                e.section.name(),
+                run,
+                range(e, last)
+            );
+            i += run;
+            continue;
+        }
+        let (mark, at) = match e.change {
+            Change::Added => ("+", e.b),
+            Change::Removed => ("-", e.a),
+            _ => ("~", e.b),
+        };
+        let index = at.map_or(String::new(), |n| format!("[{n}]"));
+        let moved = match (e.change, e.a, e.b) {
+            (Change::Changed, Some(a), Some(b)) if a != b => format!(" (was [{a}])"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<9} {mark} {index}{moved} {}",
+            e.section.name(),
+            e.label
+        );
+        for line in &e.lines {
+            let _ = writeln!(out, "      {line}");
+        }
+        i += 1;
+    }
+}
+
+fn range(first: &DiffEntry, last: &DiffEntry) -> String {
+    let a = first.b.or(first.a).unwrap_or(0);
+    let b = last.b.or(last.a).unwrap_or(0);
+    if a == b {
+        format!("[{a}]")
+    } else {
+        format!("[{a}..{b}]")
+    }
+}
+
+// === export ===
+
+fn export(store: &Store, args: &ExportArgs) -> anyhow::Result<()> {
+    let records = store.records(&args.filter.filter()?)?;
+    let mut bytes = Vec::new();
+    match args.format.as_str() {
+        "jsonl" => crate::capture::export::jsonl(records, &mut bytes)?,
+        "har" => {
+            let har = crate::capture::export::har(&records);
+            serde_json::to_writer_pretty(&mut bytes, &har)?;
+            bytes.push(b'\n');
+        }
+        other => bail!("unknown export format {other:?} (expected \"jsonl\" or \"har\")"),
+    }
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &bytes).with_context(|| format!("writing {}", path.display()))
+        }
+        None => print(&bytes),
+    }
+}

@@ -1,0 +1,961 @@
+//! Capture: one record per exchange whatever happened, secrets never on disk, nothing
+//! lost under load or across a restart, repeated content stored once, exports.
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::captures;
+use support::client::{self, request_bytes};
+use support::shapes;
+use support::{Action, FakeProvider, Proxy, Reply, TempDir};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn headers(proxy: &Proxy, case: &str) -> Vec<(&'static str, String)> {
+    vec![
+        ("Host", proxy.addr.to_string()),
+        ("content-type", "application/json".into()),
+        ("anthropic-version", "2023-06-01".into()),
+        ("x-api-key", "sk-ant-api03-outcomes-key-0123456789".into()),
+        ("x-test-case", case.into()),
+    ]
+}
+
+/// `POST /v1/messages?beta=true` with the test case's headers.
+fn messages_request(proxy: &Proxy, case: &str, body: &[u8]) -> Vec<u8> {
+    request_bytes(
+        "POST",
+        "/v1/messages?beta=true",
+        &headers(proxy, case),
+        body,
+    )
+}
+
+fn small_body(stream: bool) -> Vec<u8> {
+    shapes::to_bytes(
+        &json!({"model": "claude-opus-5-5", "max_tokens": 64, "stream": stream,
+        "messages": [{"role": "user", "content": "Say hello"}]}),
+    )
+}
+
+fn outcome_handler(r: &support::Received) -> Action {
+    let events = shapes::anthropic_events("claude-opus-5-5", &["a", "b", "c", "d"], (10, 0, 0, 4));
+    match r.header("x-test-case").unwrap_or("") {
+        "json" => Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("claude-opus-5-5", "hello", (12, 0, 0, 3)),
+        )),
+        "stream" => Action::Respond(Reply::sse(events, Duration::from_millis(5))),
+        "malformed" => Action::Respond(Reply::json(
+            400,
+            &json!({"type": "error", "error": {"type": "invalid_request_error", "message": "malformed JSON"}}),
+        )),
+        "down" => Action::Close,
+        "cancel" => Action::Respond(Reply::sse(
+            shapes::anthropic_events("m", &["x"; 30], (1, 0, 0, 30)),
+            Duration::from_millis(100),
+        )),
+        "reset" => Action::Respond(
+            Reply::sse(events[..3].to_vec(), Duration::from_millis(10)).reset_at_end(),
+        ),
+        other => panic!("unexpected case {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn every_outcome_ends_as_exactly_one_record() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--max-body", "4096"]);
+    let addr = proxy.addr;
+    let post = |case: &str, body: &[u8]| messages_request(&proxy, case, body);
+
+    let json_ok = client::send(addr, &post("json", &small_body(false))).await;
+    assert_eq!(json_ok.status, 200);
+    let stream_ok = client::send(addr, &post("stream", &small_body(true))).await;
+    assert!(stream_ok.body.complete);
+    let too_large = client::send(addr, &post("json", &vec![b' '; 5000])).await;
+    assert_eq!(too_large.status, 413);
+    let malformed = client::send(
+        addr,
+        &post(
+            "malformed",
+            b"{\"model\": \"claude-opus-5-5\", \"messages\": [",
+        ),
+    )
+    .await;
+    assert_eq!(malformed.status, 400, "the provider's answer stands");
+    let down = client::send(addr, &post("down", &small_body(false))).await;
+    assert_eq!(down.status, 502);
+    client::send_and_leave(addr, &post("cancel", &small_body(true)), 2).await;
+    let reset = client::send(addr, &post("reset", &small_body(true))).await;
+    assert!(reset.text().contains("event: error"));
+    let no_route = client::send(
+        addr,
+        &request_bytes("GET", "/favicon.ico", &[("Host", addr.to_string())], b""),
+    )
+    .await;
+    assert_eq!(no_route.status, 404);
+
+    let lines = proxy.wait_exchanges(8, WAIT).await;
+    let records = captures::wait_records(&proxy.captures, 8, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let records_again = captures::export(&proxy.captures);
+    assert_eq!(records_again.len(), 8, "no record twice, no extra record");
+    let logged: Vec<&str> = lines.iter().map(|l| l["id"].as_str().unwrap()).collect();
+    let stored: HashSet<&str> = records.iter().map(|r| r["id"].as_str().unwrap()).collect();
+    assert_eq!(stored.len(), 8);
+    for id in &logged {
+        assert!(stored.contains(id), "exchange {id} has its record");
+    }
+    let mut outcomes: Vec<(String, String)> = records
+        .iter()
+        .map(|r| {
+            let case = r["request"]["headers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|h| h[0] == "x-test-case")
+                .map_or("-".to_owned(), |h| h[1].as_str().unwrap().to_owned());
+            (case, r["outcome"].as_str().unwrap().to_owned())
+        })
+        .collect();
+    outcomes.sort();
+    assert_eq!(
+        outcomes,
+        [
+            ("-", "no_route"),
+            ("cancel", "client_cancelled"),
+            ("down", "upstream_error"),
+            ("json", "ok"),
+            ("json", "too_large"),
+            ("malformed", "ok"),
+            ("reset", "upstream_error"),
+            ("stream", "ok"),
+        ]
+        .map(|(a, b)| (a.to_owned(), b.to_owned()))
+    );
+
+    let find = |case: &str, outcome: &str| {
+        records
+            .iter()
+            .find(|r| {
+                r["outcome"] == outcome
+                    && r["request"]["headers"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .any(|h| h[0] == "x-test-case" && h[1] == case)
+            })
+            .unwrap()
+    };
+    // A JSON answer: its message and usage.
+    let ok = find("json", "ok");
+    assert_eq!(ok["usage"]["input_tokens"], 12);
+    assert_eq!(
+        ok["response"]["body"]["content"]["content"][0]["text"],
+        "hello"
+    );
+    assert_eq!(
+        ok["conversation"].as_str().unwrap().len(),
+        "hash:".len() + 16
+    );
+    assert!(ok["times"]["first_byte_ms"].as_f64().is_some());
+    assert_eq!(ok["mode"], "reverse");
+    assert_eq!(
+        ok["client"].as_str().unwrap().split(':').next(),
+        Some("127.0.0.1")
+    );
+    // A stream: raw events and the reassembled message.
+    let st = find("stream", "ok");
+    assert_eq!(st["response"]["format"], "sse");
+    assert_eq!(st["response"]["events"].as_array().unwrap().len(), 10);
+    assert_eq!(st["response"]["events"][0]["event"], "message_start");
+    assert_eq!(
+        st["response"]["message"]["content"]["content"][0]["text"],
+        "abcd"
+    );
+    assert_eq!(st["usage"]["output_tokens"], 4);
+    // Malformed JSON: forwarded, and the record says the body was not JSON.
+    let bad = find("malformed", "ok");
+    assert_eq!(bad["response"]["status"], 400);
+    assert_eq!(bad["request"]["body"]["json"], false);
+    assert!(
+        bad["request"]["body"]["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("not valid JSON")
+    );
+    assert_eq!(
+        bad["request"]["body"]["content"],
+        "{\"model\": \"claude-opus-5-5\", \"messages\": ["
+    );
+    // Too large: not forwarded, promptgate's own answer kept.
+    let big = find("json", "too_large");
+    assert_eq!(big["response"]["status"], 413);
+    assert!(
+        big["response"]["body"]["content"]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("over the limit")
+    );
+    assert!(big["upstream_url"].is_null(), "not contacted");
+    // Cut streams keep what arrived.
+    let reset = find("reset", "upstream_error");
+    assert_eq!(reset["response"]["complete"], false);
+    assert_eq!(reset["usage"]["input_tokens"], 10);
+    let cancel = find("cancel", "client_cancelled");
+    assert!(
+        cancel["error"]
+            .as_str()
+            .unwrap()
+            .contains("client went away")
+    );
+    // Hashes of the exact bytes, before anything.
+    let sent = fake
+        .requests()
+        .into_iter()
+        .find(|r| r.header("x-test-case") == Some("json"))
+        .unwrap();
+    assert_eq!(ok["received_sha256"], sha256_hex(&sent.body));
+    assert_eq!(ok["sent_sha256"], sha256_hex(&sent.body));
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, bytes)
+        .as_ref()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+// === secrets ===
+
+/// Canary secrets: each unique, each in a different place.
+const CANARY_HEADER: &str = "sk-ant-api03-CanaryHdr7Qx9ZpLmN4vB2wR8tY6uI0oP";
+const CANARY_BEARER: &str = "CanaryBearer5Kj3Hg7Fd2Sa9Lk4Mn6Bv";
+const CANARY_GATEWAY: &str = "gw-CanaryGate8Rt5Yu2Io9";
+const CANARY_SYSTEM: &str = "sk-proj-CanarySys3Wq8Er5Ty1Ui7Op4As6Df2Gh9Jk";
+const CANARY_TOOL: &str = "AKIACANARYT00L7Q2WXY";
+const CANARY_TOOL_GH: &str = "ghp_CanaryToolResult0123456789abcdefghij";
+const CANARY_ENV: &str = "CanaryEnvPw-4f7d1e9a";
+const CANARY_TEXT: &str = "xoxb-2468013579-CanaryPlainText77";
+const CANARY_GZIP: &str = "glpat-CanaryGzipBody9x8y7z6w";
+const CANARY_PEM: &str = "MIIEpAIBAAKCAQEAcanaryPemBody3k4j5h6g7f8d9s0a";
+const CANARY_RESPONSE: &str = "sk_live_CanaryResponse51f2e3d4c5b6a7";
+const CANARY_COOKIE: &str = "CanaryCookie6t5r4e3w";
+
+/// Distinctive fragments: none may appear anywhere (a fingerprint may show the first 4).
+fn canary_fragments() -> Vec<&'static str> {
+    vec![
+        "CanaryHdr7Qx9",
+        "CanaryBearer5Kj3",
+        "CanaryGate8Rt5",
+        "CanarySys3Wq8",
+        "CANARYT00L7Q2WXY",
+        "CanaryToolResult0123",
+        "CanaryEnvPw-4f7d",
+        "CanaryPlainText77",
+        "CanaryGzipBody9x8",
+        "canaryPemBody3k4j",
+        "CanaryResponse51f2",
+        "CanaryCookie6t5r",
+    ]
+}
+
+fn canary_body() -> Vec<u8> {
+    let mut body = shapes::claude_code_body(1, shapes::CC_SESSION);
+    body["system"][2]["text"] = json!(format!(
+        "Use the key {CANARY_SYSTEM} for the proxy.\n-----BEGIN RSA PRIVATE KEY-----\n{CANARY_PEM}\nabc+/=\n-----END RSA PRIVATE KEY-----\n"
+    ));
+    body["messages"][3]["content"][0]["content"] = json!(format!(
+        "$ cat ~/.aws/credentials\nfound key {CANARY_TOOL} in the config\nGH={CANARY_TOOL_GH}\n"
+    ));
+    body["messages"][0]["content"][0]["text"] = json!(format!(
+        "<system-reminder>\n# .env\nDB_HOST=localhost\nDB_PASSWORD={CANARY_ENV}\n</system-reminder>"
+    ));
+    shapes::to_bytes(&body)
+}
+
+#[tokio::test]
+async fn canary_secrets_reach_neither_disk_nor_logs() {
+    let reply_text = format!("Here is the key: {CANARY_RESPONSE}");
+    // The model echoes a secret; the stream splits it across events, as token deltas do.
+    let pieces = [
+        &reply_text[..20],
+        &reply_text[20..27],
+        &reply_text[27..33],
+        &reply_text[33..],
+    ];
+    let events = shapes::anthropic_events("claude-opus-5-5", &pieces, (5, 0, 0, 9));
+    let fake = FakeProvider::start(move |r| {
+        if r.header("content-type") == Some("text/plain") {
+            return Action::Respond(Reply::json(400, &json!({"type": "error", "error": {"type": "invalid_request_error", "message": "not JSON"}})));
+        }
+        Action::Respond(
+            Reply::sse(events.clone(), Duration::from_millis(2))
+                .header("set-cookie", &format!("session={CANARY_COOKIE}; HttpOnly")),
+        )
+    })
+    .await;
+    let tmp = TempDir::new("canary-tmp");
+    let tmp_path = tmp.path().display().to_string();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--secret-header",
+            "x-gateway-token",
+        ],
+        &[("TMPDIR", &tmp_path)],
+    );
+    let host = proxy.addr.to_string();
+
+    // 1. Claude Code shaped: canaries in headers, a system block, a tool_result, .env text.
+    let body = canary_body();
+    let mut h = shapes::claude_code_headers(&host, body.len(), CANARY_HEADER);
+    h.insert(5, ("Authorization", format!("Bearer {CANARY_BEARER}")));
+    h.insert(6, ("x-gateway-token", CANARY_GATEWAY.into()));
+    h.insert(7, ("Cookie", format!("sid={CANARY_COOKIE}")));
+    let r1 = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages?beta=true", &h, &body),
+    )
+    .await;
+    assert_eq!(r1.status, 200);
+    assert!(
+        r1.text().contains(&reply_text[27..33]),
+        "the client gets the real bytes"
+    );
+    // 2. A body that is not JSON.
+    let text = format!("please run with SLACK={CANARY_TEXT} and password={CANARY_ENV}");
+    let h2 = vec![
+        ("Host", host.clone()),
+        ("content-type", "text/plain".into()),
+        ("x-api-key", CANARY_HEADER.into()),
+    ];
+    let r2 = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages", &h2, text.as_bytes()),
+    )
+    .await;
+    assert_eq!(r2.status, 400);
+    // 3. A gzip-compressed body.
+    let plain = shapes::to_bytes(
+        &json!({"model": "claude-opus-5-5", "max_tokens": 5, "stream": true,
+        "messages": [{"role": "user", "content": format!("token: {CANARY_GZIP}")}]}),
+    );
+    let packed = support::fake_provider::compress("gzip", &plain);
+    let h3 = vec![
+        ("Host", host.clone()),
+        ("content-type", "application/json".into()),
+        ("content-encoding", "gzip".into()),
+        ("x-api-key", CANARY_HEADER.into()),
+    ];
+    let r3 = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages", &h3, &packed),
+    )
+    .await;
+    assert_eq!(r3.status, 200);
+    let got = fake.wait_requests(3, WAIT).await;
+    assert_eq!(got[2].body, packed, "forwarded as sent, compressed");
+
+    let records = captures::wait_records(&proxy.captures, 3, WAIT).await;
+    // Redacted JSON still parses, and says what was redacted.
+    let r1rec = records
+        .iter()
+        .find(|r| r["request"]["body"]["json"] == true && r["request"]["body"]["note"].is_null())
+        .unwrap_or_else(|| {
+            panic!(
+                "{:?}",
+                records
+                    .iter()
+                    .map(|r| {
+                        let mut b = r["request"]["body"].clone();
+                        b["content"] = Value::Null;
+                        b
+                    })
+                    .collect::<Vec<_>>()
+            )
+        });
+    let stored_body = r1rec["request"]["body"]["content"].to_string();
+    let stored: Value = serde_json::from_str(&stored_body).expect("redacted JSON parses");
+    assert!(
+        stored["system"][2]["text"]
+            .as_str()
+            .unwrap()
+            .contains("[REDACTED:openai:")
+    );
+    assert!(
+        stored["system"][2]["text"]
+            .as_str()
+            .unwrap()
+            .contains("[REDACTED:pem-private-key:")
+    );
+    assert!(
+        stored["messages"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("DB_PASSWORD=[REDACTED:env-secret:")
+    );
+    let kinds = r1rec["redactions"].as_object().unwrap();
+    for kind in [
+        "anthropic",
+        "authorization",
+        "x-gateway-token",
+        "cookie",
+        "openai",
+        "pem-private-key",
+        "aws-access-key",
+        "github",
+        "env-secret",
+        "stripe",
+        "set-cookie",
+    ] {
+        assert!(kinds.contains_key(kind), "{kind} counted: {kinds:?}");
+    }
+    let gz = records
+        .iter()
+        .find(|r| {
+            r["request"]["body"]["note"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("decoded from gzip"))
+        })
+        .unwrap();
+    assert!(
+        gz["request"]["body"]["content"]["messages"][0]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("token: [REDACTED:gitlab:")
+    );
+    assert_eq!(
+        gz["received_sha256"],
+        sha256_hex(&packed),
+        "the hash is of the bytes received"
+    );
+    let txt = records
+        .iter()
+        .find(|r| r["request"]["body"]["json"] == false)
+        .unwrap();
+    assert!(
+        txt["request"]["body"]["content"]
+            .as_str()
+            .unwrap()
+            .contains("[REDACTED:slack:")
+    );
+
+    // Stop promptgate (checkpoint, close), then search everything it could have written.
+    proxy.signal("TERM");
+    let mut proxy = proxy;
+    proxy.wait_exit(WAIT).await;
+    let mut haystacks: Vec<(String, Vec<u8>)> = Vec::new();
+    for (path, bytes) in captures::files_under(&proxy.captures)
+        .into_iter()
+        .chain(captures::files_under(tmp.path()))
+    {
+        haystacks.push((path.display().to_string(), bytes));
+    }
+    assert!(haystacks.iter().any(|(p, _)| p.ends_with("promptgate.db")));
+    // Units are compressed, so also search every blob decompressed.
+    let db = rusqlite::Connection::open(proxy.captures.join("promptgate.db")).unwrap();
+    for (table, col) in [("units", "data"), ("records", "meta")] {
+        let mut stmt = db.prepare(&format!("SELECT {col} FROM {table}")).unwrap();
+        let blobs: Vec<Vec<u8>> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(!blobs.is_empty());
+        for blob in blobs {
+            haystacks.push((
+                format!("{table}.{col} (decompressed)"),
+                zstd::decode_all(&blob[..]).unwrap(),
+            ));
+        }
+    }
+    haystacks.push(("the log".into(), proxy.log().into_bytes()));
+    let export = captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);
+    let har = captures::ok(&proxy.captures, &["export", "--format", "har"]);
+    haystacks.push(("the JSONL export".into(), export.into_bytes()));
+    haystacks.push(("the HAR export".into(), har.into_bytes()));
+    for id in records.iter().map(|r| r["id"].as_str().unwrap()) {
+        haystacks.push((
+            "captures show".into(),
+            captures::ok(&proxy.captures, &["show", id]).into_bytes(),
+        ));
+    }
+    for (what, bytes) in &haystacks {
+        for canary in canary_fragments() {
+            support::assert_absent(bytes, canary, what);
+        }
+    }
+    // The search is not vacuous: the fake received the canaries.
+    assert!(String::from_utf8_lossy(&got[0].raw_head).contains(CANARY_BEARER));
+    assert!(String::from_utf8_lossy(&got[0].body).contains(CANARY_SYSTEM));
+}
+
+// === load, restart ===
+
+fn load_handler(r: &support::Received) -> Action {
+    let case = r.header("x-test-case").unwrap_or("json");
+    match case {
+        "stream" => Action::Respond(Reply::sse(
+            shapes::anthropic_events("m", &["a", "b"], (3, 0, 0, 2)),
+            Duration::ZERO,
+        )),
+        "slow" => Action::Respond(Reply::sse(
+            shapes::anthropic_events("m", &["x"; 20], (1, 0, 0, 20)),
+            Duration::from_millis(20),
+        )),
+        _ => Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("m", "ok", (3, 0, 0, 1)),
+        )),
+    }
+}
+
+/// Sends `n` requests at `concurrency`: a third streamed, a third JSON, the rest slow
+/// streams of which every fourth the client abandons. Returns the sequence numbers of
+/// the responses the client completed.
+async fn load(
+    proxy_addr: std::net::SocketAddr,
+    n: usize,
+    concurrency: usize,
+    offset: usize,
+) -> Vec<usize> {
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let next = next.clone();
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= n {
+                    return;
+                }
+                let seq = offset + i;
+                let case = ["json", "stream", "slow"][i % 3];
+                let body = small_body(case != "json");
+                let h = vec![
+                    ("Host", proxy_addr.to_string()),
+                    ("content-type", "application/json".into()),
+                    ("x-api-key", "sk-ant-api03-load-0123456789abcdef".into()),
+                    ("x-test-case", case.into()),
+                    ("x-seq", seq.to_string()),
+                ];
+                let req = request_bytes("POST", "/v1/messages", &h, &body);
+                if case == "slow" && i.is_multiple_of(4) {
+                    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+                        if tokio::net::TcpStream::connect(proxy_addr).await.is_ok() {
+                            client::send_and_leave(proxy_addr, &req, 1).await;
+                        }
+                    })
+                    .await;
+                    continue;
+                }
+                if let Ok(Some(status)) =
+                    tokio::time::timeout(Duration::from_secs(20), try_send(proxy_addr, &req)).await
+                    && status == 200
+                {
+                    done.lock().unwrap().push(seq);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    done.lock().unwrap().clone()
+}
+
+/// Sends a request; the status when the whole response arrived, `None` when refused or cut.
+async fn try_send(addr: std::net::SocketAddr, request: &[u8]) -> Option<u16> {
+    use tokio::io::{AsyncWriteExt, BufReader};
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (read, mut write) = stream.into_split();
+    write.write_all(request).await.ok()?;
+    let mut reader = BufReader::new(read);
+    let head = support::wire::read_head(&mut reader).await.ok()??;
+    let status = head.start_line.split(' ').nth(1)?.parse().ok()?;
+    let body = support::wire::read_body(&mut reader, &head, Duration::from_secs(15)).await;
+    (body.complete && !String::from_utf8_lossy(&body.bytes).contains("event: error"))
+        .then_some(status)
+}
+
+fn seqs(records: &[Value]) -> Vec<usize> {
+    records
+        .iter()
+        .filter_map(|r| {
+            r["request"]["headers"]
+                .as_array()?
+                .iter()
+                .find(|h| h[0] == "x-seq")?[1]
+                .as_str()?
+                .parse()
+                .ok()
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_record_is_lost_under_load() {
+    let fake = FakeProvider::start(load_handler).await;
+    let mut proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let started = std::time::Instant::now();
+    let completed = load(proxy.addr, 2000, 64, 0).await;
+    let elapsed = started.elapsed();
+    let lines = proxy.wait_exchanges(2000, Duration::from_secs(60)).await;
+    assert_eq!(lines.len(), 2000);
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit(WAIT).await.success());
+    let records = captures::export(&proxy.captures);
+    let seq = seqs(&records);
+    let unique: HashSet<usize> = seq.iter().copied().collect();
+    assert_eq!(records.len(), 2000, "exactly one record per exchange");
+    assert_eq!(unique.len(), 2000, "no duplicates");
+    let cancelled = records
+        .iter()
+        .filter(|r| r["outcome"] == "client_cancelled")
+        .count();
+    let mut by_outcome: HashMap<&str, usize> = HashMap::new();
+    for r in &records {
+        *by_outcome
+            .entry(r["outcome"].as_str().unwrap())
+            .or_default() += 1;
+    }
+    assert!(cancelled >= 100, "some were cancelled: {by_outcome:?}");
+    assert!(completed.len() >= 1500, "{} completed", completed.len());
+    assert!(!proxy.log().contains("record dropped"), "nothing dropped");
+    assert!(
+        proxy
+            .log()
+            .contains("capture closed: 2000 written, 0 dropped, 0 failed")
+    );
+    println!("load: 2000 requests in {elapsed:?}, outcomes {by_outcome:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_restart_mid_load_loses_nothing_acknowledged() {
+    let fake = FakeProvider::start(load_handler).await;
+    let dir = TempDir::new("restart");
+    let dir_arg = dir.path().display().to_string();
+    let mut first = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--captures",
+        &dir_arg,
+        "--shutdown-grace",
+        "5s",
+    ]);
+    let addr = first.addr;
+    let load_task = tokio::spawn(load(addr, 1500, 32, 0));
+    // Stop promptgate in the middle of the load.
+    let deadline = std::time::Instant::now() + WAIT;
+    while first.exchanges().len() < 300 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.signal("TERM");
+    assert!(first.wait_exit(WAIT).await.success());
+    let acknowledged = load_task.await.unwrap();
+    let logged = first.exchanges().len();
+    assert!(
+        acknowledged.len() >= 200 && logged < 1500,
+        "the stop fell mid-load: {} acknowledged",
+        acknowledged.len()
+    );
+
+    // Start again on the same store and finish the load.
+    let second = Proxy::start(&["--upstream-anthropic", &fake.url(), "--captures", &dir_arg]);
+    let more = load(second.addr, 300, 16, 10_000).await;
+    let records = captures::wait_records(dir.path(), logged + 300, WAIT).await;
+    let recorded: HashSet<usize> = seqs(&records).into_iter().collect();
+    for seq in acknowledged.iter().chain(&more) {
+        assert!(
+            recorded.contains(seq),
+            "acknowledged request {seq} has its record"
+        );
+    }
+    assert_eq!(
+        records.len(),
+        recorded.len(),
+        "no duplicates across the restart"
+    );
+    assert_eq!(
+        records.len(),
+        logged + 300,
+        "one record per exchange either process saw"
+    );
+    println!(
+        "restart: {} acknowledged before the stop, {} exchanges logged, all recorded",
+        acknowledged.len(),
+        logged
+    );
+}
+
+// === dedup ===
+
+#[tokio::test]
+async fn a_100_turn_conversation_is_stored_in_under_a_tenth_of_its_bytes() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events("claude-opus-5-5", &["ok"], (10, 0, 40_000, 2)),
+            Duration::ZERO,
+        ))
+    })
+    .await;
+    let mut proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let mut total = 0usize;
+    for round in 0..100 {
+        let body = shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION));
+        total += body.len();
+        let h = shapes::claude_code_headers(
+            &proxy.addr.to_string(),
+            body.len(),
+            "sk-ant-api03-dedup-0123456789abcdef",
+        );
+        let r = client::send(
+            proxy.addr,
+            &request_bytes("POST", "/v1/messages?beta=true", &h, &body),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    proxy.wait_exchanges(100, WAIT).await;
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit(WAIT).await.success());
+    let stored: u64 = captures::files_under(&proxy.captures)
+        .iter()
+        .map(|(_, b)| b.len() as u64)
+        .sum();
+    let ratio = stored as f64 / total as f64;
+    println!(
+        "dedup: 100 turns, {total} request bytes, store {stored} bytes on disk = {:.2} %",
+        ratio * 100.0
+    );
+    assert!(
+        ratio < 0.10,
+        "stored {stored} of {total} bytes ({:.1} %)",
+        ratio * 100.0
+    );
+    // Every body rebuilds exactly: the export's content hashes to the recorded sha256.
+    let records = captures::export(&proxy.captures);
+    assert_eq!(records.len(), 100);
+    let last = records.last().unwrap();
+    assert_eq!(
+        last["request"]["body"]["sha256"], last["received_sha256"],
+        "no redaction: stored = received"
+    );
+    let convs = captures::ok(&proxy.captures, &["conversations"]);
+    assert!(
+        convs.contains(&format!("cc:{}", shapes::CC_SESSION)) && convs.contains("  100  "),
+        "{convs}"
+    );
+}
+
+// === exports ===
+
+#[tokio::test]
+async fn jsonl_round_trips_and_har_is_valid_har_1_2() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let addr = proxy.addr;
+    let post = |case: &str, body: &[u8]| messages_request(&proxy, case, body);
+    let odd_body = br#"{"model":"claude-opus-5-5","temperature":0.70,"messages":[{"role":"user","content":"caf\u00e9 \/ x"}]}"#;
+    client::send(addr, &post("json", odd_body)).await;
+    client::send(addr, &post("stream", &small_body(true))).await;
+    client::send(addr, &post("malformed", b"{\n  \"pretty\": true,\n")).await;
+    let records = captures::wait_records(&proxy.captures, 3, WAIT).await;
+    assert_eq!(records.len(), 3);
+
+    // JSONL: each line's body content is the stored body, byte for byte.
+    let text = captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);
+    #[derive(serde::Deserialize)]
+    struct Line<'a> {
+        #[serde(borrow)]
+        request: Req<'a>,
+        received_sha256: String,
+    }
+    #[derive(serde::Deserialize)]
+    struct Req<'a> {
+        #[serde(borrow)]
+        body: Body<'a>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Body<'a> {
+        sha256: String,
+        encoding: String,
+        #[serde(borrow)]
+        content: &'a serde_json::value::RawValue,
+    }
+    for line in text.lines() {
+        let l: Line<'_> = serde_json::from_str(line).unwrap();
+        let bytes = match l.request.body.encoding.as_str() {
+            "json" => l.request.body.content.get().as_bytes().to_vec(),
+            "text" => serde_json::from_str::<String>(l.request.body.content.get())
+                .unwrap()
+                .into_bytes(),
+            other => panic!("unexpected encoding {other}"),
+        };
+        assert_eq!(sha256_hex(&bytes), l.request.body.sha256);
+        assert_eq!(
+            l.received_sha256, l.request.body.sha256,
+            "nothing to redact: the body is exact"
+        );
+        // And the line read back as a record writes out as the same line.
+        let record: promptgate::capture::CaptureRecord = serde_json::from_str(line).unwrap();
+        assert_eq!(serde_json::to_string(&record).unwrap(), line);
+    }
+    assert!(text.contains(r#""content":{"model":"claude-opus-5-5","temperature":0.70,"messages":[{"role":"user","content":"caf\u00e9 \/ x"}]}"#));
+
+    // HAR 1.2: the structure the spec requires.
+    let har: Value = serde_json::from_str(&captures::ok(
+        &proxy.captures,
+        &["export", "--format", "har"],
+    ))
+    .unwrap();
+    let log = &har["log"];
+    assert_eq!(log["version"], "1.2");
+    assert!(log["creator"]["name"].is_string() && log["creator"]["version"].is_string());
+    let entries = log["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 3);
+    for e in entries {
+        assert!(e["startedDateTime"].as_str().unwrap().ends_with('Z'));
+        let time = e["time"].as_f64().unwrap();
+        let t = &e["timings"];
+        for k in ["send", "wait", "receive"] {
+            assert!(t[k].as_f64().unwrap() >= 0.0, "{k}");
+        }
+        let sum: f64 = ["blocked", "dns", "connect", "send", "wait", "receive"]
+            .iter()
+            .map(|k| t[*k].as_f64().unwrap().max(0.0))
+            .sum();
+        assert!((sum - time).abs() < 0.01, "time is the sum of the timings");
+        assert!(e["cache"].is_object());
+        for side in ["request", "response"] {
+            let m = &e[side];
+            assert!(m["httpVersion"].is_string() && m["cookies"].is_array());
+            assert!(m["headersSize"].is_i64() && m["bodySize"].is_number());
+            for h in m["headers"].as_array().unwrap() {
+                assert!(h["name"].is_string() && h["value"].is_string());
+            }
+        }
+        let req = &e["request"];
+        assert!(req["method"].is_string() && req["url"].as_str().unwrap().starts_with("http://"));
+        assert!(
+            req["queryString"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|q| q["name"] == "beta")
+        );
+        assert!(req["postData"]["mimeType"].is_string() && req["postData"]["text"].is_string());
+        let resp = &e["response"];
+        assert!(
+            resp["status"].is_u64()
+                && resp["statusText"].is_string()
+                && resp["redirectURL"].is_string()
+        );
+        assert!(resp["content"]["size"].is_u64() && resp["content"]["mimeType"].is_string());
+    }
+}
+
+// === capture.required ===
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capture_required_refuses_with_503_when_no_record_could_be_kept() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let dir = TempDir::new("required");
+    let config = dir.path().join("promptgate.toml");
+    std::fs::write(
+        &config,
+        "[capture]\nrequired = true\nqueue = 1\nqueue_wait = \"50ms\"\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let addr = proxy.addr;
+    // The first exchange holds the one place in the queue while its stream runs.
+    let slow = request_bytes(
+        "POST",
+        "/v1/messages",
+        &headers(&proxy, "cancel"),
+        &small_body(true),
+    );
+    let holder = tokio::spawn(async move { client::send(addr, &slow).await });
+    fake.wait_requests(1, WAIT).await;
+    let json_request = request_bytes(
+        "POST",
+        "/v1/messages",
+        &headers(&proxy, "json"),
+        &small_body(false),
+    );
+    let refused = client::send(addr, &json_request).await;
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.json()["error"]["type"], "api_error");
+    assert!(
+        refused
+            .text()
+            .contains("promptgate: capture is required and the capture queue is full")
+    );
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "the refused request never went upstream"
+    );
+    let held = holder.await.unwrap();
+    assert_eq!(held.status, 200);
+    let records = captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let refused_rec = records
+        .iter()
+        .find(|r| r["outcome"] == "capture_unavailable")
+        .expect("the refusal is recorded too");
+    assert_eq!(refused_rec["response"]["status"], 503);
+    let ok = client::send(addr, &json_request).await;
+    assert_eq!(ok.status, 200, "with room again, requests pass");
+}
+
+// === shutdown ===
+
+#[tokio::test]
+async fn a_stream_cut_by_shutdown_is_recorded_before_exit() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let mut proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--shutdown-grace",
+        "500ms",
+    ]);
+    let addr = proxy.addr;
+    let request = messages_request(&proxy, "cancel", &small_body(true));
+    // A 3-second stream; promptgate is stopped a moment into it.
+    let client = tokio::spawn(async move { client::send(addr, &request).await });
+    fake.wait_requests(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit(WAIT).await.success());
+    let _ = client.await;
+    // The process is gone: whatever is in the store was written before it exited.
+    let records = captures::export(&proxy.captures);
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["outcome"], "shutdown");
+    assert!(
+        records[0]["response"]["events"].as_array().unwrap().len() >= 2,
+        "the events that arrived are kept"
+    );
+    assert!(
+        proxy
+            .log()
+            .contains("capture closed: 1 written, 0 dropped, 0 failed")
+    );
+}

@@ -1,0 +1,204 @@
+//! `promptgate captures` output, golden: list, show, diff, conversations; and the
+//! admin API serving the same store as JSON.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::captures;
+use support::client::{self, request_bytes};
+use support::golden;
+use support::shapes;
+use support::{Action, FakeProvider, Proxy, Reply};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+/// Three Claude Code turns (one conversation) and one pi request, in that order.
+async fn conversation(proxy: &Proxy) {
+    let host = proxy.addr.to_string();
+    for round in 0..3 {
+        let body = shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION));
+        let h =
+            shapes::claude_code_headers(&host, body.len(), "sk-ant-api03-golden-0123456789abcdef");
+        let r = client::send(
+            proxy.addr,
+            &request_bytes("POST", "/v1/messages?beta=true", &h, &body),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let body = shapes::to_bytes(&shapes::pi_body(1));
+    let h = shapes::pi_headers(&host, body.len(), "sk-ant-api03-golden-pi-0123456789ab");
+    let r = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages", &h, &body),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}
+
+async fn start() -> (FakeProvider, Proxy, Vec<String>) {
+    let fake = FakeProvider::start(|r| {
+        let usage = if r.body.len() > 60_000 {
+            (12, 0, 48_000, 7)
+        } else {
+            (20, 48_000, 0, 7)
+        };
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events("claude-opus-5-5", &["Hel", "lo"], usage),
+            Duration::ZERO,
+        ))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    conversation(&proxy).await;
+    let records = captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let ids = records
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect();
+    (fake, proxy, ids)
+}
+
+#[tokio::test]
+async fn list_show_diff_and_conversations_read_as_expected() {
+    let (_fake, proxy, ids) = start().await;
+    let dir = &proxy.captures;
+    golden::check("captures-list", &captures::ok(dir, &["list"]));
+    golden::check("captures-show", &captures::ok(dir, &["show", &ids[1]]));
+    golden::check(
+        "captures-diff",
+        &captures::ok(dir, &["diff", &ids[1], &ids[2]]),
+    );
+    golden::check(
+        "captures-diff-first-turn",
+        &captures::ok(dir, &["diff", &ids[0], &ids[1]]),
+    );
+    golden::check(
+        "captures-conversations",
+        &captures::ok(dir, &["conversations"]),
+    );
+
+    // Filters.
+    let by_model = captures::ok(dir, &["list", "--model", "claude-sonnet-*"]);
+    assert!(by_model.ends_with("1 exchange(s)\n"), "{by_model}");
+    let by_conv = captures::ok(dir, &["list", "--conversation", "cc:54c1"]);
+    assert!(by_conv.ends_with("3 exchange(s)\n"), "{by_conv}");
+    let by_grep = captures::ok(dir, &["list", "--grep", "cat src/file_1.rs"]);
+    assert!(
+        by_grep.ends_with("1 exchange(s)\n"),
+        "only the third turn ran file_1: {by_grep}"
+    );
+    let none = captures::ok(dir, &["list", "--outcome", "client_cancelled"]);
+    assert!(none.ends_with("0 exchange(s)\n"));
+    let recent = captures::ok(dir, &["list", "--since", "1h", "--limit", "2"]);
+    assert!(
+        recent.contains(&ids[3]) && !recent.contains(&ids[1]),
+        "{recent}"
+    );
+    // A short id prefix is enough when it is unique; a bad one says why.
+    let missing = captures::cli(dir, &["show", "7ZZZZ"]);
+    assert_eq!(missing.code, 2);
+    assert!(
+        missing.stderr.contains("no capture \"7ZZZZ\""),
+        "{}",
+        missing.stderr
+    );
+    let raw = captures::ok(dir, &["show", &ids[0], "--raw", "--received"]);
+    assert_eq!(
+        raw.as_bytes(),
+        shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION))
+    );
+    let no_store = captures::cli(&dir.join("nope"), &["list"]);
+    assert_eq!(no_store.code, 2);
+    assert!(
+        no_store.stderr.contains("no captures in"),
+        "{}",
+        no_store.stderr
+    );
+}
+
+async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, Value) {
+    let r = client::send(
+        addr,
+        &request_bytes("GET", path, &[("Host", addr.to_string())], b""),
+    )
+    .await;
+    (r.status, r.json())
+}
+
+#[tokio::test]
+async fn the_admin_api_serves_the_same_store_as_json() {
+    let (_fake, proxy, ids) = start().await;
+    let admin = proxy.admin_addr();
+    assert_ne!(admin, proxy.addr);
+    let (status, health) = get(admin, "/healthz").await;
+    assert_eq!(status, 200);
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["capture"]["written"], 4);
+    let (_, list) = get(admin, "/api/captures?conversation=cc%3A54c1&limit=2").await;
+    let rows = list["captures"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[1]["id"], ids[2]);
+    assert_eq!(rows[1]["cache_read_tokens"], 48_000);
+    let (_, one) = get(admin, &format!("/api/captures/{}", ids[0])).await;
+    assert_eq!(one["id"], ids[0]);
+    assert_eq!(
+        one["request"]["body"]["content"]["model"],
+        "claude-opus-5-5"
+    );
+    let (_, diff) = get(admin, &format!("/api/captures/{}/diff/{}", ids[1], ids[2])).await;
+    let changes: Vec<&str> = diff["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["change"].as_str().unwrap())
+        .collect();
+    assert_eq!(changes.iter().filter(|c| **c == "added").count(), 2);
+    assert!(
+        changes.iter().all(|c| *c == "same" || *c == "added"),
+        "{changes:?}"
+    );
+    let (_, convs) = get(admin, "/api/conversations").await;
+    assert_eq!(convs["conversations"].as_array().unwrap().len(), 2);
+    let (status, err) = get(admin, "/api/captures/7ZZZZ").await;
+    assert_eq!(status, 404);
+    assert!(err["error"].as_str().unwrap().contains("no capture"));
+    let post = client::send(
+        admin,
+        &request_bytes(
+            "POST",
+            "/api/captures",
+            &[("Host", admin.to_string())],
+            b"{}",
+        ),
+    )
+    .await;
+    assert_eq!(post.status, 405, "read-only");
+    let (status, _) = get(proxy.addr, "/healthz").await;
+    assert_eq!(status, 404, "the proxy port does not serve the admin API");
+}
+
+#[test]
+fn a_taken_admin_port_stops_promptgate_before_it_serves() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = taken.local_addr().unwrap().to_string();
+    let dir = support::TempDir::new("admin-taken");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--admin",
+            &addr,
+            "--captures",
+        ])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty(), "no start line");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("admin API on {addr}")), "{err}");
+}

@@ -1,0 +1,94 @@
+//! Reading a capture store the way a user does: through `promptgate captures …`.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// Output of one `promptgate captures` run.
+#[derive(Debug)]
+pub struct CliOutput {
+    pub stdout: String,
+    pub stderr: String,
+    pub code: i32,
+}
+
+/// Runs `promptgate captures <args> --captures <dir>`.
+pub fn cli(dir: &Path, args: &[&str]) -> CliOutput {
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .arg("captures")
+        .args(args)
+        .arg("--captures")
+        .arg(dir)
+        .output()
+        .expect("promptgate captures runs");
+    CliOutput {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        code: out.status.code().unwrap_or(-1),
+    }
+}
+
+/// Runs a `captures` verb that must succeed; returns its standard output.
+pub fn ok(dir: &Path, args: &[&str]) -> String {
+    let out = cli(dir, args);
+    assert_eq!(out.code, 0, "captures {args:?} failed: {}", out.stderr);
+    out.stdout
+}
+
+/// Every record in the store, as exported JSONL lines.
+pub fn export(dir: &Path) -> Vec<Value> {
+    let out = cli(dir, &["export", "--format", "jsonl"]);
+    if out.code != 0 {
+        return Vec::new(); // not created yet
+    }
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("each JSONL line is JSON"))
+        .collect()
+}
+
+/// Waits until the store holds at least `n` records; returns them.
+pub async fn wait_records(dir: &Path, n: usize, limit: Duration) -> Vec<Value> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let records = export(dir);
+        if records.len() >= n {
+            return records;
+        }
+        if Instant::now() > deadline {
+            panic!(
+                "expected {n} record(s) in {}, got {}",
+                dir.display(),
+                records.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The record with this id.
+pub fn by_id<'a>(records: &'a [Value], id: &str) -> &'a Value {
+    records
+        .iter()
+        .find(|r| r["id"] == id)
+        .unwrap_or_else(|| panic!("no record {id}"))
+}
+
+/// Every file under `dir`, recursively: (path, bytes).
+pub fn files_under(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return out;
+    };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path.is_dir() {
+            out.extend(files_under(&path));
+        } else if let Ok(bytes) = std::fs::read(&path) {
+            out.push((path, bytes));
+        }
+    }
+    out
+}
