@@ -246,7 +246,7 @@ impl CaptureRecord {
                 first_byte_ms: r.timing.first_byte.map(ms),
                 total_ms: ms(r.timing.total),
             },
-            mode: "reverse".into(),
+            mode: r.mode.name().into(),
             client: r.client_addr.map(|a| a.to_string()),
             provider: r.provider.map(|p| p.name().to_owned()),
             api: r.api.map(|a| api_name(a).to_owned()),

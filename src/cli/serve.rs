@@ -61,6 +61,9 @@ pub struct ServeArgs {
     /// Record nothing (capture.enabled = false).
     #[arg(long)]
     no_capture: bool,
+    /// Do not analyse prompt caching (cache.enabled = false).
+    #[arg(long)]
+    no_cache_analysis: bool,
     /// Refuse requests with a 503 rather than let one go unrecorded (capture.required).
     #[arg(long)]
     capture_required: bool,
@@ -161,6 +164,12 @@ impl ServeArgs {
                 ..CaptureLayer::default()
             }),
             rules: self.rules,
+            cache: self
+                .no_cache_analysis
+                .then(|| crate::cache::CacheConfigLayer {
+                    enabled: Some(false),
+                    ..Default::default()
+                }),
             ..ConfigLayer::default()
         };
         self.forward.fill(&mut layer);
