@@ -40,7 +40,7 @@ pub fn conversation_key(
         return Some(format!("header:{v}"));
     }
     if let Some(pointer) = &source.pointer {
-        let body: Option<Value> = serde_json::from_str(&rebuild(view)).ok();
+        let body: Option<Value> = serde_json::from_slice(&rebuild(view)).ok();
         if let Some(v) = body
             .as_ref()
             .and_then(|b| b.pointer(pointer))
@@ -60,7 +60,7 @@ fn header_value(headers: &HeaderMap, name: &str) -> Option<String> {
 /// `metadata.user_id` is a JSON string `{"device_id":…,"session_id":…}` (Claude Code
 /// ≥ 2.1.78) or `user_<hash>_account_<uuid>_session_<uuid>` (older).
 fn metadata_session(view: &RequestView<'_>) -> Option<String> {
-    let metadata: Value = serde_json::from_str(view.top.get("metadata")?.get()).ok()?;
+    let metadata: Value = serde_json::from_slice(view.top.get("metadata")?).ok()?;
     let user_id = metadata.get("user_id")?.as_str()?;
     if let Ok(inner) = serde_json::from_str::<Value>(user_id)
         && let Some(s) = inner.get("session_id").and_then(Value::as_str)
@@ -74,17 +74,17 @@ fn metadata_session(view: &RequestView<'_>) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-fn rebuild(view: &RequestView<'_>) -> String {
-    let mut out = String::from("{");
+fn rebuild(view: &RequestView<'_>) -> Vec<u8> {
+    let mut out = vec![b'{'];
     for (i, (k, v)) in view.top.entries.iter().enumerate() {
         if i > 0 {
-            out.push(',');
+            out.push(b',');
         }
-        out.push_str(&Value::from(k.as_ref()).to_string());
-        out.push(':');
-        out.push_str(v.get());
+        out.extend_from_slice(Value::from(k.as_ref()).to_string().as_bytes());
+        out.push(b':');
+        out.extend_from_slice(v);
     }
-    out.push('}');
+    out.push(b'}');
     out
 }
 
@@ -123,7 +123,7 @@ fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
             Some(c @ Content::Text(_)) => push_text(&mut first_user, &c),
             Some(Content::Blocks(items)) => {
                 if let Some(item) = items.first()
-                    && let Some(c) = serde_json::from_str::<Value>(item.get())
+                    && let Some(c) = serde_json::from_slice::<Value>(item)
                         .ok()
                         .and_then(|v| v.get("content").cloned())
                 {
@@ -152,14 +152,14 @@ fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
 fn push_text(out: &mut String, content: &Content<'_>) {
     match content {
         Content::Text(raw) => {
-            if let Ok(s) = serde_json::from_str::<String>(raw.get()) {
+            if let Ok(s) = serde_json::from_slice::<String>(raw) {
                 out.push_str(&s);
                 out.push('\n');
             }
         }
         Content::Blocks(blocks) => {
             for b in blocks {
-                if let Ok(v) = serde_json::from_str::<Value>(b.get()) {
+                if let Ok(v) = serde_json::from_slice::<Value>(b) {
                     text_of_value(out, &v);
                 }
             }

@@ -11,7 +11,6 @@ pub mod cost;
 pub mod estimate;
 pub mod explain;
 pub mod history;
-pub mod scan;
 pub mod segment;
 
 use std::collections::{BTreeMap, HashMap};

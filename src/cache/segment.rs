@@ -16,7 +16,7 @@ use ring::digest::{Context, SHA256};
 use serde::Serialize;
 
 use super::estimate;
-use super::scan::{self, Node, ScanError, scan};
+use crate::provider::json::{self as scan, Node, ScanError, scan};
 use crate::provider::{Api, Provider};
 
 /// A SHA-256 digest.

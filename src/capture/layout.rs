@@ -46,14 +46,14 @@ pub fn split(body: &[u8]) -> Split<'_> {
         match raw_array(raw) {
             Some(items) => {
                 for item in items {
-                    if let Some(at) = offset_in(body, item.get()) {
-                        spans.push((at, at + item.get().len()));
+                    if let Some(at) = offset_in(body, item) {
+                        spans.push((at, at + item.len()));
                     }
                 }
             }
-            None if raw.get().len() >= SCALAR_UNIT_MIN => {
-                if let Some(at) = offset_in(body, raw.get()) {
-                    spans.push((at, at + raw.get().len()));
+            None if raw.len() >= SCALAR_UNIT_MIN => {
+                if let Some(at) = offset_in(body, raw) {
+                    spans.push((at, at + raw.len()));
                 }
             }
             None => {}
@@ -112,7 +112,7 @@ pub fn join<'u>(skeleton: &[u8], units: impl IntoIterator<Item = (usize, &'u [u8
 }
 
 /// Where `part` (a slice of `body`'s memory) starts in `body`.
-fn offset_in(body: &[u8], part: &str) -> Option<usize> {
+fn offset_in(body: &[u8], part: &[u8]) -> Option<usize> {
     let base = body.as_ptr() as usize;
     let start = part.as_ptr() as usize;
     (start >= base && start + part.len() <= base + body.len()).then(|| start - base)

@@ -35,7 +35,7 @@ pub struct Unit<'a> {
     /// Position within its section.
     pub index: usize,
     /// The exact bytes sent (for a string `system`, the string).
-    pub raw: &'a str,
+    pub raw: &'a [u8],
     /// It (or a block inside it) carries `cache_control`.
     pub breakpoint: bool,
     /// Compact JSON with `cache_control` removed and string content as one text block.
@@ -48,7 +48,7 @@ pub struct Unit<'a> {
 pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
     let mut out = Vec::new();
     for (index, raw) in view.tools().into_iter().enumerate() {
-        let mut v = parse(raw.get());
+        let mut v = parse(raw);
         let breakpoint = strip_cache_control(&mut v);
         let name = v
             .get("name")
@@ -59,7 +59,7 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
         out.push(Unit {
             section: Section::Tools,
             index,
-            raw: raw.get(),
+            raw,
             breakpoint,
             normalized: v.to_string(),
             label: format!("tool {name}"),
@@ -67,12 +67,12 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
     }
     match view.system() {
         Some(Content::Text(raw)) => {
-            let text = parse(raw.get());
+            let text = parse(raw);
             let v = text_block(text);
             out.push(Unit {
                 section: Section::System,
                 index: 0,
-                raw: raw.get(),
+                raw,
                 breakpoint: false,
                 label: block_label(&v),
                 normalized: v.to_string(),
@@ -80,12 +80,12 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
         }
         Some(Content::Blocks(blocks)) => {
             for (index, raw) in blocks.into_iter().enumerate() {
-                let mut v = parse(raw.get());
+                let mut v = parse(raw);
                 let breakpoint = strip_cache_control(&mut v);
                 out.push(Unit {
                     section: Section::System,
                     index,
-                    raw: raw.get(),
+                    raw,
                     breakpoint,
                     label: block_label(&v),
                     normalized: v.to_string(),
@@ -95,7 +95,7 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
         None => {}
     }
     for (index, m) in view.messages().into_iter().enumerate() {
-        let mut v = parse(m.raw.get());
+        let mut v = parse(m.raw);
         let breakpoint = strip_cache_control(&mut v);
         if let Some(obj) = v.as_object_mut()
             && let Some(content) = obj.get_mut("content")
@@ -106,7 +106,7 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
         out.push(Unit {
             section: Section::Messages,
             index,
-            raw: m.raw.get(),
+            raw: m.raw,
             breakpoint,
             label: message_label(&v),
             normalized: v.to_string(),
@@ -115,8 +115,8 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
     out
 }
 
-fn parse(raw: &str) -> Value {
-    serde_json::from_str(raw).unwrap_or(Value::Null)
+fn parse(raw: &[u8]) -> Value {
+    serde_json::from_slice(raw).unwrap_or(Value::Null)
 }
 
 fn text_block(text: Value) -> Value {
@@ -267,8 +267,8 @@ pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
                         let (x, y) = (xs[removed[k]], ys[added[k]]);
                         let mut e = entry(section, Change::Changed, Some(x), Some(y));
                         e.lines = line_diff(
-                            &display_text(&parse(&x.normalized)),
-                            &display_text(&parse(&y.normalized)),
+                            &display_text(&parse(x.normalized.as_bytes())),
+                            &display_text(&parse(y.normalized.as_bytes())),
                         );
                         out.push(e);
                     }

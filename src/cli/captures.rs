@@ -493,7 +493,7 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
         let names: Vec<String> = tools
             .iter()
             .map(|t| {
-                let v: Value = serde_json::from_str(t.get()).unwrap_or(Value::Null);
+                let v: Value = serde_json::from_slice(t).unwrap_or(Value::Null);
                 let name = v
                     .get("name")
                     .or_else(|| v.pointer("/function/name"))
@@ -510,7 +510,7 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
     }
     match view.system() {
         Some(Content::Text(raw)) => {
-            let text: String = serde_json::from_str(raw.get()).unwrap_or_default();
+            let text: String = serde_json::from_slice(raw).unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  system: string, {} chars: {}",
@@ -521,7 +521,7 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
         Some(Content::Blocks(blocks)) => {
             let _ = writeln!(out, "  system ({}):", blocks.len());
             for (i, b) in blocks.iter().enumerate() {
-                let v: Value = serde_json::from_str(b.get()).unwrap_or(Value::Null);
+                let v: Value = serde_json::from_slice(b).unwrap_or(Value::Null);
                 let _ = writeln!(out, "    [{i}] {}", block_line(&v));
             }
         }
@@ -534,13 +534,13 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
             let role = m.role.as_deref().unwrap_or("?");
             let blocks: Vec<String> = match &m.content {
                 Some(Content::Text(raw)) => {
-                    let text: String = serde_json::from_str(raw.get()).unwrap_or_default();
+                    let text: String = serde_json::from_slice(raw).unwrap_or_default();
                     vec![format!("string, {} chars", text.chars().count())]
                 }
                 Some(Content::Blocks(blocks)) => blocks
                     .iter()
                     .map(|b| {
-                        let v: Value = serde_json::from_str(b.get()).unwrap_or(Value::Null);
+                        let v: Value = serde_json::from_slice(b).unwrap_or(Value::Null);
                         block_kind(&v)
                     })
                     .collect(),
@@ -555,7 +555,7 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
         .iter()
         .filter(|(k, _)| !matches!(k.as_ref(), "tools" | "system" | "messages"))
         .map(|(k, v)| {
-            let raw = v.get();
+            let raw = String::from_utf8_lossy(v);
             if raw.len() <= 40 {
                 format!("{k}={raw}")
             } else {

@@ -4,6 +4,7 @@
 //! Nothing here does IO; the exchange and the observer call in with bytes.
 
 pub mod anthropic;
+pub mod json;
 pub mod openai;
 pub mod request;
 mod sniff;
@@ -14,7 +15,6 @@ use serde_json::json;
 
 pub use sniff::{RequestSummary, sniff};
 // The structural scanners, for reading inside JSON already known to be valid.
-pub(crate) use sniff::{skip_string, skip_value, skip_ws};
 pub use usage::Usage;
 
 use serde_json::Value;

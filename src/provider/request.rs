@@ -3,95 +3,79 @@
 //! Rules, capture and cache analysis all need the body's parts — the top-level keys,
 //! system blocks, tools, messages and their content blocks — and all need them as
 //! the client wrote them (a re-serialised `Value` normalises escapes and numbers).
-//! This view borrows raw slices of the body, in order, and allocates only the lists.
+//! This view borrows slices of the body, found by the [`json`](super::json) scanner
+//! one level at a time, and allocates only the lists and the keys it decodes.
 
 use std::borrow::Cow;
-use std::fmt;
 
-use serde::Deserialize;
-use serde::de::{Deserializer, MapAccess, SeqAccess, Visitor};
-use serde_json::value::RawValue;
+use super::json::{Node, ScanError, scan};
 
 /// A JSON object as its keys and raw values, in the order sent.
 #[derive(Debug, Clone, Default)]
 pub struct RawObject<'a> {
-    pub entries: Vec<(Cow<'a, str>, &'a RawValue)>,
+    pub entries: Vec<(Cow<'a, str>, &'a [u8])>,
 }
 
 impl<'a> RawObject<'a> {
-    /// Parses `text` as a JSON object. Fails on anything else.
-    pub fn parse(text: &'a [u8]) -> Result<RawObject<'a>, serde_json::Error> {
-        serde_json::from_slice(text)
+    /// Reads `text` as a JSON object. Fails on anything else.
+    pub fn parse(text: &'a [u8]) -> Result<RawObject<'a>, ScanError> {
+        let Node::Object(_, entries) = scan(text, 1)? else {
+            return Err(ScanError(0));
+        };
+        let entries = entries
+            .into_iter()
+            .map(|(key, value)| {
+                let key = decode_str(key.of(text)).ok_or(ScanError(key.start))?;
+                Ok((key, value.span().of(text)))
+            })
+            .collect::<Result<_, ScanError>>()?;
+        Ok(RawObject { entries })
     }
 
-    /// Parses a raw value that should be an object.
-    pub fn of(value: &'a RawValue) -> Option<RawObject<'a>> {
-        serde_json::from_str(value.get()).ok()
+    /// Reads a raw value that should be an object.
+    pub fn of(value: &'a [u8]) -> Option<RawObject<'a>> {
+        RawObject::parse(value).ok()
     }
 
     /// The raw value of the first entry named `key`.
-    pub fn get(&self, key: &str) -> Option<&'a RawValue> {
+    pub fn get(&self, key: &str) -> Option<&'a [u8]> {
         self.entries.iter().find(|(k, _)| k == key).map(|(_, v)| *v)
     }
 
     /// The value of `key` if it is a string, unescaped.
     pub fn str(&self, key: &str) -> Option<Cow<'a, str>> {
-        let raw = self.get(key)?;
-        serde_json::from_str::<Cow<'a, str>>(raw.get()).ok()
+        decode_str(self.get(key)?)
     }
 }
 
-impl<'de> Deserialize<'de> for RawObject<'de> {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct ObjectVisitor;
-        impl<'de> Visitor<'de> for ObjectVisitor {
-            type Value = RawObject<'de>;
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<M: MapAccess<'de>>(self, mut map: M) -> Result<RawObject<'de>, M::Error> {
-                let mut entries = Vec::with_capacity(map.size_hint().unwrap_or(8));
-                while let Some((k, v)) = map.next_entry::<Cow<'de, str>, &'de RawValue>()? {
-                    entries.push((k, v));
-                }
-                Ok(RawObject { entries })
-            }
-        }
-        d.deserialize_map(ObjectVisitor)
+/// A raw JSON string literal, unescaped: borrowed when it has no escapes.
+pub fn decode_str(raw: &[u8]) -> Option<Cow<'_, str>> {
+    let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    if !inner.contains(&b'\\') {
+        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
     }
+    serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
 }
 
 /// The elements of a raw JSON array, or `None` when it is not an array.
-pub fn raw_array(value: &RawValue) -> Option<Vec<&RawValue>> {
-    struct ArrayVisitor;
-    impl<'de> Visitor<'de> for ArrayVisitor {
-        type Value = Vec<&'de RawValue>;
-        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("a JSON array")
-        }
-        fn visit_seq<S: SeqAccess<'de>>(self, mut seq: S) -> Result<Self::Value, S::Error> {
-            let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(8));
-            while let Some(v) = seq.next_element::<&'de RawValue>()? {
-                out.push(v);
-            }
-            Ok(out)
-        }
+pub fn raw_array(value: &[u8]) -> Option<Vec<&[u8]>> {
+    match scan(value, 1).ok()? {
+        Node::Array(_, items) => Some(items.iter().map(|n| n.span().of(value)).collect()),
+        _ => None,
     }
-    let mut de = serde_json::Deserializer::from_str(value.get());
-    de.deserialize_seq(ArrayVisitor).ok()
 }
 
 /// Content that is either a string (shorthand for one text block) or a list of blocks.
 #[derive(Debug, Clone)]
 pub enum Content<'a> {
-    Text(&'a RawValue),
-    Blocks(Vec<&'a RawValue>),
+    Text(&'a [u8]),
+    Blocks(Vec<&'a [u8]>),
 }
 
 impl<'a> Content<'a> {
     /// Reads `system`, or a message's `content`.
-    pub fn of(value: &'a RawValue) -> Option<Content<'a>> {
-        match value.get().as_bytes().first()? {
+    pub fn of(value: &'a [u8]) -> Option<Content<'a>> {
+        match value.first()? {
             b'"' => Some(Content::Text(value)),
             b'[' => raw_array(value).map(Content::Blocks),
             _ => None,
@@ -102,7 +86,7 @@ impl<'a> Content<'a> {
 /// One message of `messages`: its role, its content, and its exact bytes.
 #[derive(Debug, Clone)]
 pub struct MessageView<'a> {
-    pub raw: &'a RawValue,
+    pub raw: &'a [u8],
     pub role: Option<Cow<'a, str>>,
     pub content: Option<Content<'a>>,
 }
@@ -114,8 +98,8 @@ pub struct RequestView<'a> {
 }
 
 impl<'a> RequestView<'a> {
-    /// Parses the top level; the parts below are read on demand.
-    pub fn parse(body: &'a [u8]) -> Result<RequestView<'a>, serde_json::Error> {
+    /// Reads the top level; the parts below are read on demand.
+    pub fn parse(body: &'a [u8]) -> Result<RequestView<'a>, ScanError> {
         Ok(RequestView {
             top: RawObject::parse(body)?,
         })
@@ -131,7 +115,7 @@ impl<'a> RequestView<'a> {
     }
 
     /// `tools`, each as sent.
-    pub fn tools(&self) -> Vec<&'a RawValue> {
+    pub fn tools(&self) -> Vec<&'a [u8]> {
         self.top
             .get("tools")
             .and_then(raw_array)
@@ -179,20 +163,20 @@ mod tests {
         );
         assert_eq!(v.model().as_deref(), Some("claude-opus-5-5"));
         assert_eq!(
-            v.top.get("temperature").unwrap().get(),
-            "0.70",
+            v.top.get("temperature").unwrap(),
+            b"0.70",
             "numbers keep their text"
         );
         let Some(Content::Blocks(system)) = v.system() else {
             panic!()
         };
         assert_eq!(
-            system[1].get(),
-            r#"{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}"#
+            system[1],
+            br#"{"type":"text","text":"b","cache_control":{"type":"ephemeral"}}"#
         );
         assert_eq!(
-            v.tools()[0].get(),
-            r#"{"name":"Bash","input_schema":{"type":"object"}}"#
+            v.tools()[0],
+            br#"{"name":"Bash","input_schema":{"type":"object"}}"#
         );
         let messages = v.messages();
         assert_eq!(messages.len(), 2);
@@ -201,33 +185,44 @@ mod tests {
             panic!()
         };
         assert_eq!(
-            blocks[0].get(),
-            r#"{"type":"text","text":"caf\u00e9 \"x\""}"#,
+            blocks[0], br#"{"type":"text","text":"caf\u00e9 \"x\""}"#,
             "escapes kept"
         );
-        assert!(matches!(messages[1].content, Some(Content::Text(t)) if t.get() == "\"env\""));
+        assert!(matches!(messages[1].content, Some(Content::Text(t)) if t == b"\"env\""));
     }
 
     #[test]
     fn the_view_reassembles_to_the_same_bytes() {
         let v = RequestView::parse(BODY.as_bytes()).unwrap();
-        let mut out = String::from("{");
+        let mut out = Vec::from(&b"{"[..]);
         for (i, (k, raw)) in v.top.entries.iter().enumerate() {
             if i > 0 {
-                out.push(',');
+                out.push(b',');
             }
-            out.push_str(&serde_json::to_string(k).unwrap());
-            out.push(':');
-            out.push_str(raw.get());
+            out.extend_from_slice(serde_json::to_string(k).unwrap().as_bytes());
+            out.push(b':');
+            out.extend_from_slice(raw);
         }
-        out.push('}');
-        assert_eq!(out, BODY);
+        out.push(b'}');
+        assert_eq!(out, BODY.as_bytes());
+    }
+
+    #[test]
+    fn strings_decode_borrowed_unless_escaped() {
+        assert!(matches!(
+            decode_str(br#""plain""#),
+            Some(Cow::Borrowed("plain"))
+        ));
+        assert_eq!(decode_str(br#""a\"b\u00e9""#).as_deref(), Some("a\"bé"));
+        assert_eq!(decode_str(b"5"), None);
+        assert_eq!(decode_str(br#""bad \x""#), None);
     }
 
     #[test]
     fn non_objects_and_odd_shapes() {
         assert!(RequestView::parse(b"[1]").is_err());
         assert!(RequestView::parse(b"{\"a\":").is_err());
+        assert!(RequestView::parse(b"{\"a\":1} trailing").is_err());
         let v = RequestView::parse(br#"{"system":"plain","messages":5}"#).unwrap();
         assert!(matches!(v.system(), Some(Content::Text(_))));
         assert!(v.messages().is_empty());

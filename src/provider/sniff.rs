@@ -1,11 +1,11 @@
 //! Reads the top-level `model` of a JSON request body without parsing the body.
 //!
 //! Agents send bodies of hundreds of KB; the log line and the record only need
-//! the model. This scanner walks top-level keys, skips values by structure (strings
-//! with memchr), and stops at `model`. It never validates the body: malformed JSON
+//! the model. It walks top-level keys, skips values by structure (`provider::json`),
+//! and stops at `model`. It never validates the body: malformed JSON
 //! yields an empty summary, never an error or a panic.
 
-use memchr::memchr2;
+use super::json::{skip_string, skip_value, skip_ws};
 
 /// What the top level of a request body says about itself.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -48,63 +48,6 @@ fn top_level_string(body: &[u8], wanted: &[u8]) -> Option<String> {
         match body.get(i) {
             Some(b',') => i += 1,
             _ => return None,
-        }
-    }
-}
-
-pub(crate) fn skip_ws(body: &[u8], mut i: usize) -> usize {
-    while let Some(b' ' | b'\n' | b'\r' | b'\t') = body.get(i) {
-        i += 1;
-    }
-    i
-}
-
-/// `i` is at an opening quote; returns the index just past the closing quote.
-pub(crate) fn skip_string(body: &[u8], i: usize) -> Option<usize> {
-    let mut j = i + 1;
-    loop {
-        let k = j + memchr2(b'"', b'\\', body.get(j..)?)?;
-        if body[k] == b'"' {
-            return Some(k + 1);
-        }
-        j = k + 2; // skip the escaped character, whatever it is
-    }
-}
-
-/// `i` is at the first byte of a value; returns the index just past it.
-pub(crate) fn skip_value(body: &[u8], i: usize) -> Option<usize> {
-    match *body.get(i)? {
-        b'"' => skip_string(body, i),
-        b'{' | b'[' => {
-            let mut depth = 0usize;
-            let mut j = i;
-            loop {
-                match *body.get(j)? {
-                    b'"' => {
-                        j = skip_string(body, j)?;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-        }
-        _ => {
-            let mut j = i;
-            while let Some(&b) = body.get(j) {
-                if matches!(b, b',' | b'}' | b']' | b' ' | b'\n' | b'\r' | b'\t') {
-                    break;
-                }
-                j += 1;
-            }
-            (j > i).then_some(j)
         }
     }
 }

@@ -13,7 +13,7 @@ use std::cell::OnceCell;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::provider::{skip_string, skip_value, skip_ws};
+use crate::provider::json::{skip_string, skip_value, skip_ws};
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;

@@ -1,12 +1,12 @@
-//! A one-pass, zero-copy scan of a JSON body's structure down to a fixed depth.
+//! The one JSON structure scanner: byte spans of values, read once, never copied.
 //!
-//! Cache analysis needs the byte spans of the top-level keys, of `messages` →
-//! message → `content` → block → block fields, and of `tools` / `system` entries.
-//! `serde_json`'s raw values re-scan every level they are asked about (and check
-//! UTF-8 again for each), which made analysis cost ~8× the proxy's own work per
-//! request; this scan reads each byte once, jumping over string contents with
-//! `memchr`. It does not validate what it skips: it only reads bodies the provider
-//! has already accepted, and a body it cannot follow is an error, never a guess.
+//! Rules, capture, cache analysis and the model sniff all need the parts of agent
+//! bodies of hundreds of KB as the exact bytes sent. `serde_json`'s raw values check
+//! UTF-8 again at every level they are asked about (profiled at ~40 % of a capture
+//! writer's CPU); this scanner jumps over string contents with `memchr` and keeps
+//! structure only down to the depth asked for. It does not validate what it skips:
+//! a body it cannot follow is an error, never a guess; decoding happens only for the
+//! strings a caller reads.
 
 /// A byte range of the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -99,6 +99,70 @@ pub fn scan(body: &[u8], depth: u32) -> Result<Node, ScanError> {
     Ok(node)
 }
 
+/// Index of the first non-whitespace byte at or after `i`.
+pub fn skip_ws(b: &[u8], mut i: usize) -> usize {
+    while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
+        i += 1;
+    }
+    i
+}
+
+/// `i` is at a string's opening quote; the index just past its closing quote. Only
+/// quotes stop the search; a quote after an odd run of backslashes is escaped.
+pub fn skip_string(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i + 1;
+    loop {
+        let at = j + memchr::memchr(b'"', b.get(j..)?)?;
+        let escapes = b[i + 1..at]
+            .iter()
+            .rev()
+            .take_while(|&&c| c == b'\\')
+            .count();
+        if escapes % 2 == 0 {
+            return Some(at + 1);
+        }
+        j = at + 1;
+    }
+}
+
+/// `i` is at the first byte of a value; the index just past it.
+pub fn skip_value(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => skip_string(b, i),
+        b'{' | b'[' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match *b.get(j)? {
+                    b'"' => {
+                        j = skip_string(b, j)?;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+        }
+        _ => {
+            let mut j = i;
+            while let Some(&c) = b.get(j) {
+                if matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
+                    break;
+                }
+                j += 1;
+            }
+            (j > i).then_some(j)
+        }
+    }
+}
+
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
@@ -106,9 +170,7 @@ struct Scanner<'a> {
 
 impl Scanner<'_> {
     fn ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
-            self.i += 1;
-        }
+        self.i = skip_ws(self.b, self.i);
     }
 
     fn expect(&mut self, c: u8) -> Result<(), ScanError> {
@@ -194,71 +256,16 @@ impl Scanner<'_> {
         }
     }
 
-    /// Past a string starting at `self.i` (its opening quote). Only quotes stop the
-    /// search; a quote preceded by an odd run of backslashes is escaped.
+    /// Past a string starting at `self.i` (its opening quote).
     fn string(&mut self) -> Result<(), ScanError> {
-        let open = self.i;
-        let mut j = open + 1;
-        loop {
-            let Some(k) = memchr::memchr(b'"', &self.b[j.min(self.b.len())..]) else {
-                return Err(ScanError(open));
-            };
-            let at = j + k;
-            let escapes = self.b[open + 1..at]
-                .iter()
-                .rev()
-                .take_while(|&&c| c == b'\\')
-                .count();
-            if escapes % 2 == 0 {
-                self.i = at + 1;
-                return Ok(());
-            }
-            j = at + 1;
-        }
+        self.i = skip_string(self.b, self.i).ok_or(ScanError(self.i))?;
+        Ok(())
     }
 
     /// Past any value, without keeping its structure.
     fn skip(&mut self) -> Result<(), ScanError> {
-        match self.b.get(self.i) {
-            Some(b'"') => self.string(),
-            Some(b'{' | b'[') => {
-                let mut depth = 0usize;
-                while let Some(&c) = self.b.get(self.i) {
-                    match c {
-                        b'"' => {
-                            self.string()?;
-                            continue;
-                        }
-                        b'{' | b'[' => depth += 1,
-                        b'}' | b']' => {
-                            depth -= 1;
-                            if depth == 0 {
-                                self.i += 1;
-                                return Ok(());
-                            }
-                        }
-                        _ => {}
-                    }
-                    self.i += 1;
-                }
-                Err(ScanError(self.i))
-            }
-            Some(_) => {
-                let start = self.i;
-                while let Some(&c) = self.b.get(self.i) {
-                    if matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r') {
-                        break;
-                    }
-                    self.i += 1;
-                }
-                if self.i == start {
-                    Err(ScanError(start))
-                } else {
-                    Ok(())
-                }
-            }
-            None => Err(ScanError(self.i)),
-        }
+        self.i = skip_value(self.b, self.i).ok_or(ScanError(self.i))?;
+        Ok(())
     }
 }
 
@@ -312,10 +319,7 @@ mod tests {
         let top = scan(body, 5).unwrap();
         let view = crate::provider::request::RequestView::parse(body).unwrap();
         for (k, v) in &view.top.entries {
-            assert_eq!(
-                top.get(body, k).unwrap().span().of(body),
-                v.get().as_bytes()
-            );
+            assert_eq!(top.get(body, k).unwrap().span().of(body), *v);
         }
         let m = top.get(body, "messages").unwrap();
         let Node::Array(_, msgs) = m else { panic!() };
