@@ -118,26 +118,33 @@ impl PendingRecord {
             .expect("a pending record holds its record until it is emitted")
     }
 
+    /// Hands the record to the recorder's pipeline with its outcome.
     fn emit(mut self, outcome: Outcome, error: Option<String>) {
         if let Some(mut record) = self.record.take() {
             record.outcome = outcome;
             record.error = error;
             record.timing.total = self.started.elapsed();
-            self.recorder.emit(&mut record);
+            let recorder = self.recorder.clone();
+            self.recorder
+                .submit(Box::new(move || recorder.emit(&mut record)));
         }
     }
 }
 
 impl Drop for PendingRecord {
     fn drop(&mut self) {
-        if let Some(mut record) = self.record.take() {
-            record.outcome = self.recorder.cut_outcome();
-            record.error = Some(match record.outcome {
-                Outcome::Shutdown => "promptgate shut down before the response".into(),
-                _ => "the client went away before the response".into(),
-            });
-            record.timing.total = self.started.elapsed();
-            self.recorder.emit(&mut record);
+        if self.record.is_some() {
+            let outcome = self.recorder.cut_outcome();
+            let error = match outcome {
+                Outcome::Shutdown => "promptgate shut down before the response",
+                _ => "the client went away before the response",
+            };
+            let pending = PendingRecord {
+                record: self.record.take(),
+                recorder: self.recorder.clone(),
+                started: self.started,
+            };
+            pending.emit(outcome, Some(error.into()));
         }
     }
 }
@@ -265,7 +272,7 @@ impl Proxy {
         let upstream_request = Request::from_parts(parts, Full::new(body));
 
         // A sink that must not miss a record (capture.required) may refuse here.
-        if let Err(why) = self.recorder.admit(pending.get()) {
+        if let Err(why) = self.recorder.admit(pending.get()).await {
             let error = ProxyError::new(ErrorKind::CaptureUnavailable, why);
             return error_response(pending, route.provider, error);
         }
@@ -426,7 +433,9 @@ fn forwardable(headers: &HeaderMap, request: bool) -> HeaderMap {
     out
 }
 
-/// Emits the record of an exchange whose response body has ended.
+/// Emits the record of an exchange whose response body has ended. Reading the copy
+/// happens on the recorder's pipeline thread, off the client's path and off the
+/// runtime (a large body or cache analysis must not hold a worker streams need).
 fn finish_observed(
     mut pending: PendingRecord,
     provider: Provider,
@@ -434,13 +443,17 @@ fn finish_observed(
     headers: HeaderMap,
     tap: TapResult,
 ) {
-    let client_waiting = !matches!(tap.end, BodyEnd::ClientGone);
-    let work = move || {
-        let started = pending.started;
+    let recorder = pending.recorder.clone();
+    let cut_outcome = recorder.cut_outcome();
+    let Some(mut record) = pending.record.take() else {
+        return;
+    };
+    let started = pending.started;
+    let job = move || {
         let observation = observer::observe(provider, api, &headers, &tap.chunks, tap.truncated);
-        let record = pending.get();
         record.bytes_out = tap.bytes;
         record.timing.first_byte = tap.first_byte.map(|t| t - started);
+        record.timing.total = tap.ended - started;
         let stream_error = observation.summary.provider_error.clone();
         record.observation = Some(observation);
         let (outcome, error) = match tap.end {
@@ -453,7 +466,7 @@ fn finish_observed(
                     d.as_secs()
                 )),
             ),
-            BodyEnd::ClientGone => match pending.recorder.cut_outcome() {
+            BodyEnd::ClientGone => match cut_outcome {
                 Outcome::Shutdown => (
                     Outcome::Shutdown,
                     Some("promptgate shut down mid-response (--shutdown-grace)".into()),
@@ -467,18 +480,11 @@ fn finish_observed(
                 ),
             },
         };
-        pending.emit(outcome, error);
+        record.outcome = outcome;
+        record.error = error;
+        recorder.emit(&mut record);
     };
-    // Reading the copy happens off the client's path, on the blocking pool: reading
-    // a large body and cache analysis must not hold a runtime worker that other
-    // streams need. With no client left (or the runtime going down, when a spawned
-    // task would never run) it happens right here.
-    match tokio::runtime::Handle::try_current() {
-        Ok(rt) if client_waiting => {
-            rt.spawn_blocking(work);
-        }
-        _ => work(),
-    }
+    pending.recorder.submit(Box::new(job));
 }
 
 /// Answers with promptgate's own error in the provider's shape, and emits the record.

@@ -6,8 +6,9 @@
 //! capture store later). Sinks must be quick: they run on a runtime thread.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -192,10 +193,18 @@ impl ExchangeRecord {
 
 /// Receives every finished record.
 pub trait RecordSink: Send + Sync {
+    /// Takes a finished record. Must not block: a sink that is full drops the record,
+    /// counts and logs the drop (admission already waited for room).
     fn record(&self, record: &ExchangeRecord);
 
-    /// Asked before the request goes upstream: `Err(why)` refuses the exchange (a
-    /// sink that must not miss a record and could not take one now).
+    /// Whether the sink could take one more record now.
+    fn has_room(&self) -> bool {
+        true
+    }
+
+    /// Asked before the request goes upstream, after admission waited for room:
+    /// `Err(why)` refuses the exchange (a sink that must not miss a record — capture
+    /// with `required` — and cannot take one now). Must not block.
     fn admit(&self, _record: &ExchangeRecord) -> Result<(), String> {
         Ok(())
     }
@@ -213,14 +222,28 @@ pub trait RecordStage: Send + Sync {
     fn apply(&self, record: &mut ExchangeRecord);
 }
 
-/// Hands records to the stages, then the sinks, and counts exchanges still in
-/// flight (for shutdown).
+/// Records waiting for the pipeline beyond which admission waits.
+const PIPELINE_BACKLOG: usize = 256;
+
+/// A unit of record work for the pipeline thread.
+pub type Job = Box<dyn FnOnce() + Send>;
+
+/// Hands records to the stages, then the sinks, on its own thread (off the runtime,
+/// so reading bodies, analysis and capture never delay a stream), and counts
+/// exchanges still in flight (for shutdown).
+///
+/// Memory stays bounded: [`Recorder::admit`] holds a new exchange back (for a bounded
+/// time) while the pipeline or a sink is behind.
 pub struct Recorder {
     stages: Vec<Arc<dyn RecordStage>>,
     sinks: Vec<Arc<dyn RecordSink>>,
     in_flight: AtomicUsize,
     idle: Notify,
     abandoning: AtomicBool,
+    pipeline: Mutex<Option<mpsc::Sender<Job>>>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+    backlog: Arc<AtomicUsize>,
+    admit_wait: Duration,
 }
 
 impl Recorder {
@@ -230,18 +253,93 @@ impl Recorder {
 
     /// A recorder that runs `stages` on each record, in order, before the sinks.
     pub fn with_stages(stages: Vec<Arc<dyn RecordStage>>, sinks: Vec<Arc<dyn RecordSink>>) -> Self {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let backlog = Arc::new(AtomicUsize::new(0));
+        let left = backlog.clone();
+        let worker = std::thread::Builder::new()
+            .name("promptgate-records".into())
+            .spawn(move || {
+                for job in rx {
+                    // A job that panics loses its record, never the pipeline.
+                    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
+                        tracing::error!("a record job panicked; its record is lost");
+                    }
+                    left.fetch_sub(1, Ordering::SeqCst);
+                }
+            })
+            .ok();
         Recorder {
             stages,
             sinks,
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
             abandoning: AtomicBool::new(false),
+            pipeline: Mutex::new(worker.as_ref().map(|_| tx)),
+            worker: Mutex::new(worker),
+            backlog,
+            admit_wait: Duration::from_secs(2),
         }
+    }
+
+    /// How long [`Recorder::admit`] waits for room before letting an exchange through
+    /// (its record may then be dropped by a full sink, counted and logged).
+    pub fn with_admit_wait(mut self, wait: Duration) -> Self {
+        self.admit_wait = wait;
+        self
     }
 
     /// Counts an exchange that will end with exactly one [`Recorder::emit`].
     pub fn begin(&self) {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// Runs `job` on the pipeline thread (inline once the pipeline is closed).
+    pub fn submit(&self, job: Job) {
+        let pipeline = self.pipeline.lock().unwrap_or_else(|p| p.into_inner());
+        match pipeline.as_ref() {
+            Some(tx) => {
+                self.backlog.fetch_add(1, Ordering::SeqCst);
+                if let Err(mpsc::SendError(job)) = tx.send(job) {
+                    self.backlog.fetch_sub(1, Ordering::SeqCst);
+                    drop(pipeline);
+                    job();
+                }
+            }
+            None => {
+                drop(pipeline);
+                job();
+            }
+        }
+    }
+
+    /// Waits (at most the admit wait) while the pipeline or a sink is behind, then
+    /// asks every sink whether the exchange may go upstream.
+    pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+        let deadline = tokio::time::Instant::now() + self.admit_wait;
+        while self.backlog.load(Ordering::SeqCst) >= PIPELINE_BACKLOG
+            || self.sinks.iter().any(|s| !s.has_room())
+        {
+            if tokio::time::Instant::now() >= deadline {
+                break;
+            }
+            // Only under overload: a short poll is simpler than wiring wake-ups
+            // through every sink.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        self.sinks.iter().try_for_each(|sink| sink.admit(record))
+    }
+
+    /// Stops the pipeline after the jobs already queued (called once the runtime
+    /// is down, so that exchanges cut at shutdown have queued their records).
+    pub fn close(&self) {
+        self.pipeline
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        let worker = self.worker.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(worker) = worker {
+            let _ = worker.join();
+        }
     }
 
     /// Tells the stages that an exchange's response head arrived.
@@ -262,11 +360,6 @@ impl Recorder {
         if self.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
             self.idle.notify_waiters();
         }
-    }
-
-    /// Asks every sink whether the exchange may go upstream.
-    pub fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
-        self.sinks.iter().try_for_each(|sink| sink.admit(record))
     }
 
     /// Blocks until every sink has handled the records emitted so far.

@@ -60,7 +60,6 @@ struct QueueState {
 struct Shared {
     state: Mutex<QueueState>,
     not_empty: Condvar,
-    not_full: Condvar,
     idle: Condvar,
     written: AtomicU64,
     dropped: AtomicU64,
@@ -150,7 +149,6 @@ impl Capture {
                 closed: false,
             }),
             not_empty: Condvar::new(),
-            not_full: Condvar::new(),
             idle: Condvar::new(),
             written: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
@@ -226,24 +224,17 @@ impl RecordSink for Capture {
             tracing::warn!(id = %record.id, "capture is closed; record dropped");
             return;
         }
-        if !state.reserved.remove(&record.id) {
-            let deadline = Instant::now() + self.settings.queue_wait;
-            let still_full;
-            (state, still_full) =
-                self.shared
-                    .wait_while(state, &self.shared.not_full, deadline, |s| {
-                        self.full(s, size, false)
-                    });
-            if still_full {
-                let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
-                tracing::warn!(
-                    id = %record.id,
-                    dropped_total = dropped,
-                    "capture queue full for {}ms; record dropped",
-                    self.settings.queue_wait.as_millis()
-                );
-                return;
-            }
+        // Admission already waited (up to queue_wait) for room; still full now means drop.
+        if !state.reserved.remove(&record.id) && self.full(&state, size, false) {
+            drop(state);
+            let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
+            tracing::warn!(
+                id = %record.id,
+                dropped_total = dropped,
+                "capture queue still full after {}ms; record dropped",
+                self.settings.queue_wait.as_millis()
+            );
+            return;
         }
         state.bytes += size;
         state.items.push_back(record.clone());
@@ -258,17 +249,18 @@ impl RecordSink for Capture {
         if !self.shared.healthy.load(Ordering::SeqCst) {
             return Err("capture is required and the capture store is failing".into());
         }
-        let deadline = Instant::now() + self.settings.queue_wait;
-        let (mut state, still_full) =
-            self.shared
-                .wait_while(self.shared.lock(), &self.shared.not_full, deadline, |s| {
-                    self.full(s, 0, true) && !s.closed
-                });
-        if still_full || state.closed {
+        // The recorder already waited up to queue_wait for room (has_room).
+        let mut state = self.shared.lock();
+        if state.closed || self.full(&state, 0, true) {
             return Err("capture is required and the capture queue is full".into());
         }
         state.reserved.insert(record.id);
         Ok(())
+    }
+
+    fn has_room(&self) -> bool {
+        let state = self.shared.lock();
+        state.closed || !self.full(&state, 0, true)
     }
 
     fn flush(&self) {
@@ -335,7 +327,6 @@ impl Writer {
                 state.busy = !batch.is_empty();
                 batch
             };
-            self.shared.not_full.notify_all();
             if !batch.is_empty() {
                 self.write(&batch);
             }

@@ -187,19 +187,20 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let capture = runtime.block_on(serve_async(config))?;
-    // Exchanges cut at the end of the grace period emit their records as the runtime
-    // drops them; only then is the capture closed.
+    let (recorder, capture) = runtime.block_on(serve_async(config))?;
+    // Exchanges cut at the end of the grace period queue their records as the runtime
+    // drops them; then the record pipeline finishes them; only then is the capture closed.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    recorder.close();
     if let Some(capture) = capture {
         capture.close();
     }
     Ok(())
 }
 
-/// Serves until a shutdown signal; returns the capture, still open, for the caller
-/// to close once the runtime is down.
-async fn serve_async(config: Config) -> anyhow::Result<Option<Arc<Capture>>> {
+/// Serves until a shutdown signal; returns the recorder and the capture, still open,
+/// for the caller to close once the runtime is down.
+async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Arc<Capture>>)> {
     // Everything that can refuse to start does so before the store is created.
     let rules = super::rules::load_for_serve(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
@@ -247,7 +248,10 @@ async fn serve_async(config: Config) -> anyhow::Result<Option<Arc<Capture>>> {
     if let Some(capture) = &capture {
         sinks.push(capture.clone());
     }
-    let recorder = Recorder::with_stages(vec![Arc::new(cache)], sinks);
+    let recorder = Arc::new(
+        Recorder::with_stages(vec![Arc::new(cache)], sinks)
+            .with_admit_wait(config.capture.queue_wait),
+    );
     println!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
          paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
@@ -265,11 +269,11 @@ async fn serve_async(config: Config) -> anyhow::Result<Option<Arc<Capture>>> {
     let proxy = Arc::new(Proxy {
         config: Arc::new(config),
         upstream,
-        recorder: Arc::new(recorder),
+        recorder: recorder.clone(),
         rules,
     });
     crate::listener::serve(listener, proxy, leaves, shutdown, grace).await;
-    Ok(capture)
+    Ok((recorder, capture))
 }
 
 /// Loads the forward-proxy CA, creating it on first start. A CA that exists but is
