@@ -259,6 +259,7 @@ async fn serve_async(config: Config) -> anyhow::Result<Option<Arc<Capture>>> {
         let state = Arc::new(AdminState {
             captures: config.capture.enabled.then(|| config.capture.dir.clone()),
             capture: capture.clone(),
+            cache_ignore: config.cache.ignore.clone(),
         });
         tokio::spawn(crate::admin::serve(admin, state));
     }
