@@ -188,28 +188,25 @@ impl Reason {
 
     /// The same reason without prompt text (for logs).
     pub fn without_excerpts(&self) -> Reason {
-        match self {
+        self.clone().map(&mut |r| match r {
             Reason::PrefixChanged { unit, offset, .. } => Reason::PrefixChanged {
-                unit: unit.clone(),
-                offset: *offset,
+                unit,
+                offset,
                 before: None,
                 after: None,
             },
-            Reason::Unexplained {
-                predicted_read,
-                actual_read,
-                predicted_write,
-                actual_write,
-                rules,
-            } => Reason::Unexplained {
-                predicted_read: *predicted_read,
-                actual_read: *actual_read,
-                predicted_write: *predicted_write,
-                actual_write: *actual_write,
-                rules: rules.as_ref().map(|r| Box::new(r.without_excerpts())),
-            },
-            other => other.clone(),
+            other => other,
+        })
+    }
+
+    /// `f` applied to this reason — or, for `unexplained`, to the reason the rules
+    /// would have given.
+    pub fn map(mut self, f: &mut dyn FnMut(Reason) -> Reason) -> Reason {
+        if let Reason::Unexplained { rules, .. } = &mut self {
+            *rules = rules.take().map(|r| Box::new(r.map(f)));
+            return self;
         }
+        f(self)
     }
 }
 

@@ -372,12 +372,15 @@ fn count_changes(before: &Segments, now: &Segments, changes: &mut Vec<(UnitKey, 
 /// `reason` with the before/after excerpt of its changed unit, cut from the stored
 /// bodies; unchanged when either body is missing.
 fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segments>) -> Reason {
-    match reason {
-        Reason::PrefixChanged { unit, offset, .. } if before.is_some() && now.is_some() => {
+    let (Some(before), Some(now)) = (before, now) else {
+        return reason;
+    };
+    reason.map(&mut |r| match r {
+        Reason::PrefixChanged { unit, offset, .. } => {
             let key = UnitKey::parse(&unit);
-            let find = |s: &'_ Segments| s.units.iter().position(|u| UnitKey::of(&u.path) == key);
-            let a = before.and_then(|s| find(s).map(|i| &s.units[i]));
-            let b = now.and_then(|s| find(s).map(|i| &s.units[i]));
+            let find = |s: &Segments| s.units.iter().position(|u| UnitKey::of(&u.path) == key);
+            let a = find(before).map(|i| &before.units[i]);
+            let b = find(now).map(|i| &now.units[i]);
             let (x, y) = (
                 a.map_or(&[][..], |u| &u.bytes[..]),
                 b.map_or(&[][..], |u| &u.bytes[..]),
@@ -390,19 +393,63 @@ fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segment
                 after: b.map(|_| excerpt(y, at)),
             }
         }
-        Reason::Unexplained {
-            predicted_read,
-            actual_read,
-            predicted_write,
-            actual_write,
-            rules,
-        } => Reason::Unexplained {
-            predicted_read,
-            actual_read,
-            predicted_write,
-            actual_write,
-            rules: rules.map(|r| Box::new(with_excerpts(*r, before, now))),
-        },
         other => other,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn segs(system: &str, first: &str) -> Segments {
+        let body = format!(
+            r#"{{"model":"m","system":[{{"type":"text","text":"x-anthropic-billing-header: cch={system};"}},{{"type":"text","text":"{system}"}}],"messages":[{{"role":"user","content":{first}}},{{"role":"assistant","content":"ok"}}]}}"#
+        );
+        segment::segment(
+            &Bytes::from(body),
+            Format::AnthropicMessages,
+            &[IgnoreRule::billing_header()],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn changed_units_are_counted_by_path_and_a_string_equals_its_text_block() {
+        let a = segs("date 2026-11-29", r#"[{"type":"text","text":"hi"}]"#);
+        let b = segs("date 2026-11-30", r#""hi""#);
+        let mut changes = Vec::new();
+        count_changes(&a, &b, &mut changes);
+        let got: Vec<(String, usize, bool)> =
+            changes.into_iter().map(|(k, n, i)| (k.0, n, i)).collect();
+        assert_eq!(
+            got,
+            [
+                ("system[0]".to_owned(), 1, true),
+                ("system[1]".to_owned(), 1, false)
+            ],
+            "messages[0] went from blocks to a string: not a change"
+        );
+        let reason = Reason::PrefixChanged {
+            unit: "system[1]".into(),
+            offset: 0,
+            before: None,
+            after: None,
+        };
+        let Reason::PrefixChanged { before, after, .. } =
+            with_excerpts(reason.clone(), Some(&a), Some(&b))
+        else {
+            unreachable!()
+        };
+        assert_eq!(
+            before.as_deref(),
+            Some("…t\",\"text\":\"date 2026-11-29\"}")
+        );
+        assert_eq!(after.as_deref(), Some("…t\",\"text\":\"date 2026-11-30\"}"));
+        assert_eq!(
+            with_excerpts(reason.clone(), None, Some(&b)),
+            reason,
+            "no excerpt without both bodies"
+        );
     }
 }

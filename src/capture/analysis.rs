@@ -15,46 +15,33 @@ pub fn stored(report: &CacheReport, redactor: &Redactor, extra: &[regex::Regex])
     let mut text = |t: &str| redactor.redact_text(t, extra, &mut uncounted);
     let mut r = report.without_excerpts();
     r.conversation = text(&r.conversation);
-    r.reason = r.reason.map(|reason| redact_reason(reason, &mut text));
+    r.reason = r.reason.map(|reason| {
+        reason.map(&mut |reason| match reason {
+            Reason::ToolsChanged {
+                added,
+                removed,
+                changed,
+            } => {
+                let mut list = |v: Vec<String>| v.iter().map(|s| text(s)).collect();
+                Reason::ToolsChanged {
+                    added: list(added),
+                    removed: list(removed),
+                    changed: list(changed),
+                }
+            }
+            Reason::SettingChanged {
+                setting,
+                before,
+                after,
+            } => Reason::SettingChanged {
+                setting,
+                before: before.map(|b| text(&b)),
+                after: after.map(|a| text(&a)),
+            },
+            other => other,
+        })
+    });
     r
-}
-
-fn redact_reason(reason: Reason, text: &mut impl FnMut(&str) -> String) -> Reason {
-    let mut list = |v: Vec<String>| v.iter().map(|s| text(s)).collect();
-    match reason {
-        Reason::ToolsChanged {
-            added,
-            removed,
-            changed,
-        } => Reason::ToolsChanged {
-            added: list(added),
-            removed: list(removed),
-            changed: list(changed),
-        },
-        Reason::SettingChanged {
-            setting,
-            before,
-            after,
-        } => Reason::SettingChanged {
-            setting,
-            before: before.map(|b| text(&b)),
-            after: after.map(|a| text(&a)),
-        },
-        Reason::Unexplained {
-            predicted_read,
-            actual_read,
-            predicted_write,
-            actual_write,
-            rules,
-        } => Reason::Unexplained {
-            predicted_read,
-            actual_read,
-            predicted_write,
-            actual_write,
-            rules: rules.map(|r| Box::new(redact_reason(*r, text))),
-        },
-        other => other,
-    }
 }
 
 #[cfg(test)]
