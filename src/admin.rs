@@ -1,7 +1,7 @@
 //! The admin API: read-only JSON over the captures on its own listener (`--admin`,
 //! never the proxy's port): `GET /healthz`, `/api/captures`, `/api/captures/ID`,
-//! `/api/captures/ID/diff/OTHER`, `/api/conversations`. It opens the store read-only
-//! per request and never writes.
+//! `/api/captures/ID/diff/OTHER`, `/api/conversations`, `/api/cache/report`. It opens
+//! the store read-only per request and never writes.
 
 use std::convert::Infallible;
 use std::path::PathBuf;
@@ -26,6 +26,9 @@ pub struct AdminState {
     pub captures: Option<PathBuf>,
     /// The live capture pipeline, for its counters.
     pub capture: Option<Arc<Capture>>,
+    /// Units cache analysis leaves out of the prefix hash (`[cache] ignore`), so the
+    /// cache report marks them.
+    pub cache_ignore: Vec<crate::cache::segment::IgnoreRule>,
 }
 
 /// Serves the admin API on `listener` until the task is dropped.
@@ -76,7 +79,8 @@ async fn answer(
             &json!({"error": "capture is off (--no-capture)"}),
         );
     };
-    let work = move || route(&dir, &path, &query);
+    let state = state.clone();
+    let work = move || route(&dir, &path, &query, &state.cache_ignore);
     match tokio::task::spawn_blocking(work).await {
         Ok(Ok(value)) => reply(StatusCode::OK, &value),
         Ok(Err((status, message))) => reply(status, &json!({"error": message})),
@@ -89,7 +93,12 @@ async fn answer(
 
 type Answer = Result<Value, (StatusCode, String)>;
 
-fn route(dir: &std::path::Path, path: &str, query: &str) -> Answer {
+fn route(
+    dir: &std::path::Path,
+    path: &str,
+    query: &str,
+    cache_ignore: &[crate::cache::segment::IgnoreRule],
+) -> Answer {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let store = Store::open_read_only(dir).map_err(store_error)?;
     match segments.as_slice() {
@@ -114,9 +123,24 @@ fn route(dir: &std::path::Path, path: &str, query: &str) -> Answer {
             let rows = store.conversations(&filter(query)?).map_err(store_error)?;
             Ok(json!({"conversations": rows}))
         }
+        ["api", "cache", "report"] => {
+            let f = filter(query)?;
+            if f.model.is_some() || f.outcome.is_some() || f.grep.is_some() || f.limit.is_some() {
+                return Err((
+                    StatusCode::BAD_REQUEST,
+                    "the cache report takes only conversation and since".into(),
+                ));
+            }
+            let report =
+                crate::cache::report::build(&store, &f, cache_ignore).map_err(store_error)?;
+            serde_json::to_value(report)
+                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+        }
         _ => Err((
             StatusCode::NOT_FOUND,
-            format!("no such resource {path:?} (try /api/captures, /api/conversations, /healthz)"),
+            format!(
+                "no such resource {path:?} (try /api/captures, /api/conversations, /api/cache/report, /healthz)"
+            ),
         )),
     }
 }

@@ -23,7 +23,8 @@
 //! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, the stages
 //!   that annotate it and the sinks that receive it (today: the exchange log line).
 //! - [`cache`]: prompt-cache analysis, a record stage: per request the cache units
-//!   and prefix hashes, the prediction, the verdict against `usage`, the cost.
+//!   and prefix hashes, the prediction, the verdict against `usage`, the cost; and
+//!   `cache report`, built from the stored records.
 //! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, and the sinks
 //!   that receive it: the exchange log line and the capture.
 //! - [`capture`]: redaction, the stored record, the SQLite store (each distinct unit

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::cache_emulator::{self, CacheEmulator, ClockFile};
-use support::{Action, FakeProvider, Proxy, Reply, TempDir, client, shapes};
+use support::{Action, FakeProvider, Proxy, Reply, TempDir, captures, client, golden, shapes};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -551,6 +551,233 @@ async fn openai_cached_tokens_beside_the_stable_prefix() {
         line["cache"], "partial 1.9k/2.1k messages[2].content changed @24",
         "{line}"
     );
+}
+
+// === the stored analysis and `cache report` ===
+
+/// Six turns of one Claude Code conversation: a write, a hit, a date changed in
+/// `system[2]`, a ttl expiry, a model switch, a hit again. Returns their turns.
+async fn eventful_conversation(rig: &Rig, system_extra: &dyn Fn(&str) -> String) -> Vec<Turn> {
+    let body = |rounds: usize, date: &str, model: &str| {
+        let mut b = cc(rounds);
+        let text = b["system"][2]["text"].as_str().unwrap().to_owned();
+        b["system"][2]["text"] = json!(format!("{text}\n{}", system_extra(date)));
+        b["model"] = json!(model);
+        b
+    };
+    let (opus, sonnet) = ("claude-opus-5-5", "claude-sonnet-5-5");
+    let mut turns = vec![
+        rig.send(&body(0, "2026-11-29", opus)).await,
+        rig.send(&body(1, "2026-11-29", opus)).await,
+        rig.send(&body(2, "2026-11-30", opus)).await,
+    ];
+    rig.advance(Duration::from_secs(400));
+    turns.push(rig.send(&body(3, "2026-11-30", opus)).await);
+    turns.push(rig.send(&body(4, "2026-11-30", sonnet)).await);
+    turns.push(rig.send(&body(5, "2026-11-30", sonnet)).await);
+    let verdicts: Vec<&str> = turns.iter().map(Turn::verdict).collect();
+    assert_eq!(
+        verdicts,
+        ["write", "hit", "partial", "miss", "miss", "hit"],
+        "{:#?}",
+        turns.iter().map(|t| &t.analysis).collect::<Vec<_>>()
+    );
+    turns
+}
+
+fn id(t: &Turn) -> &str {
+    t.line["id"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn cache_report_names_each_miss_with_its_reason_and_cost() {
+    let rig = Rig::start().await;
+    let turns = eventful_conversation(&rig, &|date| format!("Today's date is {date}.")).await;
+    let dir = &rig.proxy.captures;
+    let records = captures::wait_records(dir, 6, WAIT).await;
+
+    // The record keeps the analysis, without prompt text.
+    let partial = captures::by_id(&records, id(&turns[2]));
+    assert_eq!(partial["cache"]["verdict"], "partial");
+    assert_eq!(partial["cache"]["reason"]["unit"], "system[2]");
+    assert_eq!(
+        partial["cache"]["reason"]["offset"],
+        turns[2].analysis["reason"]["offset"]
+    );
+    assert!(
+        partial["cache"]["reason"].get("before").is_none(),
+        "{partial}"
+    );
+    for (t, r) in turns.iter().zip(&records) {
+        assert_eq!(r["id"], t.line["id"], "the export is in order");
+        let mut logged = t.analysis.clone();
+        logged["conversation"] = r["cache"]["conversation"].clone();
+        assert_eq!(r["cache"], logged, "the stored analysis is the logged one");
+    }
+
+    // `captures list` and `captures show` carry the verdict.
+    let list = captures::ok(dir, &["list"]);
+    for cell in [
+        "write",
+        "hit",
+        "partial system[2]",
+        "MISS ttl",
+        "MISS model",
+    ] {
+        assert!(list.contains(&format!("  {cell}  ")), "{cell}:\n{list}");
+    }
+    let show = captures::ok(dir, &["show", id(&turns[2])]);
+    golden::check(
+        "captures-show-cache-partial",
+        &show[..show.find("\nrequest (").unwrap()],
+    );
+
+    // The report: golden text (the idle time depends on the machine's pace).
+    let text = captures::cache_report(dir, &[]);
+    assert_eq!(text.code, 0, "{}", text.stderr);
+    let idle = regex::Regex::new(r"idle 4\d\ds").unwrap();
+    golden::check(
+        "cache-report",
+        &idle.replace_all(&text.stdout, "idle 4<N>s"),
+    );
+    let json = captures::cache_report(dir, &["--format", "json"]);
+    let report: Value = serde_json::from_str(&json.stdout).unwrap();
+    let conv = &report["conversations"][0];
+    assert_eq!(report["conversations"].as_array().unwrap().len(), 1);
+    let timeline = conv["timeline"].as_array().unwrap();
+    let reasons: Vec<&str> = timeline
+        .iter()
+        .map(|e| e["reason"]["kind"].as_str().unwrap_or("-"))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "-",
+            "-",
+            "prefix_changed",
+            "ttl_expired",
+            "model_changed",
+            "-"
+        ]
+    );
+    assert!(
+        timeline[2]["reason"]["after"]
+            .as_str()
+            .unwrap()
+            .contains("2026-11-30"),
+        "the excerpt is cut from the stored bodies: {}",
+        timeline[2]
+    );
+    for (e, t) in timeline.iter().zip(&turns) {
+        assert_eq!(e["verdict"], t.analysis["verdict"]);
+        assert_eq!(e["read"], t.analysis["actual"]["read"]);
+        assert_eq!(e["lost_tokens"], t.analysis["lost_tokens"]);
+    }
+    let summary = &conv["summary"];
+    let emulated = rig.emulated();
+    let read: u64 = emulated.iter().map(|u| u.read).sum();
+    let all: u64 = emulated.iter().map(|u| u.read + u.write + u.input).sum();
+    assert_eq!(summary["read_tokens"], read);
+    let rate = summary["hit_rate"].as_f64().unwrap();
+    assert!((rate - read as f64 / all as f64).abs() < 1e-9, "{rate}");
+    let lost: Vec<&str> = summary["lost"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["reason"].as_str().unwrap())
+        .collect();
+    let mut sorted = lost.clone();
+    sorted.sort();
+    assert_eq!(sorted, ["model_changed", "prefix_changed", "ttl_expired"]);
+    let lost_usd: f64 = timeline
+        .iter()
+        .map(|e| e["cost"]["lost_usd"].as_f64().unwrap())
+        .sum();
+    assert!(lost_usd > 0.0);
+    assert!((summary["lost_usd"].as_f64().unwrap() - lost_usd).abs() < 1e-9);
+    // Between turns, only system[2] changed (once); the billing header is the same
+    // here, and appended messages are not changes.
+    assert_eq!(
+        summary["changed_units"],
+        json!([{"unit": "system[2]", "changed": 1, "of": 5, "ignored": false}])
+    );
+
+    // Filters, and the admin API serving the same JSON.
+    let none = captures::cache_report(dir, &["--conversation", "nobody"]);
+    assert_eq!(none.stdout, "0 conversation(s), 0 with cache analysis\n");
+    let key = conv["conversation"].as_str().unwrap().to_owned();
+    let one = captures::cache_report(dir, &["--conversation", &key[..8], "--format", "json"]);
+    assert_eq!(one.stdout, json.stdout);
+    let later = captures::cache_report(dir, &["--since", "2999-01-01", "--format", "json"]);
+    assert_eq!(
+        later.stdout.trim(),
+        r#"{
+  "conversations": []
+}"#
+    );
+    let admin = rig.proxy.admin_addr();
+    let (status, served) = client::get_json(
+        admin,
+        &format!("/api/cache/report?conversation={}", &key[..8]),
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(served, report);
+    let (status, err) = client::get_json(admin, "/api/cache/report?model=x").await;
+    assert_eq!(status, 400, "{err}");
+    let bad = captures::cache_report(dir, &["--format", "yaml"]);
+    assert_eq!(bad.code, 2);
+}
+
+/// Distinctive: the raw excerpt of the changed date would carry it.
+const CANARY: &str = "ghp_CanaryExcerpt7Hx2Kq9Lm4Np8Rs3Tv6Wz";
+
+#[tokio::test]
+async fn a_canary_beside_a_changed_date_stays_out_of_captures_report_and_log() {
+    let rig = Rig::start().await;
+    // The date changes right before the secret: the excerpt around it holds the
+    // secret's first characters, as sent.
+    let turns = eventful_conversation(&rig, &|date| {
+        format!("Today is {date} {CANARY} rotates daily.")
+    })
+    .await;
+    let dir = rig.proxy.captures.clone();
+    captures::wait_records(&dir, 6, WAIT).await;
+    let mut outputs = vec![
+        ("the text report", captures::cache_report(&dir, &[]).stdout),
+        (
+            "the JSON report",
+            captures::cache_report(&dir, &["--format", "json"]).stdout,
+        ),
+        (
+            "captures show",
+            captures::ok(&dir, &["show", id(&turns[2])]),
+        ),
+        ("the JSONL export", captures::ok(&dir, &["export"])),
+        ("captures list", captures::ok(&dir, &["list"])),
+    ];
+    let (_, served) = client::get_json(rig.proxy.admin_addr(), "/api/cache/report").await;
+    outputs.push(("the admin API", served.to_string()));
+    // Not vacuous: the excerpt is there, redacted.
+    assert!(
+        outputs[0].1.contains("29 [REDACTED:github:")
+            && outputs[0].1.contains("30 [REDACTED:github:"),
+        "{}",
+        outputs[0].1
+    );
+    rig.proxy.signal("TERM");
+    let Rig { mut proxy, .. } = rig;
+    proxy.wait_exit(WAIT).await;
+    let mut haystacks = captures::stored_haystacks(&dir);
+    haystacks.push(("the log".into(), proxy.log().into_bytes()));
+    for (what, text) in outputs {
+        haystacks.push((what.into(), text.into_bytes()));
+    }
+    for (what, bytes) in &haystacks {
+        for canary in [CANARY, "CanaryExcerpt7Hx"] {
+            support::assert_absent(bytes, canary, what);
+        }
+    }
 }
 
 /// Estimated reads (a prefix no usage pinned yet): within 5 % after calibration.

@@ -453,30 +453,10 @@ async fn canary_secrets_reach_neither_disk_nor_logs() {
     proxy.signal("TERM");
     let mut proxy = proxy;
     proxy.wait_exit(WAIT).await;
-    let mut haystacks: Vec<(String, Vec<u8>)> = Vec::new();
-    for (path, bytes) in captures::files_under(&proxy.captures)
-        .into_iter()
-        .chain(captures::files_under(tmp.path()))
-    {
+    // Units are compressed, so every blob is also searched decompressed.
+    let mut haystacks = captures::stored_haystacks(&proxy.captures);
+    for (path, bytes) in captures::files_under(tmp.path()) {
         haystacks.push((path.display().to_string(), bytes));
-    }
-    assert!(haystacks.iter().any(|(p, _)| p.ends_with("promptgate.db")));
-    // Units are compressed, so also search every blob decompressed.
-    let db = rusqlite::Connection::open(proxy.captures.join("promptgate.db")).unwrap();
-    for (table, col) in [("units", "data"), ("records", "meta")] {
-        let mut stmt = db.prepare(&format!("SELECT {col} FROM {table}")).unwrap();
-        let blobs: Vec<Vec<u8>> = stmt
-            .query_map([], |r| r.get(0))
-            .unwrap()
-            .map(Result::unwrap)
-            .collect();
-        assert!(!blobs.is_empty());
-        for blob in blobs {
-            haystacks.push((
-                format!("{table}.{col} (decompressed)"),
-                zstd::decode_all(&blob[..]).unwrap(),
-            ));
-        }
     }
     haystacks.push(("the log".into(), proxy.log().into_bytes()));
     let export = captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);

@@ -5,7 +5,6 @@ mod support;
 
 use std::time::Duration;
 
-use serde_json::Value;
 use support::captures;
 use support::client::{self, request_bytes};
 use support::golden;
@@ -119,36 +118,28 @@ async fn list_show_diff_and_conversations_read_as_expected() {
     );
 }
 
-async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, Value) {
-    let r = client::send(
-        addr,
-        &request_bytes("GET", path, &[("Host", addr.to_string())], b""),
-    )
-    .await;
-    (r.status, r.json())
-}
-
 #[tokio::test]
 async fn the_admin_api_serves_the_same_store_as_json() {
     let (_fake, proxy, ids) = start().await;
     let admin = proxy.admin_addr();
     assert_ne!(admin, proxy.addr);
-    let (status, health) = get(admin, "/healthz").await;
+    let (status, health) = client::get_json(admin, "/healthz").await;
     assert_eq!(status, 200);
     assert_eq!(health["status"], "ok");
     assert_eq!(health["capture"]["written"], 4);
-    let (_, list) = get(admin, "/api/captures?conversation=cc%3A54c1&limit=2").await;
+    let (_, list) = client::get_json(admin, "/api/captures?conversation=cc%3A54c1&limit=2").await;
     let rows = list["captures"].as_array().unwrap();
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[1]["id"], ids[2]);
     assert_eq!(rows[1]["cache_read_tokens"], 48_000);
-    let (_, one) = get(admin, &format!("/api/captures/{}", ids[0])).await;
+    let (_, one) = client::get_json(admin, &format!("/api/captures/{}", ids[0])).await;
     assert_eq!(one["id"], ids[0]);
     assert_eq!(
         one["request"]["body"]["content"]["model"],
         "claude-opus-5-5"
     );
-    let (_, diff) = get(admin, &format!("/api/captures/{}/diff/{}", ids[1], ids[2])).await;
+    let (_, diff) =
+        client::get_json(admin, &format!("/api/captures/{}/diff/{}", ids[1], ids[2])).await;
     let changes: Vec<&str> = diff["entries"]
         .as_array()
         .unwrap()
@@ -160,9 +151,9 @@ async fn the_admin_api_serves_the_same_store_as_json() {
         changes.iter().all(|c| *c == "same" || *c == "added"),
         "{changes:?}"
     );
-    let (_, convs) = get(admin, "/api/conversations").await;
+    let (_, convs) = client::get_json(admin, "/api/conversations").await;
     assert_eq!(convs["conversations"].as_array().unwrap().len(), 2);
-    let (status, err) = get(admin, "/api/captures/7ZZZZ").await;
+    let (status, err) = client::get_json(admin, "/api/captures/7ZZZZ").await;
     assert_eq!(status, 404);
     assert!(err["error"].as_str().unwrap().contains("no capture"));
     let post = client::send(
@@ -176,7 +167,7 @@ async fn the_admin_api_serves_the_same_store_as_json() {
     )
     .await;
     assert_eq!(post.status, 405, "read-only");
-    let (status, _) = get(proxy.addr, "/healthz").await;
+    let (status, _) = client::get_json(proxy.addr, "/healthz").await;
     assert_eq!(status, 404, "the proxy port does not serve the admin API");
 }
 

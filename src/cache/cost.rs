@@ -170,7 +170,7 @@ fn glob(pattern: &str, text: &str) -> bool {
 }
 
 /// Dollars of one exchange's input, by what caching did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Cost {
     /// Spent on cache writes.
     pub write_usd: f64,

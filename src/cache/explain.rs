@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::history::{Conversation, EntryState, Millis, Snapshot};
 use super::segment::{Region, Segments, Ttl, Unit};
@@ -29,7 +29,7 @@ pub struct Request<'a> {
 }
 
 /// What the rules say the provider will do, before the response.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Prediction {
     pub read_tokens: u64,
     pub write_tokens: u64,
@@ -53,7 +53,7 @@ pub struct Prediction {
 }
 
 /// How the provider's caching of one request went.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// It read everything earlier requests had cached for it, as predicted.
@@ -70,8 +70,22 @@ pub enum Verdict {
     Unexplained,
 }
 
+impl Verdict {
+    /// The snake_case name of the verdict.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Hit => "hit",
+            Verdict::Partial => "partial",
+            Verdict::Miss => "miss",
+            Verdict::Write => "write",
+            Verdict::None => "none",
+            Verdict::Unexplained => "unexplained",
+        }
+    }
+}
+
 /// Why a request did not read what earlier requests had cached.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Reason {
     /// The first unit that differs from the earlier request, and where.
@@ -155,30 +169,44 @@ impl Reason {
         }
     }
 
+    /// A word or a unit path for narrow columns: `system[2]`, `ttl`, `model`, …;
+    /// empty for `unexplained` (its verdict says it).
+    pub fn label(&self) -> String {
+        match self {
+            Reason::PrefixChanged { unit, .. } => unit.clone(),
+            Reason::ToolsChanged { .. } => "tools".into(),
+            Reason::ModelChanged { .. } => "model".into(),
+            Reason::SettingChanged { setting, .. } => setting.clone(),
+            Reason::TtlExpired { .. } => "ttl".into(),
+            Reason::BreakpointMissing { .. } => "breakpoint".into(),
+            Reason::LookbackExceeded { .. } => "lookback".into(),
+            Reason::BelowMinimum { .. } => "minimum".into(),
+            Reason::Concurrent { .. } => "concurrent".into(),
+            Reason::Unexplained { .. } => String::new(),
+        }
+    }
+
     /// The same reason without prompt text (for logs).
     pub fn without_excerpts(&self) -> Reason {
-        match self {
+        self.clone().map(&mut |r| match r {
             Reason::PrefixChanged { unit, offset, .. } => Reason::PrefixChanged {
-                unit: unit.clone(),
-                offset: *offset,
+                unit,
+                offset,
                 before: None,
                 after: None,
             },
-            Reason::Unexplained {
-                predicted_read,
-                actual_read,
-                predicted_write,
-                actual_write,
-                rules,
-            } => Reason::Unexplained {
-                predicted_read: *predicted_read,
-                actual_read: *actual_read,
-                predicted_write: *predicted_write,
-                actual_write: *actual_write,
-                rules: rules.as_ref().map(|r| Box::new(r.without_excerpts())),
-            },
-            other => other.clone(),
+            other => other,
+        })
+    }
+
+    /// `f` applied to this reason — or, for `unexplained`, to the reason the rules
+    /// would have given.
+    pub fn map(mut self, f: &mut dyn FnMut(Reason) -> Reason) -> Reason {
+        if let Reason::Unexplained { rules, .. } = &mut self {
+            *rules = rules.take().map(|r| Box::new(r.map(f)));
+            return self;
         }
+        f(self)
     }
 }
 
@@ -681,7 +709,7 @@ fn present(b: bool) -> &'static str {
 }
 
 /// Up to 24 bytes either side of `at`, as text.
-fn excerpt(bytes: &[u8], at: usize) -> String {
+pub fn excerpt(bytes: &[u8], at: usize) -> String {
     let from = at.saturating_sub(24);
     let to = (at + 24).min(bytes.len());
     let mut s = String::new();

@@ -11,6 +11,7 @@ pub mod cost;
 pub mod estimate;
 pub mod explain;
 pub mod history;
+pub mod report;
 pub mod segment;
 
 use std::collections::{BTreeMap, HashMap};
@@ -152,7 +153,7 @@ impl CacheSettings {
 // === the report ===
 
 /// A breakpoint as the report shows it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BreakpointView {
     pub unit: String,
     pub position: u32,
@@ -163,7 +164,7 @@ pub struct BreakpointView {
 }
 
 /// The provider's cache numbers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Actual {
     pub read: u64,
     pub write: u64,
@@ -171,7 +172,7 @@ pub struct Actual {
 }
 
 /// The token estimate set beside the provider's count of the same prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct EstimateCheck {
     /// The estimator's count of the whole prompt (uncalibrated).
     pub tokens: u64,
@@ -182,7 +183,7 @@ pub struct EstimateCheck {
 }
 
 /// Dollars, with the price entry used.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CostView {
     /// The price-table pattern that matched the model.
     pub price: String,
@@ -191,7 +192,7 @@ pub struct CostView {
 }
 
 /// For automatic caching (OpenAI): how much of the previous request's prefix stayed.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StablePrefix {
     /// Units identical, in order, to the previous request's.
     pub units: usize,
@@ -204,9 +205,9 @@ pub struct StablePrefix {
 
 /// Everything cache analysis says about one exchange; serialisable, so the capture
 /// store can keep it and `cache report` can build timelines and summaries from it.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CacheReport {
-    pub provider: &'static str,
+    pub provider: String,
     pub conversation: String,
     pub model: String,
     /// Start on the analysis clock (ms since the Unix epoch).
@@ -251,6 +252,18 @@ impl CacheReport {
             Verdict::Write => format!("write {}", kilo(self.actual.write)),
             Verdict::None => format!("none{reason}"),
             Verdict::Unexplained => format!("unexplained:{reason}"),
+        }
+    }
+
+    /// A narrow cell for tables: `hit`, `partial system[2]`, `MISS ttl`, `write`, …
+    pub fn short(&self) -> String {
+        let verdict = match self.verdict {
+            Verdict::Miss => "MISS",
+            v => v.name(),
+        };
+        match self.reason.as_ref().map(Reason::label) {
+            Some(label) if !label.is_empty() => format!("{verdict} {label}"),
+            _ => verdict.to_owned(),
         }
     }
 
@@ -488,7 +501,7 @@ impl CacheStage {
             })
             .collect();
         Some(CacheReport {
-            provider: segs.format.provider().name(),
+            provider: segs.format.provider().name().to_owned(),
             conversation: p.key,
             model,
             started_ms: p.start,

@@ -13,7 +13,7 @@ use std::fmt;
 use bytes::Bytes;
 use regex::Regex;
 use ring::digest::{Context, SHA256};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::estimate;
 use crate::provider::json::{self as scan, Node, ScanError, scan};
@@ -89,7 +89,7 @@ impl UnitPath {
 }
 
 /// How long a cache entry lives after the request that wrote or read it started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Ttl {
     #[serde(rename = "5m")]
     FiveMinutes,

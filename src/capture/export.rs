@@ -110,6 +110,7 @@ fn har_entry(r: &CaptureRecord) -> Value {
             "conversation": r.conversation,
             "model": r.model,
             "usage": r.usage,
+            "cache": r.cache,
             "rules_fired": r.rules_fired,
             "tags": r.tags,
             "redactions": r.redactions,

@@ -4,6 +4,7 @@
 //! bounded time, then the record is dropped, counted and logged (or, with
 //! `capture.required`, new requests are refused). It never holds a stream's bytes back.
 
+pub mod analysis;
 pub mod export;
 pub mod layout;
 pub mod record;

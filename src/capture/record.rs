@@ -193,6 +193,9 @@ pub struct CaptureRecord {
     pub redactions: BTreeMap<String, u32>,
     /// False when a rule turned capture off: headers and bodies were not kept.
     pub captured: bool,
+    /// Cache analysis, without prompt text (see `analysis`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache: Option<crate::cache::CacheReport>,
 }
 
 impl CaptureRecord {
@@ -286,6 +289,10 @@ impl CaptureRecord {
             sent_sha256,
             redactions: BTreeMap::new(),
             captured: r.capture,
+            cache: r
+                .cache
+                .as_ref()
+                .map(|c| super::analysis::stored(c, redactor, extra)),
         };
         if r.capture {
             let secret = &r.secret_headers;

@@ -16,7 +16,7 @@ use super::record::{BodyInfo, CaptureRecord, sha256, sha256_hex};
 /// The file name of the store inside the captures directory.
 pub const DB_FILE: &str = "promptgate.db";
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 /// zstd level for units: fast, and most of the saving comes from storing each unit once.
 const ZSTD_LEVEL: i32 = 3;
 /// Unit hashes remembered in memory to skip a lookup.
@@ -85,6 +85,8 @@ pub struct Row {
     pub cache_read_tokens: Option<u64>,
     pub cache_write_tokens: Option<u64>,
     pub rules: Vec<String>,
+    /// The cache verdict in a few words (`hit`, `partial system[2]`, `MISS ttl`).
+    pub cache: Option<String>,
 }
 
 /// One conversation: its requests and tokens.
@@ -126,6 +128,8 @@ pub struct Store {
     conn: Connection,
     path: PathBuf,
     known: HashMap<[u8; 32], i64>,
+    /// The schema of the file (older than [`SCHEMA_VERSION`] only when read-only).
+    version: i64,
 }
 
 impl std::fmt::Debug for Store {
@@ -160,6 +164,7 @@ impl Store {
             conn,
             path,
             known: HashMap::new(),
+            version: 0,
         };
         store.migrate()?;
         Ok(store)
@@ -184,13 +189,16 @@ impl Store {
         if version > SCHEMA_VERSION {
             return Err(StoreError::Newer(path.display().to_string(), version));
         }
-        if version < SCHEMA_VERSION {
+        if version == 0 {
             return Err(StoreError::Missing(dir.display().to_string()));
         }
+        // An older schema is read as it is (what it lacks reads as absent); only a
+        // writer migrates it.
         Ok(Store {
             conn,
             path,
             known: HashMap::new(),
+            version,
         })
     }
 
@@ -210,11 +218,13 @@ impl Store {
             let tx = self.conn.transaction()?;
             match step {
                 0 => migrate_0_to_1(&tx)?,
+                1 => migrate_1_to_2(&tx)?,
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
             tx.commit()?;
         }
+        self.version = SCHEMA_VERSION;
         Ok(())
     }
 
@@ -264,8 +274,8 @@ impl Store {
             tx.execute(
                 "INSERT INTO records (id, started_ms, conversation, model, provider, status, outcome,
                    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, rules,
-                   meta, received, sent, response, message)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17)",
+                   meta, received, sent, response, message, cache)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
                 params![
                     record.id,
                     record.times.started_ms as i64,
@@ -284,6 +294,7 @@ impl Store {
                     sent,
                     response,
                     message,
+                    record.cache.as_ref().map(|c| c.short()),
                 ],
             )?;
         }
@@ -381,10 +392,11 @@ impl Store {
         } else {
             filter.limit.map_or(i64::MAX, |n| n as i64)
         };
+        let cache = if self.version >= 2 { "cache" } else { "NULL" };
         let sql = format!(
             "SELECT id, started_ms, conversation, model, provider, status, outcome, input_tokens,
                output_tokens, cache_read_tokens, cache_write_tokens, rules, meta, received, sent,
-               response, message
+               response, message, {cache}
              FROM records {clause} ORDER BY id DESC LIMIT {limit}"
         );
         let mut stmt = self.conn.prepare(&sql)?;
@@ -411,6 +423,7 @@ impl Store {
                     .filter(|s| !s.is_empty())
                     .map(str::to_owned)
                     .collect(),
+                cache: r.get(17)?,
             };
             if let Some(needle) = &filter.grep {
                 let meta: Vec<u8> = r.get(12)?;
@@ -708,6 +721,12 @@ fn migrate_0_to_1(tx: &Transaction<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// Cache analysis: in the record's metadata; the verdict also in a column for listings.
+fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch("ALTER TABLE records ADD COLUMN cache TEXT;")?;
+    Ok(())
+}
+
 fn where_clause(f: &Filter) -> (String, Vec<rusqlite::types::Value>) {
     use rusqlite::types::Value;
     let mut parts = Vec::new();
@@ -847,6 +866,55 @@ mod tests {
         for row in left {
             store.load(&row.id).unwrap();
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_schema_1_store_reads_as_it_is_and_migrates_when_opened_for_writing() {
+        let d = dir("migrate");
+        std::fs::create_dir_all(&d).unwrap();
+        {
+            let mut conn = Connection::open(d.join(DB_FILE)).unwrap();
+            let tx = conn.transaction().unwrap();
+            migrate_0_to_1(&tx).unwrap();
+            tx.pragma_update(None, "user_version", 1).unwrap();
+            let meta = serde_json::to_vec(&record("01A00", 1, "{}")).unwrap();
+            tx.execute(
+                "INSERT INTO records (id, started_ms, outcome, meta) VALUES ('01A00', 1, 'ok', ?1)",
+                [zstd::bulk::compress(&meta, ZSTD_LEVEL).unwrap()],
+            )
+            .unwrap();
+            tx.commit().unwrap();
+        }
+        let old = Store::open_read_only(&d).unwrap();
+        let rows = old.list(&Filter::default()).unwrap();
+        assert_eq!((rows.len(), rows[0].cache.clone()), (1, None));
+        assert!(old.load("01A00").unwrap().cache.is_none());
+        drop(old);
+        let mut store = Store::open(&d).unwrap();
+        let version: i64 = store
+            .conn
+            .pragma_query_value(None, "user_version", |r| r.get(0))
+            .unwrap();
+        assert_eq!(version, SCHEMA_VERSION);
+        let mut new = record("01B00", 2, "{}");
+        new.cache = serde_json::from_value(serde_json::json!({
+            "provider": "anthropic", "conversation": "cc:x", "model": "m", "started_ms": 2,
+            "units": 1, "positions": 1, "breakpoints": [], "min_tokens": 512,
+            "prediction": {"read_tokens": 0, "write_tokens": 0, "write_1h_tokens": 0, "exact": false},
+            "actual": {"read": 0, "write": 0, "input": 9}, "verdict": "miss",
+            "reason": {"kind": "ttl_expired", "unit": "system[1]", "idle_s": 400, "ttl_s": 300},
+            "lost_tokens": 0, "estimate": {"tokens": 9, "actual": 9, "error_pct": 0.0}
+        }))
+        .unwrap();
+        store.insert(&[new]).unwrap();
+        let cells: Vec<Option<String>> = store
+            .list(&Filter::default())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.cache)
+            .collect();
+        assert_eq!(cells, [None, Some("MISS ttl".to_owned())]);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -124,17 +124,25 @@ struct ExportArgs {
     filter: FilterArgs,
 }
 
+/// The settings of `--config FILE` (the defaults without one) and the captures
+/// directory: `--captures DIR`, else the config's `capture.dir`.
+pub(super) fn store_config(
+    captures: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<(PathBuf, Config)> {
+    let config = match config {
+        Some(file) => Config::load(Some(&file), ConfigLayer::default())?,
+        None => Config::default(),
+    };
+    Ok((
+        captures.unwrap_or_else(|| config.capture.dir.clone()),
+        config,
+    ))
+}
+
 /// Runs a `captures` verb.
 pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
-    let dir = match (args.captures, args.config) {
-        (Some(dir), _) => dir,
-        (None, Some(config)) => {
-            Config::load(Some(&config), ConfigLayer::default())?
-                .capture
-                .dir
-        }
-        (None, None) => Config::default().capture.dir,
-    };
+    let (dir, _) = store_config(args.captures, args.config)?;
     let store = Store::open_read_only(&dir)?;
     let mut out = String::new();
     match args.verb {
@@ -144,7 +152,7 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
             if s.raw {
                 return raw(record, &s);
             }
-            show(&record, s.sent, &mut out);
+            show(&store, &record, s.sent, &mut out);
         }
         Verb::Diff(d) => {
             let a = store.load(&d.a)?;
@@ -157,7 +165,7 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
     print(out.as_bytes())
 }
 
-fn print(bytes: &[u8]) -> anyhow::Result<()> {
+pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
         Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
@@ -181,6 +189,7 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
             "OUT",
             "CACHE_R",
             "CACHE_W",
+            "CACHE",
             "RULES",
         ]
         .map(str::to_owned)
@@ -192,7 +201,7 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
     render_table(
         &table,
         &[
-            false, false, false, false, true, false, true, true, true, true, false,
+            false, false, false, false, true, false, true, true, true, true, false, false,
         ],
         out,
     );
@@ -213,6 +222,7 @@ fn row_cells(r: &Row) -> Vec<String> {
         n(r.output_tokens),
         n(r.cache_read_tokens),
         n(r.cache_write_tokens),
+        cut(r.cache.as_deref().unwrap_or("-"), 28),
         if r.rules.is_empty() {
             "-".into()
         } else {
@@ -261,7 +271,7 @@ fn conversations(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Re
 }
 
 /// Columns padded to their widest cell; `right` aligns numbers.
-fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
+pub(super) fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
     let cols = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
@@ -305,7 +315,7 @@ fn raw(mut record: CaptureRecord, args: &ShowArgs) -> anyhow::Result<()> {
     print(text.as_bytes())
 }
 
-fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
+fn show(store: &Store, r: &CaptureRecord, sent: bool, out: &mut String) {
     let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     let _ = writeln!(out, "capture {}", r.id);
     let _ = writeln!(
@@ -356,6 +366,7 @@ fn show(r: &CaptureRecord, sent: bool, out: &mut String) {
         }
         None => out.push_str("  usage         -\n"),
     }
+    super::cache::show_lines(store, r, out);
     let list = |v: &[String]| {
         if v.is_empty() {
             "(none)".to_owned()

@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod ca;
+mod cache;
 mod captures;
 mod doctor;
 mod env;
@@ -41,6 +42,8 @@ enum Command {
     Serve(Box<ServeArgs>),
     /// Read the capture store: list, show, diff, export, conversations.
     Captures(captures::CapturesArgs),
+    /// Report prompt caching from the capture store: timelines, hit rate, dollars lost by reason.
+    Cache(cache::CacheArgs),
     /// Check hook rules, or dry-run a request through them.
     Rules(rules::RulesArgs),
     /// Create or show the forward-proxy CA.
@@ -57,6 +60,7 @@ pub fn run() -> ExitCode {
     let result = match cli.command {
         Some(Command::Serve(args)) => serve::serve(*args).map(|()| ExitCode::SUCCESS),
         Some(Command::Captures(args)) => captures::run(args).map(|()| ExitCode::SUCCESS),
+        Some(Command::Cache(args)) => cache::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Rules(args)) => rules::run(args),
         Some(Command::Ca(args)) => ca::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Env(args)) => env::run(args).map(|()| ExitCode::SUCCESS),

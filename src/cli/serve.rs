@@ -263,6 +263,7 @@ async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Ar
         let state = Arc::new(AdminState {
             captures: config.capture.enabled.then(|| config.capture.dir.clone()),
             capture: capture.clone(),
+            cache_ignore: config.cache.ignore.clone(),
         });
         tokio::spawn(crate::admin::serve(admin, state));
     }

@@ -16,13 +16,22 @@ pub struct CliOutput {
 
 /// Runs `promptgate captures <args> --captures <dir>`.
 pub fn cli(dir: &Path, args: &[&str]) -> CliOutput {
+    run(&["captures"], dir, args)
+}
+
+/// Runs `promptgate cache report <args> --captures <dir>`.
+pub fn cache_report(dir: &Path, args: &[&str]) -> CliOutput {
+    run(&["cache", "report"], dir, args)
+}
+
+fn run(verb: &[&str], dir: &Path, args: &[&str]) -> CliOutput {
     let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
-        .arg("captures")
+        .args(verb)
         .args(args)
         .arg("--captures")
         .arg(dir)
         .output()
-        .expect("promptgate captures runs");
+        .expect("promptgate runs");
     CliOutput {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -91,4 +100,31 @@ pub fn files_under(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
         }
     }
     out
+}
+
+/// Everything a stopped proxy's captures directory holds, to search for canaries: each
+/// file as it is, and every unit and record blob decompressed.
+pub fn stored_haystacks(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut haystacks: Vec<(String, Vec<u8>)> = files_under(dir)
+        .into_iter()
+        .map(|(path, bytes)| (path.display().to_string(), bytes))
+        .collect();
+    assert!(haystacks.iter().any(|(p, _)| p.ends_with("promptgate.db")));
+    let db = rusqlite::Connection::open(dir.join("promptgate.db")).unwrap();
+    for (table, col) in [("units", "data"), ("records", "meta")] {
+        let mut stmt = db.prepare(&format!("SELECT {col} FROM {table}")).unwrap();
+        let blobs: Vec<Vec<u8>> = stmt
+            .query_map([], |r| r.get(0))
+            .unwrap()
+            .map(Result::unwrap)
+            .collect();
+        assert!(!blobs.is_empty());
+        for blob in blobs {
+            haystacks.push((
+                format!("{table}.{col} (decompressed)"),
+                zstd::decode_all(&blob[..]).unwrap(),
+            ));
+        }
+    }
+    haystacks
 }

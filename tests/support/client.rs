@@ -111,6 +111,16 @@ pub async fn post(addr: SocketAddr, target: &str, body: &[u8]) -> RawResponse {
     send(addr, &request_bytes("POST", target, &headers, body)).await
 }
 
+/// GETs `path` (an admin API resource); returns the status and the JSON answer.
+pub async fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
+    let r = send(
+        addr,
+        &request_bytes("GET", path, &[("Host", addr.to_string())], b""),
+    )
+    .await;
+    (r.status, r.json())
+}
+
 /// Sends `request`, reads the head and `pieces` body chunks, then drops the connection.
 pub async fn send_and_leave(addr: SocketAddr, request: &[u8], pieces: usize) -> Head {
     let stream = TcpStream::connect(addr).await.unwrap();
