@@ -50,6 +50,7 @@ pub struct ConfigLayer {
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
     pub shutdown_grace: Option<Scalar>,
+    pub workers: Option<usize>,
     pub certs: Option<PathBuf>,
     pub intercept: Option<Vec<String>>,
     pub resolve: Option<Vec<String>>,
@@ -106,6 +107,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
+    /// Serving threads (each a single-threaded runtime); 0 means one per core.
+    pub workers: usize,
     /// Where the forward-proxy CA lives.
     pub certs: PathBuf,
     /// Hosts whose CONNECT tunnels are intercepted, with their provider.
@@ -156,6 +159,7 @@ impl Default for Config {
             upstream_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(600),
             shutdown_grace: Duration::from_secs(30),
+            workers: 0,
             certs: PathBuf::from("certs"),
             intercept: InterceptList::default(),
             resolve: Vec::new(),
@@ -399,6 +403,9 @@ impl Config {
         }
         if let Some(capture) = layer.capture {
             self.capture.apply(capture, base)?;
+        }
+        if let Some(v) = layer.workers {
+            self.workers = v;
         }
         for (setting, value, slot) in [
             (

@@ -184,11 +184,14 @@ async fn http2_upstream_over_tls_with_the_test_ca() {
     let events = shapes::anthropic_events("claude-opus-5-5", &["over", " h2"], (30, 0, 500, 2));
     let reply = Reply::sse(events.clone(), Duration::from_millis(20));
     let fake = FakeProvider::start_tls(&ca, move |_| Action::Respond(reply.clone())).await;
+    // One worker: each worker pools its own upstream connections.
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),
         "--upstream-ca",
         ca_path.to_str().unwrap(),
+        "--workers",
+        "1",
     ]);
     let body = shapes::to_bytes(&shapes::claude_code_body(2, shapes::CC_SESSION));
     let headers =

@@ -14,6 +14,7 @@ use crate::capture::settings::RedactPattern;
 use crate::capture::{Capture, CaptureLayer};
 use crate::config::{Config, ConfigLayer};
 use crate::exchange::Proxy;
+use crate::listener::Workers;
 use crate::logging::{self, ExchangeLog};
 use crate::record::{RecordSink, Recorder};
 use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
@@ -55,6 +56,9 @@ pub struct ServeArgs {
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
+    /// Serving threads, each a single-threaded runtime [default: one per core].
+    #[arg(long, value_name = "N")]
+    workers: Option<usize>,
     /// Directory of the capture store [default: ./captures].
     #[arg(long, value_name = "DIR")]
     captures: Option<PathBuf>,
@@ -149,6 +153,7 @@ impl ServeArgs {
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
             shutdown_grace: self.shutdown_grace.map(Into::into),
+            workers: self.workers,
             admin: self.admin,
             conversation_header: self.conversation_header,
             conversation_pointer: self.conversation_pointer,
@@ -183,13 +188,15 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
     logging::init(config.log_format);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
+    // This thread accepts, answers signals and the admin API; exchanges run on the
+    // workers (listener::Workers), each with a runtime of its own.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
     let (recorder, capture) = runtime.block_on(serve_async(config))?;
-    // Exchanges cut at the end of the grace period queue their records as the runtime
-    // drops them; then the record pipeline finishes them; only then is the capture closed.
+    // The workers are gone and their cut exchanges have queued their records; the
+    // record pipeline finishes them; only then is the capture closed.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
     recorder.close();
     if let Some(capture) = capture {
@@ -267,13 +274,29 @@ async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Ar
         });
         tokio::spawn(crate::admin::serve(admin, state));
     }
-    let proxy = Arc::new(Proxy {
-        config: Arc::new(config),
+    let workers = match config.workers {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let config = Arc::new(config);
+    let mut proxies = vec![Arc::new(Proxy {
+        config: config.clone(),
         upstream,
         recorder: recorder.clone(),
-        rules,
-    });
-    crate::listener::serve(listener, proxy, leaves, shutdown, grace).await;
+        rules: rules.clone(),
+    })];
+    for _ in 1..workers {
+        // Each worker pools its own upstream connections, on its own thread.
+        let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+        proxies.push(Arc::new(Proxy {
+            config: config.clone(),
+            upstream,
+            recorder: recorder.clone(),
+            rules: rules.clone(),
+        }));
+    }
+    let workers = Workers::start(proxies, leaves, local).context("starting the workers")?;
+    crate::listener::serve(listener, workers, recorder.clone(), shutdown, grace).await;
     Ok((recorder, capture))
 }
 

@@ -3,9 +3,10 @@
 //! go straight to [`Proxy::handle`]; CONNECT and absolute-form `http://` requests
 //! (forward mode, the client's proxy) go through [`connect`].
 //!
-//! On shutdown it stops accepting, lets open connections finish their in-flight
+//! Connections are served by [`Workers`], one single-threaded runtime per core. On
+//! shutdown the listener stops accepting, open connections finish their in-flight
 //! exchanges within the grace period (idle keep-alive connections close at once),
-//! and waits for the last records to be emitted.
+//! and it waits for the last records to be emitted.
 
 pub mod auth;
 mod connect;
@@ -26,9 +27,10 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exchange::{Proxy, ProxyBody};
+use crate::record::Recorder;
 use crate::tls::LeafCache;
 
 /// What every connection's requests are dispatched with.
@@ -42,29 +44,89 @@ struct Front {
     draining: watch::Receiver<bool>,
 }
 
-/// Serves `listener` until `shutdown` resolves, then drains for up to `grace`.
-/// `leaves` enables TLS interception of CONNECT tunnels to intercepted hosts.
+/// A connection accepted by the listener, handed to a worker.
+type Accepted = (std::net::TcpStream, SocketAddr);
+
+/// The serving threads: each runs a single-threaded runtime with its own upstream
+/// connection pool, and serves the connections handed to it start to end. A request,
+/// its upstream connection and its response stay on one thread, so the many small
+/// wake-ups of a proxied exchange never cross threads (they are the syscalls and
+/// context switches a work-stealing runtime would pay per request).
+pub struct Workers {
+    senders: Vec<mpsc::UnboundedSender<Accepted>>,
+    done: Vec<oneshot::Receiver<()>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    /// Set when the grace period is over: workers stop waiting for their connections.
+    stop: watch::Sender<bool>,
+    /// Set when shutdown starts: connections inside CONNECT tunnels end at their next pause.
+    draining: watch::Sender<bool>,
+}
+
+impl Workers {
+    /// Starts `proxies.len()` worker threads, one per proxy (each with its own
+    /// upstream client). `leaves` enables TLS interception of CONNECT tunnels.
+    pub fn start(
+        proxies: Vec<Arc<Proxy>>,
+        leaves: Option<Arc<LeafCache>>,
+        local: SocketAddr,
+    ) -> std::io::Result<Workers> {
+        let (stop, stop_rx) = watch::channel(false);
+        let (draining, draining_rx) = watch::channel(false);
+        let mut workers = Workers {
+            senders: Vec::new(),
+            done: Vec::new(),
+            threads: Vec::new(),
+            stop,
+            draining,
+        };
+        for (i, proxy) in proxies.into_iter().enumerate() {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (done_tx, done_rx) = oneshot::channel();
+            let front = Arc::new(Front {
+                proxy,
+                leaves: leaves.clone(),
+                local,
+                draining: draining_rx.clone(),
+            });
+            let stop = stop_rx.clone();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let thread = std::thread::Builder::new()
+                .name(format!("promptgate-worker-{i}"))
+                .spawn(move || {
+                    runtime.block_on(work(rx, front, stop));
+                    // Dropping the runtime cuts what is left; those exchanges queue
+                    // their records before the listener learns this worker is done.
+                    drop(runtime);
+                    let _ = done_tx.send(());
+                })?;
+            workers.senders.push(tx);
+            workers.done.push(done_rx);
+            workers.threads.push(thread);
+        }
+        Ok(workers)
+    }
+}
+
+/// Serves `listener` until `shutdown` resolves, handing connections to `workers` in
+/// turn; then drains for up to `grace` and waits for the last records.
 pub async fn serve(
     listener: TcpListener,
-    proxy: Arc<Proxy>,
-    leaves: Option<Arc<LeafCache>>,
+    workers: Workers,
+    recorder: Arc<Recorder>,
     shutdown: impl Future<Output = ()>,
     grace: Duration,
 ) {
-    let builder = connection_builder();
-    let graceful = GracefulShutdown::new();
-    let (drain_tx, draining) = watch::channel(false);
-    let local = listener
-        .local_addr()
-        .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
-    let front = Arc::new(Front {
-        proxy: proxy.clone(),
-        leaves,
-        local,
+    let Workers {
+        senders,
+        done,
+        threads,
+        stop,
         draining,
-    });
+    } = workers;
     tokio::pin!(shutdown);
-
+    let mut next = 0usize;
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -81,6 +143,62 @@ pub async fn serve(
         };
         // Also covers the tunnel after a CONNECT upgrade: it is the same socket.
         let _ = stream.set_nodelay(true);
+        let Ok(stream) = stream.into_std() else {
+            continue;
+        };
+        if senders.is_empty() {
+            continue;
+        }
+        let _ = senders[next % senders.len()].send((stream, peer));
+        next = next.wrapping_add(1);
+    }
+
+    drop(listener);
+    drop(senders);
+    let _ = draining.send(true);
+    let in_flight = recorder.in_flight();
+    tracing::info!(
+        "shutting down: {in_flight} exchange(s) in flight, grace {}s",
+        grace.as_secs()
+    );
+    let mut done = done;
+    let drained = async {
+        for d in done.iter_mut() {
+            let _ = d.await;
+        }
+        recorder.drained().await;
+    };
+    if tokio::time::timeout(grace, drained).await.is_err() {
+        tracing::warn!(
+            "grace period over with {} exchange(s) still in flight; closing them",
+            recorder.in_flight()
+        );
+        recorder.abandon_in_flight();
+        let _ = stop.send(true);
+    }
+    let _ = tokio::task::spawn_blocking(move || {
+        for thread in threads {
+            let _ = thread.join();
+        }
+    })
+    .await;
+    // Everything recorded so far reaches its sinks' storage before serve returns.
+    let _ = tokio::task::spawn_blocking(move || recorder.flush()).await;
+}
+
+/// One worker's loop: serve each connection handed over; when the listener stops,
+/// let open connections finish (idle keep-alive ones close at once) unless told to stop.
+async fn work(
+    mut incoming: mpsc::UnboundedReceiver<Accepted>,
+    front: Arc<Front>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let builder = connection_builder();
+    let graceful = GracefulShutdown::new();
+    while let Some((stream, peer)) = incoming.recv().await {
+        let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
+            continue;
+        };
         let front = front.clone();
         let service = service_fn(move |request| {
             let front = front.clone();
@@ -96,28 +214,10 @@ pub async fn serve(
             }
         });
     }
-
-    drop(listener);
-    let _ = drain_tx.send(true);
-    let in_flight = proxy.recorder.in_flight();
-    tracing::info!(
-        "shutting down: {in_flight} exchange(s) in flight, grace {}s",
-        grace.as_secs()
-    );
-    let drained = async {
-        graceful.shutdown().await;
-        proxy.recorder.drained().await;
-    };
-    if tokio::time::timeout(grace, drained).await.is_err() {
-        tracing::warn!(
-            "grace period over with {} exchange(s) still in flight; closing them",
-            proxy.recorder.in_flight()
-        );
-        proxy.recorder.abandon_in_flight();
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        _ = stop.wait_for(|s| *s) => {}
     }
-    // Everything recorded so far reaches its sinks' storage before serve returns.
-    let recorder = proxy.recorder.clone();
-    let _ = tokio::task::spawn_blocking(move || recorder.flush()).await;
 }
 
 /// The HTTP/1.1 + HTTP/2 server settings for client connections, outer and tunnelled.
