@@ -551,19 +551,23 @@ impl fmt::Display for BaseUrl {
     }
 }
 
+/// `"32MiB"` → (32, "MiB"): the leading digits and what follows them.
+fn number_and_unit(text: &str) -> Option<(u64, &str)> {
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    Some((number.parse().ok()?, unit))
+}
+
 /// `1048576`, `"512KiB"`, `"32MiB"`, `"1GB"`: bytes.
 pub fn parse_size(v: &Scalar) -> Result<u64, String> {
     let text = match v {
         Scalar::Number(n) => return Ok(*n),
         Scalar::Text(t) => t.trim(),
     };
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a size (expected e.g. 33554432 or \"32MiB\")"))?;
+    let (number, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a size (expected e.g. 33554432 or \"32MiB\")"))?;
     let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
@@ -589,13 +593,8 @@ pub fn parse_duration(v: &Scalar) -> Result<Duration, String> {
         Scalar::Number(n) => return Ok(Duration::from_secs(*n)),
         Scalar::Text(t) => t.trim(),
     };
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let number: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration (expected e.g. 30 or \"10s\")"))?;
+    let (number, unit) = number_and_unit(text)
+        .ok_or_else(|| format!("{text:?} is not a duration (expected e.g. 30 or \"10s\")"))?;
     Ok(match unit.trim() {
         "" | "s" => Duration::from_secs(number),
         "ms" => Duration::from_millis(number),

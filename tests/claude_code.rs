@@ -149,6 +149,29 @@ async fn run_claude(
     .unwrap()
 }
 
+/// Asserts `claude -p` exited 0 and printed the fake provider's answer as its result.
+fn assert_said_hello(output: &std::process::Output, proxy: &Proxy) {
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "claude -p failed ({}):\n{stdout}\n{}\nproxy log:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr),
+        proxy.log()
+    );
+    let result: serde_json::Value =
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
+    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
+}
+
+/// The Messages API calls the fake provider received, in order.
+fn messages_calls(fake: &FakeProvider) -> Vec<support::Received> {
+    fake.requests()
+        .into_iter()
+        .filter(|r| r.target.starts_with("/v1/messages"))
+        .collect()
+}
+
 /// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
 fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
     if !inside_namespace() {
@@ -179,17 +202,7 @@ async fn print_mode() {
 
     let base_url = format!("http://{}", relay.addr);
     let output = run_claude(&work, &home, vec![("ANTHROPIC_BASE_URL", base_url)]).await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "claude -p failed ({}):\n{stdout}\n{stderr}\nproxy log:\n{}",
-        output.status,
-        proxy.log()
-    );
-    let result: serde_json::Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
+    assert_said_hello(&output, &proxy);
 
     // What Claude Code sent (witnessed by the relay) is what the provider received.
     let sent: Vec<_> = relay
@@ -198,11 +211,7 @@ async fn print_mode() {
         .into_iter()
         .filter(|(h, _)| h.start_line.contains("/v1/messages"))
         .collect();
-    let received: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.target.starts_with("/v1/messages"))
-        .collect();
+    let received = messages_calls(&fake);
     assert!(!sent.is_empty(), "Claude Code called the messages API");
     assert_eq!(sent.len(), received.len());
     for ((head, body), got) in sent.iter().zip(&received) {
@@ -304,24 +313,10 @@ async fn forward_mode() {
         ("NODE_EXTRA_CA_CERTS", proxy.ca_cert().display().to_string()),
     ];
     let output = run_claude(&work, &home, env).await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "claude -p through HTTPS_PROXY failed ({}):\n{stdout}\n{}\nproxy log:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr),
-        proxy.log()
-    );
-    let result: serde_json::Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
+    assert_said_hello(&output, &proxy);
 
     // The first-party shape, as the provider received it through the interception.
-    let messages: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.target.starts_with("/v1/messages"))
-        .collect();
+    let messages = messages_calls(&fake);
     assert!(!messages.is_empty(), "Claude Code called the messages API");
     for m in &messages {
         assert!(m.tls, "promptgate re-encrypted toward the provider");
@@ -368,22 +363,8 @@ async fn org_policy() {
     ]);
     let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
     let output = run_claude(&work, &home, vec![("ANTHROPIC_BASE_URL", proxy.url())]).await;
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "claude -p failed ({}):\n{stdout}\n{}\nproxy log:\n{}",
-        output.status,
-        String::from_utf8_lossy(&output.stderr),
-        proxy.log()
-    );
-    let result: serde_json::Value =
-        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"));
-    assert_eq!(result["result"], "Hello from the fake provider", "{result}");
-    let received: Vec<_> = fake
-        .requests()
-        .into_iter()
-        .filter(|r| r.target.starts_with("/v1/messages"))
-        .collect();
+    assert_said_hello(&output, &proxy);
+    let received = messages_calls(&fake);
     assert!(!received.is_empty());
     for got in &received {
         let body: serde_json::Value = serde_json::from_slice(&got.body).unwrap();

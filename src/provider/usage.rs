@@ -65,49 +65,33 @@ impl Usage {
 
     /// Reads an OpenAI Chat Completions `usage` object.
     pub fn from_openai_chat(u: &Value) -> Usage {
-        let details = u.get("prompt_tokens_details");
-        Self::openai_split(
-            count(u, "prompt_tokens").unwrap_or(0),
-            details.and_then(|d| count(d, "cached_tokens")).unwrap_or(0),
-            details
-                .and_then(|d| count(d, "cache_write_tokens"))
-                .unwrap_or(0),
-            count(u, "completion_tokens").unwrap_or(0),
-            u.get("completion_tokens_details")
-                .and_then(|d| count(d, "reasoning_tokens")),
-        )
+        Self::from_openai(u, "prompt", "completion")
     }
 
     /// Reads an OpenAI Responses `usage` object.
     pub fn from_openai_responses(u: &Value) -> Usage {
-        let details = u.get("input_tokens_details");
-        Self::openai_split(
-            count(u, "input_tokens").unwrap_or(0),
-            details.and_then(|d| count(d, "cached_tokens")).unwrap_or(0),
-            details
-                .and_then(|d| count(d, "cache_write_tokens"))
-                .unwrap_or(0),
-            count(u, "output_tokens").unwrap_or(0),
-            u.get("output_tokens_details")
-                .and_then(|d| count(d, "reasoning_tokens")),
-        )
+        Self::from_openai(u, "input", "output")
     }
 
-    fn openai_split(
-        prompt: u64,
-        cached: u64,
-        written: u64,
-        output: u64,
-        reasoning: Option<u64>,
-    ) -> Usage {
+    /// Both OpenAI shapes: `{input}_tokens`, `{input}_tokens_details`, and likewise
+    /// output. OpenAI's prompt count includes the cached and written tokens.
+    fn from_openai(u: &Value, input: &str, output: &str) -> Usage {
+        let details = u.get(format!("{input}_tokens_details"));
+        let cached = details.and_then(|d| count(d, "cached_tokens")).unwrap_or(0);
+        let written = details
+            .and_then(|d| count(d, "cache_write_tokens"))
+            .unwrap_or(0);
+        let prompt = count(u, &format!("{input}_tokens")).unwrap_or(0);
         Usage {
             input_tokens: prompt.saturating_sub(cached).saturating_sub(written),
-            output_tokens: output,
+            output_tokens: count(u, &format!("{output}_tokens")).unwrap_or(0),
             cache_read_tokens: cached,
             cache_write_tokens: written,
             cache_write_5m_tokens: None,
             cache_write_1h_tokens: None,
-            reasoning_tokens: reasoning,
+            reasoning_tokens: u
+                .get(format!("{output}_tokens_details"))
+                .and_then(|d| count(d, "reasoning_tokens")),
         }
     }
 }

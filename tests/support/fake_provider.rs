@@ -274,6 +274,17 @@ impl Drop for FakeProvider {
     }
 }
 
+impl State {
+    fn new(handler: impl Fn(&Received) -> Action + Send + Sync + 'static) -> Arc<State> {
+        Arc::new(State {
+            handler: Box::new(handler),
+            log: Mutex::new(Vec::new()),
+            arrived: Notify::new(),
+            connections: Mutex::new(0),
+        })
+    }
+}
+
 impl FakeProvider {
     /// Plain HTTP/1.1 on 127.0.0.1.
     pub async fn start(
@@ -281,12 +292,7 @@ impl FakeProvider {
     ) -> FakeProvider {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = Arc::new(State {
-            handler: Box::new(handler),
-            log: Mutex::new(Vec::new()),
-            arrived: Notify::new(),
-            connections: Mutex::new(0),
-        });
+        let state = State::new(handler);
         let s = state.clone();
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
@@ -311,12 +317,7 @@ impl FakeProvider {
     ) -> FakeProvider {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = Arc::new(State {
-            handler: Box::new(handler),
-            log: Mutex::new(Vec::new()),
-            arrived: Notify::new(),
-            connections: Mutex::new(0),
-        });
+        let state = State::new(handler);
         let acceptor =
             tokio_rustls::TlsAcceptor::from(ca.server_config(&["localhost", "127.0.0.1"]));
         let s = state.clone();
