@@ -1,7 +1,9 @@
 //! Turns the cells one `bench/run` measured into `bench/RESULTS.md`: a table per
 //! mode (non-streaming, streaming), the figures relative to the direct floor of the
-//! same cell, the ratios pair by pair (promptgate/nginx, promptgate-full/promptgate,
-//! promptgate/mitmproxy), and each of the issue's targets as met or missed.
+//! same cell measured by the same tool, the ratios pair by pair (promptgate/nginx,
+//! promptgate-full/promptgate, promptgate/mitmproxy, and forward/reverse mode, both
+//! measured with bench-probe), time to first byte on fresh connections (forward mode:
+//! certificate cached vs minted), and each of the issue's targets as met or missed.
 //! It measures nothing itself. Exits 1 if a body arrived altered or a cell failed.
 //!
 //! Usage: `bench-report --cells cells.jsonl --header header.md --out RESULTS.md`
@@ -33,6 +35,38 @@ struct Args {
 enum Line {
     Target(TargetLine),
     Cell(Box<Cell>),
+    Fresh(Box<FreshLine>),
+}
+
+/// Requests on fresh connections to one target, one at a time (`bench-probe
+/// --fresh-connections`); for forward mode also to hosts whose leaf was minted on
+/// their CONNECT, and the mint times promptgate logged.
+#[derive(Debug, Deserialize)]
+struct FreshLine {
+    target: String,
+    /// The payload's name ("50k").
+    payload: String,
+    load: Option<FreshLoad>,
+    #[serde(default)]
+    error: Option<String>,
+    /// `mint_us` of every leaf promptgate logged minting for the "minted" requests.
+    #[serde(default)]
+    mint_us: Vec<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FreshLoad {
+    #[serde(flatten)]
+    known: FreshFigures,
+    errors: u64,
+    minted: Option<FreshFigures>,
+}
+
+#[derive(Debug, Deserialize)]
+struct FreshFigures {
+    requests: u64,
+    connect_us: Spread,
+    ttfb_us: Spread,
 }
 
 #[derive(Debug, Deserialize)]
@@ -51,6 +85,9 @@ struct Cell {
     bytes: u64,
     stream: bool,
     concurrency: u64,
+    /// The load tool bench/run chose ("wrk" or "bench-probe"); older cells lack it.
+    #[serde(default)]
+    tool: Option<String>,
     load: Option<Load>,
     #[serde(default)]
     error: Option<String>,
@@ -75,6 +112,8 @@ struct Load {
 #[derive(Debug, Deserialize, Clone, Copy)]
 struct Spread {
     p50: i64,
+    #[serde(default)]
+    p90: i64,
     p99: i64,
     max: i64,
 }
@@ -95,6 +134,11 @@ const TARGETS: &[&str] = &[
     "promptgate-forward",
 ];
 const DIRECT: &str = "direct";
+const FORWARD: &str = "promptgate-forward";
+/// The load tool of JSON cells when wrk is there; the other targets' rows in a cell
+/// are compared with the rows this tool measured.
+const WRK: &str = "wrk";
+const PROBE: &str = "bench-probe";
 /// How bench/run starts the reason of a target whose promptgate features have not landed.
 const NOT_YET: &str = "not yet available: ";
 const PG: &str = "promptgate";
@@ -109,6 +153,7 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.cells.display()))?;
     let mut targets = Vec::new();
     let mut cells = Vec::new();
+    let mut fresh = Vec::new();
     for (n, line) in text
         .lines()
         .enumerate()
@@ -119,9 +164,10 @@ fn main() -> anyhow::Result<()> {
         match parsed {
             Line::Target(t) => targets.push(t),
             Line::Cell(c) => cells.push(*c),
+            Line::Fresh(f) => fresh.push(*f),
         }
     }
-    let report = Report::new(targets, &cells);
+    let report = Report::new(targets, &cells, fresh);
     let mut out = header;
     report.write(&mut out);
     std::fs::write(&args.out, &out).with_context(|| format!("writing {}", args.out.display()))?;
@@ -142,6 +188,11 @@ struct Row<'a> {
 }
 
 impl Row<'_> {
+    /// The tool that measured the row.
+    fn tool(&self) -> &str {
+        self.cell.tool.as_deref().unwrap_or(&self.load.tool)
+    }
+
     fn cpu_us_per_request(&self) -> Option<f64> {
         let ns = self.cell.cpu_ns?;
         (self.load.requests > 0).then(|| ns as f64 / 1000.0 / self.load.requests as f64)
@@ -157,6 +208,7 @@ impl Row<'_> {
 
 struct Report<'a> {
     targets: Vec<TargetLine>,
+    fresh: Vec<FreshLine>,
     failed: Vec<&'a Cell>,
     rows: BTreeMap<Key, Vec<Row<'a>>>,
     payload_names: BTreeMap<u64, &'a str>,
@@ -187,7 +239,7 @@ fn target_rank(name: &str) -> usize {
 }
 
 impl<'a> Report<'a> {
-    fn new(targets: Vec<TargetLine>, cells: &'a [Cell]) -> Self {
+    fn new(targets: Vec<TargetLine>, cells: &'a [Cell], fresh: Vec<FreshLine>) -> Self {
         let mut rows: BTreeMap<Key, Vec<Row<'a>>> = BTreeMap::new();
         let mut failed = Vec::new();
         let mut failures = Vec::new();
@@ -224,11 +276,27 @@ impl<'a> Report<'a> {
                 .or_default()
                 .push(row);
         }
+        for f in &fresh {
+            let failed = match &f.load {
+                None => Some(f.error.clone().unwrap_or_default()),
+                Some(l) if l.known.requests == 0 => Some("no request completed".into()),
+                Some(l) if l.minted.as_ref().is_some_and(|m| m.requests == 0) => {
+                    Some("no request to a new host completed".into())
+                }
+                Some(_) => None,
+            };
+            if let Some(why) = failed {
+                failures.push(format!("{} fresh connections: {why}", f.target));
+            }
+        }
         for list in rows.values_mut() {
-            list.sort_by_key(|r| target_rank(&r.cell.target));
+            // The cell's main tool first (wrk where it measured), then the others.
+            let wrk = list.iter().any(|r| r.tool() == WRK);
+            list.sort_by_key(|r| (wrk && r.tool() != WRK, target_rank(&r.cell.target)));
         }
         Self {
             targets,
+            fresh,
             failed,
             rows,
             payload_names,
@@ -236,8 +304,24 @@ impl<'a> Report<'a> {
         }
     }
 
+    /// The target's row measured by the cell's main tool (wrk where it measured the
+    /// cell, else bench-probe): the rows nginx, mitmproxy and the variants have.
     fn row(&self, key: &Key, target: &str) -> Option<&Row<'a>> {
-        self.rows.get(key)?.iter().find(|r| r.cell.target == target)
+        let list = self.rows.get(key)?;
+        let main = if list.iter().any(|r| r.tool() == WRK) {
+            WRK
+        } else {
+            list.first()?.tool()
+        };
+        self.row_by(key, target, main)
+    }
+
+    /// The target's row measured by `tool`.
+    fn row_by(&self, key: &Key, target: &str, tool: &str) -> Option<&Row<'a>> {
+        self.rows
+            .get(key)?
+            .iter()
+            .find(|r| r.cell.target == target && r.tool() == tool)
     }
 
     fn write(&self, out: &mut String) {
@@ -246,17 +330,20 @@ impl<'a> Report<'a> {
             self.write_table(out, stream);
         }
         self.write_ratios(out);
+        self.write_forward(out);
+        self.write_fresh(out);
         self.write_goals(out);
         if !self.failed.is_empty() {
             let _ = writeln!(out, "\n## Cells that failed\n");
             for c in &self.failed {
                 let _ = writeln!(
                     out,
-                    "- {} {} c{} {}: {}",
+                    "- {} {} c{} {} ({}): {}",
                     c.target,
                     c.payload,
                     c.concurrency,
                     mode(c.stream),
+                    c.tool.as_deref().unwrap_or("?"),
                     c.error.as_deref().unwrap_or("no request completed")
                 );
             }
@@ -286,30 +373,38 @@ impl<'a> Report<'a> {
         }
         let mut tools: Vec<&str> = keys
             .iter()
-            .flat_map(|k| self.rows[*k].iter().map(|r| r.load.tool.as_str()))
+            .flat_map(|k| self.rows[*k].iter().map(|r| r.tool()))
             .collect();
         tools.sort_unstable();
         tools.dedup();
+        // With more than one tool, each row names its own, and its "+" figures are
+        // over direct measured by that same tool.
+        let tool_column = tools.len() > 1;
+        let (tool_head, tool_rule) = if tool_column {
+            (" tool |", "---|")
+        } else {
+            ("", "")
+        };
         let tools = tools.join(", ");
         if stream {
             let _ = writeln!(
                 out,
                 "\n## Streaming (SSE, 30 events; measured with {tools})\n\n\
-                 | payload | c | target | req/s | p50 ms | p99 ms | +TTFB p50 | +TTFB p99 | event delay p50 | event delay p99 | event delay max | peak RSS MB | CPU µs/req | bodies identical |\n\
-                 |---|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
+                 | payload | c | target |{tool_head} req/s | p50 ms | p99 ms | +TTFB p50 | +TTFB p99 | event delay p50 | event delay p99 | event delay max | peak RSS MB | CPU µs/req | bodies identical |\n\
+                 |---|--:|---|{tool_rule}--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|"
             );
         } else {
             let _ = writeln!(
                 out,
                 "\n## Non-streaming (~1 KB JSON answer; measured with {tools})\n\n\
-                 | payload | c | target | req/s | p50 ms | p99 ms | +p50 ms | +p99 ms | peak RSS MB | CPU µs/req | bodies identical |\n\
-                 |---|--:|---|--:|--:|--:|--:|--:|--:|--:|---|"
+                 | payload | c | target |{tool_head} req/s | p50 ms | p99 ms | +p50 ms | +p99 ms | peak RSS MB | CPU µs/req | bodies identical |\n\
+                 |---|--:|---|{tool_rule}--:|--:|--:|--:|--:|--:|--:|---|"
             );
         }
         for key in keys {
-            let direct = self.row(key, DIRECT);
             for row in &self.rows[key] {
                 let l = row.load;
+                let direct = self.row_by(key, DIRECT, row.tool());
                 let is_direct = row.cell.target == DIRECT;
                 let vs = |f: fn(&Load) -> Option<i64>| -> String {
                     match (direct.and_then(|d| f(d.load)), f(l)) {
@@ -336,9 +431,14 @@ impl<'a> Report<'a> {
                 } else {
                     String::new()
                 };
+                let tool = if tool_column {
+                    format!(" {} |", row.tool())
+                } else {
+                    String::new()
+                };
                 let _ = write!(
                     out,
-                    "| {} | {} | {} | {:.0}{errors} | {} | {} | ",
+                    "| {} | {} | {} |{tool} {:.0}{errors} | {} | {} | ",
                     size_name(key.1),
                     key.2,
                     row.cell.target,
@@ -379,6 +479,14 @@ impl<'a> Report<'a> {
         )
     }
 
+    /// Latency added over direct at p99, both measured by `tool`, in microseconds.
+    fn added_p99_by(&self, key: &Key, target: &str, tool: &str) -> Option<i64> {
+        Some(
+            self.row_by(key, target, tool)?.load.latency_us.p99
+                - self.row_by(key, DIRECT, tool)?.load.latency_us.p99,
+        )
+    }
+
     fn rps_ratio(&self, key: &Key, a: &str, b: &str) -> Option<f64> {
         Some(self.row(key, a)?.rps / self.row(key, b)?.rps)
     }
@@ -391,24 +499,11 @@ impl<'a> Report<'a> {
              |---|---|--:|--:|--:|--:|--:|"
         );
         let ratio = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
-        let mut logs = Vec::new();
+        let mut ratios = Vec::new();
         for key in self.rows.keys() {
             let pg_nginx = self.rps_ratio(key, PG, "nginx");
-            if let Some(r) = pg_nginx {
-                logs.push(r.ln());
-            }
-            let p99 = match (self.added_p99(key, PG), self.added_p99(key, "nginx")) {
-                (Some(pg), Some(ng)) if ng > 50 => {
-                    format!(
-                        "{:.2} ({} / {} ms)",
-                        pg as f64 / ng as f64,
-                        added_ms(pg),
-                        added_ms(ng)
-                    )
-                }
-                (Some(pg), Some(ng)) => format!("{} / {} ms", added_ms(pg), added_ms(ng)),
-                _ => "n/a".into(),
-            };
+            ratios.extend(pg_nginx);
+            let p99 = added_comparison(self.added_p99(key, PG), self.added_p99(key, "nginx"));
             let _ = writeln!(
                 out,
                 "| {} | {} | {} | {} | {p99} | {} | {} |",
@@ -420,13 +515,159 @@ impl<'a> Report<'a> {
                 ratio(self.rps_ratio(key, PG, "mitmproxy")),
             );
         }
-        if !logs.is_empty() {
-            let geo = (logs.iter().sum::<f64>() / logs.len() as f64).exp();
+        write_geometric_mean(out, "promptgate/nginx req/s", &ratios);
+    }
+
+    /// Forward mode (CONNECT + TLS inside) against reverse mode, both measured with
+    /// bench-probe in the same cell, their added latency over direct measured with
+    /// bench-probe too (wrk cannot speak CONNECT + TLS, and two tools' floors differ).
+    fn write_forward(&self, out: &mut String) {
+        let keys: Vec<&Key> = self
+            .rows
+            .keys()
+            .filter(|k| self.row_by(k, FORWARD, PROBE).is_some())
+            .collect();
+        if keys.is_empty() {
+            return;
+        }
+        let _ = writeln!(
+            out,
+            "\n## Forward vs reverse mode (both measured with bench-probe, same cells)\n\n\
+             promptgate-forward: the client sends `CONNECT api.anthropic.com:443`, promptgate \
+             terminates TLS with a leaf from its CA and forwards the requests inside to the \
+             upstream (`--resolve`); connections are kept alive, so the handshake is paid \
+             once per connection. promptgate: reverse mode, plain HTTP. Added latency is \
+             over direct measured with bench-probe in the same cell.\n\n\
+             | mode | payload | c | forward/reverse req/s | added p99: forward vs reverse | +TTFB p50 ms: forward / reverse | CPU µs/req: forward / reverse |\n\
+             |---|---|--:|--:|--:|--:|--:|"
+        );
+        let mut ratios = Vec::new();
+        for key in keys {
+            let forward = self.row_by(key, FORWARD, PROBE);
+            let reverse = self.row_by(key, PG, PROBE);
+            let rps = match (forward, reverse) {
+                (Some(f), Some(r)) => {
+                    ratios.push(f.rps / r.rps);
+                    format!("{:.2}", f.rps / r.rps)
+                }
+                _ => "n/a".into(),
+            };
+            let p99 = added_comparison(
+                self.added_p99_by(key, FORWARD, PROBE),
+                self.added_p99_by(key, PG, PROBE),
+            );
+            let direct = self.row_by(key, DIRECT, PROBE);
+            let ttfb = |row: Option<&Row>| -> String {
+                match (
+                    row.and_then(|r| r.load.ttfb_us),
+                    direct.and_then(|d| d.load.ttfb_us),
+                ) {
+                    (Some(t), Some(d)) => added_ms(t.p50 - d.p50),
+                    _ => "?".into(),
+                }
+            };
+            let ttfb = if key.0 {
+                format!("{} / {}", ttfb(forward), ttfb(reverse))
+            } else {
+                "—".into()
+            };
+            let cpu = |row: Option<&Row>| {
+                row.and_then(|r| r.cpu_us_per_request())
+                    .map_or("?".into(), |us| format!("{us:.0}"))
+            };
             let _ = writeln!(
                 out,
-                "\npromptgate/nginx req/s, geometric mean over {} cells: **{geo:.2}**",
-                logs.len()
+                "| {} | {} | {} | {rps} | {p99} | {ttfb} | {} / {} |",
+                mode(key.0),
+                size_name(key.1),
+                key.2,
+                cpu(forward),
+                cpu(reverse),
             );
+        }
+        write_geometric_mean(out, "forward/reverse req/s", &ratios);
+    }
+
+    /// Time to first byte when every request opens its own connection: the cost of a
+    /// new tunnel and TLS handshake in forward mode, with the leaf cached or minted.
+    fn write_fresh(&self, out: &mut String) {
+        if self.fresh.is_empty() {
+            return;
+        }
+        let mut lines: Vec<&FreshLine> = self.fresh.iter().collect();
+        lines.sort_by_key(|f| target_rank(&f.target));
+        let payload = lines[0].payload.as_str();
+        let _ = writeln!(
+            out,
+            "\n## Time to first byte on a fresh connection\n\n\
+             bench-probe `--fresh-connections`: the {payload} JSON request, each on a new \
+             connection, one at a time; times from before the TCP connect. TLS sessions are \
+             never resumed, so each forward-mode connection pays a full handshake. \
+             \"minted\": a host promptgate has not seen (`mint-N.bench.invalid`, intercepted \
+             and resolved to the upstream), so its leaf certificate is minted on that CONNECT; \
+             interleaved with the cached-host requests.\n\n\
+             | target | connection | requests | connect p50 ms | connect p90 ms | TTFB p50 ms | TTFB p90 ms | +TTFB p50 over direct |\n\
+             |---|---|--:|--:|--:|--:|--:|--:|"
+        );
+        let direct = lines
+            .iter()
+            .find(|f| f.target == DIRECT)
+            .and_then(|f| f.load.as_ref())
+            .map(|l| l.known.ttfb_us.p50);
+        for f in &lines {
+            let Some(load) = &f.load else {
+                let _ = writeln!(
+                    out,
+                    "| {} | — | failed: {} | | | | | |",
+                    f.target,
+                    f.error.as_deref().unwrap_or("no output")
+                );
+                continue;
+            };
+            let forward = f.target == FORWARD;
+            let mut kinds = vec![(
+                &load.known,
+                if forward {
+                    "TCP + CONNECT + TLS, leaf cached"
+                } else {
+                    "TCP, plain HTTP"
+                },
+            )];
+            if let Some(minted) = &load.minted {
+                kinds.push((minted, "TCP + CONNECT + TLS, leaf minted"));
+            }
+            for (figures, connection) in kinds {
+                let errors = if load.errors > 0 {
+                    format!(" ({} errors in all)", load.errors)
+                } else {
+                    String::new()
+                };
+                let over = match direct {
+                    _ if f.target == DIRECT => "—".into(),
+                    Some(d) => added_ms(figures.ttfb_us.p50 - d),
+                    None => "?".into(),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {connection} | {}{errors} | {} | {} | {} | {} | {over} |",
+                    f.target,
+                    figures.requests,
+                    ms(figures.connect_us.p50),
+                    ms(figures.connect_us.p90),
+                    ms(figures.ttfb_us.p50),
+                    ms(figures.ttfb_us.p90),
+                );
+            }
+            if let Some(minted) = &load.minted {
+                let _ = writeln!(
+                    out,
+                    "\n{}: minted − cached TTFB: p50 {} ms, p90 {} ms. {}",
+                    f.target,
+                    added_ms(minted.ttfb_us.p50 - load.known.ttfb_us.p50),
+                    added_ms(minted.ttfb_us.p90 - load.known.ttfb_us.p90),
+                    mint_times(&f.mint_us)
+                );
+            }
         }
     }
 
@@ -611,6 +852,52 @@ impl<'a> Report<'a> {
             }
         );
     }
+}
+
+/// One line: the geometric mean of `ratios` (none: no line).
+fn write_geometric_mean(out: &mut String, what: &str, ratios: &[f64]) {
+    if ratios.is_empty() {
+        return;
+    }
+    let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
+    let _ = writeln!(
+        out,
+        "\n{what}, geometric mean over {} cells: **{geo:.2}**",
+        ratios.len()
+    );
+}
+
+/// Two targets' added latency side by side, with their ratio when the second is
+/// large enough (over 50 µs) for a ratio to mean something.
+fn added_comparison(a: Option<i64>, b: Option<i64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 50 => format!(
+            "{:.2} ({} / {} ms)",
+            a as f64 / b as f64,
+            added_ms(a),
+            added_ms(b)
+        ),
+        (Some(a), Some(b)) => format!("{} / {} ms", added_ms(a), added_ms(b)),
+        _ => "n/a".into(),
+    }
+}
+
+/// The leaf mint times promptgate logged, as a sentence.
+fn mint_times(mint_us: &[u64]) -> String {
+    if mint_us.is_empty() {
+        return "promptgate logged no `minted leaf certificate` line for them.".into();
+    }
+    let mut sorted = mint_us.to_vec();
+    sorted.sort_unstable();
+    let at =
+        |p: f64| sorted[((p * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len()) - 1];
+    format!(
+        "Leaf mint time promptgate logged (`mint_us`, {} leaves): p50 {} ms, p90 {} ms, max {} ms.",
+        sorted.len(),
+        ms(at(0.5) as i64),
+        ms(at(0.9) as i64),
+        ms(sorted[sorted.len() - 1] as i64)
+    )
 }
 
 fn mode(stream: bool) -> &'static str {
