@@ -5,7 +5,8 @@
 
 use bytes::Bytes;
 
-use crate::provider::request::{RequestView, raw_array};
+use crate::provider::json::{self, Node, Span};
+use crate::provider::request::{RawObject, RequestView, decode_str, raw_array};
 
 /// A body already cut, redacted and hashed (SHA-256 of each stored piece): the store
 /// keeps these as they are instead of cutting the body again.
@@ -29,72 +30,140 @@ pub struct Split<'a> {
     pub units: Vec<(usize, &'a [u8])>,
 }
 
+/// A request body read once: its top level (for the conversation key) and its cut.
+#[derive(Debug)]
+pub struct Cut<'a> {
+    /// The top-level keys and raw values; `None` when the body is not a JSON object.
+    pub view: Option<RequestView<'a>>,
+    pub split: Split<'a>,
+}
+
 /// Cuts `body` into units; a body that is not a JSON object is all skeleton.
 pub fn split(body: &[u8]) -> Split<'_> {
-    let whole = || Split {
-        skeleton: body.to_vec(),
-        units: Vec::new(),
+    cut(body).split
+}
+
+/// Whether [`split`] leaves `body` whole (all skeleton, no units), without copying it.
+pub fn is_whole(body: &[u8]) -> bool {
+    read(body).1.is_none_or(|spans| spans.is_empty())
+}
+
+/// Reads `body` once (its top level and, one level down, its unit arrays) and cuts it
+/// into units.
+pub fn cut(body: &[u8]) -> Cut<'_> {
+    let (view, spans) = read(body);
+    let Some(spans) = spans else {
+        let split = Split {
+            skeleton: body.to_vec(),
+            units: Vec::new(),
+        };
+        return Cut { view, split };
     };
+    let units_len: usize = spans.iter().map(|s| s.end - s.start).sum();
+    let mut skeleton = Vec::with_capacity(body.len() - units_len);
+    let mut units = Vec::with_capacity(spans.len());
+    let mut at = 0;
+    for span in spans {
+        skeleton.extend_from_slice(&body[at..span.start]);
+        units.push((skeleton.len(), span.of(body)));
+        at = span.end;
+    }
+    skeleton.extend_from_slice(&body[at..]);
+    // Sorted, disjoint spans of the body's own bytes: joined, the pieces are the body.
+    Cut {
+        view,
+        split: Split { skeleton, units },
+    }
+}
+
+/// `body`'s top level as [`RequestView::parse`] reads it, and its units' spans, sorted
+/// and disjoint (`None`: the body stays whole).
+fn read(body: &[u8]) -> (Option<RequestView<'_>>, Option<Vec<Span>>) {
+    match scan_units(body) {
+        Some((view, spans)) => (Some(view), disjoint(spans)),
+        None => read_lenient(body),
+    }
+}
+
+/// The fast path: one scan two levels deep. When it succeeds, every value it kept
+/// is what the lenient path would find; a body it rejects goes the lenient way.
+fn scan_units(body: &[u8]) -> Option<(RequestView<'_>, Vec<Span>)> {
+    let Ok(Node::Object(_, entries)) = json::scan(body, 2) else {
+        return None;
+    };
+    let mut top = RawObject {
+        entries: Vec::with_capacity(entries.len()),
+    };
+    let mut spans = Vec::new();
+    for (key, value) in &entries {
+        let name = decode_str(key.of(body))?;
+        if !bare_tokens_plain(body, value) {
+            return None;
+        }
+        let raw = value.span();
+        if UNIT_KEYS.contains(&name.as_ref()) {
+            match value {
+                Node::Array(_, items) => spans.extend(items.iter().map(Node::span)),
+                _ if raw.end - raw.start >= SCALAR_UNIT_MIN => spans.push(raw),
+                _ => {}
+            }
+        }
+        top.entries.push((name, raw.of(body)));
+    }
+    Some((RequestView { top }, spans))
+}
+
+/// Whether no bare token (number, literal) among `value`'s children holds a quote or
+/// a bracket. Only such a token (invalid JSON) makes the two-level scan see other
+/// extents than the top-level scan, which skips the values below by counting brackets.
+fn bare_tokens_plain(body: &[u8], value: &Node) -> bool {
+    let special = |c: &u8| matches!(c, b'"' | b'{' | b'[');
+    let plain = |child: &Node| {
+        let raw = child.span().of(body);
+        raw.first().is_some_and(special) || !raw.iter().any(special)
+    };
+    match value {
+        Node::Object(_, entries) => entries.iter().all(|(_, v)| plain(v)),
+        Node::Array(_, items) => items.iter().all(plain),
+        Node::Leaf(_) => true,
+    }
+}
+
+/// The top level alone, then each unit array on its own: a body malformed below the
+/// top level (which the fast scan rejects) is cut as it always was.
+fn read_lenient(body: &[u8]) -> (Option<RequestView<'_>>, Option<Vec<Span>>) {
     let Ok(view) = RequestView::parse(body) else {
-        return whole();
+        return (None, None);
     };
-    let mut spans: Vec<(usize, usize)> = Vec::new();
+    let mut spans = Vec::new();
     for (key, raw) in &view.top.entries {
         if !UNIT_KEYS.contains(&key.as_ref()) {
             continue;
         }
         match raw_array(raw) {
-            Some(items) => {
-                for item in items {
-                    if let Some(at) = offset_in(body, item) {
-                        spans.push((at, at + item.len()));
-                    }
-                }
-            }
-            None if raw.len() >= SCALAR_UNIT_MIN => {
-                if let Some(at) = offset_in(body, raw) {
-                    spans.push((at, at + raw.len()));
-                }
-            }
+            Some(items) => spans.extend(items.into_iter().filter_map(|i| span_in(body, i))),
+            None if raw.len() >= SCALAR_UNIT_MIN => spans.extend(span_in(body, raw)),
             None => {}
         }
     }
-    spans.sort_unstable();
-    if spans.windows(2).any(|w| w[0].1 > w[1].0) {
-        return whole();
-    }
-    let mut skeleton = Vec::with_capacity(body.len() / 8);
-    let mut units = Vec::with_capacity(spans.len());
-    let mut at = 0;
-    for (start, end) in spans {
-        skeleton.extend_from_slice(&body[at..start]);
-        units.push((skeleton.len(), &body[start..end]));
-        at = end;
-    }
-    skeleton.extend_from_slice(&body[at..]);
-    let split = Split { skeleton, units };
-    // The cut must be lossless; if it is not (it always should be), keep the body whole.
-    if !joins_to(&split, body) {
-        return whole();
-    }
-    split
+    let spans = disjoint(spans);
+    (Some(view), spans)
 }
 
-/// Whether the split's pieces, joined, are exactly `body` (without building it).
-fn joins_to(split: &Split<'_>, body: &[u8]) -> bool {
-    let mut rest = body;
-    let mut at = 0;
-    for (offset, unit) in &split.units {
-        let Some(piece) = split.skeleton.get(at..*offset) else {
-            return false;
-        };
-        let Some(after) = rest.strip_prefix(piece).and_then(|r| r.strip_prefix(*unit)) else {
-            return false;
-        };
-        rest = after;
-        at = *offset;
-    }
-    split.skeleton.get(at..) == Some(rest)
+/// `spans` sorted, or `None` when two overlap.
+fn disjoint(mut spans: Vec<Span>) -> Option<Vec<Span>> {
+    spans.sort_unstable_by_key(|s| s.start);
+    (!spans.windows(2).any(|w| w[0].end > w[1].start)).then_some(spans)
+}
+
+/// Where `part` (a slice of `body`'s memory) lies in `body`.
+fn span_in(body: &[u8], part: &[u8]) -> Option<Span> {
+    let base = body.as_ptr() as usize;
+    let start = part.as_ptr() as usize;
+    (start >= base && start + part.len() <= base + body.len()).then(|| Span {
+        start: start - base,
+        end: start - base + part.len(),
+    })
 }
 
 /// The body from its skeleton and `(offset, unit)` pairs in order.
@@ -109,13 +178,6 @@ pub fn join<'u>(skeleton: &[u8], units: impl IntoIterator<Item = (usize, &'u [u8
     }
     out.extend_from_slice(&skeleton[at..]);
     out
-}
-
-/// Where `part` (a slice of `body`'s memory) starts in `body`.
-fn offset_in(body: &[u8], part: &[u8]) -> Option<usize> {
-    let base = body.as_ptr() as usize;
-    let start = part.as_ptr() as usize;
-    (start >= base && start + part.len() <= base + body.len()).then(|| start - base)
 }
 
 /// The stored form of a split: the skeleton's unit id, then `(offset delta, unit id)`
@@ -201,6 +263,36 @@ mod tests {
         }
         let long = format!(r#"{{"system":"{}"}}"#, "x".repeat(300));
         assert_eq!(split(long.as_bytes()).units.len(), 1);
+    }
+
+    #[test]
+    fn the_one_scan_reads_what_the_top_level_scan_reads() {
+        let long = "x".repeat(300);
+        let bodies = [
+            format!(
+                r#"{{"model":"m","metadata":{{"user_id":"u"}},"messages":[{{"role":"user","content":"{long}"}},{{"a":[1,{{"b":2}}]}}],"tools":[],"system":"{long}"}}"#
+            ),
+            // Malformed below the top level: the fast scan rejects these.
+            format!(r#"{{"metadata":{{"a":x"y}},"messages":[{{"c":"{long}"}}]}}"#),
+            format!(r#"{{"metadata":{{"a":x[y}}]}},"messages":[{{"c":"{long}"}}]}}"#),
+            format!(r#"{{"messages":[{{"c":"{long}"}} {{"d":1}}],"model":"m"}}"#),
+            format!(r#"{{"metadata":{{"a" 1}},"messages":[{{"c":"{long}"}}]}}"#),
+            format!(r#"{{"system":{{"text":"{long}"}},"input":[1,tr"ue]}}"#),
+            r#"{"messages":[1,2],"messages":[3]}"#.to_owned(),
+            r#"{"aA":1,"messages":[{}]}"#.to_owned(),
+            "[1]".to_owned(),
+        ];
+        for body in &bodies {
+            let body = body.as_bytes();
+            let (view, spans) = read(body);
+            let (lenient_view, lenient_spans) = read_lenient(body);
+            let text = String::from_utf8_lossy(body);
+            assert_eq!(spans, lenient_spans, "{text}");
+            assert_eq!(format!("{view:?}"), format!("{lenient_view:?}"), "{text}");
+        }
+        assert!(scan_units(bodies[0].as_bytes()).is_some());
+        assert!(!is_whole(bodies[0].as_bytes()));
+        assert!(is_whole(b"data: {}"));
     }
 
     #[test]

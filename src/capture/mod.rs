@@ -281,9 +281,11 @@ impl RecordSink for Capture {
     }
 }
 
-/// Body bytes a queued record holds on to.
+/// Body bytes a queued record holds on to (a sent body sharing the received one's
+/// memory counts once; comparing their bytes would read them all).
 fn record_bytes(r: &ExchangeRecord) -> u64 {
-    let sent = if r.sent_body == r.request_body {
+    let shared = r.sent_body.as_ptr() == r.request_body.as_ptr();
+    let sent = if shared && r.sent_body.len() == r.request_body.len() {
         0
     } else {
         r.sent_body.len()

@@ -19,8 +19,9 @@ pub const DB_FILE: &str = "promptgate.db";
 const SCHEMA_VERSION: i64 = 2;
 /// zstd level for units: fast, and most of the saving comes from storing each unit once.
 const ZSTD_LEVEL: i32 = 3;
-/// Unit hashes remembered in memory to skip a lookup.
-const KNOWN_UNITS: usize = 200_000;
+/// Unit hashes remembered in memory to skip a lookup (about 3 MB at most; the
+/// lookup they save is one index probe).
+const KNOWN_UNITS: usize = 50_000;
 
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +47,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("zstd: {0}")]
+    Zstd(std::io::Error),
 }
 
 /// How long and how much to keep.
@@ -127,9 +130,82 @@ pub struct Stats {
 pub struct Store {
     conn: Connection,
     path: PathBuf,
-    known: HashMap<[u8; 32], i64>,
+    units: UnitWriter,
     /// The schema of the file (older than [`SCHEMA_VERSION`] only when read-only).
     version: i64,
+}
+
+/// Writes units: remembers the ids of units already stored (a lookup saved per unit)
+/// and keeps one zstd context for every unit and record.
+struct UnitWriter {
+    known: HashMap<[u8; 32], i64>,
+    zstd: zstd::bulk::Compressor<'static>,
+}
+
+impl UnitWriter {
+    fn new() -> Result<UnitWriter, StoreError> {
+        Ok(UnitWriter {
+            known: HashMap::new(),
+            zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(StoreError::Zstd)?,
+        })
+    }
+
+    /// `bytes` compressed; the same output as `zstd::bulk::compress` at [`ZSTD_LEVEL`].
+    fn compress(&mut self, bytes: &[u8]) -> Result<Vec<u8>, std::io::Error> {
+        self.zstd.compress(bytes)
+    }
+
+    /// Stores a body's skeleton and units (cut here unless the writer already did);
+    /// returns its layout.
+    fn store_body(&mut self, tx: &Transaction<'_>, body: &BodyInfo) -> Result<Vec<u8>, StoreError> {
+        if let Some(parts) = &body.parts {
+            let (skeleton, hash) = &parts.skeleton;
+            let skeleton = self.id(tx, skeleton, *hash)?;
+            let units = parts
+                .units
+                .iter()
+                .map(|(offset, unit, hash)| Ok((*offset, self.id(tx, unit, *hash)?)))
+                .collect::<Result<Vec<_>, StoreError>>()?;
+            return Ok(layout::encode(skeleton, &units));
+        }
+        let split = layout::split(&body.bytes);
+        let skeleton = self.id(tx, &split.skeleton, sha256(&split.skeleton))?;
+        let units = split
+            .units
+            .iter()
+            .map(|(offset, unit)| Ok((*offset, self.id(tx, unit, sha256(unit))?)))
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        Ok(layout::encode(skeleton, &units))
+    }
+
+    /// The id of the unit holding `bytes` (whose SHA-256 is `hash`), storing it if new.
+    fn id(
+        &mut self,
+        tx: &Transaction<'_>,
+        bytes: &[u8],
+        hash: [u8; 32],
+    ) -> Result<i64, StoreError> {
+        if let Some(id) = self.known.get(&hash) {
+            return Ok(*id);
+        }
+        let found: Option<i64> = tx
+            .prepare_cached("SELECT id FROM units WHERE hash = ?1")?
+            .query_row([&hash[..]], |r| r.get(0))
+            .optional()?;
+        let id = match found {
+            Some(id) => id,
+            None => {
+                let data = self
+                    .compress(bytes)
+                    .map_err(|e| StoreError::Corrupt(format!("compressing a unit: {e}")))?;
+                tx.prepare_cached("INSERT INTO units (hash, size, data) VALUES (?1, ?2, ?3)")?
+                    .execute(params![&hash[..], bytes.len() as i64, data])?;
+                tx.last_insert_rowid()
+            }
+        };
+        self.known.insert(hash, id);
+        Ok(id)
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -163,7 +239,7 @@ impl Store {
         let mut store = Store {
             conn,
             path,
-            known: HashMap::new(),
+            units: UnitWriter::new()?,
             version: 0,
         };
         store.migrate()?;
@@ -197,7 +273,7 @@ impl Store {
         Ok(Store {
             conn,
             path,
-            known: HashMap::new(),
+            units: UnitWriter::new()?,
             version,
         })
     }
@@ -234,7 +310,7 @@ impl Store {
         let result = self.insert_all(records);
         if result.is_err() {
             // Ids remembered inside a rolled-back transaction may not exist.
-            self.known.clear();
+            self.units.known.clear();
         }
         result
     }
@@ -260,13 +336,13 @@ impl Store {
                 ];
                 for (slot, body) in layouts.iter_mut().zip(bodies) {
                     if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
-                        *slot = Some(store_body(&tx, &mut self.known, body)?);
+                        *slot = Some(self.units.store_body(&tx, body)?);
                     }
                 }
             }
             let meta = serde_json::to_vec(record)
                 .map_err(|e| StoreError::Corrupt(format!("record {}: {e}", record.id)))?;
-            let meta = zstd::bulk::compress(&meta, ZSTD_LEVEL).map_err(|e| {
+            let meta = self.units.compress(&meta).map_err(|e| {
                 StoreError::Corrupt(format!("compressing record {}: {e}", record.id))
             })?;
             let usage = record.usage.as_ref();
@@ -299,8 +375,8 @@ impl Store {
             )?;
         }
         tx.commit()?;
-        if self.known.len() > KNOWN_UNITS {
-            self.known.clear();
+        if self.units.known.len() > KNOWN_UNITS {
+            self.units.known.clear();
         }
         Ok(())
     }
@@ -591,7 +667,7 @@ impl Store {
         }
         tx.commit()?;
         if removed > 0 {
-            self.known.clear();
+            self.units.known.clear();
             self.conn.execute_batch("PRAGMA incremental_vacuum;")?;
         }
         Ok(removed)
@@ -631,61 +707,6 @@ impl Store {
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         Ok(())
     }
-}
-
-/// Stores a body's skeleton and units (cut here unless the writer already did);
-/// returns its layout.
-fn store_body(
-    tx: &Transaction<'_>,
-    known: &mut HashMap<[u8; 32], i64>,
-    body: &BodyInfo,
-) -> Result<Vec<u8>, StoreError> {
-    if let Some(parts) = &body.parts {
-        let (skeleton, hash) = &parts.skeleton;
-        let skeleton = unit_id(tx, known, skeleton, *hash)?;
-        let units = parts
-            .units
-            .iter()
-            .map(|(offset, unit, hash)| Ok((*offset, unit_id(tx, known, unit, *hash)?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        return Ok(layout::encode(skeleton, &units));
-    }
-    let split = layout::split(&body.bytes);
-    let skeleton = unit_id(tx, known, &split.skeleton, sha256(&split.skeleton))?;
-    let units = split
-        .units
-        .iter()
-        .map(|(offset, unit)| Ok((*offset, unit_id(tx, known, unit, sha256(unit))?)))
-        .collect::<Result<Vec<_>, StoreError>>()?;
-    Ok(layout::encode(skeleton, &units))
-}
-
-/// The id of the unit holding `bytes` (whose SHA-256 is `hash`), storing it if new.
-fn unit_id(
-    tx: &Transaction<'_>,
-    known: &mut HashMap<[u8; 32], i64>,
-    bytes: &[u8],
-    hash: [u8; 32],
-) -> Result<i64, StoreError> {
-    if let Some(id) = known.get(&hash) {
-        return Ok(*id);
-    }
-    let found: Option<i64> = tx
-        .prepare_cached("SELECT id FROM units WHERE hash = ?1")?
-        .query_row([&hash[..]], |r| r.get(0))
-        .optional()?;
-    let id = match found {
-        Some(id) => id,
-        None => {
-            let data = zstd::bulk::compress(bytes, ZSTD_LEVEL)
-                .map_err(|e| StoreError::Corrupt(format!("compressing a unit: {e}")))?;
-            tx.prepare_cached("INSERT INTO units (hash, size, data) VALUES (?1, ?2, ?3)")?
-                .execute(params![&hash[..], bytes.len() as i64, data])?;
-            tx.last_insert_rowid()
-        }
-    };
-    known.insert(hash, id);
-    Ok(id)
 }
 
 fn migrate_0_to_1(tx: &Transaction<'_>) -> Result<(), StoreError> {
