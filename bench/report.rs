@@ -330,6 +330,7 @@ impl<'a> Report<'a> {
             self.write_table(out, stream);
         }
         self.write_ratios(out);
+        self.write_variants(out);
         self.write_forward(out);
         self.write_fresh(out);
         self.write_goals(out);
@@ -516,6 +517,60 @@ impl<'a> Report<'a> {
             );
         }
         write_geometric_mean(out, "promptgate/nginx req/s", &ratios);
+    }
+
+    /// Each promptgate variant (a stage or all of them) against pass-through, same
+    /// cell, same tool: what the stage costs in throughput and in CPU per request.
+    fn write_variants(&self, out: &mut String) {
+        let mut variants: Vec<&str> = self
+            .targets
+            .iter()
+            .map(|t| t.name.as_str())
+            .filter(|n| n.starts_with("promptgate-") && *n != FORWARD)
+            .collect();
+        variants.sort_by_key(|n| target_rank(n));
+        variants.retain(|v| self.rows.keys().any(|k| self.row(k, v).is_some()));
+        if variants.is_empty() {
+            return;
+        }
+        let _ = write!(
+            out,
+            "\n## Variants against pass-through (same cell, same tool)\n\n\
+             Each cell: variant/promptgate req/s · variant/promptgate CPU µs per request.\n\n\
+             | mode | payload | c |"
+        );
+        for v in &variants {
+            let _ = write!(out, " {v} |");
+        }
+        let _ = write!(out, "\n|---|---|--:|");
+        for _ in &variants {
+            let _ = write!(out, "--:|");
+        }
+        out.push('\n');
+        for key in self.rows.keys() {
+            let _ = write!(
+                out,
+                "| {} | {} | {} |",
+                mode(key.0),
+                size_name(key.1),
+                key.2
+            );
+            let base = self.row(key, PG);
+            for v in &variants {
+                let cell = match (self.row(key, v), base) {
+                    (Some(r), Some(b)) => {
+                        let cpu = match (r.cpu_us_per_request(), b.cpu_us_per_request()) {
+                            (Some(a), Some(b)) if b > 0.0 => format!("{:.2}", a / b),
+                            _ => "n/a".into(),
+                        };
+                        format!("{:.2} · {cpu}", r.rps / b.rps)
+                    }
+                    _ => "n/a".into(),
+                };
+                let _ = write!(out, " {cell} |");
+            }
+            out.push('\n');
+        }
     }
 
     /// Forward mode (CONNECT + TLS inside) against reverse mode, both measured with
