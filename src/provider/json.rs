@@ -163,6 +163,128 @@ pub fn skip_value(b: &[u8], i: usize) -> Option<usize> {
     }
 }
 
+/// One key or value of a [`tape`]: its byte range, and the index of the first token
+/// after it (for a container, after everything inside it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tok {
+    /// Where the key or value starts in the body.
+    pub start: u32,
+    /// Just past its end.
+    pub end: u32,
+    /// The index of the token after it and everything inside it.
+    pub next: u32,
+}
+
+impl Tok {
+    /// Its bytes in `body` (the body the tape was made of).
+    pub fn of(self, body: &[u8]) -> &[u8] {
+        &body[self.start as usize..self.end as usize]
+    }
+}
+
+/// Scans `body` as one JSON value, every level, in one pass: a token per value and
+/// per object key, in document order. A container's children are the tokens from
+/// its index + 1 up to its `next` (for an object: key, value, key, value…). Works
+/// without recursion, so nesting depth costs no stack. Checks what [`scan`] checks,
+/// at every level; a body of 4 GiB or more is refused.
+pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
+    if u32::try_from(body.len()).is_err() {
+        return Err(ScanError(0));
+    }
+    let at = |i: usize| i as u32; // in range: the length fits in a u32
+    // Bodies carry a key or value every ~100 bytes; reserving about that avoids regrowth.
+    let mut toks: Vec<Tok> = Vec::with_capacity(body.len() / 64 + 8);
+    // The open containers: their token index, and whether each is an object.
+    let mut open: Vec<(usize, bool)> = Vec::new();
+    let mut i = skip_ws(body, 0);
+    'value: loop {
+        // `i` is at a value.
+        let start = i;
+        match body.get(i) {
+            Some(&c @ (b'{' | b'[')) => {
+                toks.push(Tok {
+                    start: at(i),
+                    end: 0,
+                    next: 0,
+                });
+                open.push((toks.len() - 1, c == b'{'));
+                i = skip_ws(body, i + 1);
+                let close = if c == b'{' { b'}' } else { b']' };
+                if body.get(i) != Some(&close) {
+                    if c == b'{' {
+                        i = tape_key(body, i, &mut toks)?;
+                    }
+                    continue 'value;
+                }
+                // Empty: closed just below.
+            }
+            Some(b'"') => {
+                i = skip_string(body, i).ok_or(ScanError(i))?;
+                toks.push(Tok {
+                    start: at(start),
+                    end: at(i),
+                    next: at(toks.len() + 1),
+                });
+            }
+            Some(_) => {
+                i = skip_value(body, i).ok_or(ScanError(i))?;
+                toks.push(Tok {
+                    start: at(start),
+                    end: at(i),
+                    next: at(toks.len() + 1),
+                });
+            }
+            None => return Err(ScanError(i)),
+        }
+        // After a value (or at the close of an empty container): commas and closes.
+        loop {
+            i = skip_ws(body, i);
+            let Some(&(top, object)) = open.last() else {
+                break 'value;
+            };
+            let close = if object { b'}' } else { b']' };
+            match body.get(i) {
+                Some(&c) if c == close => {
+                    toks[top].end = at(i + 1);
+                    toks[top].next = at(toks.len());
+                    open.pop();
+                    i += 1;
+                }
+                Some(b',') => {
+                    i = skip_ws(body, i + 1);
+                    if object {
+                        i = tape_key(body, i, &mut toks)?;
+                    }
+                    continue 'value;
+                }
+                _ => return Err(ScanError(i)),
+            }
+        }
+    }
+    if i != body.len() {
+        return Err(ScanError(i));
+    }
+    Ok(toks)
+}
+
+/// `i` is at an object key: pushes it, and returns where its value starts.
+fn tape_key(body: &[u8], i: usize, toks: &mut Vec<Tok>) -> Result<usize, ScanError> {
+    if body.get(i) != Some(&b'"') {
+        return Err(ScanError(i));
+    }
+    let end = skip_string(body, i).ok_or(ScanError(i))?;
+    toks.push(Tok {
+        start: i as u32,
+        end: end as u32,
+        next: (toks.len() + 1) as u32,
+    });
+    let colon = skip_ws(body, end);
+    if body.get(colon) != Some(&b':') {
+        return Err(ScanError(colon));
+    }
+    Ok(skip_ws(body, colon + 1))
+}
+
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
@@ -334,6 +456,60 @@ mod tests {
         );
     }
 
+    /// The spans a full-depth `scan` gives, in document order, keys included.
+    fn scan_spans(n: &Node, out: &mut Vec<Span>) {
+        out.push(n.span());
+        match n {
+            Node::Object(_, entries) => {
+                for (k, v) in entries {
+                    out.push(*k);
+                    scan_spans(v, out);
+                }
+            }
+            Node::Array(_, items) => items.iter().for_each(|v| scan_spans(v, out)),
+            Node::Leaf(_) => {}
+        }
+    }
+
+    #[test]
+    fn the_tape_agrees_with_a_full_scan() {
+        for body in [
+            &br#" {"a" : [1, {"b":"x\"y}"}, true], "c":{"d":{"e":[]}}, "n":-1.5e3 , "o":{}} "#[..],
+            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"caf\u00e9 \\ \"q\"","cache_control":{"type":"ephemeral"}}]}],"system":[],"tools":[{"name":"t","input_schema":{"type":"object","properties":{}}}]}"#,
+            b"[]",
+            b"\"s\"",
+            b" 12 ",
+            b"[[],[[]],{}]",
+        ] {
+            let toks = tape(body).unwrap();
+            let mut want = Vec::new();
+            scan_spans(&scan(body, 64).unwrap(), &mut want);
+            let got: Vec<Span> = toks
+                .iter()
+                .map(|t| Span {
+                    start: t.start as usize,
+                    end: t.end as usize,
+                })
+                .collect();
+            assert_eq!(got, want, "{}", String::from_utf8_lossy(body));
+            // `next` skips a value and everything inside it.
+            for (i, t) in toks.iter().enumerate() {
+                let inside = toks[i + 1..t.next as usize].iter().all(|c| c.end <= t.end);
+                assert!(inside && toks.get(t.next as usize).is_none_or(|n| n.start >= t.end));
+            }
+        }
+    }
+
+    #[test]
+    fn the_tape_follows_deep_nesting_without_recursion() {
+        let depth = 200_000;
+        let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
+        let toks = tape(body.as_bytes()).unwrap();
+        assert_eq!(toks.len(), depth);
+        assert_eq!(toks[0].next as usize, depth);
+        assert_eq!(toks[depth - 1].of(body.as_bytes()), b"[]");
+    }
+
     #[test]
     fn malformed_bodies_are_errors() {
         for bad in [
@@ -346,7 +522,19 @@ mod tests {
             b"",
         ] {
             assert!(scan(bad, 5).is_err(), "{}", String::from_utf8_lossy(bad));
+            assert!(tape(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        for bad in [
+            &b"[1}"[..],
+            b"{\"a\":[1,{\"b\":2}}",
+            b"[1,]",
+            b"[,1]",
+            b"{\"a\" 1}",
+            b"{a:1}",
+        ] {
+            assert!(tape(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
         assert!(scan(b"[]", 5).is_ok() && scan(b"{}", 5).is_ok());
+        assert!(tape(b"[]").is_ok() && tape(b"{}").is_ok());
     }
 }

@@ -6,6 +6,10 @@
 //! copies every untouched node's bytes as they were; only containers on the path to
 //! a change are re-emitted (compact, key order kept). Deciding what to change is not
 //! this module's job (see `action/`).
+//!
+//! The body's structure is found once, in one pass ([`Index`]): opening a node then
+//! reads its children's spans instead of scanning its bytes again, however many
+//! rules, actions and levels look inside.
 
 use std::borrow::Cow;
 use std::cell::OnceCell;
@@ -13,7 +17,7 @@ use std::cell::OnceCell;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::provider::json::{skip_string, skip_value, skip_ws};
+use crate::provider::json::{self, Tok, skip_string, skip_value, skip_ws};
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
@@ -24,7 +28,7 @@ pub(crate) enum Node<'a> {
     /// Untouched, exactly as sent. Containers are split by a structural scan (quotes,
     /// brackets, commas), not parsed: a string is decoded (and its UTF-8 checked)
     /// only when a rule reads it.
-    Raw(&'a [u8]),
+    Raw(Raw<'a>),
     /// An opened object; `orig` is its text as sent while nothing in it changed.
     Object {
         orig: Option<&'a [u8]>,
@@ -37,6 +41,198 @@ pub(crate) enum Node<'a> {
     },
     /// A value a rule wrote.
     Value(Value),
+}
+
+/// An untouched value: its bytes as sent and, when the body was indexed, its token.
+#[derive(Clone, Copy)]
+pub(crate) struct Raw<'a> {
+    text: &'a [u8],
+    at: Option<(&'a Index<'a>, u32)>,
+}
+
+impl std::fmt::Debug for Raw<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Raw({})", String::from_utf8_lossy(self.text))
+    }
+}
+
+impl<'a> Raw<'a> {
+    /// A value found by splitting its parent's bytes (no index).
+    fn plain(text: &'a [u8]) -> Raw<'a> {
+        Raw { text, at: None }
+    }
+
+    /// The child named by one pointer token, as opening would find it.
+    fn child(self, token: &str) -> Option<Raw<'a>> {
+        if let Some((index, t)) = self.at {
+            return index.child(t as usize, token);
+        }
+        match self.open()? {
+            Node::Object { entries, .. } => {
+                entries
+                    .into_iter()
+                    .find(|(k, _)| k == token)
+                    .and_then(|(_, v)| match v {
+                        Node::Raw(r) => Some(r),
+                        _ => None,
+                    })
+            }
+            Node::Array { items, .. } => match items.into_iter().nth(array_index(token)?)? {
+                Node::Raw(r) => Some(r),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The opened object or array, children untouched; `None` for scalars and for
+    /// what cannot be split.
+    fn open(self) -> Option<Node<'a>> {
+        if let Some((index, t)) = self.at {
+            return index.open(t);
+        }
+        let text = self.text;
+        match text.first() {
+            Some(b'{') => split_object(text).map(|(entries, _)| Node::Object {
+                orig: Some(text),
+                entries,
+            }),
+            Some(b'[') => split_array(text).map(|items| Node::Array {
+                orig: Some(text),
+                items,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The structure of a whole body from one pass of the scanner: every key's and
+/// value's span, so a node opens without scanning its bytes again.
+pub(crate) struct Index<'a> {
+    body: &'a [u8],
+    toks: Vec<Tok>,
+}
+
+impl std::fmt::Debug for Index<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Index({} tokens)", self.toks.len())
+    }
+}
+
+impl<'a> Index<'a> {
+    /// Indexes `body`; `None` when the scan cannot follow it or a key is not text,
+    /// so that opening through the index finds exactly what splitting would.
+    fn build(body: &'a [u8]) -> Option<Index<'a>> {
+        let toks = json::tape(body).ok()?;
+        let index = Index { body, toks };
+        let mut t = 0;
+        while t < index.toks.len() {
+            // Keys are the strings a colon follows.
+            let tok = index.toks[t];
+            if body[tok.start as usize] == b'"'
+                && body.get(skip_ws(body, tok.end as usize)) == Some(&b':')
+            {
+                key_text(tok.of(body))?;
+            }
+            t += 1;
+        }
+        Some(index)
+    }
+
+    fn raw(&'a self, t: usize) -> Raw<'a> {
+        Raw {
+            text: self.toks[t].of(self.body),
+            at: Some((self, t as u32)),
+        }
+    }
+
+    /// The child of the container at token `t` named by `token`, as [`Index::open`]
+    /// would find it: the first key that matches.
+    fn child(&'a self, t: usize, token: &str) -> Option<Raw<'a>> {
+        let tok = self.toks[t];
+        let end = tok.next as usize;
+        let mut c = t + 1;
+        match self.body[tok.start as usize] {
+            b'{' => {
+                // Every key decodes (checked by `build`): the first match is what opening finds.
+                while c < end {
+                    if key_is(self.toks[c].of(self.body), token)? {
+                        return Some(self.raw(c + 1));
+                    }
+                    c = self.toks[c + 1].next as usize;
+                }
+                None
+            }
+            b'[' => {
+                let mut i = array_index(token)?;
+                while c < end {
+                    if i == 0 {
+                        return Some(self.raw(c));
+                    }
+                    i -= 1;
+                    c = self.toks[c].next as usize;
+                }
+                None
+            }
+            _ => None,
+        }
+    }
+
+    /// Opens the container at token `t` (a scalar: `None`).
+    fn open(&'a self, t: u32) -> Option<Node<'a>> {
+        let t = t as usize;
+        let tok = self.toks[t];
+        let text = tok.of(self.body);
+        let end = tok.next as usize;
+        let mut c = t + 1;
+        match text.first() {
+            Some(b'{') => {
+                let mut entries = Vec::with_capacity((end - c).min(64) / 2);
+                while c < end {
+                    let key = key_text(self.toks[c].of(self.body))?;
+                    entries.push((key, Node::Raw(self.raw(c + 1))));
+                    c = self.toks[c + 1].next as usize;
+                }
+                Some(Node::Object {
+                    orig: Some(text),
+                    entries,
+                })
+            }
+            Some(b'[') => {
+                let mut items = Vec::new();
+                while c < end {
+                    items.push(Node::Raw(self.raw(c)));
+                    c = self.toks[c].next as usize;
+                }
+                Some(Node::Array {
+                    orig: Some(text),
+                    items,
+                })
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Whether a key (with its quotes) spells `want`; `None` when it does not decode.
+fn key_is(key: &[u8], want: &str) -> Option<bool> {
+    let inner = &key[1..key.len() - 1];
+    if !inner.contains(&b'\\') {
+        // No escapes: the key is its bytes (their UTF-8 was checked when indexing).
+        return Some(inner == want.as_bytes());
+    }
+    Some(key_text(key)? == want)
+}
+
+/// A key (with its quotes) as text; `None` when it does not decode.
+fn key_text(key: &[u8]) -> Option<Cow<'_, str>> {
+    if key.contains(&b'\\') {
+        Some(Cow::Owned(serde_json::from_slice::<String>(key).ok()?))
+    } else {
+        Some(Cow::Borrowed(
+            std::str::from_utf8(&key[1..key.len() - 1]).ok()?,
+        ))
+    }
 }
 
 /// An RFC 6901 JSON pointer, split into unescaped tokens.
@@ -111,28 +307,25 @@ impl<'a> Node<'a> {
         }
     }
 
-    fn first_byte(&self) -> Option<u8> {
+    /// A read-only look at this node that opens nothing.
+    pub(crate) fn peek(&self) -> Peek<'_, 'a> {
         match self {
-            Node::Raw(r) => r.first().copied(),
-            Node::Object { .. } => Some(b'{'),
-            Node::Array { .. } => Some(b'['),
-            Node::Value(Value::Object(_)) => Some(b'{'),
-            Node::Value(Value::Array(_)) => Some(b'['),
-            Node::Value(Value::String(_)) => Some(b'"'),
-            Node::Value(_) => Some(b'0'),
+            Node::Raw(r) => Peek::Raw(*r),
+            Node::Value(v) => Peek::Value(v),
+            opened => Peek::Opened(opened),
         }
     }
 
     pub(crate) fn is_object(&self) -> bool {
-        self.first_byte() == Some(b'{')
+        self.peek().is_object()
     }
 
     pub(crate) fn is_array(&self) -> bool {
-        self.first_byte() == Some(b'[')
+        self.peek().is_array()
     }
 
     pub(crate) fn is_string(&self) -> bool {
-        self.first_byte() == Some(b'"')
+        self.peek().is_string()
     }
 
     /// Opens a raw object or array (or one a rule wrote) so its children can be
@@ -140,27 +333,13 @@ impl<'a> Node<'a> {
     pub(crate) fn open(&mut self) -> bool {
         match self {
             Node::Object { .. } | Node::Array { .. } => true,
-            Node::Raw(r) => {
-                let text: &'a [u8] = r;
-                let opened = match text.first() {
-                    Some(b'{') => split_object(text).map(|(entries, _)| Node::Object {
-                        orig: Some(text),
-                        entries,
-                    }),
-                    Some(b'[') => split_array(text).map(|items| Node::Array {
-                        orig: Some(text),
-                        items,
-                    }),
-                    _ => None,
-                };
-                match opened {
-                    Some(node) => {
-                        *self = node;
-                        true
-                    }
-                    None => false,
+            Node::Raw(r) => match r.open() {
+                Some(node) => {
+                    *self = node;
+                    true
                 }
-            }
+                None => false,
+            },
             Node::Value(v @ (Value::Object(_) | Value::Array(_))) => {
                 *self = match std::mem::take(v) {
                     Value::Object(m) => Node::Object {
@@ -254,46 +433,13 @@ impl<'a> Node<'a> {
         self.items().map(|i| i.len())
     }
 
-    /// Whether the node's text may contain `needle`: exact for untouched nodes, always
-    /// true for changed ones. Lets a scan skip subtrees without opening them.
-    pub(crate) fn may_contain(&self, needle: &str) -> bool {
-        let text = match self {
-            Node::Raw(r) => *r,
-            Node::Object { orig: Some(t), .. } | Node::Array { orig: Some(t), .. } => *t,
-            _ => return true,
-        };
-        memchr::memmem::find(text, needle.as_bytes()).is_some()
-    }
-
     /// A string value, unescaped.
     pub(crate) fn as_str(&self) -> Option<Cow<'_, str>> {
-        match self {
-            Node::Raw(r) if r.first() == Some(&b'"') => {
-                serde_json::from_slice::<Cow<'_, str>>(r).ok()
-            }
-            Node::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
-            _ => None,
-        }
-    }
-
-    pub(crate) fn as_bool(&self) -> Option<bool> {
-        match self {
-            Node::Raw(r) => match *r {
-                b"true" => Some(true),
-                b"false" => Some(false),
-                _ => None,
-            },
-            Node::Value(Value::Bool(b)) => Some(*b),
-            _ => None,
-        }
+        self.peek().as_str()
     }
 
     pub(crate) fn as_u64(&self) -> Option<u64> {
-        match self {
-            Node::Raw(r) => std::str::from_utf8(r).ok()?.parse().ok(),
-            Node::Value(v) => v.as_u64(),
-            _ => None,
-        }
+        self.peek().as_u64()
     }
 
     /// The string field `key` of an object node.
@@ -309,7 +455,7 @@ impl<'a> Node<'a> {
     /// The whole value (numbers as serde_json reads them).
     pub(crate) fn to_value(&self) -> Value {
         match self {
-            Node::Raw(r) => serde_json::from_slice(r).unwrap_or(Value::Null),
+            Node::Raw(r) => serde_json::from_slice(r.text).unwrap_or(Value::Null),
             Node::Object { entries, .. } => Value::Object(
                 entries
                     .iter()
@@ -375,7 +521,7 @@ impl<'a> Node<'a> {
     /// Writes the node: untouched parts as the exact bytes sent, changed ones compactly.
     pub(crate) fn write(&self, out: &mut Vec<u8>) {
         match self {
-            Node::Raw(r) => out.extend_from_slice(r),
+            Node::Raw(r) => out.extend_from_slice(r.text),
             Node::Object {
                 orig: Some(text), ..
             }
@@ -408,6 +554,203 @@ impl<'a> Node<'a> {
                 out.push(b']');
             }
             Node::Value(v) => write_json(out, v),
+        }
+    }
+}
+
+// === reading without opening ===
+
+/// A read-only look at a value of the body. Reading through it opens (and
+/// allocates) nothing: untouched containers are read through the body's index, so
+/// a scan of every block (markers, system texts, tool names) costs no copies.
+/// Reads agree with [`Node::child`] and friends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Peek<'n, 'a> {
+    Raw(Raw<'a>),
+    /// An opened object or array.
+    Opened(&'n Node<'a>),
+    /// A value a rule wrote, or a value inside one.
+    Value(&'n Value),
+}
+
+impl<'n, 'a: 'n> Peek<'n, 'a> {
+    fn first_byte(self) -> Option<u8> {
+        match self {
+            Peek::Raw(r) => r.text.first().copied(),
+            Peek::Opened(Node::Array { .. }) => Some(b'['),
+            Peek::Opened(_) => Some(b'{'),
+            Peek::Value(Value::Object(_)) => Some(b'{'),
+            Peek::Value(Value::Array(_)) => Some(b'['),
+            Peek::Value(Value::String(_)) => Some(b'"'),
+            Peek::Value(_) => Some(b'0'),
+        }
+    }
+
+    pub(crate) fn is_object(self) -> bool {
+        self.first_byte() == Some(b'{')
+    }
+
+    pub(crate) fn is_array(self) -> bool {
+        self.first_byte() == Some(b'[')
+    }
+
+    pub(crate) fn is_string(self) -> bool {
+        self.first_byte() == Some(b'"')
+    }
+
+    /// The child named by one pointer token: an object's key, or an array's index.
+    pub(crate) fn child(self, token: &str) -> Option<Peek<'n, 'a>> {
+        match self {
+            Peek::Raw(r) => r.child(token).map(Peek::Raw),
+            Peek::Opened(Node::Object { entries, .. }) => entries
+                .iter()
+                .find(|(k, _)| k == token)
+                .map(|(_, v)| v.peek()),
+            Peek::Opened(Node::Array { items, .. }) => {
+                items.get(array_index(token)?).map(Node::peek)
+            }
+            Peek::Opened(_) => None,
+            Peek::Value(Value::Object(m)) => m.get(token).map(Peek::Value),
+            Peek::Value(Value::Array(a)) => a.get(array_index(token)?).map(Peek::Value),
+            Peek::Value(_) => None,
+        }
+    }
+
+    /// The value at `tokens`.
+    pub(crate) fn at(self, tokens: &[String]) -> Option<Peek<'n, 'a>> {
+        let mut node = self;
+        for t in tokens {
+            node = node.child(t)?;
+        }
+        Some(node)
+    }
+
+    /// The items of an array, in order (nothing for anything else).
+    pub(crate) fn items(self) -> Items<'n, 'a> {
+        match self {
+            Peek::Raw(Raw {
+                at: Some((index, t)),
+                text,
+            }) if text.first() == Some(&b'[') => Items::Indexed {
+                index,
+                at: t as usize + 1,
+                end: index.toks[t as usize].next as usize,
+            },
+            Peek::Raw(r) => match r.open() {
+                Some(Node::Array { items, .. }) => Items::Split(items.into_iter()),
+                _ => Items::None,
+            },
+            Peek::Opened(Node::Array { items, .. }) => Items::Opened(items.iter()),
+            Peek::Value(Value::Array(a)) => Items::Values(a.iter()),
+            _ => Items::None,
+        }
+    }
+
+    /// The number of items, when this is an array.
+    pub(crate) fn len(self) -> Option<usize> {
+        match self.items() {
+            Items::None => None,
+            items => Some(items.count()),
+        }
+    }
+
+    /// A string value, unescaped.
+    pub(crate) fn as_str(self) -> Option<Cow<'n, str>> {
+        match self {
+            Peek::Raw(r) if r.text.first() == Some(&b'"') => {
+                serde_json::from_slice::<Cow<'a, str>>(r.text).ok()
+            }
+            Peek::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
+            _ => None,
+        }
+    }
+
+    /// Whether this is the empty string (no decoding: `""` is its only spelling).
+    pub(crate) fn is_empty_str(self) -> bool {
+        match self {
+            Peek::Raw(r) => r.text == b"\"\"",
+            Peek::Value(Value::String(s)) => s.is_empty(),
+            _ => false,
+        }
+    }
+
+    pub(crate) fn as_bool(self) -> Option<bool> {
+        match self {
+            Peek::Raw(r) => match r.text {
+                b"true" => Some(true),
+                b"false" => Some(false),
+                _ => None,
+            },
+            Peek::Value(Value::Bool(b)) => Some(*b),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_u64(self) -> Option<u64> {
+        match self {
+            Peek::Raw(r) => std::str::from_utf8(r.text).ok()?.parse().ok(),
+            Peek::Value(v) => v.as_u64(),
+            Peek::Opened(_) => None,
+        }
+    }
+
+    /// The whole value (numbers as serde_json reads them).
+    pub(crate) fn to_value(self) -> Value {
+        match self {
+            Peek::Raw(r) => serde_json::from_slice(r.text).unwrap_or(Value::Null),
+            Peek::Opened(n) => n.to_value(),
+            Peek::Value(v) => v.clone(),
+        }
+    }
+
+    /// Whether the value's text may contain `needle`: exact for untouched values,
+    /// always true for changed ones. Lets a scan skip values without decoding them.
+    pub(crate) fn may_contain(self, needle: &memchr::memmem::Finder<'_>) -> bool {
+        let text = match self {
+            Peek::Raw(r) => r.text,
+            Peek::Opened(
+                Node::Object { orig: Some(t), .. } | Node::Array { orig: Some(t), .. },
+            ) => t,
+            _ => return true,
+        };
+        needle.find(text).is_some()
+    }
+}
+
+/// The items of an array seen through a [`Peek`].
+pub(crate) enum Items<'n, 'a> {
+    Indexed {
+        index: &'a Index<'a>,
+        at: usize,
+        end: usize,
+    },
+    Split(std::vec::IntoIter<Node<'a>>),
+    Opened(std::slice::Iter<'n, Node<'a>>),
+    Values(std::slice::Iter<'n, Value>),
+    None,
+}
+
+impl<'n, 'a: 'n> Iterator for Items<'n, 'a> {
+    type Item = Peek<'n, 'a>;
+
+    fn next(&mut self) -> Option<Peek<'n, 'a>> {
+        match self {
+            Items::Indexed { index, at, end } => {
+                if *at >= *end {
+                    return None;
+                }
+                let item = index.raw(*at);
+                *at = index.toks[*at].next as usize;
+                Some(Peek::Raw(item))
+            }
+            // Split items are always raw (what splitting makes).
+            Items::Split(items) => items.find_map(|n| match n {
+                Node::Raw(r) => Some(Peek::Raw(r)),
+                _ => None,
+            }),
+            Items::Opened(items) => items.next().map(Node::peek),
+            Items::Values(items) => items.next().map(Peek::Value),
+            Items::None => None,
         }
     }
 }
@@ -506,11 +849,19 @@ pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Re
 
 // === the body of one request, parsed on first use ===
 
+/// What the nodes of one request borrow: the decoded body and its index. The
+/// caller makes it empty and keeps it for the whole run; it fills on first use.
+#[derive(Default)]
+pub(crate) struct BodyStore<'a> {
+    decoded: OnceCell<Result<Bytes, String>>,
+    index: OnceCell<Option<Index<'a>>>,
+}
+
 /// The body of one request: its bytes (decoded when compressed), parsed on first use.
 pub(crate) struct LazyBody<'a> {
     sent: &'a Bytes,
     encoding: Option<&'a str>,
-    decoded: &'a OnceCell<Result<Bytes, String>>,
+    store: &'a BodyStore<'a>,
     limit: u64,
     root: Option<Result<Node<'a>, String>>,
 }
@@ -520,13 +871,13 @@ impl<'a> LazyBody<'a> {
     pub(crate) fn new(
         sent: &'a Bytes,
         encoding: Option<&'a str>,
-        decoded: &'a OnceCell<Result<Bytes, String>>,
+        store: &'a BodyStore<'a>,
         limit: u64,
     ) -> Self {
         LazyBody {
             sent,
             encoding,
-            decoded,
+            store,
             limit,
             root: None,
         }
@@ -552,7 +903,8 @@ impl<'a> LazyBody<'a> {
         };
         let sent = self.sent;
         let limit = self.limit;
-        self.decoded
+        self.store
+            .decoded
             .get_or_init(|| crate::observer::decode::decode(encoding, sent.clone(), limit))
             .as_ref()
             .map_err(Clone::clone)
@@ -561,7 +913,8 @@ impl<'a> LazyBody<'a> {
     /// The parsed body, or why it cannot be read as a JSON object.
     pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
         if self.root.is_none() {
-            let parsed = self.plain().and_then(parse_root);
+            let store = self.store;
+            let parsed = self.plain().and_then(|b| parse_root(b, &store.index));
             self.root = Some(parsed);
         }
         match self.root.as_mut() {
@@ -601,14 +954,27 @@ impl<'a> LazyBody<'a> {
 /// Reads the top level of a body that must be a JSON object.
 ///
 /// The body is not validated whole (a serde_json pass plus a UTF-8 pass cost as
-/// much as everything rules do): its structure is scanned, and each string is
-/// decoded and checked when a rule reads it. What cannot be split is "not JSON";
-/// anything subtler the provider will refuse, exactly as without promptgate.
-fn parse_root(bytes: &Bytes) -> Result<Node<'_>, String> {
-    let b: &[u8] = bytes;
+/// much as everything rules do): its structure is scanned once into `index`, and
+/// each string is decoded and checked when a rule reads it. A body that scan
+/// cannot follow is split level by level as rules reach into it: what cannot be
+/// split is "not JSON"; anything subtler the provider will refuse, exactly as
+/// without promptgate.
+fn parse_root<'a>(
+    bytes: &'a Bytes,
+    index: &'a OnceCell<Option<Index<'a>>>,
+) -> Result<Node<'a>, String> {
+    let b: &'a [u8] = bytes;
     let start = skip_ws(b, 0);
     if b.get(start) != Some(&b'{') {
         return Err("the body is not a JSON object".into());
+    }
+    if let Some(index) = index.get_or_init(|| Index::build(b))
+        && let Some(Node::Object { entries, .. }) = index.open(0)
+    {
+        return Ok(Node::Object {
+            orig: Some(b),
+            entries,
+        });
     }
     let Some((entries, end)) = split_object(&b[start..]) else {
         return Err("the body is not a JSON object: it is malformed or cut short".into());
@@ -636,19 +1002,14 @@ fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
             return None;
         }
         let key_end = skip_string(b, i)?;
-        let key = &text[i..key_end];
-        let key = if key.contains(&b'\\') {
-            Cow::Owned(serde_json::from_slice::<String>(key).ok()?)
-        } else {
-            Cow::Borrowed(std::str::from_utf8(&key[1..key.len() - 1]).ok()?)
-        };
+        let key = key_text(&text[i..key_end])?;
         i = skip_ws(b, key_end);
         if b.get(i) != Some(&b':') {
             return None;
         }
         i = skip_ws(b, i + 1);
         let end = skip_value(b, i)?;
-        out.push((key, Node::Raw(&text[i..end])));
+        out.push((key, Node::Raw(Raw::plain(&text[i..end]))));
         i = skip_ws(b, end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
@@ -668,7 +1029,7 @@ fn split_array(text: &[u8]) -> Option<Vec<Node<'_>>> {
     }
     loop {
         let end = skip_value(b, i)?;
-        out.push(Node::Raw(&text[i..end]));
+        out.push(Node::Raw(Raw::plain(&text[i..end])));
         i = skip_ws(b, end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
@@ -687,8 +1048,8 @@ mod tests {
 
     fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
-        let cell = OnceCell::new();
-        let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+        let store = BodyStore::default();
+        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
         f(lazy.root().unwrap());
         match lazy.changed() {
             Some(b) => String::from_utf8(b.to_vec()).unwrap(),
@@ -783,8 +1144,8 @@ mod tests {
     #[test]
     fn non_json_bodies_say_why() {
         let bytes = Bytes::from_static(b"not json");
-        let cell = OnceCell::new();
-        let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+        let store = BodyStore::default();
+        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
         for bad in [
             &b"[1]"[..],
@@ -796,7 +1157,8 @@ mod tests {
             b"",
         ] {
             let bytes = Bytes::copy_from_slice(bad);
-            let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 20);
+            let store = BodyStore::default();
+            let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
             let e = lazy.root().unwrap_err();
             assert!(e.starts_with("the body is not a JSON object"), "{e}");
             assert!(lazy.changed().is_none());

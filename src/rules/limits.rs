@@ -14,11 +14,18 @@
 //! Each fix is returned, and recorded on the exchange (log line and body diff).
 
 use std::fmt;
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 use serde_json::Value;
 
 use super::action::Ttl;
-use super::body::{Node, Pointer, ptr};
+use super::body::{Node, Peek, Pointer, ptr};
+
+/// Finds the key's text in a raw value (built once: a finder costs more to build than to run).
+pub(crate) static CACHE_CONTROL: LazyLock<Finder<'static>> =
+    LazyLock::new(|| Finder::new("cache_control"));
 
 /// The provider's limit on breakpoints per request.
 pub(crate) const MAX_BREAKPOINTS: usize = 4;
@@ -64,27 +71,27 @@ impl Marker {
 }
 
 /// Why a block cannot carry cache_control, if it cannot.
-pub(crate) fn ineligible(block: &mut Node<'_>) -> Option<&'static str> {
-    match block.str_field("type").as_deref() {
+pub(crate) fn ineligible(block: Peek<'_, '_>) -> Option<&'static str> {
+    match block.child("type").and_then(|t| t.as_str()).as_deref() {
         Some("thinking") => Some("a thinking block"),
         Some("redacted_thinking") => Some("a redacted_thinking block"),
-        Some("text")
-            if block
-                .child("text")
-                .and_then(|t| t.as_str().map(|t| t.is_empty()))
-                == Some(true) =>
-        {
+        Some("text") if block.child("text").is_some_and(|t| t.is_empty_str()) => {
             Some("an empty text block")
         }
         _ => None,
     }
 }
 
-fn marker_at(node: &mut Node<'_>, section: Section, block: Vec<String>) -> Option<Marker> {
-    if !node.may_contain("cache_control") {
+fn marker_at(
+    node: Peek<'_, '_>,
+    section: Section,
+    block: impl FnOnce() -> Vec<String>,
+) -> Option<Marker> {
+    let cc = node.child("cache_control")?;
+    // A key spelled with escapes (`cache\u005fcontrol`) was never counted: keep it so.
+    if !node.may_contain(&CACHE_CONTROL) {
         return None;
     }
-    let cc = node.child("cache_control")?;
     let ttl = cc
         .child("ttl")
         .and_then(|t| t.as_str().map(|s| s.into_owned()));
@@ -95,104 +102,72 @@ fn marker_at(node: &mut Node<'_>, section: Section, block: Vec<String>) -> Optio
     };
     Some(Marker {
         section,
-        block,
+        block: block(),
         ttl,
         ineligible,
     })
 }
 
-/// Every marker, in processing order; top-level automatic caching last.
-pub(crate) fn markers(root: &mut Node<'_>) -> Vec<Marker> {
+/// Every marker, in processing order; top-level automatic caching last. Reads
+/// through the body's index: nothing is opened or decoded but the markers.
+pub(crate) fn markers(root: &Node<'_>) -> Vec<Marker> {
+    let root = root.peek();
     let mut out = Vec::new();
-    if let Some(tools) = root
-        .child("tools")
-        .filter(|t| t.may_contain("cache_control"))
-    {
-        for i in 0..tools.len().unwrap_or(0) {
-            if let Some(tool) = tools.child(&i.to_string()) {
-                out.extend(marker_at(tool, Section::Tools, ptr!["tools", i].to_vec()));
-            }
+    if let Some(tools) = root.child("tools") {
+        for (i, tool) in tools.items().enumerate() {
+            out.extend(marker_at(tool, Section::Tools, || {
+                ptr!["tools", i].to_vec()
+            }));
         }
     }
-    if let Some(system) = root
-        .child("system")
-        .filter(|s| s.may_contain("cache_control"))
-    {
-        for i in 0..system.len().unwrap_or(0) {
-            if let Some(block) = system.child(&i.to_string()) {
-                out.extend(marker_at(
-                    block,
-                    Section::System,
-                    ptr!["system", i].to_vec(),
-                ));
-            }
+    if let Some(system) = root.child("system") {
+        for (i, block) in system.items().enumerate() {
+            out.extend(marker_at(block, Section::System, || {
+                ptr!["system", i].to_vec()
+            }));
         }
     }
-    if let Some(messages) = root
-        .child("messages")
-        .filter(|m| m.may_contain("cache_control"))
-    {
-        for i in 0..messages.len().unwrap_or(0) {
-            let Some(content) = messages
-                .child(&i.to_string())
-                .filter(|m| m.may_contain("cache_control"))
-                .and_then(|m| m.child("content"))
-            else {
+    if let Some(messages) = root.child("messages") {
+        for (i, message) in messages.items().enumerate() {
+            let Some(content) = message.child("content") else {
                 continue;
             };
-            for j in 0..content.len().unwrap_or(0) {
-                if let Some(block) = content.child(&j.to_string()) {
-                    out.extend(marker_at(
-                        block,
-                        Section::Messages,
-                        ptr!["messages", i, "content", j].to_vec(),
-                    ));
-                }
+            for (j, block) in content.items().enumerate() {
+                out.extend(marker_at(block, Section::Messages, || {
+                    ptr!["messages", i, "content", j].to_vec()
+                }));
             }
         }
     }
-    if root.child("cache_control").is_some() {
-        out.extend(marker_at(root, Section::Top, Vec::new()));
-    }
+    out.extend(marker_at(root, Section::Top, Vec::new));
     out
 }
 
 /// The block top-level automatic caching lands on: the last one that can carry a
 /// marker, walking back through messages, then system, then tools.
-fn last_cacheable(root: &mut Node<'_>) -> Option<Vec<String>> {
+fn last_cacheable(root: &Node<'_>) -> Option<Vec<String>> {
+    let root = root.peek();
     if let Some(messages) = root.child("messages") {
-        for i in (0..messages.len().unwrap_or(0)).rev() {
-            let Some(content) = messages
-                .child(&i.to_string())
-                .and_then(|m| m.child("content"))
-            else {
+        let messages: Vec<Peek<'_, '_>> = messages.items().collect();
+        for (i, message) in messages.into_iter().enumerate().rev() {
+            let Some(content) = message.child("content") else {
                 continue;
             };
-            if content.is_string() {
-                // A string content has no block to carry a marker of its own.
-                continue;
-            }
-            for j in (0..content.len().unwrap_or(0)).rev() {
-                if content
-                    .child(&j.to_string())
-                    .is_some_and(|b| ineligible(b).is_none())
-                {
-                    return Some(ptr!["messages", i, "content", j].to_vec());
-                }
+            // A string content has no block to carry a marker of its own.
+            let blocks: Vec<Peek<'_, '_>> = content.items().collect();
+            if let Some(j) = blocks.iter().rposition(|b| ineligible(*b).is_none()) {
+                return Some(ptr!["messages", i, "content", j].to_vec());
             }
         }
     }
     if let Some(system) = root.child("system")
-        && let Some(n) = system.len()
+        && let Some(j) = system
+            .items()
+            .collect::<Vec<_>>()
+            .iter()
+            .rposition(|b| ineligible(*b).is_none())
     {
-        for i in (0..n).rev() {
-            if system
-                .child(&i.to_string())
-                .is_some_and(|b| ineligible(b).is_none())
-            {
-                return Some(ptr!["system", i].to_vec());
-            }
-        }
+        return Some(ptr!["system", j].to_vec());
     }
     let n = root.child("tools")?.len()?;
     n.checked_sub(1).map(|i| ptr!["tools", i].to_vec())
@@ -307,4 +282,53 @@ pub(crate) fn enforce(root: &mut Node<'_>, max: usize) -> Vec<Fix> {
         count -= 1;
     }
     fixes
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::rules::body::{BodyStore, LazyBody};
+
+    /// The blocks `markers` finds in `body`, with their ttl and why they are ineligible.
+    fn found(body: &str) -> Vec<(Vec<String>, Option<String>, Option<&'static str>)> {
+        let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let store = BodyStore::default();
+        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
+        markers(lazy.root().expect("a JSON object"))
+            .into_iter()
+            .map(|m| (m.block, m.ttl, m.ineligible))
+            .collect()
+    }
+
+    #[test]
+    fn markers_are_the_same_through_the_index_and_by_splitting() {
+        let body = r#"{"tools":[{"name":"a"},{"name":"b","cache_control":{"type":"ephemeral"}}],
+            "system":[{"type":"text","text":"s","cache\u005fcontrol":{"type":"ephemeral"}},
+                      {"type":"text","text":"says cache_control","cache\u005fcontrol":{"type":"ephemeral","ttl":"1h"}}],
+            "messages":[{"role":"user","content":"plain"},
+                        {"role":"assistant","content":[{"type":"thinking","thinking":"t","cache_control":{"type":"ephemeral"}},
+                                                       {"type":"text","text":"","cache_control":{"type":"ephemeral","ttl":"5m"}}]}],
+            "cache_control":{"type":"ephemeral"}"#;
+        let want = vec![
+            (ptr!["tools", 1].to_vec(), None, None),
+            // An escaped key counts only where the block's text also holds the name.
+            (ptr!["system", 1].to_vec(), Some("1h".into()), None),
+            (
+                ptr!["messages", 1, "content", 0].to_vec(),
+                None,
+                Some("a thinking block"),
+            ),
+            (
+                ptr!["messages", 1, "content", 1].to_vec(),
+                Some("5m".into()),
+                Some("an empty text block"),
+            ),
+            (Vec::new(), None, None),
+        ];
+        assert_eq!(found(&format!("{body}}}")), want);
+        // `[1}` is split (level by level) but not indexed: the fallback finds the same.
+        assert_eq!(found(&format!(r#"{body},"x":[1}}}}"#)), want);
+    }
 }

@@ -352,7 +352,7 @@ impl Matcher {
             Matcher::Body(pointer, test) => match st.root() {
                 Err(why) => Tri::Unknown(why),
                 Ok(root) => {
-                    let node = root.at(&pointer.0);
+                    let node = root.peek().at(&pointer.0);
                     Tri::of(match (test, node) {
                         (ValueTest::Exists(e), n) => n.is_some() == *e,
                         (_, None) => false,
@@ -370,6 +370,7 @@ impl Matcher {
                 Err(why) => Tri::Unknown(why),
                 Ok(root) => {
                     let locations = shape::text_locations(root, *scope);
+                    let root = root.peek();
                     let found = locations.iter().any(|loc| {
                         root.at(loc)
                             .and_then(|n| n.as_str().map(|t| test.test(&t)))
@@ -380,12 +381,16 @@ impl Matcher {
             },
             Matcher::Tool(g) => match st.root() {
                 Err(why) => Tri::Unknown(why),
-                Ok(root) => Tri::of(shape::tool_names(root).iter().any(|n| g.is_match(n))),
+                Ok(root) => Tri::of(
+                    shape::tools(root)
+                        .any(|t| shape::tool_name(t).is_some_and(|n| g.is_match(n.as_ref()))),
+                ),
             },
             Matcher::Stream(want) => match st.root() {
                 Err(why) => Tri::Unknown(why),
                 Ok(root) => {
                     let stream = root
+                        .peek()
                         .child("stream")
                         .and_then(|n| n.as_bool())
                         .unwrap_or(false);

@@ -13,7 +13,6 @@ mod matcher;
 pub mod reload;
 mod shape;
 
-use std::cell::OnceCell;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
@@ -25,7 +24,7 @@ pub use load::LoadError;
 pub use matcher::{MATCHERS, MatcherSpec};
 
 use action::CompiledAction;
-use body::{LazyBody, Node};
+use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
 use crate::provider::{Api, Provider};
@@ -317,8 +316,8 @@ impl RuleSet {
             .get(header::CONTENT_ENCODING)
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
-        let decoded = OnceCell::new();
-        let mut body = LazyBody::new(req.body, encoding.as_deref(), &decoded, req.max_body);
+        let store = BodyStore::default();
+        let mut body = LazyBody::new(req.body, encoding.as_deref(), &store, req.max_body);
         let info = Info {
             provider: req.provider,
             api: req.api,

@@ -5,7 +5,9 @@
 //! system text (Claude Code puts its environment there, CLIENTS.md §4). OpenAI chat:
 //! the system prompt is a `role:"system"` (or `"developer"`) message.
 
-use super::body::{Node, ptr};
+use std::borrow::Cow;
+
+use super::body::{Items, Node, Peek, ptr};
 use super::load::{Cx, Val};
 
 /// Which system text a system matcher or action works on.
@@ -41,27 +43,27 @@ pub(crate) fn is_system_role(role: &str) -> bool {
 /// The pointer tokens of every system text string in `scope`, in document order:
 /// `system` itself when it is a string, each text block's `text`, each system
 /// message's string `content` or text blocks.
-pub(crate) fn text_locations(root: &mut Node<'_>, scope: Scope) -> Vec<Vec<String>> {
+pub(crate) fn text_locations(root: &Node<'_>, scope: Scope) -> Vec<Vec<String>> {
+    let root = root.peek();
     let mut out = Vec::new();
     if scope != Scope::Messages
         && let Some(system) = root.child("system")
     {
-        collect_texts(system, ptr!["system"].to_vec(), &mut out);
+        collect_texts(system, || ptr!["system"].to_vec(), &mut out);
     }
     if scope != Scope::System
         && let Some(messages) = root.child("messages")
     {
-        let n = messages.len().unwrap_or(0);
-        for i in 0..n {
-            let Some(m) = messages.child(&i.to_string()) else {
-                continue;
-            };
-            let role = m.str_field("role").unwrap_or_default();
-            if !is_system_role(&role) {
+        for (i, m) in messages.items().enumerate() {
+            if !role_is(m, is_system_role) {
                 continue;
             }
             if let Some(content) = m.child("content") {
-                collect_texts(content, ptr!["messages", i, "content"].to_vec(), &mut out);
+                collect_texts(
+                    content,
+                    || ptr!["messages", i, "content"].to_vec(),
+                    &mut out,
+                );
             }
         }
     }
@@ -69,18 +71,14 @@ pub(crate) fn text_locations(root: &mut Node<'_>, scope: Scope) -> Vec<Vec<Strin
 }
 
 /// A string, or the `text` of each text block of an array.
-fn collect_texts(node: &mut Node<'_>, at: Vec<String>, out: &mut Vec<Vec<String>>) {
+fn collect_texts(node: Peek<'_, '_>, at: impl Fn() -> Vec<String>, out: &mut Vec<Vec<String>>) {
     if node.is_string() {
-        out.push(at);
+        out.push(at());
         return;
     }
-    let n = node.len().unwrap_or(0);
-    for j in 0..n {
-        let Some(block) = node.child(&j.to_string()) else {
-            continue;
-        };
+    for (j, block) in node.items().enumerate() {
         if is_text_block(block) {
-            let mut loc = at.clone();
+            let mut loc = at();
             loc.push(j.to_string());
             loc.push("text".into());
             out.push(loc);
@@ -89,56 +87,49 @@ fn collect_texts(node: &mut Node<'_>, at: Vec<String>, out: &mut Vec<Vec<String>
 }
 
 /// A `{"type":"text","text":"…"}` block.
-pub(crate) fn is_text_block(block: &mut Node<'_>) -> bool {
+pub(crate) fn is_text_block(block: Peek<'_, '_>) -> bool {
     block.is_object()
-        && block.str_field("type").as_deref() == Some("text")
+        && block.child("type").and_then(|t| t.as_str()).as_deref() == Some("text")
         && block.child("text").is_some_and(|t| t.is_string())
 }
 
-/// The names of the tools (`name`, or OpenAI's `function.name`).
-pub(crate) fn tool_names(root: &mut Node<'_>) -> Vec<String> {
-    let Some(tools) = root.child("tools") else {
-        return Vec::new();
-    };
-    let n = tools.len().unwrap_or(0);
-    (0..n)
-        .filter_map(|i| tool_name(tools.child(&i.to_string())?))
-        .collect()
+/// The tools of the body, in order.
+pub(crate) fn tools<'n, 'a>(root: &'n Node<'a>) -> Items<'n, 'a> {
+    match root.peek().child("tools") {
+        Some(tools) => tools.items(),
+        None => Items::None,
+    }
 }
 
-pub(crate) fn tool_name(tool: &mut Node<'_>) -> Option<String> {
-    tool.str_field("name")
-        .or_else(|| tool.child("function")?.str_field("name"))
+/// A tool's name (`name`, or OpenAI's `function.name`).
+pub(crate) fn tool_name<'n>(tool: Peek<'n, '_>) -> Option<Cow<'n, str>> {
+    tool.child("name")
+        .and_then(|n| n.as_str())
+        .or_else(|| tool.child("function")?.child("name")?.as_str())
+}
+
+/// Whether a message's `role` (missing: "") passes `test`.
+fn role_is(message: Peek<'_, '_>, test: impl Fn(&str) -> bool) -> bool {
+    test(
+        message
+            .child("role")
+            .and_then(|r| r.as_str())
+            .as_deref()
+            .unwrap_or_default(),
+    )
 }
 
 /// The index of the first `role:"user"` message.
-pub(crate) fn first_user_message(root: &mut Node<'_>) -> Option<usize> {
-    let messages = root.child("messages")?;
-    let n = messages.len()?;
-    (0..n).find(|i| {
-        messages
-            .child(&i.to_string())
-            .and_then(|m| m.str_field("role"))
-            .as_deref()
-            == Some("user")
-    })
+pub(crate) fn first_user_message(root: &Node<'_>) -> Option<usize> {
+    root.peek()
+        .child("messages")?
+        .items()
+        .position(is_user_message)
 }
 
-/// The indices of the `role:"user"` messages.
-pub(crate) fn user_messages(root: &mut Node<'_>) -> Vec<usize> {
-    let Some(messages) = root.child("messages") else {
-        return Vec::new();
-    };
-    let n = messages.len().unwrap_or(0);
-    (0..n)
-        .filter(|i| {
-            messages
-                .child(&i.to_string())
-                .and_then(|m| m.str_field("role"))
-                .as_deref()
-                == Some("user")
-        })
-        .collect()
+/// Whether a message is a `role:"user"` one.
+pub(crate) fn is_user_message(message: Peek<'_, '_>) -> bool {
+    role_is(message, |r| r == "user")
 }
 
 /// Whether a text is a `<system-reminder>` block (Claude Code's wrapper).

@@ -1,13 +1,11 @@
 //! Transcript tests: rules run on an in-memory request, no sockets. Each asserts the
 //! fired rules, the verdict, the body diff and the exact bytes that would be sent.
 
-use std::cell::OnceCell;
-
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{Value, json};
 
-use super::body::{LazyBody, Node};
+use super::body::{BodyStore, LazyBody, Node};
 use super::*;
 
 #[path = "../../tests/support/shapes.rs"]
@@ -166,8 +164,8 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
         shapes::to_bytes(&shapes::openai_chat_body(true)),
     ] {
         let bytes = Bytes::from(body);
-        let cell = OnceCell::new();
-        let mut lazy = LazyBody::new(&bytes, None, &cell, 1 << 30);
+        let store = BodyStore::default();
+        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 30);
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
         assert_eq!(out.len(), bytes.len());

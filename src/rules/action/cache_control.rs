@@ -210,7 +210,7 @@ impl Set {
                     .find(|j| {
                         blocks
                             .child(&j.to_string())
-                            .is_some_and(|b| limits::ineligible(b).is_none())
+                            .is_some_and(|b| limits::ineligible(b.peek()).is_none())
                     })
                     .ok_or_else(|| {
                         format!("message {i} has no block that can carry cache_control")
@@ -230,7 +230,7 @@ impl Action for Set {
         let root = st.root()?;
         let block = self.block(root)?;
         let target = root.at(&block).expect("found by block()");
-        if let Some(why) = limits::ineligible(target) {
+        if let Some(why) = limits::ineligible(target.peek()) {
             return Err(format!(
                 "{} is {why}, which cannot carry cache_control",
                 Pointer::text(&block)

@@ -1,6 +1,9 @@
 //! `reminder.*`: remove or rewrite `<system-reminder>` text blocks in user messages
 //! (where Claude Code puts CLAUDE.md, git status and the date, PROTOCOL.md §E.3).
 
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 use regex::Regex;
 
 use super::Action;
@@ -9,6 +12,9 @@ use crate::rules::body::ptr;
 use crate::rules::load::{Cx, Val};
 use crate::rules::shape;
 use crate::rules::{Block, State};
+
+/// Finds the wrapper's text in a raw value (built once).
+static REMINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new("<system-reminder>"));
 
 #[derive(Debug)]
 struct Reminders {
@@ -26,22 +32,26 @@ impl Action for Reminders {
         let root = st.root()?;
         // Find first (document order), change after (last first, so indices hold).
         let mut hits = Vec::new();
-        for i in shape::user_messages(root) {
-            let content = ptr!["messages", i, "content"];
-            let Some(blocks) = root
-                .at(&content)
-                .filter(|c| c.may_contain("<system-reminder>"))
+        let messages = root.peek().child("messages").map(|m| m.items());
+        for (i, message) in messages.into_iter().flatten().enumerate() {
+            if !shape::is_user_message(message) {
+                continue;
+            }
+            let Some(blocks) = message
+                .child("content")
+                .filter(|c| c.may_contain(&REMINDER))
             else {
                 continue;
             };
-            for j in 0..blocks.len().unwrap_or(0) {
-                let Some(b) = blocks.child(&j.to_string()) else {
-                    continue;
-                };
+            for (j, b) in blocks.items().enumerate() {
                 if !shape::is_text_block(b) {
                     continue;
                 }
-                let text = b.str_field("text").unwrap_or_default();
+                let text = b
+                    .child("text")
+                    .and_then(|t| t.as_str())
+                    .unwrap_or_default()
+                    .into_owned();
                 if shape::is_reminder(&text) && self.regex.is_match(&text) {
                     hits.push((i, j, text));
                 }

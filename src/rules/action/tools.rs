@@ -4,6 +4,7 @@ use globset::GlobSet;
 
 use super::Action;
 use crate::rules::body::{Node, ptr};
+use crate::rules::limits::CACHE_CONTROL;
 use crate::rules::load::{Cx, Val};
 use crate::rules::shape;
 use crate::rules::{Block, State};
@@ -22,19 +23,14 @@ impl Action for Tools {
 
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
         let root = st.root()?;
-        let Some(tools) = root.child("tools") else {
-            return Ok(None);
-        };
-        let n = tools.len().unwrap_or(0);
+        let mut n = 0;
         let mut drop = Vec::new();
         let mut last_marker = None;
-        for i in 0..n {
-            let Some(tool) = tools.child(&i.to_string()) else {
-                continue;
-            };
+        for (i, tool) in shape::tools(root).enumerate() {
+            n = i + 1;
             let name = shape::tool_name(tool).unwrap_or_default();
-            if self.globs.is_match(&name) != self.keep_matches {
-                if tool.may_contain("cache_control") {
+            if self.globs.is_match(name.as_ref()) != self.keep_matches {
+                if tool.may_contain(&CACHE_CONTROL) {
                     last_marker = tool.child("cache_control").map(|c| c.to_value());
                 }
                 drop.push(i);
