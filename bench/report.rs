@@ -1,7 +1,7 @@
 //! Turns the cells one `bench/run` measured into `bench/RESULTS.md`: a table per
 //! mode (non-streaming, streaming), the figures relative to the direct floor of the
 //! same cell measured by the same tool, the ratios pair by pair (promptgate/nginx,
-//! promptgate-full/promptgate, promptgate/mitmproxy, and forward/reverse mode, both
+//! the variants against pass-through, promptgate/mitmproxy, and forward/reverse mode, both
 //! measured with bench-probe), time to first byte on fresh connections (forward mode:
 //! certificate cached vs minted), and each of the issue's targets as met or missed.
 //! It measures nothing itself. Exits 1 if a body arrived altered or a cell failed.
@@ -496,8 +496,8 @@ impl<'a> Report<'a> {
         let _ = writeln!(
             out,
             "\n## Ratios (pair by pair, same run, same cell)\n\n\
-             | mode | payload | c | promptgate/nginx req/s | added p99: promptgate vs nginx | promptgate-full/promptgate req/s | promptgate/mitmproxy req/s |\n\
-             |---|---|--:|--:|--:|--:|--:|"
+             | mode | payload | c | promptgate/nginx req/s | added p99: promptgate vs nginx | promptgate/mitmproxy req/s |\n\
+             |---|---|--:|--:|--:|--:|"
         );
         let ratio = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
         let mut ratios = Vec::new();
@@ -507,12 +507,11 @@ impl<'a> Report<'a> {
             let p99 = added_comparison(self.added_p99(key, PG), self.added_p99(key, "nginx"));
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {p99} | {} | {} |",
+                "| {} | {} | {} | {} | {p99} | {} |",
                 mode(key.0),
                 size_name(key.1),
                 key.2,
                 ratio(pg_nginx),
-                ratio(self.rps_ratio(key, "promptgate-full", PG)),
                 ratio(self.rps_ratio(key, PG, "mitmproxy")),
             );
         }
