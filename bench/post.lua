@@ -11,6 +11,9 @@ function init(args)
   wrk.headers["Content-Type"] = "application/json"
   wrk.headers["anthropic-version"] = "2023-06-01"
   wrk.headers["x-api-key"] = "sk-ant-bench-not-a-real-key"
+  -- Claude Code names its conversation in this header; the payloads carry the same id
+  -- (CC_SESSION in tests/support/shapes.rs).
+  wrk.headers["X-Claude-Code-Session-Id"] = "54c1eb09-7a1e-4c55-9d2f-0f3b5e8a9c41"
   wrk.headers["User-Agent"] = "wrk (bench/run)"
 end
 

@@ -34,6 +34,9 @@ use bytes::Bytes;
 use clap::Parser;
 use http::{Method, Request, Uri, header};
 use http_body_util::{BodyExt, Full};
+
+/// The session id of the bench payloads (`CC_SESSION` in tests/support/shapes.rs).
+const CC_SESSION: &str = "54c1eb09-7a1e-4c55-9d2f-0f3b5e8a9c41";
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use rustls_pki_types::pem::PemObject;
@@ -291,6 +294,8 @@ impl Target {
             .header(header::CONTENT_TYPE, "application/json")
             .header("anthropic-version", "2023-06-01")
             .header("x-api-key", "sk-ant-bench-not-a-real-key")
+            // Claude Code names its conversation in a header; the payloads carry the same id.
+            .header("x-claude-code-session-id", CC_SESSION)
             .header(header::USER_AGENT, "bench-probe")
             .body(Full::new(self.body.clone()))?;
         let response = sender.send_request(request).await.context("sending")?;

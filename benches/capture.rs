@@ -1,6 +1,7 @@
 //! Capture throughput on Claude-Code-shaped bodies, one core:
-//! `cargo bench --bench capture` (release). Prints MB/s for redaction alone, for
-//! turning an exchange into a stored record (redaction, hashes, conversation key),
+//! `cargo bench --bench capture` (release). Prints MB/s for redaction alone, for the
+//! SHA-256 every record needs, for turning an exchange into a stored record
+//! (redaction, hashes, conversation key),
 //! and records/s for the store (splitting, dedup, compression, SQLite).
 
 #[path = "../tests/support/shapes.rs"]
@@ -50,6 +51,16 @@ fn main() {
                 body.len() as f64 / t / 1e6
             );
         }
+        // The floor of a record: the SHA-256 of the bytes received, which issue 5 asks for.
+        let t = time(budget, || {
+            std::hint::black_box(promptgate::capture::record::sha256(&plain));
+        });
+        println!(
+            "sha256   {:>8} bytes            : {:>8.1} MB/s  ({:.0} µs a body)",
+            plain.len(),
+            plain.len() as f64 / t / 1e6,
+            t * 1e6
+        );
         let mut record = ExchangeRecord::begin(
             ExchangeId::new(),
             None,

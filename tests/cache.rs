@@ -795,3 +795,19 @@ fn kilo(n: u64) -> String {
         format!("{:.1}k", n as f64 / 1000.0)
     }
 }
+
+/// The bench prices cache analysis as Claude Code drives it: with the session header
+/// naming the conversation its payloads carry (bench/stages, bench/run).
+#[test]
+fn the_bench_sends_the_session_id_of_its_payloads() {
+    for (file, text) in [
+        ("bench/post.lua", include_str!("../bench/post.lua")),
+        ("bench/probe.rs", include_str!("../bench/probe.rs")),
+    ] {
+        assert!(
+            text.contains(shapes::CC_SESSION),
+            "{file} does not send X-Claude-Code-Session-Id: {}",
+            shapes::CC_SESSION
+        );
+    }
+}

@@ -33,6 +33,8 @@ pub use store::{Store, StoreError};
 const BATCH: usize = 64;
 /// How often the writer applies the retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// How long the writer, woken from an empty queue, waits for more records.
+const LINGER: Duration = Duration::from_millis(2);
 /// How long a shutdown waits for the queue to be written.
 const FLUSH_LIMIT: Duration = Duration::from_secs(120);
 
@@ -55,6 +57,9 @@ struct QueueState {
     reserved: HashSet<ExchangeId>,
     /// The writer holds records taken from the queue and not yet committed.
     busy: bool,
+    /// The writer sleeps on `not_empty`: only then is a new record worth a wake-up
+    /// (a futex call per record otherwise, on the thread that hands records over).
+    writer_waiting: bool,
     closed: bool,
 }
 
@@ -147,6 +152,7 @@ impl Capture {
                 bytes: 0,
                 reserved: HashSet::new(),
                 busy: false,
+                writer_waiting: false,
                 closed: false,
             }),
             not_empty: Condvar::new(),
@@ -239,8 +245,11 @@ impl RecordSink for Capture {
         }
         state.bytes += size;
         state.items.push_back(record.clone());
+        let wake = state.writer_waiting;
         drop(state);
-        self.shared.not_empty.notify_one();
+        if wake {
+            self.shared.not_empty.notify_one();
+        }
     }
 
     fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
@@ -310,16 +319,27 @@ impl Writer {
         loop {
             let batch: Vec<ExchangeRecord> = {
                 let mut state = self.shared.lock();
+                let mut waited = false;
                 while state.items.is_empty() && !state.closed {
+                    state.writer_waiting = true;
                     state = self
                         .shared
                         .not_empty
                         .wait_timeout(state, PRUNE_EVERY)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
+                    state.writer_waiting = false;
+                    waited = true;
                     if state.items.is_empty() && last_prune.elapsed() >= PRUNE_EVERY {
                         break;
                     }
+                }
+                if waited && state.items.len() < BATCH && !state.closed {
+                    // Woken by one record: let a few more arrive, so that a steady
+                    // stream costs a wake-up per batch rather than per record.
+                    drop(state);
+                    std::thread::sleep(LINGER);
+                    state = self.shared.lock();
                 }
                 if state.items.is_empty() && state.closed {
                     break;

@@ -131,6 +131,7 @@ impl<'a> Index<'a> {
             let tok = index.toks[t];
             if body[tok.start as usize] == b'"'
                 && body.get(skip_ws(body, tok.end as usize)) == Some(&b':')
+                && !plain_ascii(tok.of(body))
             {
                 key_text(tok.of(body))?;
             }
@@ -222,6 +223,14 @@ fn key_is(key: &[u8], want: &str) -> Option<bool> {
         return Some(inner == want.as_bytes());
     }
     Some(key_text(key)? == want)
+}
+
+/// Whether a string (with its quotes) is ASCII without escapes: its bytes are its
+/// text. Most keys are; checking that is far cheaper than decoding them.
+fn plain_ascii(string: &[u8]) -> bool {
+    string[1..string.len() - 1]
+        .iter()
+        .all(|&b| b.is_ascii() && b != b'\\')
 }
 
 /// A key (with its quotes) as text; `None` when it does not decode.
