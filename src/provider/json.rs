@@ -396,6 +396,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn strings_end_at_their_first_unescaped_quote_short_or_long() {
+        let long = "x".repeat(40);
+        let cases: Vec<(String, Option<usize>)> = vec![
+            (r#""""#.into(), Some(2)),
+            (r#""type":1"#.into(), Some(6)),
+            (r#""a\\"b""#.into(), Some(5)),
+            (r#""a\"b","#.into(), Some(6)),
+            (r#""\\\\\"""#.into(), Some(8)),
+            (format!(r#""{long}","#), Some(42)),
+            (format!(r#""{long}\"{long}""#), Some(84)),
+            (format!(r#""{long}\\","#), Some(44)),
+            (r#""cut short"#.into(), None),
+            (r#""ends in an escape\""#.into(), None),
+            ("\"".into(), None),
+        ];
+        for (text, want) in cases {
+            assert_eq!(skip_string(text.as_bytes(), 0), want, "{text}");
+        }
+    }
+
+    #[test]
     fn spans_of_nested_values() {
         let body = br#" {"a" : [1, {"b":"x\"y}"}, true], "c":{"d":{"e":[]}}, "n":-1.5e3 } "#;
         let top = scan(body, 3).unwrap();
