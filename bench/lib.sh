@@ -1,0 +1,46 @@
+# Shared by bench/run, bench/profile and bench/stages (sourced, not run): how a
+# promptgate variant is configured, and waiting for a process to say where it listens.
+
+# promptgate with no rules, no capture and no cache analysis (all on by default).
+pass_through_flags=(--no-capture --no-cache-analysis --admin off)
+
+# read_variant NAME RUN_DIR: reads bench/variants/NAME.flags (`{run}` becomes
+# RUN_DIR) into variant_flags (the serve flags) and variant_requires ("path P" or
+# "verb V" for each `@requires-path P` / `@requires-verb V` line). "pass-through"
+# is built in. Returns 1 when the file does not exist.
+read_variant() {
+  local name=$1 run=$2 file=bench/variants/$1.flags line words
+  variant_flags=()
+  variant_requires=()
+  if [ "$name" = pass-through ]; then
+    variant_flags=("${pass_through_flags[@]}")
+    return 0
+  fi
+  [ -f "$file" ] || return 1
+  while IFS= read -r line || [ -n "$line" ]; do
+    line=${line%%#*}
+    read -ra words <<<"${line//\{run\}/$run}"
+    [ ${#words[@]} = 0 ] && continue
+    case ${words[0]} in
+      @requires-path) variant_requires+=("path ${words[1]}") ;;
+      @requires-verb) variant_requires+=("verb ${words[1]}") ;;
+      *) variant_flags+=("${words[@]}") ;;
+    esac
+  done <"$file"
+}
+
+# wait_for_line FILE REGEX PID [TRIES]: prints the first match of REGEX in FILE,
+# polling every 50 ms while PID lives; returns 1 if PID dies or TRIES run out.
+wait_for_line() {
+  local file=$1 regex=$2 pid=$3 tries=${4:-100} line
+  for _ in $(seq 1 "$tries"); do
+    line=$(grep -oE "$regex" "$file" 2>/dev/null | head -1 || true)
+    [ -n "$line" ] && { echo "$line"; return 0; }
+    kill -0 "$pid" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+
+# wait_for_addr FILE PID: the first 127.0.0.1:PORT the process writes (up to 30 s).
+wait_for_addr() { wait_for_line "$1" '127\.0\.0\.1:[0-9]+' "$2" 600; }
