@@ -68,7 +68,7 @@ fn main() {
             "/v1/messages?beta=true".into(),
         );
         record.request_body = Bytes::from(plain.clone());
-        record.sent_body = record.request_body.clone();
+        record.sent_body = record.request_body.clone().into();
         let keys = KeySource::default();
         let t = time(budget, || {
             std::hint::black_box(CaptureRecord::redacted(&record, &redactor, &keys));
@@ -96,7 +96,7 @@ fn main() {
                 round,
                 shapes::CC_SESSION,
             )));
-            r.sent_body = r.request_body.clone();
+            r.sent_body = r.request_body.clone().into();
             // Claude Code names the conversation in a header.
             r.request_headers.insert(
                 "x-claude-code-session-id",

@@ -86,13 +86,14 @@ fn main() {
         std::hint::black_box(promptgate::provider::json::tape(&body).ok());
     });
     println!(
-        "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers)",
+        "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers, sent as {} pieces)",
         body.len(),
         rules.rules().len(),
         dir.display(),
         result.effects.fired.len(),
         result.body.is_some(),
-        result.effects.body_diff.len()
+        result.effects.body_diff.len(),
+        result.body.as_ref().map_or(1, |b| b.pieces().len())
     );
     println!(
         "serde_json::Value parse: {:>8.1} µs",

@@ -26,10 +26,10 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
 use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
 use crate::provider::{self, Provider};
-use crate::record::{ExchangeRecord, Mode, Outcome, Recorder};
+use crate::record::{ExchangeRecord, Mode, Outcome, Recorder, SentBody};
 use crate::rules::reload::LiveRules;
 use crate::rules::{RequestCtx, Verdict};
-use crate::upstream::Upstream;
+use crate::upstream::{Upstream, UpstreamBody};
 
 /// The most response bytes the observer keeps a copy of, per exchange.
 const RETAIN_LIMIT: usize = 64 << 20;
@@ -247,7 +247,7 @@ impl Proxy {
             max_body: self.config.max_body,
         });
         parts.headers = applied.headers;
-        let body = applied.body.unwrap_or(body);
+        let body = applied.body.unwrap_or_else(|| SentBody::whole(body));
         {
             let r = pending.get();
             r.request_headers = received;
@@ -269,7 +269,7 @@ impl Proxy {
         parts.uri = uri;
         // ALPN decides the upstream protocol; the client's own version does not matter.
         parts.version = Version::HTTP_11;
-        let upstream_request = Request::from_parts(parts, Full::new(body));
+        let upstream_request = Request::from_parts(parts, UpstreamBody::from(body));
 
         // A sink that must not miss a record (capture.required) may refuse here.
         if let Err(why) = self.recorder.admit(pending.get()).await {

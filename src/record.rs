@@ -93,6 +93,91 @@ pub struct Timing {
     pub total: Duration,
 }
 
+/// A request body as sent upstream, as the pieces it went out in. Rules splice a
+/// changed body from slices of the received one (only what they changed is new
+/// memory), so the request path never copies a body whole; a reader that needs one
+/// buffer calls [`SentBody::bytes`], which joins the pieces once, on its own thread.
+#[derive(Clone, Default)]
+pub struct SentBody(Arc<SentPieces>);
+
+#[derive(Default)]
+struct SentPieces {
+    pieces: Vec<Bytes>,
+    len: usize,
+    joined: std::sync::OnceLock<Bytes>,
+}
+
+impl SentBody {
+    /// A body sent as it is (one piece; `bytes` costs nothing).
+    pub fn whole(bytes: Bytes) -> SentBody {
+        let joined = std::sync::OnceLock::from(bytes.clone());
+        SentBody(Arc::new(SentPieces {
+            len: bytes.len(),
+            pieces: vec![bytes],
+            joined,
+        }))
+    }
+
+    /// A body made of `pieces`, in order.
+    pub fn from_pieces(pieces: Vec<Bytes>) -> SentBody {
+        if let [one] = pieces.as_slice() {
+            return SentBody::whole(one.clone());
+        }
+        let len = pieces.iter().map(Bytes::len).sum();
+        SentBody(Arc::new(SentPieces {
+            pieces,
+            len,
+            joined: std::sync::OnceLock::new(),
+        }))
+    }
+
+    /// The pieces in order; empty pieces may occur.
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.0.pieces
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The first byte, read without joining.
+    pub fn first(&self) -> Option<u8> {
+        self.0.pieces.iter().find_map(|p| p.first().copied())
+    }
+
+    /// The whole body in one buffer: joined on the first call (a copy), shared after.
+    pub fn bytes(&self) -> &Bytes {
+        self.0.joined.get_or_init(|| {
+            let mut out = Vec::with_capacity(self.0.len);
+            for p in &self.0.pieces {
+                out.extend_from_slice(p);
+            }
+            Bytes::from(out)
+        })
+    }
+}
+
+impl From<Bytes> for SentBody {
+    fn from(bytes: Bytes) -> SentBody {
+        SentBody::whole(bytes)
+    }
+}
+
+impl std::fmt::Debug for SentBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "SentBody({} bytes in {} pieces)",
+            self.len(),
+            self.pieces().len()
+        )
+    }
+}
+
 /// Everything known about one exchange when it ended.
 #[derive(Debug, Clone)]
 pub struct ExchangeRecord {
@@ -118,7 +203,7 @@ pub struct ExchangeRecord {
     /// Request headers as sent upstream (hop-by-hop removed, rules applied).
     pub sent_headers: HeaderMap,
     /// The request body exactly as sent upstream (shares the received bytes when unchanged).
-    pub sent_body: Bytes,
+    pub sent_body: SentBody,
     /// Names of the rules that fired, in order.
     pub rules_fired: Vec<String>,
     /// Labels that rules put on the exchange.
@@ -171,7 +256,7 @@ impl ExchangeRecord {
             request_headers: HeaderMap::new(),
             request_body: Bytes::new(),
             sent_headers: HeaderMap::new(),
-            sent_body: Bytes::new(),
+            sent_body: SentBody::default(),
             rules_fired: Vec::new(),
             tags: Vec::new(),
             body_diff: Vec::new(),

@@ -4,13 +4,16 @@
 //! It only sends; routing, timeouts on the response and error shapes live in the
 //! exchange. Errors are classified here into [`ProxyError`]s.
 
+use std::convert::Infallible;
 use std::path::PathBuf;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Request, Response};
-use http_body_util::Full;
+use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
@@ -21,6 +24,7 @@ use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 
 use crate::error::{ErrorKind, ProxyError, error_chain};
+use crate::record::SentBody;
 
 /// Errors building the upstream client (read by people at startup).
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +38,56 @@ pub enum UpstreamSetupError {
 /// The pooled client to the providers.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+}
+
+/// A request body going upstream: the pieces of a [`SentBody`], a frame each (the
+/// connection writes them out together, without joining them first).
+pub struct UpstreamBody {
+    body: SentBody,
+    /// The next piece to send.
+    next: usize,
+    /// Bytes not yet sent.
+    left: usize,
+}
+
+impl From<SentBody> for UpstreamBody {
+    fn from(body: SentBody) -> UpstreamBody {
+        let left = body.len();
+        UpstreamBody {
+            body,
+            next: 0,
+            left,
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        while let Some(piece) = this.body.pieces().get(this.next) {
+            this.next += 1;
+            if !piece.is_empty() {
+                this.left -= piece.len();
+                return Poll::Ready(Some(Ok(Frame::data(piece.clone()))));
+            }
+        }
+        Poll::Ready(None)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.left == 0
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.left as u64)
+    }
 }
 
 impl Upstream {
@@ -92,7 +145,7 @@ impl Upstream {
     /// Sends a request; the response body streams as it arrives.
     pub async fn send(
         &self,
-        request: Request<Full<Bytes>>,
+        request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
         let target = format!(
             "{}://{}",

@@ -18,7 +18,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use bytes::Bytes;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
@@ -26,7 +25,7 @@ use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
 use crate::provider::Usage;
 use crate::provider::request::RequestView;
-use crate::record::{ExchangeRecord, RecordStage};
+use crate::record::{ExchangeRecord, RecordStage, SentBody};
 use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 use history::{Clock, History, Millis, Snapshot};
@@ -285,7 +284,8 @@ struct Began {
     format: Format,
     /// The conversation key when a header names it; else the headers, for later.
     key: Result<String, HeaderMap>,
-    body: Bytes,
+    /// As sent; joined here, off the request path, when rules spliced it.
+    body: SentBody,
 }
 
 /// A request cut and predicted, waiting for its record.
@@ -358,11 +358,12 @@ impl CacheStage {
 
     /// Cuts and predicts a queued request, and notes what it will cache.
     fn prepare(&self, state: &mut State, b: Began) {
+        let body = b.body.bytes();
         // The session header names most agent conversations without reading the
         // body; only the others (pi, SDK apps) need the request view.
         let key = match &b.key {
             Ok(key) => Some(key.clone()),
-            Err(headers) => RequestView::parse(&b.body)
+            Err(headers) => RequestView::parse(body)
                 .ok()
                 .and_then(|view| conversation_key(headers, Some(&view), &self.key_source)),
         }
@@ -373,10 +374,10 @@ impl CacheStage {
             .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
         let segments = match previous {
             // A byte-identical resend (a retry, a replay) is the same units.
-            Some(p) if p.format == b.format && p.body == b.body => p,
+            Some(p) if p.format == b.format && p.body == *body => p,
             _ => {
                 let Ok(s) = segment::segment_after(
-                    &b.body,
+                    body,
                     b.format,
                     &self.settings.ignore,
                     previous.as_deref(),
@@ -586,7 +587,7 @@ impl RecordStage for CacheStage {
         let Some(format) = Format::of(provider, api) else {
             return;
         };
-        if record.sent_body.first() != Some(&b'{') {
+        if record.sent_body.first() != Some(b'{') {
             return;
         }
         let start = self.clock.at(record.started_at);

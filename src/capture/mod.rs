@@ -293,11 +293,9 @@ impl RecordSink for Capture {
 /// Body bytes a queued record holds on to (a sent body sharing the received one's
 /// memory counts once; comparing their bytes would read them all).
 fn record_bytes(r: &ExchangeRecord) -> u64 {
-    let shared = r.sent_body.as_ptr() == r.request_body.as_ptr();
-    let sent = if shared && r.sent_body.len() == r.request_body.len() {
-        0
-    } else {
-        r.sent_body.len()
+    let sent = match r.sent_body.pieces() {
+        [one] if one.as_ptr() == r.request_body.as_ptr() && one.len() == r.request_body.len() => 0,
+        _ => r.sent_body.len(),
     };
     let response = r.observation.as_ref().map_or(0, |o| o.body.len());
     (r.request_body.len() + sent + response) as u64

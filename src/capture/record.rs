@@ -248,11 +248,13 @@ impl CaptureRecord {
             .as_millis() as u64;
         let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
         let received_sha256 = sha256_hex(&r.request_body);
-        let same_body = same_bytes(&r.sent_body, &r.request_body);
+        // Joined here, on the writer's thread, when rules spliced it.
+        let sent_body = r.sent_body.bytes();
+        let same_body = same_bytes(sent_body, &r.request_body);
         let sent_sha256 = if same_body {
             received_sha256.clone()
         } else {
-            sha256_hex(&r.sent_body)
+            sha256_hex(sent_body)
         };
         let received_coding = content_coding(&r.request_headers);
         // The body is read once: the units and the conversation key both come from it.
@@ -352,7 +354,7 @@ impl CaptureRecord {
             );
             if !same_body {
                 record.request.sent_body = Some(request_body(
-                    &r.sent_body,
+                    sent_body,
                     &record.sent_sha256,
                     content_coding(&r.sent_headers).as_deref(),
                     None,
@@ -799,7 +801,7 @@ mod redacted_tests {
             "/v1/messages?key=abc123".into(),
         );
         r.request_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}]}"#);
-        r.sent_body = r.request_body.clone();
+        r.sent_body = r.request_body.clone().into();
         r.request_headers
             .insert("x-team-secret", "team-value".parse().unwrap());
         r.request_headers.insert(
@@ -816,7 +818,7 @@ mod redacted_tests {
         let keys = KeySource::default();
         let mut r = exchange();
         // What a rule sends: the received message, one top-level key added.
-        r.sent_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#);
+        r.sent_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#).into();
         let fresh = CaptureRecord::redacted(&r, &redactor, &keys);
         let sent = fresh.request.sent_body.as_ref().unwrap();
         let parts = sent.parts.as_ref().unwrap();
@@ -824,7 +826,7 @@ mod redacted_tests {
         for (_, unit, hash) in &parts.units {
             assert_eq!(*hash, sha256(unit));
         }
-        assert_eq!(fresh.sent_sha256, sha256_hex(&r.sent_body));
+        assert_eq!(fresh.sent_sha256, sha256_hex(r.sent_body.bytes()));
         assert_eq!(fresh.received_sha256, sha256_hex(&r.request_body));
         // A warm cache, and one too small to keep anything.
         for limit in [1 << 20, 64] {

@@ -345,7 +345,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         }
     }
     if let Some(out) = body_out {
-        let bytes = result.body.as_ref().unwrap_or(&body);
+        let bytes = result.body.as_ref().map_or(&body, |b| b.bytes());
         std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(ExitCode::SUCCESS)

@@ -18,6 +18,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::provider::json::{self, Tok, skip_string, skip_value, skip_ws};
+use crate::record::SentBody;
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
@@ -528,41 +529,41 @@ impl<'a> Node<'a> {
     }
 
     /// Writes the node: untouched parts as the exact bytes sent, changed ones compactly.
-    pub(crate) fn write(&self, out: &mut Vec<u8>) {
+    pub(crate) fn write(&self, out: &mut Splice<'_>) {
         match self {
-            Node::Raw(r) => out.extend_from_slice(r.text),
+            Node::Raw(r) => out.original(r.text),
             Node::Object {
                 orig: Some(text), ..
             }
             | Node::Array {
                 orig: Some(text), ..
-            } => out.extend_from_slice(text),
+            } => out.original(text),
             Node::Object {
                 orig: None,
                 entries,
             } => {
-                out.push(b'{');
+                out.literal(b"{");
                 for (i, (k, v)) in entries.iter().enumerate() {
                     if i > 0 {
-                        out.push(b',');
+                        out.literal(b",");
                     }
-                    write_json(out, &Value::String(k.to_string()));
-                    out.push(b':');
+                    out.key(k);
+                    out.literal(b":");
                     v.write(out);
                 }
-                out.push(b'}');
+                out.literal(b"}");
             }
             Node::Array { orig: None, items } => {
-                out.push(b'[');
+                out.literal(b"[");
                 for (i, v) in items.iter().enumerate() {
                     if i > 0 {
-                        out.push(b',');
+                        out.literal(b",");
                     }
                     v.write(out);
                 }
-                out.push(b']');
+                out.literal(b"]");
             }
-            Node::Value(v) => write_json(out, v),
+            Node::Value(v) => out.value(v),
         }
     }
 }
@@ -764,11 +765,6 @@ impl<'n, 'a: 'n> Iterator for Items<'n, 'a> {
     }
 }
 
-fn write_json(out: &mut Vec<u8>, v: &Value) {
-    // Writing a Value into a Vec cannot fail: no IO, and every key is a string.
-    serde_json::to_writer(out, v).expect("a JSON value serialises into memory");
-}
-
 /// An array index token: digits only, no leading zero (RFC 6901 §4).
 fn array_index(token: &str) -> Option<usize> {
     if token.is_empty() || (token.len() > 1 && token.starts_with('0')) {
@@ -853,6 +849,152 @@ pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Re
         }
         Some(_) => Err(format!("{} is not an array", Pointer::text(tokens))),
         None => set(root, tokens, Value::Array(vec![value])),
+    }
+}
+
+// === writing back ===
+
+/// Runs of the original shorter than this are copied: a piece costs more to send
+/// than copying that much.
+const MIN_SLICE: usize = 1024;
+
+/// A changed body being written as pieces. The bytes of untouched values stay
+/// slices of the body they came from (no copy); what rules wrote is copied into
+/// one buffer. A separator or key that repeats the original bytes where it stands
+/// joins the slice around it, so a few edits give a few pieces.
+pub(crate) struct Splice<'o> {
+    orig: &'o Bytes,
+    pieces: Vec<Piece>,
+    new: Vec<u8>,
+    /// A run of the original not placed yet: `orig[start..end]`.
+    run: Option<(usize, usize)>,
+}
+
+/// A byte range of the original or of the new bytes.
+enum Piece {
+    Orig(usize, usize),
+    New(usize, usize),
+}
+
+impl<'o> Splice<'o> {
+    pub(crate) fn new(orig: &'o Bytes) -> Splice<'o> {
+        Splice {
+            orig,
+            pieces: Vec::new(),
+            new: Vec::new(),
+            run: None,
+        }
+    }
+
+    /// Where `s` starts in the original, when it is a part of it.
+    fn offset(&self, s: &[u8]) -> Option<usize> {
+        let base = self.orig.as_ptr() as usize;
+        let at = (s.as_ptr() as usize).checked_sub(base)?;
+        (at + s.len() <= self.orig.len()).then_some(at)
+    }
+
+    /// Bytes of a value as sent (a slice of the original when it is one).
+    fn original(&mut self, s: &[u8]) {
+        match self.offset(s) {
+            Some(at) => self.orig_range(at, at + s.len()),
+            None => self.literal(s),
+        }
+    }
+
+    fn orig_range(&mut self, mut start: usize, end: usize) {
+        if let Some((a, b)) = self.run {
+            if b == start {
+                self.run = Some((a, end));
+                return;
+            }
+            self.flush();
+        }
+        // New bytes just written that repeat the original before `start` join the run.
+        if let Some(Piece::New(from, to)) = self.pieces.last_mut() {
+            while *to > *from && start > 0 && self.new[*to - 1] == self.orig[start - 1] {
+                *to -= 1;
+                start -= 1;
+            }
+            self.new.truncate(*to);
+            if from == to {
+                self.pieces.pop();
+            }
+        }
+        self.run = Some((start, end));
+    }
+
+    /// Syntax (`{`, `,`, `:`…): joins the run when the original goes on with it.
+    fn literal(&mut self, s: &[u8]) {
+        if let Some((a, b)) = self.run
+            && self.orig.get(b..b + s.len()) == Some(s)
+        {
+            self.run = Some((a, b + s.len()));
+            return;
+        }
+        self.flush();
+        let from = self.new.len();
+        self.new.extend_from_slice(s);
+        self.extend_new(from);
+    }
+
+    /// An object key: its bytes as sent when it is borrowed from the body.
+    fn key(&mut self, key: &str) {
+        if let Some(at) = self.offset(key.as_bytes())
+            && at > 0
+            && self.orig[at - 1] == b'"'
+            && self.orig.get(at + key.len()) == Some(&b'"')
+        {
+            // Borrowed keys have no escapes: the text between the quotes is the key.
+            return self.orig_range(at - 1, at + key.len() + 1);
+        }
+        self.value(&Value::String(key.to_owned()));
+    }
+
+    /// A value a rule wrote, compact.
+    fn value(&mut self, v: &Value) {
+        self.flush();
+        let from = self.new.len();
+        // Writing a Value into a Vec cannot fail: no IO, and every key is a string.
+        serde_json::to_writer(&mut self.new, v).expect("a JSON value serialises into memory");
+        self.extend_new(from);
+    }
+
+    /// Records `new[from..]` as written after the last piece.
+    fn extend_new(&mut self, from: usize) {
+        let to = self.new.len();
+        match self.pieces.last_mut() {
+            Some(Piece::New(_, end)) if *end == from => *end = to,
+            _ => self.pieces.push(Piece::New(from, to)),
+        }
+    }
+
+    /// Places the pending run: a slice when it is long, a copy when short.
+    fn flush(&mut self) {
+        let Some((a, b)) = self.run.take() else {
+            return;
+        };
+        if b - a >= MIN_SLICE {
+            self.pieces.push(Piece::Orig(a, b));
+        } else {
+            let from = self.new.len();
+            self.new.extend_from_slice(&self.orig[a..b]);
+            self.extend_new(from);
+        }
+    }
+
+    /// The body written, as pieces in order.
+    pub(crate) fn finish(mut self) -> SentBody {
+        self.flush();
+        let new = Bytes::from(self.new);
+        let pieces = self
+            .pieces
+            .iter()
+            .map(|p| match *p {
+                Piece::Orig(a, b) => self.orig.slice(a..b),
+                Piece::New(a, b) => new.slice(a..b),
+            })
+            .collect();
+        SentBody::from_pieces(pieces)
     }
 }
 
@@ -942,12 +1084,12 @@ impl<'a> LazyBody<'a> {
     }
 
     /// The body to send when rules changed it (identity-encoded), else `None`.
-    pub(crate) fn changed(&self) -> Option<Bytes> {
+    pub(crate) fn changed(&self) -> Option<SentBody> {
         match &self.root {
             Some(Ok(node)) if node.is_dirty() => {
-                let mut out = Vec::with_capacity(self.sent.len() + 256);
+                let mut out = Splice::new(self.plain().ok()?);
                 node.write(&mut out);
-                Some(Bytes::from(out))
+                Some(out.finish())
             }
             _ => None,
         }
@@ -1061,7 +1203,7 @@ mod tests {
         let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
         f(lazy.root().unwrap());
         match lazy.changed() {
-            Some(b) => String::from_utf8(b.to_vec()).unwrap(),
+            Some(b) => String::from_utf8(b.bytes().to_vec()).unwrap(),
             None => body.to_owned(),
         }
     }
@@ -1178,5 +1320,44 @@ mod tests {
             assert_eq!(root.at(&ptr!["b"]).unwrap().len(), None);
         });
         assert_eq!(out, " {\n \"a\" : [ 1 , \"x\" ] ,\"b\":{ }}\n");
+    }
+
+    #[test]
+    fn a_changed_body_is_sent_as_slices_of_the_received_one() {
+        // Two long texts around the value a rule changes, and one after a new key.
+        let long = "x".repeat(5000);
+        let body = format!(
+            r#"{{"messages":[{{"role":"user","content":"{long}"}},{{"role":"user","content":[{{"type":"text","text":"b","cache_control":{{"type":"ephemeral"}}}}]}}],"system":"{long}","max_tokens":128000,"stream":true}}"#
+        );
+        let bytes = Bytes::from(body.clone());
+        let store = BodyStore::default();
+        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
+        let root = lazy.root().unwrap();
+        let cc = root
+            .at_mut(&ptr!["messages", 1, "content", 0, "cache_control"])
+            .unwrap();
+        cc.set_key("ttl", Node::Value(Value::String("1h".into())));
+        root.set_key("max_tokens", Node::Value(Value::from(64000)));
+        let out = lazy.changed().unwrap();
+        let want = body
+            .replace(r#""ephemeral"}"#, r#""ephemeral","ttl":"1h"}"#)
+            .replace("128000", "64000");
+        assert_eq!(std::str::from_utf8(out.bytes()).unwrap(), want);
+        // Long runs of untouched bytes point into the received body: not copied.
+        let inside = |p: &Bytes| {
+            let base = bytes.as_ptr() as usize;
+            let at = p.as_ptr() as usize;
+            at >= base && at + p.len() <= base + bytes.len()
+        };
+        let sliced: usize = out
+            .pieces()
+            .iter()
+            .filter(|p| inside(p))
+            .map(Bytes::len)
+            .sum();
+        assert!(sliced >= 10_000, "{sliced} bytes sliced of {}", out.len());
+        // Separators and keys that repeat the original join its slices: one slice
+        // before the first change, one between the two.
+        assert!(out.pieces().len() <= 4, "{:?}", out);
     }
 }

@@ -28,7 +28,7 @@ use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
 use crate::provider::{Api, Provider};
-use crate::record::ExchangeRecord;
+use crate::record::{ExchangeRecord, SentBody};
 
 /// The three hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.
@@ -217,7 +217,7 @@ pub struct RequestResult {
     /// The headers to send (content-length and content-encoding fixed when the body changed).
     pub headers: HeaderMap,
     /// The new body when rules changed it (identity-encoded), else `None`: send the original.
-    pub body: Option<Bytes>,
+    pub body: Option<SentBody>,
     pub effects: Effects,
     /// Whether the body was parsed (for the no-parse guarantee's tests).
     pub body_parsed: bool,

@@ -75,7 +75,7 @@ impl Req {
 }
 
 fn sent(r: &RequestResult, req: &Req) -> Value {
-    serde_json::from_slice(r.body.as_ref().unwrap_or(&req.body)).unwrap()
+    serde_json::from_slice(r.body.as_ref().map_or(&req.body, |b| b.bytes())).unwrap()
 }
 
 fn cc() -> Req {
@@ -169,7 +169,7 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
         assert_eq!(out.len(), bytes.len());
-        assert!(out == bytes, "re-serialised bytes differ");
+        assert!(*out.bytes() == bytes, "re-serialised bytes differ");
     }
 }
 
@@ -333,7 +333,7 @@ actions = [ { system.prepend = { text = "POLICY", cache = "1h" } }, { system.app
         s[s.find("\"tools\":").unwrap()..].to_owned()
     };
     assert_eq!(
-        tools_at(&out),
+        tools_at(out.bytes()),
         tools_at(&req.body),
         "tools and thinking, after system, are byte-identical"
     );
@@ -466,7 +466,7 @@ fn cache_control_strip_set_ttl() {
     );
     let req = cc();
     let r = req.run(&ttl);
-    let text = String::from_utf8(r.body.unwrap().to_vec()).unwrap();
+    let text = String::from_utf8(r.body.unwrap().bytes().to_vec()).unwrap();
     assert_eq!(
         text.matches(r#""cache_control":{"type":"ephemeral","ttl":"1h"}"#)
             .count(),
@@ -651,7 +651,7 @@ fn compressed_bodies_are_decoded_and_sent_as_identity_when_changed() {
     );
     let r = req.run(&change);
     assert!(r.headers.get("content-encoding").is_none());
-    let v: Value = serde_json::from_slice(r.body.as_ref().unwrap()).unwrap();
+    let v: Value = serde_json::from_slice(r.body.as_ref().unwrap().bytes()).unwrap();
     assert_eq!(v["temperature"], 0);
     assert_eq!(
         r.headers.get("content-length").unwrap(),
@@ -915,7 +915,7 @@ fn property_the_cache_control_limits_always_hold() {
         let r = req.run(&rules);
         let Some(out) = &r.body else { continue };
         checked += 1;
-        let v: Value = serde_json::from_slice(out).unwrap();
+        let v: Value = serde_json::from_slice(out.bytes()).unwrap();
         let ms = markers_of(&v);
         let context = || {
             format!(
