@@ -8,6 +8,8 @@
 //! a body it cannot follow is an error, never a guess; decoding happens only for the
 //! strings a caller reads.
 
+use std::borrow::Cow;
+
 /// A byte range of the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -285,6 +287,69 @@ fn tape_key(body: &[u8], i: usize, toks: &mut Vec<Tok>) -> Result<usize, ScanErr
     Ok(skip_ws(body, colon + 1))
 }
 
+/// A JSON string literal (with its quotes) as text: borrowed when it has no
+/// escapes, else unescaped; `None` when it is not valid (a bad escape, a lone
+/// surrogate, bytes that are not UTF-8). Strings are read where rules, capture
+/// and the sniff look; serde_json would copy even the ones without escapes.
+pub fn decode_str(raw: &[u8]) -> Option<Cow<'_, str>> {
+    let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
+    let Some(first) = memchr::memchr(b'\\', inner) else {
+        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
+    };
+    let mut out = Vec::with_capacity(inner.len());
+    let mut i = 0;
+    let mut next = Some(first);
+    while let Some(at) = next {
+        out.extend_from_slice(&inner[i..at]);
+        let (ch, len) = unescape(&inner[at..])?;
+        let mut utf8 = [0u8; 4];
+        out.extend_from_slice(ch.encode_utf8(&mut utf8).as_bytes());
+        i = at + len;
+        next = memchr::memchr(b'\\', &inner[i..]).map(|k| i + k);
+    }
+    out.extend_from_slice(&inner[i..]);
+    String::from_utf8(out).ok().map(Cow::Owned)
+}
+
+/// The character of the escape `s` starts with (at its backslash), and the
+/// escape's length.
+fn unescape(s: &[u8]) -> Option<(char, usize)> {
+    let c = match *s.get(1)? {
+        b'"' => '"',
+        b'\\' => '\\',
+        b'/' => '/',
+        b'b' => '\u{8}',
+        b'f' => '\u{c}',
+        b'n' => '\n',
+        b'r' => '\r',
+        b't' => '\t',
+        b'u' => {
+            let hi = hex4(s.get(2..6)?)?;
+            if !(0xD800..0xE000).contains(&hi) {
+                return Some((char::from_u32(hi)?, 6));
+            }
+            // A surrogate: only a high one followed by an escaped low one is a character.
+            if hi >= 0xDC00 || s.get(6..8)? != b"\\u" {
+                return None;
+            }
+            let lo = hex4(s.get(8..12)?)?;
+            if !(0xDC00..0xE000).contains(&lo) {
+                return None;
+            }
+            let c = 0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00);
+            return Some((char::from_u32(c)?, 12));
+        }
+        _ => return None,
+    };
+    Some((c, 2))
+}
+
+/// Four hex digits.
+fn hex4(s: &[u8]) -> Option<u32> {
+    s.iter()
+        .try_fold(0u32, |n, &b| Some(n * 16 + (b as char).to_digit(16)?))
+}
+
 struct Scanner<'a> {
     b: &'a [u8],
     i: usize,
@@ -557,5 +622,39 @@ mod tests {
         }
         assert!(scan(b"[]", 5).is_ok() && scan(b"{}", 5).is_ok());
         assert!(tape(b"[]").is_ok() && tape(b"{}").is_ok());
+    }
+
+    #[test]
+    fn strings_decode_as_serde_json_decodes_them() {
+        let cases: &[&[u8]] = &[
+            br#""""#,
+            br#""plain""#,
+            br#""caf\u00e9 \"q\" back\\slash \/ \b\f\n\r\t""#,
+            "\"日本語 and \\u65e5\"".as_bytes(),
+            br#""emoji \ud83d\ude42 pair""#,
+            br#""\\""#,
+            br#""ends with \n""#,
+            br#""\u0000 nul""#,
+            // Not strings serde_json accepts:
+            br#""lone \ud83d high""#,
+            br#""lone \ude42 low""#,
+            br#""high then not low \ud83d\u0041""#,
+            br#""bad \x escape""#,
+            br#""short \u12""#,
+            br#""not hex \u12g4""#,
+            b"\"bad utf-8 \xff\"",
+            b"\"bad utf-8 after an escape \\n \xc3\"",
+            br#""cut \"#,
+        ];
+        for raw in cases {
+            let ours = decode_str(raw).map(Cow::into_owned);
+            let serde = serde_json::from_slice::<String>(raw).ok();
+            assert_eq!(ours, serde, "{}", String::from_utf8_lossy(raw));
+        }
+        assert!(matches!(
+            decode_str(br#""no escapes""#),
+            Some(Cow::Borrowed(_))
+        ));
+        assert_eq!(decode_str(b"unquoted"), None);
     }
 }

@@ -48,14 +48,7 @@ impl<'a> RawObject<'a> {
     }
 }
 
-/// A raw JSON string literal, unescaped: borrowed when it has no escapes.
-pub fn decode_str(raw: &[u8]) -> Option<Cow<'_, str>> {
-    let inner = raw.strip_prefix(b"\"")?.strip_suffix(b"\"")?;
-    if !inner.contains(&b'\\') {
-        return std::str::from_utf8(inner).ok().map(Cow::Borrowed);
-    }
-    serde_json::from_slice::<String>(raw).ok().map(Cow::Owned)
-}
+pub use super::json::decode_str;
 
 /// The elements of a raw JSON array, or `None` when it is not an array.
 pub fn raw_array(value: &[u8]) -> Option<Vec<&[u8]>> {

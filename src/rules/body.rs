@@ -121,24 +121,12 @@ impl std::fmt::Debug for Index<'_> {
 }
 
 impl<'a> Index<'a> {
-    /// Indexes `body`; `None` when the scan cannot follow it or a key is not text,
-    /// so that opening through the index finds exactly what splitting would.
+    /// Indexes `body`; `None` when the scan cannot follow it. Keys are decoded
+    /// when an object is opened, as splitting does: an object with a key that is
+    /// not text cannot be opened (a lookup of a key before it still finds it).
     fn build(body: &'a [u8]) -> Option<Index<'a>> {
         let toks = json::tape(body).ok()?;
-        let index = Index { body, toks };
-        let mut t = 0;
-        while t < index.toks.len() {
-            // Keys are the strings a colon follows.
-            let tok = index.toks[t];
-            if body[tok.start as usize] == b'"'
-                && body.get(skip_ws(body, tok.end as usize)) == Some(&b':')
-                && !plain_ascii(tok.of(body))
-            {
-                key_text(tok.of(body))?;
-            }
-            t += 1;
-        }
-        Some(index)
+        Some(Index { body, toks })
     }
 
     fn raw(&'a self, t: usize) -> Raw<'a> {
@@ -156,7 +144,6 @@ impl<'a> Index<'a> {
         let mut c = t + 1;
         match self.body[tok.start as usize] {
             b'{' => {
-                // Every key decodes (checked by `build`): the first match is what opening finds.
                 while c < end {
                     if key_is(self.toks[c].of(self.body), token)? {
                         return Some(self.raw(c + 1));
@@ -219,30 +206,20 @@ impl<'a> Index<'a> {
 /// Whether a key (with its quotes) spells `want`; `None` when it does not decode.
 fn key_is(key: &[u8], want: &str) -> Option<bool> {
     let inner = &key[1..key.len() - 1];
+    // An escape is longer than the character it spells: a key spelled with escapes
+    // is longer than its text, so only a longer key needs decoding.
+    if inner.len() <= want.len() {
+        return Some(inner == want.as_bytes() && !inner.contains(&b'\\'));
+    }
     if !inner.contains(&b'\\') {
-        // No escapes: the key is its bytes (their UTF-8 was checked when indexing).
-        return Some(inner == want.as_bytes());
+        return Some(false);
     }
     Some(key_text(key)? == want)
 }
 
-/// Whether a string (with its quotes) is ASCII without escapes: its bytes are its
-/// text. Most keys are; checking that is far cheaper than decoding them.
-fn plain_ascii(string: &[u8]) -> bool {
-    string[1..string.len() - 1]
-        .iter()
-        .all(|&b| b.is_ascii() && b != b'\\')
-}
-
 /// A key (with its quotes) as text; `None` when it does not decode.
 fn key_text(key: &[u8]) -> Option<Cow<'_, str>> {
-    if key.contains(&b'\\') {
-        Some(Cow::Owned(serde_json::from_slice::<String>(key).ok()?))
-    } else {
-        Some(Cow::Borrowed(
-            std::str::from_utf8(&key[1..key.len() - 1]).ok()?,
-        ))
-    }
+    json::decode_str(key)
 }
 
 /// An RFC 6901 JSON pointer, split into unescaped tokens.
@@ -289,7 +266,13 @@ impl Pointer {
         let mut out = String::new();
         for t in tokens {
             out.push('/');
-            out.push_str(&t.replace('~', "~0").replace('/', "~1"));
+            for c in t.chars() {
+                match c {
+                    '~' => out.push_str("~0"),
+                    '/' => out.push_str("~1"),
+                    c => out.push(c),
+                }
+            }
         }
         out
     }
@@ -667,9 +650,7 @@ impl<'n, 'a: 'n> Peek<'n, 'a> {
     /// A string value, unescaped.
     pub(crate) fn as_str(self) -> Option<Cow<'n, str>> {
         match self {
-            Peek::Raw(r) if r.text.first() == Some(&b'"') => {
-                serde_json::from_slice::<Cow<'a, str>>(r.text).ok()
-            }
+            Peek::Raw(r) if r.text.first() == Some(&b'"') => json::decode_str(r.text),
             Peek::Value(Value::String(s)) => Some(Cow::Borrowed(s)),
             _ => None,
         }
