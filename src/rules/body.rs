@@ -431,6 +431,14 @@ impl<'a> Node<'a> {
         self.peek().as_str()
     }
 
+    /// An untouched value's bytes as sent.
+    pub(crate) fn raw_text(&self) -> Option<&'a [u8]> {
+        match self {
+            Node::Raw(r) => Some(r.text),
+            _ => None,
+        }
+    }
+
     pub(crate) fn as_u64(&self) -> Option<u64> {
         self.peek().as_u64()
     }

@@ -1219,3 +1219,42 @@ fn an_exchange_keeps_the_set_it_started_with() {
     assert_eq!(pi().run(&in_flight).effects.fired, ["old"]);
     assert_eq!(pi().run(&live.snapshot()).effects.fired, ["new"]);
 }
+
+#[test]
+fn a_long_system_text_seen_before_is_rewritten_the_same_way() {
+    let rules = set(r#"
+[[rule]]
+name = "scrub"
+on = "before_provider_request"
+actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
+"#);
+    let body = |user: &str, tail: &str| {
+        let text = format!(
+            "cwd /home/{user}/src\n{}",
+            "caf\u{e9} \"q\"\n".repeat(200) + tail
+        );
+        json!({"model": "m", "messages": [], "system": [{"type": "text", "text": text}]})
+    };
+    let want = |tail: &str| format!("cwd ~/src\n{}", "caf\u{e9} \"q\"\n".repeat(200) + tail);
+    // The same long text again (the memo answers), then others, then the first again.
+    for (user, tail) in [
+        ("ann", ""),
+        ("ann", ""),
+        ("bob", "!"),
+        ("ann", "?"),
+        ("ann", ""),
+    ] {
+        let req = Req::anthropic(&body(user, tail));
+        let r = req.run(&rules);
+        assert_eq!(
+            sent(&r, &req)["system"][0]["text"],
+            want(tail),
+            "{user}{tail}"
+        );
+    }
+    // A long text the regex leaves alone stays byte-identical, seen once or twice.
+    for _ in 0..2 {
+        let req = Req::anthropic(&body("", ""));
+        assert!(req.run(&rules).body.is_none());
+    }
+}

@@ -1,6 +1,9 @@
 //! `system.*`: add, rewrite, remove and move system prompt text, in the `system`
 //! field, in `role:"system"` messages, or both.
 
+use std::collections::HashMap;
+use std::sync::Mutex;
+
 use regex::Regex;
 use serde_json::{Value, json};
 
@@ -261,15 +264,23 @@ pub(super) fn set_text_at(root: &mut Node<'_>, loc: &[String], text: String) -> 
 fn edit_texts(
     st: &mut State<'_, '_>,
     scope: Scope,
+    memo: Option<&EditMemo>,
     edit: impl Fn(&str) -> Option<String>,
 ) -> Result<Option<Block>, String> {
     let root = st.root()?;
     let mut changed = Vec::new();
     // Last first, so removing a block leaves earlier locations valid.
     for loc in shape::text_locations(root, scope).into_iter().rev() {
-        let new = root
-            .at(&loc)
-            .and_then(|n| n.as_str().and_then(|t| edit(&t)));
+        let Some(node) = root.at(&loc) else {
+            continue;
+        };
+        let decode_and_edit = || node.as_str().and_then(|t| edit(&t));
+        let new = match (memo, node.raw_text()) {
+            (Some(memo), Some(raw)) if raw.len() >= EditMemo::MIN_LEN => {
+                memo.get_or_insert(raw, decode_and_edit)
+            }
+            _ => decode_and_edit(),
+        };
         if let Some(new) = new {
             changed.extend(set_text_at(root, &loc, new));
         }
@@ -287,6 +298,36 @@ struct Replace {
     regex: Regex,
     with: String,
     scope: Scope,
+    memo: EditMemo,
+}
+
+/// What an edit made of long texts it saw before, by their bytes as sent. Agents
+/// resend their system prompt byte for byte on every request (that is what makes
+/// it cacheable), so rewriting it decodes and searches it once, not per request.
+/// Belongs to one compiled action: a reloaded rule starts empty.
+#[derive(Debug, Default)]
+pub(super) struct EditMemo(Mutex<HashMap<Box<[u8]>, Option<String>, foldhash::fast::RandomState>>);
+
+impl EditMemo {
+    /// Shorter texts are decoded each time: hashing them costs about as much.
+    const MIN_LEN: usize = 1024;
+    /// Distinct texts kept; past that the memo starts again (a bound, not an LRU).
+    const MAX_TEXTS: usize = 64;
+
+    fn get_or_insert(&self, raw: &[u8], edit: impl FnOnce() -> Option<String>) -> Option<String> {
+        // A panic elsewhere while holding it leaves at worst a complete entry.
+        let lock = || self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(done) = lock().get(raw) {
+            return done.clone();
+        }
+        let done = edit();
+        let mut memo = lock();
+        if memo.len() >= Self::MAX_TEXTS {
+            memo.clear();
+        }
+        memo.insert(raw.into(), done.clone());
+        done
+    }
 }
 
 impl Action for Replace {
@@ -295,7 +336,7 @@ impl Action for Replace {
     }
 
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
-        edit_texts(st, self.scope, |text| {
+        edit_texts(st, self.scope, Some(&self.memo), |text| {
             let new = self.regex.replace_all(text, self.with.as_str());
             (new != text).then(|| new.into_owned())
         })
@@ -317,7 +358,12 @@ pub(super) fn compile_replace(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Ac
         Some(s) => shape::compile_scope(cx, s)?,
         None => Scope::System,
     };
-    Some(Box::new(Replace { regex, with, scope }))
+    Some(Box::new(Replace {
+        regex,
+        with,
+        scope,
+        memo: EditMemo::default(),
+    }))
 }
 
 // === system.remove ===
@@ -370,7 +416,7 @@ impl Action for Remove {
 
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
         // An empty text removes its block (and an emptied system message).
-        edit_texts(st, self.scope, |text| {
+        edit_texts(st, self.scope, None, |text| {
             self.test.is_match(text).then(String::new)
         })
     }
