@@ -190,6 +190,17 @@ impl Tok {
 /// without recursion, so nesting depth costs no stack. Checks what [`scan`] checks,
 /// at every level; a body of 4 GiB or more is refused.
 pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
+    tape_noting(body, |_| false, &mut Vec::new())
+}
+
+/// [`tape`], also noting (in `noted`, in document order) the token of each object
+/// key for which `note(key)` holds, `key` with its quotes: a reader looking for a
+/// key then knows where it cannot be, while the key's bytes were at hand anyway.
+pub fn tape_noting(
+    body: &[u8],
+    note: impl Fn(&[u8]) -> bool,
+    noted: &mut Vec<u32>,
+) -> Result<Vec<Tok>, ScanError> {
     if u32::try_from(body.len()).is_err() {
         return Err(ScanError(0));
     }
@@ -214,7 +225,7 @@ pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
                 let close = if c == b'{' { b'}' } else { b']' };
                 if body.get(i) != Some(&close) {
                     if c == b'{' {
-                        i = tape_key(body, i, &mut toks)?;
+                        i = tape_key(body, i, &mut toks, &note, noted)?;
                     }
                     continue 'value;
                 }
@@ -255,7 +266,7 @@ pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
                 Some(b',') => {
                     i = skip_ws(body, i + 1);
                     if object {
-                        i = tape_key(body, i, &mut toks)?;
+                        i = tape_key(body, i, &mut toks, &note, noted)?;
                     }
                     continue 'value;
                 }
@@ -270,11 +281,20 @@ pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
 }
 
 /// `i` is at an object key: pushes it, and returns where its value starts.
-fn tape_key(body: &[u8], i: usize, toks: &mut Vec<Tok>) -> Result<usize, ScanError> {
+fn tape_key(
+    body: &[u8],
+    i: usize,
+    toks: &mut Vec<Tok>,
+    note: &impl Fn(&[u8]) -> bool,
+    noted: &mut Vec<u32>,
+) -> Result<usize, ScanError> {
     if body.get(i) != Some(&b'"') {
         return Err(ScanError(i));
     }
     let end = skip_string(body, i).ok_or(ScanError(i))?;
+    if note(&body[i..end]) {
+        noted.push(toks.len() as u32);
+    }
     toks.push(Tok {
         start: i as u32,
         end: end as u32,

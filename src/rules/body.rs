@@ -112,6 +112,9 @@ impl<'a> Raw<'a> {
 pub(crate) struct Index<'a> {
     body: &'a [u8],
     toks: Vec<Tok>,
+    /// The tokens of keys that may spell `cache_control`, in order: breakpoints
+    /// are looked for only in values that hold one.
+    cache_control_keys: Vec<u32>,
 }
 
 impl std::fmt::Debug for Index<'_> {
@@ -125,8 +128,14 @@ impl<'a> Index<'a> {
     /// when an object is opened, as splitting does: an object with a key that is
     /// not text cannot be opened (a lookup of a key before it still finds it).
     fn build(body: &'a [u8]) -> Option<Index<'a>> {
-        let toks = json::tape(body).ok()?;
-        Some(Index { body, toks })
+        let mut cache_control_keys = Vec::new();
+        let toks =
+            json::tape_noting(body, may_spell_cache_control, &mut cache_control_keys).ok()?;
+        Some(Index {
+            body,
+            toks,
+            cache_control_keys,
+        })
     }
 
     fn raw(&'a self, t: usize) -> Raw<'a> {
@@ -215,6 +224,16 @@ fn key_is(key: &[u8], want: &str) -> Option<bool> {
         return Some(false);
     }
     Some(key_text(key)? == want)
+}
+
+/// Whether a key (with its quotes) may spell `cache_control`: as it is, or with
+/// escapes (then longer, up to six bytes a character, and with a backslash).
+fn may_spell_cache_control(key: &[u8]) -> bool {
+    match key.len() {
+        15 => key == b"\"cache_control\"",
+        16..=80 => key.contains(&b'\\'),
+        _ => false,
+    }
 }
 
 /// A key (with its quotes) as text; `None` when it does not decode.
@@ -624,6 +643,23 @@ impl<'n, 'a: 'n> Peek<'n, 'a> {
             node = node.child(t)?;
         }
         Some(node)
+    }
+
+    /// Whether a `cache_control` key may be anywhere inside. False only for an
+    /// untouched value with no key that could spell it (noted when indexing), so a
+    /// scan for breakpoints skips the messages that have none.
+    pub(crate) fn may_hold_cache_control(self) -> bool {
+        let Peek::Raw(Raw {
+            at: Some((index, t)),
+            ..
+        }) = self
+        else {
+            return true;
+        };
+        let end = index.toks[t as usize].next;
+        let keys = &index.cache_control_keys;
+        keys.get(keys.partition_point(|&k| k < t))
+            .is_some_and(|&k| k < end)
     }
 
     /// The items of an array, in order (nothing for anything else).

@@ -87,6 +87,9 @@ fn marker_at(
     section: Section,
     block: impl FnOnce() -> Vec<String>,
 ) -> Option<Marker> {
+    if !node.may_hold_cache_control() {
+        return None;
+    }
     let cc = node.child("cache_control")?;
     // A key spelled with escapes (`cache\u005fcontrol`) was never counted: keep it so.
     if !node.may_contain(&CACHE_CONTROL) {
@@ -129,6 +132,9 @@ pub(crate) fn markers(root: &Node<'_>) -> Vec<Marker> {
     }
     if let Some(messages) = root.child("messages") {
         for (i, message) in messages.items().enumerate() {
+            if !message.may_hold_cache_control() {
+                continue;
+            }
             let Some(content) = message.child("content") else {
                 continue;
             };
