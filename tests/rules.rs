@@ -509,3 +509,55 @@ fn rules_test_dry_runs_a_request() {
         "ACME policy: never paste customer data into a prompt."
     );
 }
+
+#[tokio::test]
+async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as_applied_in_process()
+ {
+    use bytes::Bytes;
+    use promptgate::provider::{Api, Provider};
+    use promptgate::rules::{RequestCtx, RuleSet};
+
+    let fake = fake_ok().await;
+    let bench = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/bench");
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        bench.to_str().unwrap(),
+    ]);
+    // 200 KB: the changed body goes upstream as slices of the received one.
+    let body = Bytes::from(shapes::claude_code_body_of_size(200_000));
+    let response = post_cc(&proxy, &body, &[]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let got = &fake.wait_requests(1, WAIT).await[0];
+
+    // The same rules applied in process give the bytes to expect.
+    let rules = RuleSet::load_dir(&bench).unwrap();
+    let applied = rules.apply_request(RequestCtx {
+        provider: Provider::Anthropic,
+        api: Api::Messages,
+        method: &http::Method::POST,
+        host: None,
+        path: "/v1/messages",
+        model: promptgate::provider::sniff(&body).model.as_deref(),
+        headers: http::HeaderMap::new(),
+        body: &body,
+        max_body: 64 << 20,
+    });
+    let want = applied
+        .body
+        .expect("the bench rules change a Claude Code body");
+    assert!(want.pieces().len() > 1, "{want:?}");
+    assert_eq!(got.body.len(), want.len());
+    assert!(got.body == want.bytes()[..], "the provider got other bytes");
+    assert_eq!(
+        got.header("content-length").unwrap(),
+        want.len().to_string()
+    );
+    let sent: Value = serde_json::from_slice(&got.body).unwrap();
+    assert_eq!(sent["max_tokens"], 64000);
+    assert_eq!(
+        sent["system"][0]["text"],
+        "ACME policy: never paste customer data into a prompt."
+    );
+}
