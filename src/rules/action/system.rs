@@ -306,26 +306,40 @@ struct Replace {
 /// it cacheable), so rewriting it decodes and searches it once, not per request.
 /// Belongs to one compiled action: a reloaded rule starts empty.
 #[derive(Debug, Default)]
-pub(super) struct EditMemo(Mutex<HashMap<Box<[u8]>, Option<String>, foldhash::fast::RandomState>>);
+pub(super) struct EditMemo(Mutex<Memo>);
+
+#[derive(Debug, Default)]
+struct Memo {
+    done: HashMap<Box<[u8]>, Option<String>, foldhash::fast::RandomState>,
+    /// Bytes held, texts and results.
+    held: usize,
+}
 
 impl EditMemo {
     /// Shorter texts are decoded each time: hashing them costs about as much.
     const MIN_LEN: usize = 1024;
-    /// Distinct texts kept; past that the memo starts again (a bound, not an LRU).
-    const MAX_TEXTS: usize = 64;
+    /// Bytes kept at most; past that the memo starts again (a bound, not an LRU).
+    const MAX_HELD: usize = 8 << 20;
 
     fn get_or_insert(&self, raw: &[u8], edit: impl FnOnce() -> Option<String>) -> Option<String> {
         // A panic elsewhere while holding it leaves at worst a complete entry.
         let lock = || self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(done) = lock().get(raw) {
+        if let Some(done) = lock().done.get(raw) {
             return done.clone();
         }
         let done = edit();
-        let mut memo = lock();
-        if memo.len() >= Self::MAX_TEXTS {
-            memo.clear();
+        let size = raw.len() + done.as_ref().map_or(0, String::len);
+        if size > Self::MAX_HELD / 4 {
+            return done;
         }
-        memo.insert(raw.into(), done.clone());
+        let mut memo = lock();
+        if memo.held + size > Self::MAX_HELD {
+            memo.done.clear();
+            memo.held = 0;
+        }
+        if memo.done.insert(raw.into(), done.clone()).is_none() {
+            memo.held += size;
+        }
         done
     }
 }
@@ -523,4 +537,42 @@ pub(super) fn compile_move(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
         None => Scope::System,
     };
     Some(Box::new(Move { regex, scope }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_edit_memo_answers_texts_it_saw_and_holds_a_bounded_number_of_bytes() {
+        let memo = EditMemo::default();
+        let text = vec![b'a'; 2048];
+        assert_eq!(
+            memo.get_or_insert(&text, || Some("b".into())),
+            Some("b".into())
+        );
+        // Seen before: the edit is not run again.
+        assert_eq!(
+            memo.get_or_insert(&text, || unreachable!()),
+            Some("b".into())
+        );
+        // Past the bound it starts again, never holding more than the bound.
+        let big = EditMemo::MAX_HELD / 4 - 8;
+        for i in 0..10u8 {
+            let mut t = vec![b'x'; big];
+            t[0] = i;
+            memo.get_or_insert(&t, || None);
+            assert!(memo.0.lock().unwrap().held <= EditMemo::MAX_HELD);
+        }
+        // A text too large to keep is edited each time.
+        let huge = vec![b'y'; EditMemo::MAX_HELD / 4 + 1];
+        let runs = std::cell::Cell::new(0);
+        for _ in 0..2 {
+            memo.get_or_insert(&huge, || {
+                runs.set(runs.get() + 1);
+                None
+            });
+        }
+        assert_eq!(runs.get(), 2);
+    }
 }
