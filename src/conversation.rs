@@ -152,7 +152,7 @@ fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
 fn push_text(out: &mut String, content: &Content<'_>) {
     match content {
         Content::Text(raw) => {
-            if let Ok(s) = serde_json::from_slice::<String>(raw) {
+            if let Some(s) = crate::provider::json::decode_str(raw) {
                 out.push_str(&s);
                 out.push('\n');
             }

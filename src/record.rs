@@ -144,6 +144,11 @@ impl SentBody {
         self.0.len == 0
     }
 
+    /// Whether this is `bytes` itself, sent unchanged (no bytes compared).
+    pub fn is(&self, bytes: &Bytes) -> bool {
+        matches!(self.pieces(), [one] if one.as_ptr() == bytes.as_ptr() && one.len() == bytes.len())
+    }
+
     /// The first byte, read without joining.
     pub fn first(&self) -> Option<u8> {
         self.0.pieces.iter().find_map(|p| p.first().copied())

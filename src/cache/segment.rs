@@ -515,7 +515,7 @@ impl<'b> Cutter<'b> {
         let b: &[u8] = body;
         let field = |k: &str| node.get(b, k);
         let kind = field("type")
-            .and_then(|t| t.plain_str(b).map(str::to_owned).or_else(|| t.string(b)))
+            .and_then(|t| t.string(b))
             .unwrap_or_else(|| default_kind.to_owned());
         // Client tools may omit `type` or say "custom"; server tools keep theirs.
         let kind = match (default_kind, field("type")) {

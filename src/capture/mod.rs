@@ -293,9 +293,10 @@ impl RecordSink for Capture {
 /// Body bytes a queued record holds on to (a sent body sharing the received one's
 /// memory counts once; comparing their bytes would read them all).
 fn record_bytes(r: &ExchangeRecord) -> u64 {
-    let sent = match r.sent_body.pieces() {
-        [one] if one.as_ptr() == r.request_body.as_ptr() && one.len() == r.request_body.len() => 0,
-        _ => r.sent_body.len(),
+    let sent = if r.sent_body.is(&r.request_body) {
+        0
+    } else {
+        r.sent_body.len()
     };
     let response = r.observation.as_ref().map_or(0, |o| o.body.len());
     (r.request_body.len() + sent + response) as u64

@@ -53,12 +53,7 @@ impl Node {
 
     /// A string value, unescaped; `None` for anything else.
     pub fn string(&self, body: &[u8]) -> Option<String> {
-        let raw = self.span().of(body);
-        if raw.first() != Some(&b'"') {
-            return None;
-        }
-        let text = std::str::from_utf8(raw).ok()?;
-        serde_json::from_str::<String>(text).ok()
+        decode_str(self.span().of(body)).map(Cow::into_owned)
     }
 
     /// A string value without escapes, borrowed as sent; `None` otherwise.

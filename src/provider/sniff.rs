@@ -5,7 +5,7 @@
 //! and stops at `model`. It never validates the body: malformed JSON
 //! yields an empty summary, never an error or a panic.
 
-use super::json::{skip_string, skip_value, skip_ws};
+use super::json::{decode_str, skip_string, skip_value, skip_ws};
 
 /// What the top level of a request body says about itself.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -41,8 +41,8 @@ fn top_level_string(body: &[u8], wanted: &[u8]) -> Option<String> {
         i = skip_ws(body, i + 1);
         let value_end = skip_value(body, i)?;
         if key == wanted {
-            // The value is a JSON string literal; let serde_json unescape it.
-            return serde_json::from_slice::<String>(&body[i..value_end]).ok();
+            // The value is a JSON string literal (anything else is no model).
+            return decode_str(&body[i..value_end]).map(|s| s.into_owned());
         }
         i = skip_ws(body, value_end);
         match body.get(i) {

@@ -187,7 +187,7 @@ impl<'a> Index<'a> {
             Some(b'{') => {
                 let mut entries = Vec::with_capacity((end - c).min(64) / 2);
                 while c < end {
-                    let key = key_text(self.toks[c].of(self.body))?;
+                    let key = json::decode_str(self.toks[c].of(self.body))?;
                     entries.push((key, Node::Raw(self.raw(c + 1))));
                     c = self.toks[c + 1].next as usize;
                 }
@@ -223,7 +223,7 @@ fn key_is(key: &[u8], want: &str) -> Option<bool> {
     if !inner.contains(&b'\\') {
         return Some(false);
     }
-    Some(key_text(key)? == want)
+    Some(json::decode_str(key)? == want)
 }
 
 /// Whether a key (with its quotes) may spell `cache_control`: as it is, or with
@@ -234,11 +234,6 @@ fn may_spell_cache_control(key: &[u8]) -> bool {
         16..=80 => key.contains(&b'\\'),
         _ => false,
     }
-}
-
-/// A key (with its quotes) as text; `None` when it does not decode.
-fn key_text(key: &[u8]) -> Option<Cow<'_, str>> {
-    json::decode_str(key)
 }
 
 /// An RFC 6901 JSON pointer, split into unescaped tokens.
@@ -1178,7 +1173,7 @@ fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
             return None;
         }
         let key_end = skip_string(b, i)?;
-        let key = key_text(&text[i..key_end])?;
+        let key = json::decode_str(&text[i..key_end])?;
         i = skip_ws(b, key_end);
         if b.get(i) != Some(&b':') {
             return None;
