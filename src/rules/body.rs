@@ -176,6 +176,18 @@ impl<'a> Index<'a> {
         }
     }
 
+    /// How many items the array at token `t` has: a hop per item.
+    fn count_items(&self, t: usize) -> usize {
+        let end = self.toks[t].next as usize;
+        let mut c = t + 1;
+        let mut n = 0;
+        while c < end {
+            n += 1;
+            c = self.toks[c].next as usize;
+        }
+        n
+    }
+
     /// Opens the container at token `t` (a scalar: `None`).
     fn open(&'a self, t: u32) -> Option<Node<'a>> {
         let t = t as usize;
@@ -197,7 +209,7 @@ impl<'a> Index<'a> {
                 })
             }
             Some(b'[') => {
-                let mut items = Vec::new();
+                let mut items = Vec::with_capacity(self.count_items(t));
                 while c < end {
                     items.push(Node::Raw(self.raw(c)));
                     c = self.toks[c].next as usize;
@@ -277,9 +289,13 @@ impl Pointer {
 
     /// The pointer text of `tokens`.
     pub(crate) fn text(tokens: &[String]) -> String {
-        let mut out = String::new();
+        let mut out = String::with_capacity(tokens.iter().map(|t| t.len() + 1).sum());
         for t in tokens {
             out.push('/');
+            if !t.contains(['~', '/']) {
+                out.push_str(t);
+                continue;
+            }
             for c in t.chars() {
                 match c {
                     '~' => out.push_str("~0"),
