@@ -314,7 +314,8 @@ impl std::fmt::Display for Pointer {
     }
 }
 
-/// Pointer tokens from string and index parts: `ptr!["messages", 3, "content"]` (an array; `.to_vec()` for a list).
+/// Pointer tokens from string and index parts: `ptr!["messages", 3, "content"]`
+/// (an array; `Vec::from` makes it a list without copying the tokens).
 macro_rules! ptr {
     ($($part:expr),* $(,)?) => { [$($part.to_string()),*] };
 }

@@ -119,14 +119,14 @@ pub(crate) fn markers(root: &Node<'_>) -> Vec<Marker> {
     if let Some(tools) = root.child("tools") {
         for (i, tool) in tools.items().enumerate() {
             out.extend(marker_at(tool, Section::Tools, || {
-                ptr!["tools", i].to_vec()
+                Vec::from(ptr!["tools", i])
             }));
         }
     }
     if let Some(system) = root.child("system") {
         for (i, block) in system.items().enumerate() {
             out.extend(marker_at(block, Section::System, || {
-                ptr!["system", i].to_vec()
+                Vec::from(ptr!["system", i])
             }));
         }
     }
@@ -140,7 +140,7 @@ pub(crate) fn markers(root: &Node<'_>) -> Vec<Marker> {
             };
             for (j, block) in content.items().enumerate() {
                 out.extend(marker_at(block, Section::Messages, || {
-                    ptr!["messages", i, "content", j].to_vec()
+                    Vec::from(ptr!["messages", i, "content", j])
                 }));
             }
         }
@@ -162,7 +162,7 @@ fn last_cacheable(root: &Node<'_>) -> Option<Vec<String>> {
             // A string content has no block to carry a marker of its own.
             let blocks: Vec<Peek<'_, '_>> = content.items().collect();
             if let Some(j) = blocks.iter().rposition(|b| ineligible(*b).is_none()) {
-                return Some(ptr!["messages", i, "content", j].to_vec());
+                return Some(Vec::from(ptr!["messages", i, "content", j]));
             }
         }
     }
@@ -173,10 +173,10 @@ fn last_cacheable(root: &Node<'_>) -> Option<Vec<String>> {
             .iter()
             .rposition(|b| ineligible(*b).is_none())
     {
-        return Some(ptr!["system", j].to_vec());
+        return Some(Vec::from(ptr!["system", j]));
     }
     let n = root.child("tools")?.len()?;
-    n.checked_sub(1).map(|i| ptr!["tools", i].to_vec())
+    n.checked_sub(1).map(|i| Vec::from(ptr!["tools", i]))
 }
 
 /// Removes the marker of `block`; returns the pointer removed.
@@ -318,16 +318,16 @@ mod tests {
                                                        {"type":"text","text":"","cache_control":{"type":"ephemeral","ttl":"5m"}}]}],
             "cache_control":{"type":"ephemeral"}"#;
         let want = vec![
-            (ptr!["tools", 1].to_vec(), None, None),
+            (Vec::from(ptr!["tools", 1]), None, None),
             // An escaped key counts only where the block's text also holds the name.
-            (ptr!["system", 1].to_vec(), Some("1h".into()), None),
+            (Vec::from(ptr!["system", 1]), Some("1h".into()), None),
             (
-                ptr!["messages", 1, "content", 0].to_vec(),
+                Vec::from(ptr!["messages", 1, "content", 0]),
                 None,
                 Some("a thinking block"),
             ),
             (
-                ptr!["messages", 1, "content", 1].to_vec(),
+                Vec::from(ptr!["messages", 1, "content", 1]),
                 Some("5m".into()),
                 Some("an empty text block"),
             ),

@@ -49,7 +49,7 @@ pub(crate) fn text_locations(root: &Node<'_>, scope: Scope) -> Vec<Vec<String>> 
     if scope != Scope::Messages
         && let Some(system) = root.child("system")
     {
-        collect_texts(system, || ptr!["system"].to_vec(), &mut out);
+        collect_texts(system, || Vec::from(ptr!["system"]), &mut out);
     }
     if scope != Scope::System
         && let Some(messages) = root.child("messages")
@@ -61,7 +61,7 @@ pub(crate) fn text_locations(root: &Node<'_>, scope: Scope) -> Vec<Vec<String>> 
             if let Some(content) = m.child("content") {
                 collect_texts(
                     content,
-                    || ptr!["messages", i, "content"].to_vec(),
+                    || Vec::from(ptr!["messages", i, "content"]),
                     &mut out,
                 );
             }

@@ -160,7 +160,7 @@ impl Set {
                     .and_then(|t| t.len())
                     .filter(|n| *n > 0)
                     .ok_or("the body has no tools")?;
-                Ok(ptr!["tools", n - 1].to_vec())
+                Ok(Vec::from(ptr!["tools", n - 1]))
             }
             Target::LastSystem | Target::SystemIndex(_) | Target::SystemMatch(_) => {
                 if root.child("system").is_none_or(|s| s.is_string()) {
@@ -191,7 +191,7 @@ impl Set {
                     _ => None,
                 };
                 let i = index.ok_or("no such system block")?;
-                Ok(ptr!["system", i].to_vec())
+                Ok(Vec::from(ptr!["system", i]))
             }
             Target::MessageFromEnd(back) => {
                 let n = root
@@ -215,7 +215,7 @@ impl Set {
                     .ok_or_else(|| {
                         format!("message {i} has no block that can carry cache_control")
                     })?;
-                Ok(ptr!["messages", i, "content", j].to_vec())
+                Ok(Vec::from(ptr!["messages", i, "content", j]))
             }
         }
     }
