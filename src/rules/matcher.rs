@@ -368,16 +368,7 @@ impl Matcher {
             },
             Matcher::System(scope, test) => match st.root() {
                 Err(why) => Tri::Unknown(why),
-                Ok(root) => {
-                    let locations = shape::text_locations(root, *scope);
-                    let root = root.peek();
-                    let found = locations.iter().any(|loc| {
-                        root.at(loc)
-                            .and_then(|n| n.as_str().map(|t| test.test(&t)))
-                            .unwrap_or(false)
-                    });
-                    Tri::of(found)
-                }
+                Ok(root) => Tri::of(shape::any_text(root, *scope, |t| test.test(t))),
             },
             Matcher::Tool(g) => match st.root() {
                 Err(why) => Tri::Unknown(why),

@@ -6,6 +6,7 @@
 //! the system prompt is a `role:"system"` (or `"developer"`) message.
 
 use std::borrow::Cow;
+use std::ops::ControlFlow;
 
 use super::body::{Items, Node, Peek, ptr};
 use super::load::{Cx, Val};
@@ -44,12 +45,39 @@ pub(crate) fn is_system_role(role: &str) -> bool {
 /// `system` itself when it is a string, each text block's `text`, each system
 /// message's string `content` or text blocks.
 pub(crate) fn text_locations(root: &Node<'_>, scope: Scope) -> Vec<Vec<String>> {
-    let root = root.peek();
     let mut out = Vec::new();
+    // Never breaks: every location is kept.
+    let _ = for_each_text(root.peek(), scope, |_, at| {
+        out.push(at());
+        ControlFlow::Continue(())
+    });
+    out
+}
+
+/// Whether `test` holds for any system text in `scope` (read where it lies: no
+/// pointer is made, and the walk stops at the first text that passes).
+pub(crate) fn any_text(root: &Node<'_>, scope: Scope, test: impl Fn(&str) -> bool) -> bool {
+    let found = for_each_text(root.peek(), scope, |text, _| {
+        if text.as_str().is_some_and(|t| test(&t)) {
+            ControlFlow::Break(())
+        } else {
+            ControlFlow::Continue(())
+        }
+    });
+    found.is_break()
+}
+
+/// Calls `f` with each system text string in `scope`, in document order, and a
+/// way to make its pointer tokens; stops when `f` breaks.
+fn for_each_text<'n, 'a>(
+    root: Peek<'n, 'a>,
+    scope: Scope,
+    mut f: impl FnMut(Peek<'n, 'a>, &dyn Fn() -> Vec<String>) -> ControlFlow<()>,
+) -> ControlFlow<()> {
     if scope != Scope::Messages
         && let Some(system) = root.child("system")
     {
-        collect_texts(system, || Vec::from(ptr!["system"]), &mut out);
+        texts_in(system, &|| Vec::from(ptr!["system"]), &mut f)?;
     }
     if scope != Scope::System
         && let Some(messages) = root.child("messages")
@@ -59,38 +87,49 @@ pub(crate) fn text_locations(root: &Node<'_>, scope: Scope) -> Vec<Vec<String>> 
                 continue;
             }
             if let Some(content) = m.child("content") {
-                collect_texts(
+                texts_in(
                     content,
-                    || Vec::from(ptr!["messages", i, "content"]),
-                    &mut out,
-                );
+                    &|| Vec::from(ptr!["messages", i, "content"]),
+                    &mut f,
+                )?;
             }
         }
     }
-    out
+    ControlFlow::Continue(())
 }
 
 /// A string, or the `text` of each text block of an array.
-fn collect_texts(node: Peek<'_, '_>, at: impl Fn() -> Vec<String>, out: &mut Vec<Vec<String>>) {
+fn texts_in<'n, 'a>(
+    node: Peek<'n, 'a>,
+    at: &dyn Fn() -> Vec<String>,
+    f: &mut impl FnMut(Peek<'n, 'a>, &dyn Fn() -> Vec<String>) -> ControlFlow<()>,
+) -> ControlFlow<()> {
     if node.is_string() {
-        out.push(at());
-        return;
+        return f(node, at);
     }
     for (j, block) in node.items().enumerate() {
-        if is_text_block(block) {
-            let mut loc = at();
-            loc.push(j.to_string());
-            loc.push("text".into());
-            out.push(loc);
+        if let Some(text) = text_of_block(block) {
+            f(text, &|| {
+                let mut loc = at();
+                loc.extend(ptr![j, "text"]);
+                loc
+            })?;
         }
     }
+    ControlFlow::Continue(())
 }
 
 /// A `{"type":"text","text":"…"}` block.
 pub(crate) fn is_text_block(block: Peek<'_, '_>) -> bool {
-    block.is_object()
-        && block.child("type").and_then(|t| t.as_str()).as_deref() == Some("text")
-        && block.child("text").is_some_and(|t| t.is_string())
+    text_of_block(block).is_some()
+}
+
+/// The `text` of a `{"type":"text","text":"…"}` block.
+fn text_of_block<'n, 'a>(block: Peek<'n, 'a>) -> Option<Peek<'n, 'a>> {
+    if !block.is_object() || block.child("type")?.as_str().as_deref() != Some("text") {
+        return None;
+    }
+    block.child("text").filter(|t| t.is_string())
 }
 
 /// The tools of the body, in order.
