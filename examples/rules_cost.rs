@@ -3,7 +3,8 @@
 //! `cargo run --release --example rules_cost [RULES_DIR] [BYTES]` (default
 //! `rules/bench`, 200000): builds a Claude-Code-shaped body, then times (CPU time)
 //! `serde_json::from_slice::<Value>` of it and `RuleSet::apply_request` with the
-//! set, and prints both and their ratio. A measurement, not a test.
+//! set, and prints both and their ratio, with the structure passes for scale. A
+//! measurement, not a test.
 #![allow(clippy::print_stdout)]
 
 use std::path::PathBuf;
@@ -85,6 +86,9 @@ fn main() {
     let tape = time(|| {
         std::hint::black_box(promptgate::provider::json::tape(&body).ok());
     });
+    let skip = time(|| {
+        std::hint::black_box(promptgate::provider::json::skip_value(&body, 0));
+    });
     println!(
         "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers, sent as {} pieces)",
         body.len(),
@@ -110,6 +114,10 @@ fn main() {
     println!(
         "json::tape (every level):  {:>6.1} µs (the index apply builds when a rule reads the body)",
         tape.as_secs_f64() * 1e6
+    );
+    println!(
+        "json::skip_value (whole):  {:>6.1} µs (only where each string ends: what any reader of every breakpoint must find)",
+        skip.as_secs_f64() * 1e6
     );
     println!(
         "ratio apply / parse:     {:>8.2}",
