@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -104,13 +104,13 @@ pub struct SentBody(Arc<SentPieces>);
 struct SentPieces {
     pieces: Vec<Bytes>,
     len: usize,
-    joined: std::sync::OnceLock<Bytes>,
+    joined: OnceLock<Bytes>,
 }
 
 impl SentBody {
     /// A body sent as it is (one piece; `bytes` costs nothing).
     pub fn whole(bytes: Bytes) -> SentBody {
-        let joined = std::sync::OnceLock::from(bytes.clone());
+        let joined = OnceLock::from(bytes.clone());
         SentBody(Arc::new(SentPieces {
             len: bytes.len(),
             pieces: vec![bytes],
@@ -127,7 +127,7 @@ impl SentBody {
         SentBody(Arc::new(SentPieces {
             pieces,
             len,
-            joined: std::sync::OnceLock::new(),
+            joined: OnceLock::new(),
         }))
     }
 

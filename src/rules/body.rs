@@ -145,63 +145,52 @@ impl<'a> Index<'a> {
         }
     }
 
+    /// The tokens directly inside the container at token `t`, in order (for an
+    /// object: key, value, key, value…): a hop per child.
+    fn children(&self, t: usize) -> impl Iterator<Item = usize> + '_ {
+        let end = self.toks[t].next as usize;
+        let mut c = t + 1;
+        std::iter::from_fn(move || {
+            (c < end).then(|| {
+                let at = c;
+                c = self.toks[c].next as usize;
+                at
+            })
+        })
+    }
+
     /// The child of the container at token `t` named by `token`, as [`Index::open`]
     /// would find it: the first key that matches.
     fn child(&'a self, t: usize, token: &str) -> Option<Raw<'a>> {
-        let tok = self.toks[t];
-        let end = tok.next as usize;
-        let mut c = t + 1;
-        match self.body[tok.start as usize] {
+        match self.body[self.toks[t].start as usize] {
             b'{' => {
-                while c < end {
-                    if key_is(self.toks[c].of(self.body), token)? {
-                        return Some(self.raw(c + 1));
+                let mut kids = self.children(t);
+                while let (Some(k), Some(v)) = (kids.next(), kids.next()) {
+                    if key_is(self.toks[k].of(self.body), token)? {
+                        return Some(self.raw(v));
                     }
-                    c = self.toks[c + 1].next as usize;
                 }
                 None
             }
-            b'[' => {
-                let mut i = array_index(token)?;
-                while c < end {
-                    if i == 0 {
-                        return Some(self.raw(c));
-                    }
-                    i -= 1;
-                    c = self.toks[c].next as usize;
-                }
-                None
-            }
+            b'[' => self
+                .children(t)
+                .nth(array_index(token)?)
+                .map(|c| self.raw(c)),
             _ => None,
         }
-    }
-
-    /// How many items the array at token `t` has: a hop per item.
-    fn count_items(&self, t: usize) -> usize {
-        let end = self.toks[t].next as usize;
-        let mut c = t + 1;
-        let mut n = 0;
-        while c < end {
-            n += 1;
-            c = self.toks[c].next as usize;
-        }
-        n
     }
 
     /// Opens the container at token `t` (a scalar: `None`).
     fn open(&'a self, t: u32) -> Option<Node<'a>> {
         let t = t as usize;
-        let tok = self.toks[t];
-        let text = tok.of(self.body);
-        let end = tok.next as usize;
-        let mut c = t + 1;
+        let text = self.toks[t].of(self.body);
         match text.first() {
             Some(b'{') => {
-                let mut entries = Vec::with_capacity((end - c).min(64) / 2);
-                while c < end {
-                    let key = json::decode_str(self.toks[c].of(self.body))?;
-                    entries.push((key, Node::Raw(self.raw(c + 1))));
-                    c = self.toks[c + 1].next as usize;
+                let mut entries = Vec::with_capacity(self.children(t).count() / 2);
+                let mut kids = self.children(t);
+                while let (Some(k), Some(v)) = (kids.next(), kids.next()) {
+                    let key = json::decode_str(self.toks[k].of(self.body))?;
+                    entries.push((key, Node::Raw(self.raw(v))));
                 }
                 Some(Node::Object {
                     orig: Some(text),
@@ -209,11 +198,8 @@ impl<'a> Index<'a> {
                 })
             }
             Some(b'[') => {
-                let mut items = Vec::with_capacity(self.count_items(t));
-                while c < end {
-                    items.push(Node::Raw(self.raw(c)));
-                    c = self.toks[c].next as usize;
-                }
+                let mut items = Vec::with_capacity(self.children(t).count());
+                items.extend(self.children(t).map(|c| Node::Raw(self.raw(c))));
                 Some(Node::Array {
                     orig: Some(text),
                     items,
@@ -292,16 +278,10 @@ impl Pointer {
         let mut out = String::with_capacity(tokens.iter().map(|t| t.len() + 1).sum());
         for t in tokens {
             out.push('/');
-            if !t.contains(['~', '/']) {
+            if t.contains(['~', '/']) {
+                out.push_str(&t.replace('~', "~0").replace('/', "~1"));
+            } else {
                 out.push_str(t);
-                continue;
-            }
-            for c in t.chars() {
-                match c {
-                    '~' => out.push_str("~0"),
-                    '/' => out.push_str("~1"),
-                    c => out.push(c),
-                }
             }
         }
         out
