@@ -68,6 +68,7 @@ fn main() {
             "/v1/messages?beta=true".into(),
         );
         record.request_body = Bytes::from(plain.clone());
+        record.request_plain = record.request_body.clone();
         record.sent_body = record.request_body.clone().into();
         let keys = KeySource::default();
         let t = time(budget, || {
@@ -96,6 +97,7 @@ fn main() {
                 round,
                 shapes::CC_SESSION,
             )));
+            r.request_plain = r.request_body.clone();
             r.sent_body = r.request_body.clone().into();
             // Claude Code names the conversation in a header.
             r.request_headers.insert(

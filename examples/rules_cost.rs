@@ -87,7 +87,7 @@ fn main() {
             model: model.as_deref(),
             headers: headers.clone(),
             body: &body,
-            max_body: 64 << 20,
+            plain: &body,
         })
     };
     let result = apply();

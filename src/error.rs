@@ -40,8 +40,10 @@ pub enum ErrorKind {
     NoRoute,
     /// The request body is over `--max-body`.
     BodyTooLarge,
-    /// The request body could not be read from the client.
+    /// The request body could not be read from the client, or not decoded.
     BadRequestBody,
+    /// The request body's `Content-Encoding` is one promptgate cannot read.
+    UnsupportedEncoding,
     /// The upstream could not be reached (DNS, refused, reset during connect).
     UpstreamConnect,
     /// The TLS handshake with the upstream failed (untrusted certificate, protocol).
@@ -61,6 +63,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => StatusCode::NOT_FOUND,
             ErrorKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::BadRequestBody => StatusCode::BAD_REQUEST,
+            ErrorKind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorKind::UpstreamConnect => StatusCode::BAD_GATEWAY,
             ErrorKind::UpstreamTls => StatusCode::BAD_GATEWAY,
             ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -75,6 +78,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => "not_found",
             ErrorKind::BodyTooLarge => "request_too_large",
             ErrorKind::BadRequestBody => "bad_request_body",
+            ErrorKind::UnsupportedEncoding => "unsupported_content_encoding",
             ErrorKind::UpstreamConnect => "upstream_unreachable",
             ErrorKind::UpstreamTls => "upstream_tls_failed",
             ErrorKind::UpstreamTimeout => "upstream_timeout",
@@ -90,6 +94,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => false,
             ErrorKind::BodyTooLarge => false,
             ErrorKind::BadRequestBody => false,
+            ErrorKind::UnsupportedEncoding => false,
             ErrorKind::UpstreamConnect => true,
             ErrorKind::UpstreamTls => false,
             ErrorKind::UpstreamTimeout => true,
@@ -104,6 +109,7 @@ impl ErrorKind {
             ErrorKind::NoRoute => Outcome::NoRoute,
             ErrorKind::BodyTooLarge => Outcome::TooLarge,
             ErrorKind::BadRequestBody => Outcome::BadRequest,
+            ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
             ErrorKind::UpstreamConnect => Outcome::UpstreamError,
             ErrorKind::UpstreamTls => Outcome::UpstreamError,
             ErrorKind::UpstreamTimeout => Outcome::UpstreamError,

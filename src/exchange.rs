@@ -24,9 +24,10 @@ use tokio::time::Instant;
 use crate::config::{BaseUrl, Config};
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
+use crate::observer::decode::{self, DecodeError};
 use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
 use crate::provider::{self, Provider};
-use crate::record::{ExchangeRecord, Mode, Outcome, Recorder, SentBody};
+use crate::record::{ExchangeRecord, KeyCheck, Mode, Outcome, Recorder, SentBody};
 use crate::rules::reload::LiveRules;
 use crate::rules::{RequestCtx, Verdict};
 use crate::upstream::{Upstream, UpstreamBody};
@@ -209,6 +210,21 @@ impl Proxy {
             Ok(body) => body,
             Err(e) => return error_response(pending, route.provider, e),
         };
+        // Decoded once, before anything reads it: the sniff, rules, capture and cache
+        // analysis all read these bytes (a compressed body must not hide its model).
+        let plain = match decode::request_plain(&parts.headers, &body, self.config.max_body) {
+            Ok(plain) => plain,
+            Err(e) => {
+                let r = pending.get();
+                r.bytes_in = body.len() as u64;
+                r.request_body = body;
+                return error_response(
+                    pending,
+                    route.provider,
+                    undecodable(e, self.config.max_body),
+                );
+            }
+        };
         let base = match (&target, route.provider) {
             (Some(t), _) => &t.upstream,
             (None, Provider::Anthropic) => &self.config.upstream_anthropic,
@@ -225,10 +241,11 @@ impl Proxy {
             let r = pending.get();
             r.upstream_url = Some(uri.to_string());
             r.bytes_in = body.len() as u64;
-            if body.first() == Some(&b'{') {
-                r.model = provider::sniff(&body).model;
+            if plain.first() == Some(&b'{') {
+                r.model = provider::sniff(&plain).model;
             }
             r.request_body = body.clone();
+            r.request_plain = plain.clone();
         }
 
         // The record keeps the headers as received; upstream gets them minus hop-by-hop,
@@ -244,7 +261,7 @@ impl Proxy {
             model: model.as_deref(),
             headers: forwardable(&received, true),
             body: &body,
-            max_body: self.config.max_body,
+            plain: &plain,
         });
         parts.headers = applied.headers;
         let body = applied.body.unwrap_or_else(|| SentBody::whole(body));
@@ -253,6 +270,12 @@ impl Proxy {
             r.request_headers = received;
             r.sent_headers = parts.headers.clone();
             r.sent_body = body.clone();
+            if let Some(pointer) = applied.duplicate_key {
+                r.model = applied.model;
+                r.duplicate_key = KeyCheck::Repeated(pointer);
+            } else if applied.body_checked {
+                r.duplicate_key = KeyCheck::Unique;
+            }
             applied.effects.record_into(r);
         }
         if let Verdict::Respond(block) = applied.verdict {
@@ -400,6 +423,21 @@ async fn read_body(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<
     })
 }
 
+/// The error for a request body that cannot be decoded through its
+/// `Content-Encoding` (its readers would see nothing, so it is never forwarded).
+fn undecodable(e: DecodeError, max: u64) -> ProxyError {
+    match e {
+        DecodeError::TooLarge { .. } => ProxyError::new(
+            ErrorKind::BodyTooLarge,
+            format!("the request body decodes to over {max} bytes, the limit (--max-body)"),
+        ),
+        DecodeError::Unsupported(_) => {
+            ProxyError::new(ErrorKind::UnsupportedEncoding, e.to_string())
+        }
+        DecodeError::Corrupt { .. } => ProxyError::new(ErrorKind::BadRequestBody, e.to_string()),
+    }
+}
+
 /// Headers that only concern one connection and never cross a proxy (RFC 9110 §7.6.1),
 /// plus `Expect` (the body is already read) and, on requests, `Host` (the upstream's own
 /// is set from the URL).
@@ -457,7 +495,15 @@ fn finish_observed(
         let stream_error = observation.summary.provider_error.clone();
         record.observation = Some(observation);
         let (outcome, error) = match tap.end {
-            BodyEnd::Complete => (Outcome::Ok, stream_error),
+            BodyEnd::Complete => {
+                let failed = record
+                    .status
+                    .is_some_and(|s| s.is_client_error() || s.is_server_error());
+                match (failed, stream_error) {
+                    (false, None) => (Outcome::Ok, None),
+                    (_, error) => (Outcome::ProviderError, error),
+                }
+            }
             BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
             BodyEnd::IdleTimeout(d) => (
                 Outcome::UpstreamError,

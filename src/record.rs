@@ -24,8 +24,12 @@ use crate::provider::{Api, Provider};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
-    /// The upstream answered and its whole response reached the client, whatever the status.
+    /// The upstream answered with a success status and its whole response reached
+    /// the client.
     Ok,
+    /// The provider answered with an error: a 4xx or 5xx status (a 429, a 529, …),
+    /// or an error event inside a stream. Its whole answer reached the client.
+    ProviderError,
     /// A rule blocked the request; the upstream was not contacted.
     Blocked,
     /// The path is not one promptgate routes; the upstream was not contacted.
@@ -49,6 +53,7 @@ impl Outcome {
     pub fn name(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
+            Outcome::ProviderError => "provider_error",
             Outcome::Blocked => "blocked",
             Outcome::NoRoute => "no_route",
             Outcome::TooLarge => "too_large",
@@ -183,6 +188,45 @@ impl std::fmt::Debug for SentBody {
     }
 }
 
+/// What is known of repeated keys in a request body. Rules look on the request
+/// path when they run; the capture looks otherwise, off it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// Nobody has looked (no rules ran, or the body is not a JSON object).
+    #[default]
+    NotChecked,
+    /// Every object's keys are distinct.
+    Unique,
+    /// The JSON pointer of the first key that occurs a second time in its object.
+    Repeated(String),
+}
+
+impl KeyCheck {
+    /// Looks at a plain (decoded) body: `NotChecked` when it is no JSON object
+    /// the structure pass can follow.
+    pub fn of(plain: &[u8]) -> KeyCheck {
+        use crate::provider::json;
+        if plain.get(json::skip_ws(plain, 0)) != Some(&b'{') {
+            return KeyCheck::NotChecked;
+        }
+        match json::tape(plain) {
+            Ok(toks) => match json::duplicate_key(plain, &toks) {
+                Some(pointer) => KeyCheck::Repeated(pointer),
+                None => KeyCheck::Unique,
+            },
+            Err(_) => KeyCheck::NotChecked,
+        }
+    }
+
+    /// The repeated key's pointer, if there is one.
+    pub fn repeated(&self) -> Option<&str> {
+        match self {
+            KeyCheck::Repeated(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
 /// Everything known about one exchange when it ended.
 #[derive(Debug, Clone)]
 pub struct ExchangeRecord {
@@ -205,6 +249,14 @@ pub struct ExchangeRecord {
     pub request_headers: HeaderMap,
     /// The request body exactly as received.
     pub request_body: Bytes,
+    /// The request body as every reader reads it (sniff, rules, capture, cache
+    /// analysis): `request_body` decoded once when it arrived compressed, else the
+    /// same bytes.
+    pub request_plain: Bytes,
+    /// Whether the request body repeats a key in one object: readers then take
+    /// the last value, as the providers' parsers do (an `enforce` rule set refuses
+    /// such a body instead).
+    pub duplicate_key: KeyCheck,
     /// Request headers as sent upstream (hop-by-hop removed, rules applied).
     pub sent_headers: HeaderMap,
     /// The request body exactly as sent upstream (shares the received bytes when unchanged).
@@ -260,6 +312,8 @@ impl ExchangeRecord {
             model: None,
             request_headers: HeaderMap::new(),
             request_body: Bytes::new(),
+            request_plain: Bytes::new(),
+            duplicate_key: KeyCheck::NotChecked,
             sent_headers: HeaderMap::new(),
             sent_body: SentBody::default(),
             rules_fired: Vec::new(),

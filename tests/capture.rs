@@ -56,6 +56,22 @@ fn outcome_handler(r: &support::Received) -> Action {
             &json!({"type": "error", "error": {"type": "invalid_request_error", "message": "malformed JSON"}}),
         )),
         "down" => Action::Close,
+        "rate-limited" => Action::Respond(Reply::json(
+            429,
+            &json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+        )),
+        "overloaded" => Action::Respond(Reply::json(
+            529,
+            &json!({"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}),
+        )),
+        "stream-error" => {
+            let mut events = events[..3].to_vec();
+            events.push(
+                "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+                    .into(),
+            );
+            Action::Respond(Reply::sse(events, Duration::from_millis(5)))
+        }
         "cancel" => Action::Respond(Reply::sse(
             shapes::anthropic_events("m", &["x"; 30], (1, 0, 0, 30)),
             Duration::from_millis(100),
@@ -65,6 +81,43 @@ fn outcome_handler(r: &support::Received) -> Action {
         ),
         other => panic!("unexpected case {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn provider_errors_have_their_own_outcome() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    for (case, stream, status) in [
+        ("rate-limited", false, 429),
+        ("overloaded", false, 529),
+        ("stream-error", true, 200),
+        ("json", false, 200),
+    ] {
+        let response = client::send(
+            proxy.addr,
+            &messages_request(&proxy, case, &small_body(stream)),
+        )
+        .await;
+        assert_eq!(
+            response.status, status,
+            "{case}: the provider's answer stands"
+        );
+    }
+    let lines = proxy.wait_exchanges(4, WAIT).await;
+    let mut outcomes: Vec<&str> = lines
+        .iter()
+        .map(|l| l["outcome"].as_str().unwrap())
+        .collect();
+    outcomes.sort_unstable();
+    assert_eq!(
+        outcomes,
+        ["ok", "provider_error", "provider_error", "provider_error"]
+    );
+    captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let found = captures::ok(&proxy.captures, &["list", "--outcome", "provider_error"]);
+    assert!(found.ends_with("3 exchange(s)\n"), "{found}");
+    let none = captures::ok(&proxy.captures, &["list", "--outcome", "upstream_error"]);
+    assert!(none.ends_with("0 exchange(s)\n"), "{none}");
 }
 
 #[tokio::test]
@@ -133,7 +186,7 @@ async fn every_outcome_ends_as_exactly_one_record() {
             ("down", "upstream_error"),
             ("json", "ok"),
             ("json", "too_large"),
-            ("malformed", "ok"),
+            ("malformed", "provider_error"),
             ("reset", "upstream_error"),
             ("stream", "ok"),
         ]
@@ -181,7 +234,7 @@ async fn every_outcome_ends_as_exactly_one_record() {
     );
     assert_eq!(st["usage"]["output_tokens"], 4);
     // Malformed JSON: forwarded, and the record says the body was not JSON.
-    let bad = find("malformed", "ok");
+    let bad = find("malformed", "provider_error");
     assert_eq!(bad["response"]["status"], 400);
     assert_eq!(bad["request"]["body"]["json"], false);
     assert!(

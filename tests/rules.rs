@@ -542,7 +542,7 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
         model: promptgate::provider::sniff(&body).model.as_deref(),
         headers: http::HeaderMap::new(),
         body: &body,
-        max_body: 64 << 20,
+        plain: &body,
     });
     let want = applied
         .body

@@ -153,7 +153,7 @@ async fn mid_stream_error_event_is_reported() {
         events.concat().into_bytes(),
         "passed through untouched"
     );
-    assert_eq!(line["outcome"], "ok");
+    assert_eq!(line["outcome"], "provider_error");
     assert_eq!(line["error"], "overloaded_error: Overloaded");
     assert_eq!(line["in_tokens"], 5);
 }
@@ -164,6 +164,7 @@ async fn provider_error_bodies_are_reported() {
     let reply = Reply::json(429, &error).header("retry-after", "17");
     let (line, got) = exchange("/v1/messages", b"{}", reply).await;
     assert_eq!(line["status"], 429);
+    assert_eq!(line["outcome"], "provider_error");
     assert!(
         line["error"]
             .as_str()

@@ -587,7 +587,13 @@ impl RecordStage for CacheStage {
         let Some(format) = Format::of(provider, api) else {
             return;
         };
-        if record.sent_body.first() != Some(b'{') {
+        // What the provider reads: the body sent, decoded when it went on compressed.
+        let body = if record.sent_body.is(&record.request_body) {
+            SentBody::whole(record.request_plain.clone())
+        } else {
+            record.sent_body.clone()
+        };
+        if body.first() != Some(b'{') {
             return;
         }
         let start = self.clock.at(record.started_at);
@@ -603,7 +609,7 @@ impl RecordStage for CacheStage {
             format,
             key: conversation_key(&record.sent_headers, None, &self.key_source)
                 .ok_or_else(|| record.sent_headers.clone()),
-            body: record.sent_body.clone(),
+            body,
         };
         // A panic elsewhere while holding it cannot leave the queue half-pushed.
         self.began

@@ -433,6 +433,7 @@ mod tests {
             let mut r =
                 ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());
             r.request_body = bytes::Bytes::from_static(b"{\"messages\":[]}");
+            r.request_plain = r.request_body.clone();
             r
         };
         for _ in 0..5 {

@@ -21,11 +21,7 @@ use crate::conversation::{KeySource, conversation_key};
 use crate::observer::{BodyFormat, SseDecoder};
 use crate::provider::request::RequestView;
 use crate::provider::{Api, Usage};
-use crate::record::ExchangeRecord;
-
-/// The largest decoded request body kept (compressed request bodies are decoded to be
-/// redacted; this caps a compression bomb).
-const DECODE_LIMIT: u64 = 256 << 20;
+use crate::record::{ExchangeRecord, KeyCheck};
 
 /// One body as stored: what it is, and (when loaded) its bytes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -201,6 +197,10 @@ pub struct CaptureRecord {
     pub upstream_url: Option<String>,
     pub model: Option<String>,
     pub conversation: Option<String>,
+    /// The JSON pointer of a key the request body repeats in one object: every
+    /// reader took its last value, as the providers' parsers do.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duplicate_key: Option<String>,
     pub rules_fired: Vec<String>,
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed.
@@ -258,8 +258,7 @@ impl CaptureRecord {
         };
         let received_coding = content_coding(&r.request_headers);
         // The body is read once: the units and the conversation key both come from it.
-        let received_cut =
-            (r.capture && received_coding.is_none()).then(|| layout::cut(&r.request_body));
+        let received_cut = r.capture.then(|| layout::cut(&r.request_plain));
         // The key is read from what the client sent, then redacted like any text.
         let conversation = {
             let parsed;
@@ -269,11 +268,24 @@ impl CaptureRecord {
             } else if let Some(cut) = &received_cut {
                 cut.view.as_ref()
             } else {
-                parsed = RequestView::parse(&r.request_body).ok();
+                parsed = RequestView::parse(&r.request_plain).ok();
                 parsed.as_ref()
             };
             conversation_key(&r.request_headers, view, keys)
                 .map(|k| redactor.redact_text(&k, extra, &mut summary))
+        };
+        let duplicate_key = match &r.duplicate_key {
+            KeyCheck::NotChecked if r.capture => KeyCheck::of(&r.request_plain),
+            check => check.clone(),
+        };
+        // No rule looked, so the model was sniffed first-wins; the provider reads the last.
+        let model = match duplicate_key.repeated() {
+            Some("/model") if r.duplicate_key == KeyCheck::NotChecked => {
+                serde_json::from_slice::<serde_json::Value>(&r.request_plain)
+                    .ok()
+                    .and_then(|v| v.get("model")?.as_str().map(str::to_owned))
+            }
+            _ => r.model.clone(),
         };
         let observation = r.observation.as_ref();
         let summary_of = observation.map(|o| &o.summary);
@@ -297,8 +309,11 @@ impl CaptureRecord {
                 .upstream_url
                 .as_ref()
                 .map(|u| redactor.path(u, &mut summary)),
-            model: r.model.clone(),
+            model,
             conversation,
+            duplicate_key: duplicate_key
+                .repeated()
+                .map(|p| redactor.redact_text(p, extra, &mut summary)),
             rules_fired: r.rules_fired.clone(),
             tags: r.tags.clone(),
             body_diff: r.body_diff.clone(),
@@ -347,7 +362,7 @@ impl CaptureRecord {
             record.request.body = request_body(
                 &r.request_body,
                 &record.received_sha256,
-                received_coding.as_deref(),
+                received_coding.as_deref().map(|c| (&r.request_plain, c)),
                 received_cut.map(|c| c.split),
                 ctx,
                 &mut summary,
@@ -356,7 +371,8 @@ impl CaptureRecord {
                 record.request.sent_body = Some(request_body(
                     sent_body,
                     &record.sent_sha256,
-                    content_coding(&r.sent_headers).as_deref(),
+                    // A changed body goes upstream identity-encoded.
+                    None,
                     None,
                     ctx,
                     &mut sent_summary,
@@ -436,35 +452,34 @@ fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
     a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
 }
 
-/// A request body, decoded when it came compressed (`coding`), then redacted.
-/// `raw_sha256` is the hash of `raw`, reused when the stored bytes are the same;
-/// `raw_split` is `raw` already cut, when the caller had it.
+/// A request body, redacted: stored decoded when it came compressed (`decoded`:
+/// the bytes the exchange decoded once, and the coding). `raw_sha256` is the hash
+/// of `raw`, reused when the stored bytes are the same; `split` is the stored
+/// bytes already cut, when the caller had them.
 fn request_body(
     raw: &Bytes,
     raw_sha256: &str,
-    coding: Option<&str>,
-    raw_split: Option<layout::Split<'_>>,
+    decoded: Option<(&Bytes, &str)>,
+    split: Option<layout::Split<'_>>,
     ctx: &mut BodyContext<'_>,
     summary: &mut Summary,
 ) -> BodyInfo {
-    let (plain, mut note) = match coding {
-        Some(c) => match crate::observer::decode::decode(c, raw.clone(), DECODE_LIMIT) {
-            Ok(plain) => (plain, Some(format!("decoded from {c}"))),
-            // Undecodable bytes cannot be scanned, so they are not kept.
-            Err(e) => {
-                return BodyInfo {
-                    size: 0,
-                    sha256: sha256_hex(b""),
-                    note: Some(format!("not stored: {e}")),
-                    ..BodyInfo::default()
-                };
-            }
-        },
+    let (plain, mut note) = match decoded {
+        // Refused before it went anywhere: bytes that cannot be scanned are not kept.
+        Some((plain, c)) if plain.is_empty() && !raw.is_empty() => {
+            return BodyInfo {
+                size: 0,
+                sha256: sha256_hex(b""),
+                note: Some(format!("not stored: it could not be decoded from {c}")),
+                ..BodyInfo::default()
+            };
+        }
+        Some((plain, c)) => (plain.clone(), Some(format!("decoded from {c}"))),
         None => (raw.clone(), None),
     };
-    let split = match raw_split {
-        Some(split) if note.is_none() => split,
-        _ => layout::split(&plain),
+    let split = match split {
+        Some(split) => split,
+        None => layout::split(&plain),
     };
     let mut info = match ctx
         .cache
@@ -801,6 +816,7 @@ mod redacted_tests {
             "/v1/messages?key=abc123".into(),
         );
         r.request_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}]}"#);
+        r.request_plain = r.request_body.clone();
         r.sent_body = r.request_body.clone().into();
         r.request_headers
             .insert("x-team-secret", "team-value".parse().unwrap());

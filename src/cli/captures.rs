@@ -55,8 +55,8 @@ struct FilterArgs {
     /// Only this conversation (a key or its start).
     #[arg(long, value_name = "KEY")]
     conversation: Option<String>,
-    /// Only this outcome: ok, blocked, no_route, too_large, bad_request, upstream_error,
-    /// client_cancelled, shutdown, capture_unavailable.
+    /// Only this outcome: ok, provider_error, blocked, no_route, too_large, bad_request,
+    /// upstream_error, client_cancelled, shutdown, capture_unavailable.
     #[arg(long, value_name = "OUTCOME")]
     outcome: Option<String>,
     /// Only exchanges whose record or bodies contain this text.

@@ -249,7 +249,9 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             crate::provider::ROUTES_HELP
         );
     };
-    let model = crate::provider::sniff(&body).model;
+    let plain = crate::observer::decode::request_plain(&header_map, &body, 32 << 20)
+        .with_context(|| format!("reading {}", request.display()))?;
+    let model = crate::provider::sniff(&plain).model;
     let before = header_map.clone();
     let method = Method::POST;
     let result = set.apply_request(RequestCtx {
@@ -261,7 +263,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         model: model.as_deref(),
         headers: header_map,
         body: &body,
-        max_body: 32 << 20,
+        plain: &plain,
     });
     println!(
         "request: POST {path} ({}, model {}, {} bytes)",

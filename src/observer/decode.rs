@@ -3,44 +3,92 @@
 //! The client always gets the bytes exactly as the provider sent them; only the
 //! observer's copy is decoded. Output is capped so a compression bomb costs nothing.
 
-use std::io::Read;
+use std::io::Read as _;
 
 use bytes::Bytes;
 
+/// Why a body could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    /// A coding promptgate does not read (RFC 9110 answers it with 415).
+    #[error("unsupported content-encoding {0:?}")]
+    Unsupported(String),
+    /// The decoded bytes would pass the cap: a bomb, or a body over `--max-body`.
+    #[error("decoded body is over {limit} bytes")]
+    TooLarge { limit: u64 },
+    /// The bytes are not what the coding says.
+    #[error("could not decode {coding} body: {reason}")]
+    Corrupt { coding: String, reason: String },
+}
+
 /// Decodes `body` through the encodings named in a `Content-Encoding` value
 /// (applied left to right by the sender, so undone right to left).
-pub fn decode(content_encoding: &str, body: Bytes, limit: u64) -> Result<Bytes, String> {
+pub fn decode(content_encoding: &str, body: Bytes, limit: u64) -> Result<Bytes, DecodeError> {
     let mut data = body;
     for coding in content_encoding.rsplit(',').map(str::trim) {
         let coding = coding.to_ascii_lowercase();
-        data = match coding.as_str() {
+        let read = match coding.as_str() {
             "" | "identity" => continue,
             "gzip" | "x-gzip" => read_all(flate2::read::MultiGzDecoder::new(&data[..]), limit),
             // "deflate" means zlib-wrapped; some servers send raw deflate anyway.
-            "deflate" => read_all(flate2::read::ZlibDecoder::new(&data[..]), limit)
-                .or_else(|_| read_all(flate2::read::DeflateDecoder::new(&data[..]), limit)),
+            "deflate" => {
+                read_all(flate2::read::ZlibDecoder::new(&data[..]), limit).or_else(|e| match e {
+                    Read::TooLarge => Err(e),
+                    Read::Io(_) => read_all(flate2::read::DeflateDecoder::new(&data[..]), limit),
+                })
+            }
             "br" => read_all(
                 brotli_decompressor::Decompressor::new(&data[..], 8192),
                 limit,
             ),
             "zstd" => zstd::stream::read::Decoder::new(&data[..])
-                .map_err(|e| e.to_string())
+                .map_err(Read::Io)
                 .and_then(|d| read_all(d, limit)),
-            other => return Err(format!("unsupported content-encoding {other:?}")),
-        }
-        .map_err(|e| format!("could not decode {coding} body: {e}"))?;
+            _ => return Err(DecodeError::Unsupported(coding)),
+        };
+        data = read.map_err(|e| match e {
+            Read::TooLarge => DecodeError::TooLarge { limit },
+            Read::Io(e) => DecodeError::Corrupt {
+                coding: coding.clone(),
+                reason: e.to_string(),
+            },
+        })?;
     }
     Ok(data)
 }
 
-fn read_all(reader: impl Read, limit: u64) -> Result<Bytes, String> {
+/// A request body as its readers read it: decoded through its `Content-Encoding`
+/// (capped at `limit` bytes), or the same bytes when it has none.
+pub fn request_plain(
+    headers: &http::HeaderMap,
+    body: &Bytes,
+    limit: u64,
+) -> Result<Bytes, DecodeError> {
+    let coding = headers
+        .get(http::header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("(not text)"))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
+    match coding {
+        Some(coding) => decode(coding, body.clone(), limit),
+        None => Ok(body.clone()),
+    }
+}
+
+/// How one reader failed.
+enum Read {
+    TooLarge,
+    Io(std::io::Error),
+}
+
+fn read_all(reader: impl std::io::Read, limit: u64) -> Result<Bytes, Read> {
     let mut out = Vec::new();
     reader
         .take(limit + 1)
         .read_to_end(&mut out)
-        .map_err(|e| e.to_string())?;
+        .map_err(Read::Io)?;
     if out.len() as u64 > limit {
-        return Err(format!("decoded body is over {limit} bytes"));
+        return Err(Read::TooLarge);
     }
     Ok(Bytes::from(out))
 }
@@ -104,12 +152,18 @@ mod tests {
     #[test]
     fn bombs_and_garbage_are_errors() {
         let bomb = gzip(&vec![0u8; 1 << 20]);
-        assert!(
-            decode("gzip", Bytes::from(bomb), 1000)
-                .unwrap_err()
-                .contains("over 1000")
+        assert_eq!(
+            decode("gzip", Bytes::from(bomb), 1000),
+            Err(DecodeError::TooLarge { limit: 1000 })
         );
         assert!(decode("gzip", Bytes::from_static(b"not gzip"), 1000).is_err());
-        assert!(decode("compress", Bytes::from_static(b"x"), 1000).is_err());
+        assert!(matches!(
+            decode("gzip", Bytes::from_static(b"not gzip"), 1000),
+            Err(DecodeError::Corrupt { .. })
+        ));
+        assert_eq!(
+            decode("compress", Bytes::from_static(b"x"), 1000),
+            Err(DecodeError::Unsupported("compress".into()))
+        );
     }
 }

@@ -75,7 +75,7 @@ pub fn observe(
             Ok(body) => body,
             Err(e) => {
                 observation.format = BodyFormat::Other;
-                observation.parse_error = Some(e);
+                observation.parse_error = Some(e.to_string());
                 return observation;
             }
         },

@@ -320,6 +320,97 @@ fn tape_key(
     Ok(skip_ws(body, colon + 1))
 }
 
+/// The JSON pointer of the first key that occurs a second time in one object of
+/// `body` (`toks` its [`tape`]), at that second occurrence. Keys compare as decoded,
+/// so `"mod\u0065l"` repeats `"model"`: a last-wins parser reads them as one key.
+pub fn duplicate_key(body: &[u8], toks: &[Tok]) -> Option<String> {
+    // Agent objects hold a handful of keys; past this many a set beats comparing all.
+    const FEW: usize = 16;
+    let mut seen: Vec<Cow<'_, str>> = Vec::new();
+    let mut many: std::collections::HashSet<Cow<'_, str>> = std::collections::HashSet::new();
+    for (t, tok) in toks.iter().enumerate() {
+        if body.get(tok.start as usize) != Some(&b'{') {
+            continue;
+        }
+        seen.clear();
+        many.clear();
+        let end = tok.next as usize;
+        let mut k = t + 1;
+        while k < end {
+            let key = key_text(toks[k].of(body));
+            let repeated = if seen.len() < FEW {
+                let hit = seen.contains(&key);
+                seen.push(key);
+                hit
+            } else {
+                if many.is_empty() {
+                    many.extend(seen.drain(..));
+                }
+                !many.insert(key)
+            };
+            if repeated {
+                return Some(pointer_text(&path_to(body, toks, k)));
+            }
+            // The key's value follows it; the next key follows the value.
+            k = toks.get(k + 1).map_or(end, |v| v.next as usize);
+        }
+    }
+    None
+}
+
+/// A key as text: decoded, or its bytes as written when it is not valid.
+fn key_text(raw: &[u8]) -> Cow<'_, str> {
+    decode_str(raw).unwrap_or_else(|| String::from_utf8_lossy(raw))
+}
+
+/// The pointer tokens from the root of a tape to its token `target` (a key: the
+/// path ends with that key).
+fn path_to(body: &[u8], toks: &[Tok], target: usize) -> Vec<String> {
+    let mut path = Vec::new();
+    let mut at = 0;
+    'down: while at < target {
+        let object = body.get(toks[at].start as usize) == Some(&b'{');
+        let end = toks[at].next as usize;
+        let (mut c, mut index) = (at + 1, 0usize);
+        while c < end {
+            let (key, value) = if object { (Some(c), c + 1) } else { (None, c) };
+            let Some(v) = toks.get(value) else { break };
+            if let Some(key) = key
+                && key == target
+            {
+                path.push(key_text(toks[key].of(body)).into_owned());
+                break 'down;
+            }
+            if (value..v.next as usize).contains(&target) {
+                path.push(match key {
+                    Some(key) => key_text(toks[key].of(body)).into_owned(),
+                    None => index.to_string(),
+                });
+                at = value;
+                continue 'down;
+            }
+            c = v.next as usize;
+            index += 1;
+        }
+        break;
+    }
+    path
+}
+
+/// The RFC 6901 text of pointer tokens (`~` and `/` escaped).
+pub fn pointer_text(tokens: &[String]) -> String {
+    let mut out = String::with_capacity(tokens.iter().map(|t| t.len() + 1).sum());
+    for t in tokens {
+        out.push('/');
+        if t.contains(['~', '/']) {
+            out.push_str(&t.replace('~', "~0").replace('/', "~1"));
+        } else {
+            out.push_str(t);
+        }
+    }
+    out
+}
+
 /// A JSON string literal (with its quotes) as text: borrowed when it has no
 /// escapes, else unescaped; `None` when it is not valid (a bad escape, a lone
 /// surrogate, bytes that are not UTF-8). Strings are read where rules, capture
@@ -524,6 +615,50 @@ impl Scanner<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn dup(body: &str) -> Option<String> {
+        duplicate_key(body.as_bytes(), &tape(body.as_bytes()).unwrap())
+    }
+
+    #[test]
+    fn duplicate_keys_are_found_where_they_are_and_however_spelt() {
+        assert_eq!(
+            dup(r#"{"model":"a","messages":[],"model":"b"}"#).as_deref(),
+            Some("/model")
+        );
+        assert_eq!(
+            dup(r#"{"model":"a","mod\u0065l":"b"}"#).as_deref(),
+            Some("/model")
+        );
+        assert_eq!(
+            dup(r#"{"messages":[{"role":"user","content":"x"},{"role":"user","content":[{"type":"text","text":"a","text":"b"}]}]}"#)
+                .as_deref(),
+            Some("/messages/1/content/0/text")
+        );
+        assert_eq!(
+            dup(r#"{"a/b":{"x~":1,"x~":2}}"#).as_deref(),
+            Some("/a~1b/x~0")
+        );
+        // The same key in different objects, or as a string value, is no duplicate.
+        assert_eq!(
+            dup(r#"{"a":{"k":1},"b":{"k":1},"k":"k","m":["k","k"]}"#),
+            None
+        );
+        assert_eq!(dup(r#"{}"#), None);
+        assert_eq!(
+            dup(r#"[{"a":1},{"a":1,"b":{"c":[{"d":1,"d":2}]}}]"#).as_deref(),
+            Some("/1/b/c/0/d")
+        );
+        // Objects with many keys switch to a set; the answer is the same.
+        let mut wide = String::from("{");
+        for i in 0..100 {
+            wide.push_str(&format!("\"k{i}\":{i},"));
+        }
+        wide.push_str("\"k7\":0}");
+        assert_eq!(dup(&wide).as_deref(), Some("/k7"));
+        wide = wide.replace("\"k7\":0}", "\"z\":0}");
+        assert_eq!(dup(&wide), None);
+    }
 
     #[test]
     fn strings_end_at_their_first_unescaped_quote_short_or_long() {

@@ -115,6 +115,9 @@ pub(crate) struct Index<'a> {
     /// The tokens of keys that may spell `cache_control`, in order: breakpoints
     /// are looked for only in values that hold one.
     cache_control_keys: Vec<u32>,
+    /// The first repeated key's pointer, once looked for: with one, lookups take
+    /// a key's last value.
+    duplicate: OnceCell<Option<String>>,
 }
 
 impl std::fmt::Debug for Index<'_> {
@@ -135,7 +138,21 @@ impl<'a> Index<'a> {
             body,
             toks,
             cache_control_keys,
+            duplicate: OnceCell::new(),
         })
+    }
+
+    /// The pointer of the first key repeated in one object, found on first ask.
+    fn duplicate(&self) -> Option<&str> {
+        self.duplicate
+            .get_or_init(|| json::duplicate_key(self.body, &self.toks))
+            .as_deref()
+    }
+
+    /// Whether readers must take each key's last value (a body without repeats
+    /// has one value per key, so the first is the last).
+    fn last_wins(&self) -> bool {
+        self.duplicate.get().is_some_and(Option::is_some)
     }
 
     fn raw(&'a self, t: usize) -> Raw<'a> {
@@ -160,17 +177,22 @@ impl<'a> Index<'a> {
     }
 
     /// The child of the container at token `t` named by `token`, as [`Index::open`]
-    /// would find it: the first key that matches.
+    /// would find it: the key that matches (its last value when keys repeat).
     fn child(&'a self, t: usize, token: &str) -> Option<Raw<'a>> {
         match self.body[self.toks[t].start as usize] {
             b'{' => {
+                let last_wins = self.last_wins();
+                let mut found = None;
                 let mut kids = self.children(t);
                 while let (Some(k), Some(v)) = (kids.next(), kids.next()) {
                     if key_is(self.toks[k].of(self.body), token)? {
-                        return Some(self.raw(v));
+                        found = Some(self.raw(v));
+                        if !last_wins {
+                            break;
+                        }
                     }
                 }
-                None
+                found
             }
             b'[' => self
                 .children(t)
@@ -187,10 +209,15 @@ impl<'a> Index<'a> {
         match text.first() {
             Some(b'{') => {
                 let mut entries = Vec::with_capacity(self.children(t).count() / 2);
+                let last_wins = self.last_wins();
                 let mut kids = self.children(t);
                 while let (Some(k), Some(v)) = (kids.next(), kids.next()) {
                     let key = json::decode_str(self.toks[k].of(self.body))?;
-                    entries.push((key, Node::Raw(self.raw(v))));
+                    if last_wins {
+                        put_last(&mut entries, key, Node::Raw(self.raw(v)));
+                    } else {
+                        entries.push((key, Node::Raw(self.raw(v))));
+                    }
                 }
                 Some(Node::Object {
                     orig: Some(text),
@@ -275,16 +302,7 @@ impl Pointer {
 
     /// The pointer text of `tokens`.
     pub(crate) fn text(tokens: &[String]) -> String {
-        let mut out = String::with_capacity(tokens.iter().map(|t| t.len() + 1).sum());
-        for t in tokens {
-            out.push('/');
-            if t.contains(['~', '/']) {
-                out.push_str(&t.replace('~', "~0").replace('/', "~1"));
-            } else {
-                out.push_str(t);
-            }
-        }
-        out
+        json::pointer_text(tokens)
     }
 }
 
@@ -1021,33 +1039,48 @@ impl<'o> Splice<'o> {
 /// caller makes it empty and keeps it for the whole run; it fills on first use.
 #[derive(Default)]
 pub(crate) struct BodyStore<'a> {
-    decoded: OnceCell<Result<Bytes, String>>,
     index: OnceCell<Option<Index<'a>>>,
 }
 
 /// The body of one request: its bytes (decoded when compressed), parsed on first use.
 pub(crate) struct LazyBody<'a> {
     sent: &'a Bytes,
+    /// `sent` decoded (the same bytes when it came uncompressed): what rules read.
+    plain: &'a Bytes,
     encoding: Option<&'a str>,
     store: &'a BodyStore<'a>,
-    limit: u64,
     root: Option<Result<Node<'a>, String>>,
 }
 
 impl<'a> LazyBody<'a> {
-    /// `sent` as received; `encoding` its `Content-Encoding`, if any.
+    /// `sent` as received, `plain` its decoded bytes; `encoding` its
+    /// `Content-Encoding`, if any.
     pub(crate) fn new(
         sent: &'a Bytes,
+        plain: &'a Bytes,
         encoding: Option<&'a str>,
         store: &'a BodyStore<'a>,
-        limit: u64,
     ) -> Self {
         LazyBody {
             sent,
+            plain,
             encoding,
             store,
-            limit,
             root: None,
+        }
+    }
+
+    /// Whether the body could be looked at (a JSON object the structure pass
+    /// follows), and the pointer of a key that occurs twice in one of its objects.
+    /// Looked for once; from then on every reader takes a repeated key's last value.
+    pub(crate) fn duplicate_key(&self) -> (bool, Option<String>) {
+        let b: &'a [u8] = self.plain;
+        if b.get(skip_ws(b, 0)) != Some(&b'{') {
+            return (false, None);
+        }
+        match self.store.index.get_or_init(|| Index::build(b)) {
+            Some(index) => (true, index.duplicate().map(str::to_owned)),
+            None => (false, None),
         }
     }
 
@@ -1061,28 +1094,11 @@ impl<'a> LazyBody<'a> {
         self.root.is_some()
     }
 
-    /// The bytes rules read: decoded when the body was compressed.
-    fn plain(&self) -> Result<&'a Bytes, String> {
-        let Some(encoding) = self
-            .encoding
-            .filter(|e| !e.trim().eq_ignore_ascii_case("identity"))
-        else {
-            return Ok(self.sent);
-        };
-        let sent = self.sent;
-        let limit = self.limit;
-        self.store
-            .decoded
-            .get_or_init(|| crate::observer::decode::decode(encoding, sent.clone(), limit))
-            .as_ref()
-            .map_err(Clone::clone)
-    }
-
     /// The parsed body, or why it cannot be read as a JSON object.
     pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
         if self.root.is_none() {
             let store = self.store;
-            let parsed = self.plain().and_then(|b| parse_root(b, &store.index));
+            let parsed = parse_root(self.plain, &store.index);
             self.root = Some(parsed);
         }
         match self.root.as_mut() {
@@ -1104,7 +1120,7 @@ impl<'a> LazyBody<'a> {
     pub(crate) fn changed(&self) -> Option<SentBody> {
         match &self.root {
             Some(Ok(node)) if node.is_dirty() => {
-                let mut out = Splice::new(self.plain().ok()?);
+                let mut out = Splice::new(self.plain);
                 node.write(&mut out);
                 Some(out.finish())
             }
@@ -1156,8 +1172,18 @@ fn parse_root<'a>(
     })
 }
 
-/// Splits a JSON object into its keys and raw values, in order; also returns
-/// where it ends. `None` when it is malformed.
+/// Adds a key to an object's entries as a last-wins parser does: a repeated key
+/// keeps its first place and takes the new value.
+fn put_last<'a>(entries: &mut Entries<'a>, key: Cow<'a, str>, value: Node<'a>) {
+    match entries.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, v)) => *v = value,
+        None => entries.push((key, value)),
+    }
+}
+
+/// Splits a JSON object into its keys and raw values, in order (a repeated key
+/// once, with its last value); also returns where it ends. `None` when it is
+/// malformed.
 fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
     let b = text;
     let mut out = Vec::new();
@@ -1177,7 +1203,7 @@ fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
         }
         i = skip_ws(b, i + 1);
         let end = skip_value(b, i)?;
-        out.push((key, Node::Raw(Raw::plain(&text[i..end]))));
+        put_last(&mut out, key, Node::Raw(Raw::plain(&text[i..end])));
         i = skip_ws(b, end);
         match b.get(i) {
             Some(b',') => i = skip_ws(b, i + 1),
@@ -1217,7 +1243,7 @@ mod tests {
     fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
+        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
         f(lazy.root().unwrap());
         match lazy.changed() {
             Some(b) => String::from_utf8(b.bytes().to_vec()).unwrap(),
@@ -1313,7 +1339,7 @@ mod tests {
     fn non_json_bodies_say_why() {
         let bytes = Bytes::from_static(b"not json");
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
+        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
         for bad in [
             &b"[1]"[..],
@@ -1326,7 +1352,7 @@ mod tests {
         ] {
             let bytes = Bytes::copy_from_slice(bad);
             let store = BodyStore::default();
-            let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
+            let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
             let e = lazy.root().unwrap_err();
             assert!(e.starts_with("the body is not a JSON object"), "{e}");
             assert!(lazy.changed().is_none());
@@ -1348,7 +1374,7 @@ mod tests {
         );
         let bytes = Bytes::from(body.clone());
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 20);
+        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
         let root = lazy.root().unwrap();
         let cc = root
             .at_mut(&ptr!["messages", 1, "content", 0, "cache_control"])

@@ -110,6 +110,10 @@ pub struct RuleSet {
     pub secret_headers: Vec<HeaderName>,
 }
 
+/// The status of a `block` that names none, of `model.allow` and of the
+/// repeated-key refusal.
+pub(crate) const BLOCK_STATUS: StatusCode = StatusCode::FORBIDDEN;
+
 /// What a blocked request is answered with.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Block {
@@ -206,8 +210,9 @@ pub struct RequestCtx<'a> {
     pub headers: HeaderMap,
     /// The body as received (maybe compressed: see `Content-Encoding` in `headers`).
     pub body: &'a Bytes,
-    /// The most bytes a compressed body may decode to.
-    pub max_body: u64,
+    /// The body decoded once by the caller (`observer::decode::request_plain`): the
+    /// same bytes as `body` when it came uncompressed. Rules read only this.
+    pub plain: &'a Bytes,
 }
 
 /// What the request phases did.
@@ -221,6 +226,13 @@ pub struct RequestResult {
     pub effects: Effects,
     /// Whether the body was parsed (for the no-parse guarantee's tests).
     pub body_parsed: bool,
+    /// The pointer of a key the body repeats in one object, when rules ran and
+    /// found one (rules then read each repeated key's last value).
+    pub duplicate_key: Option<String>,
+    /// Whether rules looked for repeated keys (a JSON object body they could follow).
+    pub body_checked: bool,
+    /// The model as rules read it: the last `model` when the body repeats it.
+    pub model: Option<String>,
 }
 
 /// The fixed facts of a request that every phase reads.
@@ -310,6 +322,9 @@ impl RuleSet {
                 body: None,
                 effects,
                 body_parsed: false,
+                duplicate_key: None,
+                body_checked: false,
+                model: req.model.map(str::to_owned),
             };
         }
         let encoding = headers
@@ -317,7 +332,7 @@ impl RuleSet {
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned);
         let store = BodyStore::default();
-        let mut body = LazyBody::new(req.body, encoding.as_deref(), &store, req.max_body);
+        let mut body = LazyBody::new(req.body, req.plain, encoding.as_deref(), &store);
         let info = Info {
             provider: req.provider,
             api: req.api,
@@ -327,6 +342,17 @@ impl RuleSet {
         };
         let mut verdict = Verdict::Continue;
         let mut model = req.model.map(str::to_owned);
+        // A repeated key reads one way here and another upstream (a last-wins parser
+        // takes the later value): refused under enforce, else read as upstream reads it.
+        let (body_checked, duplicate_key) = body.duplicate_key();
+        if let Some(pointer) = &duplicate_key {
+            if let Some(strict) = self.rules.iter().find(|r| r.enabled && r.enforce) {
+                verdict = Verdict::Respond(ambiguous(strict, pointer));
+            } else if let Ok(root) = body.root() {
+                model = root.str_field("model");
+            }
+        }
+        let received_model = model.clone();
         for phase in [Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest] {
             let mut st = State {
                 info,
@@ -339,11 +365,11 @@ impl RuleSet {
                 rule: String::new(),
                 secrets: &self.secret_headers,
             };
-            verdict = self.run(phase, &mut st);
-            model = st.model.take();
             if verdict != Verdict::Continue {
                 break;
             }
+            verdict = self.run(phase, &mut st);
+            model = st.model.take();
         }
         if verdict == Verdict::Continue
             && (body.root_if_parsed().is_some_and(|r| r.is_dirty())
@@ -373,6 +399,9 @@ impl RuleSet {
             body: changed,
             effects,
             body_parsed,
+            duplicate_key,
+            body_checked,
+            model: received_model,
         }
     }
 
@@ -445,6 +474,21 @@ impl RuleSet {
             }
         }
         Verdict::Continue
+    }
+}
+
+/// The refusal of a body with a repeated key while `strict`, an `enforce` rule, is
+/// loaded: the status and type of a default `block`.
+fn ambiguous(strict: &Rule, pointer: &str) -> Block {
+    Block {
+        status: BLOCK_STATUS,
+        error_type: None,
+        message: format!(
+            "the request body repeats the key at {pointer} in one object, so it reads \
+             differently to different JSON parsers; promptgate refuses such bodies \
+             while enforce rules are loaded"
+        ),
+        rule: strict.name.clone(),
     }
 }
 

@@ -59,7 +59,9 @@ impl Req {
         self
     }
     fn run(&self, rules: &RuleSet) -> RequestResult {
-        let model = crate::provider::sniff(&self.body).model;
+        let plain =
+            crate::observer::decode::request_plain(&self.headers, &self.body, 32 << 20).unwrap();
+        let model = crate::provider::sniff(&plain).model;
         rules.apply_request(RequestCtx {
             provider: self.provider,
             api: Api::Messages,
@@ -69,7 +71,7 @@ impl Req {
             model: model.as_deref(),
             headers: self.headers.clone(),
             body: &self.body,
-            max_body: 32 << 20,
+            plain: &plain,
         })
     }
 }
@@ -165,7 +167,7 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
     ] {
         let bytes = Bytes::from(body);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, None, &store, 1 << 30);
+        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
         assert_eq!(out.len(), bytes.len());

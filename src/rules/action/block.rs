@@ -6,7 +6,7 @@ use toml::de::DeValue;
 
 use super::Action;
 use crate::rules::load::{Cx, Val};
-use crate::rules::{Block, State};
+use crate::rules::{BLOCK_STATUS, Block, State};
 
 #[derive(Debug)]
 struct BlockAction {
@@ -29,7 +29,7 @@ impl Action for BlockAction {
 pub(super) fn compile(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
     if let DeValue::String(s) = v.get_ref() {
         return Some(Box::new(BlockAction {
-            status: StatusCode::FORBIDDEN,
+            status: BLOCK_STATUS,
             error_type: None,
             message: s.to_string(),
         }));
@@ -40,7 +40,7 @@ pub(super) fn compile(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
             let n = cx.count(s, "status", 400..600)?;
             StatusCode::from_u16(n as u16).ok()?
         }
-        None => StatusCode::FORBIDDEN,
+        None => BLOCK_STATUS,
     };
     let error_type = match t.get("type") {
         Some(x) => Some(cx.str(x, "type")?.to_owned()),

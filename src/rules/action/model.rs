@@ -2,7 +2,6 @@
 //! asked of the model.
 
 use globset::GlobMatcher;
-use http::StatusCode;
 use serde_json::{Value, json};
 use toml::de::DeValue;
 
@@ -69,7 +68,7 @@ impl Action for Allow {
             return Ok(None);
         }
         Ok(Some(Block {
-            status: StatusCode::FORBIDDEN,
+            status: crate::rules::BLOCK_STATUS,
             error_type: None,
             message: format!(
                 "model {model:?} is not allowed here (allowed: {})",
