@@ -49,6 +49,10 @@ pub struct ConfigLayer {
     pub connect_timeout: Option<Scalar>,
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
+    pub header_timeout: Option<Scalar>,
+    pub body_timeout: Option<Scalar>,
+    pub max_connections: Option<usize>,
+    pub max_connections_per_client: Option<usize>,
     pub shutdown_grace: Option<Scalar>,
     pub workers: Option<usize>,
     pub certs: Option<PathBuf>,
@@ -105,6 +109,16 @@ pub struct Config {
     pub upstream_timeout: Duration,
     /// Longest silence allowed between response body chunks; a live stream is never cut.
     pub idle_timeout: Duration,
+    /// Time a client connection gets to send a request head: the first one, and
+    /// each next one on a kept-alive connection.
+    pub header_timeout: Duration,
+    /// Longest silence allowed while a request body arrives.
+    pub body_timeout: Duration,
+    /// Client connections open at once, in all; past it new ones get a 503.
+    pub max_connections: usize,
+    /// Client connections open at once from one address; 0 = no such cap (behind
+    /// a load balancer every client shares its address).
+    pub max_connections_per_client: usize,
     /// How long in-flight exchanges may take to finish after SIGINT/SIGTERM.
     pub shutdown_grace: Duration,
     /// Serving threads (each a single-threaded runtime); 0 means one per core.
@@ -158,6 +172,10 @@ impl Default for Config {
             // The SDKs' own read timeout is 600 s; promptgate must not be the shorter one.
             upstream_timeout: Duration::from_secs(600),
             idle_timeout: Duration::from_secs(600),
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 4096,
+            max_connections_per_client: 512,
             shutdown_grace: Duration::from_secs(30),
             workers: 0,
             certs: PathBuf::from("certs"),
@@ -407,6 +425,18 @@ impl Config {
         if let Some(v) = layer.workers {
             self.workers = v;
         }
+        if let Some(v) = layer.max_connections {
+            if v == 0 {
+                return Err(ConfigError::Invalid {
+                    setting: "max-connections",
+                    message: "expected at least 1 (e.g. 4096)".into(),
+                });
+            }
+            self.max_connections = v;
+        }
+        if let Some(v) = layer.max_connections_per_client {
+            self.max_connections_per_client = v;
+        }
         for (setting, value, slot) in [
             (
                 "connect-timeout",
@@ -419,6 +449,12 @@ impl Config {
                 &mut self.upstream_timeout,
             ),
             ("idle-timeout", layer.idle_timeout, &mut self.idle_timeout),
+            (
+                "header-timeout",
+                layer.header_timeout,
+                &mut self.header_timeout,
+            ),
+            ("body-timeout", layer.body_timeout, &mut self.body_timeout),
             (
                 "shutdown-grace",
                 layer.shutdown_grace,

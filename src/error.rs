@@ -44,6 +44,8 @@ pub enum ErrorKind {
     BadRequestBody,
     /// The request body's `Content-Encoding` is one promptgate cannot read.
     UnsupportedEncoding,
+    /// The client stopped sending its request body (`--body-timeout`).
+    BodyTimeout,
     /// The upstream could not be reached (DNS, refused, reset during connect).
     UpstreamConnect,
     /// The TLS handshake with the upstream failed (untrusted certificate, protocol).
@@ -64,6 +66,7 @@ impl ErrorKind {
             ErrorKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::BadRequestBody => StatusCode::BAD_REQUEST,
             ErrorKind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::BodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::UpstreamConnect => StatusCode::BAD_GATEWAY,
             ErrorKind::UpstreamTls => StatusCode::BAD_GATEWAY,
             ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
@@ -79,6 +82,7 @@ impl ErrorKind {
             ErrorKind::BodyTooLarge => "request_too_large",
             ErrorKind::BadRequestBody => "bad_request_body",
             ErrorKind::UnsupportedEncoding => "unsupported_content_encoding",
+            ErrorKind::BodyTimeout => "request_body_timeout",
             ErrorKind::UpstreamConnect => "upstream_unreachable",
             ErrorKind::UpstreamTls => "upstream_tls_failed",
             ErrorKind::UpstreamTimeout => "upstream_timeout",
@@ -95,6 +99,7 @@ impl ErrorKind {
             ErrorKind::BodyTooLarge => false,
             ErrorKind::BadRequestBody => false,
             ErrorKind::UnsupportedEncoding => false,
+            ErrorKind::BodyTimeout => false,
             ErrorKind::UpstreamConnect => true,
             ErrorKind::UpstreamTls => false,
             ErrorKind::UpstreamTimeout => true,
@@ -110,6 +115,7 @@ impl ErrorKind {
             ErrorKind::BodyTooLarge => Outcome::TooLarge,
             ErrorKind::BadRequestBody => Outcome::BadRequest,
             ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
+            ErrorKind::BodyTimeout => Outcome::BadRequest,
             ErrorKind::UpstreamConnect => Outcome::UpstreamError,
             ErrorKind::UpstreamTls => Outcome::UpstreamError,
             ErrorKind::UpstreamTimeout => Outcome::UpstreamError,

@@ -206,7 +206,8 @@ impl Proxy {
         let (mut parts, body) = request.into_parts();
         // Known before the body: a request refused while reading it keeps its headers.
         pending.get().request_headers = parts.headers.clone();
-        let body = match read_body(body, &parts.headers, self.config.max_body).await {
+        let limits = (self.config.max_body, self.config.body_timeout);
+        let body = match read_body(body, &parts.headers, limits).await {
             Ok(body) => body,
             Err(e) => return error_response(pending, route.provider, e),
         };
@@ -365,8 +366,13 @@ impl Proxy {
     }
 }
 
-/// Reads the request body whole, refusing it past `max` bytes.
-async fn read_body(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<Bytes, ProxyError> {
+/// Reads the request body whole, refusing it past `max` bytes or after `silence`
+/// without a byte.
+async fn read_body(
+    mut body: Incoming,
+    headers: &HeaderMap,
+    (max, silence): (u64, std::time::Duration),
+) -> Result<Bytes, ProxyError> {
     let too_large = |n: u64| {
         ProxyError::new(
             ErrorKind::BodyTooLarge,
@@ -386,7 +392,18 @@ async fn read_body(mut body: Incoming, headers: &HeaderMap, max: u64) -> Result<
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
     let mut total: u64 = 0;
-    while let Some(frame) = body.frame().await {
+    loop {
+        let Ok(frame) = tokio::time::timeout(silence, body.frame()).await else {
+            return Err(ProxyError::new(
+                ErrorKind::BodyTimeout,
+                format!(
+                    "the request body stopped arriving: nothing for {}s after {total} bytes \
+                     (--body-timeout)",
+                    silence.as_secs()
+                ),
+            ));
+        };
+        let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| {
             ProxyError::new(
                 ErrorKind::BadRequestBody,

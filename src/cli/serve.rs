@@ -53,6 +53,18 @@ pub struct ServeArgs {
     /// Longest silence allowed between response chunks [default: 600s].
     #[arg(long, value_name = "DURATION")]
     idle_timeout: Option<String>,
+    /// Time a client gets to send each request head, the first and each kept-alive next one [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    header_timeout: Option<String>,
+    /// Longest silence allowed while a request body arrives; then 408 [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    body_timeout: Option<String>,
+    /// Client connections open at once; past it new ones get a 503 [default: 4096].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Client connections open at once from one address, 0 for no cap (behind a load balancer) [default: 512].
+    #[arg(long, value_name = "N")]
+    max_connections_per_client: Option<usize>,
     /// Time in-flight exchanges get to finish on SIGINT/SIGTERM [default: 30s].
     #[arg(long, value_name = "DURATION")]
     shutdown_grace: Option<String>,
@@ -152,6 +164,10 @@ impl ServeArgs {
             connect_timeout: self.connect_timeout.map(Into::into),
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),
+            header_timeout: self.header_timeout.map(Into::into),
+            body_timeout: self.body_timeout.map(Into::into),
+            max_connections: self.max_connections,
+            max_connections_per_client: self.max_connections_per_client,
             shutdown_grace: self.shutdown_grace.map(Into::into),
             workers: self.workers,
             admin: self.admin,

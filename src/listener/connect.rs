@@ -169,7 +169,7 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
             request.extensions_mut().insert(target.clone());
             async move { Ok::<_, std::convert::Infallible>(proxy.handle(request, Some(peer)).await) }
         });
-        let builder = connection_builder();
+        let builder = connection_builder(front.proxy.config.header_timeout);
         let connection = builder.serve_connection(TokioIo::new(tls), service);
         tokio::pin!(connection);
         let mut draining = front.draining.clone();

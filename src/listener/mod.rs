@@ -12,11 +12,14 @@ pub mod auth;
 mod connect;
 pub mod intercept;
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, Version, header};
@@ -26,6 +29,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -44,8 +48,192 @@ struct Front {
     draining: watch::Receiver<bool>,
 }
 
-/// A connection accepted by the listener, handed to a worker.
-type Accepted = (std::net::TcpStream, SocketAddr);
+/// A connection accepted by the listener, handed to a worker with its slot.
+type Accepted = (std::net::TcpStream, SocketAddr, ConnectionSlot);
+
+/// The caps on client connections open at once, in all and per client address:
+/// past either, a new connection gets a 503 and is closed, so idle sockets cannot
+/// use up promptgate's file descriptors.
+struct ConnectionCaps {
+    total: usize,
+    /// 0: no per-address cap.
+    per_client: usize,
+    open: Mutex<OpenConnections>,
+}
+
+#[derive(Default)]
+struct OpenConnections {
+    total: usize,
+    by_client: HashMap<IpAddr, usize>,
+}
+
+/// One admitted connection; dropped when the connection ends, it frees its place.
+struct ConnectionSlot {
+    caps: Arc<ConnectionCaps>,
+    client: IpAddr,
+}
+
+impl ConnectionCaps {
+    fn lock(&self) -> std::sync::MutexGuard<'_, OpenConnections> {
+        // The counts stay consistent under a panic elsewhere: each change is one step.
+        self.open.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for a new connection from `client`, or why there is none.
+    fn admit(self: &Arc<Self>, client: IpAddr) -> Result<ConnectionSlot, String> {
+        let mut open = self.lock();
+        if open.total >= self.total {
+            return Err(format!(
+                "{} connections are open, the most allowed (--max-connections)",
+                open.total
+            ));
+        }
+        let mine = open.by_client.get(&client).copied().unwrap_or(0);
+        if self.per_client > 0 && mine >= self.per_client {
+            return Err(format!(
+                "{mine} connections from {client} are open, the most allowed from one address \
+                 (--max-connections-per-client)"
+            ));
+        }
+        open.total += 1;
+        open.by_client.insert(client, mine + 1);
+        Ok(ConnectionSlot {
+            caps: self.clone(),
+            client,
+        })
+    }
+}
+
+impl Drop for ConnectionSlot {
+    fn drop(&mut self) {
+        let mut open = self.caps.lock();
+        open.total = open.total.saturating_sub(1);
+        if let Some(n) = open.by_client.get_mut(&self.client) {
+            *n -= 1;
+            if *n == 0 {
+                open.by_client.remove(&self.client);
+            }
+        }
+    }
+}
+
+/// A warning that may repeat thousands of times a second (a full fd table, a
+/// flood of refused connections): logged at most once a second, with a count.
+struct Throttled {
+    what: &'static str,
+    last: Option<Instant>,
+    since: u64,
+}
+
+impl Throttled {
+    fn new(what: &'static str) -> Throttled {
+        Throttled {
+            what,
+            last: None,
+            since: 0,
+        }
+    }
+
+    fn warn(&mut self, detail: &str) {
+        self.since += 1;
+        let now = Instant::now();
+        if self.last.is_some_and(|t| now - t < Duration::from_secs(1)) {
+            return;
+        }
+        tracing::warn!(count = self.since, "{}: {detail}", self.what);
+        self.last = Some(now);
+        self.since = 0;
+    }
+}
+
+/// A client socket that must send its first byte before a deadline. hyper's
+/// header timeout only starts once it reads a request head, and telling HTTP/1
+/// from HTTP/2 before that waits for bytes without one.
+struct FirstByteDeadline<S> {
+    inner: S,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl<S> FirstByteDeadline<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        FirstByteDeadline {
+            inner,
+            deadline: Some(Box::pin(tokio::time::sleep(limit))),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FirstByteDeadline<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(Ok(())) => {
+                if buf.filled().len() > before {
+                    self.deadline = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match self.deadline.as_mut().map(|d| d.as_mut().poll(cx)) {
+                Some(Poll::Ready(())) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no request within the header timeout",
+                ))),
+                _ => Poll::Pending,
+            },
+            ready => ready,
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FirstByteDeadline<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// What a connection past a cap is told before it is closed.
+async fn refuse_connection(mut stream: tokio::net::TcpStream, why: &str) {
+    let body = format!("promptgate: too many connections: {why}\n");
+    let head = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
+         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    let write = async {
+        stream.write_all(head.as_bytes()).await?;
+        stream.write_all(body.as_bytes()).await?;
+        stream.shutdown().await
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), write).await;
+}
 
 /// The serving threads: each runs a single-threaded runtime with its own upstream
 /// connection pool, and serves the connections handed to it start to end. A request,
@@ -60,6 +248,7 @@ pub struct Workers {
     stop: watch::Sender<bool>,
     /// Set when shutdown starts: connections inside CONNECT tunnels end at their next pause.
     draining: watch::Sender<bool>,
+    caps: Arc<ConnectionCaps>,
 }
 
 impl Workers {
@@ -72,12 +261,21 @@ impl Workers {
     ) -> std::io::Result<Workers> {
         let (stop, stop_rx) = watch::channel(false);
         let (draining, draining_rx) = watch::channel(false);
+        let config = proxies
+            .first()
+            .map(|p| p.config.clone())
+            .unwrap_or_default();
         let mut workers = Workers {
             senders: Vec::new(),
             done: Vec::new(),
             threads: Vec::new(),
             stop,
             draining,
+            caps: Arc::new(ConnectionCaps {
+                total: config.max_connections,
+                per_client: config.max_connections_per_client,
+                open: Mutex::default(),
+            }),
         };
         for (i, proxy) in proxies.into_iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -124,9 +322,12 @@ pub async fn serve(
         threads,
         stop,
         draining,
+        caps,
     } = workers;
     tokio::pin!(shutdown);
     let mut next = 0usize;
+    let mut accept_failed = Throttled::new("accept failed");
+    let mut refused = Throttled::new("refused a connection");
     loop {
         let accepted = tokio::select! {
             accepted = listener.accept() => accepted,
@@ -136,8 +337,16 @@ pub async fn serve(
             Ok(pair) => pair,
             Err(e) => {
                 // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!("accept failed: {e}");
+                accept_failed.warn(&e.to_string());
                 tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let slot = match caps.admit(peer.ip()) {
+            Ok(slot) => slot,
+            Err(why) => {
+                refused.warn(&why);
+                tokio::spawn(async move { refuse_connection(stream, &why).await });
                 continue;
             }
         };
@@ -149,7 +358,7 @@ pub async fn serve(
         if senders.is_empty() {
             continue;
         }
-        let _ = senders[next % senders.len()].send((stream, peer));
+        let _ = senders[next % senders.len()].send((stream, peer, slot));
         next = next.wrapping_add(1);
     }
 
@@ -193,12 +402,14 @@ async fn work(
     front: Arc<Front>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let builder = connection_builder();
+    let header_timeout = front.proxy.config.header_timeout;
+    let builder = connection_builder(header_timeout);
     let graceful = GracefulShutdown::new();
-    while let Some((stream, peer)) = incoming.recv().await {
+    while let Some((stream, peer, slot)) = incoming.recv().await {
         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
             continue;
         };
+        let stream = FirstByteDeadline::new(stream, header_timeout);
         let front = front.clone();
         let service = service_fn(move |request| {
             let front = front.clone();
@@ -212,6 +423,7 @@ async fn work(
             if let Err(e) = connection.await {
                 tracing::debug!("connection from {peer} ended: {e}");
             }
+            drop(slot);
         });
     }
     tokio::select! {
@@ -221,14 +433,15 @@ async fn work(
 }
 
 /// The HTTP/1.1 + HTTP/2 server settings for client connections, outer and tunnelled.
-fn connection_builder() -> auto::Builder<TokioExecutor> {
+fn connection_builder(header_timeout: Duration) -> auto::Builder<TokioExecutor> {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .preserve_header_case(true)
         .timer(TokioTimer::new())
-        // A client that sends headers slowly is cut after this; bodies are not limited by it.
-        .header_read_timeout(Duration::from_secs(60));
+        // Each request head, also the next one on a kept-alive connection; bodies
+        // have their own timeout (--body-timeout).
+        .header_read_timeout(header_timeout);
     builder.http2().timer(TokioTimer::new());
     builder
 }
