@@ -5,6 +5,7 @@
 //! exchange. Errors are classified here into [`ProxyError`]s.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -38,7 +39,67 @@ pub enum UpstreamSetupError {
 /// The pooled client to the providers.
 #[derive(Clone)]
 pub struct Upstream {
-    client: Client<HttpsConnector<HttpConnector>, UpstreamBody>,
+    client: Client<Bounded<HttpsConnector<HttpConnector>>, UpstreamBody>,
+}
+
+/// A connector whose connections must be up, TCP and TLS, within `limit`
+/// (`--connect-timeout`): the TCP connector's own timeout ends at the socket, and
+/// a peer that accepts and then stays silent would hold the handshake forever.
+#[derive(Clone)]
+pub struct Bounded<C> {
+    inner: C,
+    limit: Duration,
+}
+
+/// A connection that was not up within `--connect-timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("{stage} with upstream {target} did not complete within {}s (--connect-timeout)", .limit.as_secs_f64())]
+pub struct ConnectTimedOut {
+    stage: &'static str,
+    target: String,
+    limit: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<C> tower_service::Service<http::Uri> for Bounded<C>
+where
+    C: tower_service::Service<http::Uri> + Send,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: http::Uri) -> Self::Future {
+        let limit = self.limit;
+        let stage = if uri.scheme_str() == Some("https") {
+            "the TCP connection and TLS handshake"
+        } else {
+            "the TCP connection"
+        };
+        let target = format!(
+            "{}://{}",
+            uri.scheme_str().unwrap_or("http"),
+            uri.authority().map_or("", |a| a.as_str())
+        );
+        let connecting = self.inner.call(uri);
+        Box::pin(async move {
+            match tokio::time::timeout(limit, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(Box::new(ConnectTimedOut {
+                    stage,
+                    target,
+                    limit,
+                }) as BoxError),
+            }
+        })
+    }
 }
 
 /// A request body going upstream: the pieces of a [`SentBody`], a frame each (the
@@ -124,7 +185,8 @@ impl Upstream {
         http.enforce_http(false);
         // Without it the first SSE chunk waits ~40 ms for Nagle (RUST-NOTES pitfall 1).
         http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
+        // TCP and TLS together are bounded by `Bounded`, with one clock.
+        http.set_connect_timeout(None);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
@@ -138,7 +200,10 @@ impl Upstream {
             .timer(TokioTimer::new())
             // Agents' header names reach the provider spelled as they sent them.
             .http1_preserve_header_case(true)
-            .build(https);
+            .build(Bounded {
+                inner: https,
+                limit: connect_timeout,
+            });
         Ok(Upstream { client })
     }
 
@@ -162,14 +227,19 @@ impl Upstream {
 /// Names a client error by what the user can do about it.
 fn classify(e: &hyper_util::client::legacy::Error, target: &str) -> ProxyError {
     let chain = error_chain(e);
-    let (mut timed_out, mut tls) = (false, false);
+    let (mut timed_out, mut tls, mut not_up) = (false, false, None);
     visit_causes(e, &mut |cause| {
         tls |= cause.downcast_ref::<rustls::Error>().is_some();
+        if let Some(t) = cause.downcast_ref::<ConnectTimedOut>() {
+            not_up = Some(t.to_string());
+        }
         timed_out |= cause
             .downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut);
     });
-    if timed_out {
+    if let Some(message) = not_up {
+        ProxyError::new(ErrorKind::UpstreamConnect, message)
+    } else if timed_out {
         ProxyError::new(
             ErrorKind::UpstreamTimeout,
             format!("connecting to upstream {target} timed out: {chain}"),

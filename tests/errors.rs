@@ -335,3 +335,43 @@ async fn credentials_never_reach_the_log() {
         "the key itself still went upstream"
     );
 }
+
+#[tokio::test]
+async fn a_silent_tls_upstream_is_bounded_by_the_connect_timeout() {
+    // Accepts TCP, then never says a word: the TLS handshake can never finish.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let upstream = format!("https://127.0.0.1:{port}");
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &upstream,
+        "--connect-timeout",
+        "1s",
+        "--upstream-timeout",
+        "60s",
+    ]);
+    let started = std::time::Instant::now();
+    let response = client::post(proxy.addr, "/v1/messages", b"{}").await;
+    let took = started.elapsed();
+    assert_eq!(response.status, 502, "{}", response.text());
+    let message = response.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("TLS handshake with upstream https://127.0.0.1:")
+            && message.contains("did not complete within 1s (--connect-timeout)"),
+        "{message}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "bounded by --connect-timeout: {took:?}"
+    );
+    held.abort();
+}
