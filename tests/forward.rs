@@ -838,3 +838,51 @@ async fn doctor_checks_each_link_and_prints_the_fix() {
     assert!(text.contains("FAIL  listener: nothing answers"), "{text}");
     assert!(text.contains("fix: start it: promptgate serve"), "{text}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn remote_tunnels_cannot_reach_this_machine_in_any_address_form() {
+    // A loopback-only service that counts the connections it gets.
+    let service = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = service.local_addr().unwrap().port();
+    let reached = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = reached.clone();
+    tokio::spawn(async move {
+        while let Ok(_conn) = service.accept().await {
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    let port_arg = port.to_string();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--listen",
+            "127.0.0.2:0",
+            "--allow-remote",
+            "--connect-port",
+            &port_arg,
+        ],
+        &[("PROMPTGATE_PROXY_AUTH", "alice:pw")],
+    );
+    let good = format!("Basic {}", base64_of("alice:pw"));
+    let auth = ("Proxy-Authorization", good.as_str());
+    for host in [
+        "[::ffff:127.0.0.1]",
+        "[::ffff:7f00:1]",
+        "[0:0:0:0:0:ffff:127.0.0.1]",
+        "[::ffff:0.0.0.0]",
+        "[::127.0.0.1]",
+        "[64:ff9b::7f00:1]",
+        "[2002:7f00:1::]",
+        "[::1]",
+        "127.0.0.1",
+        "0.0.0.0",
+        "localhost",
+    ] {
+        let c = tunnel::connect(proxy.addr, &format!("{host}:{port}"), &[auth]).await;
+        assert_eq!(c.status, 403, "{host}: {}", c.head);
+    }
+    assert_eq!(
+        reached.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no tunnel reached the loopback service"
+    );
+}

@@ -5,7 +5,7 @@
 //! [`Proxy::handle`] with a [`Target`] taken from the CONNECT authority. Other hosts
 //! get a blind TCP tunnel, or a refusal with `--intercept-only`.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -235,11 +235,7 @@ async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
         }
     };
     // A remote client must not reach services bound to promptgate's own machine.
-    if config.allow_remote
-        && addresses
-            .iter()
-            .any(|a| a.ip().is_loopback() || a.ip().is_unspecified())
-    {
+    if config.allow_remote && addresses.iter().any(|a| is_this_machine(a.ip())) {
         return refuse(
             peer,
             authority.as_str(),
@@ -273,6 +269,20 @@ async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
             );
         }
     };
+    // Checked again on the address actually reached, whatever resolved to it.
+    if config.allow_remote
+        && let Ok(reached) = upstream.peer_addr()
+        && is_this_machine(reached.ip())
+    {
+        return refuse(
+            peer,
+            authority.as_str(),
+            StatusCode::FORBIDDEN,
+            format!(
+                "{host} reached {reached}, this machine; tunnels there are refused with --allow-remote"
+            ),
+        );
+    }
     let _ = upstream.set_nodelay(true);
     tokio::spawn(async move {
         let upgraded = match hyper::upgrade::on(request).await {
@@ -295,6 +305,56 @@ async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
         );
     });
     Response::new(ProxyBody::Own(Default::default()))
+}
+
+/// Whether `ip`, in any of its spellings, is this machine or a link-local
+/// neighbour: loopback, unspecified ("this host"), link-local (cloud metadata
+/// services live there). IPv6 forms that embed an IPv4 address — mapped
+/// `::ffff:a.b.c.d`, compatible `::a.b.c.d`, NAT64 `64:ff9b::/96` and 6to4
+/// `2002:AABB:CCDD::/16` — are judged by the address they embed.
+pub(crate) fn is_this_machine(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => v4_is_this_machine(v4),
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            let embedded = if let Some(v4) = v6.to_ipv4_mapped() {
+                Some(v4)
+            } else if s[..6] == [0; 6] && !(s[6] == 0 && s[7] <= 1) {
+                // Compatible (::a.b.c.d); `::` and `::1` are IPv6's own, below.
+                Some(Ipv4Addr::new(
+                    (s[6] >> 8) as u8,
+                    s[6] as u8,
+                    (s[7] >> 8) as u8,
+                    s[7] as u8,
+                ))
+            } else if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                Some(Ipv4Addr::new(
+                    (s[6] >> 8) as u8,
+                    s[6] as u8,
+                    (s[7] >> 8) as u8,
+                    s[7] as u8,
+                ))
+            } else if s[0] == 0x2002 {
+                Some(Ipv4Addr::new(
+                    (s[1] >> 8) as u8,
+                    s[1] as u8,
+                    (s[2] >> 8) as u8,
+                    s[2] as u8,
+                ))
+            } else {
+                None
+            };
+            match embedded {
+                Some(v4) => v4_is_this_machine(v4),
+                None => v6.is_loopback() || v6.is_unspecified() || (s[0] & 0xffc0) == 0xfe80,
+            }
+        }
+    }
+}
+
+/// 127.0.0.0/8, 0.0.0.0/8 and 169.254.0.0/16.
+fn v4_is_this_machine(ip: Ipv4Addr) -> bool {
+    ip.is_loopback() || ip.octets()[0] == 0 || ip.is_link_local()
 }
 
 /// An absolute-form `http://` request (a client with `http_proxy` set): forwarded
@@ -357,4 +417,47 @@ fn refuse(
 ) -> Response<ProxyBody> {
     tracing::warn!(client = %peer, target, status = status.as_u16(), "refused: {message}");
     own_response(status, &message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tunnels_cannot_name_this_machine_in_any_address_form() {
+        for refused in [
+            "127.0.0.1",
+            "127.9.8.7",
+            "0.0.0.0",
+            "169.254.169.254",
+            "::1",
+            "::",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+            "::ffff:7f00:1",
+            "0:0:0:0:0:ffff:127.0.0.1",
+            "::ffff:0.0.0.0",
+            "::127.0.0.1",
+            "::ffff:169.254.169.254",
+            "64:ff9b::127.0.0.1",
+            "64:ff9b::7f00:1",
+            "2002:7f00:1::",
+            "2002:a9fe:a9fe::1",
+        ] {
+            let ip: IpAddr = refused.parse().unwrap();
+            assert!(is_this_machine(ip), "{refused} must be refused");
+        }
+        for allowed in [
+            "8.8.8.8",
+            "10.1.2.3",
+            "::ffff:8.8.8.8",
+            "64:ff9b::808:808",
+            "2002:808:808::",
+            "2606:4700::1111",
+            "fd00::1",
+        ] {
+            let ip: IpAddr = allowed.parse().unwrap();
+            assert!(!is_this_machine(ip), "{allowed} is another machine");
+        }
+    }
 }
