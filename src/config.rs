@@ -68,6 +68,10 @@ pub struct ConfigLayer {
     pub cache: Option<crate::cache::CacheConfigLayer>,
     /// The admin API's address, or `"off"`.
     pub admin: Option<String>,
+    /// More `Host` values the admin API answers to (its DNS name behind a proxy).
+    pub admin_allowed_hosts: Option<Vec<String>>,
+    /// `user:password` for the admin API; from the file or `PROMPTGATE_ADMIN_AUTH`.
+    pub admin_auth: Option<String>,
     /// A request header naming the conversation (after Claude Code's own ids).
     pub conversation_header: Option<String>,
     /// A JSON pointer into the request body naming the conversation.
@@ -145,6 +149,10 @@ pub struct Config {
     pub cache: crate::cache::CacheSettings,
     /// Where the read-only admin API listens; `None` when it is off.
     pub admin: Option<SocketAddr>,
+    /// Extra `Host` values the admin API answers to, beyond loopback's own names.
+    pub admin_allowed_hosts: Vec<String>,
+    /// Credentials the admin API asks for (`Authorization: Basic`).
+    pub admin_auth: Option<ProxyCredentials>,
     /// Extra sources of conversation keys.
     pub conversation: KeySource,
     pub capture: CaptureSettings,
@@ -189,6 +197,8 @@ impl Default for Config {
             rules_explicit: false,
             cache: crate::cache::CacheSettings::default(),
             admin: Some(SocketAddr::from(([127, 0, 0, 1], 8788))),
+            admin_allowed_hosts: Vec::new(),
+            admin_auth: None,
             conversation: KeySource::default(),
             capture: CaptureSettings::default(),
         }
@@ -253,7 +263,9 @@ impl Config {
                 ),
             });
         }
-        if self.allow_remote && self.proxy_auth.is_none() {
+        // The proxy port beyond loopback; an admin API beyond loopback is checked below.
+        if self.allow_remote && !is_default_loopback(self.listen.ip()) && self.proxy_auth.is_none()
+        {
             return Err(ConfigError::Invalid {
                 setting: "allow-remote",
                 message:
@@ -261,6 +273,29 @@ impl Config {
                           or proxy_auth in the config file"
                         .into(),
             });
+        }
+        if let Some(admin) = self.admin
+            && !is_default_loopback(admin.ip())
+        {
+            if !self.allow_remote {
+                return Err(ConfigError::Invalid {
+                    setting: "admin",
+                    message: format!(
+                        "{admin} is not 127.0.0.1 or ::1, and the admin API serves every captured \
+                         prompt; to serve it there pass --allow-remote and set credentials \
+                         (PROMPTGATE_ADMIN_AUTH=user:password, or the proxy's)"
+                    ),
+                });
+            }
+            if self.admin_auth.is_none() && self.proxy_auth.is_none() {
+                return Err(ConfigError::Invalid {
+                    setting: "admin",
+                    message: "an admin API beyond loopback needs credentials: set \
+                              PROMPTGATE_ADMIN_AUTH=user:password (or admin_auth in the config \
+                              file, or the proxy's PROMPTGATE_PROXY_AUTH)"
+                        .into(),
+                });
+            }
         }
         for (host, _) in &self.resolve {
             if self.intercept.provider_for(host).is_none() {
@@ -396,6 +431,18 @@ impl Config {
                     ),
                 })?)
             };
+        }
+        if let Some(v) = layer.admin_allowed_hosts {
+            self.admin_allowed_hosts = v;
+        }
+        if let Some(v) = layer.admin_auth {
+            self.admin_auth =
+                Some(
+                    ProxyCredentials::parse(&v).map_err(|message| ConfigError::Invalid {
+                        setting: "admin-auth",
+                        message,
+                    })?,
+                );
         }
         if let Some(v) = layer.conversation_header {
             self.conversation.header =

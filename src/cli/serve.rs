@@ -8,7 +8,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 
-use crate::admin::AdminState;
+use crate::admin::{AdminGuard, AdminState};
 use crate::cache::CacheStage;
 use crate::capture::settings::RedactPattern;
 use crate::capture::{Capture, CaptureLayer};
@@ -98,6 +98,9 @@ pub struct ServeArgs {
     /// Address of the read-only admin API, or "off" [default: 127.0.0.1:8788].
     #[arg(long, value_name = "ADDR")]
     admin: Option<String>,
+    /// Another Host the admin API answers to, HOST or HOST:PORT (e.g. its DNS name); repeatable.
+    #[arg(long = "admin-allowed-host", value_name = "HOST")]
+    admin_allowed_hosts: Vec<String>,
     /// A request header that names the conversation (after Claude Code's session ids).
     #[arg(long, value_name = "NAME")]
     conversation_header: Option<String>,
@@ -171,6 +174,12 @@ impl ServeArgs {
             shutdown_grace: self.shutdown_grace.map(Into::into),
             workers: self.workers,
             admin: self.admin,
+            admin_allowed_hosts: (!self.admin_allowed_hosts.is_empty())
+                .then_some(self.admin_allowed_hosts),
+            // Credentials never come from a flag: flags show in `ps`.
+            admin_auth: std::env::var("PROMPTGATE_ADMIN_AUTH")
+                .ok()
+                .filter(|v| !v.is_empty()),
             conversation_header: self.conversation_header,
             conversation_pointer: self.conversation_pointer,
             capture: Some(CaptureLayer {
@@ -284,6 +293,7 @@ async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Ar
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
         let state = Arc::new(AdminState {
+            guard: AdminGuard::new(&config, addr),
             captures: config.capture.enabled.then(|| config.capture.dir.clone()),
             capture: capture.clone(),
             cache_ignore: config.cache.ignore.clone(),

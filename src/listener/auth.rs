@@ -1,5 +1,5 @@
-//! Proxy authentication (`Proxy-Authorization: Basic`), required on every request
-//! when promptgate listens beyond loopback.
+//! Basic credentials: the proxy's (`Proxy-Authorization`), required on every request
+//! when promptgate listens beyond loopback, and the admin API's (`Authorization`).
 //!
 //! The credentials come from the config file or `PROMPTGATE_PROXY_AUTH`; they are
 //! compared in constant time and never printed, not even by `Debug`.
@@ -35,8 +35,13 @@ impl ProxyCredentials {
 
     /// Whether the request's `Proxy-Authorization` carries these credentials.
     pub fn accepts(&self, headers: &HeaderMap) -> bool {
+        self.accepts_in(headers, http::header::PROXY_AUTHORIZATION)
+    }
+
+    /// Whether the `header` (`Authorization` for the admin API) carries them.
+    pub fn accepts_in(&self, headers: &HeaderMap, header: http::HeaderName) -> bool {
         headers
-            .get_all(http::header::PROXY_AUTHORIZATION)
+            .get_all(header)
             .iter()
             .any(|v| same(v.as_bytes(), &self.expected))
     }

@@ -168,19 +168,30 @@ impl Proxy {
         }
     }
 
-    /// The admin API's address, from its start log line.
+    /// The admin API's address, from its start log line (logged just after the
+    /// start line, so it is waited for a moment).
     pub fn admin_addr(&self) -> SocketAddr {
-        self.log()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find_map(|v| {
-                v["message"]
-                    .as_str()?
-                    .strip_prefix("admin API listening on http://")?
-                    .parse()
-                    .ok()
-            })
-            .unwrap_or_else(|| panic!("no admin address in the log:\n{}", self.log()))
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let found = self
+                .log()
+                .lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .find_map(|v| {
+                    v["message"]
+                        .as_str()?
+                        .strip_prefix("admin API listening on http://")?
+                        .parse()
+                        .ok()
+                });
+            match found {
+                Some(addr) => return addr,
+                None if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                None => panic!("no admin address in the log:\n{}", self.log()),
+            }
+        }
     }
 
     /// Sends a signal (`TERM`, `INT`).

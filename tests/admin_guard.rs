@@ -1,0 +1,136 @@
+//! The admin API serves every captured prompt: through the real binary, it answers
+//! only its own host names and origins, and beyond loopback only with credentials.
+
+mod support;
+
+use std::process::Command;
+
+use support::Proxy;
+use support::client::{self, request_bytes};
+
+/// GET `path` on `addr` with exactly these headers.
+async fn get(
+    addr: std::net::SocketAddr,
+    path: &str,
+    headers: &[(&str, String)],
+) -> client::RawResponse {
+    client::send(addr, &request_bytes("GET", path, headers, b"")).await
+}
+
+#[tokio::test]
+async fn the_admin_api_refuses_other_hosts_and_origins() {
+    let proxy = Proxy::start(&["--upstream-anthropic", "http://127.0.0.1:9"]);
+    let admin = proxy.admin_addr();
+    let own = ("Host", admin.to_string());
+    let ok = get(admin, "/api/captures", std::slice::from_ref(&own)).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let localhost = ("Host", format!("localhost:{}", admin.port()));
+    assert_eq!(get(admin, "/healthz", &[localhost]).await.status, 200);
+
+    // A DNS-rebinding page sends its own name.
+    let rebound = get(admin, "/api/captures", &[("Host", "rebind.example".into())]).await;
+    assert_eq!(rebound.status, 403, "{}", rebound.text());
+    assert!(
+        rebound.json()["error"]
+            .as_str()
+            .unwrap()
+            .contains("rebind.example")
+    );
+    let rebound = get(
+        admin,
+        "/api/captures",
+        &[("Host", format!("rebind.example:{}", admin.port()))],
+    )
+    .await;
+    assert_eq!(rebound.status, 403);
+    // A page elsewhere that reaches it by its own address is told no by Origin.
+    let cross = get(
+        admin,
+        "/api/captures",
+        &[own.clone(), ("Origin", "http://evil.example".into())],
+    )
+    .await;
+    assert_eq!(cross.status, 403, "{}", cross.text());
+    let same = get(
+        admin,
+        "/api/captures",
+        &[
+            own,
+            ("Origin", format!("http://127.0.0.1:{}", admin.port())),
+        ],
+    )
+    .await;
+    assert_eq!(same.status, 200);
+}
+
+#[test]
+fn an_admin_api_beyond_loopback_needs_allow_remote_and_credentials() {
+    let run = |args: &[&str], env: &[(&str, &str)]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--no-capture"])
+            .args(args)
+            .env_remove("PROMPTGATE_PROXY_AUTH")
+            .env_remove("PROMPTGATE_ADMIN_AUTH");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        command.output().unwrap()
+    };
+    let out = run(&["--admin", "0.0.0.0:0"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("--allow-remote"), "{stderr}");
+    let out = run(&["--admin", "127.0.0.2:0", "--allow-remote"], &[]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("PROMPTGATE_ADMIN_AUTH"), "{stderr}");
+}
+
+#[tokio::test]
+async fn beyond_loopback_the_admin_api_asks_for_basic_credentials() {
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            "http://127.0.0.1:9",
+            "--admin",
+            "127.0.0.2:0",
+            "--allow-remote",
+            "--admin-allowed-host",
+            "127.0.0.2",
+        ],
+        &[("PROMPTGATE_ADMIN_AUTH", "ops:CANARYadminSecret")],
+    );
+    let admin = proxy.admin_addr();
+    let host = ("Host", admin.to_string());
+    let none = get(admin, "/api/captures", std::slice::from_ref(&host)).await;
+    assert_eq!(none.status, 401, "{}", none.text());
+    assert_eq!(
+        none.header("www-authenticate"),
+        Some("Basic realm=\"promptgate admin\"")
+    );
+    let wrong = get(
+        admin,
+        "/api/captures",
+        &[host.clone(), ("Authorization", "Basic b3BzOndyb25n".into())],
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert!(!wrong.text().contains("CANARY"));
+    // ops:CANARYadminSecret
+    let right = get(
+        admin,
+        "/api/captures",
+        &[
+            host,
+            ("Authorization", "Basic b3BzOkNBTkFSWWFkbWluU2VjcmV0".into()),
+        ],
+    )
+    .await;
+    assert_eq!(right.status, 200, "{}", right.text());
+    support::assert_absent(
+        proxy.log().as_bytes(),
+        "CANARYadminSecret",
+        "the promptgate log",
+    );
+}
