@@ -411,14 +411,18 @@ impl Config {
         if let Some(v) = layer.allow_remote {
             self.allow_remote = v;
         }
-        if let Some(v) = layer.proxy_auth {
-            self.proxy_auth =
-                Some(
-                    ProxyCredentials::parse(&v).map_err(|message| ConfigError::Invalid {
-                        setting: "proxy-auth",
-                        message,
-                    })?,
-                );
+        let credentials = |setting, v: Option<String>| {
+            v.map(|v| {
+                ProxyCredentials::parse(&v)
+                    .map_err(|message| ConfigError::Invalid { setting, message })
+            })
+            .transpose()
+        };
+        if let Some(c) = credentials("proxy-auth", layer.proxy_auth)? {
+            self.proxy_auth = Some(c);
+        }
+        if let Some(c) = credentials("admin-auth", layer.admin_auth)? {
+            self.admin_auth = Some(c);
         }
         if let Some(v) = layer.admin {
             self.admin = if v.trim().eq_ignore_ascii_case("off") {
@@ -434,15 +438,6 @@ impl Config {
         }
         if let Some(v) = layer.admin_allowed_hosts {
             self.admin_allowed_hosts = v;
-        }
-        if let Some(v) = layer.admin_auth {
-            self.admin_auth =
-                Some(
-                    ProxyCredentials::parse(&v).map_err(|message| ConfigError::Invalid {
-                        setting: "admin-auth",
-                        message,
-                    })?,
-                );
         }
         if let Some(v) = layer.conversation_header {
             self.conversation.header =

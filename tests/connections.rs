@@ -9,19 +9,9 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use support::client::{self, request_bytes};
-use support::{Action, FakeProvider, Proxy, Reply, captures, shapes};
+use support::{Proxy, captures, shapes};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-async fn fake_ok() -> FakeProvider {
-    FakeProvider::start(|_| {
-        Action::Respond(Reply::json(
-            200,
-            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (1, 0, 0, 1)),
-        ))
-    })
-    .await
-}
 
 /// Reads until the peer closes (or `limit` passes); returns what came and when it closed.
 fn read_to_close(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Duration>) {
@@ -58,7 +48,7 @@ fn post_bytes(proxy: &Proxy, body: &[u8]) -> Vec<u8> {
 // Multi-threaded: the test reads with blocking sockets while the fake provider serves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_client_is_closed_after_the_header_timeout() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),
@@ -92,7 +82,7 @@ async fn a_silent_client_is_closed_after_the_header_timeout() {
 
 #[tokio::test]
 async fn a_stalled_request_body_gets_a_408_and_one_record() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--body-timeout", "1s"]);
     let body = shapes::to_bytes(&shapes::pi_body(0));
     let request = post_bytes(&proxy, &body);
@@ -117,7 +107,7 @@ async fn a_stalled_request_body_gets_a_408_and_one_record() {
 
 #[tokio::test]
 async fn connections_past_the_caps_get_a_503() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),

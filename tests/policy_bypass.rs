@@ -9,19 +9,9 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::client::{self, request_bytes};
 use support::fake_provider::compress;
-use support::{Action, FakeProvider, Proxy, Reply, TempDir, captures, shapes};
+use support::{FakeProvider, Proxy, TempDir, captures};
 
 const WAIT: Duration = Duration::from_secs(10);
-
-async fn fake_ok() -> FakeProvider {
-    FakeProvider::start(|_| {
-        Action::Respond(Reply::json(
-            200,
-            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (1, 0, 0, 1)),
-        ))
-    })
-    .await
-}
 
 fn start(fake: &FakeProvider, rules: &TempDir, extra: &[&str]) -> Proxy {
     let mut args = vec![
@@ -72,7 +62,7 @@ async fn records(proxy: &Proxy, n: usize) -> Vec<Value> {
 
 #[tokio::test]
 async fn compressed_bodies_show_their_model_to_model_rules() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let dir = support::example_rules(&["20-block-opus-for-batch.toml"]);
     let proxy = start(&fake, &dir, &[]);
     let plain = opus_body();
@@ -124,7 +114,7 @@ async fn compressed_bodies_show_their_model_to_model_rules() {
 
 #[tokio::test]
 async fn model_allow_passes_a_legitimate_compressed_request() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let dir = rules(
         "[[rule]]\nname = \"sonnet-only\"\non = \"before_provider_request\"\n\
          actions = [ { model.allow = [\"claude-sonnet-*\"] } ]\n",
@@ -156,7 +146,7 @@ async fn model_allow_passes_a_legitimate_compressed_request() {
 
 #[tokio::test]
 async fn undecodable_request_bodies_are_refused_and_recorded() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let dir = TempDir::new("no-rules");
     let proxy = start(&fake, &dir, &["--max-body", "64KiB"]);
     let bomb = compress("gzip", &vec![b' '; 1 << 20]);
@@ -215,7 +205,7 @@ const DUPLICATE_MODEL: &str = r#"{"model":"claude-sonnet-4-5","model":"claude-op
 
 #[tokio::test]
 async fn duplicate_keys_are_refused_while_enforce_rules_are_loaded() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let dir = rules(
         "[[rule]]\nname = \"sonnet-only\"\non = \"before_provider_request\"\nenforce = true\n\
          actions = [ { model.allow = [\"claude-sonnet-*\"] } ]\n\
@@ -273,7 +263,7 @@ async fn duplicate_keys_are_refused_while_enforce_rules_are_loaded() {
 
 #[tokio::test]
 async fn without_enforce_rules_read_the_last_of_a_repeated_key() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let dir = rules(
         "[[rule]]\nname = \"sonnet-only\"\non = \"before_provider_request\"\n\
          actions = [ { model.allow = [\"claude-sonnet-*\"] } ]\n\
@@ -327,7 +317,7 @@ async fn without_enforce_rules_read_the_last_of_a_repeated_key() {
 
 #[tokio::test]
 async fn without_rules_a_repeated_key_is_forwarded_as_sent_and_flagged() {
-    let fake = fake_ok().await;
+    let fake = support::fake_answering_ok().await;
     let dir = TempDir::new("no-rules");
     let proxy = start(&fake, &dir, &[]);
     let response = post(&proxy, DUPLICATE_MODEL.as_bytes(), &[]).await;

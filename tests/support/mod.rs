@@ -48,6 +48,17 @@ impl Drop for TempDir {
     }
 }
 
+/// A fake provider that answers every request with a small Sonnet message.
+pub async fn fake_answering_ok() -> FakeProvider {
+    FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (1, 0, 0, 1)),
+        ))
+    })
+    .await
+}
+
 /// A rules directory holding copies of the named `rules/examples/` files.
 pub fn example_rules(names: &[&str]) -> TempDir {
     let dir = TempDir::new("rules");
