@@ -50,6 +50,11 @@ impl AdminGuard {
             .iter()
             .map(|h| format!("{h}:{port}"))
             .collect();
+        // A specific address it is bound to is its own name too: an address typed
+        // as such cannot be a rebound DNS name.
+        if !bound.ip().is_unspecified() && !bound.ip().is_loopback() {
+            hosts.push(bound.to_string());
+        }
         for extra in &config.admin_allowed_hosts {
             let extra = extra.trim().to_ascii_lowercase();
             // A name without a port means the admin port.
@@ -429,6 +434,12 @@ mod tests {
         let local = AdminGuard::new(&config, "127.0.0.1:8788".parse().unwrap());
         assert_eq!(status(&local, &[("host", "127.0.0.1:8788")]), None);
         // Off loopback they are, unless the admin API has its own.
+        let bound = AdminGuard::new(&config, "10.0.0.7:8788".parse().unwrap());
+        assert_eq!(
+            status(&bound, &[("host", "10.0.0.7:8788")]),
+            Some(401),
+            "its own address"
+        );
         let remote = AdminGuard::new(&config, "0.0.0.0:8788".parse().unwrap());
         let host = ("host", "10.0.0.5:8788");
         assert_eq!(status(&remote, &[host]), Some(401));
