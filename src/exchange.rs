@@ -27,7 +27,7 @@ use crate::id::ExchangeId;
 use crate::observer::decode::{self, DecodeError};
 use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
 use crate::provider::{self, Provider};
-use crate::record::{ExchangeRecord, KeyCheck, Mode, Outcome, Recorder, SentBody};
+use crate::record::{ExchangeRecord, Mode, Outcome, Recorder, SentBody};
 use crate::rules::reload::LiveRules;
 use crate::rules::{RequestCtx, Verdict};
 use crate::upstream::{Upstream, UpstreamBody};
@@ -271,12 +271,11 @@ impl Proxy {
             r.request_headers = received;
             r.sent_headers = parts.headers.clone();
             r.sent_body = body.clone();
-            if let Some(pointer) = applied.duplicate_key {
+            // Rules read the provider's (last) model of a repeated key.
+            if applied.keys.repeated().is_some() {
                 r.model = applied.model;
-                r.duplicate_key = KeyCheck::Repeated(pointer);
-            } else if applied.body_checked {
-                r.duplicate_key = KeyCheck::Unique;
             }
+            r.duplicate_key = applied.keys;
             applied.effects.record_into(r);
         }
         if let Verdict::Respond(block) = applied.verdict {

@@ -210,11 +210,16 @@ impl KeyCheck {
             return KeyCheck::NotChecked;
         }
         match json::tape(plain) {
-            Ok(toks) => match json::duplicate_key(plain, &toks) {
-                Some(pointer) => KeyCheck::Repeated(pointer),
-                None => KeyCheck::Unique,
-            },
+            Ok(toks) => KeyCheck::in_tape(plain, &toks),
             Err(_) => KeyCheck::NotChecked,
+        }
+    }
+
+    /// Looks at a plain body whose [`json::tape`](crate::provider::json::tape) is made.
+    pub fn in_tape(plain: &[u8], toks: &[crate::provider::json::Tok]) -> KeyCheck {
+        match crate::provider::json::duplicate_key(plain, toks) {
+            Some(pointer) => KeyCheck::Repeated(pointer),
+            None => KeyCheck::Unique,
         }
     }
 

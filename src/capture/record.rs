@@ -10,7 +10,6 @@ use std::hash::BuildHasher;
 use std::time::{Duration, UNIX_EPOCH};
 
 use bytes::Bytes;
-use http::header::CONTENT_ENCODING;
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
@@ -256,7 +255,7 @@ impl CaptureRecord {
         } else {
             sha256_hex(sent_body)
         };
-        let received_coding = content_coding(&r.request_headers);
+        let received_coding = crate::observer::decode::content_coding(&r.request_headers);
         // The body is read once: the units and the conversation key both come from it.
         let received_cut = r.capture.then(|| layout::cut(&r.request_plain));
         // The key is read from what the client sent, then redacted like any text.
@@ -275,8 +274,8 @@ impl CaptureRecord {
                 .map(|k| redactor.redact_text(&k, extra, &mut summary))
         };
         let duplicate_key = match &r.duplicate_key {
-            KeyCheck::NotChecked if r.capture => KeyCheck::of(&r.request_plain),
-            check => check.clone(),
+            KeyCheck::NotChecked if r.capture => &KeyCheck::of(&r.request_plain),
+            check => check,
         };
         // No rule looked, so the model was sniffed first-wins; the provider reads the last.
         let model = match duplicate_key.repeated() {
@@ -362,7 +361,7 @@ impl CaptureRecord {
             record.request.body = request_body(
                 &r.request_body,
                 &record.received_sha256,
-                received_coding.as_deref().map(|c| (&r.request_plain, c)),
+                received_coding.map(|c| (&r.request_plain, c)),
                 received_cut.map(|c| c.split),
                 ctx,
                 &mut summary,
@@ -438,12 +437,6 @@ struct BodyContext<'a> {
     redactor: &'a Redactor,
     extra: &'a [regex::Regex],
     cache: &'a mut UnitCache,
-}
-
-/// The body's `Content-Encoding`, when it is not plain bytes.
-fn content_coding(headers: &http::HeaderMap) -> Option<String> {
-    let c = headers.get(CONTENT_ENCODING)?.to_str().ok()?.trim();
-    (!c.is_empty() && !c.eq_ignore_ascii_case("identity")).then(|| c.to_owned())
 }
 
 /// Whether two bodies hold the same bytes; the sent body usually shares the received

@@ -57,6 +57,15 @@ pub fn decode(content_encoding: &str, body: Bytes, limit: u64) -> Result<Bytes, 
     Ok(data)
 }
 
+/// A body's `Content-Encoding` when it is not plain bytes (absent, empty and
+/// `identity` are plain); a value that is not text is returned as `(not text)`.
+pub fn content_coding(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("(not text)").trim())
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+}
+
 /// A request body as its readers read it: decoded through its `Content-Encoding`
 /// (capped at `limit` bytes), or the same bytes when it has none.
 pub fn request_plain(
@@ -64,12 +73,7 @@ pub fn request_plain(
     body: &Bytes,
     limit: u64,
 ) -> Result<Bytes, DecodeError> {
-    let coding = headers
-        .get(http::header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("(not text)"))
-        .map(str::trim)
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
-    match coding {
+    match content_coding(headers) {
         Some(coding) => decode(coding, body.clone(), limit),
         None => Ok(body.clone()),
     }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use serde_json::Value;
 
 use crate::provider::json::{self, Tok, skip_string, skip_value, skip_ws};
-use crate::record::SentBody;
+use crate::record::{KeyCheck, SentBody};
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
@@ -115,9 +115,8 @@ pub(crate) struct Index<'a> {
     /// The tokens of keys that may spell `cache_control`, in order: breakpoints
     /// are looked for only in values that hold one.
     cache_control_keys: Vec<u32>,
-    /// The first repeated key's pointer, once looked for: with one, lookups take
-    /// a key's last value.
-    duplicate: OnceCell<Option<String>>,
+    /// Repeated keys, once looked for: with one, lookups take a key's last value.
+    keys: OnceCell<KeyCheck>,
 }
 
 impl std::fmt::Debug for Index<'_> {
@@ -138,21 +137,20 @@ impl<'a> Index<'a> {
             body,
             toks,
             cache_control_keys,
-            duplicate: OnceCell::new(),
+            keys: OnceCell::new(),
         })
     }
 
-    /// The pointer of the first key repeated in one object, found on first ask.
-    fn duplicate(&self) -> Option<&str> {
-        self.duplicate
-            .get_or_init(|| json::duplicate_key(self.body, &self.toks))
-            .as_deref()
+    /// Whether a key repeats in one object, found on first ask.
+    fn keys(&self) -> &KeyCheck {
+        self.keys
+            .get_or_init(|| KeyCheck::in_tape(self.body, &self.toks))
     }
 
     /// Whether readers must take each key's last value (a body without repeats
     /// has one value per key, so the first is the last).
     fn last_wins(&self) -> bool {
-        self.duplicate.get().is_some_and(Option::is_some)
+        self.keys.get().is_some_and(|k| k.repeated().is_some())
     }
 
     fn raw(&'a self, t: usize) -> Raw<'a> {
@@ -1047,40 +1045,41 @@ pub(crate) struct LazyBody<'a> {
     sent: &'a Bytes,
     /// `sent` decoded (the same bytes when it came uncompressed): what rules read.
     plain: &'a Bytes,
-    encoding: Option<&'a str>,
+    /// Whether `sent` came compressed (a changed body then goes on as identity).
+    encoded: bool,
     store: &'a BodyStore<'a>,
     root: Option<Result<Node<'a>, String>>,
 }
 
 impl<'a> LazyBody<'a> {
-    /// `sent` as received, `plain` its decoded bytes; `encoding` its
-    /// `Content-Encoding`, if any.
+    /// `sent` as received, `plain` its decoded bytes; `encoded` whether it came
+    /// compressed.
     pub(crate) fn new(
         sent: &'a Bytes,
         plain: &'a Bytes,
-        encoding: Option<&'a str>,
+        encoded: bool,
         store: &'a BodyStore<'a>,
     ) -> Self {
         LazyBody {
             sent,
             plain,
-            encoding,
+            encoded,
             store,
             root: None,
         }
     }
 
-    /// Whether the body could be looked at (a JSON object the structure pass
-    /// follows), and the pointer of a key that occurs twice in one of its objects.
-    /// Looked for once; from then on every reader takes a repeated key's last value.
-    pub(crate) fn duplicate_key(&self) -> (bool, Option<String>) {
+    /// Whether a key occurs twice in one object of the body (`NotChecked` for a
+    /// body that is no JSON object the structure pass follows). Looked for once;
+    /// from then on every reader takes a repeated key's last value.
+    pub(crate) fn key_check(&self) -> KeyCheck {
         let b: &'a [u8] = self.plain;
         if b.get(skip_ws(b, 0)) != Some(&b'{') {
-            return (false, None);
+            return KeyCheck::NotChecked;
         }
         match self.store.index.get_or_init(|| Index::build(b)) {
-            Some(index) => (true, index.duplicate().map(str::to_owned)),
-            None => (false, None),
+            Some(index) => index.keys().clone(),
+            None => KeyCheck::NotChecked,
         }
     }
 
@@ -1130,8 +1129,7 @@ impl<'a> LazyBody<'a> {
 
     /// Whether the received body was compressed (a changed body goes on as identity).
     pub(crate) fn was_encoded(&self) -> bool {
-        self.encoding
-            .is_some_and(|e| !e.trim().eq_ignore_ascii_case("identity"))
+        self.encoded
     }
 }
 
@@ -1243,7 +1241,7 @@ mod tests {
     fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
+        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
         f(lazy.root().unwrap());
         match lazy.changed() {
             Some(b) => String::from_utf8(b.bytes().to_vec()).unwrap(),
@@ -1339,7 +1337,7 @@ mod tests {
     fn non_json_bodies_say_why() {
         let bytes = Bytes::from_static(b"not json");
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
+        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
         for bad in [
             &b"[1]"[..],
@@ -1352,7 +1350,7 @@ mod tests {
         ] {
             let bytes = Bytes::copy_from_slice(bad);
             let store = BodyStore::default();
-            let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
+            let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
             let e = lazy.root().unwrap_err();
             assert!(e.starts_with("the body is not a JSON object"), "{e}");
             assert!(lazy.changed().is_none());
@@ -1374,7 +1372,7 @@ mod tests {
         );
         let bytes = Bytes::from(body.clone());
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
+        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
         let root = lazy.root().unwrap();
         let cc = root
             .at_mut(&ptr!["messages", 1, "content", 0, "cache_control"])

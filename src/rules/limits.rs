@@ -301,7 +301,7 @@ mod tests {
     fn found(body: &str) -> Vec<(Vec<String>, Option<String>, Option<&'static str>)> {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
+        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
         markers(lazy.root().expect("a JSON object"))
             .into_iter()
             .map(|m| (m.block, m.ttl, m.ineligible))

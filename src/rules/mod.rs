@@ -28,7 +28,7 @@ use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
 use crate::provider::{Api, Provider};
-use crate::record::{ExchangeRecord, SentBody};
+use crate::record::{ExchangeRecord, KeyCheck, SentBody};
 
 /// The three hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.
@@ -226,11 +226,9 @@ pub struct RequestResult {
     pub effects: Effects,
     /// Whether the body was parsed (for the no-parse guarantee's tests).
     pub body_parsed: bool,
-    /// The pointer of a key the body repeats in one object, when rules ran and
-    /// found one (rules then read each repeated key's last value).
-    pub duplicate_key: Option<String>,
-    /// Whether rules looked for repeated keys (a JSON object body they could follow).
-    pub body_checked: bool,
+    /// Whether the body repeats a key in one object, when rules looked (they then
+    /// read each repeated key's last value).
+    pub keys: KeyCheck,
     /// The model as rules read it: the last `model` when the body repeats it.
     pub model: Option<String>,
 }
@@ -322,17 +320,13 @@ impl RuleSet {
                 body: None,
                 effects,
                 body_parsed: false,
-                duplicate_key: None,
-                body_checked: false,
+                keys: KeyCheck::NotChecked,
                 model: req.model.map(str::to_owned),
             };
         }
-        let encoding = headers
-            .get(header::CONTENT_ENCODING)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned);
+        let encoded = crate::observer::decode::content_coding(&headers).is_some();
         let store = BodyStore::default();
-        let mut body = LazyBody::new(req.body, req.plain, encoding.as_deref(), &store);
+        let mut body = LazyBody::new(req.body, req.plain, encoded, &store);
         let info = Info {
             provider: req.provider,
             api: req.api,
@@ -344,8 +338,8 @@ impl RuleSet {
         let mut model = req.model.map(str::to_owned);
         // A repeated key reads one way here and another upstream (a last-wins parser
         // takes the later value): refused under enforce, else read as upstream reads it.
-        let (body_checked, duplicate_key) = body.duplicate_key();
-        if let Some(pointer) = &duplicate_key {
+        let keys = body.key_check();
+        if let Some(pointer) = keys.repeated() {
             if let Some(strict) = self.rules.iter().find(|r| r.enabled && r.enforce) {
                 verdict = Verdict::Respond(ambiguous(strict, pointer));
             } else if let Ok(root) = body.root() {
@@ -399,8 +393,7 @@ impl RuleSet {
             body: changed,
             effects,
             body_parsed,
-            duplicate_key,
-            body_checked,
+            keys,
             model: received_model,
         }
     }

@@ -167,7 +167,7 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
     ] {
         let bytes = Bytes::from(body);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, None, &store);
+        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
         assert_eq!(out.len(), bytes.len());
