@@ -392,6 +392,137 @@ async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
     wait_for_version(&proxy, &fake, &mut n, "3", "the fix").await;
 }
 
+/// A tree with `rules/10-version.toml` at version 1, and promptgate watching `rules/`.
+async fn start_watching(fake: &FakeProvider) -> (TempDir, PathBuf, Proxy) {
+    let base = TempDir::new("rules-tree");
+    let rules = base.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::write(rules.join("10-version.toml"), version_rule("1")).unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    assert_eq!(version_seen(&proxy, fake, 1).await.as_deref(), Some("1"));
+    (base, rules, proxy)
+}
+
+#[tokio::test]
+async fn hot_reload_survives_a_rename_swap_of_the_directory() {
+    let fake = fake_ok().await;
+    let (base, rules, proxy) = start_watching(&fake).await;
+    let staged = base.path().join("rules.new");
+    std::fs::create_dir(&staged).unwrap();
+    std::fs::write(staged.join("10-version.toml"), version_rule("2")).unwrap();
+    std::fs::rename(&rules, base.path().join("rules.old")).unwrap();
+    std::fs::rename(&staged, &rules).unwrap();
+    let mut n = 1;
+    wait_for_version(&proxy, &fake, &mut n, "2", "the swapped-in directory").await;
+    // The watch follows the new directory, not the old inode.
+    std::fs::write(
+        base.path().join("rules.old/10-version.toml"),
+        version_rule("old"),
+    )
+    .unwrap();
+    std::fs::write(rules.join("10-version.toml"), version_rule("3")).unwrap();
+    wait_for_version(&proxy, &fake, &mut n, "3", "an edit in the new directory").await;
+}
+
+#[tokio::test]
+async fn hot_reload_survives_the_directory_being_deleted_and_recreated() {
+    let fake = fake_ok().await;
+    let (_base, rules, proxy) = start_watching(&fake).await;
+    std::fs::remove_dir_all(&rules).unwrap();
+    let deadline = Instant::now() + WAIT;
+    while !proxy.log().contains("the rules directory is gone") {
+        assert!(
+            Instant::now() < deadline,
+            "no log line for the removal; log:\n{}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // While it is gone the last set stays live: policy does not lapse mid-deploy.
+    assert_eq!(version_seen(&proxy, &fake, 2).await.as_deref(), Some("1"));
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::write(
+        rules.join("05-block.toml"),
+        "[[rule]]\nname = \"b\"\non = \"before_provider_request\"\nactions = [ { block = \"x\" } ]\n",
+    )
+    .unwrap();
+    let body = shapes::to_bytes(&shapes::pi_body(0));
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let response = client::post(proxy.addr, "/v1/messages", &body).await;
+        if response.status == 403 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the recreated directory's block never applied; log:\n{}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn hot_reload_follows_a_configmap_symlink_swap() {
+    let fake = fake_ok().await;
+    let base = TempDir::new("configmap");
+    let rules = base.path().join("rules");
+    // The kubelet's layout: timestamped data dirs, `..data` pointing at one, and each
+    // file a link through `..data`.
+    std::fs::create_dir_all(rules.join("..2026_12_01_a")).unwrap();
+    std::fs::write(
+        rules.join("..2026_12_01_a/10-version.toml"),
+        version_rule("1"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..2026_12_01_a", rules.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/10-version.toml", rules.join("10-version.toml")).unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    let mut n = 1;
+    assert_eq!(version_seen(&proxy, &fake, n).await.as_deref(), Some("1"));
+    // The update: a new data dir, a temp link to it renamed over `..data`, the old dir removed.
+    std::fs::create_dir(rules.join("..2026_12_01_b")).unwrap();
+    std::fs::write(
+        rules.join("..2026_12_01_b/10-version.toml"),
+        version_rule("2"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("..2026_12_01_b", rules.join("..data_tmp")).unwrap();
+    std::fs::rename(rules.join("..data_tmp"), rules.join("..data")).unwrap();
+    std::fs::remove_dir_all(rules.join("..2026_12_01_a")).unwrap();
+    wait_for_version(&proxy, &fake, &mut n, "2", "the ConfigMap swap").await;
+}
+
+#[tokio::test]
+async fn a_rules_directory_created_after_start_is_loaded() {
+    let fake = fake_ok().await;
+    let base = TempDir::new("no-rules-yet");
+    // No --rules: the default ./rules, which does not exist yet.
+    let proxy = Proxy::start_in(base.path(), &["--upstream-anthropic", &fake.url()]);
+    assert!(
+        proxy.log().contains("no rules directory yet"),
+        "the start says the directory is missing; log:\n{}",
+        proxy.log()
+    );
+    assert_eq!(version_seen(&proxy, &fake, 1).await, None);
+    let rules = base.path().join("rules");
+    std::fs::create_dir(&rules).unwrap();
+    std::fs::write(rules.join("10-version.toml"), version_rule("1")).unwrap();
+    let mut n = 1;
+    wait_for_version(&proxy, &fake, &mut n, "1", "the new directory").await;
+    assert!(proxy.log().contains("rules reloaded"), "{}", proxy.log());
+}
+
 #[tokio::test]
 async fn broken_or_missing_rules_stop_serve_with_every_error() {
     let dir = rules_dir(&[(

@@ -11,7 +11,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use crate::config::Config;
 use crate::rules::reload::{self, LiveRules};
-use crate::rules::{LoadError, RequestCtx, RuleSet, Verdict};
+use crate::rules::{LoadError, RequestCtx, RuleSet, Verdict, read_dir};
 
 /// `promptgate rules …`
 #[derive(Debug, Args)]
@@ -77,27 +77,35 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
 }
 
 /// The live rules for `serve`, watched for changes. A missing default directory
-/// means no rules; a missing explicit one, or one that does not compile, is an error.
+/// means no rules until it appears; a missing explicit one, or one that does not
+/// compile, is an error.
 pub(crate) fn load_for_serve(config: &Config) -> anyhow::Result<Arc<LiveRules>> {
     let dir = &config.rules_dir;
-    if !dir.is_dir() {
-        if config.rules_explicit {
-            bail!("rules directory {} does not exist (--rules)", dir.display());
-        }
-        tracing::info!(target: "promptgate::rules", dir = %dir.display(), "no rules directory; no rules apply");
-        return Ok(Arc::new(LiveRules::new(RuleSet::default())));
-    }
-    let set =
-        RuleSet::load_dir(dir).map_err(|errors| anyhow::anyhow!("{}", errors_text(&errors)))?;
-    tracing::info!(
-        target: "promptgate::rules",
-        rules = set.rules().len(),
-        files = set.files.len(),
-        dir = %dir.display(),
-        "rules loaded"
-    );
-    let live = Arc::new(LiveRules::new(set));
-    reload::watch(live.clone(), dir.clone())
+    let (live, loaded) = if dir.is_dir() {
+        let sources = read_dir(dir);
+        let set = sources
+            .compile(dir, &|name| std::env::var(name).ok())
+            .map_err(|errors| anyhow::anyhow!("{}", errors_text(&errors)))?;
+        tracing::info!(
+            target: "promptgate::rules",
+            rules = set.rules().len(),
+            files = set.files.len(),
+            dir = %dir.display(),
+            "rules loaded"
+        );
+        (LiveRules::new(set), Some(sources))
+    } else if config.rules_explicit {
+        bail!("rules directory {} does not exist (--rules)", dir.display());
+    } else {
+        tracing::info!(
+            target: "promptgate::rules",
+            dir = %dir.display(),
+            "no rules directory yet; no rules apply until it appears, then it is loaded"
+        );
+        (LiveRules::new(RuleSet::default()), None)
+    };
+    let live = Arc::new(live);
+    reload::watch(live.clone(), dir.clone(), loaded)
         .with_context(|| format!("watching {} for changes", dir.display()))?;
     Ok(live)
 }

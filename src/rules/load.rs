@@ -414,29 +414,50 @@ pub(crate) fn load_dir_with(
     dir: &Path,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<RuleSet, Vec<LoadError>> {
+    read_dir(dir).compile(dir, env)
+}
+
+/// What a rules directory holds: its `*.toml` files as (name, text), in name order,
+/// and the ones that could not be read. Two reads compare equal when nothing changed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DirSources {
+    pub files: Vec<(String, String)>,
+    pub errors: Vec<LoadError>,
+}
+
+/// Reads the rule files of `dir` (following symlinks, as a ConfigMap mounts them).
+pub(crate) fn read_dir(dir: &Path) -> DirSources {
     let shown = dir.display().to_string();
-    let entries = std::fs::read_dir(dir).map_err(|e| {
-        vec![LoadError {
-            file: shown.clone(),
-            line: 1,
-            col: 1,
-            message: format!("cannot read the rules directory: {e}"),
-            offset: 0,
-        }]
-    })?;
-    let mut files: Vec<PathBuf> = entries
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) => {
+            return DirSources {
+                files: Vec::new(),
+                errors: vec![LoadError {
+                    file: shown,
+                    line: 1,
+                    col: 1,
+                    message: format!("cannot read the rules directory: {e}"),
+                    offset: 0,
+                }],
+            };
+        }
+    };
+    let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
         .collect();
-    files.sort();
-    let mut sources = Vec::new();
-    let mut errors = Vec::new();
-    for path in files {
+    paths.sort();
+    let mut read = DirSources {
+        files: Vec::new(),
+        errors: Vec::new(),
+    };
+    for path in paths {
         let name = path.display().to_string();
         match std::fs::read_to_string(&path) {
-            Ok(text) => sources.push((name, text)),
-            Err(e) => errors.push(LoadError {
+            Ok(text) => read.files.push((name, text)),
+            Err(e) => read.errors.push(LoadError {
                 file: name,
                 line: 1,
                 col: 1,
@@ -445,18 +466,30 @@ pub(crate) fn load_dir_with(
             }),
         }
     }
-    let mut set = match compile_sources(&sources, env) {
-        Ok(set) => set,
-        Err(mut more) => {
-            errors.append(&mut more);
+    read
+}
+
+impl DirSources {
+    /// Compiles the files read from `dir` into one set; any unreadable file fails it.
+    pub(crate) fn compile(
+        &self,
+        dir: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<RuleSet, Vec<LoadError>> {
+        let mut errors = self.errors.clone();
+        let mut set = match compile_sources(&self.files, env) {
+            Ok(set) => set,
+            Err(mut more) => {
+                errors.append(&mut more);
+                return Err(errors);
+            }
+        };
+        if !errors.is_empty() {
             return Err(errors);
         }
-    };
-    if !errors.is_empty() {
-        return Err(errors);
+        set.dir = Some(dir.to_owned());
+        Ok(set)
     }
-    set.dir = Some(dir.to_owned());
-    Ok(set)
 }
 
 /// Compiles named TOML texts (in the order given) into one set.

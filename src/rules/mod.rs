@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 
 pub use action::{ACTIONS, ActionSpec};
 pub use load::LoadError;
+pub(crate) use load::read_dir;
 pub use matcher::{MATCHERS, MatcherSpec};
 
 use action::CompiledAction;

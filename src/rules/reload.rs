@@ -3,7 +3,8 @@
 //! Exchanges take a snapshot ([`LiveRules::snapshot`]) when they start, so one in
 //! flight finishes with the set it began with. The watcher waits for the directory
 //! to be quiet, compiles the whole directory, and swaps only a set that compiled;
-//! on errors it logs every one and the last good set stays live.
+//! on errors it logs every one and the last good set stays live. It survives the
+//! directory being replaced, removed or created after start (see [`watch`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -14,6 +15,7 @@ use arc_swap::ArcSwap;
 use notify::{RecursiveMode, Watcher};
 
 use super::RuleSet;
+use super::load::{self, DirSources};
 
 /// How long the directory must be quiet before a reload (editors write in steps).
 pub const DEBOUNCE: Duration = Duration::from_millis(250);
@@ -41,9 +43,10 @@ impl LiveRules {
         self.current.store(Arc::new(set));
     }
 
-    /// Recompiles `dir`; swaps on success, logs every error and keeps the live set on failure.
-    pub fn reload(&self, dir: &Path) -> bool {
-        match RuleSet::load_dir(dir) {
+    /// Compiles what was read from `dir`; swaps on success, logs every error and keeps
+    /// the live set on failure.
+    pub(crate) fn reload(&self, dir: &Path, sources: &DirSources) -> bool {
+        match sources.compile(dir, &|name| std::env::var(name).ok()) {
             Ok(set) => {
                 let (rules, files) = (set.rules().len(), set.files.len());
                 self.replace(set);
@@ -66,39 +69,98 @@ impl LiveRules {
     }
 }
 
-/// Watches `dir` and reloads `live` on every settled change, for the life of the
-/// process (the watcher thread owns the watcher).
-pub fn watch(live: Arc<LiveRules>, dir: PathBuf) -> notify::Result<()> {
+/// How often the directory is read even without a change event: a safety net for
+/// filesystems and mounts that send none.
+pub const POLL: Duration = Duration::from_secs(2);
+
+/// Watches `dir` and reloads `live` whenever what it holds changes, for the life of
+/// the process (the watcher thread owns the watcher). `loaded` is what the live set
+/// was compiled from (`None`: the directory did not exist).
+///
+/// The directory entry itself may be replaced (`git checkout`, a rename swap, a
+/// ConfigMap `..data` symlink swap), removed or created later: the parent is watched
+/// too, the watch on `dir` is re-armed after every change, and a change counts only
+/// when the files' names or texts differ from the last read.
+pub(crate) fn watch(
+    live: Arc<LiveRules>,
+    dir: PathBuf,
+    loaded: Option<DirSources>,
+) -> notify::Result<()> {
+    let dir = std::path::absolute(&dir).unwrap_or(dir);
+    let parent = dir.parent().map(Path::to_path_buf);
     let (tx, rx) = mpsc::channel::<notify::Result<notify::Event>>();
     let mut watcher = notify::recommended_watcher(move |event| {
         let _ = tx.send(event);
     })?;
-    watcher.watch(&dir, RecursiveMode::NonRecursive)?;
+    let mut armed = Armed::default();
+    armed.arm(&mut watcher, &dir, parent.as_deref());
     std::thread::Builder::new()
         .name("promptgate-rules-watch".into())
         .spawn(move || {
-            while let Ok(first) = rx.recv() {
-                let mut relevant = is_relevant(&dir, &first);
-                // Drain until the directory has been quiet for DEBOUNCE.
-                loop {
-                    match rx.recv_timeout(DEBOUNCE) {
-                        Ok(event) => relevant |= is_relevant(&dir, &event),
-                        Err(mpsc::RecvTimeoutError::Timeout) => break,
-                        Err(mpsc::RecvTimeoutError::Disconnected) => return,
+            let mut seen = loaded;
+            loop {
+                match rx.recv_timeout(POLL) {
+                    Ok(first) => {
+                        let mut relevant = is_relevant(&dir, &first);
+                        // Drain until the directory has been quiet for DEBOUNCE.
+                        loop {
+                            match rx.recv_timeout(DEBOUNCE) {
+                                Ok(event) => relevant |= is_relevant(&dir, &event),
+                                Err(mpsc::RecvTimeoutError::Timeout) => break,
+                                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                            }
+                        }
+                        if !relevant {
+                            continue;
+                        }
                     }
+                    Err(mpsc::RecvTimeoutError::Timeout) => {}
+                    Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
-                if relevant {
-                    live.reload(&dir);
+                armed.arm(&mut watcher, &dir, parent.as_deref());
+                let now = dir.is_dir().then(|| load::read_dir(&dir));
+                if now == seen {
+                    continue;
                 }
-                // Editors may replace the directory entry; watch it again.
-                let _ = watcher.watch(&dir, RecursiveMode::NonRecursive);
+                match &now {
+                    Some(sources) => {
+                        live.reload(&dir, sources);
+                    }
+                    None => tracing::warn!(
+                        target: "promptgate::rules",
+                        dir = %dir.display(),
+                        "the rules directory is gone; the last loaded set stays live until it is back"
+                    ),
+                }
+                seen = now;
             }
         })
         .map_err(|e| notify::Error::generic(&format!("starting the watcher thread: {e}")))?;
     Ok(())
 }
 
-/// Whether an event concerns the rule files: a `*.toml` at the top of `dir`, or `dir` itself.
+/// Which watches are in place.
+#[derive(Default)]
+struct Armed {
+    parent: bool,
+}
+
+impl Armed {
+    /// Watches the parent (once it exists) and `dir` afresh: a replaced directory is a
+    /// new inode, and a symlinked one may point elsewhere now.
+    fn arm(&mut self, watcher: &mut impl Watcher, dir: &Path, parent: Option<&Path>) {
+        if let (false, Some(parent)) = (self.parent, parent) {
+            self.parent = watcher.watch(parent, RecursiveMode::NonRecursive).is_ok();
+        }
+        let _ = watcher.unwatch(dir);
+        if dir.is_dir() {
+            let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
+        }
+    }
+}
+
+/// Whether an event may concern the rules: `dir` itself, anything in it (a toml file
+/// or a ConfigMap's `..data` link), or a ConfigMap swap beside it.
 fn is_relevant(dir: &Path, event: &notify::Result<notify::Event>) -> bool {
     let Ok(event) = event else {
         return true; // a watcher error: re-read to be safe
@@ -106,13 +168,12 @@ fn is_relevant(dir: &Path, event: &notify::Result<notify::Event>) -> bool {
     if event.kind.is_access() {
         return false;
     }
+    let beside = dir.parent();
     event.paths.iter().any(|p| {
         p == dir
-            || (p.extension().is_some_and(|x| x == "toml")
-                && p.parent().is_some_and(|d| same_dir(d, dir)))
+            || p.parent() == Some(dir)
+            || (p.parent() == beside
+                && p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("..")))
     })
-}
-
-fn same_dir(a: &Path, b: &Path) -> bool {
-    a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
 }

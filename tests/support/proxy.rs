@@ -33,7 +33,19 @@ impl Proxy {
     }
 
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Proxy {
+        Self::spawn(args, env, None)
+    }
+
+    /// Starts it with `cwd` as its working directory (where `./rules` is looked for).
+    pub fn start_in(cwd: &std::path::Path, args: &[&str]) -> Proxy {
+        Self::spawn(args, &[], Some(cwd))
+    }
+
+    fn spawn(args: &[&str], env: &[(&str, &str)], cwd: Option<&std::path::Path>) -> Proxy {
         let mut command = Command::new(env!("CARGO_BIN_EXE_promptgate"));
+        if let Some(cwd) = cwd {
+            command.current_dir(cwd);
+        }
         command
             .arg("serve")
             .args(args)
