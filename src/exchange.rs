@@ -32,9 +32,6 @@ use crate::rules::reload::LiveRules;
 use crate::rules::{RequestCtx, Verdict};
 use crate::upstream::{Upstream, UpstreamBody};
 
-/// The most response bytes the observer keeps a copy of, per exchange.
-const RETAIN_LIMIT: usize = 64 << 20;
-
 /// Everything an exchange needs, shared by all of them.
 pub struct Proxy {
     pub config: Arc<Config>,
@@ -352,13 +349,14 @@ impl Proxy {
         let error_event = can_append_error.then_some((route.provider, route.api));
         let (provider, api) = (route.provider, route.api);
         let headers_for_observer = head.headers.clone();
+        let limit = self.config.capture.max_response;
         let body = ObservedBody::new(
             incoming,
             self.config.idle_timeout,
-            RETAIN_LIMIT,
+            usize::try_from(limit).unwrap_or(usize::MAX),
             error_event,
             move |tap: TapResult| {
-                finish_observed(pending, provider, api, headers_for_observer, tap)
+                finish_observed(pending, provider, api, headers_for_observer, tap, limit)
             },
         );
         Response::from_parts(head, ProxyBody::Upstream(body))
@@ -496,6 +494,7 @@ fn finish_observed(
     api: provider::Api,
     headers: HeaderMap,
     tap: TapResult,
+    limit: u64,
 ) {
     let recorder = pending.recorder.clone();
     let cut_outcome = recorder.cut_outcome();
@@ -504,7 +503,8 @@ fn finish_observed(
     };
     let started = pending.started;
     let job = move || {
-        let observation = observer::observe(provider, api, &headers, &tap.chunks, tap.truncated);
+        let observation =
+            observer::observe(provider, api, &headers, &tap.chunks, tap.truncated, limit);
         record.bytes_out = tap.bytes;
         record.timing.first_byte = tap.first_byte.map(|t| t - started);
         record.timing.total = tap.ended - started;

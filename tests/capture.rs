@@ -992,3 +992,65 @@ async fn a_stream_cut_by_shutdown_is_recorded_before_exit() {
             .contains("capture closed: 1 written, 0 dropped, 0 failed")
     );
 }
+
+/// The proxy's peak resident memory so far, in bytes (Linux `VmHWM`).
+fn peak_rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[tokio::test]
+async fn a_large_response_is_capped_in_its_record_not_for_the_client() {
+    // 64 MiB of text deltas: before the cap, one such stream took RSS from ~29 to 482 MB.
+    let piece = "x".repeat(1 << 20);
+    let pieces: Vec<&str> = (0..64).map(|_| piece.as_str()).collect();
+    let events = shapes::anthropic_events("claude-sonnet-4-5", &pieces, (5, 0, 0, 64));
+    let reply = Reply::sse(events, Duration::ZERO);
+    let sent = reply.body();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--capture-max-response",
+        "1MiB",
+    ]);
+    let before = peak_rss(proxy.pid());
+    let response = client::send(
+        proxy.addr,
+        &messages_request(&proxy, "large", &small_body(true)),
+    )
+    .await;
+    assert_eq!(response.status, 200);
+    assert!(
+        response.body.bytes == sent,
+        "the client gets every byte: {} of {}",
+        response.body.bytes.len(),
+        sent.len()
+    );
+    let records = captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let r = &records[0];
+    assert_eq!(r["bytes_out"], sent.len() as u64, "every byte is counted");
+    assert_eq!(r["response"]["truncated"], true);
+    let kept = r["response"]["body"]["size"].as_u64().unwrap();
+    assert!(kept <= 1 << 20, "the record keeps at most the cap: {kept}");
+    let peak = peak_rss(proxy.pid());
+    assert!(
+        peak < before + (48 << 20),
+        "memory follows the cap, not the response: peak {} MiB, {} MiB at start",
+        peak >> 20,
+        before >> 20
+    );
+    let shown = captures::ok(&proxy.captures, &["show", r["id"].as_str().unwrap()]);
+    assert!(
+        shown.contains(&format!(
+            "truncated     {} bytes passed to the client; the record keeps the first",
+            sent.len()
+        )),
+        "{shown}"
+    );
+}

@@ -22,6 +22,7 @@ pub struct CaptureLayer {
     pub queue: Option<u64>,
     pub queue_bytes: Option<Scalar>,
     pub queue_wait: Option<Scalar>,
+    pub max_response: Option<Scalar>,
     pub secret_headers: Option<Vec<String>>,
     pub redact: Option<Vec<RedactPattern>>,
 }
@@ -50,6 +51,8 @@ pub struct CaptureSettings {
     pub queue_bytes: u64,
     /// How long the proxy waits for room in a full queue before it drops (or refuses).
     pub queue_wait: Duration,
+    /// The most of one response body kept (decoded) for the record; the rest is counted.
+    pub max_response: u64,
     /// More header names whose values are credentials.
     pub secret_headers: Vec<String>,
     /// More redaction patterns: (kind, regex).
@@ -69,6 +72,7 @@ impl Default for CaptureSettings {
             queue: 1024,
             queue_bytes: 256 << 20,
             queue_wait: Duration::from_secs(2),
+            max_response: 16 << 20,
             secret_headers: Vec::new(),
             redact: Vec::new(),
         }
@@ -113,6 +117,14 @@ impl CaptureSettings {
         }
         if let Some(v) = layer.queue_wait {
             self.queue_wait = parse_duration(&v).map_err(invalid("capture.queue_wait"))?;
+        }
+        if let Some(v) = layer.max_response {
+            self.max_response = parse_size(&v).map_err(invalid("capture.max_response"))?;
+            if self.max_response == 0 {
+                return Err(invalid("capture.max_response")(
+                    "must be at least 1 byte (expected e.g. \"16MiB\")".into(),
+                ));
+            }
         }
         if let Some(names) = layer.secret_headers {
             for name in &names {
@@ -171,6 +183,7 @@ mod tests {
             required = true
             max_age = "7d"
             max_size = "off"
+            max_response = "1MiB"
             secret_headers = ["X-Gateway-Token"]
             redact = ["acme_[0-9]{4}", { kind = "ticket", pattern = "T-[0-9]+" }]
             "#,
@@ -181,6 +194,7 @@ mod tests {
         assert!(s.required);
         assert_eq!(s.retention.max_age, Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(s.retention.max_size, None);
+        assert_eq!(s.max_response, 1 << 20);
         assert_eq!(s.secret_headers, ["x-gateway-token"]);
         assert_eq!(s.redact[1], ("ticket".into(), "T-[0-9]+".into()));
 

@@ -441,6 +441,13 @@ fn show(store: &Store, r: &CaptureRecord, sent: bool, out: &mut String) {
             }
         );
     }
+    if resp.truncated {
+        let _ = writeln!(
+            out,
+            "  truncated     {} bytes passed to the client; the record keeps the first {} (capture.max_response)",
+            r.bytes_out, resp.body.size
+        );
+    }
     if let Some(stop) = &resp.stop_reason {
         let _ = writeln!(out, "  stop reason   {stop}");
     }

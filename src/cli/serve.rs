@@ -89,6 +89,9 @@ pub struct ServeArgs {
     /// Keep the store under this size, or "off" [default: 1GiB] (capture.max_size).
     #[arg(long, value_name = "BYTES")]
     capture_max_size: Option<String>,
+    /// Keep at most this much of one response in its record; the rest is counted [default: 16MiB] (capture.max_response).
+    #[arg(long, value_name = "BYTES")]
+    capture_max_response: Option<String>,
     /// Another regex whose matches are redacted from captures; repeatable (capture.redact).
     #[arg(long, value_name = "REGEX")]
     redact: Vec<String>,
@@ -188,6 +191,7 @@ impl ServeArgs {
                 required: self.capture_required.then_some(true),
                 max_age: self.capture_max_age.map(Into::into),
                 max_size: self.capture_max_size.map(Into::into),
+                max_response: self.capture_max_response.map(Into::into),
                 secret_headers: (!self.secret_header.is_empty()).then_some(self.secret_header),
                 redact: (!self.redact.is_empty())
                     .then(|| self.redact.into_iter().map(RedactPattern::Plain).collect()),

@@ -24,37 +24,74 @@ pub enum DecodeError {
 /// Decodes `body` through the encodings named in a `Content-Encoding` value
 /// (applied left to right by the sender, so undone right to left).
 pub fn decode(content_encoding: &str, body: Bytes, limit: u64) -> Result<Bytes, DecodeError> {
+    decode_capped(content_encoding, body, limit, Cap::Refuse).map(|(data, _)| data)
+}
+
+/// Decodes a response copy for its record, keeping at most `limit` decoded bytes;
+/// the flag says the output was cut. When `input_cut` (the copy is itself a prefix)
+/// what decoded before the copy ran out is kept rather than called corrupt.
+pub fn decode_prefix(
+    content_encoding: &str,
+    body: Bytes,
+    limit: u64,
+    input_cut: bool,
+) -> Result<(Bytes, bool), DecodeError> {
+    decode_capped(content_encoding, body, limit, Cap::Cut { input_cut })
+}
+
+/// What to do with a body that decodes past the cap.
+#[derive(Clone, Copy)]
+enum Cap {
+    /// Fail: a request over `--max-body`, or a bomb.
+    Refuse,
+    /// Keep the first `limit` bytes.
+    Cut { input_cut: bool },
+}
+
+fn decode_capped(
+    content_encoding: &str,
+    body: Bytes,
+    limit: u64,
+    cap: Cap,
+) -> Result<(Bytes, bool), DecodeError> {
     let mut data = body;
+    let mut cut = false;
     for coding in content_encoding.rsplit(',').map(str::trim) {
         let coding = coding.to_ascii_lowercase();
         let read = match coding.as_str() {
             "" | "identity" => continue,
-            "gzip" | "x-gzip" => read_all(flate2::read::MultiGzDecoder::new(&data[..]), limit),
+            "gzip" | "x-gzip" => read_all(flate2::read::MultiGzDecoder::new(&data[..]), limit, cap),
             // "deflate" means zlib-wrapped; some servers send raw deflate anyway.
             "deflate" => {
-                read_all(flate2::read::ZlibDecoder::new(&data[..]), limit).or_else(|e| match e {
+                read_all(flate2::read::ZlibDecoder::new(&data[..]), limit, cap).or_else(|e| match e
+                {
                     Read::TooLarge => Err(e),
-                    Read::Io(_) => read_all(flate2::read::DeflateDecoder::new(&data[..]), limit),
+                    Read::Io(_) => {
+                        read_all(flate2::read::DeflateDecoder::new(&data[..]), limit, cap)
+                    }
                 })
             }
             "br" => read_all(
                 brotli_decompressor::Decompressor::new(&data[..], 8192),
                 limit,
+                cap,
             ),
             "zstd" => zstd::stream::read::Decoder::new(&data[..])
                 .map_err(Read::Io)
-                .and_then(|d| read_all(d, limit)),
+                .and_then(|d| read_all(d, limit, cap)),
             _ => return Err(DecodeError::Unsupported(coding)),
         };
-        data = read.map_err(|e| match e {
+        let (decoded, this_cut) = read.map_err(|e| match e {
             Read::TooLarge => DecodeError::TooLarge { limit },
             Read::Io(e) => DecodeError::Corrupt {
                 coding: coding.clone(),
                 reason: e.to_string(),
             },
         })?;
+        data = decoded;
+        cut |= this_cut;
     }
-    Ok(data)
+    Ok((data, cut))
 }
 
 /// A body's `Content-Encoding` when it is not plain bytes (absent, empty and
@@ -85,16 +122,26 @@ enum Read {
     Io(std::io::Error),
 }
 
-fn read_all(reader: impl std::io::Read, limit: u64) -> Result<Bytes, Read> {
+/// Reads at most `limit` bytes (plus one, to tell a body that fits from one that
+/// does not); the flag says the output was cut.
+fn read_all(reader: impl std::io::Read, limit: u64, cap: Cap) -> Result<(Bytes, bool), Read> {
     let mut out = Vec::new();
-    reader
-        .take(limit + 1)
-        .read_to_end(&mut out)
-        .map_err(Read::Io)?;
+    // On an error read_to_end keeps what it read; a cut copy's decoded prefix is kept.
+    let mut cut = match reader.take(limit + 1).read_to_end(&mut out) {
+        Ok(_) => false,
+        Err(_) if matches!(cap, Cap::Cut { input_cut: true }) && !out.is_empty() => true,
+        Err(e) => return Err(Read::Io(e)),
+    };
     if out.len() as u64 > limit {
-        return Err(Read::TooLarge);
+        match cap {
+            Cap::Refuse => return Err(Read::TooLarge),
+            Cap::Cut { .. } => {
+                out.truncate(usize::try_from(limit).unwrap_or(usize::MAX));
+                cut = true;
+            }
+        }
     }
-    Ok(Bytes::from(out))
+    Ok((Bytes::from(out), cut))
 }
 
 #[cfg(test)]
@@ -168,6 +215,26 @@ mod tests {
         assert_eq!(
             decode("compress", Bytes::from_static(b"x"), 1000),
             Err(DecodeError::Unsupported("compress".into()))
+        );
+    }
+
+    #[test]
+    fn a_response_copy_keeps_its_first_limit_bytes() {
+        let big: Vec<u8> = (0..100_000u32).flat_map(|i| i.to_le_bytes()).collect();
+        let packed = gzip(&big);
+        let (kept, cut) = decode_prefix("gzip", Bytes::from(packed.clone()), 1000, false).unwrap();
+        assert_eq!((&kept[..], cut), (&big[..1000], true));
+        let (all, cut) =
+            decode_prefix("gzip", Bytes::from(packed.clone()), 1 << 20, false).unwrap();
+        assert_eq!((all.len(), cut), (big.len(), false));
+        // A copy cut short mid-stream: what decoded is kept, not called corrupt.
+        let half = Bytes::copy_from_slice(&packed[..packed.len() / 2]);
+        assert!(decode_prefix("gzip", half.clone(), 1 << 20, false).is_err());
+        let (some, cut) = decode_prefix("gzip", half, 1 << 20, true).unwrap();
+        assert!(
+            cut && !some.is_empty() && big.starts_with(&some),
+            "{}",
+            some.len()
         );
     }
 }

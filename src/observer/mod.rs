@@ -20,9 +20,6 @@ use crate::provider::{self, Api, Provider, ResponseSummary};
 pub use sse::SseDecoder;
 pub use tee::{BodyEnd, ObservedBody, TapResult};
 
-/// The largest decoded body the observer will read.
-const DECODE_LIMIT: u64 = 256 << 20;
-
 /// How the response body was framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -58,6 +55,7 @@ pub fn observe(
     headers: &HeaderMap,
     chunks: &[Bytes],
     truncated: bool,
+    limit: u64,
 ) -> Observation {
     let mut observation = Observation {
         format: BodyFormat::Empty,
@@ -71,8 +69,11 @@ pub fn observe(
         return observation;
     }
     let body = match headers.get(CONTENT_ENCODING).and_then(|v| v.to_str().ok()) {
-        Some(coding) => match decode::decode(coding, raw, DECODE_LIMIT) {
-            Ok(body) => body,
+        Some(coding) => match decode::decode_prefix(coding, raw, limit, truncated) {
+            Ok((body, cut)) => {
+                observation.truncated |= cut;
+                body
+            }
             Err(e) => {
                 observation.format = BodyFormat::Other;
                 observation.parse_error = Some(e.to_string());
@@ -157,6 +158,7 @@ mod tests {
             &headers("text/event-stream; charset=utf-8", None),
             &chunks,
             false,
+            1 << 20,
         );
         assert_eq!(o.format, BodyFormat::Sse);
         assert!(o.summary.complete);
@@ -173,6 +175,7 @@ mod tests {
             &headers("application/json", None),
             &[Bytes::from_static(b"{\"trunc")],
             false,
+            1 << 20,
         );
         assert_eq!(o.format, BodyFormat::Other);
         assert!(o.parse_error.unwrap().contains("not valid JSON"));
@@ -182,6 +185,7 @@ mod tests {
             &headers("application/json", Some("gzip")),
             &[Bytes::from_static(b"plain")],
             false,
+            1 << 20,
         );
         assert!(o.parse_error.unwrap().contains("gzip"));
         let o = observe(
@@ -190,6 +194,7 @@ mod tests {
             &headers("text/html", None),
             &[Bytes::from_static(b"<html>")],
             false,
+            1 << 20,
         );
         assert_eq!((o.format, o.parse_error), (BodyFormat::Other, None));
     }
