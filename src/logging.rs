@@ -2,10 +2,12 @@
 //!
 //! Logs go to stderr as text or JSON (`--log-format`). The level comes from
 //! `PROMPTGATE_LOG` (default `info`). Libraries that can print header values at
-//! debug level (hyper, h2, rustls) are capped at `info` whatever is asked, so a
-//! credential never reaches a log line.
+//! debug level (hyper, h2, rustls) are capped at `info` whatever is asked, and
+//! every line goes through the capture's redactor on its way out, so a credential
+//! never reaches a log line, whichever field or template carried it.
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
+use std::sync::Arc;
 
 use tracing::level_filters::LevelFilter;
 use tracing_subscriber::filter::{EnvFilter, FilterExt, Targets};
@@ -13,11 +15,13 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
 
+use crate::capture::redact::{Redactor, Summary};
 use crate::config::LogFormat;
 use crate::record::{ExchangeRecord, RecordSink};
 
-/// Installs the global subscriber. Call once, before serving.
-pub fn init(format: LogFormat) {
+/// Installs the global subscriber, writing through `redactor`. Call once, before serving.
+pub fn init(format: LogFormat, redactor: Arc<Redactor>) {
+    let writer = RedactedStderr(redactor);
     let env = EnvFilter::try_from_env("PROMPTGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let caps = Targets::new()
         .with_default(LevelFilter::TRACE)
@@ -29,7 +33,7 @@ pub fn init(format: LogFormat) {
     let filter = env.and(caps);
     let layer = match format {
         LogFormat::Text => fmt::layer()
-            .with_writer(std::io::stderr)
+            .with_writer(writer)
             // Colour codes only for a terminal: in a file they are noise, and they
             // made up ~40 % of the instructions spent on the exchange line (bench/profile).
             .with_ansi(std::io::stderr().is_terminal())
@@ -39,7 +43,7 @@ pub fn init(format: LogFormat) {
         LogFormat::Json => fmt::layer()
             .json()
             .flatten_event(true)
-            .with_writer(std::io::stderr)
+            .with_writer(writer)
             .with_filter(filter)
             .boxed(),
     };
@@ -47,9 +51,39 @@ pub fn init(format: LogFormat) {
     let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
+/// Stderr, with every formatted line redacted before it is written.
+#[derive(Clone)]
+struct RedactedStderr(Arc<Redactor>);
+
+impl<'a> fmt::MakeWriter<'a> for RedactedStderr {
+    type Writer = RedactedLine<'a>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactedLine(&self.0)
+    }
+}
+
+/// One log event: the formatter hands over the whole line in one `write_all`.
+struct RedactedLine<'a>(&'a Redactor);
+
+impl Write for RedactedLine<'_> {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let clean = self.0.redact(line, &[], &mut Summary::new());
+        std::io::stderr().lock().write_all(&clean)?;
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        std::io::stderr().flush()
+    }
+}
+
 /// Writes one log line per exchange.
-#[derive(Debug, Default)]
-pub struct ExchangeLog;
+#[derive(Debug)]
+pub struct ExchangeLog {
+    /// The capture's redactor: the path is shown as the record stores it.
+    pub redactor: Arc<Redactor>,
+}
 
 impl RecordSink for ExchangeLog {
     fn record(&self, r: &ExchangeRecord) {
@@ -63,7 +97,7 @@ impl RecordSink for ExchangeLog {
             mode = r.mode.name(),
             method = %r.method,
             host = r.host.as_deref(),
-            path = %masked_path(&r.path),
+            path = %self.redactor.path(&r.path, &mut Summary::new()),
             provider = r.provider.map(|p| p.name()),
             model = r.model.as_deref(),
             status = r.status.map(|s| s.as_u16()),
@@ -86,22 +120,8 @@ impl RecordSink for ExchangeLog {
     }
 }
 
-/// The path with the values of credential-like query parameters hidden
-/// (some gateways take `?key=`; the log must not).
-pub fn masked_path(path: &str) -> String {
-    let Some((base, query)) = path.split_once('?') else {
-        return path.to_owned();
-    };
-    let params: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((k, _)) if is_secret_name(k) => format!("{k}=***"),
-            _ => pair.to_owned(),
-        })
-        .collect();
-    format!("{base}?{}", params.join("&"))
-}
-
+/// Whether a query parameter's name says its value is a credential (some gateways
+/// take `?key=`).
 pub(crate) fn is_secret_name(name: &str) -> bool {
     let n = name.to_ascii_lowercase();
     [
@@ -115,22 +135,4 @@ pub(crate) fn is_secret_name(name: &str) -> bool {
     ]
     .iter()
     .any(|s| n.contains(s))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn secret_query_values_are_masked() {
-        assert_eq!(
-            masked_path("/v1/messages?beta=true"),
-            "/v1/messages?beta=true"
-        );
-        assert_eq!(
-            masked_path("/v1/x?api_key=sk-123&beta=true&access_token=t"),
-            "/v1/x?api_key=***&beta=true&access_token=***"
-        );
-        assert_eq!(masked_path("/v1/models"), "/v1/models");
-    }
 }

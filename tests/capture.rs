@@ -1054,3 +1054,124 @@ async fn a_large_response_is_capped_in_its_record_not_for_the_client() {
         "{shown}"
     );
 }
+
+const CANARY_TEMPLATE: &str = "sk-ant-api03-CanaryTmpl4Hq8Zx2Lp6Vn0Rb3Wm7";
+const CANARY_PATH: &str = "sk-ant-api03-CanaryPath9Jd3Ks7Fg1Hm5Nq2Xc8";
+const CANARY_MODEL: &str = "sk-ant-api03-CanaryModel2Bv6Cx0Zl4Ak8Sj1Dh";
+const CANARY_SESSION: &str = "sk-ant-api03-CanarySess5Wy9Eu3Ri7To1Pa4Gf";
+
+#[tokio::test]
+async fn secrets_in_log_templates_paths_models_and_session_ids_are_redacted_everywhere() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (3, 0, 0, 1)),
+        ))
+    })
+    .await;
+    let rules = TempDir::new("template-rules");
+    std::fs::write(
+        rules.path().join("10-log.toml"),
+        "[[rule]]\nname = \"who\"\non = \"before_provider_request\"\n\
+         actions = [ { log = \"token={header.x-custom-token} model={model} path={path}\" } ]\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--rules",
+            rules.path().to_str().unwrap(),
+        ],
+        // Debug, so the cache analysis line (which names the conversation) is written too.
+        &[("PROMPTGATE_LOG", "debug")],
+    );
+    let host = proxy.addr.to_string();
+    let body = shapes::to_bytes(&json!({
+        "model": CANARY_MODEL, "max_tokens": 5,
+        "messages": [{"role": "user", "content": "hello"}]
+    }));
+    for path in [
+        "/v1/messages".to_owned(),
+        format!("/v1/{CANARY_PATH}/messages"),
+    ] {
+        let h = vec![
+            ("Host", host.clone()),
+            ("content-type", "application/json".into()),
+            ("x-custom-token", CANARY_TEMPLATE.into()),
+            ("X-Claude-Code-Session-Id", CANARY_SESSION.into()),
+        ];
+        let r = client::send(proxy.addr, &request_bytes("POST", &path, &h, &body)).await;
+        assert_eq!(r.status, 200, "{path}");
+    }
+    let records = captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let fired = proxy.wait_exchanges(2, WAIT).await;
+    assert_eq!(fired.len(), 2);
+    let log = proxy.log();
+    assert!(
+        log.contains("token=[REDACTED:"),
+        "the template line is written, redacted:\n{log}"
+    );
+    assert!(log.contains("model=[REDACTED:anthropic:"), "{log}");
+    assert!(
+        log.contains("cache analysis"),
+        "the debug cache line is written:\n{log}"
+    );
+    assert!(
+        records.iter().all(|r| r["model"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("[REDACTED:anthropic:"))),
+        "the model column is redacted: {:?}",
+        records.iter().map(|r| &r["model"]).collect::<Vec<_>>()
+    );
+    let admin = proxy.admin_addr();
+    let mut haystacks: Vec<(String, Vec<u8>)> = vec![("the log".into(), log.into_bytes())];
+    let (status, list) = client::get_json(admin, "/api/captures").await;
+    assert_eq!(status, 200);
+    haystacks.push(("/api/captures".into(), list.to_string().into_bytes()));
+    for r in &records {
+        let id = r["id"].as_str().unwrap();
+        let one = client::send(
+            admin,
+            &request_bytes(
+                "GET",
+                &format!("/api/captures/{id}"),
+                &[("Host", admin.to_string())],
+                b"",
+            ),
+        )
+        .await;
+        assert_eq!(one.status, 200);
+        haystacks.push((format!("/api/captures/{id}"), one.body.bytes.clone()));
+        haystacks.push((
+            "captures show".into(),
+            captures::ok(&proxy.captures, &["show", id]).into_bytes(),
+        ));
+    }
+    haystacks.push((
+        "captures list".into(),
+        captures::ok(&proxy.captures, &["list"]).into_bytes(),
+    ));
+    for format in ["jsonl", "har"] {
+        haystacks.push((
+            format!("the {format} export"),
+            captures::ok(&proxy.captures, &["export", "--format", format]).into_bytes(),
+        ));
+    }
+    haystacks.extend(captures::stored_haystacks(&proxy.captures));
+    for (what, bytes) in &haystacks {
+        for canary in [
+            "CanaryTmpl4Hq8",
+            "CanaryPath9Jd3",
+            "CanaryModel2Bv6",
+            "CanarySess5Wy9",
+        ] {
+            support::assert_absent(bytes, canary, what);
+        }
+    }
+    // Not vacuous: the provider got them all.
+    let got = fake.wait_requests(2, WAIT).await;
+    assert!(String::from_utf8_lossy(&got[1].raw_head).contains(CANARY_PATH));
+    assert!(String::from_utf8_lossy(&got[0].raw_head).contains(CANARY_SESSION));
+    assert!(String::from_utf8_lossy(&got[0].body).contains(CANARY_MODEL));
+}

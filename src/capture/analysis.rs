@@ -15,6 +15,7 @@ pub fn stored(report: &CacheReport, redactor: &Redactor, extra: &[regex::Regex])
     let mut text = |t: &str| redactor.redact_text(t, extra, &mut uncounted);
     let mut r = report.without_excerpts();
     r.conversation = text(&r.conversation);
+    r.model = text(&r.model);
     r.reason = r.reason.map(|reason| {
         reason.map(&mut |reason| match reason {
             Reason::ToolsChanged {

@@ -134,9 +134,12 @@ impl std::fmt::Debug for Capture {
 
 impl Capture {
     /// Opens the store in `settings.dir` and starts the writer.
-    pub fn start(settings: &CaptureSettings, keys: KeySource) -> Result<Arc<Capture>, StoreError> {
-        let redactor = Redactor::new(&settings.redact, &settings.secret_headers)
-            .map_err(|e| StoreError::Corrupt(format!("capture.redact: {e}")))?;
+    /// `redactor` is the process's one redactor (the logs use it too).
+    pub fn start(
+        settings: &CaptureSettings,
+        keys: KeySource,
+        redactor: Arc<Redactor>,
+    ) -> Result<Arc<Capture>, StoreError> {
         let mut store = Store::open(&settings.dir)?;
         let now = timestamp::now_ms();
         match store.prune(&settings.retention, now) {
@@ -307,7 +310,7 @@ struct Writer {
     shared: Arc<Shared>,
     store: Store,
     cache: record::UnitCache,
-    redactor: Redactor,
+    redactor: Arc<Redactor>,
     keys: KeySource,
     retention: store::Retention,
 }
@@ -428,7 +431,8 @@ mod tests {
             dir: dir.clone(),
             ..CaptureSettings::default()
         };
-        let capture = Capture::start(&settings, KeySource::default()).unwrap();
+        let redactor = Arc::new(settings.redactor().unwrap());
+        let capture = Capture::start(&settings, KeySource::default(), redactor).unwrap();
         let record = |path: &str| {
             let mut r =
                 ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());

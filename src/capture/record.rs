@@ -288,6 +288,17 @@ impl CaptureRecord {
         };
         let observation = r.observation.as_ref();
         let summary_of = observation.map(|o| &o.summary);
+        // Every field read out of a message is text a client or provider chose: a key
+        // sent as `"model"` is redacted here as it is in the body.
+        let mut field =
+            |text: Option<&str>| text.map(|t| redactor.redact_text(t, extra, &mut summary));
+        let model = field(model.as_deref());
+        let host = field(r.host.as_deref());
+        let stop_reason = field(summary_of.and_then(|s| s.stop_reason.as_deref()));
+        let response_id = field(summary_of.and_then(|s| s.response_id.as_deref()));
+        let parse_error = field(observation.and_then(|o| o.parse_error.as_deref()));
+        let error = field(r.error.as_deref());
+        let duplicate_key = field(duplicate_key.repeated());
         let mut record = CaptureRecord {
             id: r.id.to_string(),
             started_at: timestamp::rfc3339(started_ms),
@@ -302,7 +313,7 @@ impl CaptureRecord {
             provider: r.provider.map(|p| p.name().to_owned()),
             api: r.api.map(|a| api_name(a).to_owned()),
             method: r.method.to_string(),
-            host: r.host.clone(),
+            host,
             path: redactor.path(&r.path, &mut summary),
             upstream_url: r
                 .upstream_url
@@ -310,9 +321,7 @@ impl CaptureRecord {
                 .map(|u| redactor.path(u, &mut summary)),
             model,
             conversation,
-            duplicate_key: duplicate_key
-                .repeated()
-                .map(|p| redactor.redact_text(p, extra, &mut summary)),
+            duplicate_key,
             rules_fired: r.rules_fired.clone(),
             tags: r.tags.clone(),
             body_diff: r.body_diff.clone(),
@@ -322,18 +331,15 @@ impl CaptureRecord {
                 format: observation.map(|o| format_name(o.format).to_owned()),
                 event_count: summary_of.map_or(0, |s| s.events),
                 complete: summary_of.is_some_and(|s| s.complete),
-                stop_reason: summary_of.and_then(|s| s.stop_reason.clone()),
-                response_id: summary_of.and_then(|s| s.response_id.clone()),
-                parse_error: observation.and_then(|o| o.parse_error.clone()),
+                stop_reason,
+                response_id,
+                parse_error,
                 truncated: observation.is_some_and(|o| o.truncated),
                 ..ResponsePart::default()
             },
             usage: summary_of.and_then(|s| s.usage),
             outcome: r.outcome.name().to_owned(),
-            error: r
-                .error
-                .as_ref()
-                .map(|e| redactor.redact_text(e, extra, &mut summary)),
+            error,
             bytes_in: r.bytes_in,
             bytes_out: r.bytes_out,
             received_sha256,

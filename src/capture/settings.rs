@@ -80,6 +80,12 @@ impl Default for CaptureSettings {
 }
 
 impl CaptureSettings {
+    /// The redactor these settings describe: the built-in shapes, the extra patterns
+    /// and the extra secret headers. The process builds one, for captures and logs.
+    pub fn redactor(&self) -> Result<Redactor, super::redact::PatternError> {
+        Redactor::new(&self.redact, &self.secret_headers)
+    }
+
     /// Applies a layer over these settings. `base` is the config file's directory
     /// (relative `dir` values in a file are relative to it).
     pub fn apply(&mut self, layer: CaptureLayer, base: Option<&Path>) -> Result<(), ConfigError> {

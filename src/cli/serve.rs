@@ -10,6 +10,7 @@ use clap::Args;
 
 use crate::admin::{AdminGuard, AdminState};
 use crate::cache::CacheStage;
+use crate::capture::redact::Redactor;
 use crate::capture::settings::RedactPattern;
 use crate::capture::{Capture, CaptureLayer};
 use crate::config::{Config, ConfigLayer};
@@ -216,14 +217,20 @@ impl ServeArgs {
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
-    logging::init(config.log_format);
+    let redactor = Arc::new(
+        config
+            .capture
+            .redactor()
+            .context("capture.redact (checked when the config was read)")?,
+    );
+    logging::init(config.log_format, redactor.clone());
     // This thread accepts, answers signals and the admin API; exchanges run on the
     // workers (listener::Workers), each with a runtime of its own.
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let (recorder, capture) = runtime.block_on(serve_async(config))?;
+    let (recorder, capture) = runtime.block_on(serve_async(config, redactor))?;
     // The workers are gone and their cut exchanges have queued their records; the
     // record pipeline finishes them; only then is the capture closed.
     runtime.shutdown_timeout(std::time::Duration::from_secs(5));
@@ -236,7 +243,10 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
 /// Serves until a shutdown signal; returns the recorder and the capture, still open,
 /// for the caller to close once the runtime is down.
-async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Arc<Capture>>)> {
+async fn serve_async(
+    config: Config,
+    redactor: Arc<Redactor>,
+) -> anyhow::Result<(Arc<Recorder>, Option<Arc<Capture>>)> {
     // Everything that can refuse to start does so before the store is created.
     let rules = super::rules::load_for_serve(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
@@ -268,8 +278,12 @@ async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Ar
     let shutdown = shutdown_signal()?;
     let capture = if config.capture.enabled {
         let dir = &config.capture.dir;
-        let capture = Capture::start(&config.capture, config.conversation.clone())
-            .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+        let capture = Capture::start(
+            &config.capture,
+            config.conversation.clone(),
+            redactor.clone(),
+        )
+        .with_context(|| format!("opening the capture store in {}", dir.display()))?;
         tracing::info!(
             "capturing to {}",
             dir.join(crate::capture::store::DB_FILE).display()
@@ -280,7 +294,9 @@ async fn serve_async(config: Config) -> anyhow::Result<(Arc<Recorder>, Option<Ar
     };
     let grace = config.shutdown_grace;
     let cache = CacheStage::new(config.cache.clone(), config.conversation.clone());
-    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog)];
+    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
+        redactor: redactor.clone(),
+    })];
     if let Some(capture) = &capture {
         sinks.push(capture.clone());
     }
