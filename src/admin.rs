@@ -218,7 +218,7 @@ async fn answer(
     let state = state.clone();
     let work = move || route(&dir, &path, &query, &state.cache_ignore);
     match tokio::task::spawn_blocking(work).await {
-        Ok(Ok(value)) => reply(StatusCode::OK, &value),
+        Ok(Ok(body)) => reply_bytes(StatusCode::OK, body),
         Ok(Err((status, message))) => reply(status, &json!({"error": message})),
         Err(e) => reply(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -227,7 +227,14 @@ async fn answer(
     }
 }
 
-type Answer = Result<Value, (StatusCode, String)>;
+/// A JSON answer, serialised; or a status and why.
+type Answer = Result<Vec<u8>, (StatusCode, String)>;
+
+/// Serialises straight to bytes: a stored body is embedded as the raw JSON it was
+/// stored as, never re-parsed (no nesting limit, `\u` escapes stay escaped).
+fn json_bytes(value: &impl serde::Serialize) -> Answer {
+    serde_json::to_vec(value).map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
 
 fn route(
     dir: &std::path::Path,
@@ -240,24 +247,23 @@ fn route(
     match segments.as_slice() {
         ["api", "captures"] => {
             let rows = store.list(&filter(query)?).map_err(store_error)?;
-            Ok(json!({"captures": rows}))
+            json_bytes(&json!({"captures": rows}))
         }
         ["api", "captures", id] => {
             let mut record = store.load(id).map_err(store_error)?;
             record.with_contents();
-            serde_json::to_value(record)
-                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+            json_bytes(&record)
         }
         ["api", "captures", a, "diff", b] => {
             let a = store.load(a).map_err(store_error)?;
             let b = store.load(b).map_err(store_error)?;
             let entries = units::diff_bodies(&a.sent().bytes, &b.sent().bytes)
                 .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?;
-            Ok(json!({"a": a.id, "b": b.id, "entries": entries}))
+            json_bytes(&json!({"a": a.id, "b": b.id, "entries": entries}))
         }
         ["api", "conversations"] => {
             let rows = store.conversations(&filter(query)?).map_err(store_error)?;
-            Ok(json!({"conversations": rows}))
+            json_bytes(&json!({"conversations": rows}))
         }
         ["api", "cache", "report"] => {
             let f = filter(query)?;
@@ -269,8 +275,7 @@ fn route(
             }
             let report =
                 crate::cache::report::build(&store, &f, cache_ignore).map_err(store_error)?;
-            serde_json::to_value(report)
-                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+            json_bytes(&report)
         }
         _ => Err((
             StatusCode::NOT_FOUND,
@@ -347,7 +352,10 @@ fn percent_decode(text: &str) -> String {
 }
 
 fn reply(status: StatusCode, body: &Value) -> Response<Full<Bytes>> {
-    let mut text = serde_json::to_vec(body).unwrap_or_default();
+    reply_bytes(status, serde_json::to_vec(body).unwrap_or_default())
+}
+
+fn reply_bytes(status: StatusCode, mut text: Vec<u8>) -> Response<Full<Bytes>> {
     text.push(b'\n');
     let mut response = Response::new(Full::new(Bytes::from(text)));
     *response.status_mut() = status;

@@ -1175,3 +1175,96 @@ async fn secrets_in_log_templates_paths_models_and_session_ids_are_redacted_ever
     assert!(String::from_utf8_lossy(&got[0].raw_head).contains(CANARY_SESSION));
     assert!(String::from_utf8_lossy(&got[0].body).contains(CANARY_MODEL));
 }
+
+#[tokio::test]
+async fn stored_bodies_are_served_as_stored_and_export_lines_parse_anywhere() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (3, 0, 0, 1)),
+        ))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
+    let escaped_key = "\\u0073k-ant-api03-CanaryEsc3Ty7Ui1Op5As9Df";
+    let bodies: Vec<Vec<u8>> = vec![
+        // Nested past serde_json's default limit of 128.
+        format!(r#"{{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{{"role":"user","content":"x"}}],"metadata":{{"deep":{deep}}}}}"#).into_bytes(),
+        // Escapes a Python client writes (ensure_ascii), a key hidden behind one, U+2028.
+        format!("{{\"model\":\"claude-sonnet-4-5\",\"max_tokens\":5,\"messages\":[{{\"role\":\"user\",\"content\":[{{\"type\":\"text\",\"text\":\"caf\\u00e9 \u{2028} \\u0000 \\ud83d\\ude00\"}},{{\"type\":\"text\",\"text\":\"key {escaped_key}\"}}]}}]}}").into_bytes(),
+        // Not UTF-8 at all.
+        b"{\"model\":\"claude-sonnet-4-5\",\"messages\":\"\xff\xfe\"}".to_vec(),
+    ];
+    for body in &bodies {
+        let r = client::post(proxy.addr, "/v1/messages", body).await;
+        assert_eq!(r.status, 200);
+    }
+    // Not captures::wait_records: its serde_json stops at 128 levels.
+    let admin = proxy.admin_addr();
+    let deadline = std::time::Instant::now() + WAIT;
+    let ids: Vec<String> = loop {
+        let (_, list) = client::get_json(admin, "/api/captures").await;
+        let rows = list["captures"].as_array().cloned().unwrap_or_default();
+        if rows.len() == 3 {
+            break rows
+                .iter()
+                .map(|r| r["id"].as_str().unwrap().to_owned())
+                .collect();
+        }
+        assert!(std::time::Instant::now() < deadline, "3 records: {list}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut deep_seen = false;
+    for id in &ids {
+        let one = client::send(
+            admin,
+            &request_bytes(
+                "GET",
+                &format!("/api/captures/{id}"),
+                &[("Host", admin.to_string())],
+                b"",
+            ),
+        )
+        .await;
+        assert_eq!(one.status, 200, "{}", one.text());
+        let text = one.text();
+        support::assert_absent(&one.body.bytes, "CanaryEsc3Ty7", "the admin record");
+        if text.contains("caf") {
+            assert!(
+                text.contains(r"caf\u00e9") && text.contains(r"\ud83d\ude00"),
+                "escapes without a secret are served as stored, not decoded: {text}"
+            );
+        }
+        deep_seen |= text.contains(&deep);
+    }
+    assert!(deep_seen, "the deep body is served whole");
+    let export = captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);
+    support::assert_absent(export.as_bytes(), "CanaryEsc3Ty7", "the JSONL export");
+    assert_eq!(export.lines().count(), 3);
+    // Python's json, as a user's script would read it (serde_json stops at 128 levels).
+    let mut python = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import json,sys\nn=0\nfor line in sys.stdin:\n    json.loads(line); n+=1\nprint(n)",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 runs");
+    use std::io::Write as _;
+    python
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(export.as_bytes())
+        .unwrap();
+    let out = python.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "python: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3");
+}

@@ -290,20 +290,75 @@ impl Redactor {
         per_record: &[regex::Regex],
         summary: &mut Summary,
     ) -> Cow<'a, [u8]> {
-        let spans = self.find(input, per_record);
-        if spans.is_empty() {
+        // Strings whose escapes hide a secret (`\u0073k-ant-…`) are rewritten whole.
+        let rewritten = self.escaped_strings(input, per_record, summary);
+        let mut spans = self.find(input, per_record);
+        if !rewritten.is_empty() {
+            spans.retain(|(start, end, _)| !rewritten.iter().any(|(s, e, _)| start < e && s < end));
+        }
+        if spans.is_empty() && rewritten.is_empty() {
             return Cow::Borrowed(input);
         }
+        let mut edits: Vec<(usize, usize, Vec<u8>)> = rewritten;
+        for (start, end, kind) in spans {
+            let text = marker(&kind, None, &input[start..end]).into_bytes();
+            *summary.entry(kind.into_owned()).or_default() += 1;
+            edits.push((start, end, text));
+        }
+        edits.sort_by_key(|e| e.0);
         let mut out = Vec::with_capacity(input.len());
         let mut at = 0;
-        for (start, end, kind) in spans {
+        for (start, end, text) in edits {
             out.extend_from_slice(&input[at..start]);
-            out.extend_from_slice(marker(&kind, None, &input[start..end]).as_bytes());
-            *summary.entry(kind.into_owned()).or_default() += 1;
+            out.extend_from_slice(&text);
             at = end;
         }
         out.extend_from_slice(&input[at..]);
         Cow::Owned(out)
+    }
+
+    /// The JSON strings in `input` that hold a secret only once their `\u` or `\/`
+    /// escapes are read: (start, end, the string's content redacted and re-escaped).
+    fn escaped_strings(
+        &self,
+        input: &[u8],
+        per_record: &[regex::Regex],
+        summary: &mut Summary,
+    ) -> Vec<(usize, usize, Vec<u8>)> {
+        let escaped = |b: &[u8]| {
+            memchr::memmem::find(b, b"\\u").is_some() || memchr::memmem::find(b, b"\\/").is_some()
+        };
+        if !escaped(input) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (start, end) in json_strings(input) {
+            if !escaped(&input[start..end]) {
+                continue;
+            }
+            let Ok(text) = serde_json::from_slice::<String>(&input[start - 1..end + 1]) else {
+                continue;
+            };
+            let spans = self.find(text.as_bytes(), per_record);
+            if spans.is_empty() {
+                continue;
+            }
+            let bytes = text.as_bytes();
+            let mut clean = Vec::with_capacity(bytes.len());
+            let mut at = 0;
+            for (a, b, kind) in spans {
+                clean.extend_from_slice(&bytes[at..a]);
+                clean.extend_from_slice(marker(&kind, None, &bytes[a..b]).as_bytes());
+                *summary.entry(kind.into_owned()).or_default() += 1;
+                at = b;
+            }
+            clean.extend_from_slice(&bytes[at..]);
+            let quoted =
+                serde_json::to_string(&String::from_utf8_lossy(&clean)).unwrap_or_default();
+            let inner = quoted.as_bytes()[1..quoted.len().saturating_sub(1).max(1)].to_vec();
+            out.push((start, end, inner));
+        }
+        out
     }
 
     /// `text` redacted, as text (lossy only for bytes that were not UTF-8 to begin with).
@@ -810,5 +865,40 @@ mod tests {
         let mut summary = Summary::new();
         let out = redactor().redact(&body, &[], &mut summary);
         assert!(!out.windows(10).any(|w| w == b"0123456789"));
+    }
+
+    #[test]
+    fn keys_written_with_json_escapes_are_found() {
+        let r = redactor();
+        let key = "sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv";
+        for escaped in [
+            r#"\u0073k-ant-api03-AbCdEfGhIjKlMnOpQrStUv"#.to_owned(),
+            r#"sk\u002dant\u002dapi03-AbCdEfGhIjKlMnOpQrStUv"#.to_owned(),
+            key.chars()
+                .map(|c| format!("\\u{:04x}", c as u32))
+                .collect::<String>(),
+        ] {
+            let body = format!(
+                r#"{{"model":"x","messages":[{{"role":"user","content":"key: {escaped} ok ☃ \u2603"}}]}}"#
+            );
+            let mut summary = Summary::new();
+            let out = r.redact(body.as_bytes(), &[], &mut summary);
+            let v: serde_json::Value = serde_json::from_slice(&out).expect("still JSON");
+            let text = v["messages"][0]["content"].as_str().unwrap();
+            assert!(!text.contains(key), "{escaped}: {text}");
+            assert!(
+                text.starts_with("key: [REDACTED:anthropic:") && text.ends_with(" ok ☃ ☃"),
+                "{text}"
+            );
+            assert_eq!(summary.get("anthropic"), Some(&1), "{escaped}");
+        }
+        // Escapes with no secret behind them are left byte for byte.
+        let plain = br#"{"a":"caf\u00e9 \/ x","b":"sk-ant-api03-AbCdEfGhIjKlMnOpQrStUv"}"#;
+        let out = r.redact(plain, &[], &mut Summary::new());
+        assert!(
+            out.starts_with(br#"{"a":"caf\u00e9 \/ x","b":"[REDACTED:anthropic:"#),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
     }
 }
