@@ -993,17 +993,6 @@ async fn a_stream_cut_by_shutdown_is_recorded_before_exit() {
     );
 }
 
-/// The proxy's peak resident memory so far, in bytes (Linux `VmHWM`).
-fn peak_rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
 #[tokio::test]
 async fn a_large_response_is_capped_in_its_record_not_for_the_client() {
     // 64 MiB of text deltas: before the cap, one such stream took RSS from ~29 to 482 MB.
@@ -1019,7 +1008,7 @@ async fn a_large_response_is_capped_in_its_record_not_for_the_client() {
         "--capture-max-response",
         "1MiB",
     ]);
-    let before = peak_rss(proxy.pid());
+    let before = proxy.peak_rss();
     let response = client::send(
         proxy.addr,
         &messages_request(&proxy, "large", &small_body(true)),
@@ -1038,7 +1027,7 @@ async fn a_large_response_is_capped_in_its_record_not_for_the_client() {
     assert_eq!(r["response"]["truncated"], true);
     let kept = r["response"]["body"]["size"].as_u64().unwrap();
     assert!(kept <= 1 << 20, "the record keeps at most the cap: {kept}");
-    let peak = peak_rss(proxy.pid());
+    let peak = proxy.peak_rss();
     assert!(
         peak < before + (48 << 20),
         "memory follows the cap, not the response: peak {} MiB, {} MiB at start",

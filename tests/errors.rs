@@ -375,3 +375,31 @@ async fn a_silent_tls_upstream_is_bounded_by_the_connect_timeout() {
     );
     held.abort();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_truncated_chunked_request_body_never_reaches_upstream_and_is_recorded() {
+    use std::io::{Read, Write};
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+    // A chunk that promises 0x40 bytes, 10 of them sent, then the client's FIN.
+    write!(
+        s,
+        "POST /v1/messages HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+         transfer-encoding: chunked\r\n\r\n40\r\n{{\"model\":\"",
+        proxy.addr
+    )
+    .unwrap();
+    s.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut answer = Vec::new();
+    s.set_read_timeout(Some(WAIT)).unwrap();
+    let _ = s.read_to_end(&mut answer);
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "bad_request", "{record}");
+    assert!(
+        record["error"].as_str().is_some_and(|e| e.contains("body")),
+        "{}",
+        record["error"]
+    );
+    assert!(fake.requests().is_empty(), "nothing reached the provider");
+}

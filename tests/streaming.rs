@@ -279,3 +279,124 @@ async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
     );
     assert_eq!(lines[0]["outcome"], "shutdown");
 }
+
+// === faults: each asserts what the client sees and the one record it ends as ===
+
+#[tokio::test]
+async fn an_upstream_fin_inside_an_event_is_an_incomplete_stream_not_a_clean_end() {
+    let mut chunks = shapes::anthropic_events("m", &["a"], (1, 0, 0, 1))[..2].to_vec();
+    chunks.push("event: content_block_delta\ndata: {\"type\":\"content_blo".into());
+    let reply = Reply::sse(chunks.clone(), Duration::from_millis(10)).close_delimited();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert_eq!(
+        response.text(),
+        chunks.concat(),
+        "every byte, nothing added to the half event"
+    );
+    assert!(
+        !response.body.complete,
+        "the client sees an abort, not a clean end"
+    );
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "upstream_error");
+    assert!(
+        record["error"]
+            .as_str()
+            .is_some_and(|e| e.starts_with("stream ended mid-event")),
+        "{}",
+        record["error"]
+    );
+    assert_eq!(record["response"]["complete"], false);
+}
+
+#[tokio::test]
+async fn an_upstream_fin_between_events_ends_a_close_delimited_stream_cleanly() {
+    let events = shapes::anthropic_events("m", &["a", "b"], (1, 0, 0, 2));
+    let reply = Reply::sse(events.clone(), Duration::from_millis(5)).close_delimited();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert_eq!(response.text(), events.concat());
+    assert!(response.body.complete);
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "ok");
+    assert_eq!(record["response"]["complete"], true);
+}
+
+#[tokio::test]
+async fn a_one_byte_slicer_upstream_is_passed_and_read_exactly() {
+    let events =
+        shapes::anthropic_events("claude-opus-5-5", &["Hel", "lo, ", "world"], (7, 0, 0, 3));
+    let wire = events.concat();
+    // Every byte its own chunk: each SSE frame, line and UTF-8 sequence is split.
+    let mut reply = Reply::sse(Vec::new(), Duration::ZERO);
+    reply.chunks = wire.bytes().map(|b| vec![b]).collect();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert_eq!(response.text(), wire);
+    assert!(response.body.complete);
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "ok");
+    assert_eq!(record["response"]["event_count"], events.len());
+    assert_eq!(record["usage"]["input_tokens"], 7);
+    assert_eq!(record["usage"]["output_tokens"], 3);
+    assert_eq!(
+        record["response"]["message"]["content"]["content"][0]["text"],
+        "Hello, world"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_slow_client_holds_back_the_upstream_and_memory_stays_bounded() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // 48 MiB of deltas, read by a client that takes 256 KiB every 10 ms.
+    let piece = "y".repeat(1 << 20);
+    let pieces: Vec<&str> = (0..48).map(|_| piece.as_str()).collect();
+    let reply = Reply::sse(
+        shapes::anthropic_events("m", &pieces, (1, 0, 0, 48)),
+        Duration::ZERO,
+    );
+    let total = reply.body().len();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--capture-max-response",
+        "1MiB",
+    ]);
+    let before = proxy.peak_rss();
+    let mut socket = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    socket.write_all(&stream_request(&proxy)).await.unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 256 << 10];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while got < total {
+        let n = tokio::time::timeout(Duration::from_secs(10), socket.read(&mut buf))
+            .await
+            .expect("data keeps coming")
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        got += n;
+        assert!(Instant::now() < deadline, "bounded in time");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        got >= total,
+        "the slow client got the whole stream: {got} of {total}"
+    );
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "ok");
+    assert_eq!(record["bytes_out"], total as u64);
+    let peak = proxy.peak_rss();
+    assert!(
+        peak < before + (48 << 20),
+        "a slow reader does not make promptgate buffer the stream: peak {} MiB, {} MiB at start",
+        peak >> 20,
+        before >> 20
+    );
+}

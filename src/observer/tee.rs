@@ -202,6 +202,17 @@ where
                 let message = format!("upstream broke off mid-response: {}", error_chain(&e));
                 this.fail("upstream_error", BodyEnd::UpstreamError(message))
             }
+            // A close-delimited stream that ends inside an event did not finish: the
+            // upstream's FIN only looks like an end.
+            Poll::Ready(None)
+                if this.error_event.is_some()
+                    && !this.tap.as_ref().is_none_or(Tap::at_event_boundary) =>
+            {
+                let message = "stream ended mid-event: the upstream closed the connection \
+                               inside an event"
+                    .to_owned();
+                this.fail("upstream_error", BodyEnd::UpstreamError(message))
+            }
             Poll::Ready(None) => {
                 this.done = true;
                 this.finish(BodyEnd::Complete);
@@ -390,6 +401,33 @@ mod tests {
         let (out, errored) = read_all(b).await;
         assert!(errored);
         assert_eq!(out, b"event: ping\ndata: {");
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_ends_mid_event_is_cut_not_complete() {
+        let (b, seen) = body(
+            vec![Step::Data(
+                "event: ping\ndata: {}\n\nevent: content_block_delta\ndata: {\"a\"",
+            )],
+            Duration::from_secs(5),
+            true,
+        );
+        let (_, errored) = read_all(b).await;
+        assert!(errored, "the client sees an abort, not a clean end");
+        let r = seen.lock().unwrap().take().unwrap();
+        assert!(
+            matches!(r.end, BodyEnd::UpstreamError(ref m) if m.starts_with("stream ended mid-event")),
+            "{:?}",
+            r.end
+        );
+        // The same end at an event boundary is a clean one.
+        let (b, seen) = body(
+            vec![Step::Data("data: x\n\n")],
+            Duration::from_secs(5),
+            true,
+        );
+        assert!(!read_all(b).await.1);
+        assert_eq!(seen.lock().unwrap().take().unwrap().end, BodyEnd::Complete);
     }
 
     #[tokio::test(start_paused = true)]

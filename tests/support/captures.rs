@@ -77,6 +77,16 @@ pub async fn wait_records(dir: &Path, n: usize, limit: Duration) -> Vec<Value> {
     }
 }
 
+/// Waits for the one record an exchange ends as, and checks that no second one follows.
+pub async fn only_record(dir: &Path, limit: Duration) -> Value {
+    wait_records(dir, 1, limit).await;
+    // The recorder writes in batches: give a stray second record time to land.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut records = export(dir);
+    assert_eq!(records.len(), 1, "exactly one record: {records:?}");
+    records.remove(0)
+}
+
 /// The record with this id.
 pub fn by_id<'a>(records: &'a [Value], id: &str) -> &'a Value {
     records

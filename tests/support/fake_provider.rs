@@ -58,6 +58,9 @@ pub enum End {
     Finish,
     /// After the chunks, reset the connection (RST) instead of finishing the body.
     Reset,
+    /// No length and no chunking: the body ends when the connection closes (FIN),
+    /// as an HTTP/1.0-style server ends it.
+    Close,
 }
 
 impl Reply {
@@ -98,6 +101,13 @@ impl Reply {
 
     pub fn reset_at_end(mut self) -> Reply {
         self.end = End::Reset;
+        self
+    }
+
+    /// Sends the body unframed and ends it by closing the connection.
+    pub fn close_delimited(mut self) -> Reply {
+        self.end = End::Close;
+        self.fixed_length = false;
         self
     }
 
@@ -446,10 +456,13 @@ async fn serve_raw(stream: TcpStream, state: Arc<State>) {
         for (k, v) in &reply.headers {
             out.push_str(&format!("{k}: {v}\r\n"));
         }
+        let chunked = !reply.fixed_length && reply.end != End::Close;
         if reply.fixed_length {
             out.push_str(&format!("content-length: {}\r\n", reply.body().len()));
-        } else {
+        } else if chunked {
             out.push_str("transfer-encoding: chunked\r\n");
+        } else {
+            out.push_str("connection: close\r\n");
         }
         out.push_str("\r\n");
         if write_half.write_all(out.as_bytes()).await.is_err() {
@@ -472,7 +485,7 @@ async fn serve_raw(stream: TcpStream, state: Arc<State>) {
                     }
                 }
             }
-            let framed = if reply.fixed_length {
+            let framed = if !chunked {
                 chunk.clone()
             } else {
                 let mut f = format!("{:x}\r\n", chunk.len()).into_bytes();
@@ -489,10 +502,15 @@ async fn serve_raw(stream: TcpStream, state: Arc<State>) {
         }
         match reply.end {
             End::Finish => {
-                if !reply.fixed_length && write_half.write_all(b"0\r\n\r\n").await.is_err() {
+                if chunked && write_half.write_all(b"0\r\n\r\n").await.is_err() {
                     log.note_closed();
                 }
                 log.note_over();
+            }
+            End::Close => {
+                let _ = write_half.shutdown().await;
+                log.note_over();
+                return;
             }
             End::Reset => {
                 let stream = reader.into_inner().reunite(write_half).unwrap();

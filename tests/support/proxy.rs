@@ -147,6 +147,17 @@ impl Proxy {
         self.child.id()
     }
 
+    /// Its peak resident memory so far, in bytes (Linux `VmHWM`).
+    pub fn peak_rss(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        let kb: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap();
+        kb * 1024
+    }
+
     /// Everything promptgate wrote to stderr so far.
     pub fn log(&self) -> String {
         self.stderr.lock().unwrap().clone()
