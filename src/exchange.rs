@@ -355,6 +355,7 @@ impl Proxy {
             self.config.idle_timeout,
             usize::try_from(limit).unwrap_or(usize::MAX),
             error_event,
+            self.recorder.grace_over(),
             move |tap: TapResult| {
                 finish_observed(pending, provider, api, headers_for_observer, tap, limit)
             },
@@ -521,6 +522,14 @@ fn finish_observed(
                 }
             }
             BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
+            BodyEnd::Shutdown => (
+                Outcome::Shutdown,
+                Some(
+                    "promptgate shut down mid-response (--shutdown-grace); a stream's client \
+                     got an error event"
+                        .into(),
+                ),
+            ),
             BodyEnd::IdleTimeout(d) => (
                 Outcome::UpstreamError,
                 Some(format!(

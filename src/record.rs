@@ -6,7 +6,7 @@
 //! capture store later). Sinks must be quick: they run on a runtime thread.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime};
@@ -388,7 +388,8 @@ pub struct Recorder {
     sinks: Vec<Arc<dyn RecordSink>>,
     in_flight: AtomicUsize,
     idle: Notify,
-    abandoning: AtomicBool,
+    /// Set when the grace period is over; open response bodies watch it.
+    abandoning: tokio::sync::watch::Sender<bool>,
     pipeline: Mutex<Option<mpsc::Sender<Job>>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     backlog: Arc<AtomicUsize>,
@@ -422,7 +423,7 @@ impl Recorder {
             sinks,
             in_flight: AtomicUsize::new(0),
             idle: Notify::new(),
-            abandoning: AtomicBool::new(false),
+            abandoning: tokio::sync::watch::Sender::new(false),
             pipeline: Mutex::new(worker.as_ref().map(|_| tx)),
             worker: Mutex::new(worker),
             backlog,
@@ -521,12 +522,23 @@ impl Recorder {
     /// Marks that the grace period is over: exchanges still open are being cut by
     /// promptgate itself, not abandoned by their clients.
     pub fn abandon_in_flight(&self) {
-        self.abandoning.store(true, Ordering::SeqCst);
+        self.abandoning.send_replace(true);
+    }
+
+    /// Resolves when the grace period is over (never, if it never is): a stream still
+    /// open then tells its client why before it is cut.
+    pub fn grace_over(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut over = self.abandoning.subscribe();
+        async move {
+            if over.wait_for(|v| *v).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
     }
 
     /// How an exchange that ends without its response should be recorded.
     pub fn cut_outcome(&self) -> Outcome {
-        if self.abandoning.load(Ordering::SeqCst) {
+        if *self.abandoning.borrow() {
             Outcome::Shutdown
         } else {
             Outcome::ClientCancelled

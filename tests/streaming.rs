@@ -269,7 +269,16 @@ async fn shutdown_cuts_streams_that_outlive_the_grace_period() {
         "exited after the grace period"
     );
     let response = streaming.await.unwrap();
-    assert!(!response.body.complete, "the stream was cut, not completed");
+    let text = response.text();
+    assert!(!text.contains("message_stop"), "the answer was cut off");
+    let tail = text.rsplit("\n\n").nth(1).unwrap_or("");
+    assert!(
+        tail.starts_with(
+            "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\""
+        ) && tail.contains("promptgate: shutting down"),
+        "the last event says why: {text}\n{}",
+        proxy.log()
+    );
     let lines = proxy.exchanges();
     assert_eq!(
         lines.len(),

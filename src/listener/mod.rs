@@ -307,6 +307,9 @@ impl Workers {
     }
 }
 
+/// How long streams get, once the grace period is over, to write their error event.
+const SHUTDOWN_NOTICE: Duration = Duration::from_millis(500);
+
 /// Serves `listener` until `shutdown` resolves, handing connections to `workers` in
 /// turn; then drains for up to `grace` and waits for the last records.
 pub async fn serve(
@@ -371,18 +374,23 @@ pub async fn serve(
         grace.as_secs()
     );
     let mut done = done;
-    let drained = async {
+    let waiting = recorder.clone();
+    let drained = async move {
         for d in done.iter_mut() {
             let _ = d.await;
         }
-        recorder.drained().await;
+        waiting.drained().await;
     };
-    if tokio::time::timeout(grace, drained).await.is_err() {
+    tokio::pin!(drained);
+    if tokio::time::timeout(grace, &mut drained).await.is_err() {
         tracing::warn!(
             "grace period over with {} exchange(s) still in flight; closing them",
             recorder.in_flight()
         );
+        // Streams still open send their client an error event and end; a moment for
+        // that to be written, then whatever is left is cut.
         recorder.abandon_in_flight();
+        let _ = tokio::time::timeout(SHUTDOWN_NOTICE, &mut drained).await;
         let _ = stop.send(true);
     }
     let _ = tokio::task::spawn_blocking(move || {

@@ -29,6 +29,8 @@ pub enum BodyEnd {
     IdleTimeout(Duration),
     /// The client went away before the end; the upstream request was dropped with it.
     ClientGone,
+    /// promptgate's shutdown grace period ended first; the client was told.
+    Shutdown,
 }
 
 /// What the tap saw, handed over once when the body ends.
@@ -94,6 +96,8 @@ pub struct ObservedBody<B: Body> {
     /// Set for SSE responses without a fixed length: on an upstream failure at an
     /// event boundary the client gets the provider's error event instead of a cut.
     error_event: Option<(Provider, Api)>,
+    /// Resolves when promptgate's shutdown grace period is over.
+    shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
     done: bool,
 }
 
@@ -108,6 +112,7 @@ where
         idle_timeout: Duration,
         retain_limit: usize,
         error_event: Option<(Provider, Api)>,
+        shutdown: impl Future<Output = ()> + Send + 'static,
         on_end: impl FnOnce(TapResult) + Send + 'static,
     ) -> Self {
         let now = Instant::now();
@@ -128,6 +133,7 @@ where
                 on_end: Box::new(on_end),
             }),
             error_event,
+            shutdown: Box::pin(shutdown),
             done: false,
         };
         if empty {
@@ -157,11 +163,14 @@ where
         let message = match &end {
             BodyEnd::UpstreamError(m) => m.clone(),
             BodyEnd::IdleTimeout(d) => format!("no data from upstream for {}s", d.as_secs()),
+            BodyEnd::Shutdown => "shutting down: the answer was cut off (--shutdown-grace)".into(),
             _ => String::new(),
         };
         let at_boundary = self.tap.as_ref().is_some_and(Tap::at_event_boundary);
         self.finish(end);
         self.done = true;
+        // The event ends the stream as a provider's own `event: error` does: a cut
+        // right after it could lose it in hyper's write buffer.
         match self.error_event {
             Some((provider, api)) if at_boundary => {
                 let event = provider::stream_error_event(provider, api, kind, &message);
@@ -217,6 +226,9 @@ where
                 this.done = true;
                 this.finish(BodyEnd::Complete);
                 Poll::Ready(None)
+            }
+            Poll::Pending if this.shutdown.as_mut().poll(cx).is_ready() => {
+                this.fail("shutting_down", BodyEnd::Shutdown)
             }
             Poll::Pending => loop {
                 // The timer is re-armed lazily: chunks only move `last_activity`.
@@ -339,6 +351,7 @@ mod tests {
             idle,
             1 << 20,
             sse.then_some((Provider::Anthropic, Api::Messages)),
+            std::future::pending(),
             move |r| *slot.lock().unwrap() = Some(r),
         );
         (b, seen)
