@@ -248,6 +248,44 @@ async fn other_hosts_get_a_blind_tunnel_or_a_refusal() {
     assert!(text.contains("--intercept-only"), "{text}");
 }
 
+#[tokio::test]
+async fn a_blind_tunnel_that_ends_in_a_reset_still_reports_the_bytes_relayed() {
+    // A server that takes 6 bytes, answers 10, then resets the connection.
+    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = server.local_addr().unwrap().port().to_string();
+    tokio::spawn(async move {
+        let (mut s, _) = server.accept().await.unwrap();
+        let mut got = [0u8; 6];
+        s.read_exact(&mut got).await.unwrap();
+        s.write_all(b"0123456789").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        s.set_zero_linger().unwrap();
+        drop(s);
+    });
+    let proxy = Proxy::start(&["--connect-port", &port]);
+    let mut c = tunnel::connect(proxy.addr, &format!("127.0.0.1:{port}"), &[]).await;
+    assert_eq!(c.status, 200, "{}", c.head);
+    c.stream.write_all(b"hello!").await.unwrap();
+    let mut back = [0u8; 10];
+    c.stream.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"0123456789");
+    let deadline = std::time::Instant::now() + WAIT;
+    while !proxy.log().contains("tunnel closed") {
+        assert!(std::time::Instant::now() < deadline, "{}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let log = proxy.log();
+    let line = log.lines().find(|l| l.contains("tunnel closed")).unwrap();
+    assert!(
+        line.contains("\"bytes_up\":6") && line.contains("\"bytes_down\":10"),
+        "{line}"
+    );
+    assert!(
+        line.contains("\"error\":"),
+        "the reset is reported too: {line}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_burst_of_connects_mints_one_certificate() {
     let (_fake, proxy, _dir) = forward_setup(&[]).await;

@@ -6,7 +6,9 @@
 //! get a blind TCP tunnel, or a refusal with `--intercept-only`.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::uri::Authority;
@@ -14,6 +16,7 @@ use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use super::{Front, connection_builder, own_response};
@@ -250,7 +253,7 @@ async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
         TcpStream::connect(addresses.as_slice()),
     )
     .await;
-    let mut upstream = match connected {
+    let upstream = match connected {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
             return refuse(
@@ -292,19 +295,65 @@ async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
                 return;
             }
         };
-        let mut client = TokioIo::new(upgraded);
+        // Counted on the writes, so a tunnel that ends in an error still reports what
+        // it relayed (copy_bidirectional returns no counts with its error).
+        let mut client = Counted::new(TokioIo::new(upgraded));
+        let mut upstream = Counted::new(upstream);
         let relayed = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-        let (up, down) = relayed.as_ref().map_or((0, 0), |&(u, d)| (u, d));
         tracing::info!(
             client = %peer,
             host = %authority,
-            bytes_up = up,
-            bytes_down = down,
+            bytes_up = upstream.written,
+            bytes_down = client.written,
             error = relayed.err().map(|e| e.to_string()),
             "tunnel closed"
         );
     });
     Response::new(ProxyBody::Own(Default::default()))
+}
+
+/// A stream that counts the bytes written to it.
+struct Counted<T> {
+    inner: T,
+    written: u64,
+}
+
+impl<T> Counted<T> {
+    fn new(inner: T) -> Self {
+        Counted { inner, written: 0 }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counted<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counted<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let polled = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = polled {
+            self.written += n as u64;
+        }
+        polled
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// Whether `ip`, in any of its spellings, is this machine or a link-local
