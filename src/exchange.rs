@@ -15,7 +15,7 @@ use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Version};
+use http::{Method, Request, Response, StatusCode, Version};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -24,6 +24,7 @@ use tokio::time::Instant;
 use crate::config::{BaseUrl, Config};
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
+use crate::listener::head::Malformed;
 use crate::observer::decode::{self, DecodeError};
 use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
 use crate::provider::{self, Provider};
@@ -148,6 +149,58 @@ impl Drop for PendingRecord {
 }
 
 impl Proxy {
+    /// Answers a request head the listener found malformed (before hyper read it):
+    /// records it as `bad_request` and returns the whole HTTP/1.1 answer to write,
+    /// in the error shape of the provider its path names.
+    pub(crate) fn refuse_head(&self, client: SocketAddr, head: &Malformed) -> Vec<u8> {
+        let target = head.target.clone().unwrap_or_else(|| "-".into());
+        let method = head
+            .method
+            .as_deref()
+            .and_then(|m| Method::from_bytes(m.as_bytes()).ok())
+            .unwrap_or_else(|| Method::from_bytes(b"-").unwrap_or(Method::GET));
+        let provider = http::uri::PathAndQuery::try_from(target.as_str())
+            .ok()
+            .and_then(|pq| provider::route(&pq))
+            .map_or(Provider::Anthropic, |r| r.provider);
+        self.recorder.begin();
+        let record = ExchangeRecord::begin(ExchangeId::new(), Some(client), method, target);
+        let pending = PendingRecord {
+            record: Some(record),
+            recorder: self.recorder.clone(),
+            started: Instant::now(),
+        };
+        let code = if head.status == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE {
+            "request_header_fields_too_large"
+        } else {
+            "malformed_request_head"
+        };
+        let own = OwnError {
+            status: head.status,
+            error_type: None,
+            code,
+            message: &head.message,
+            retry: false,
+            outcome: Outcome::BadRequest,
+        };
+        let (parts, body) = own_error_parts(pending, provider, own).into_parts();
+        let mut out = format!(
+            "HTTP/1.1 {} {}\r\n",
+            parts.status.as_u16(),
+            parts.status.canonical_reason().unwrap_or("")
+        );
+        for (name, value) in &parts.headers {
+            out.push_str(&format!("{name}: {}\r\n", value.to_str().unwrap_or("")));
+        }
+        out.push_str(&format!(
+            "content-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        ));
+        let mut out = out.into_bytes();
+        out.extend_from_slice(&body);
+        out
+    }
+
     /// Handles one client request, start to end. Never fails: errors become responses.
     pub async fn handle(
         self: Arc<Self>,
@@ -591,6 +644,15 @@ fn own_error(
     provider: Provider,
     error: OwnError<'_>,
 ) -> Response<ProxyBody> {
+    own_error_parts(pending, provider, error).map(|body| ProxyBody::Own(Full::new(body)))
+}
+
+/// [`own_error`] as a head and the body's bytes; the record is emitted.
+fn own_error_parts(
+    pending: PendingRecord,
+    provider: Provider,
+    error: OwnError<'_>,
+) -> Response<Bytes> {
     let mut pending = pending;
     let status = error.status;
     let request_id = format!("req_promptgate_{}", pending.get().id);
@@ -603,7 +665,7 @@ fn own_error(
         &request_id,
     );
     let body = Bytes::from(body);
-    let mut response = Response::new(ProxyBody::Own(Full::new(body.clone())));
+    let mut response = Response::new(body.clone());
     *response.status_mut() = status;
     let h = response.headers_mut();
     h.insert(

@@ -403,3 +403,76 @@ async fn a_truncated_chunked_request_body_never_reaches_upstream_and_is_recorded
     );
     assert!(fake.requests().is_empty(), "nothing reached the provider");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_request_framing_gets_a_provider_error_a_log_line_and_a_record() {
+    use std::io::{Read, Write};
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let flood: String = (0..150).map(|i| format!("x-h{i}: v\r\n")).collect();
+    let cases: Vec<(&str, String, u16)> = vec![
+        ("two lengths", "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-length: 5\r\ncontent-length: 6\r\n\r\nhello".into(), 400),
+        ("bad length", "POST /v1/messages HTTP/1.1\r\nHost: x\r\ncontent-length: 5x\r\n\r\nhello".into(), 400),
+        ("unknown coding", "POST /openai/v1/chat/completions HTTP/1.1\r\nHost: x\r\ntransfer-encoding: gzip\r\n\r\n".into(), 400),
+        ("NUL in a header", "POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-a: b\0c\r\ncontent-length: 0\r\n\r\n".into(), 400),
+        ("header flood", format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\n{flood}\r\n"), 431),
+        ("1 MB header", format!("POST /v1/messages HTTP/1.1\r\nHost: x\r\nx-big: {}\r\n\r\n", "a".repeat(1 << 20)), 431),
+    ];
+    for (what, head, want) in &cases {
+        let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+        s.set_read_timeout(Some(WAIT)).unwrap();
+        // A refused 1 MB head may be answered before it is all sent.
+        let _ = s.write_all(head.as_bytes());
+        let mut answer = Vec::new();
+        let _ = s.read_to_end(&mut answer);
+        let text = String::from_utf8_lossy(&answer);
+        assert!(
+            text.starts_with(&format!("HTTP/1.1 {want} ")),
+            "{what}: {text}"
+        );
+        let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+        let v: serde_json::Value = serde_json::from_str(body)
+            .unwrap_or_else(|e| panic!("{what}: the body is JSON ({e}): {text}"));
+        if head.contains("/openai/") {
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("promptgate: "),
+                "{what}: {v}"
+            );
+        } else {
+            assert_eq!(v["type"], "error", "{what}: {v}");
+            assert!(
+                v["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("promptgate: "),
+                "{what}: {v}"
+            );
+        }
+    }
+    let lines = proxy.wait_exchanges(cases.len(), WAIT).await;
+    assert_eq!(lines.len(), cases.len());
+    assert!(
+        lines.iter().all(|l| l["outcome"] == "bad_request"),
+        "{lines:?}"
+    );
+    let records = support::captures::wait_records(&proxy.captures, cases.len(), WAIT).await;
+    assert_eq!(records.len(), cases.len(), "one record each");
+    assert!(
+        records.iter().any(|r| r["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("conflicting content-length"))),
+        "{records:?}"
+    );
+    assert!(fake.requests().is_empty(), "nothing reached the provider");
+    // The connection after them is served as usual.
+    let r = client::post(
+        proxy.addr,
+        "/v1/messages",
+        br#"{"model":"m","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+}

@@ -10,15 +10,14 @@
 
 pub mod auth;
 mod connect;
+pub(crate) mod head;
 pub mod intercept;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -29,7 +28,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -143,79 +142,6 @@ impl Throttled {
         tracing::warn!(count = self.since, "{}: {detail}", self.what);
         self.last = Some(now);
         self.since = 0;
-    }
-}
-
-/// A client socket that must send its first byte before a deadline. hyper's
-/// header timeout only starts once it reads a request head, and telling HTTP/1
-/// from HTTP/2 before that waits for bytes without one.
-struct FirstByteDeadline<S> {
-    inner: S,
-    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
-}
-
-impl<S> FirstByteDeadline<S> {
-    fn new(inner: S, limit: Duration) -> Self {
-        FirstByteDeadline {
-            inner,
-            deadline: Some(Box::pin(tokio::time::sleep(limit))),
-        }
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for FirstByteDeadline<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        match Pin::new(&mut self.inner).poll_read(cx, buf) {
-            Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
-                    self.deadline = None;
-                }
-                Poll::Ready(Ok(()))
-            }
-            Poll::Pending => match self.deadline.as_mut().map(|d| d.as_mut().poll(cx)) {
-                Some(Poll::Ready(())) => Poll::Ready(Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    "no request within the header timeout",
-                ))),
-                _ => Poll::Pending,
-            },
-            ready => ready,
-        }
-    }
-}
-
-impl<S: AsyncWrite + Unpin> AsyncWrite for FirstByteDeadline<S> {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
-    }
-
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[std::io::IoSlice<'_>],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        self.inner.is_write_vectored()
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -417,7 +343,7 @@ async fn work(
         let Ok(stream) = tokio::net::TcpStream::from_std(stream) else {
             continue;
         };
-        let stream = FirstByteDeadline::new(stream, header_timeout);
+        let stream = head::FirstHead::new(stream, header_timeout, front.proxy.clone(), peer);
         let front = front.clone();
         let service = service_fn(move |request| {
             let front = front.clone();
