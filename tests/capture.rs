@@ -1231,6 +1231,9 @@ async fn stored_bodies_are_served_as_stored_and_export_lines_parse_anywhere() {
     let export = captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);
     support::assert_absent(export.as_bytes(), "CanaryEsc3Ty7", "the JSONL export");
     assert_eq!(export.lines().count(), 3);
+    if !support::can_run(support::missing_command("python3", &["-c", ""])) {
+        return;
+    }
     // Python's json, as a user's script would read it (serde_json stops at 128 levels).
     let mut python = std::process::Command::new("python3")
         .args([

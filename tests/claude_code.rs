@@ -26,18 +26,26 @@ const INSIDE: &str = "PROMPTGATE_TEST_IN_NETNS";
 const CANARY_KEY: &str = "sk-ant-api03-CANARYclaudeCodeK3y";
 
 fn claude() -> PathBuf {
-    let path = std::env::var_os("PROMPTGATE_TEST_CLAUDE")
+    std::env::var_os("PROMPTGATE_TEST_CLAUDE")
         .map(PathBuf::from)
         .unwrap_or_else(|| {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("target/test-env/npm/node_modules/.bin/claude")
-        });
-    assert!(
-        path.exists(),
-        "no Claude Code CLI at {} — run tests/setup first",
-        path.display()
-    );
-    path
+        })
+}
+
+/// What the isolated runs need and this machine lacks: the CLI, and a network
+/// namespace (`unshare --net`, which needs root).
+fn missing_parts() -> Option<String> {
+    let cli = claude();
+    if !cli.exists() {
+        return Some(format!(
+            "no Claude Code CLI at {} — run tests/setup",
+            cli.display()
+        ));
+    }
+    support::missing_command("unshare", &["--net", "true"])
+        .map(|why| format!("no loopback-only network namespace: {why} (needs root)"))
 }
 
 /// Re-runs `test` of this binary inside a fresh loopback-only network namespace.
@@ -175,8 +183,10 @@ fn messages_calls(fake: &FakeProvider) -> Vec<support::Received> {
 /// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
 fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
     if !inside_namespace() {
-        claude(); // fail early, outside, when the CLI is missing
-        return run_isolated(test);
+        if support::can_run(missing_parts()) {
+            run_isolated(test);
+        }
+        return;
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -87,6 +87,9 @@ fn stream_request(proxy: &Proxy, http: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn curl_through_https_proxy_is_intercepted_over_http1_and_http2() {
+    if !support::can_run(support::missing_command("curl", &["--version"])) {
+        return;
+    }
     let (fake, proxy, _dir) = forward_setup(&[]).await;
     let expected =
         shapes::anthropic_events("claude-opus-5-5", &["Hello", " there"], (12, 100, 2000, 7))
@@ -154,6 +157,9 @@ async fn curl_through_https_proxy_is_intercepted_over_http1_and_http2() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn plain_http_proxy_requests_are_forwarded_for_intercepted_hosts_only() {
+    if !support::can_run(support::missing_command("curl", &["--version"])) {
+        return;
+    }
     let fake = FakeProvider::start(like_providers).await;
     let resolve = format!("api.anthropic.com={}", fake.url());
     let proxy = Proxy::start(&["--resolve", &resolve, "--upstream-anthropic", &fake.url()]);
@@ -587,6 +593,9 @@ async fn run_sdks(mut env: Vec<(&'static str, String)>) -> Value {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_sdks_through_https_proxy_send_what_they_send_in_reverse_mode() {
+    if !support::sdk::available() {
+        return;
+    }
     let (fake, proxy, dir) = forward_setup(&[]).await;
     // SSL_CERT_FILE replaces the default roots: give the SDKs system roots + our CA.
     let bundle = dir.path().join("bundle.pem");

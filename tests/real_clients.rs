@@ -58,6 +58,9 @@ fn comparable(r: &Received) -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn python_sdks_get_the_same_answers_and_send_the_same_bytes() {
+    if !support::sdk::available() {
+        return;
+    }
     let fake = FakeProvider::start(like_providers).await;
     let direct = run_sdks(fake.url(), format!("{}/v1", fake.url())).await;
     let direct_requests = fake.wait_requests(CALLS.len(), WAIT).await;
@@ -124,6 +127,9 @@ async fn python_sdks_get_the_same_answers_and_send_the_same_bytes() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sdk_clients_see_promptgate_errors_as_api_errors() {
+    if !support::sdk::available() {
+        return;
+    }
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -159,6 +165,9 @@ fn curl(args: &[&str]) -> std::process::Output {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn curl_streams_and_large_bodies() {
+    if !support::can_run(support::missing_command("curl", &["--version"])) {
+        return;
+    }
     let fake = FakeProvider::start(like_providers).await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
     let url = format!("{}/v1/messages?beta=true", proxy.url());
@@ -231,6 +240,9 @@ async fn curl_streams_and_large_bodies() {
 /// (403 → PermissionDeniedError), and `x-should-retry: false` stops its retries.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rule_block_raises_permission_denied_without_a_retry() {
+    if !support::sdk::available() {
+        return;
+    }
     let fake = FakeProvider::start(like_providers).await;
     let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);
     let proxy = Proxy::start(&[

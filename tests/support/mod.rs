@@ -24,6 +24,43 @@ pub use fake_provider::{Action, End, FakeProvider, Received, Reply};
 #[allow(unused_imports)]
 pub use proxy::Proxy;
 
+/// Set by `tests/run` and CI: a test that would skip for want of a real part fails.
+pub const NO_SKIP: &str = "PROMPTGATE_TEST_NO_SKIP";
+
+/// Whether a test can run. `missing` names what it needs and is not here; then the
+/// test says so on the terminal (past the test harness's capture) and should return,
+/// or, under [`NO_SKIP`], fails.
+pub fn can_run(missing: Option<String>) -> bool {
+    let Some(why) = missing else {
+        return true;
+    };
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    if std::env::var_os(NO_SKIP).is_some_and(|v| v != "0") {
+        panic!("{test} cannot run: {why} ({NO_SKIP} is set, so this is a failure, not a skip)");
+    }
+    use std::io::Write as _;
+    // One write, so lines from tests running in parallel do not interleave.
+    let line = format!(
+        "SKIPPED {test}: {why} (tests/setup installs the real clients; tests/run fails instead of skipping)\n"
+    );
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    false
+}
+
+/// A command that is not on this machine, as [`can_run`] wants it.
+pub fn missing_command(program: &str, args: &[&str]) -> Option<String> {
+    let ran = std::process::Command::new(program)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+    match ran {
+        Ok(s) if s.success() => None,
+        Ok(s) => Some(format!("`{program} {}` failed ({s})", args.join(" "))),
+        Err(e) => Some(format!("no `{program}` ({e})")),
+    }
+}
+
 /// A directory under the system temp dir, removed on drop.
 pub struct TempDir(PathBuf);
 
