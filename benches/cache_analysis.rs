@@ -68,6 +68,7 @@ fn main() {
         let stage = Arc::new(CacheStage::new(
             CacheSettings::default(),
             KeySource::default(),
+            promptgate::cache::Clock::system(),
         ));
         // Turns of one conversation around the size: each adds a tool round trip.
         let base = shapes::claude_code_body_of_size(size);

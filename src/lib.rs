@@ -31,7 +31,8 @@
 //!   kept once), the cache-order unit view, exports; written off the request path.
 //! - [`admin`]: the read-only local HTTP API over the captures.
 //!
-//! Around them: [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
+//! Around them: [`server`] (one promptgate assembled from its config and served:
+//! what `serve` runs, and tests start in-process), [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`conversation`] (which agent conversation an exchange belongs to),
 //! [`tls`] (the local CA and its leaf certificates), [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
 //! one exchange, and how it is told to the client).
@@ -53,5 +54,6 @@ pub mod observer;
 pub mod provider;
 pub mod record;
 pub mod rules;
+pub mod server;
 pub mod tls;
 pub mod upstream;

@@ -19,10 +19,27 @@ use crate::capture::redact::{Redactor, Summary};
 use crate::config::LogFormat;
 use crate::record::{ExchangeRecord, RecordSink};
 
-/// Installs the global subscriber, writing through `redactor`. Call once, before serving.
+/// Where finished (redacted) log lines go.
+pub type LogOutput = Arc<dyn Fn(&[u8]) + Send + Sync>;
+
+/// Installs the global subscriber, writing to stderr through `redactor`. Call once,
+/// before serving.
 pub fn init(format: LogFormat, redactor: Arc<Redactor>) {
-    let writer = RedactedStderr(redactor);
     let env = EnvFilter::try_from_env("PROMPTGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    init_to(
+        format,
+        env,
+        redactor,
+        Arc::new(|line: &[u8]| {
+            let _ = std::io::stderr().lock().write_all(line);
+        }),
+    );
+}
+
+/// [`init`] with its level filter given, and the lines going to `output` (tests
+/// keep them to search).
+pub fn init_to(format: LogFormat, env: EnvFilter, redactor: Arc<Redactor>, output: LogOutput) {
+    let writer = RedactedOutput { redactor, output };
     let caps = Targets::new()
         .with_default(LevelFilter::TRACE)
         .with_target("hyper", LevelFilter::INFO)
@@ -51,30 +68,33 @@ pub fn init(format: LogFormat, redactor: Arc<Redactor>) {
     let _ = tracing_subscriber::registry().with(layer).try_init();
 }
 
-/// Stderr, with every formatted line redacted before it is written.
+/// The log output, with every formatted line redacted before it is written.
 #[derive(Clone)]
-struct RedactedStderr(Arc<Redactor>);
+struct RedactedOutput {
+    redactor: Arc<Redactor>,
+    output: LogOutput,
+}
 
-impl<'a> fmt::MakeWriter<'a> for RedactedStderr {
+impl<'a> fmt::MakeWriter<'a> for RedactedOutput {
     type Writer = RedactedLine<'a>;
 
     fn make_writer(&'a self) -> Self::Writer {
-        RedactedLine(&self.0)
+        RedactedLine(self)
     }
 }
 
 /// One log event: the formatter hands over the whole line in one `write_all`.
-struct RedactedLine<'a>(&'a Redactor);
+struct RedactedLine<'a>(&'a RedactedOutput);
 
 impl Write for RedactedLine<'_> {
     fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
-        let clean = self.0.redact(line, &[], &mut Summary::new());
-        std::io::stderr().lock().write_all(&clean)?;
+        let clean = self.0.redactor.redact(line, &[], &mut Summary::new());
+        (self.0.output)(&clean);
         Ok(line.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        std::io::stderr().flush()
+        Ok(())
     }
 }
 

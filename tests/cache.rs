@@ -1,6 +1,7 @@
-//! Prompt-cache analysis through the real binary, against a fake provider whose
-//! usage comes from a cache emulator that follows the documented rules: the
-//! prediction must equal what the emulator did, and every miss must be named right.
+//! Prompt-cache analysis against a fake provider whose usage comes from a cache
+//! emulator that follows the documented rules: the prediction must equal what the
+//! emulator did, and every miss must be named right. The rig runs promptgate
+//! in-process, so the test moves the analysis clock with the emulator's.
 
 mod support;
 
@@ -8,29 +9,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::cache_emulator::{self, CacheEmulator, ClockFile};
+use support::cache_emulator::{self, CacheEmulator};
+use support::in_process::InProcess;
 use support::{Action, FakeProvider, Proxy, Reply, TempDir, captures, client, golden, shapes};
 
 const WAIT: Duration = Duration::from_secs(15);
 
-/// A proxy in front of an emulating fake provider, with the test-only clock wired.
+/// promptgate in front of an emulating fake provider, on a clock the rig moves.
 struct Rig {
     _fake: FakeProvider,
-    proxy: Proxy,
+    server: InProcess,
     emulator: cache_emulator::Shared,
-    clock: ClockFile,
     sent: Mutex<usize>,
-    _dir: TempDir,
 }
 
 impl Rig {
     async fn start() -> Rig {
-        Self::start_with(CacheEmulator::new(), &[]).await
+        Self::start_with(CacheEmulator::new(), "").await
     }
 
-    async fn start_with(emulator: CacheEmulator, args: &[&str]) -> Rig {
-        let dir = TempDir::new("cache");
-        let clock = ClockFile::new(dir.path());
+    /// `config` is more `promptgate.toml` text.
+    async fn start_with(emulator: CacheEmulator, config: &str) -> Rig {
         let emulator = Arc::new(Mutex::new(emulator));
         let e = emulator.clone();
         let fake = FakeProvider::start(move |req| {
@@ -41,29 +40,23 @@ impl Rig {
             })
         })
         .await;
-        let mut all = vec!["--upstream-anthropic", fake.url().leak() as &str];
-        all.extend_from_slice(args);
-        let proxy = Proxy::start_with_env(
-            &all,
-            &[
-                ("PROMPTGATE_TEST_CLOCK_FILE", clock.path.to_str().unwrap()),
-                ("PROMPTGATE_LOG", "info,promptgate::cache=debug"),
-            ],
-        );
+        let server = InProcess::start(&format!(
+            "upstream_anthropic = \"{}\"\n{config}",
+            fake.url()
+        ))
+        .await;
         Rig {
             _fake: fake,
-            proxy,
+            server,
             emulator,
-            clock,
             sent: Mutex::new(0),
-            _dir: dir,
         }
     }
 
     /// Moves both clocks (the emulator's and promptgate's) forward.
     fn advance(&self, by: Duration) {
         self.emulator.lock().unwrap().advance(by);
-        self.clock.advance(by);
+        self.server.advance(by);
     }
 
     /// Sends a Claude-Code-shaped request; returns its exchange line and analysis.
@@ -77,27 +70,20 @@ impl Rig {
         *self.sent.lock().unwrap() += 1;
         let bytes = shapes::to_bytes(body);
         let headers = shapes::claude_code_headers(
-            &self.proxy.addr.to_string(),
+            &self.server.addr.to_string(),
             bytes.len(),
             "sk-ant-api03-test",
         );
         let request = client::request_bytes("POST", "/v1/messages?beta=true", &headers, &bytes);
-        let response = client::send(self.proxy.addr, &request).await;
+        let response = client::send(self.server.addr, &request).await;
         assert_eq!(response.status, 200, "{}", response.text());
     }
 
-    /// The `n`th exchange (1-based, in log order) with its analysis.
+    /// The `n`th exchange (1-based, in the order they finished) with its analysis.
     async fn turn(&self, n: usize) -> Turn {
-        let line = self.proxy.wait_exchanges(n, WAIT).await.remove(n - 1);
-        let id = line["id"].as_str().unwrap().to_owned();
-        let analysis = self
-            .proxy
-            .log()
-            .lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .find(|v| v["message"] == "cache analysis" && v["id"] == id.as_str())
-            .map(|v| serde_json::from_str(v["analysis"].as_str().unwrap()).unwrap())
-            .unwrap_or_else(|| panic!("no analysis for {id}; log:\n{}", self.proxy.log()));
+        let mut line = self.server.wait_records(n, WAIT).await.remove(n - 1);
+        let analysis = line["analysis"].take();
+        assert!(!analysis.is_null(), "no analysis for {line}");
         Turn { line, analysis }
     }
 
@@ -246,8 +232,8 @@ async fn a_date_changed_inside_a_system_block() {
         t.actual().0,
         "the rules read what the emulator read",
     );
-    // The log line never carries prompt text: no excerpt of the changed date.
-    assert!(!rig.proxy.log().contains("2026-11-30."));
+    // The analysis that is logged never carries prompt text: no excerpt of the changed date.
+    assert!(!t.analysis.to_string().contains("2026-11-30."));
     assert!(t.analysis["cost"]["lost_usd"].as_f64().unwrap() > 0.0);
 }
 
@@ -379,7 +365,7 @@ async fn below_the_minimum_length() {
 async fn two_concurrent_requests() {
     let mut emulator = CacheEmulator::new();
     emulator.response_delay = Duration::from_millis(600);
-    let rig = Rig::start_with(emulator, &[]).await;
+    let rig = Rig::start_with(emulator, "").await;
     let body = cc(0);
     let first = rig.send_raw(&body);
     let second = async {
@@ -442,17 +428,10 @@ async fn the_provider_disagrees_with_the_rules() {
 
 #[tokio::test]
 async fn analysis_can_be_turned_off() {
-    let dir = TempDir::new("cache-off");
-    let config = dir.path().join("promptgate.toml");
-    std::fs::write(&config, "[cache]\nenabled = false\n").unwrap();
-    let rig = Rig::start_with(
-        CacheEmulator::new(),
-        &["--config", config.to_str().unwrap()],
-    )
-    .await;
+    let rig = Rig::start_with(CacheEmulator::new(), "[cache]\nenabled = false\n").await;
     rig.send_raw(&cc(0)).await;
-    let line = rig.proxy.wait_exchanges(1, WAIT).await.remove(0);
-    assert!(line.get("cache").is_none(), "{line}");
+    let line = rig.server.wait_records(1, WAIT).await.remove(0);
+    assert!(line["cache"].is_null(), "{line}");
     assert!(line["cache_write"].as_u64().unwrap() > 0);
 }
 
@@ -593,7 +572,7 @@ fn id(t: &Turn) -> &str {
 async fn cache_report_names_each_miss_with_its_reason_and_cost() {
     let rig = Rig::start().await;
     let turns = eventful_conversation(&rig, &|date| format!("Today's date is {date}.")).await;
-    let dir = &rig.proxy.captures;
+    let dir = &rig.server.captures;
     let records = captures::wait_records(dir, 6, WAIT).await;
 
     // The record keeps the analysis, without prompt text.
@@ -715,7 +694,7 @@ async fn cache_report_names_each_miss_with_its_reason_and_cost() {
   "conversations": []
 }"#
     );
-    let admin = rig.proxy.admin_addr();
+    let admin = rig.server.admin;
     let (status, served) = client::get_json(
         admin,
         &format!("/api/cache/report?conversation={}", &key[..8]),
@@ -741,7 +720,7 @@ async fn a_canary_beside_a_changed_date_stays_out_of_captures_report_and_log() {
         format!("Today is {date} {CANARY} rotates daily.")
     })
     .await;
-    let dir = rig.proxy.captures.clone();
+    let dir = rig.server.captures.clone();
     captures::wait_records(&dir, 6, WAIT).await;
     let mut outputs = vec![
         ("the text report", captures::cache_report(&dir, &[]).stdout),
@@ -756,7 +735,7 @@ async fn a_canary_beside_a_changed_date_stays_out_of_captures_report_and_log() {
         ("the JSONL export", captures::ok(&dir, &["export"])),
         ("captures list", captures::ok(&dir, &["list"])),
     ];
-    let (_, served) = client::get_json(rig.proxy.admin_addr(), "/api/cache/report").await;
+    let (_, served) = client::get_json(rig.server.admin, "/api/cache/report").await;
     outputs.push(("the admin API", served.to_string()));
     // Not vacuous: the excerpt is there, redacted.
     assert!(
@@ -765,11 +744,11 @@ async fn a_canary_beside_a_changed_date_stays_out_of_captures_report_and_log() {
         "{}",
         outputs[0].1
     );
-    rig.proxy.signal("TERM");
-    let Rig { mut proxy, .. } = rig;
-    proxy.wait_exit(WAIT).await;
+    let Rig { mut server, .. } = rig;
+    server.stop().await;
+    let log = server.log();
     let mut haystacks = captures::stored_haystacks(&dir);
-    haystacks.push(("the log".into(), proxy.log().into_bytes()));
+    haystacks.push(("the log".into(), log.into_bytes()));
     for (what, text) in outputs {
         haystacks.push((what.into(), text.into_bytes()));
     }

@@ -8,8 +8,8 @@
 //! it (PROTOCOL.md §B.4). Nothing here predicts; `explain` asks.
 
 use std::collections::{HashMap, VecDeque};
-use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::segment::{Hash, Segments, Ttl};
@@ -19,26 +19,23 @@ use crate::provider::Usage;
 /// Milliseconds since the Unix epoch, on the analysis clock.
 pub type Millis = u64;
 
-/// The clock cache analysis reads time from: the wall clock, moved by an offset
-/// that only tests set.
+/// The clock cache analysis reads time from: the wall clock, plus an offset that
+/// whoever holds it can move (tests let a ttl run out without waiting for it).
 #[derive(Debug, Clone, Default)]
 pub struct Clock {
-    /// TEST ONLY: a file holding a number of seconds to add to every time
-    /// (`PROMPTGATE_TEST_CLOCK_FILE`), so tests can let a ttl run out without waiting.
-    offset_file: Option<PathBuf>,
+    offset_ms: Option<Arc<AtomicU64>>,
 }
 
 impl Clock {
     /// The wall clock.
     pub fn system() -> Clock {
-        Clock { offset_file: None }
+        Clock { offset_ms: None }
     }
 
-    /// TEST ONLY: the wall clock plus the seconds written in `file` (read at each use;
-    /// a missing or unreadable file counts as 0).
-    pub fn with_offset_file(file: PathBuf) -> Clock {
+    /// The wall clock plus `offset_ms`, read at each use.
+    pub fn offset_by(offset_ms: Arc<AtomicU64>) -> Clock {
         Clock {
-            offset_file: Some(file),
+            offset_ms: Some(offset_ms),
         }
     }
 
@@ -47,18 +44,10 @@ impl Clock {
         let wall = at
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
-        wall + self.offset_ms()
-    }
-
-    fn offset_ms(&self) -> Millis {
-        let Some(file) = &self.offset_file else {
-            return 0;
-        };
-        std::fs::read_to_string(file)
-            .ok()
-            .and_then(|s| s.trim().parse::<f64>().ok())
-            .filter(|s| s.is_finite() && *s >= 0.0)
-            .map_or(0, |s| (s * 1000.0) as Millis)
+        wall + self
+            .offset_ms
+            .as_ref()
+            .map_or(0, |o| o.load(Ordering::Relaxed))
     }
 }
 
@@ -358,16 +347,13 @@ mod tests {
     }
 
     #[test]
-    fn test_clock_reads_its_offset_file() {
-        let dir = std::env::temp_dir().join(format!("pg-clock-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("offset");
-        let clock = Clock::with_offset_file(file.clone());
+    fn a_clock_moves_by_its_offset() {
+        let offset = Arc::new(AtomicU64::new(0));
+        let clock = Clock::offset_by(offset.clone());
         let t = UNIX_EPOCH + std::time::Duration::from_secs(100);
-        assert_eq!(clock.at(t), 100_000, "missing file: no offset");
-        std::fs::write(&file, "360.5\n").unwrap();
+        assert_eq!(clock.at(t), 100_000);
+        offset.store(360_500, Ordering::Relaxed);
         assert_eq!(clock.at(t), 460_500);
         assert_eq!(Clock::system().at(t), 100_000);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

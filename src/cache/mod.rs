@@ -15,7 +15,6 @@ pub mod report;
 pub mod segment;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use http::HeaderMap;
@@ -28,11 +27,9 @@ use crate::provider::request::RequestView;
 use crate::record::{ExchangeRecord, RecordStage, SentBody};
 use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
-use history::{Clock, History, Millis, Snapshot};
+pub use history::Clock;
+use history::{History, Millis, Snapshot};
 use segment::{Format, IgnoreRule, Region, Segments};
-
-/// TEST ONLY: names a file whose number (seconds) is added to the analysis clock.
-pub const TEST_CLOCK_ENV: &str = "PROMPTGATE_TEST_CLOCK_FILE";
 
 // === settings ===
 
@@ -327,17 +324,8 @@ impl std::fmt::Debug for CacheStage {
 
 impl CacheStage {
     /// A stage with `settings`, grouping requests by `key_source`'s conversation keys,
-    /// on the wall clock — or, TEST ONLY, moved by the file named in
-    /// `PROMPTGATE_TEST_CLOCK_FILE`.
-    pub fn new(settings: CacheSettings, key_source: KeySource) -> CacheStage {
-        let clock = match std::env::var_os(TEST_CLOCK_ENV) {
-            Some(file) => Clock::with_offset_file(PathBuf::from(file)),
-            None => Clock::system(),
-        };
-        CacheStage::with_clock(settings, key_source, clock)
-    }
-
-    pub fn with_clock(settings: CacheSettings, key_source: KeySource, clock: Clock) -> CacheStage {
+    /// on `clock`.
+    pub fn new(settings: CacheSettings, key_source: KeySource, clock: Clock) -> CacheStage {
         let history = History::new(settings.conversations);
         CacheStage {
             settings,

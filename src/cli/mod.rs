@@ -10,7 +10,7 @@ mod cache;
 mod captures;
 mod doctor;
 mod env;
-mod rules;
+pub(crate) mod rules;
 mod serve;
 
 use std::process::ExitCode;

@@ -1,25 +1,18 @@
 //! `promptgate serve`: load the configuration, bind, print the start line, serve
 //! until SIGINT/SIGTERM.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
-use crate::admin::{AdminGuard, AdminState};
-use crate::cache::CacheStage;
-use crate::capture::redact::Redactor;
+use crate::cache::Clock;
+use crate::capture::CaptureLayer;
 use crate::capture::settings::RedactPattern;
-use crate::capture::{Capture, CaptureLayer};
 use crate::config::{Config, ConfigLayer};
-use crate::exchange::Proxy;
-use crate::listener::Workers;
-use crate::logging::{self, ExchangeLog};
-use crate::record::{RecordSink, Recorder};
-use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
-use crate::upstream::Upstream;
+use crate::logging;
+use crate::server::ServeOptions;
 
 /// Flags of `promptgate serve`; each has a key of the same name (with `_`) in the config file.
 #[derive(Debug, Args, Default)]
@@ -230,150 +223,30 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
-    let (recorder, capture) = runtime.block_on(serve_async(config, redactor))?;
-    // The workers are gone and their cut exchanges have queued their records; the
-    // record pipeline finishes them; only then is the capture closed.
-    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
-    recorder.close();
-    if let Some(capture) = capture {
-        capture.close();
-    }
-    Ok(())
-}
-
-/// Serves until a shutdown signal; returns the recorder and the capture, still open,
-/// for the caller to close once the runtime is down.
-async fn serve_async(
-    config: Config,
-    redactor: Arc<Redactor>,
-) -> anyhow::Result<(Arc<Recorder>, Option<Arc<Capture>>)> {
-    // Everything that can refuse to start does so before the store is created.
-    let rules = super::rules::load_for_serve(&config)?;
-    let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
-    let leaves = load_ca(&config)?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .with_context(|| format!("listening on {}", config.listen))?;
-    let local = listener
-        .local_addr()
-        .context("reading the listen address")?;
-    if !crate::config::is_default_loopback(local.ip()) {
-        tracing::warn!(
-            "listening on {local} (--allow-remote): every request must carry proxy credentials"
-        );
-    }
-    // Bound before the start line, so a taken admin port stops promptgate before it says it runs.
-    let admin =
-        match config.admin {
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .with_context(|| format!("listening on {}", config.listen))?;
+        // Bound before the start line, so a taken admin port stops promptgate before it says it runs.
+        let admin = match config.admin {
             Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
                 format!("admin API on {addr} (use --admin ADDR or --admin off)")
             })?),
             None => None,
         };
-    let admin_addr = match &admin {
-        Some(a) => Some(a.local_addr().context("reading the admin address")?),
-        None => None,
-    };
-    // Handlers go in before the start line: a signal right after it must drain, not kill.
-    let shutdown = shutdown_signal()?;
-    let capture = if config.capture.enabled {
-        let dir = &config.capture.dir;
-        let capture = Capture::start(
-            &config.capture,
-            config.conversation.clone(),
-            redactor.clone(),
-        )
-        .with_context(|| format!("opening the capture store in {}", dir.display()))?;
-        tracing::info!(
-            "capturing to {}",
-            dir.join(crate::capture::store::DB_FILE).display()
-        );
-        Some(capture)
-    } else {
-        None
-    };
-    let grace = config.shutdown_grace;
-    let cache = CacheStage::new(config.cache.clone(), config.conversation.clone());
-    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
-        redactor: redactor.clone(),
-    })];
-    if let Some(capture) = &capture {
-        sinks.push(capture.clone());
-    }
-    let recorder = Arc::new(
-        Recorder::with_stages(vec![Arc::new(cache)], sinks)
-            .with_admit_wait(config.capture.queue_wait),
-    );
-    println!(
-        "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
-         paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
-        config.upstream_anthropic, config.upstream_openai
-    );
-    let _ = std::io::stdout().flush();
-    if let (Some(admin), Some(addr)) = (admin, admin_addr) {
-        tracing::info!("admin API listening on http://{addr}");
-        let state = Arc::new(AdminState {
-            guard: AdminGuard::new(&config, addr),
-            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
-            capture: capture.clone(),
-            cache_ignore: config.cache.ignore.clone(),
-        });
-        tokio::spawn(crate::admin::serve(admin, state));
-    }
-    let workers = match config.workers {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
-        n => n,
-    };
-    let config = Arc::new(config);
-    let mut proxies = vec![Arc::new(Proxy {
-        config: config.clone(),
-        upstream,
-        recorder: recorder.clone(),
-        rules: rules.clone(),
-    })];
-    for _ in 1..workers {
-        // Each worker pools its own upstream connections, on its own thread.
-        let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
-        proxies.push(Arc::new(Proxy {
-            config: config.clone(),
-            upstream,
-            recorder: recorder.clone(),
-            rules: rules.clone(),
-        }));
-    }
-    let workers = Workers::start(proxies, leaves, local).context("starting the workers")?;
-    crate::listener::serve(listener, workers, recorder.clone(), shutdown, grace).await;
-    Ok((recorder, capture))
-}
-
-/// Loads the forward-proxy CA, creating it on first start. A CA that exists but is
-/// broken stops the start; one that cannot be created only turns interception off.
-fn load_ca(config: &Config) -> anyhow::Result<Option<Arc<LeafCache>>> {
-    if config.intercept.is_empty() {
-        return Ok(None);
-    }
-    match CertificateAuthority::load_or_create(&config.certs, tls::CA_DAYS) {
-        Ok((ca, created)) => {
-            if created {
-                tracing::info!(
-                    cert = %ca.cert_path().display(),
-                    fingerprint = %ca.fingerprint(),
-                    "created the forward-proxy CA; clients must trust the cert file (see `promptgate env --mode forward`)"
-                );
-                if let Some(system) = tls::system_bundle() {
-                    let _ = tls::write_bundle(&ca, &system);
-                }
-            }
-            Ok(Some(Arc::new(LeafCache::new(Arc::new(ca)))))
-        }
-        Err(e @ (CaError::Write { .. } | CaError::Generate(_))) => {
-            tracing::warn!(
-                "forward-proxy interception is off: {e}; pass --certs DIR to put the CA elsewhere"
-            );
-            Ok(None)
-        }
-        Err(e) => Err(anyhow::Error::new(e).context("loading the forward-proxy CA")),
-    }
+        // Handlers go in before the start line: a signal right after it must drain, not kill.
+        let shutdown = shutdown_signal()?;
+        let options = ServeOptions {
+            admin,
+            clock: Clock::system(),
+            redactor,
+            sinks: Vec::new(),
+            announce: true,
+        };
+        crate::server::serve(listener, config, shutdown, options).await
+    })?;
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM.

@@ -15,7 +15,6 @@
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -288,28 +287,4 @@ pub fn reply(emulator: &Shared, body: &[u8]) -> super::Reply {
     };
     reply.head_delay = delay;
     reply
-}
-
-/// A file promptgate reads its test-only clock offset from (`PROMPTGATE_TEST_CLOCK_FILE`).
-pub struct ClockFile {
-    pub path: PathBuf,
-    seconds: Mutex<f64>,
-}
-
-impl ClockFile {
-    pub fn new(dir: &std::path::Path) -> ClockFile {
-        let path = dir.join("clock-offset");
-        std::fs::write(&path, "0").unwrap();
-        ClockFile {
-            path,
-            seconds: Mutex::new(0.0),
-        }
-    }
-
-    /// Moves promptgate's analysis clock forward.
-    pub fn advance(&self, by: Duration) {
-        let mut s = self.seconds.lock().unwrap();
-        *s += by.as_secs_f64();
-        std::fs::write(&self.path, s.to_string()).unwrap();
-    }
 }

@@ -8,6 +8,7 @@ pub mod captures;
 pub mod client;
 pub mod fake_provider;
 pub mod golden;
+pub mod in_process;
 pub mod proxy;
 pub mod sdk;
 pub mod shapes;

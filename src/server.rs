@@ -1,0 +1,188 @@
+//! One promptgate assembled from its [`Config`]: the rules, the upstream clients,
+//! the forward-proxy CA, the capture, the record pipeline, the admin API and the
+//! workers, served on a bound listener until `shutdown` resolves. `promptgate serve`
+//! runs it with signal handlers; tests start it in-process, with their own clock
+//! and sinks.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use anyhow::Context;
+use tokio::net::TcpListener;
+
+use crate::admin::{AdminGuard, AdminState};
+use crate::cache::{CacheStage, Clock};
+use crate::capture::Capture;
+use crate::capture::redact::Redactor;
+use crate::config::Config;
+use crate::exchange::Proxy;
+use crate::listener::Workers;
+use crate::logging::ExchangeLog;
+use crate::record::{RecordSink, Recorder};
+use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
+use crate::upstream::Upstream;
+
+/// What a server is given beyond its config.
+pub struct ServeOptions {
+    /// The admin API's listener, already bound (`None`: no admin API).
+    pub admin: Option<TcpListener>,
+    /// The cache analysis's clock.
+    pub clock: Clock,
+    /// The process's one redactor (the logs use it too).
+    pub redactor: Arc<Redactor>,
+    /// More sinks for every finished record, after the log line and the capture.
+    pub sinks: Vec<Arc<dyn RecordSink>>,
+    /// Print the start line on stdout.
+    pub announce: bool,
+}
+
+/// Serves `listener` with `config` until `shutdown` resolves; returns once the
+/// exchanges in flight are drained (or cut after the grace period) and every
+/// record is written and the capture closed.
+pub async fn serve(
+    listener: TcpListener,
+    config: Config,
+    shutdown: impl std::future::Future<Output = ()>,
+    options: ServeOptions,
+) -> anyhow::Result<()> {
+    let ServeOptions {
+        admin,
+        clock,
+        redactor,
+        sinks: extra_sinks,
+        announce,
+    } = options;
+    // Everything that can refuse to start does so before the store is created.
+    let rules = crate::cli::rules::load_for_serve(&config)?;
+    let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+    let leaves = load_ca(&config)?;
+    let local = listener
+        .local_addr()
+        .context("reading the listen address")?;
+    if !crate::config::is_default_loopback(local.ip()) {
+        tracing::warn!(
+            "listening on {local} (--allow-remote): every request must carry proxy credentials"
+        );
+    }
+    let admin_addr = match &admin {
+        Some(a) => Some(a.local_addr().context("reading the admin address")?),
+        None => None,
+    };
+    let capture = if config.capture.enabled {
+        let dir = &config.capture.dir;
+        let capture = Capture::start(
+            &config.capture,
+            config.conversation.clone(),
+            redactor.clone(),
+        )
+        .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+        tracing::info!(
+            "capturing to {}",
+            dir.join(crate::capture::store::DB_FILE).display()
+        );
+        Some(capture)
+    } else {
+        None
+    };
+    let grace = config.shutdown_grace;
+    let cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock);
+    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
+        redactor: redactor.clone(),
+    })];
+    if let Some(capture) = &capture {
+        sinks.push(capture.clone());
+    }
+    sinks.extend(extra_sinks);
+    let recorder = Arc::new(
+        Recorder::with_stages(vec![Arc::new(cache)], sinks)
+            .with_admit_wait(config.capture.queue_wait),
+    );
+    if announce {
+        start_line(&config, local);
+    }
+    if let (Some(admin), Some(addr)) = (admin, admin_addr) {
+        tracing::info!("admin API listening on http://{addr}");
+        let state = Arc::new(AdminState {
+            guard: AdminGuard::new(&config, addr),
+            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+            capture: capture.clone(),
+            cache_ignore: config.cache.ignore.clone(),
+        });
+        tokio::spawn(crate::admin::serve(admin, state));
+    }
+    let workers = match config.workers {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    let config = Arc::new(config);
+    let mut proxies = vec![Arc::new(Proxy {
+        config: config.clone(),
+        upstream,
+        recorder: recorder.clone(),
+        rules: rules.clone(),
+    })];
+    for _ in 1..workers {
+        // Each worker pools its own upstream connections, on its own thread.
+        let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+        proxies.push(Arc::new(Proxy {
+            config: config.clone(),
+            upstream,
+            recorder: recorder.clone(),
+            rules: rules.clone(),
+        }));
+    }
+    let workers = Workers::start(proxies, leaves, local).context("starting the workers")?;
+    crate::listener::serve(listener, workers, recorder.clone(), shutdown, grace).await;
+    // The workers are gone and their cut exchanges have queued their records; the
+    // record pipeline finishes them; only then is the capture closed.
+    tokio::task::spawn_blocking(move || {
+        recorder.close();
+        if let Some(capture) = capture {
+            capture.close();
+        }
+    })
+    .await
+    .context("closing the record pipeline")?;
+    Ok(())
+}
+
+/// The one line promptgate prints when it serves: where, and what to paste.
+#[allow(clippy::print_stdout)]
+fn start_line(config: &Config, local: std::net::SocketAddr) {
+    println!(
+        "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
+         paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
+        config.upstream_anthropic, config.upstream_openai
+    );
+    let _ = std::io::stdout().flush();
+}
+
+/// Loads the forward-proxy CA, creating it on first start. A CA that exists but is
+/// broken stops the start; one that cannot be created only turns interception off.
+fn load_ca(config: &Config) -> anyhow::Result<Option<Arc<LeafCache>>> {
+    if config.intercept.is_empty() {
+        return Ok(None);
+    }
+    match CertificateAuthority::load_or_create(&config.certs, tls::CA_DAYS) {
+        Ok((ca, created)) => {
+            if created {
+                tracing::info!(
+                    cert = %ca.cert_path().display(),
+                    fingerprint = %ca.fingerprint(),
+                    "created the forward-proxy CA; clients must trust the cert file (see `promptgate env --mode forward`)"
+                );
+                if let Some(system) = tls::system_bundle() {
+                    let _ = tls::write_bundle(&ca, &system);
+                }
+            }
+            Ok(Some(Arc::new(LeafCache::new(Arc::new(ca)))))
+        }
+        Err(e @ (CaError::Write { .. } | CaError::Generate(_))) => {
+            tracing::warn!(
+                "forward-proxy interception is off: {e}; pass --certs DIR to put the CA elsewhere"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("loading the forward-proxy CA")),
+    }
+}
