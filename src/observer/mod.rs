@@ -6,7 +6,7 @@
 //! provider's grammar, off the client's path. A body that cannot be read is noted
 //! on the [`Observation`]; it never fails the exchange.
 
-pub(crate) mod decode;
+pub mod decode;
 mod sse;
 mod tee;
 
