@@ -2,7 +2,8 @@
 //!
 //! Events end at a blank line; lines end in `\n`, `\r\n` or `\r`; `:` starts a
 //! comment; `field: value` loses one optional space; several `data:` lines join
-//! with `\n`. Bytes may arrive split anywhere, even inside a `\r\n`.
+//! with `\n`; one byte-order mark at the very start is ignored. Bytes may arrive
+//! split anywhere, even inside a `\r\n` or the byte-order mark.
 
 use memchr::memchr2;
 
@@ -15,6 +16,8 @@ pub struct SseDecoder {
     has_data: bool,
     /// The last byte fed was `\r`; a `\n` at the start of the next feed belongs to it.
     after_cr: bool,
+    /// A line has ended: a byte-order mark can no longer come (it only starts a stream).
+    past_first_line: bool,
 }
 
 impl SseDecoder {
@@ -46,6 +49,12 @@ impl SseDecoder {
     }
 
     fn end_line(&mut self, on_event: &mut dyn FnMut(&str, &str)) {
+        if !self.past_first_line {
+            self.past_first_line = true;
+            if self.line.starts_with("\u{feff}".as_bytes()) {
+                self.line.drain(..3);
+            }
+        }
         if self.line.is_empty() {
             if self.has_data || !self.event.is_empty() {
                 on_event(&self.event, &self.data);
@@ -131,6 +140,16 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_ignored_even_split() {
+        let text = "\u{feff}event: a\ndata: 1\n\n\u{feff}data: 2\n\ndata: 3\n\n".as_bytes();
+        let want = vec![("a".into(), "1".into()), ("".into(), "3".into())];
+        assert_eq!(decode(&[text]), want);
+        assert_eq!(decode(&[&text[..1], &text[1..2], &text[2..]]), want);
+        // Only at the very start: later it is part of the line (an unknown field).
+        assert_eq!(decode(&[b"data: 0\n\n", text]).len(), 3);
     }
 
     #[test]
