@@ -1422,6 +1422,18 @@ proptest! {
     }
 
     #[test]
+    fn redact_keyed_secrets_split_across_short_deltas_are_scrubbed(
+        p in keyed_secret(),
+        lead in prose(),
+        trail in prose(),
+        // Shorter than any keyed secret (8 at least): no delta holds one whole
+        // between other text, the case the ignored property below finds broken.
+        lens in prop::collection::vec(3usize..8, 1..8),
+    ) {
+        check_scrubs_stream(&p, &lead, &trail, &lens);
+    }
+
+    #[test]
     #[ignore = "bug found here: a keyword's secret streamed whole inside one delta, with other text around it and its keyword in an earlier delta, stays in the stored events (fuzz/corpus/known-bugs/sse/)"]
     fn redact_keyed_secrets_split_across_stream_deltas_are_scrubbed(
         p in keyed_secret(), lead in prose(), trail in prose(), lens in prop::collection::vec(prop_oneof![3usize..12, 3usize..60], 1..8),
