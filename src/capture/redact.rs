@@ -388,8 +388,8 @@ impl Redactor {
     }
 
     /// Redacts the pieces of `secrets` that a stream split across events: in every JSON
-    /// string of `body`, a run of 3 or more bytes that is part of a secret and reaches
-    /// the string's start or end (or is the whole string) is replaced.
+    /// string of `body`, a whole secret, or a run of 3 or more bytes that is part of a
+    /// secret and reaches the string's start or end (or is the whole string), is replaced.
     ///
     /// A model that echoes a key streams it in token-sized deltas, so no single event
     /// holds it whole; the reassembled message does, and tells which secrets to chase.
@@ -406,7 +406,11 @@ impl Redactor {
                 if secret.len() < 8 || text.len() < MIN {
                     continue;
                 }
-                let piece = if memchr::memmem::find(secret, text).is_some() {
+                let piece = if let Some(at) = memchr::memmem::find(text, secret) {
+                    // The whole secret inside one string, among other text.
+                    Some((start + at, start + at + secret.len()))
+                } else if memchr::memmem::find(secret, text).is_some() {
+                    // The string is a piece from the middle of the secret.
                     Some((start, end))
                 } else {
                     let head = (MIN..=text.len().min(secret.len() - 1))
