@@ -373,6 +373,8 @@ async fn a_silent_tls_upstream_is_bounded_by_the_connect_timeout() {
         took < Duration::from_secs(10),
         "bounded by --connect-timeout: {took:?}"
     );
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "upstream_error");
     held.abort();
 }
 

@@ -383,8 +383,21 @@ async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
             .contains("rules not reloaded; the last good set stays live")
     );
     // A valid edit elsewhere is still refused while the broken file is there: the set is all or nothing.
+    let refused = |log: &str| {
+        log.matches("rules not reloaded; the last good set stays live")
+            .count()
+    };
+    let before = refused(&proxy.log());
     std::fs::write(dir.path().join("10-version.toml"), version_rule("3")).unwrap();
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    let deadline = Instant::now() + WAIT;
+    while refused(&proxy.log()) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the edit was not looked at; log:\n{}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     n += 1;
     assert_eq!(version_seen(&proxy, &fake, n).await.as_deref(), Some("2"));
     // Fixing the file makes the whole directory live.

@@ -109,6 +109,8 @@ async fn upstream_reset_mid_stream_ends_the_client_stream_with_an_error_event() 
     let line = &proxy.wait_exchanges(1, WAIT).await[0];
     assert_eq!(line["outcome"], "upstream_error");
     assert_eq!(line["in_tokens"], 10, "usage from message_start is kept");
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "upstream_error");
 }
 
 #[tokio::test]
@@ -125,6 +127,8 @@ async fn upstream_reset_inside_an_event_cuts_the_client_stream() {
     assert_eq!(response.text(), chunks.concat());
     let line = &proxy.wait_exchanges(1, WAIT).await[0];
     assert_eq!(line["outcome"], "upstream_error");
+    let record = support::captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "upstream_error");
 }
 
 #[tokio::test]
