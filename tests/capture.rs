@@ -1120,16 +1120,7 @@ async fn secrets_in_log_templates_paths_models_and_session_ids_are_redacted_ever
     haystacks.push(("/api/captures".into(), list.to_string().into_bytes()));
     for r in &records {
         let id = r["id"].as_str().unwrap();
-        let one = client::send(
-            admin,
-            &request_bytes(
-                "GET",
-                &format!("/api/captures/{id}"),
-                &[("Host", admin.to_string())],
-                b"",
-            ),
-        )
-        .await;
+        let one = client::get(admin, &format!("/api/captures/{id}")).await;
         assert_eq!(one.status, 200);
         haystacks.push((format!("/api/captures/{id}"), one.body.bytes.clone()));
         haystacks.push((
@@ -1206,16 +1197,7 @@ async fn stored_bodies_are_served_as_stored_and_export_lines_parse_anywhere() {
     };
     let mut deep_seen = false;
     for id in &ids {
-        let one = client::send(
-            admin,
-            &request_bytes(
-                "GET",
-                &format!("/api/captures/{id}"),
-                &[("Host", admin.to_string())],
-                b"",
-            ),
-        )
-        .await;
+        let one = client::get(admin, &format!("/api/captures/{id}")).await;
         assert_eq!(one.status, 200, "{}", one.text());
         let text = one.text();
         support::assert_absent(&one.body.bytes, "CanaryEsc3Ty7", "the admin record");

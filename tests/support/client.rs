@@ -113,12 +113,17 @@ pub async fn post(addr: SocketAddr, target: &str, body: &[u8]) -> RawResponse {
 
 /// GETs `path` (an admin API resource); returns the status and the JSON answer.
 pub async fn get_json(addr: SocketAddr, path: &str) -> (u16, serde_json::Value) {
-    let r = send(
+    let r = get(addr, path).await;
+    (r.status, r.json())
+}
+
+/// `GET path` with the address as its Host.
+pub async fn get(addr: SocketAddr, path: &str) -> RawResponse {
+    send(
         addr,
         &request_bytes("GET", path, &[("Host", addr.to_string())], b""),
     )
-    .await;
-    (r.status, r.json())
+    .await
 }
 
 /// Sends `request`, reads the head and `pieces` body chunks, then drops the connection.
