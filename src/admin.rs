@@ -153,6 +153,9 @@ pub struct AdminState {
     /// Units cache analysis leaves out of the prefix hash (`[cache] ignore`), so the
     /// cache report marks them.
     pub cache_ignore: Vec<crate::cache::segment::IgnoreRule>,
+    /// The live rule set and where it is read from, for `/healthz`.
+    pub rules: Arc<crate::rules::reload::LiveRules>,
+    pub rules_dir: PathBuf,
 }
 
 /// Serves the admin API on `listener` until the task is dropped.
@@ -204,9 +207,15 @@ async fn answer(
     let query = uri.query().unwrap_or("").to_owned();
     if path == "/healthz" {
         let counters = state.capture.as_ref().map(|c| c.counters());
+        let rules = json!({
+            "live": state.rules.snapshot().rules().len(),
+            "dir": state.rules_dir.display().to_string(),
+            "present": state.rules_dir.is_dir(),
+            "state": state.rules.state(&state.rules_dir),
+        });
         return reply(
             StatusCode::OK,
-            &json!({"status": "ok", "capture": counters}),
+            &json!({"status": "ok", "capture": counters, "rules": rules}),
         );
     }
     let Some(dir) = state.captures.clone() else {

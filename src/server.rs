@@ -19,6 +19,7 @@ use crate::exchange::Proxy;
 use crate::listener::Workers;
 use crate::logging::ExchangeLog;
 use crate::record::{RecordSink, Recorder};
+use crate::rules::reload::LiveRules;
 use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
 use crate::upstream::Upstream;
 
@@ -98,7 +99,7 @@ pub async fn serve(
             .with_admit_wait(config.capture.queue_wait),
     );
     if announce {
-        start_line(&config, local);
+        start_line(&config, local, &rules);
     }
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
@@ -107,6 +108,8 @@ pub async fn serve(
             captures: config.capture.enabled.then(|| config.capture.dir.clone()),
             capture: capture.clone(),
             cache_ignore: config.cache.ignore.clone(),
+            rules: rules.clone(),
+            rules_dir: config.rules_dir.clone(),
         });
         tokio::spawn(crate::admin::serve(admin, state));
     }
@@ -146,13 +149,17 @@ pub async fn serve(
     Ok(())
 }
 
-/// The one line promptgate prints when it serves: where, and what to paste.
+/// The one line promptgate prints when it serves: where, the rules in force, and
+/// what to paste.
 #[allow(clippy::print_stdout)]
-fn start_line(config: &Config, local: std::net::SocketAddr) {
+fn start_line(config: &Config, local: std::net::SocketAddr, rules: &LiveRules) {
     println!(
-        "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1); \
-         paste: export ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
-        config.upstream_anthropic, config.upstream_openai
+        "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1; \
+         rules: {}); paste: export ANTHROPIC_BASE_URL=http://{local} \
+         OPENAI_BASE_URL=http://{local}/openai/v1",
+        config.upstream_anthropic,
+        config.upstream_openai,
+        rules.state(&config.rules_dir)
     );
     let _ = std::io::stdout().flush();
 }

@@ -781,8 +781,15 @@ async fn doctor_checks_each_link_and_prints_the_fix() {
     let certs = proxy.ca_cert().parent().unwrap().to_owned();
     let certs_arg = certs.to_str().unwrap().to_owned();
     let listen = proxy.addr.to_string();
+    let admin = proxy.admin_addr().to_string();
     let doctor = move |extra: Vec<String>, env: Vec<(String, String)>| {
-        let mut args = vec!["doctor".to_owned(), "--listen".into(), listen.clone()];
+        let mut args = vec![
+            "doctor".to_owned(),
+            "--listen".into(),
+            listen.clone(),
+            "--admin".into(),
+            admin.clone(),
+        ];
         args.extend(extra);
         async move {
             tokio::task::spawn_blocking(move || {
@@ -806,6 +813,10 @@ async fn doctor_checks_each_link_and_prints_the_fix() {
         "{text}"
     );
     assert!(text.contains("ok    ca: "), "{text}");
+    assert!(
+        text.contains("ok    rules: 0 rules live from"),
+        "the live rule count, from the admin API: {text}"
+    );
     assert!(
         text.contains("FAIL  environment: this shell points no client"),
         "{text}"

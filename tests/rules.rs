@@ -527,6 +527,13 @@ async fn a_rules_directory_created_after_start_is_loaded() {
         "the start says the directory is missing; log:\n{}",
         proxy.log()
     );
+    assert!(
+        proxy
+            .start_line
+            .contains("rules: 0 live; rules does not exist, and is loaded when it appears"),
+        "{}",
+        proxy.start_line
+    );
     assert_eq!(version_seen(&proxy, &fake, 1).await, None);
     let rules = base.path().join("rules");
     std::fs::create_dir(&rules).unwrap();
@@ -534,6 +541,52 @@ async fn a_rules_directory_created_after_start_is_loaded() {
     let mut n = 1;
     wait_for_version(&proxy, &fake, &mut n, "1", "the new directory").await;
     assert!(proxy.log().contains("rules reloaded"), "{}", proxy.log());
+    let (status, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    assert_eq!(status, 200);
+    assert_eq!(health["rules"]["live"], 1, "{health}");
+    assert_eq!(health["rules"]["present"], true, "{health}");
+}
+
+#[tokio::test]
+async fn actions_after_a_block_are_warned_about_by_check_and_serve() {
+    let dir = rules_dir(&[(
+        "10-block.toml",
+        "[[rule]]\nname = \"b\"\non = \"before_provider_request\"\n\
+         actions = [ { block = \"no\" }, { tag = \"never\" } ]\n",
+    )]);
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["rules", "check"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a warning, not an error: {text}"
+    );
+    let want = format!(
+        "warning: {}:4:31: this action and any after it never run: the `block` at line 4 ends the rule",
+        dir.path().join("10-block.toml").display()
+    );
+    assert!(text.contains(&want), "{text}");
+    let fake = fake_ok().await;
+    let proxy = start(&fake, &dir);
+    assert!(
+        proxy
+            .log()
+            .contains("this action and any after it never run"),
+        "{}",
+        proxy.log()
+    );
+    assert!(
+        proxy.start_line.contains(&format!(
+            "rules: 1 rule live from {} (watched)",
+            dir.path().display()
+        )),
+        "{}",
+        proxy.start_line
+    );
 }
 
 #[tokio::test]

@@ -23,6 +23,9 @@ pub struct DoctorArgs {
     /// The address promptgate listens on [default: the config's, else 127.0.0.1:8787].
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
+    /// The address of its admin API, where the live rules are read [default: the config's, else 127.0.0.1:8788].
+    #[arg(long, value_name = "ADDR")]
+    admin: Option<std::net::SocketAddr>,
     #[command(flatten)]
     place: CertsPlace,
     /// Skip the check that the upstream answers through the proxy.
@@ -42,7 +45,10 @@ enum Check {
 
 /// Runs the checks; `Ok(false)` when one failed.
 pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
-    let config = args.place.load(args.listen.clone())?;
+    let mut config = args.place.load(args.listen.clone())?;
+    if let Some(admin) = args.admin {
+        config.admin = Some(admin);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -61,6 +67,7 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     let address = client_address(config.listen);
 
     report("listener", runtime.block_on(listener(address, &config)));
+    report("rules", runtime.block_on(live_rules(&config)));
     let ca = CertificateAuthority::load(&config.certs);
     report("ca", ca_check(&ca));
     let ca = ca.ok();
@@ -93,6 +100,43 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         }
     }
     Ok(all_passed)
+}
+
+/// The rules the running proxy enforces, from its admin API's `/healthz`.
+async fn live_rules(config: &Config) -> Check {
+    let Some(admin) = config.admin else {
+        return Check::Skip(
+            "the admin API is off (--admin off): the live rule count is unknown".into(),
+        );
+    };
+    let admin = client_address(admin);
+    let request = format!("GET /healthz HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
+    let exchange = async {
+        let mut stream = TcpStream::connect(admin).await?;
+        stream.write_all(request.as_bytes()).await?;
+        let mut answer = Vec::new();
+        stream.read_to_end(&mut answer).await?;
+        Ok::<_, std::io::Error>(answer)
+    };
+    let answer = match tokio::time::timeout(STEP, exchange).await {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => return Check::Skip(format!("the admin API on {admin} did not answer: {e}")),
+        Err(_) => {
+            return Check::Skip(format!(
+                "the admin API on {admin} did not answer within {}s",
+                STEP.as_secs()
+            ));
+        }
+    };
+    let text = String::from_utf8_lossy(&answer);
+    let health = text
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok());
+    // Informational: a proxy with no rules directory is not broken.
+    match health.as_ref().and_then(|h| h["rules"]["state"].as_str()) {
+        Some(state) => Check::Pass(state.to_owned()),
+        None => Check::Skip(format!("the admin API on {admin} gave no rule count")),
+    }
 }
 
 /// The `Proxy-Authorization` line this shell's credentials give, if any.

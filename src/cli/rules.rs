@@ -93,6 +93,7 @@ pub(crate) fn load_for_serve(config: &Config) -> anyhow::Result<Arc<LiveRules>> 
             dir = %dir.display(),
             "rules loaded"
         );
+        reload::log_warnings(&set);
         (LiveRules::new(set), Some(sources))
     } else if config.rules_explicit {
         bail!("rules directory {} does not exist (--rules)", dir.display());
@@ -122,6 +123,9 @@ fn check(dir: &Path) -> ExitCode {
     match RuleSet::load_dir(dir) {
         Ok(set) => {
             print!("{}", summary(&set));
+            for w in &set.warnings {
+                println!("warning: {w}");
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {

@@ -51,6 +51,8 @@ pub(crate) struct Cx<'s> {
     pub(crate) file: &'s str,
     text: &'s str,
     pub(crate) errors: Vec<LoadError>,
+    /// What loads but is almost surely a mistake (an action after a `block`).
+    pub(crate) warnings: Vec<LoadError>,
     /// Header names whose values rules read from the environment.
     pub(crate) secret_headers: Vec<http::HeaderName>,
     /// Reads an environment variable (a parameter so tests need no process env).
@@ -505,6 +507,7 @@ pub(crate) fn compile_sources(
             file,
             text,
             errors: Vec::new(),
+            warnings: Vec::new(),
             secret_headers: Vec::new(),
             env,
         };
@@ -512,6 +515,7 @@ pub(crate) fn compile_sources(
         set.files.push((file.clone(), rules.len()));
         set.rules.extend(rules);
         set.secret_headers.append(&mut cx.secret_headers);
+        set.warnings.append(&mut cx.warnings);
         errors.append(&mut cx.errors);
     }
     if errors.is_empty() {
@@ -616,8 +620,27 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
     match table.get("actions") {
         Some(v) => match v.get_ref() {
             DeValue::Array(items) if !items.is_empty() => {
+                // The line of the first `block`: what follows it never runs.
+                let mut block_line: Option<usize> = None;
+                let mut warned = false;
                 for entry in items.iter() {
+                    if let (Some(at), false) = (block_line, warned) {
+                        let (line, col) = line_col(cx.text, entry.span().start);
+                        cx.warnings.push(LoadError {
+                            file: cx.file.to_owned(),
+                            line,
+                            col,
+                            message: format!(
+                                "this action and any after it never run: the `block` at line {at} ends the rule"
+                            ),
+                            offset: entry.span().start,
+                        });
+                        warned = true;
+                    }
                     if let Some(a) = action::compile(cx, entry, phase) {
+                        if a.key == "block" && block_line.is_none() {
+                            block_line = Some(line_col(cx.text, entry.span().start).0);
+                        }
                         actions.push(a);
                     }
                 }

@@ -109,6 +109,8 @@ pub struct RuleSet {
     pub dir: Option<PathBuf>,
     /// Header names whose values rules read from the environment (secrets).
     pub secret_headers: Vec<HeaderName>,
+    /// What compiled but is almost surely a mistake, as `file:line:col: message`.
+    pub warnings: Vec<LoadError>,
 }
 
 /// The status of a `block` that names none, of `model.allow` and of the

@@ -38,6 +38,24 @@ impl LiveRules {
         self.current.load_full()
     }
 
+    /// How many rules are live and where from, for the start line and `/healthz`:
+    /// `3 rules live from ./rules (watched)`, or that `dir` is not there yet.
+    pub fn state(&self, dir: &Path) -> String {
+        let n = self.snapshot().rules().len();
+        if dir.is_dir() {
+            format!(
+                "{n} rule{} live from {} (watched)",
+                if n == 1 { "" } else { "s" },
+                dir.display()
+            )
+        } else {
+            format!(
+                "{n} live; {} does not exist, and is loaded when it appears",
+                dir.display()
+            )
+        }
+    }
+
     /// Makes `set` live for exchanges that start from now on.
     pub fn replace(&self, set: RuleSet) {
         self.current.store(Arc::new(set));
@@ -49,6 +67,7 @@ impl LiveRules {
         match sources.compile(dir, &|name| std::env::var(name).ok()) {
             Ok(set) => {
                 let (rules, files) = (set.rules().len(), set.files.len());
+                log_warnings(&set);
                 self.replace(set);
                 tracing::info!(target: "promptgate::rules", rules, files, dir = %dir.display(), "rules reloaded");
                 true
@@ -66,6 +85,13 @@ impl LiveRules {
                 false
             }
         }
+    }
+}
+
+/// Logs what compiled but is almost surely a mistake, once per load.
+pub(crate) fn log_warnings(set: &RuleSet) {
+    for w in &set.warnings {
+        tracing::warn!(target: "promptgate::rules", "{w}");
     }
 }
 
