@@ -104,6 +104,29 @@ async fn list_show_diff_and_conversations_read_as_expected() {
         "{}",
         missing.stderr
     );
+    // `last` is the newest, `@-N` the Nth before it (ids sort by time).
+    let mut sorted = ids.clone();
+    sorted.sort();
+    let newest = sorted.last().unwrap();
+    assert_eq!(
+        captures::ok(dir, &["show", "last"]),
+        captures::ok(dir, &["show", newest])
+    );
+    assert_eq!(
+        captures::ok(dir, &["show", "@-2"]),
+        captures::ok(dir, &["show", &sorted[sorted.len() - 3]])
+    );
+    assert_eq!(
+        captures::ok(dir, &["diff", "@-1", "last"]),
+        captures::ok(dir, &["diff", &sorted[sorted.len() - 2], newest])
+    );
+    let too_far = captures::cli(dir, &["show", "@-9"]);
+    assert_eq!(too_far.code, 2);
+    assert!(
+        too_far.stderr.contains("no capture \"@-9\""),
+        "{}",
+        too_far.stderr
+    );
     let raw = captures::ok(dir, &["show", &ids[0], "--raw", "--received"]);
     assert_eq!(
         raw.as_bytes(),

@@ -381,8 +381,25 @@ impl Store {
         Ok(())
     }
 
-    /// The full id of the one record whose id starts with `prefix` (case-insensitive).
+    /// The full id of the one record whose id starts with `prefix` (case-insensitive),
+    /// or of `last` (the newest) and `@-N` (the Nth before it).
     pub fn resolve(&self, prefix: &str) -> Result<String, StoreError> {
+        // `last` is the newest record, `@-1` the one before it, `@-2` the one before that.
+        let back = match prefix.trim() {
+            "last" => Some(0),
+            p => p.strip_prefix("@-").and_then(|n| n.parse::<i64>().ok()),
+        };
+        if let Some(back) = back {
+            return self
+                .conn
+                .query_row(
+                    "SELECT id FROM records ORDER BY id DESC LIMIT 1 OFFSET ?1",
+                    [back],
+                    |r| r.get(0),
+                )
+                .optional()?
+                .ok_or_else(|| StoreError::NotFound(prefix.to_owned()));
+        }
         let p = prefix.trim().to_ascii_uppercase();
         if p.is_empty() {
             return Err(StoreError::NotFound(prefix.to_owned()));

@@ -88,7 +88,7 @@ impl FilterArgs {
 
 #[derive(Debug, Args)]
 struct ShowArgs {
-    /// The exchange id (or its start; unique).
+    /// The exchange id (or its start; unique), `last`, or `@-1`, `@-2`… for the ones before it.
     id: String,
     /// The redacted record as JSON, bodies included; with --sent/--received, that body's bytes.
     #[arg(long)]
@@ -103,9 +103,9 @@ struct ShowArgs {
 
 #[derive(Debug, Args)]
 struct DiffArgs {
-    /// The earlier exchange.
+    /// The earlier exchange (an id, its start, `last` or `@-N`).
     a: String,
-    /// The later exchange.
+    /// The later exchange (an id, its start, `last` or `@-N`).
     b: String,
     /// Compare the requests as received instead of as sent upstream.
     #[arg(long)]
