@@ -707,6 +707,28 @@ fn rules_test_dry_runs_a_request() {
     );
 }
 
+#[test]
+fn rules_test_names_the_error_type_a_block_answers_with() {
+    let dir = rules_dir(&[(
+        "10-block.toml",
+        "[[rule]]\nname = \"no\"\non = \"before_provider_request\"\nactions = [ { block = \"not here\" } ]\n",
+    )]);
+    let request = dir.path().join("request.json");
+    std::fs::write(&request, shapes::to_bytes(&shapes::pi_body(0))).unwrap();
+    let (code, out) = run_cli(&[
+        "rules",
+        "test",
+        "--rules",
+        dir.path().to_str().unwrap(),
+        request.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("verdict: block 403 permission_error: not here (rule \"no\")"),
+        "{out}"
+    );
+}
+
 #[tokio::test]
 async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as_applied_in_process()
  {

@@ -37,7 +37,7 @@ enum RulesCommand {
         /// Request headers: a JSON object of name → value.
         #[arg(long, value_name = "HEADERS.json")]
         headers: Option<PathBuf>,
-        /// The path the client would ask for [default: /v1/messages].
+        /// The path the client would ask for.
         #[arg(long, value_name = "PATH", default_value = "/v1/messages")]
         path: String,
         /// Write the body that would be sent to this file.
@@ -305,10 +305,13 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     }
     match &result.verdict {
         Verdict::Continue => println!("verdict: continue (sent upstream)"),
+        // The type the client gets: the rule's, else the one its status implies.
         Verdict::Respond(b) => println!(
             "verdict: block {} {}: {} (rule {:?})",
             b.status.as_u16(),
-            b.error_type.as_deref().unwrap_or("-"),
+            b.error_type
+                .as_deref()
+                .unwrap_or_else(|| crate::provider::anthropic::error_type(b.status)),
             b.message,
             b.rule
         ),
