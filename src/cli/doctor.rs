@@ -111,22 +111,9 @@ async fn live_rules(config: &Config) -> Check {
     };
     let admin = client_address(admin);
     let request = format!("GET /healthz HTTP/1.1\r\nHost: {admin}\r\nConnection: close\r\n\r\n");
-    let exchange = async {
-        let mut stream = TcpStream::connect(admin).await?;
-        stream.write_all(request.as_bytes()).await?;
-        let mut answer = Vec::new();
-        stream.read_to_end(&mut answer).await?;
-        Ok::<_, std::io::Error>(answer)
-    };
-    let answer = match tokio::time::timeout(STEP, exchange).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => return Check::Skip(format!("the admin API on {admin} did not answer: {e}")),
-        Err(_) => {
-            return Check::Skip(format!(
-                "the admin API on {admin} did not answer within {}s",
-                STEP.as_secs()
-            ));
-        }
+    let answer = match ask(admin, &request).await {
+        Ok(answer) => answer,
+        Err(why) => return Check::Skip(format!("the admin API: {why}")),
     };
     let text = String::from_utf8_lossy(&answer);
     let health = text
@@ -159,6 +146,21 @@ async fn listener(address: SocketAddr, config: &Config) -> Check {
         "GET /promptgate-doctor HTTP/1.1\r\nHost: {address}\r\n{}Connection: close\r\n\r\n",
         credentials_line(config)
     );
+    match ask(address, &request).await {
+        Ok(answer) if String::from_utf8_lossy(&answer).contains("promptgate") => {
+            Check::Pass(format!("promptgate answers on {address}"))
+        }
+        Ok(_) => Check::Fail {
+            problem: format!("something else answers on {address}"),
+            fix,
+        },
+        Err(problem) => Check::Fail { problem, fix },
+    }
+}
+
+/// Sends `request` on a new connection and reads the answer to its end, within
+/// [`STEP`]; the error says what went wrong, naming the address.
+async fn ask(address: SocketAddr, request: &str) -> Result<Vec<u8>, String> {
     let exchange = async {
         let mut stream = TcpStream::connect(address).await?;
         stream.write_all(request.as_bytes()).await?;
@@ -167,21 +169,12 @@ async fn listener(address: SocketAddr, config: &Config) -> Check {
         Ok::<_, std::io::Error>(answer)
     };
     match tokio::time::timeout(STEP, exchange).await {
-        Ok(Ok(answer)) if String::from_utf8_lossy(&answer).contains("promptgate") => {
-            Check::Pass(format!("promptgate answers on {address}"))
-        }
-        Ok(Ok(_)) => Check::Fail {
-            problem: format!("something else answers on {address}"),
-            fix,
-        },
-        Ok(Err(e)) => Check::Fail {
-            problem: format!("nothing answers on {address}: {e}"),
-            fix,
-        },
-        Err(_) => Check::Fail {
-            problem: format!("{address} did not answer within {}s", STEP.as_secs()),
-            fix,
-        },
+        Ok(Ok(answer)) => Ok(answer),
+        Ok(Err(e)) => Err(format!("nothing answers on {address}: {e}")),
+        Err(_) => Err(format!(
+            "{address} did not answer within {}s",
+            STEP.as_secs()
+        )),
     }
 }
 
