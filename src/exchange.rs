@@ -102,6 +102,10 @@ impl Body for ProxyBody {
     }
 }
 
+/// Whether the wrong-OpenAI-base-URL warning was logged (it is logged once).
+static WARNED_OPENAI_BASE: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// A record under construction. Dropped unfinished — the client went away while
 /// promptgate waited on it or on the upstream — it is emitted as cancelled.
 struct PendingRecord {
@@ -247,6 +251,26 @@ impl Proxy {
             let error = ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP);
             return error_response(pending, Provider::Anthropic, error);
         };
+        // An OpenAI SDK pointed at …/v1 instead of …/openai/v1: say so in its own shape.
+        if target.is_none()
+            && route.provider == Provider::Anthropic
+            && provider::is_openai_only(route.upstream_path.path())
+        {
+            let base = format!("http://{}/openai/v1", host.as_deref().unwrap_or("<listen>"));
+            let message = format!(
+                "{} is an OpenAI path, but it came to the Anthropic route: set the OpenAI \
+                 base URL to {base} (OPENAI_BASE_URL), not …/v1",
+                route.upstream_path.path()
+            );
+            if !WARNED_OPENAI_BASE.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                tracing::warn!("{message} (said once)");
+            }
+            return error_response(
+                pending,
+                Provider::OpenAi,
+                ProxyError::new(ErrorKind::NoRoute, message),
+            );
+        }
         {
             let r = pending.get();
             r.provider = Some(route.provider);

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::fake_provider::like_providers;
-use support::shapes;
 use support::{FakeProvider, Proxy, Received};
+use support::{client, shapes};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -271,4 +271,58 @@ async fn a_rule_block_raises_permission_denied_without_a_retry() {
     );
     assert_eq!(lines[0]["outcome"], "blocked");
     assert!(fake.requests().is_empty(), "the provider never saw it");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_openai_sdk_without_the_openai_prefix_is_told_its_base_url() {
+    if !support::sdk::available() {
+        return;
+    }
+    let fake = FakeProvider::start(like_providers).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+    ]);
+    // The common slip: OPENAI_BASE_URL=http://HOST/v1.
+    let result = run_sdk_calls(&["openai_chat"], proxy.url(), format!("{}/v1", proxy.url())).await;
+    let chat = &result["openai_chat"];
+    assert_eq!(chat["exception"], "NotFoundError", "{result}");
+    let message = chat["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "set the OpenAI base URL to {}/openai/v1",
+            proxy.url()
+        )),
+        "{message}"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "nothing went to the Anthropic upstream"
+    );
+    // A second one gets the same answer; the log says it once.
+    let again = client::post(
+        proxy.addr,
+        "/v1/chat/completions",
+        br#"{"model":"gpt-5.6","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(again.status, 404);
+    assert_eq!(
+        again.json()["error"]["code"],
+        "not_found",
+        "OpenAI's shape: {}",
+        again.text()
+    );
+    proxy.wait_exchanges(2, WAIT).await;
+    assert_eq!(
+        proxy
+            .log()
+            .matches("(said once)")
+            .count(),
+        1,
+        "{}",
+        proxy.log()
+    );
 }

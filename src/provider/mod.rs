@@ -164,6 +164,28 @@ pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
     })
 }
 
+/// Whether `path` (a provider's own path, no query) is one only OpenAI serves: an
+/// OpenAI SDK whose base URL lacks `/openai` sends these to the Anthropic route.
+pub fn is_openai_only(path: &str) -> bool {
+    let path = path.trim_end_matches('/');
+    [
+        "/v1/chat/completions",
+        "/v1/responses",
+        "/v1/completions",
+        "/v1/embeddings",
+        "/v1/moderations",
+        "/v1/images",
+        "/v1/audio",
+    ]
+    .iter()
+    .any(|p| {
+        path == *p
+            || path
+                .strip_prefix(p)
+                .is_some_and(|rest| rest.starts_with('/'))
+    })
+}
+
 /// The API behind a provider's own path (no promptgate prefix, no query).
 pub fn api(provider: Provider, path: &str) -> Api {
     match (provider, path.trim_end_matches('/')) {
