@@ -80,11 +80,36 @@ pub struct ConfigLayer {
 }
 
 /// A size or duration: a bare number or text with a unit (`"32MiB"`, `"10s"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum Scalar {
     Number(u64),
     Text(String),
+}
+
+impl<'de> Deserialize<'de> for Scalar {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Expect;
+        impl serde::de::Visitor<'_> for Expect {
+            type Value = Scalar;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(
+                    "a size such as \"64MiB\", a duration such as \"30s\", or a whole number",
+                )
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Scalar, E> {
+                Ok(Scalar::Number(v))
+            }
+            fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<Scalar, E> {
+                u64::try_from(v)
+                    .map(Scalar::Number)
+                    .map_err(|_| E::invalid_value(serde::de::Unexpected::Signed(v), &self))
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Scalar, E> {
+                Ok(Scalar::Text(v.to_owned()))
+            }
+        }
+        d.deserialize_any(Expect)
+    }
 }
 
 impl From<String> for Scalar {
@@ -548,11 +573,52 @@ pub fn parse_layer(text: &str, name: &str) -> Result<ConfigLayer, ConfigError> {
             .span()
             .map(|span| line_col(text, span.start))
             .unwrap_or((1, 1));
+        let message = e.message().trim_end();
         ConfigError::Parse {
             location: format!("{name}:{line}:{col}"),
-            message: e.message().trim_end().to_owned(),
+            message: unknown_key(message).unwrap_or_else(|| message.to_owned()),
         }
     })
+}
+
+/// serde's "unknown field `x`, expected one of `a`, `b`" as the rules say it:
+/// `unknown key "x"; did you mean "a"? (known: a, b)`.
+fn unknown_key(message: &str) -> Option<String> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (key, rest) = rest.split_once('`')?;
+    let known: Vec<&str> = rest.split('`').skip(1).step_by(2).collect();
+    let mut out = format!("unknown key {key:?}");
+    if let Some(near) = nearest(key, &known) {
+        out.push_str(&format!("; did you mean {near:?}?"));
+    }
+    out.push_str(&format!(" (known: {})", known.join(", ")));
+    Some(out)
+}
+
+/// The known name closest to `name`, if it is close enough to be a likely typo.
+pub(crate) fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
+    known
+        .iter()
+        .map(|k| (distance(name, k), *k))
+        .filter(|(d, k)| *d <= (k.len().max(name.len()) / 3).max(2))
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over chars.
+fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// 1-based line and column (in characters) of a byte offset.
@@ -734,8 +800,23 @@ mod tests {
     fn file_errors_point_at_line_and_column() {
         let err = parse_layer("listen = \"127.0.0.1:1\"\nmax_bdy = 5\n", "p.toml").unwrap_err();
         let text = err.to_string();
-        assert!(text.starts_with("p.toml:2:1: "), "{text}");
-        assert!(text.contains("max_body"), "lists the known keys: {text}");
+        assert!(
+            text.starts_with(
+                "p.toml:2:1: unknown key \"max_bdy\"; did you mean \"max_body\"? (known: listen, "
+            ),
+            "{text}"
+        );
+        let err = parse_layer("[capture]\nmax_sise = \"1GiB\"\n", "p.toml").unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("unknown key \"max_sise\"; did you mean \"max_size\"?"),
+            "{err}"
+        );
+        let err = parse_layer("max_body = [\"64MiB\"]\n", "p.toml").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "p.toml:1:12: invalid type: sequence, expected a size such as \"64MiB\", a duration such as \"30s\", or a whole number"
+        );
         let err = parse_layer("listen = [\n", "p.toml").unwrap_err();
         assert!(err.to_string().starts_with("p.toml:"), "{err}");
     }

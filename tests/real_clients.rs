@@ -317,10 +317,7 @@ async fn an_openai_sdk_without_the_openai_prefix_is_told_its_base_url() {
     );
     proxy.wait_exchanges(2, WAIT).await;
     assert_eq!(
-        proxy
-            .log()
-            .matches("(said once)")
-            .count(),
+        proxy.log().matches("(said once)").count(),
         1,
         "{}",
         proxy.log()

@@ -18,7 +18,7 @@ use toml::de::{DeTable, DeValue};
 use super::action;
 use super::matcher::Matcher;
 use super::{Phase, Rule, RuleSet};
-use crate::config::line_col;
+use crate::config::{line_col, nearest};
 
 /// A TOML value with its position.
 pub(crate) type Val<'i> = Spanned<DeValue<'i>>;
@@ -369,32 +369,6 @@ impl<'s> Cx<'s> {
         out.push_str(rest);
         Some((out, secret))
     }
-}
-
-/// The known name closest to `name`, if it is close enough to be a likely typo.
-pub(crate) fn nearest<'k>(name: &str, known: &[&'k str]) -> Option<&'k str> {
-    known
-        .iter()
-        .map(|k| (distance(name, k), *k))
-        .filter(|(d, k)| *d <= (k.len().max(name.len()) / 3).max(2))
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, k)| k)
-}
-
-/// Levenshtein distance over chars.
-fn distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut row: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut prev = row[0];
-        row[0] = i + 1;
-        for (j, cb) in b.iter().enumerate() {
-            let cur = row[j + 1];
-            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
-            prev = cur;
-        }
-    }
-    row[b.len()]
 }
 
 const RULE_KEYS: &[&str] = &[

@@ -19,8 +19,9 @@ use std::fmt;
 
 use toml::de::DeValue;
 
-use super::load::{Cx, Val, nearest};
+use super::load::{Cx, Val};
 use super::{Block, Phase, State};
+use crate::config::nearest;
 
 pub(crate) use cache_control::Ttl;
 
