@@ -708,6 +708,57 @@ fn rules_test_dry_runs_a_request() {
 }
 
 #[test]
+fn rules_test_reads_headers_flat_or_as_a_recorded_request() {
+    let dir = rules_dir(&[(
+        "10-batch.toml",
+        "[[rule]]\nname = \"batch\"\non = \"before_provider_request\"\nwhen = { header.\"x-team\" = \"batch\" }\nactions = [ { block = \"not for batch\" } ]\n",
+    )]);
+    let request = dir.path().join("request.json");
+    std::fs::write(&request, shapes::to_bytes(&shapes::pi_body(0))).unwrap();
+    let run = |headers: &str| {
+        let file = dir.path().join("headers.json");
+        std::fs::write(&file, headers).unwrap();
+        run_cli(&[
+            "rules",
+            "test",
+            "--rules",
+            dir.path().to_str().unwrap(),
+            request.to_str().unwrap(),
+            "--headers",
+            file.to_str().unwrap(),
+        ])
+    };
+    for headers in [
+        r#"{"x-team": "batch"}"#,
+        r#"{"method": "POST", "path": "/v1/messages", "headers": [["Host", "x"], ["x-team", "batch"]]}"#,
+        r#"{"method": "POST", "headers": {"x-team": "batch"}}"#,
+    ] {
+        let (code, out) = run(headers);
+        assert_eq!(code, Some(0), "{headers}: {out}");
+        assert!(
+            out.contains("verdict: block 403"),
+            "{headers}: the header applied: {out}"
+        );
+    }
+    let file = dir.path().join("headers.json");
+    std::fs::write(&file, r#"[["x-team", "batch"]]"#).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["rules", "test", "--rules"])
+        .arg(dir.path())
+        .arg(&request)
+        .arg("--headers")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("or a recorded request {\"headers\": [[name, value], …]}"),
+        "{err}"
+    );
+}
+
+#[test]
 fn rules_test_names_the_error_type_a_block_answers_with() {
     let dir = rules_dir(&[(
         "10-block.toml",

@@ -202,18 +202,45 @@ struct TestArgs<'a> {
 }
 
 /// Reads a JSON object of header name → value.
+/// Headers from a JSON file: an object of name to value, or a recorded request,
+/// `{"method": …, "path": …, "headers": [[name, value], …]}` (as `captures export`
+/// and most tools save one; `headers` may also be an object).
 fn read_headers(file: &Path) -> anyhow::Result<HeaderMap> {
     let text =
         std::fs::read_to_string(file).with_context(|| format!("reading {}", file.display()))?;
-    let object: serde_json::Map<String, serde_json::Value> = serde_json::from_str(&text)
-        .with_context(|| {
-            format!(
-                "{}: expected a JSON object of header name to value",
-                file.display()
-            )
-        })?;
+    let shape = || {
+        format!(
+            "{}: expected a JSON object of header name to value, or a recorded request \
+             {{\"headers\": [[name, value], …]}}",
+            file.display()
+        )
+    };
+    let value: serde_json::Value = serde_json::from_str(&text).with_context(shape)?;
+    let pairs: Vec<(String, serde_json::Value)> = match value {
+        serde_json::Value::Object(mut object) => match object.remove("headers") {
+            Some(serde_json::Value::Array(items)) => items
+                .into_iter()
+                .map(|item| match item {
+                    serde_json::Value::Array(pair) if pair.len() == 2 => {
+                        let mut pair = pair.into_iter();
+                        match (pair.next(), pair.next()) {
+                            (Some(serde_json::Value::String(k)), Some(v)) => Ok((k, v)),
+                            _ => Err(anyhow::anyhow!(shape())),
+                        }
+                    }
+                    _ => Err(anyhow::anyhow!(shape())),
+                })
+                .collect::<anyhow::Result<_>>()?,
+            Some(serde_json::Value::Object(headers)) => headers.into_iter().collect(),
+            Some(_) => bail!(shape()),
+            // A flat object: every key is a header (one named "headers" was removed above
+            // only when it held a list or an object).
+            None => object.into_iter().collect(),
+        },
+        _ => bail!(shape()),
+    };
     let mut map = HeaderMap::new();
-    for (k, v) in object {
+    for (k, v) in pairs {
         let name = HeaderName::from_bytes(k.as_bytes())
             .with_context(|| format!("invalid header name {k:?}"))?;
         let value = v
