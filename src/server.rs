@@ -99,7 +99,7 @@ pub async fn serve(
             .with_admit_wait(config.capture.queue_wait),
     );
     if announce {
-        start_line(&config, local, &rules);
+        start_line(&config, local, admin_addr, &rules);
     }
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
@@ -150,17 +150,38 @@ pub async fn serve(
 }
 
 /// The one line promptgate prints when it serves: where, the rules in force, and
-/// what to paste.
+/// what to paste. With `log_format = "json"` it is a JSON object too, the text in
+/// `message`.
 #[allow(clippy::print_stdout)]
-fn start_line(config: &Config, local: std::net::SocketAddr, rules: &LiveRules) {
-    println!(
+fn start_line(
+    config: &Config,
+    local: std::net::SocketAddr,
+    admin: Option<std::net::SocketAddr>,
+    rules: &LiveRules,
+) {
+    let rules = rules.state(&config.rules_dir);
+    let text = format!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1; \
-         rules: {}); paste: export ANTHROPIC_BASE_URL=http://{local} \
+         rules: {rules}); paste: export ANTHROPIC_BASE_URL=http://{local} \
          OPENAI_BASE_URL=http://{local}/openai/v1",
-        config.upstream_anthropic,
-        config.upstream_openai,
-        rules.state(&config.rules_dir)
+        config.upstream_anthropic, config.upstream_openai
     );
+    match config.log_format {
+        crate::config::LogFormat::Text => println!("{text}"),
+        crate::config::LogFormat::Json => println!(
+            "{}",
+            serde_json::json!({
+                "message": text,
+                "listen": local.to_string(),
+                "admin": admin.map(|a| a.to_string()),
+                "upstream_anthropic": config.upstream_anthropic.to_string(),
+                "upstream_openai": config.upstream_openai.to_string(),
+                "rules": rules,
+                "anthropic_base_url": format!("http://{local}"),
+                "openai_base_url": format!("http://{local}/openai/v1"),
+            })
+        ),
+    }
     let _ = std::io::stdout().flush();
 }
 

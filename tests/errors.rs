@@ -470,3 +470,38 @@ async fn malformed_request_framing_gets_a_provider_error_a_log_line_and_a_record
     .await;
     assert_eq!(r.status, 200);
 }
+
+#[tokio::test]
+async fn the_start_line_says_where_in_text_or_json() {
+    let proxy = Proxy::start(&["--log-format", "text"]);
+    assert!(
+        proxy.start_line.starts_with(&format!(
+            "promptgate listening on http://{} (anthropic -> https://api.anthropic.com",
+            proxy.addr
+        )),
+        "{}",
+        proxy.start_line
+    );
+    assert!(
+        proxy.start_line.contains("; rules: "),
+        "{}",
+        proxy.start_line
+    );
+    // The harness's default: --log-format json, and the start line is JSON too.
+    let proxy = Proxy::start(&[]);
+    let line: serde_json::Value = serde_json::from_str(&proxy.start_line)
+        .unwrap_or_else(|e| panic!("{e}: {}", proxy.start_line));
+    assert_eq!(line["listen"], proxy.addr.to_string());
+    assert_eq!(line["admin"], proxy.admin_addr().to_string());
+    assert_eq!(
+        line["openai_base_url"],
+        format!("http://{}/openai/v1", proxy.addr)
+    );
+    assert!(
+        line["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("promptgate listening on http://")
+    );
+    assert!(line["rules"].as_str().is_some(), "{line}");
+}
