@@ -120,6 +120,20 @@ async fn list_show_diff_and_conversations_read_as_expected() {
         captures::ok(dir, &["diff", "@-1", "last"]),
         captures::ok(dir, &["diff", &sorted[sorted.len() - 2], newest])
     );
+    // One id: compared with the request before it in its conversation.
+    assert_eq!(
+        captures::ok(dir, &["diff", &ids[2]]),
+        captures::ok(dir, &["diff", &ids[1], &ids[2]])
+    );
+    let first = captures::cli(dir, &["diff", &sorted[0]]);
+    assert_eq!(first.code, 2, "{}", first.stdout);
+    assert!(
+        first
+            .stderr
+            .contains("is the first request of its conversation"),
+        "{}",
+        first.stderr
+    );
     let too_far = captures::cli(dir, &["show", "@-9"]);
     assert_eq!(too_far.code, 2);
     assert!(

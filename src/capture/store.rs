@@ -417,6 +417,20 @@ impl Store {
         }
     }
 
+    /// The record before `id` in its conversation, if it has one and is not the first.
+    pub fn previous_in_conversation(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT id FROM records WHERE id < ?1 AND conversation IS NOT NULL
+                   AND conversation = (SELECT conversation FROM records WHERE id = ?1)
+                 ORDER BY id DESC LIMIT 1",
+                [id],
+                |r| r.get(0),
+            )
+            .optional()?)
+    }
+
     /// A record with its bodies loaded and checked against their hashes.
     pub fn load(&self, id: &str) -> Result<CaptureRecord, StoreError> {
         let id = self.resolve(id)?;

@@ -103,10 +103,11 @@ struct ShowArgs {
 
 #[derive(Debug, Args)]
 struct DiffArgs {
-    /// The earlier exchange (an id, its start, `last` or `@-N`).
+    /// The earlier exchange (an id, its start, `last` or `@-N`); alone, the later
+    /// one, compared with the request before it in its conversation.
     a: String,
     /// The later exchange (an id, its start, `last` or `@-N`).
-    b: String,
+    b: Option<String>,
     /// Compare the requests as received instead of as sent upstream.
     #[arg(long)]
     received: bool,
@@ -155,8 +156,19 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
             show(&store, &record, s.sent, &mut out);
         }
         Verb::Diff(d) => {
-            let a = store.load(&d.a)?;
-            let b = store.load(&d.b)?;
+            let (a, b) = match &d.b {
+                Some(b) => (store.load(&d.a)?, store.load(b)?),
+                None => {
+                    let later = store.load(&d.a)?;
+                    let Some(earlier) = store.previous_in_conversation(&later.id)? else {
+                        anyhow::bail!(
+                            "{} is the first request of its conversation (or has none): name the exchange to compare it with",
+                            later.id
+                        );
+                    };
+                    (store.load(&earlier)?, later)
+                }
+            };
             diff(&a, &b, d.received, &mut out)?;
         }
         Verb::Export(e) => return export(&store, &e),
