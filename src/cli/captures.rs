@@ -191,7 +191,7 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
     let rows = store.list(filter)?;
     let mut table = vec![
         [
-            "TIME",
+            "TIME (UTC)",
             "ID",
             "CONVERSATION",
             "MODEL",
@@ -254,8 +254,8 @@ fn conversations(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Re
             "OUT",
             "CACHE_R",
             "CACHE_W",
-            "FIRST",
-            "LAST",
+            "FIRST (UTC)",
+            "LAST (UTC)",
         ]
         .map(str::to_owned)
         .to_vec(),
