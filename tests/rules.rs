@@ -831,3 +831,41 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
         "ACME policy: never paste customer data into a prompt."
     );
 }
+
+#[test]
+fn rules_check_colours_its_verdict_on_a_terminal_unless_no_color() {
+    if !support::can_run(support::missing_command("script", &["--version"])) {
+        return;
+    }
+    let dir = rules_dir(&[("10-version.toml", &version_rule("1"))]);
+    // `script` gives the command a pseudo-terminal for its stdout.
+    let on_terminal = |no_color: Option<&str>| {
+        let command = format!(
+            "{} rules check {}",
+            env!("CARGO_BIN_EXE_promptgate"),
+            dir.path().display()
+        );
+        let mut script = Command::new("script");
+        script
+            .args(["-qec", &command, "/dev/null"])
+            .env_remove("NO_COLOR");
+        if let Some(v) = no_color {
+            script.env("NO_COLOR", v);
+        }
+        let out = script.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let coloured = on_terminal(None);
+    assert!(
+        coloured.contains("\u{1b}[32mok\u{1b}[0m: 1 rule in 1 file"),
+        "{coloured:?}"
+    );
+    let plain = on_terminal(Some("1"));
+    assert!(
+        plain.contains("ok: 1 rule in 1 file") && !plain.contains('\u{1b}'),
+        "{plain:?}"
+    );
+    // Not a terminal: never coloured.
+    let (_, piped) = run_cli(&["rules", "check", dir.path().to_str().unwrap()]);
+    assert!(!piped.contains('\u{1b}'), "{piped:?}");
+}

@@ -112,7 +112,15 @@ fn conversation(c: &ConversationReport, out: &mut String) {
     }
     let mut table = vec![
         [
-            "TIME (UTC)", "ID", "MODEL", "VERDICT", "READ", "WRITE", "UNCACHED", "LOST", "REASON",
+            "TIME (UTC)",
+            "ID",
+            "MODEL",
+            "VERDICT",
+            "READ",
+            "WRITE",
+            "UNCACHED",
+            "LOST",
+            "REASON",
         ]
         .map(str::to_owned)
         .to_vec(),

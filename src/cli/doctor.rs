@@ -14,6 +14,7 @@ use tokio::net::TcpStream;
 
 use super::ca::{CertsPlace, absolute};
 use super::env::client_address;
+use super::{Colour, paint};
 use crate::config::Config;
 use crate::tls::{self, CertificateAuthority};
 
@@ -54,11 +55,11 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         .build()?;
     let mut all_passed = true;
     let mut report = |name: &str, check: Check| match check {
-        Check::Pass(detail) => println!("ok    {name}: {detail}"),
-        Check::Skip(detail) => println!("skip  {name}: {detail}"),
+        Check::Pass(detail) => println!("{}    {name}: {detail}", paint("ok", Colour::Green)),
+        Check::Skip(detail) => println!("{}  {name}: {detail}", paint("skip", Colour::Yellow)),
         Check::Fail { problem, fix } => {
             all_passed = false;
-            println!("FAIL  {name}: {problem}");
+            println!("{}  {name}: {problem}", paint("FAIL", Colour::Red));
             for line in fix.lines() {
                 println!("      fix: {line}");
             }

@@ -17,6 +17,33 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// A verdict word's colour on a terminal.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Colour {
+    Green,
+    Red,
+    Yellow,
+}
+
+/// `text` in `colour` when stdout is a terminal and `NO_COLOR` is unset or empty
+/// (no-color.org); as it is otherwise.
+pub(crate) fn paint(text: &str, colour: Colour) -> String {
+    use std::io::IsTerminal;
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let on = *ON.get_or_init(|| {
+        std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+    });
+    if !on {
+        return text.to_owned();
+    }
+    let code = match colour {
+        Colour::Green => 32,
+        Colour::Red => 31,
+        Colour::Yellow => 33,
+    };
+    format!("\x1b[{code}m{text}\x1b[0m")
+}
+
 use serve::ServeArgs;
 
 /// A local intercepting proxy for model-provider APIs.

@@ -9,6 +9,7 @@ use bytes::Bytes;
 use clap::{Args, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
+use super::{Colour, paint};
 use crate::config::Config;
 use crate::rules::reload::{self, LiveRules};
 use crate::rules::{LoadError, RequestCtx, RuleSet, Verdict, read_dir};
@@ -124,7 +125,7 @@ fn check(dir: &Path) -> ExitCode {
         Ok(set) => {
             print!("{}", summary(&set));
             for w in &set.warnings {
-                println!("warning: {w}");
+                println!("{}: {w}", paint("warning", Colour::Yellow));
             }
             ExitCode::SUCCESS
         }
@@ -133,8 +134,8 @@ fn check(dir: &Path) -> ExitCode {
                 println!("{e}");
             }
             println!(
-                "{} error(s); nothing loaded from {}",
-                errors.len(),
+                "{}; nothing loaded from {}",
+                paint(&format!("{} error(s)", errors.len()), Colour::Red),
                 dir.display()
             );
             ExitCode::from(1)
@@ -182,7 +183,8 @@ pub fn summary(set: &RuleSet) -> String {
     }
     let files = set.files.len();
     out.push_str(&format!(
-        "ok: {} rule{} in {files} file{}\n",
+        "{}: {} rule{} in {files} file{}\n",
+        paint("ok", Colour::Green),
         set.rules().len(),
         if set.rules().len() == 1 { "" } else { "s" },
         if files == 1 { "" } else { "s" }
