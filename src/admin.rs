@@ -276,7 +276,12 @@ fn route(
         }
         ["api", "cache", "report"] => {
             let f = filter(query)?;
-            if f.model.is_some() || f.outcome.is_some() || f.grep.is_some() || f.limit.is_some() {
+            let only_conversation_and_since = Filter {
+                since_ms: f.since_ms,
+                conversation: f.conversation.clone(),
+                ..Filter::default()
+            };
+            if f != only_conversation_and_since {
                 return Err((
                     StatusCode::BAD_REQUEST,
                     "the cache report takes only conversation and since".into(),
@@ -320,6 +325,15 @@ fn filter(query: &str) -> Result<Filter, (StatusCode, String)> {
             "conversation" => f.conversation = Some(v),
             "outcome" => f.outcome = Some(v),
             "grep" => f.grep = Some(v),
+            "provider" => f.provider = Some(v),
+            "rule" => f.rule = Some(v),
+            "verdict" => f.verdict = Some(v),
+            "offset" => {
+                f.offset = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("offset {v:?} is not a number")))?,
+                )
+            }
             "limit" => {
                 f.limit = Some(
                     v.parse()

@@ -96,6 +96,33 @@ async fn list_show_diff_and_conversations_read_as_expected() {
         recent.contains(&ids[3]) && !recent.contains(&ids[1]),
         "{recent}"
     );
+    // Provider, verdict, rule, and paging.
+    let anthropic = captures::ok(dir, &["list", "--provider", "anthropic"]);
+    assert!(anthropic.ends_with("4 exchange(s)\n"), "{anthropic}");
+    let openai = captures::ok(dir, &["list", "--provider", "openai"]);
+    assert!(openai.ends_with("0 exchange(s)\n"), "{openai}");
+    let all = captures::ok(dir, &["list"]);
+    let writes = all.lines().filter(|l| l.contains("  write  ")).count();
+    assert!(writes > 0, "{all}");
+    let by_verdict = captures::ok(dir, &["list", "--verdict", "write"]);
+    assert!(
+        by_verdict.ends_with(&format!("{writes} exchange(s)\n")),
+        "{by_verdict}"
+    );
+    let by_rule = captures::ok(dir, &["list", "--rule", "no-such-rule"]);
+    assert!(by_rule.ends_with("0 exchange(s)\n"), "{by_rule}");
+    let mut sorted_ids = ids.clone();
+    sorted_ids.sort();
+    let page = captures::ok(dir, &["list", "--limit", "2", "--offset", "1"]);
+    assert!(
+        page.contains(&sorted_ids[1]) && page.contains(&sorted_ids[2]),
+        "the second page of two: {page}"
+    );
+    assert!(
+        !page.contains(&sorted_ids[3]) && !page.contains(&sorted_ids[0]),
+        "{page}"
+    );
+    assert!(page.ends_with("2 exchange(s)\n"), "{page}");
     // A short id prefix is enough when it is unique; a bad one says why.
     let missing = captures::cli(dir, &["show", "7ZZZZ"]);
     assert_eq!(missing.code, 2);
@@ -169,6 +196,18 @@ async fn the_admin_api_serves_the_same_store_as_json() {
     assert_eq!(rows.len(), 2);
     assert_eq!(rows[1]["id"], ids[2]);
     assert_eq!(rows[1]["cache_read_tokens"], 48_000);
+    let (_, paged) =
+        client::get_json(admin, "/api/captures?provider=anthropic&limit=1&offset=1").await;
+    let paged = paged["captures"].as_array().unwrap();
+    let mut sorted = ids.clone();
+    sorted.sort();
+    assert_eq!(paged.len(), 1);
+    assert_eq!(paged[0]["id"], sorted[2], "the second newest");
+    let (status, _) = client::get_json(admin, "/api/cache/report?verdict=hit").await;
+    assert_eq!(
+        status, 400,
+        "the cache report refuses filters it does not take"
+    );
     let (_, one) = client::get_json(admin, &format!("/api/captures/{}", ids[0])).await;
     assert_eq!(one["id"], ids[0]);
     assert_eq!(

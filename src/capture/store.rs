@@ -59,7 +59,7 @@ pub struct Retention {
 }
 
 /// Which records a listing shows.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     pub since_ms: Option<u64>,
     /// A model name; `*` matches any run of characters.
@@ -71,6 +71,14 @@ pub struct Filter {
     pub grep: Option<String>,
     /// At most this many, the most recent.
     pub limit: Option<usize>,
+    /// Skip this many of the most recent matches first (paging with `limit`).
+    pub offset: Option<usize>,
+    /// `anthropic` or `openai`.
+    pub provider: Option<String>,
+    /// Only records this rule fired on.
+    pub rule: Option<String>,
+    /// A cache verdict: `hit`, `partial`, `miss`, `write`, `none`, `unexplained`.
+    pub verdict: Option<String>,
 }
 
 /// One line of a listing.
@@ -493,11 +501,14 @@ impl Store {
 
     /// Records matching `filter`, oldest first.
     pub fn list(&self, filter: &Filter) -> Result<Vec<Row>, StoreError> {
-        let (clause, args) = where_clause(filter);
+        let (clause, args) = where_clause(filter, self.version >= 2);
+        let skip = filter.offset.unwrap_or(0);
         let limit = if filter.grep.is_some() {
             i64::MAX
         } else {
-            filter.limit.map_or(i64::MAX, |n| n as i64)
+            filter
+                .limit
+                .map_or(i64::MAX, |n| n.saturating_add(skip) as i64)
         };
         let cache = if self.version >= 2 { "cache" } else { "NULL" };
         let sql = format!(
@@ -511,6 +522,7 @@ impl Store {
         let mut out = Vec::new();
         let mut unit_hits: HashMap<i64, bool> = HashMap::new();
         let wanted = filter.limit.unwrap_or(usize::MAX);
+        let mut skipped = 0;
         while let Some(r) = rows.next()? {
             let row = Row {
                 id: r.get(0)?,
@@ -539,6 +551,10 @@ impl Store {
                 if !self.contains(&row.id, needle, &meta, &layouts, &mut unit_hits)? {
                     continue;
                 }
+            }
+            if skipped < skip {
+                skipped += 1;
+                continue;
             }
             out.push(row);
             if out.len() >= wanted {
@@ -779,7 +795,9 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
-fn where_clause(f: &Filter) -> (String, Vec<rusqlite::types::Value>) {
+/// The SQL for `f`'s column filters; `has_cache`: the store has the `cache` column
+/// (a verdict filter on an older store matches nothing).
+fn where_clause(f: &Filter, has_cache: bool) -> (String, Vec<rusqlite::types::Value>) {
     use rusqlite::types::Value;
     let mut parts = Vec::new();
     let mut args: Vec<Value> = Vec::new();
@@ -798,6 +816,30 @@ fn where_clause(f: &Filter) -> (String, Vec<rusqlite::types::Value>) {
     if let Some(outcome) = &f.outcome {
         args.push(Value::Text(outcome.clone()));
         parts.push(format!("outcome = ?{}", args.len()));
+    }
+    if let Some(provider) = &f.provider {
+        args.push(Value::Text(provider.to_ascii_lowercase()));
+        parts.push(format!("provider = ?{}", args.len()));
+    }
+    if let Some(rule) = &f.rule {
+        // `rules` is a comma-separated list of the names that fired.
+        args.push(Value::Text(rule.clone()));
+        parts.push(format!(
+            "instr(',' || rules || ',', ',' || ?{} || ',') > 0",
+            args.len()
+        ));
+    }
+    match (&f.verdict, has_cache) {
+        (Some(verdict), true) => {
+            // The cache column starts with the verdict word: `hit`, `partial system[2]`.
+            args.push(Value::Text(verdict.to_ascii_lowercase()));
+            let n = args.len();
+            parts.push(format!(
+                "(lower(cache) = ?{n} OR substr(lower(cache), 1, length(?{n}) + 1) = ?{n} || ' ')"
+            ));
+        }
+        (Some(_), false) => parts.push("0".into()),
+        (None, _) => {}
     }
     let clause = if parts.is_empty() {
         String::new()

@@ -65,6 +65,18 @@ struct FilterArgs {
     /// At most this many (the most recent).
     #[arg(long, value_name = "N")]
     limit: Option<usize>,
+    /// Skip this many of the most recent first (a next page, with --limit).
+    #[arg(long, value_name = "N")]
+    offset: Option<usize>,
+    /// Only this provider: anthropic or openai.
+    #[arg(long, value_name = "PROVIDER")]
+    provider: Option<String>,
+    /// Only exchanges this rule fired on.
+    #[arg(long, value_name = "NAME")]
+    rule: Option<String>,
+    /// Only this cache verdict: hit, partial, miss, write, none, unexplained.
+    #[arg(long, value_name = "VERDICT")]
+    verdict: Option<String>,
 }
 
 impl FilterArgs {
@@ -82,6 +94,10 @@ impl FilterArgs {
             outcome: self.outcome.clone(),
             grep: self.grep.clone(),
             limit: self.limit,
+            offset: self.offset,
+            provider: self.provider.clone(),
+            rule: self.rule.clone(),
+            verdict: self.verdict.clone(),
         })
     }
 }
