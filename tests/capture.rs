@@ -996,10 +996,7 @@ async fn a_stream_cut_by_shutdown_is_recorded_before_exit() {
 #[tokio::test]
 async fn a_large_response_is_capped_in_its_record_not_for_the_client() {
     // 64 MiB of text deltas: before the cap, one such stream took RSS from ~29 to 482 MB.
-    let piece = "x".repeat(1 << 20);
-    let pieces: Vec<&str> = (0..64).map(|_| piece.as_str()).collect();
-    let events = shapes::anthropic_events("claude-sonnet-4-5", &pieces, (5, 0, 0, 64));
-    let reply = Reply::sse(events, Duration::ZERO);
+    let reply = Reply::large_sse(64);
     let sent = reply.body();
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let proxy = Proxy::start(&[

@@ -366,12 +366,7 @@ async fn a_one_byte_slicer_upstream_is_passed_and_read_exactly() {
 async fn a_slow_client_holds_back_the_upstream_and_memory_stays_bounded() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     // 48 MiB of deltas, read by a client that takes 256 KiB every 10 ms.
-    let piece = "y".repeat(1 << 20);
-    let pieces: Vec<&str> = (0..48).map(|_| piece.as_str()).collect();
-    let reply = Reply::sse(
-        shapes::anthropic_events("m", &pieces, (1, 0, 0, 48)),
-        Duration::ZERO,
-    );
+    let reply = Reply::large_sse(48);
     let total = reply.body().len();
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let proxy = Proxy::start(&[

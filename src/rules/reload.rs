@@ -118,8 +118,8 @@ pub(crate) fn watch(
     let mut watcher = notify::recommended_watcher(move |event| {
         let _ = tx.send(event);
     })?;
-    let mut armed = Armed::default();
-    armed.arm(&mut watcher, &dir, parent.as_deref());
+    let mut parent_watched = false;
+    arm(&mut watcher, &dir, parent.as_deref(), &mut parent_watched);
     std::thread::Builder::new()
         .name("promptgate-rules-watch".into())
         .spawn(move || {
@@ -143,7 +143,7 @@ pub(crate) fn watch(
                     Err(mpsc::RecvTimeoutError::Timeout) => {}
                     Err(mpsc::RecvTimeoutError::Disconnected) => return,
                 }
-                armed.arm(&mut watcher, &dir, parent.as_deref());
+                arm(&mut watcher, &dir, parent.as_deref(), &mut parent_watched);
                 let now = dir.is_dir().then(|| load::read_dir(&dir));
                 if now == seen {
                     continue;
@@ -165,23 +165,16 @@ pub(crate) fn watch(
     Ok(())
 }
 
-/// Which watches are in place.
-#[derive(Default)]
-struct Armed {
-    parent: bool,
-}
-
-impl Armed {
-    /// Watches the parent (once it exists) and `dir` afresh: a replaced directory is a
-    /// new inode, and a symlinked one may point elsewhere now.
-    fn arm(&mut self, watcher: &mut impl Watcher, dir: &Path, parent: Option<&Path>) {
-        if let (false, Some(parent)) = (self.parent, parent) {
-            self.parent = watcher.watch(parent, RecursiveMode::NonRecursive).is_ok();
-        }
-        let _ = watcher.unwatch(dir);
-        if dir.is_dir() {
-            let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
-        }
+/// Watches the parent (until that has worked once: `parent_watched`) and `dir`
+/// afresh: a replaced directory is a new inode, and a symlinked one may point
+/// elsewhere now.
+fn arm(watcher: &mut impl Watcher, dir: &Path, parent: Option<&Path>, parent_watched: &mut bool) {
+    if let (false, Some(parent)) = (*parent_watched, parent) {
+        *parent_watched = watcher.watch(parent, RecursiveMode::NonRecursive).is_ok();
+    }
+    let _ = watcher.unwatch(dir);
+    if dir.is_dir() {
+        let _ = watcher.watch(dir, RecursiveMode::NonRecursive);
     }
 }
 

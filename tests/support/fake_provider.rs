@@ -94,6 +94,18 @@ impl Reply {
         }
     }
 
+    /// An Anthropic stream of `mib` text deltas of 1 MiB each: a response far past
+    /// any capture cap, to check that memory follows the cap.
+    pub fn large_sse(mib: usize) -> Reply {
+        let piece = "x".repeat(1 << 20);
+        let pieces: Vec<&str> = (0..mib).map(|_| piece.as_str()).collect();
+        let usage = (5, 0, 0, mib as u64);
+        Reply::sse(
+            super::shapes::anthropic_events("claude-sonnet-4-5", &pieces, usage),
+            Duration::ZERO,
+        )
+    }
+
     pub fn header(mut self, name: &str, value: &str) -> Reply {
         self.headers.push((name.into(), value.into()));
         self
