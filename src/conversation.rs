@@ -136,17 +136,12 @@ fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
     if system.is_empty() && first_user.is_empty() {
         return None;
     }
-    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
-    ctx.update(system.as_bytes());
-    ctx.update(&[0]);
-    ctx.update(first_user.as_bytes());
-    let digest = ctx.finish();
-    Some(
-        digest.as_ref()[..8]
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect(),
-    )
+    // SHA-256, not the content digest: keys must match those older stores hold.
+    let mut text = Vec::with_capacity(system.len() + 1 + first_user.len());
+    text.extend_from_slice(system.as_bytes());
+    text.push(0);
+    text.extend_from_slice(first_user.as_bytes());
+    Some(crate::digest::hex(&crate::digest::sha256(&text)[..8]))
 }
 
 fn push_text(out: &mut String, content: &Content<'_>) {

@@ -45,6 +45,7 @@ pub mod capture;
 pub mod cli;
 pub mod config;
 pub mod conversation;
+pub mod digest;
 pub mod error;
 pub mod exchange;
 pub mod id;

@@ -274,16 +274,9 @@ async fn every_outcome_ends_as_exactly_one_record() {
         .into_iter()
         .find(|r| r.header("x-test-case") == Some("json"))
         .unwrap();
-    assert_eq!(ok["received_sha256"], sha256_hex(&sent.body));
-    assert_eq!(ok["sent_sha256"], sha256_hex(&sent.body));
-}
-
-fn sha256_hex(bytes: &[u8]) -> String {
-    ring::digest::digest(&ring::digest::SHA256, bytes)
-        .as_ref()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    assert_eq!(ok["digest"], "blake3", "the record names its algorithm");
+    assert_eq!(ok["received_digest"], support::blake3_hex(&sent.body));
+    assert_eq!(ok["sent_digest"], support::blake3_hex(&sent.body));
 }
 
 // === secrets ===
@@ -487,8 +480,8 @@ async fn canary_secrets_reach_neither_disk_nor_logs() {
             .starts_with("token: [REDACTED:gitlab:")
     );
     assert_eq!(
-        gz["received_sha256"],
-        sha256_hex(&packed),
+        gz["received_digest"],
+        support::blake3_hex(&packed),
         "the hash is of the bytes received"
     );
     let txt = records
@@ -777,12 +770,12 @@ async fn a_100_turn_conversation_is_stored_in_under_a_tenth_of_its_bytes() {
         "stored {stored} of {total} bytes ({:.1} %)",
         ratio * 100.0
     );
-    // Every body rebuilds exactly: the export's content hashes to the recorded sha256.
+    // Every body rebuilds exactly: the export's content hashes to the recorded digest.
     let records = captures::export(&proxy.captures);
     assert_eq!(records.len(), 100);
     let last = records.last().unwrap();
     assert_eq!(
-        last["request"]["body"]["sha256"], last["received_sha256"],
+        last["request"]["body"]["digest"], last["received_digest"],
         "no redaction: stored = received"
     );
     let convs = captures::ok(&proxy.captures, &["conversations"]);
@@ -813,7 +806,7 @@ async fn jsonl_round_trips_and_har_is_valid_har_1_2() {
     struct Line<'a> {
         #[serde(borrow)]
         request: Req<'a>,
-        received_sha256: String,
+        received_digest: String,
     }
     #[derive(serde::Deserialize)]
     struct Req<'a> {
@@ -822,7 +815,7 @@ async fn jsonl_round_trips_and_har_is_valid_har_1_2() {
     }
     #[derive(serde::Deserialize)]
     struct Body<'a> {
-        sha256: String,
+        digest: String,
         encoding: String,
         #[serde(borrow)]
         content: &'a serde_json::value::RawValue,
@@ -836,9 +829,9 @@ async fn jsonl_round_trips_and_har_is_valid_har_1_2() {
                 .into_bytes(),
             other => panic!("unexpected encoding {other}"),
         };
-        assert_eq!(sha256_hex(&bytes), l.request.body.sha256);
+        assert_eq!(support::blake3_hex(&bytes), l.request.body.digest);
         assert_eq!(
-            l.received_sha256, l.request.body.sha256,
+            l.received_digest, l.request.body.digest,
             "nothing to redact: the body is exact"
         );
         // And the line read back as a record writes out as the same line.
@@ -1198,7 +1191,8 @@ async fn stored_bodies_are_served_as_stored_and_export_lines_parse_anywhere() {
         assert_eq!(one.status, 200, "{}", one.text());
         let text = one.text();
         support::assert_absent(&one.body.bytes, "CanaryEsc3Ty7", "the admin record");
-        if text.contains("caf") {
+        // The string, not a digest that happens to hold the letters.
+        if text.contains(r#""caf"#) {
             assert!(
                 text.contains(r"caf\u00e9") && text.contains(r"\ud83d\ude00"),
                 "escapes without a secret are served as stored, not decoded: {text}"

@@ -287,7 +287,7 @@ async fn print_mode() {
         record["conversation"]
     );
     assert_eq!(
-        record["request"]["body"]["sha256"], record["received_sha256"],
+        record["request"]["body"]["digest"], record["received_digest"],
         "stored byte for byte"
     );
     let export = support::captures::ok(&proxy.captures, &["export", "--format", "jsonl"]);

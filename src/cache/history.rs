@@ -145,7 +145,7 @@ pub struct Snapshot {
 /// Everything remembered about one conversation.
 #[derive(Debug, Default)]
 pub struct Conversation {
-    /// Keyed by a SHA-256 already: a fast hasher is enough (SipHash cost ~10 % of a resend).
+    /// Keyed by a content digest already: a fast hasher is enough (SipHash cost ~10 % of a resend).
     pub entries: HashMap<Hash, Entry, foldhash::fast::RandomState>,
     /// The newest few requests, oldest first by start.
     pub snapshots: VecDeque<Arc<Snapshot>>,

@@ -12,15 +12,15 @@ use std::fmt;
 
 use bytes::Bytes;
 use regex::Regex;
-use ring::digest::{Context, SHA256};
 use serde::{Deserialize, Serialize};
 
 use super::estimate;
+use crate::digest::{self, Hasher};
 use crate::provider::json::{self as scan, Node, ScanError, scan};
 use crate::provider::{Api, Provider};
 
-/// A SHA-256 digest.
-pub type Hash = [u8; 32];
+/// A content digest (BLAKE3).
+pub type Hash = digest::Digest;
 
 /// Which part of the prompt a unit belongs to, in cache order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -152,7 +152,7 @@ pub struct Unit {
     /// The normalised bytes the provider caches (shares the body's bytes when the
     /// block is sent without `cache_control`).
     pub bytes: Bytes,
-    /// SHA-256 of `bytes`.
+    /// The content digest of `bytes`.
     pub hash: Hash,
     /// The running prefix hash: everything up to and including this unit, with the
     /// request-level inputs rendered into the prompt (model, settings, message roles).
@@ -219,7 +219,7 @@ pub struct Segments {
     pub settings: Settings,
     /// Indices of the units that carry a breakpoint, in order.
     pub breakpoints: Vec<usize>,
-    /// SHA-256 over the tool units: the tool set.
+    /// The digest over the tool units: the tool set.
     pub tools_hash: Hash,
 }
 
@@ -319,7 +319,7 @@ struct Cutter<'b> {
     pending: Vec<u8>,
     settings: Settings,
     speed_mixed: bool,
-    tools: Context,
+    tools: Hasher,
 }
 
 const IGNORED: &[u8] = b"promptgate:ignored-unit";
@@ -354,7 +354,7 @@ impl<'b> Cutter<'b> {
             speed: raw("speed"),
             images: false,
         };
-        let mut seed = Context::new(&SHA256);
+        let mut seed = Hasher::new();
         seed.update(b"promptgate-cache-v1\0");
         seed.update(format.provider().name().as_bytes());
         seed.update(b"\0");
@@ -365,11 +365,11 @@ impl<'b> Cutter<'b> {
             format,
             ignore,
             units: Vec::new(),
-            prefix: digest(seed),
+            prefix: seed.finish(),
             pending: Vec::new(),
             settings,
             speed_mixed: false,
-            tools: Context::new(&SHA256),
+            tools: Hasher::new(),
         }
     }
 
@@ -586,7 +586,7 @@ impl<'b> Cutter<'b> {
             return (prev.hash, prev.tokens);
         }
         let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
-        (sha256(bytes), tokens)
+        (digest::content(bytes), tokens)
     }
 
     fn is_ignored(&self, region: Region, text: Option<&Node>) -> bool {
@@ -616,12 +616,12 @@ impl<'b> Cutter<'b> {
         if path.region == Region::Tools {
             self.tools.update(&hash);
         }
-        let mut chain = Context::new(&SHA256);
+        let mut chain = Hasher::new();
         chain.update(&self.prefix);
         chain.update(&self.pending);
         self.pending.clear();
         chain.update(if ignored { IGNORED } else { &hash });
-        self.prefix = digest(chain);
+        self.prefix = chain.finish();
         let position = match self.units.last() {
             Some(prev) if run_kind(&kind) && prev.kind == kind => prev.position,
             Some(prev) => prev.position + 1,
@@ -656,13 +656,13 @@ impl<'b> Cutter<'b> {
                 Some(self.units[first - 1].prefix)
             };
             for u in &mut self.units[first..] {
-                let mut chain = Context::new(&SHA256);
+                let mut chain = Hasher::new();
                 if let Some(p) = prev {
                     chain.update(&p);
                 }
                 chain.update(b"\0images:true");
                 chain.update(&u.prefix);
-                u.prefix = digest(chain);
+                u.prefix = chain.finish();
                 prev = Some(u.prefix);
             }
         }
@@ -693,7 +693,7 @@ impl<'b> Cutter<'b> {
             units: self.units,
             settings: self.settings,
             breakpoints,
-            tools_hash: digest(self.tools),
+            tools_hash: self.tools.finish(),
         }
     }
 }
@@ -701,19 +701,6 @@ impl<'b> Cutter<'b> {
 /// Block types whose consecutive runs count as one lookback position.
 fn run_kind(kind: &str) -> bool {
     kind == "tool_use" || kind == "tool_result"
-}
-
-fn digest(ctx: Context) -> Hash {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ctx.finish().as_ref());
-    out
-}
-
-/// SHA-256 of `bytes`.
-pub fn sha256(bytes: &[u8]) -> Hash {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ring::digest::digest(&SHA256, bytes).as_ref());
-    out
 }
 
 #[cfg(test)]

@@ -114,8 +114,9 @@ fn har_entry(r: &CaptureRecord) -> Value {
             "rules_fired": r.rules_fired,
             "tags": r.tags,
             "redactions": r.redactions,
-            "received_sha256": r.received_sha256,
-            "sent_sha256": r.sent_sha256,
+            "digest": r.digest,
+            "received_digest": r.received_digest,
+            "sent_digest": r.sent_digest,
             "body_sent_differs": r.request.sent_body.is_some(),
         },
     })

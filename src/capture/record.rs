@@ -17,6 +17,7 @@ use super::layout::{self, Parts};
 use super::redact::{Redactor, Summary};
 use super::timestamp;
 use crate::conversation::{KeySource, conversation_key};
+use crate::digest::{self, Algorithm};
 use crate::observer::{BodyFormat, SseDecoder};
 use crate::provider::request::RequestView;
 use crate::provider::{Api, Usage};
@@ -27,8 +28,10 @@ use crate::record::{ExchangeRecord, KeyCheck};
 pub struct BodyInfo {
     /// Stored bytes (after redaction; decoded when it arrived compressed).
     pub size: u64,
-    /// SHA-256 of the stored bytes: a rebuilt body is checked against it.
-    pub sha256: String,
+    /// The digest of the stored bytes (the record's [`Algorithm`]): a rebuilt body
+    /// is checked against it.
+    #[serde(alias = "sha256")]
+    pub digest: String,
     /// The stored bytes are one JSON document.
     pub json: bool,
     /// What to know about it: not JSON, decoded from gzip, not stored and why.
@@ -52,7 +55,7 @@ impl BodyInfo {
     /// Describes `bytes`, which are about to be stored.
     pub fn of(bytes: Bytes, note: Option<String>) -> BodyInfo {
         BodyInfo {
-            sha256: sha256_hex(&bytes),
+            digest: digest::content_hex(&bytes),
             ..BodyInfo::of_unhashed(bytes, note)
         }
     }
@@ -63,7 +66,7 @@ impl BodyInfo {
             !bytes.is_empty() && serde_json::from_slice::<serde::de::IgnoredAny>(&bytes).is_ok();
         BodyInfo {
             size: bytes.len() as u64,
-            sha256: String::new(),
+            digest: String::new(),
             json,
             note,
             encoding: None,
@@ -80,9 +83,9 @@ impl BodyInfo {
         if !layout::is_whole(&bytes) {
             return BodyInfo::of(bytes, None);
         }
-        let hash = sha256(&bytes);
+        let hash = digest::content(&bytes);
         BodyInfo {
-            sha256: hex(&hash),
+            digest: digest::hex(&hash),
             parts: Some(std::sync::Arc::new(Parts {
                 skeleton: (bytes.clone(), hash),
                 units: Vec::new(),
@@ -211,10 +214,15 @@ pub struct CaptureRecord {
     pub error: Option<String>,
     pub bytes_in: u64,
     pub bytes_out: u64,
-    /// SHA-256 of the exact request bytes received, before anything (redaction included).
-    pub received_sha256: String,
-    /// SHA-256 of the exact request bytes sent upstream.
-    pub sent_sha256: String,
+    /// What every digest in this record was taken with (an old store's: SHA-256).
+    #[serde(default = "Algorithm::unnamed")]
+    pub digest: Algorithm,
+    /// The digest of the exact request bytes received, before anything (redaction included).
+    #[serde(alias = "received_sha256")]
+    pub received_digest: String,
+    /// The digest of the exact request bytes sent upstream.
+    #[serde(alias = "sent_sha256")]
+    pub sent_digest: String,
     /// Redactions per kind.
     pub redactions: BTreeMap<String, u32>,
     /// False when a rule turned capture off: headers and bodies were not kept.
@@ -246,14 +254,14 @@ impl CaptureRecord {
             .unwrap_or(Duration::ZERO)
             .as_millis() as u64;
         let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
-        let received_sha256 = sha256_hex(&r.request_body);
+        let received_digest = digest::content_hex(&r.request_body);
         // Joined here, on the writer's thread, when rules spliced it.
         let sent_body = r.sent_body.bytes();
         let same_body = same_bytes(sent_body, &r.request_body);
-        let sent_sha256 = if same_body {
-            received_sha256.clone()
+        let sent_digest = if same_body {
+            received_digest.clone()
         } else {
-            sha256_hex(sent_body)
+            digest::content_hex(sent_body)
         };
         let received_coding = crate::observer::decode::content_coding(&r.request_headers);
         // The body is read once: the units and the conversation key both come from it.
@@ -342,8 +350,9 @@ impl CaptureRecord {
             error,
             bytes_in: r.bytes_in,
             bytes_out: r.bytes_out,
-            received_sha256,
-            sent_sha256,
+            digest: Algorithm::CURRENT,
+            received_digest,
+            sent_digest,
             redactions: BTreeMap::new(),
             captured: r.capture,
             cache: r
@@ -366,7 +375,7 @@ impl CaptureRecord {
             };
             record.request.body = request_body(
                 &r.request_body,
-                &record.received_sha256,
+                &record.received_digest,
                 received_coding.map(|c| (&r.request_plain, c)),
                 received_cut.map(|c| c.split),
                 ctx,
@@ -375,7 +384,7 @@ impl CaptureRecord {
             if !same_body {
                 record.request.sent_body = Some(request_body(
                     sent_body,
-                    &record.sent_sha256,
+                    &record.sent_digest,
                     // A changed body goes upstream identity-encoded.
                     None,
                     None,
@@ -452,12 +461,12 @@ fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
 }
 
 /// A request body, redacted: stored decoded when it came compressed (`decoded`:
-/// the bytes the exchange decoded once, and the coding). `raw_sha256` is the hash
+/// the bytes the exchange decoded once, and the coding). `raw_digest` is the digest
 /// of `raw`, reused when the stored bytes are the same; `split` is the stored
 /// bytes already cut, when the caller had them.
 fn request_body(
     raw: &Bytes,
-    raw_sha256: &str,
+    raw_digest: &str,
     decoded: Option<(&Bytes, &str)>,
     split: Option<layout::Split<'_>>,
     ctx: &mut BodyContext<'_>,
@@ -468,7 +477,7 @@ fn request_body(
         Some((plain, c)) if plain.is_empty() && !raw.is_empty() => {
             return BodyInfo {
                 size: 0,
-                sha256: sha256_hex(b""),
+                digest: digest::content_hex(b""),
                 note: Some(format!("not stored: it could not be decoded from {c}")),
                 ..BodyInfo::default()
             };
@@ -487,7 +496,7 @@ fn request_body(
         // Untouched: the bytes parsed as a JSON object when they were cut.
         Redacted::Same(parts) if note.is_none() => BodyInfo {
             size: plain.len() as u64,
-            sha256: raw_sha256.to_owned(),
+            digest: raw_digest.to_owned(),
             json: true,
             parts: Some(parts),
             ..BodyInfo::default()
@@ -654,13 +663,13 @@ impl UnitCache {
                 CachedUnit {
                     stored: sent.clone(),
                     sent,
-                    hash: sha256(bytes),
+                    hash: digest::content(bytes),
                     counts: Vec::new(),
                 }
             }
             std::borrow::Cow::Owned(v) => CachedUnit {
                 sent: Bytes::copy_from_slice(bytes),
-                hash: sha256(&v),
+                hash: digest::content(&v),
                 stored: Bytes::from(v),
                 counts: counts.into_iter().collect(),
             },
@@ -684,13 +693,6 @@ impl UnitCache {
             self.bytes -= old.size();
         }
     }
-}
-
-/// SHA-256.
-pub fn sha256(bytes: &[u8]) -> [u8; 32] {
-    let mut out = [0u8; 32];
-    out.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, bytes).as_ref());
-    out
 }
 
 /// The events of an SSE body, in order.
@@ -730,21 +732,6 @@ fn format_name(format: BodyFormat) -> &'static str {
         BodyFormat::Sse => "sse",
         BodyFormat::Other => "other",
     }
-}
-
-/// Lowercase hex SHA-256.
-pub fn sha256_hex(bytes: &[u8]) -> String {
-    hex(&sha256(bytes))
-}
-
-fn hex(hash: &[u8; 32]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(64);
-    for b in hash {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 15)] as char);
-    }
-    out
 }
 
 fn base64(bytes: &[u8]) -> String {
@@ -837,19 +824,19 @@ mod redacted_tests {
         let fresh = CaptureRecord::redacted(&r, &redactor, &keys);
         let sent = fresh.request.sent_body.as_ref().unwrap();
         let parts = sent.parts.as_ref().unwrap();
-        assert_eq!(parts.skeleton.1, sha256(&parts.skeleton.0));
+        assert_eq!(parts.skeleton.1, digest::content(&parts.skeleton.0));
         for (_, unit, hash) in &parts.units {
-            assert_eq!(*hash, sha256(unit));
+            assert_eq!(*hash, digest::content(unit));
         }
-        assert_eq!(fresh.sent_sha256, sha256_hex(r.sent_body.bytes()));
-        assert_eq!(fresh.received_sha256, sha256_hex(&r.request_body));
+        assert_eq!(fresh.sent_digest, digest::content_hex(r.sent_body.bytes()));
+        assert_eq!(fresh.received_digest, digest::content_hex(&r.request_body));
         // A warm cache, and one too small to keep anything.
         for limit in [1 << 20, 64] {
             let mut cache = UnitCache::with_limit(limit);
             for _ in 0..3 {
                 let c = CaptureRecord::redacted_with(&r, &redactor, &keys, &mut cache);
                 assert_eq!(c.request.body.parts, fresh.request.body.parts);
-                assert_eq!(c.request.body.sha256, fresh.request.body.sha256);
+                assert_eq!(c.request.body.digest, fresh.request.body.digest);
                 assert_eq!(c.request.body.bytes, fresh.request.body.bytes);
                 let got = c.request.sent_body.as_ref().unwrap();
                 assert_eq!((&got.parts, &got.bytes), (&sent.parts, &sent.bytes));
@@ -889,7 +876,7 @@ mod redacted_tests {
             c.redactions["anthropic"], 2,
             "header and body, sent copies not counted twice"
         );
-        assert_eq!(c.received_sha256, sha256_hex(&r.request_body));
+        assert_eq!(c.received_digest, digest::content_hex(&r.request_body));
         assert!(c.request.sent_body.is_none(), "sent = received");
     }
 
@@ -921,7 +908,11 @@ mod redacted_tests {
                         }
                         Redacted::Cut(bytes, parts) => {
                             for (_, unit, hash) in &parts.units {
-                                assert_eq!(*hash, sha256(unit), "each part carries its own hash");
+                                assert_eq!(
+                                    *hash,
+                                    digest::content(unit),
+                                    "each part carries its own hash"
+                                );
                             }
                             bytes.to_vec()
                         }
@@ -947,8 +938,8 @@ mod redacted_tests {
         assert!(!c.captured);
         assert!(c.request.headers.is_empty() && c.request.body.bytes.is_empty());
         assert_eq!(
-            c.received_sha256,
-            sha256_hex(&r.request_body),
+            c.received_digest,
+            digest::content_hex(&r.request_body),
             "the hash still proves what came"
         );
     }

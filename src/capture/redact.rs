@@ -650,11 +650,7 @@ fn at_word_start(input: &[u8], pos: usize) -> bool {
 
 /// The first 8 hex digits of the secret's SHA-256.
 pub fn hash8(secret: &[u8]) -> String {
-    let digest = ring::digest::digest(&ring::digest::SHA256, secret);
-    digest.as_ref()[..4]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::digest::hex(&crate::digest::sha256(secret)[..4])
 }
 
 /// `[REDACTED:<kind>:<hash8>]`, or with the first 4 characters of a long enough

@@ -11,7 +11,8 @@ use bytes::Bytes;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 
 use super::layout;
-use super::record::{BodyInfo, CaptureRecord, sha256, sha256_hex};
+use super::record::{BodyInfo, CaptureRecord};
+use crate::digest;
 
 /// The file name of the store inside the captures directory.
 pub const DB_FILE: &str = "promptgate.db";
@@ -177,16 +178,16 @@ impl UnitWriter {
             return Ok(layout::encode(skeleton, &units));
         }
         let split = layout::split(&body.bytes);
-        let skeleton = self.id(tx, &split.skeleton, sha256(&split.skeleton))?;
+        let skeleton = self.id(tx, &split.skeleton, digest::content(&split.skeleton))?;
         let units = split
             .units
             .iter()
-            .map(|(offset, unit)| Ok((*offset, self.id(tx, unit, sha256(unit))?)))
+            .map(|(offset, unit)| Ok((*offset, self.id(tx, unit, digest::content(unit))?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(layout::encode(skeleton, &units))
     }
 
-    /// The id of the unit holding `bytes` (whose SHA-256 is `hash`), storing it if new.
+    /// The id of the unit holding `bytes` (whose content digest is `hash`), storing it if new.
     fn id(
         &mut self,
         tx: &Transaction<'_>,
@@ -448,9 +449,10 @@ impl Store {
             |r| Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?])),
         )?;
         let mut record = self.meta(&id, &meta)?;
+        let algorithm = record.digest;
         for (body, layout) in record.bodies_mut().into_iter().zip(layouts) {
             if let (Some(body), Some(layout)) = (body, layout) {
-                self.fill(&id, body, &layout)?;
+                self.fill(&id, body, &layout, algorithm)?;
             }
         }
         Ok(record)
@@ -462,11 +464,18 @@ impl Store {
         serde_json::from_slice(&json).map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))
     }
 
-    fn fill(&self, id: &str, body: &mut BodyInfo, layout: &[u8]) -> Result<(), StoreError> {
+    fn fill(
+        &self,
+        id: &str,
+        body: &mut BodyInfo,
+        layout: &[u8],
+        algorithm: digest::Algorithm,
+    ) -> Result<(), StoreError> {
         let bytes = self.rebuild(layout)?;
-        if sha256_hex(&bytes) != body.sha256 {
+        if digest::hex(&algorithm.of(&bytes)) != body.digest {
             return Err(StoreError::Corrupt(format!(
-                "record {id}: a rebuilt body does not match its sha256"
+                "record {id}: a rebuilt body does not match its {}",
+                algorithm.name()
             )));
         }
         body.bytes = Bytes::from(bytes);
@@ -760,7 +769,7 @@ fn migrate_0_to_1(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(
         "CREATE TABLE units (
            id   INTEGER PRIMARY KEY,
-           hash BLOB NOT NULL UNIQUE,   -- sha256 of the uncompressed bytes
+           hash BLOB NOT NULL UNIQUE,   -- digest of the uncompressed bytes: BLAKE3 (SHA-256 in older stores)
            size INTEGER NOT NULL,       -- uncompressed length
            data BLOB NOT NULL           -- zstd
          );
@@ -1009,6 +1018,43 @@ mod tests {
             .map(|r| r.cache)
             .collect();
         assert_eq!(cells, [None, Some("MISS ttl".to_owned())]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn a_record_stored_before_blake3_reads_and_is_checked_with_sha256() {
+        let d = dir("sha256");
+        let body = turn(2);
+        let mut store = Store::open(&d).unwrap();
+        store.insert(&[record("01A", 1, &body)]).unwrap();
+        // The meta as an older promptgate wrote it: SHA-256 digests, the old names.
+        let sha = digest::hex(&digest::sha256(body.as_bytes()));
+        let mut old = serde_json::to_value(record("01A", 1, &body)).unwrap();
+        old.as_object_mut().unwrap().remove("digest");
+        old.as_object_mut().unwrap().remove("received_digest");
+        old["received_sha256"] = sha.clone().into();
+        old["request"]["body"]
+            .as_object_mut()
+            .unwrap()
+            .remove("digest");
+        old["request"]["body"]["sha256"] = sha.into();
+        let meta = zstd::bulk::compress(&serde_json::to_vec(&old).unwrap(), ZSTD_LEVEL).unwrap();
+        store
+            .conn
+            .execute("UPDATE records SET meta = ?1 WHERE id = '01A'", [meta])
+            .unwrap();
+        let loaded = store.load("01A").unwrap();
+        assert_eq!(loaded.digest, digest::Algorithm::Sha256);
+        assert_eq!(loaded.request.body.bytes, body.as_bytes());
+        // A body that does not match its SHA-256 is refused, naming the algorithm.
+        old["request"]["body"]["sha256"] = digest::content_hex(body.as_bytes()).into();
+        let meta = zstd::bulk::compress(&serde_json::to_vec(&old).unwrap(), ZSTD_LEVEL).unwrap();
+        store
+            .conn
+            .execute("UPDATE records SET meta = ?1 WHERE id = '01A'", [meta])
+            .unwrap();
+        let e = store.load("01A").unwrap_err().to_string();
+        assert!(e.contains("does not match its sha256"), "{e}");
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -413,18 +413,27 @@ fn show(store: &Store, r: &CaptureRecord, sent: bool, out: &mut String) {
     let _ = writeln!(out, "  redactions    {}", list(&redactions));
     let _ = writeln!(
         out,
-        "  received      {} bytes, sha256 {}",
-        r.bytes_in, r.received_sha256
+        "  received      {} bytes, {} {}",
+        r.bytes_in,
+        r.digest.name(),
+        r.received_digest
     );
     match &r.request.sent_body {
         None => {
-            let _ = writeln!(out, "  sent          same body, sha256 {}", r.sent_sha256);
+            let _ = writeln!(
+                out,
+                "  sent          same body, {} {}",
+                r.digest.name(),
+                r.sent_digest
+            );
         }
         Some(b) => {
             let _ = writeln!(
                 out,
-                "  sent          {} bytes, sha256 {}",
-                b.size, r.sent_sha256
+                "  sent          {} bytes, {} {}",
+                b.size,
+                r.digest.name(),
+                r.sent_digest
             );
         }
     }

@@ -245,3 +245,24 @@ impl Drop for RecordingRelay {
         self.task.abort();
     }
 }
+
+/// The BLAKE3 digest of `bytes` in hex, from `b3sum` (the reference tool, not the
+/// crate promptgate links): what a stored digest must equal.
+pub fn blake3_hex(bytes: &[u8]) -> String {
+    use std::io::Write as _;
+    let mut child = std::process::Command::new("b3sum")
+        .arg("--no-names")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("no `b3sum` ({e}): install it (.ci/run does)"));
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin.write_all(bytes).expect("write to b3sum");
+    drop(stdin);
+    let out = child.wait_with_output().expect("b3sum ran");
+    assert!(out.status.success(), "b3sum failed");
+    String::from_utf8(out.stdout)
+        .expect("hex")
+        .trim()
+        .to_owned()
+}
