@@ -27,7 +27,7 @@ fn record(body: Bytes, headers: &HeaderMap) -> ExchangeRecord {
     r.api = Some(Api::Messages);
     r.status = Some(StatusCode::OK);
     r.sent_headers = headers.clone();
-    r.sent_body = body.into();
+    r.set_request_body(body.clone(), body);
     r.timing.upstream_headers = Some(Duration::from_millis(300));
     r.outcome = Outcome::Ok;
     r.observation = Some(Observation {

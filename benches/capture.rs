@@ -84,9 +84,10 @@ fn main() {
             http::Method::POST,
             "/v1/messages?beta=true".into(),
         );
-        record.request_body = Bytes::from(plain.clone());
-        record.request_plain = record.request_body.clone();
-        record.sent_body = record.request_body.clone().into();
+        record.provider = Some(promptgate::provider::Provider::Anthropic);
+        record.api = Some(promptgate::provider::Api::Messages);
+        let body = Bytes::from(plain.clone());
+        record.set_request_body(body.clone(), body);
         let keys = KeySource::default();
         let t = time(budget, || {
             std::hint::black_box(CaptureRecord::redacted(&record, &redactor, &keys));
@@ -110,12 +111,13 @@ fn main() {
                 http::Method::POST,
                 "/v1/messages".into(),
             );
-            r.request_body = Bytes::from(shapes::to_bytes(&shapes::claude_code_body(
+            r.provider = Some(promptgate::provider::Provider::Anthropic);
+            r.api = Some(promptgate::provider::Api::Messages);
+            let body = Bytes::from(shapes::to_bytes(&shapes::claude_code_body(
                 round,
                 shapes::CC_SESSION,
             )));
-            r.request_plain = r.request_body.clone();
-            r.sent_body = r.request_body.clone().into();
+            r.set_request_body(body.clone(), body);
             // Claude Code names the conversation in a header.
             r.request_headers.insert(
                 "x-claude-code-session-id",

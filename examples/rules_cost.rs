@@ -77,7 +77,12 @@ fn main() {
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     headers.insert("x-stainless-os", HeaderValue::from_static("Linux"));
     let model = promptgate::provider::sniff(&body).model;
+    // A new cell each time: the price includes reading the model, as a request pays it.
     let apply = || {
+        let prompt = promptgate::record::PromptCell::new(
+            body.clone().into(),
+            Some(promptgate::prompt::Format::AnthropicMessages),
+        );
         rules.apply_request(RequestCtx {
             provider: Provider::Anthropic,
             api: Api::Messages,
@@ -87,7 +92,7 @@ fn main() {
             model: model.as_deref(),
             headers: headers.clone(),
             body: &body,
-            plain: &body,
+            prompt: &prompt,
         })
     };
     let result = apply();

@@ -6,9 +6,8 @@
 //! a hash of the system prompt and the first user message (pi sends no session id).
 
 use http::{HeaderMap, HeaderName};
-use serde_json::Value;
 
-use crate::provider::request::{Content, RequestView};
+use crate::prompt::{Prompt, Value};
 
 /// A configured extra source of conversation ids.
 #[derive(Debug, Clone, Default)]
@@ -21,17 +20,18 @@ pub struct KeySource {
 
 /// The conversation key of a request: `cc:<uuid>`, `session:<uuid>`,
 /// `header:<value>`, `pointer:<value>`, or `hash:<16 hex>`. `None` when the body says
-/// nothing to hash (not JSON, no system and no user message).
+/// nothing to hash (not JSON, no system and no user message). `prompt` is the
+/// request body's model (`None`: the headers alone).
 pub fn conversation_key(
     headers: &HeaderMap,
-    view: Option<&RequestView<'_>>,
+    prompt: Option<&Prompt>,
     source: &KeySource,
 ) -> Option<String> {
     if let Some(id) = header_value(headers, "x-claude-code-session-id") {
         return Some(format!("cc:{id}"));
     }
-    let view = view?;
-    if let Some(id) = metadata_session(view) {
+    let root = prompt?.root()?;
+    if let Some(id) = metadata_session(root) {
         return Some(format!("session:{id}"));
     }
     if let Some(name) = &source.header
@@ -39,17 +39,12 @@ pub fn conversation_key(
     {
         return Some(format!("header:{v}"));
     }
-    if let Some(pointer) = &source.pointer {
-        let body: Option<Value> = serde_json::from_slice(&rebuild(view)).ok();
-        if let Some(v) = body
-            .as_ref()
-            .and_then(|b| b.pointer(pointer))
-            .and_then(Value::as_str)
-        {
-            return Some(format!("pointer:{v}"));
-        }
+    if let Some(pointer) = &source.pointer
+        && let Some(v) = root.pointer(pointer).and_then(|v| v.str())
+    {
+        return Some(format!("pointer:{v}"));
     }
-    prompt_hash(view).map(|h| format!("hash:{h}"))
+    prompt_hash(root).map(|h| format!("hash:{h}"))
 }
 
 fn header_value(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -59,11 +54,10 @@ fn header_value(headers: &HeaderMap, name: &str) -> Option<String> {
 
 /// `metadata.user_id` is a JSON string `{"device_id":…,"session_id":…}` (Claude Code
 /// ≥ 2.1.78) or `user_<hash>_account_<uuid>_session_<uuid>` (older).
-fn metadata_session(view: &RequestView<'_>) -> Option<String> {
-    let metadata: Value = serde_json::from_slice(view.top.get("metadata")?).ok()?;
-    let user_id = metadata.get("user_id")?.as_str()?;
-    if let Ok(inner) = serde_json::from_str::<Value>(user_id)
-        && let Some(s) = inner.get("session_id").and_then(Value::as_str)
+fn metadata_session(root: Value<'_>) -> Option<String> {
+    let user_id = root.get("metadata")?.get("user_id")?.str()?;
+    if let Ok(inner) = serde_json::from_str::<serde_json::Value>(&user_id)
+        && let Some(s) = inner.get("session_id").and_then(serde_json::Value::as_str)
         && !s.is_empty()
     {
         return Some(s.to_owned());
@@ -74,40 +68,28 @@ fn metadata_session(view: &RequestView<'_>) -> Option<String> {
         .filter(|s| !s.is_empty())
 }
 
-fn rebuild(view: &RequestView<'_>) -> Vec<u8> {
-    let mut out = vec![b'{'];
-    for (i, (k, v)) in view.top.entries.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(Value::from(k.as_ref()).to_string().as_bytes());
-        out.push(b':');
-        out.extend_from_slice(v);
-    }
-    out.push(b'}');
-    out
-}
-
 /// A hash of the system prompt's text and the first user message's text: stable
 /// across turns (cache_control moves and string-vs-block forms do not change it).
-fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
+fn prompt_hash(root: Value<'_>) -> Option<String> {
     let mut system = String::new();
-    if let Some(content) = view.system() {
-        push_text(&mut system, &content);
+    let system_content = root.get("system").filter(|s| s.is_string() || s.is_array());
+    if let Some(content) = system_content {
+        push_text(&mut system, content);
     }
-    if let Some(instructions) = view.top.str("instructions") {
+    if let Some(instructions) = root.get("instructions").and_then(|i| i.str()) {
         system.push_str(&instructions);
     }
     let mut first_user = String::new();
-    for m in view.messages() {
-        match m.role.as_deref() {
-            Some("system" | "developer") if first_user.is_empty() && view.system().is_none() => {
-                if let Some(c) = &m.content {
+    for m in root.get("messages").into_iter().flat_map(|m| m.items()) {
+        let content = m.get("content");
+        match m.get("role").and_then(|r| r.str()).as_deref() {
+            Some("system" | "developer") if first_user.is_empty() && system_content.is_none() => {
+                if let Some(c) = content {
                     push_text(&mut system, c);
                 }
             }
             Some("user") => {
-                if let Some(c) = &m.content {
+                if let Some(c) = content {
                     push_text(&mut first_user, c);
                 }
                 break;
@@ -116,21 +98,13 @@ fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
         }
     }
     if first_user.is_empty()
-        && let Some(input) = view.top.get("input")
+        && let Some(input) = root.get("input")
     {
         // OpenAI Responses: `input` is a string or a list of items.
-        match Content::of(input) {
-            Some(c @ Content::Text(_)) => push_text(&mut first_user, &c),
-            Some(Content::Blocks(items)) => {
-                if let Some(item) = items.first()
-                    && let Some(c) = serde_json::from_slice::<Value>(item)
-                        .ok()
-                        .and_then(|v| v.get("content").cloned())
-                {
-                    text_of_value(&mut first_user, &c);
-                }
-            }
-            None => {}
+        if input.is_string() {
+            push_text(&mut first_user, input);
+        } else if let Some(content) = input.items().next().and_then(|i| i.get("content")) {
+            text_of_value(&mut first_user, content);
         }
     }
     if system.is_empty() && first_user.is_empty() {
@@ -144,38 +118,31 @@ fn prompt_hash(view: &RequestView<'_>) -> Option<String> {
     Some(crate::digest::hex(&crate::digest::sha256(&text)[..8]))
 }
 
-fn push_text(out: &mut String, content: &Content<'_>) {
-    match content {
-        Content::Text(raw) => {
-            if let Some(s) = crate::provider::json::decode_str(raw) {
-                out.push_str(&s);
-                out.push('\n');
-            }
+/// Content: a string's text, or the text of each block of an array.
+fn push_text(out: &mut String, content: Value<'_>) {
+    if content.is_string() {
+        if let Some(s) = content.str() {
+            out.push_str(&s);
+            out.push('\n');
         }
-        Content::Blocks(blocks) => {
-            for b in blocks {
-                if let Ok(v) = serde_json::from_slice::<Value>(b) {
-                    text_of_value(out, &v);
-                }
-            }
+    } else {
+        for block in content.items() {
+            text_of_value(out, block);
         }
     }
 }
 
-fn text_of_value(out: &mut String, v: &Value) {
-    match v {
-        Value::String(s) => {
-            out.push_str(s);
+fn text_of_value(out: &mut String, v: Value<'_>) {
+    if v.is_string() {
+        if let Some(s) = v.str() {
+            out.push_str(&s);
             out.push('\n');
         }
-        Value::Array(items) => items.iter().for_each(|i| text_of_value(out, i)),
-        Value::Object(o) => {
-            if let Some(Value::String(t)) = o.get("text") {
-                out.push_str(t);
-                out.push('\n');
-            }
-        }
-        _ => {}
+    } else if v.is_array() {
+        v.items().for_each(|i| text_of_value(out, i));
+    } else if let Some(t) = v.get("text").and_then(|t| t.str()) {
+        out.push_str(&t);
+        out.push('\n');
     }
 }
 
@@ -184,9 +151,12 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
+    fn read(body: &str) -> Prompt {
+        Prompt::read(bytes::Bytes::copy_from_slice(body.as_bytes()), None)
+    }
+
     fn key(headers: &HeaderMap, body: &str) -> Option<String> {
-        let view = RequestView::parse(body.as_bytes()).ok();
-        conversation_key(headers, view.as_ref(), &KeySource::default())
+        conversation_key(headers, Some(&read(body)), &KeySource::default())
     }
 
     #[test]
@@ -213,7 +183,7 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-team-conv", HeaderValue::from_static("t-9"));
         let body = r#"{"extra":{"conv":"p-7"},"messages":[]}"#;
-        let view = RequestView::parse(body.as_bytes()).unwrap();
+        let view = read(body);
         let by_header = KeySource {
             header: Some(HeaderName::from_static("x-team-conv")),
             pointer: None,

@@ -319,14 +319,14 @@ impl Proxy {
             if plain.first() == Some(&b'{') {
                 r.model = provider::sniff(&plain).model;
             }
-            r.request_body = body.clone();
-            r.request_plain = plain.clone();
+            r.set_request_body(body.clone(), plain.clone());
         }
 
         // The record keeps the headers as received; upstream gets them minus hop-by-hop,
         // then as the before_provider_headers / before_provider_request rules leave them.
         let received = std::mem::take(&mut parts.headers);
         let model = pending.get().model.clone();
+        let prompt = pending.get().prompt.clone();
         let applied = rules.apply_request(RequestCtx {
             provider: route.provider,
             api: route.api,
@@ -336,7 +336,7 @@ impl Proxy {
             model: model.as_deref(),
             headers: forwardable(&received, true),
             body: &body,
-            plain: &plain,
+            prompt: &prompt,
         });
         parts.headers = applied.headers;
         let body = applied.body.unwrap_or_else(|| SentBody::whole(body));
@@ -344,7 +344,7 @@ impl Proxy {
             let r = pending.get();
             r.request_headers = received;
             r.sent_headers = parts.headers.clone();
-            r.sent_body = body.clone();
+            r.set_sent_body(body.clone());
             // Rules read the provider's (last) model of a repeated key.
             if applied.keys.repeated().is_some() {
                 r.model = applied.model;

@@ -52,6 +52,7 @@ pub mod id;
 pub mod listener;
 pub mod logging;
 pub mod observer;
+pub mod prompt;
 pub mod provider;
 pub mod record;
 pub mod rules;

@@ -18,6 +18,8 @@ use tokio::sync::Notify;
 
 use crate::id::ExchangeId;
 use crate::observer::Observation;
+pub use crate::prompt::KeyCheck;
+use crate::prompt::{Format, Prompt};
 use crate::provider::{Api, Provider};
 
 /// How an exchange ended.
@@ -188,46 +190,57 @@ impl std::fmt::Debug for SentBody {
     }
 }
 
-/// What is known of repeated keys in a request body. Rules look on the request
-/// path when they run; the capture looks otherwise, off it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub enum KeyCheck {
-    /// Nobody has looked (no rules ran, or the body is not a JSON object).
-    #[default]
-    NotChecked,
-    /// Every object's keys are distinct.
-    Unique,
-    /// The JSON pointer of the first key that occurs a second time in its object.
-    Repeated(String),
+/// A request body's [`Prompt`]: read on first use, on whichever thread first
+/// needs it (rules on the request path, else the cache stage or the capture
+/// writer), then shared by every reader. Pass-through never reads it.
+#[derive(Clone, Default)]
+pub struct PromptCell(Arc<PromptSource>);
+
+#[derive(Default)]
+struct PromptSource {
+    body: SentBody,
+    format: Option<Format>,
+    prompt: OnceLock<Prompt>,
 }
 
-impl KeyCheck {
-    /// Looks at a plain (decoded) body: `NotChecked` when it is no JSON object
-    /// the structure pass can follow.
-    pub fn of(plain: &[u8]) -> KeyCheck {
-        use crate::provider::json;
-        if plain.get(json::skip_ws(plain, 0)) != Some(&b'{') {
-            return KeyCheck::NotChecked;
-        }
-        match json::tape(plain) {
-            Ok(toks) => KeyCheck::in_tape(plain, &toks),
-            Err(_) => KeyCheck::NotChecked,
-        }
+impl PromptCell {
+    /// The cell of `body` (decoded), a request of `format`.
+    pub fn new(body: SentBody, format: Option<Format>) -> PromptCell {
+        PromptCell(Arc::new(PromptSource {
+            body,
+            format,
+            prompt: OnceLock::new(),
+        }))
     }
 
-    /// Looks at a plain body whose [`json::tape`](crate::provider::json::tape) is made.
-    pub fn in_tape(plain: &[u8], toks: &[crate::provider::json::Tok]) -> KeyCheck {
-        match crate::provider::json::duplicate_key(plain, toks) {
-            Some(pointer) => KeyCheck::Repeated(pointer),
-            None => KeyCheck::Unique,
-        }
+    /// The body, unread.
+    pub fn body(&self) -> &SentBody {
+        &self.0.body
     }
 
-    /// The repeated key's pointer, if there is one.
-    pub fn repeated(&self) -> Option<&str> {
-        match self {
-            KeyCheck::Repeated(p) => Some(p),
-            _ => None,
+    /// The model, read now if nobody has yet.
+    pub fn get(&self) -> &Prompt {
+        self.0
+            .prompt
+            .get_or_init(|| Prompt::read(self.0.body.bytes().clone(), self.0.format))
+    }
+
+    /// The model, if somebody has read it.
+    pub fn if_read(&self) -> Option<&Prompt> {
+        self.0.prompt.get()
+    }
+
+    /// Whether both are the one cell.
+    pub fn same(&self, other: &PromptCell) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for PromptCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.if_read() {
+            Some(p) => write!(f, "PromptCell({p:?})"),
+            None => write!(f, "PromptCell({} bytes, unread)", self.0.body.len()),
         }
     }
 }
@@ -258,6 +271,11 @@ pub struct ExchangeRecord {
     /// analysis): `request_body` decoded once when it arrived compressed, else the
     /// same bytes.
     pub request_plain: Bytes,
+    /// The model of `request_plain`.
+    pub prompt: PromptCell,
+    /// The model of the body as the provider reads it (`sent_body`, decoded): the
+    /// same cell as `prompt` when rules left the body as it was.
+    pub sent_prompt: PromptCell,
     /// Whether the request body repeats a key in one object: readers then take
     /// the last value, as the providers' parsers do (an `enforce` rule set refuses
     /// such a body instead).
@@ -296,6 +314,31 @@ pub struct ExchangeRecord {
 }
 
 impl ExchangeRecord {
+    /// Sets the request body as received (`body`) and decoded (`plain`, the same
+    /// bytes when it came uncompressed), a request of `provider` and `api` as set:
+    /// it is also the body sent until [`ExchangeRecord::set_sent_body`].
+    pub fn set_request_body(&mut self, body: Bytes, plain: Bytes) {
+        let format = match (self.provider, self.api) {
+            (Some(p), Some(a)) => Format::of_request(p, a),
+            _ => None,
+        };
+        self.prompt = PromptCell::new(SentBody::whole(plain.clone()), format);
+        self.sent_prompt = self.prompt.clone();
+        self.sent_body = SentBody::whole(body.clone());
+        self.request_body = body;
+        self.request_plain = plain;
+    }
+
+    /// Sets the body sent upstream: when rules changed it, its own model.
+    pub fn set_sent_body(&mut self, sent: SentBody) {
+        self.sent_prompt = if sent.is(&self.request_body) {
+            self.prompt.clone()
+        } else {
+            PromptCell::new(sent.clone(), self.prompt.0.format)
+        };
+        self.sent_body = sent;
+    }
+
     /// A record for an exchange that has just begun.
     pub fn begin(
         id: ExchangeId,
@@ -318,6 +361,8 @@ impl ExchangeRecord {
             request_headers: HeaderMap::new(),
             request_body: Bytes::new(),
             request_plain: Bytes::new(),
+            prompt: PromptCell::default(),
+            sent_prompt: PromptCell::default(),
             duplicate_key: KeyCheck::NotChecked,
             sent_headers: HeaderMap::new(),
             sent_body: SentBody::default(),

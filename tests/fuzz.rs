@@ -857,6 +857,10 @@ fn probe_rules(pointer: &str, test: toml::Table) -> RuleSet {
 /// Whether `rules` block a /v1/messages request with `body`.
 fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
     let body = Bytes::copy_from_slice(body);
+    let prompt = promptgate::record::PromptCell::new(
+        body.clone().into(),
+        Some(promptgate::prompt::Format::AnthropicMessages),
+    );
     let result = rules.apply_request(RequestCtx {
         provider: Provider::Anthropic,
         api: Api::Messages,
@@ -866,7 +870,7 @@ fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
         model: None,
         headers: HeaderMap::new(),
         body: &body,
-        plain: &body,
+        prompt: &prompt,
     });
     matches!(result.verdict, Verdict::Respond(_))
 }
@@ -1266,9 +1270,8 @@ fn capture_stream(sse: &[u8]) -> (Vec<u8>, Vec<u8>) {
         ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());
     record.provider = Some(Provider::Anthropic);
     record.api = Some(Api::Messages);
-    record.request_body = Bytes::from_static(b"{\"model\":\"claude-sonnet-4-5\",\"messages\":[]}");
-    record.request_plain = record.request_body.clone();
-    record.sent_body = record.request_body.clone().into();
+    let body = Bytes::from_static(b"{\"model\":\"claude-sonnet-4-5\",\"messages\":[]}");
+    record.set_request_body(body.clone(), body);
     record.status = Some(http::StatusCode::OK);
     record.response_headers = headers;
     record.observation = Some(observation);

@@ -803,6 +803,10 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
 
     // The same rules applied in process give the bytes to expect.
     let rules = RuleSet::load_dir(&bench).unwrap();
+    let prompt = promptgate::record::PromptCell::new(
+        body.clone().into(),
+        Some(promptgate::prompt::Format::AnthropicMessages),
+    );
     let applied = rules.apply_request(RequestCtx {
         provider: Provider::Anthropic,
         api: Api::Messages,
@@ -812,7 +816,7 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
         model: promptgate::provider::sniff(&body).model.as_deref(),
         headers: http::HeaderMap::new(),
         body: &body,
-        plain: &body,
+        prompt: &prompt,
     });
     let want = applied
         .body

@@ -771,12 +771,11 @@ mod tests {
     const MIN: u64 = 100;
 
     fn segs(body: &str) -> Segments {
-        segment(
-            &Bytes::copy_from_slice(body.as_bytes()),
-            Format::AnthropicMessages,
-            &[IgnoreRule::billing_header()],
-        )
-        .unwrap()
+        let prompt = crate::prompt::Prompt::read(
+            Bytes::copy_from_slice(body.as_bytes()),
+            Some(Format::AnthropicMessages),
+        );
+        segment(&prompt, &[IgnoreRule::billing_header()]).unwrap()
     }
 
     fn text(n: usize, seed: &str) -> String {

@@ -13,6 +13,9 @@ pub mod explain;
 pub mod history;
 pub mod report;
 pub mod segment;
+#[cfg(test)]
+#[allow(dead_code, clippy::duplicate_mod)]
+mod segment_scan;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -23,8 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
 use crate::provider::Usage;
-use crate::provider::request::RequestView;
-use crate::record::{ExchangeRecord, RecordStage, SentBody};
+use crate::record::{ExchangeRecord, PromptCell, RecordStage};
 use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 pub use history::Clock;
@@ -281,8 +283,9 @@ struct Began {
     format: Format,
     /// The conversation key when a header names it; else the headers, for later.
     key: Result<String, HeaderMap>,
-    /// As sent; joined here, off the request path, when rules spliced it.
-    body: SentBody,
+    /// The body as sent; joined and read here, off the request path, unless a
+    /// reader before did.
+    prompt: PromptCell,
 }
 
 /// A request cut and predicted, waiting for its record.
@@ -346,14 +349,12 @@ impl CacheStage {
 
     /// Cuts and predicts a queued request, and notes what it will cache.
     fn prepare(&self, state: &mut State, b: Began) {
-        let body = b.body.bytes();
+        let body = b.prompt.body().bytes();
         // The session header names most agent conversations without reading the
-        // body; only the others (pi, SDK apps) need the request view.
+        // body; only the others (pi, SDK apps) need the model.
         let key = match &b.key {
             Ok(key) => Some(key.clone()),
-            Err(headers) => RequestView::parse(body)
-                .ok()
-                .and_then(|view| conversation_key(headers, Some(&view), &self.key_source)),
+            Err(headers) => conversation_key(headers, Some(b.prompt.get()), &self.key_source),
         }
         .unwrap_or_else(|| "unkeyed".into());
         let previous = state
@@ -365,8 +366,7 @@ impl CacheStage {
             Some(p) if p.format == b.format && p.body == *body => p,
             _ => {
                 let Ok(s) = segment::segment_after(
-                    body,
-                    b.format,
+                    b.prompt.get(),
                     &self.settings.ignore,
                     previous.as_deref(),
                 ) else {
@@ -576,12 +576,8 @@ impl RecordStage for CacheStage {
             return;
         };
         // What the provider reads: the body sent, decoded when it went on compressed.
-        let body = if record.sent_body.is(&record.request_body) {
-            SentBody::whole(record.request_plain.clone())
-        } else {
-            record.sent_body.clone()
-        };
-        if body.first() != Some(b'{') {
+        let prompt = record.sent_prompt.clone();
+        if prompt.body().first() != Some(b'{') {
             return;
         }
         let start = self.clock.at(record.started_at);
@@ -597,7 +593,7 @@ impl RecordStage for CacheStage {
             format,
             key: conversation_key(&record.sent_headers, None, &self.key_source)
                 .ok_or_else(|| record.sent_headers.clone()),
-            body,
+            prompt,
         };
         // A panic elsewhere while holding it cannot leave the queue half-pushed.
         self.began

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::explain::{Reason, Verdict, excerpt};
-use super::segment::{self, Format, IgnoreRule, Segments, UnitPath};
+use super::segment::{self, IgnoreRule, Segments, UnitPath};
 use super::{CostView, StablePrefix};
 use crate::capture::CaptureRecord;
 use crate::capture::store::{Filter, Store, StoreError};
@@ -197,17 +197,16 @@ impl UnitViews<'_> {
 
 /// The request as sent, cut into cache units, when its body was kept.
 fn cut(record: &CaptureRecord, ignore: &[IgnoreRule]) -> Option<Segments> {
-    let format = match (record.provider.as_deref()?, record.api.as_deref()?) {
-        ("anthropic", "messages") => Format::AnthropicMessages,
-        ("openai", "chat_completions") => Format::OpenAiChat,
-        ("openai", "responses") => Format::OpenAiResponses,
-        _ => return None,
-    };
+    // What cache analysis reads: not token counting.
+    let format = record
+        .request_format()
+        .filter(|_| record.api.as_deref() != Some("count_tokens"))?;
     let body = &record.sent().bytes;
     if !record.captured || body.is_empty() {
         return None;
     }
-    segment::segment(body, format, ignore).ok()
+    let prompt = crate::prompt::Prompt::read(body.clone(), Some(format));
+    segment::segment(&prompt, ignore).ok()
 }
 
 fn conversation_report(
@@ -406,12 +405,11 @@ mod tests {
         let body = format!(
             r#"{{"model":"m","system":[{{"type":"text","text":"x-anthropic-billing-header: cch={system};"}},{{"type":"text","text":"{system}"}}],"messages":[{{"role":"user","content":{first}}},{{"role":"assistant","content":"ok"}}]}}"#
         );
-        segment::segment(
-            &Bytes::from(body),
-            Format::AnthropicMessages,
-            &[IgnoreRule::billing_header()],
-        )
-        .unwrap()
+        let prompt = crate::prompt::Prompt::read(
+            Bytes::from(body),
+            Some(crate::prompt::Format::AnthropicMessages),
+        );
+        segment::segment(&prompt, &[IgnoreRule::billing_header()]).unwrap()
     }
 
     #[test]

@@ -8,141 +8,27 @@
 //! instructions, messages or input items) for the stable-prefix view. This module
 //! only describes one request; comparing requests is `explain`'s job.
 
-use std::fmt;
-
 use bytes::Bytes;
 use regex::Regex;
-use serde::{Deserialize, Serialize};
 
 use super::estimate;
 use crate::digest::{self, Hasher};
-use crate::provider::json::{self as scan, Node, ScanError, scan};
-use crate::provider::{Api, Provider};
+pub use crate::prompt::{Format, Region, Settings, Ttl, UnitPath};
+use crate::prompt::{Prompt, Shape};
+use crate::provider::json::ScanError;
 
 /// A content digest (BLAKE3).
 pub type Hash = digest::Digest;
 
-/// Which part of the prompt a unit belongs to, in cache order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Region {
-    Tools,
-    /// Anthropic `system`.
-    System,
-    /// OpenAI Responses `instructions`.
-    Instructions,
-    Messages,
-    /// OpenAI Responses `input` items.
-    Input,
-}
-
-impl Region {
-    fn name(self) -> &'static str {
-        match self {
-            Region::Tools => "tools",
-            Region::System => "system",
-            Region::Instructions => "instructions",
-            Region::Messages => "messages",
-            Region::Input => "input",
-        }
-    }
-}
-
-/// Where a unit sits in the request body: `tools[3]`, `system[2]`,
-/// `messages[4].content[1]`, `messages[1].content` (string content).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct UnitPath {
-    pub region: Region,
-    pub index: u32,
-    /// The block inside a message's content array; `None` for string content and
-    /// for units that are not inside a message.
-    pub block: Option<u32>,
-    /// The message's content is one string (normalised as one text block).
-    pub string: bool,
-}
-
-impl fmt::Display for UnitPath {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.region == Region::Instructions {
-            return f.write_str("instructions");
-        }
-        write!(f, "{}[{}]", self.region.name(), self.index)?;
-        match (self.block, self.string) {
-            (Some(b), _) => write!(f, ".content[{b}]"),
-            (None, true) if matches!(self.region, Region::Messages | Region::Input) => {
-                f.write_str(".content")
-            }
-            _ => Ok(()),
-        }
-    }
-}
-
-impl UnitPath {
-    fn new(region: Region, index: usize, block: Option<usize>, string: bool) -> UnitPath {
-        UnitPath {
-            region,
-            index: index as u32,
-            block: block.map(|b| b as u32),
-            string,
-        }
-    }
-}
-
-/// How long a cache entry lives after the request that wrote or read it started.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Ttl {
-    #[serde(rename = "5m")]
-    FiveMinutes,
-    #[serde(rename = "1h")]
-    OneHour,
-}
-
-impl Ttl {
-    pub fn secs(self) -> u64 {
-        match self {
-            Ttl::FiveMinutes => 300,
-            Ttl::OneHour => 3600,
-        }
-    }
-
-    /// The ttl of a `cache_control` object (scanned again when it was kept as a leaf).
-    fn of(body: &[u8], cache_control: &Node) -> Ttl {
-        let span = cache_control.span();
-        let is_1h = match cache_control {
-            Node::Object(..) => cache_control
-                .get(body, "ttl")
-                .is_some_and(|t| t.is_str(body, "1h")),
-            _ => scan::scan(span.of(body), 1).is_ok_and(|n| {
-                n.get(span.of(body), "ttl")
-                    .is_some_and(|t| t.is_str(span.of(body), "1h"))
-            }),
-        };
-        if is_1h {
-            Ttl::OneHour
-        } else {
-            Ttl::FiveMinutes
-        }
-    }
-}
-
-impl fmt::Display for Ttl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Ttl::FiveMinutes => "5m",
-            Ttl::OneHour => "1h",
-        })
-    }
-}
-
 /// A `cache_control` marker on a unit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub struct Breakpoint {
     pub ttl: Ttl,
     /// Placed by top-level automatic caching (on the last cacheable block).
     pub automatic: bool,
 }
 
-/// One cache unit.
+/// One cache unit: a [`crate::prompt::Unit`] with its place in the prefix chain.
 #[derive(Debug, Clone)]
 pub struct Unit {
     pub path: UnitPath,
@@ -167,46 +53,6 @@ pub struct Unit {
     pub cacheable: bool,
     /// Left out of the prefix hash by configuration (e.g. the billing header block).
     pub ignored: bool,
-}
-
-/// The request-level inputs that are rendered into the prompt (PROTOCOL.md §B.6, §B.10).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct Settings {
-    pub model: String,
-    /// Raw JSON as sent, when present.
-    pub tool_choice: Option<String>,
-    pub thinking: Option<String>,
-    pub effort: Option<String>,
-    pub speed: Option<String>,
-    /// Any image anywhere in the messages.
-    pub images: bool,
-}
-
-/// Which request grammar a body follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    AnthropicMessages,
-    OpenAiChat,
-    OpenAiResponses,
-}
-
-impl Format {
-    /// The format of a provider API's request bodies, when it is one cache analysis reads.
-    pub fn of(provider: Provider, api: Api) -> Option<Format> {
-        match (provider, api) {
-            (Provider::Anthropic, Api::Messages) => Some(Format::AnthropicMessages),
-            (Provider::OpenAi, Api::ChatCompletions) => Some(Format::OpenAiChat),
-            (Provider::OpenAi, Api::Responses) => Some(Format::OpenAiResponses),
-            _ => None,
-        }
-    }
-
-    pub fn provider(self) -> Provider {
-        match self {
-            Format::AnthropicMessages => Provider::Anthropic,
-            _ => Provider::OpenAi,
-        }
-    }
 }
 
 /// A request as cache units.
@@ -269,49 +115,71 @@ pub enum SegmentError {
     NotJson(#[from] ScanError),
     #[error("request body is not a JSON object")]
     NotObject,
+    #[error("not a request format cache analysis reads")]
+    NoFormat,
 }
 
-/// Cuts `body` into cache units. One pass over the bytes finds the structure;
-/// each unit is then normalised, hashed, estimated and chained into the prefix.
-pub fn segment(
-    body: &Bytes,
-    format: Format,
-    ignore: &[IgnoreRule],
-) -> Result<Segments, SegmentError> {
-    segment_after(body, format, ignore, None)
+/// Chains `prompt`'s units into cache units: each unit's digest (taken by the
+/// model) and token estimate, the request-level inputs at their region.
+pub fn segment(prompt: &Prompt, ignore: &[IgnoreRule]) -> Result<Segments, SegmentError> {
+    segment_after(prompt, ignore, None)
 }
 
 /// [`segment`], where units byte-identical to `previous`'s at the same place (an
-/// agent's earlier turn) take its hash and token estimate instead of computing them.
+/// agent's earlier turn) take its token estimate instead of counting again.
 pub fn segment_after(
-    body: &Bytes,
-    format: Format,
+    prompt: &Prompt,
     ignore: &[IgnoreRule],
     previous: Option<&Segments>,
 ) -> Result<Segments, SegmentError> {
-    // top → messages → message → content → block: five levels keep every unit.
-    let top = scan(body, 5)?;
-    if !matches!(top, Node::Object(..)) {
-        return Err(SegmentError::NotObject);
+    let format = prompt.format().ok_or(SegmentError::NoFormat)?;
+    match prompt.shape() {
+        Shape::Object(_) => {}
+        Shape::NotJson(at) => return Err(SegmentError::NotJson(ScanError(at))),
+        Shape::Empty => return Err(SegmentError::NotJson(ScanError(0))),
+        Shape::NotObject => return Err(SegmentError::NotObject),
     }
-    let mut cut = Cutter::new(body, format, ignore, &top);
-    cut.previous = previous;
+    let mut chain = Chain::new(prompt, format, ignore, previous);
+    let units = prompt.units();
+    let region_end = |from: usize, region: Region| {
+        from + units[from..]
+            .iter()
+            .take_while(|u| u.path.region == region)
+            .count()
+    };
     match format {
-        Format::AnthropicMessages => cut.anthropic(&top),
-        Format::OpenAiChat => cut.openai_chat(&top),
-        Format::OpenAiResponses => cut.openai_responses(&top),
+        Format::AnthropicMessages => {
+            let tools = region_end(0, Region::Tools);
+            let system = region_end(tools, Region::System);
+            chain.units(0..tools);
+            chain.mix_speed();
+            chain.units(tools..system);
+            chain.messages();
+        }
+        Format::OpenAiChat => {
+            let tools = region_end(0, Region::Tools);
+            chain.units(0..tools);
+            chain.messages();
+        }
+        Format::OpenAiResponses => {
+            let instructions = region_end(0, Region::Instructions);
+            let tools = region_end(instructions, Region::Tools);
+            chain.units(0..tools);
+            chain.mix_settings();
+            chain.units(tools..units.len());
+        }
     }
-    Ok(cut.finish(&top))
+    Ok(chain.finish())
 }
 
-// === impl Cutter ===
+// === impl Chain ===
 
-/// Builds the unit list; owns the running prefix hash.
-struct Cutter<'b> {
-    body: &'b Bytes,
-    previous: Option<&'b Segments>,
+/// Builds the cache unit list; owns the running prefix hash.
+struct Chain<'p> {
+    prompt: &'p Prompt,
+    previous: Option<&'p Segments>,
     format: Format,
-    ignore: &'b [IgnoreRule],
+    ignore: &'p [IgnoreRule],
     units: Vec<Unit>,
     prefix: Hash,
     /// Bytes to mix into the prefix before the next unit (settings at a region
@@ -324,47 +192,25 @@ struct Cutter<'b> {
 
 const IGNORED: &[u8] = b"promptgate:ignored-unit";
 
-/// The items of an array node (none for anything else).
-fn items(node: Option<&Node>) -> &[Node] {
-    match node {
-        Some(Node::Array(_, items)) => items,
-        _ => &[],
-    }
-}
-
-impl<'b> Cutter<'b> {
-    fn new(body: &'b Bytes, format: Format, ignore: &'b [IgnoreRule], top: &Node) -> Cutter<'b> {
-        let b: &[u8] = body;
-        let raw = |k: &str| {
-            top.get(b, k)
-                .map(|v| String::from_utf8_lossy(v.span().of(b)).into_owned())
-        };
-        let effort = top
-            .get(b, "output_config")
-            .and_then(|o| o.get(b, "effort"))
-            .map(|v| String::from_utf8_lossy(v.span().of(b)).into_owned());
-        let settings = Settings {
-            model: top
-                .get(b, "model")
-                .and_then(|m| m.string(b))
-                .unwrap_or_default(),
-            tool_choice: raw("tool_choice"),
-            thinking: raw("thinking").or_else(|| raw("reasoning")),
-            effort: effort.or_else(|| raw("reasoning_effort")),
-            speed: raw("speed"),
-            images: false,
-        };
+impl<'p> Chain<'p> {
+    fn new(
+        prompt: &'p Prompt,
+        format: Format,
+        ignore: &'p [IgnoreRule],
+        previous: Option<&'p Segments>,
+    ) -> Chain<'p> {
+        let settings = prompt.settings();
         let mut seed = Hasher::new();
         seed.update(b"promptgate-cache-v1\0");
         seed.update(format.provider().name().as_bytes());
         seed.update(b"\0");
         seed.update(settings.model.as_bytes());
-        Cutter {
-            body,
-            previous: None,
+        Chain {
+            prompt,
+            previous,
             format,
             ignore,
-            units: Vec::new(),
+            units: Vec::with_capacity(prompt.units().len()),
             prefix: seed.finish(),
             pending: Vec::new(),
             settings,
@@ -373,88 +219,30 @@ impl<'b> Cutter<'b> {
         }
     }
 
-    fn anthropic(&mut self, top: &Node) {
-        let b: &[u8] = self.body;
-        for (i, tool) in items(top.get(b, "tools")).iter().enumerate() {
-            self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
+    fn units(&mut self, range: std::ops::Range<usize>) {
+        for i in range {
+            self.push(i);
         }
-        self.mix_speed();
-        match top.get(b, "system") {
-            Some(Node::Array(_, blocks)) => {
-                for (i, block) in blocks.iter().enumerate() {
-                    self.block(UnitPath::new(Region::System, i, None, false), block, "");
-                }
-            }
-            Some(text) if text.span().of(b).first() == Some(&b'"') => {
-                self.string(UnitPath::new(Region::System, 0, None, true), text)
-            }
-            _ => {}
-        }
-        self.messages(top, Region::Messages);
     }
 
-    fn openai_chat(&mut self, top: &Node) {
-        let b: &[u8] = self.body;
-        for (i, tool) in items(top.get(b, "tools")).iter().enumerate() {
-            self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
-        }
-        self.messages(top, Region::Messages);
-    }
-
-    fn openai_responses(&mut self, top: &Node) {
-        let b: &[u8] = self.body;
-        if let Some(text) = top
-            .get(b, "instructions")
-            .filter(|v| v.span().of(b).first() == Some(&b'"'))
-        {
-            self.string(UnitPath::new(Region::Instructions, 0, None, true), text);
-        }
-        for (i, tool) in items(top.get(b, "tools")).iter().enumerate() {
-            self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
-        }
+    /// The messages: the settings first, then each message's role and fields
+    /// (Claude Code's role:"system" message carries output_config) before its blocks.
+    fn messages(&mut self) {
         self.mix_settings();
-        match top.get(b, "input") {
-            Some(Node::Array(_, list)) => {
-                for (i, item) in list.iter().enumerate() {
-                    self.block(UnitPath::new(Region::Input, i, None, false), item, "item");
-                }
-            }
-            Some(text) if text.span().of(b).first() == Some(&b'"') => {
-                self.string(UnitPath::new(Region::Input, 0, None, true), text)
-            }
-            _ => {}
-        }
-    }
-
-    fn messages(&mut self, top: &Node, region: Region) {
-        let b: &[u8] = self.body;
-        self.mix_settings();
-        for (i, message) in items(top.get(b, "messages")).iter().enumerate() {
-            // The role and any message-level field (Claude Code's role:"system"
-            // message carries output_config) are rendered into the prompt.
+        for m in self.prompt.messages() {
             self.pending.extend_from_slice(b"\0message{");
-            if let Node::Object(_, entries) = message {
-                for (k, v) in entries {
-                    if !scan::is_key(b, *k, "content") {
-                        self.pending.extend_from_slice(k.of(b));
+            if let Some(message) = self.prompt.value(m.tok) {
+                for (k, v) in message.entries() {
+                    if crate::prompt::key_is(k.bytes(), "content") != Some(true) {
+                        self.pending.extend_from_slice(k.bytes());
                         self.pending.push(b':');
-                        self.pending.extend_from_slice(v.span().of(b));
+                        self.pending.extend_from_slice(v.bytes());
                         self.pending.push(b',');
                     }
                 }
             }
             self.pending.push(b'}');
-            match message.get(b, "content") {
-                Some(Node::Array(_, blocks)) => {
-                    for (j, block) in blocks.iter().enumerate() {
-                        self.block(UnitPath::new(region, i, Some(j), false), block, "");
-                    }
-                }
-                Some(text) if text.span().of(b).first() == Some(&b'"') => {
-                    self.string(UnitPath::new(region, i, None, true), text)
-                }
-                _ => {}
-            }
+            self.units(m.units.clone());
         }
     }
 
@@ -488,113 +276,23 @@ impl<'b> Cutter<'b> {
         }
     }
 
-    /// A string content: one text block `{"type":"text","text":<string as sent>}`.
-    fn string(&mut self, path: UnitPath, text: &Node) {
-        let raw = text.span().of(self.body);
-        let mut bytes = Vec::with_capacity(raw.len() + 24);
-        bytes.extend_from_slice(b"{\"type\":\"text\",\"text\":");
-        bytes.extend_from_slice(raw);
-        bytes.push(b'}');
-        let ignored = self.is_ignored(path.region, Some(text));
-        let cacheable = raw.len() > 2;
-        let measured = self.measure(&path, &bytes, raw);
-        self.push(
-            path,
-            "text".into(),
-            Bytes::from(bytes),
-            measured,
-            None,
-            cacheable,
-            ignored,
-        );
-    }
-
-    /// A block (or tool, or input item) as sent, less its `cache_control`.
-    fn block(&mut self, path: UnitPath, node: &Node, default_kind: &str) {
-        let body = self.body;
-        let b: &[u8] = body;
-        let field = |k: &str| node.get(b, k);
-        let kind = field("type")
-            .and_then(|t| t.string(b))
-            .unwrap_or_else(|| default_kind.to_owned());
-        // Client tools may omit `type` or say "custom"; server tools keep theirs.
-        let kind = match (default_kind, field("type")) {
-            ("tool", None) => "tool".to_owned(),
-            ("tool", Some(_)) if kind == "custom" => "tool".to_owned(),
-            _ => kind,
-        };
-        let marker = field("cache_control");
-        let span = node.span();
-        let bytes = match (marker, node) {
-            (Some(_), Node::Object(_, entries)) => {
-                let mut out = Vec::with_capacity(span.end - span.start);
-                out.push(b'{');
-                for (k, v) in entries
-                    .iter()
-                    .filter(|(k, _)| !scan::is_key(b, *k, "cache_control"))
-                {
-                    if out.len() > 1 {
-                        out.push(b',');
-                    }
-                    out.extend_from_slice(k.of(b));
-                    out.push(b':');
-                    out.extend_from_slice(v.span().of(b));
-                }
-                out.push(b'}');
-                Bytes::from(out)
-            }
-            _ => body.slice(span.start..span.end),
-        };
-        let breakpoint = marker
-            .filter(|m| m.span().of(b).first() == Some(&b'{'))
-            .map(|m| Breakpoint {
-                ttl: Ttl::of(b, m),
-                automatic: false,
-            });
-        let text = (kind == "text").then(|| field("text")).flatten();
-        let ignored = text.is_some() && self.is_ignored(path.region, text);
-        // The rendered part of text and tool results is their content, not the JSON around it.
-        let counted = match kind.as_str() {
-            "text" => text.map(|t| t.span().of(b)),
-            "tool_result" => field("content").map(|c| c.span().of(b)),
-            _ => None,
-        }
-        .unwrap_or(&bytes);
-        let measured = self.measure(&path, &bytes, counted);
-        let cacheable = match kind.as_str() {
-            "thinking" | "redacted_thinking" => false,
-            "text" => text.is_some_and(|t| t.span().of(b).len() > 2),
-            _ => true,
-        };
-        if path.region == Region::Messages
-            && (kind == "image"
-                || (kind == "tool_result"
-                    && memchr::memmem::find(&bytes, b"\"type\":\"image\"").is_some()))
-        {
-            self.settings.images = true;
-        }
-        self.push(path, kind, bytes, measured, breakpoint, cacheable, ignored);
-    }
-
-    /// The unit's hash and token estimate: the earlier turn's when the same place
-    /// held the same bytes (a memcmp is far cheaper than hashing and counting).
-    fn measure(&self, path: &UnitPath, bytes: &[u8], counted: &[u8]) -> (Hash, u32) {
+    /// The token estimate: the earlier turn's when the same place held the same
+    /// bytes (a memcmp is far cheaper than counting).
+    fn tokens(&self, path: &UnitPath, bytes: &[u8], counted: &[u8]) -> u32 {
         if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
             && prev.path == *path
             && prev.bytes[..] == *bytes
         {
-            return (prev.hash, prev.tokens);
+            return prev.tokens;
         }
-        let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
-        (digest::content(bytes), tokens)
+        estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD
     }
 
-    fn is_ignored(&self, region: Region, text: Option<&Node>) -> bool {
-        let Some(text) = text else { return false };
+    fn is_ignored(&self, region: Region, text: &[u8]) -> bool {
         if !self.ignore.iter().any(|r| r.region == region) {
             return false;
         }
-        let Some(decoded) = text.string(self.body) else {
+        let Some(decoded) = crate::provider::json::decode_str(text) else {
             return false;
         };
         self.ignore
@@ -602,17 +300,25 @@ impl<'b> Cutter<'b> {
             .any(|r| r.region == region && r.text.is_match(&decoded))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn push(
-        &mut self,
-        path: UnitPath,
-        kind: String,
-        bytes: Bytes,
-        (hash, tokens): (Hash, u32),
-        breakpoint: Option<Breakpoint>,
-        cacheable: bool,
-        ignored: bool,
-    ) {
+    fn push(&mut self, i: usize) {
+        let body = self.prompt.body();
+        let unit = &self.prompt.units()[i];
+        let path = unit.path;
+        let bytes = unit.bytes(body);
+        let text = unit.text.map(|t| t.of(body));
+        let counted = unit.content.map_or(&bytes[..], |c| c.of(body));
+        let tokens = self.tokens(&path, &bytes, counted);
+        let ignored = text.is_some_and(|t| self.is_ignored(path.region, t));
+        let cacheable = match unit.kind.as_str() {
+            "thinking" | "redacted_thinking" => false,
+            "text" => text.is_some_and(|t| t.len() > 2),
+            _ => true,
+        };
+        let breakpoint = unit.marker.as_ref().map(|m| Breakpoint {
+            ttl: m.ttl,
+            automatic: false,
+        });
+        let hash = unit.hash;
         if path.region == Region::Tools {
             self.tools.update(&hash);
         }
@@ -622,6 +328,7 @@ impl<'b> Cutter<'b> {
         self.pending.clear();
         chain.update(if ignored { IGNORED } else { &hash });
         self.prefix = chain.finish();
+        let kind = unit.kind.clone();
         let position = match self.units.last() {
             Some(prev) if run_kind(&kind) && prev.kind == kind => prev.position,
             Some(prev) => prev.position + 1,
@@ -641,7 +348,7 @@ impl<'b> Cutter<'b> {
         });
     }
 
-    fn finish(mut self, top: &Node) -> Segments {
+    fn finish(mut self) -> Segments {
         // Images are known only after the messages were read, so they are mixed in
         // afterwards: every message unit's prefix hash is rechained with the flag.
         if self.settings.images
@@ -667,16 +374,13 @@ impl<'b> Cutter<'b> {
             }
         }
         // Top-level automatic caching puts a breakpoint on the last cacheable block (§B.2).
-        let b: &[u8] = self.body;
         if self.format == Format::AnthropicMessages
-            && let Some(auto) = top
-                .get(b, "cache_control")
-                .filter(|v| v.span().of(b).first() == Some(&b'{'))
+            && let Some(auto) = self.prompt.automatic_marker()
             && let Some(last) = self.units.iter_mut().rev().find(|u| u.cacheable)
             && last.breakpoint.is_none()
         {
             last.breakpoint = Some(Breakpoint {
-                ttl: Ttl::of(b, auto),
+                ttl: auto.ttl,
                 automatic: true,
             });
         }
@@ -688,7 +392,7 @@ impl<'b> Cutter<'b> {
             .map(|(i, _)| i)
             .collect();
         Segments {
-            body: self.body.clone(),
+            body: self.prompt.body().clone(),
             format: self.format,
             units: self.units,
             settings: self.settings,
@@ -707,10 +411,16 @@ fn run_kind(kind: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn read(body: &Bytes, format: Format) -> Prompt {
+        Prompt::read(body.clone(), Some(format))
+    }
+
     fn cut(body: &str) -> Segments {
         segment(
-            &Bytes::copy_from_slice(body.as_bytes()),
-            Format::AnthropicMessages,
+            &read(
+                &Bytes::copy_from_slice(body.as_bytes()),
+                Format::AnthropicMessages,
+            ),
             &[IgnoreRule::billing_header()],
         )
         .unwrap()
@@ -773,8 +483,10 @@ mod tests {
         // Not ignored: the billing text would break the prefix.
         let plain = |body: &str| {
             segment(
-                &Bytes::copy_from_slice(body.as_bytes()),
-                Format::AnthropicMessages,
+                &read(
+                    &Bytes::copy_from_slice(body.as_bytes()),
+                    Format::AnthropicMessages,
+                ),
                 &[],
             )
             .unwrap()
@@ -842,8 +554,7 @@ mod tests {
     fn openai_shapes() {
         let chat = r#"{"model":"gpt","messages":[{"role":"system","content":"sys"},{"role":"user","content":[{"type":"text","text":"hi"}]}],"tools":[{"type":"function","function":{"name":"bash"}}]}"#;
         let s = segment(
-            &Bytes::from_static(chat.as_bytes()),
-            Format::OpenAiChat,
+            &read(&Bytes::from_static(chat.as_bytes()), Format::OpenAiChat),
             &[],
         )
         .unwrap();
@@ -854,13 +565,15 @@ mod tests {
         let resp =
             r#"{"model":"gpt","instructions":"be brief","input":[{"role":"user","content":"hi"}]}"#;
         let s = segment(
-            &Bytes::from_static(resp.as_bytes()),
-            Format::OpenAiResponses,
+            &read(
+                &Bytes::from_static(resp.as_bytes()),
+                Format::OpenAiResponses,
+            ),
             &[],
         )
         .unwrap();
         assert_eq!(paths(&s), ["instructions", "input[0]"]);
-        assert!(segment(&Bytes::from_static(b"[1]"), Format::OpenAiChat, &[]).is_err());
+        assert!(segment(&read(&Bytes::from_static(b"[1]"), Format::OpenAiChat), &[]).is_err());
     }
 
     #[test]
@@ -868,8 +581,9 @@ mod tests {
         let a = cut(TURN1);
         let body = Bytes::copy_from_slice(TURN2.as_bytes());
         let ignore = [IgnoreRule::billing_header()];
-        let fresh = segment_after(&body, Format::AnthropicMessages, &ignore, None).unwrap();
-        let lent = segment_after(&body, Format::AnthropicMessages, &ignore, Some(&a)).unwrap();
+        let fresh = segment_after(&read(&body, Format::AnthropicMessages), &ignore, None).unwrap();
+        let lent =
+            segment_after(&read(&body, Format::AnthropicMessages), &ignore, Some(&a)).unwrap();
         for (x, y) in fresh.units.iter().zip(&lent.units) {
             assert_eq!((x.hash, x.prefix, x.tokens), (y.hash, y.prefix, y.tokens));
         }
@@ -878,7 +592,7 @@ mod tests {
     #[test]
     fn unchanged_blocks_share_the_body_bytes() {
         let body = Bytes::copy_from_slice(TURN2.as_bytes());
-        let s = segment(&body, Format::AnthropicMessages, &[]).unwrap();
+        let s = segment(&read(&body, Format::AnthropicMessages), &[]).unwrap();
         let tool = &s.units[0].bytes;
         let offset = tool.as_ptr() as usize - body.as_ptr() as usize;
         assert_eq!(&body[offset..offset + tool.len()], &tool[..]);

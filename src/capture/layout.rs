@@ -1,26 +1,21 @@
-//! A body as stored: a skeleton plus units. A JSON request is cut at its system
-//! blocks, tools and messages (the exact bytes, from [`RequestView`]); the rest —
-//! keys, commas, `max_tokens` — is the skeleton, and joining the units back at their
-//! offsets gives the body byte for byte. Anything else is one unit.
+//! A body as stored: a skeleton plus units. A request body is cut at the units of
+//! its [`Prompt`] (tools, system blocks, message content blocks: the exact bytes);
+//! the rest — keys, commas, message roles, `max_tokens` — is the skeleton, and
+//! joining the units back at their offsets gives the body byte for byte. Anything
+//! else is one unit.
 
 use bytes::Bytes;
 
-use crate::provider::json::{self, Node, Span};
-use crate::provider::request::{RawObject, RequestView, decode_str, raw_array};
+use crate::prompt::Prompt;
 
-/// A body already cut, redacted and hashed (SHA-256 of each stored piece): the store
-/// keeps these as they are instead of cutting the body again.
+/// A body already cut, redacted and hashed (the content digest of each stored
+/// piece): the store keeps these as they are instead of cutting the body again.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Parts {
     pub skeleton: (Bytes, [u8; 32]),
     /// Each unit with the skeleton offset it goes back in at.
     pub units: Vec<(usize, Bytes, [u8; 32])>,
 }
-
-/// Top-level keys whose elements are units (Anthropic and OpenAI request shapes).
-const UNIT_KEYS: &[&str] = &["tools", "system", "messages", "input"];
-/// A non-array value under a unit key is a unit of its own from this size on.
-const SCALAR_UNIT_MIN: usize = 256;
 
 /// A body cut into a skeleton and units.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,35 +25,15 @@ pub struct Split<'a> {
     pub units: Vec<(usize, &'a [u8])>,
 }
 
-/// A request body read once: its top level (for the conversation key) and its cut.
-#[derive(Debug)]
-pub struct Cut<'a> {
-    /// The top-level keys and raw values; `None` when the body is not a JSON object.
-    pub view: Option<RequestView<'a>>,
-    pub split: Split<'a>,
-}
-
-/// Cuts `body` into units; a body that is not a JSON object is all skeleton.
-pub fn split(body: &[u8]) -> Split<'_> {
-    cut(body).split
-}
-
-/// Whether [`split`] leaves `body` whole (all skeleton, no units), without copying it.
-pub fn is_whole(body: &[u8]) -> bool {
-    read(body).1.is_none_or(|spans| spans.is_empty())
-}
-
-/// Reads `body` once (its top level and, one level down, its unit arrays) and cuts it
-/// into units.
-pub fn cut(body: &[u8]) -> Cut<'_> {
-    let (view, spans) = read(body);
-    let Some(spans) = spans else {
-        let split = Split {
-            skeleton: body.to_vec(),
-            units: Vec::new(),
-        };
-        return Cut { view, split };
-    };
+/// Cuts `prompt`'s body at its units; a body without units is all skeleton.
+pub fn split(prompt: &Prompt) -> Split<'_> {
+    let body: &[u8] = prompt.body();
+    let mut spans: Vec<_> = prompt.units().iter().map(|u| u.span).collect();
+    // Units come in cache order; the body may hold `messages` before `tools`.
+    spans.sort_unstable_by_key(|s| s.start);
+    if spans.windows(2).any(|w| w[0].end > w[1].start) {
+        spans.clear();
+    }
     let units_len: usize = spans.iter().map(|s| s.end - s.start).sum();
     let mut skeleton = Vec::with_capacity(body.len() - units_len);
     let mut units = Vec::with_capacity(spans.len());
@@ -69,101 +44,7 @@ pub fn cut(body: &[u8]) -> Cut<'_> {
         at = span.end;
     }
     skeleton.extend_from_slice(&body[at..]);
-    // Sorted, disjoint spans of the body's own bytes: joined, the pieces are the body.
-    Cut {
-        view,
-        split: Split { skeleton, units },
-    }
-}
-
-/// `body`'s top level as [`RequestView::parse`] reads it, and its units' spans, sorted
-/// and disjoint (`None`: the body stays whole).
-fn read(body: &[u8]) -> (Option<RequestView<'_>>, Option<Vec<Span>>) {
-    match scan_units(body) {
-        Some((view, spans)) => (Some(view), disjoint(spans)),
-        None => read_lenient(body),
-    }
-}
-
-/// The fast path: one scan two levels deep. When it succeeds, every value it kept
-/// is what the lenient path would find; a body it rejects goes the lenient way.
-fn scan_units(body: &[u8]) -> Option<(RequestView<'_>, Vec<Span>)> {
-    let Ok(Node::Object(_, entries)) = json::scan(body, 2) else {
-        return None;
-    };
-    let mut top = RawObject {
-        entries: Vec::with_capacity(entries.len()),
-    };
-    let mut spans = Vec::new();
-    for (key, value) in &entries {
-        let name = decode_str(key.of(body))?;
-        if !bare_tokens_plain(body, value) {
-            return None;
-        }
-        let raw = value.span();
-        if UNIT_KEYS.contains(&name.as_ref()) {
-            match value {
-                Node::Array(_, items) => spans.extend(items.iter().map(Node::span)),
-                _ if raw.end - raw.start >= SCALAR_UNIT_MIN => spans.push(raw),
-                _ => {}
-            }
-        }
-        top.entries.push((name, raw.of(body)));
-    }
-    Some((RequestView { top }, spans))
-}
-
-/// Whether no bare token (number, literal) among `value`'s children holds a quote or
-/// a bracket. Only such a token (invalid JSON) makes the two-level scan see other
-/// extents than the top-level scan, which skips the values below by counting brackets.
-fn bare_tokens_plain(body: &[u8], value: &Node) -> bool {
-    let special = |c: &u8| matches!(c, b'"' | b'{' | b'[');
-    let plain = |child: &Node| {
-        let raw = child.span().of(body);
-        raw.first().is_some_and(special) || !raw.iter().any(special)
-    };
-    match value {
-        Node::Object(_, entries) => entries.iter().all(|(_, v)| plain(v)),
-        Node::Array(_, items) => items.iter().all(plain),
-        Node::Leaf(_) => true,
-    }
-}
-
-/// The top level alone, then each unit array on its own: a body malformed below the
-/// top level (which the fast scan rejects) is cut as it always was.
-fn read_lenient(body: &[u8]) -> (Option<RequestView<'_>>, Option<Vec<Span>>) {
-    let Ok(view) = RequestView::parse(body) else {
-        return (None, None);
-    };
-    let mut spans = Vec::new();
-    for (key, raw) in &view.top.entries {
-        if !UNIT_KEYS.contains(&key.as_ref()) {
-            continue;
-        }
-        match raw_array(raw) {
-            Some(items) => spans.extend(items.into_iter().filter_map(|i| span_in(body, i))),
-            None if raw.len() >= SCALAR_UNIT_MIN => spans.extend(span_in(body, raw)),
-            None => {}
-        }
-    }
-    let spans = disjoint(spans);
-    (Some(view), spans)
-}
-
-/// `spans` sorted, or `None` when two overlap.
-fn disjoint(mut spans: Vec<Span>) -> Option<Vec<Span>> {
-    spans.sort_unstable_by_key(|s| s.start);
-    (!spans.windows(2).any(|w| w[0].end > w[1].start)).then_some(spans)
-}
-
-/// Where `part` (a slice of `body`'s memory) lies in `body`.
-fn span_in(body: &[u8], part: &[u8]) -> Option<Span> {
-    let base = body.as_ptr() as usize;
-    let start = part.as_ptr() as usize;
-    (start >= base && start + part.len() <= base + body.len()).then(|| Span {
-        start: start - base,
-        end: start - base + part.len(),
-    })
+    Split { skeleton, units }
 }
 
 /// The body from its skeleton and `(offset, unit)` pairs in order.
@@ -238,15 +119,26 @@ fn get(bytes: &[u8], at: &mut usize) -> Option<u64> {
 mod tests {
     use super::*;
 
+    use crate::prompt::Format;
+
+    fn read(body: &[u8]) -> Prompt {
+        Prompt::read(
+            Bytes::copy_from_slice(body),
+            Some(Format::AnthropicMessages),
+        )
+    }
+
     #[test]
     fn json_bodies_split_at_blocks_and_join_exactly() {
-        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}, {"role":"assistant","content":"yo"}],"system":[{"type":"text","text":"s"}],"tools":[],"max_tokens":5}"#;
-        let s = split(body);
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}, {"role":"assistant","content":[{"type":"text","text":"yo"}]}],"system":[{"type":"text","text":"s"}],"tools":[],"max_tokens":5}"#;
+        let prompt = read(body);
+        let s = split(&prompt);
         assert_eq!(s.units.len(), 3);
-        assert_eq!(s.units[0].1, br#"{"role":"user","content":"hi"}"#);
+        assert_eq!(s.units[0].1, br#""hi""#);
+        assert_eq!(s.units[1].1, br#"{"type":"text","text":"yo"}"#);
         assert_eq!(
             String::from_utf8_lossy(&s.skeleton),
-            r#"{"model":"m","messages":[, ],"system":[],"tools":[],"max_tokens":5}"#
+            r#"{"model":"m","messages":[{"role":"user","content":}, {"role":"assistant","content":[]}],"system":[],"tools":[],"max_tokens":5}"#
         );
         assert_eq!(
             join(&s.skeleton, s.units.iter().map(|(o, u)| (*o, *u))),
@@ -257,42 +149,15 @@ mod tests {
     #[test]
     fn other_bodies_are_whole() {
         for body in [&b"not json"[..], b"[1,2]", b"", b"{\"messages\":[1,"] {
-            let s = split(body);
+            let prompt = read(body);
+            let s = split(&prompt);
             assert!(s.units.is_empty());
             assert_eq!(s.skeleton, body);
         }
         let long = format!(r#"{{"system":"{}"}}"#, "x".repeat(300));
-        assert_eq!(split(long.as_bytes()).units.len(), 1);
-    }
-
-    #[test]
-    fn the_one_scan_reads_what_the_top_level_scan_reads() {
-        let long = "x".repeat(300);
-        let bodies = [
-            format!(
-                r#"{{"model":"m","metadata":{{"user_id":"u"}},"messages":[{{"role":"user","content":"{long}"}},{{"a":[1,{{"b":2}}]}}],"tools":[],"system":"{long}"}}"#
-            ),
-            // Malformed below the top level: the fast scan rejects these.
-            format!(r#"{{"metadata":{{"a":x"y}},"messages":[{{"c":"{long}"}}]}}"#),
-            format!(r#"{{"metadata":{{"a":x[y}}]}},"messages":[{{"c":"{long}"}}]}}"#),
-            format!(r#"{{"messages":[{{"c":"{long}"}} {{"d":1}}],"model":"m"}}"#),
-            format!(r#"{{"metadata":{{"a" 1}},"messages":[{{"c":"{long}"}}]}}"#),
-            format!(r#"{{"system":{{"text":"{long}"}},"input":[1,tr"ue]}}"#),
-            r#"{"messages":[1,2],"messages":[3]}"#.to_owned(),
-            r#"{"aA":1,"messages":[{}]}"#.to_owned(),
-            "[1]".to_owned(),
-        ];
-        for body in &bodies {
-            let body = body.as_bytes();
-            let (view, spans) = read(body);
-            let (lenient_view, lenient_spans) = read_lenient(body);
-            let text = String::from_utf8_lossy(body);
-            assert_eq!(spans, lenient_spans, "{text}");
-            assert_eq!(format!("{view:?}"), format!("{lenient_view:?}"), "{text}");
-        }
-        assert!(scan_units(bodies[0].as_bytes()).is_some());
-        assert!(!is_whole(bodies[0].as_bytes()));
-        assert!(is_whole(b"data: {}"));
+        assert_eq!(split(&read(long.as_bytes())).units.len(), 1);
+        let no_format = Prompt::read(Bytes::from(long), None);
+        assert!(split(&no_format).units.is_empty());
     }
 
     #[test]

@@ -436,8 +436,8 @@ mod tests {
         let record = |path: &str| {
             let mut r =
                 ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());
-            r.request_body = bytes::Bytes::from_static(b"{\"messages\":[]}");
-            r.request_plain = r.request_body.clone();
+            let body = bytes::Bytes::from_static(b"{\"messages\":[]}");
+            r.set_request_body(body.clone(), body);
             r
         };
         for _ in 0..5 {

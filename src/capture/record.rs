@@ -19,7 +19,7 @@ use super::timestamp;
 use crate::conversation::{KeySource, conversation_key};
 use crate::digest::{self, Algorithm};
 use crate::observer::{BodyFormat, SseDecoder};
-use crate::provider::request::RequestView;
+use crate::prompt::Prompt;
 use crate::provider::{Api, Usage};
 use crate::record::{ExchangeRecord, KeyCheck};
 
@@ -76,13 +76,9 @@ impl BodyInfo {
         }
     }
 
-    /// [`BodyInfo::of`] for a response body: when the store would keep it as one unit
-    /// (anything but a JSON object with unit keys), that unit is its bytes and the
-    /// hash is taken once.
+    /// [`BodyInfo::of`] for a response body: the store keeps it as one unit, its
+    /// bytes, and the hash is taken once.
     pub fn of_response(bytes: Bytes) -> BodyInfo {
-        if !layout::is_whole(&bytes) {
-            return BodyInfo::of(bytes, None);
-        }
         let hash = digest::content(&bytes);
         BodyInfo {
             digest: digest::hex(&hash),
@@ -264,34 +260,21 @@ impl CaptureRecord {
             digest::content_hex(sent_body)
         };
         let received_coding = crate::observer::decode::content_coding(&r.request_headers);
-        // The body is read once: the units and the conversation key both come from it.
-        let received_cut = r.capture.then(|| layout::cut(&r.request_plain));
         // The key is read from what the client sent, then redacted like any text.
+        // Claude Code's header names the conversation: no need to read the body for it.
         let conversation = {
-            let parsed;
-            // Claude Code's header names the conversation: no need to read the body for it.
-            let view = if r.request_headers.contains_key("x-claude-code-session-id") {
-                None
-            } else if let Some(cut) = &received_cut {
-                cut.view.as_ref()
-            } else {
-                parsed = RequestView::parse(&r.request_plain).ok();
-                parsed.as_ref()
-            };
-            conversation_key(&r.request_headers, view, keys)
+            let prompt = (!r.request_headers.contains_key("x-claude-code-session-id"))
+                .then(|| r.prompt.get());
+            conversation_key(&r.request_headers, prompt, keys)
                 .map(|k| redactor.redact_text(&k, extra, &mut summary))
         };
         let duplicate_key = match &r.duplicate_key {
-            KeyCheck::NotChecked if r.capture => &KeyCheck::of(&r.request_plain),
+            KeyCheck::NotChecked if r.capture => r.prompt.get().keys(),
             check => check,
         };
         // No rule looked, so the model was sniffed first-wins; the provider reads the last.
         let model = match duplicate_key.repeated() {
-            Some("/model") if r.duplicate_key == KeyCheck::NotChecked => {
-                serde_json::from_slice::<serde_json::Value>(&r.request_plain)
-                    .ok()
-                    .and_then(|v| v.get("model")?.as_str().map(str::to_owned))
-            }
+            Some("/model") if r.duplicate_key == KeyCheck::NotChecked => r.prompt.get().model(),
             _ => r.model.clone(),
         };
         let observation = r.observation.as_ref();
@@ -377,7 +360,7 @@ impl CaptureRecord {
                 &r.request_body,
                 &record.received_digest,
                 received_coding.map(|c| (&r.request_plain, c)),
-                received_cut.map(|c| c.split),
+                r.prompt.get(),
                 ctx,
                 &mut summary,
             );
@@ -387,7 +370,7 @@ impl CaptureRecord {
                     &record.sent_digest,
                     // A changed body goes upstream identity-encoded.
                     None,
-                    None,
+                    r.sent_prompt.get(),
                     ctx,
                     &mut sent_summary,
                 ));
@@ -428,6 +411,25 @@ impl CaptureRecord {
         ]
     }
 
+    /// The grammar of its request bodies, from its provider and API.
+    pub fn request_format(&self) -> Option<crate::prompt::Format> {
+        use crate::provider::{Api, Provider};
+        let provider = match self.provider.as_deref()? {
+            "anthropic" => Provider::Anthropic,
+            "openai" => Provider::OpenAi,
+            _ => return None,
+        };
+        let api = [
+            Api::Messages,
+            Api::CountTokens,
+            Api::ChatCompletions,
+            Api::Responses,
+        ]
+        .into_iter()
+        .find(|a| self.api.as_deref() == Some(api_name(*a)))?;
+        crate::prompt::Format::of_request(provider, api)
+    }
+
     /// The request body as sent upstream (the received one when they are the same).
     pub fn sent(&self) -> &BodyInfo {
         self.request
@@ -461,14 +463,14 @@ fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
 }
 
 /// A request body, redacted: stored decoded when it came compressed (`decoded`:
-/// the bytes the exchange decoded once, and the coding). `raw_digest` is the digest
-/// of `raw`, reused when the stored bytes are the same; `split` is the stored
-/// bytes already cut, when the caller had them.
+/// the bytes the exchange decoded once, and the coding), cut at the units of
+/// `prompt` (the model of those bytes). `raw_digest` is the digest of `raw`,
+/// reused when the stored bytes are the same.
 fn request_body(
     raw: &Bytes,
     raw_digest: &str,
     decoded: Option<(&Bytes, &str)>,
-    split: Option<layout::Split<'_>>,
+    prompt: &Prompt,
     ctx: &mut BodyContext<'_>,
     summary: &mut Summary,
 ) -> BodyInfo {
@@ -485,10 +487,7 @@ fn request_body(
         Some((plain, c)) => (plain.clone(), Some(format!("decoded from {c}"))),
         None => (raw.clone(), None),
     };
-    let split = match split {
-        Some(split) => split,
-        None => layout::split(&plain),
-    };
+    let split = layout::split(prompt);
     let mut info = match ctx
         .cache
         .redact(&plain, split, ctx.redactor, ctx.extra, summary)
@@ -801,9 +800,10 @@ mod redacted_tests {
             http::Method::POST,
             "/v1/messages?key=abc123".into(),
         );
-        r.request_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}]}"#);
-        r.request_plain = r.request_body.clone();
-        r.sent_body = r.request_body.clone().into();
+        r.provider = Some(crate::provider::Provider::Anthropic);
+        r.api = Some(Api::Messages);
+        let body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}]}"#);
+        r.set_request_body(body.clone(), body);
         r.request_headers
             .insert("x-team-secret", "team-value".parse().unwrap());
         r.request_headers.insert(
@@ -820,7 +820,7 @@ mod redacted_tests {
         let keys = KeySource::default();
         let mut r = exchange();
         // What a rule sends: the received message, one top-level key added.
-        r.sent_body = Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#).into();
+        r.set_sent_body(Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#).into());
         let fresh = CaptureRecord::redacted(&r, &redactor, &keys);
         let sent = fresh.request.sent_body.as_ref().unwrap();
         let parts = sent.parts.as_ref().unwrap();
@@ -896,8 +896,10 @@ mod redacted_tests {
                 let mut whole = Summary::new();
                 let expected = redactor.redact(&body, &[], &mut whole).into_owned();
                 let mut units = Summary::new();
+                let prompt =
+                    Prompt::read(body.clone(), Some(crate::prompt::Format::AnthropicMessages));
                 let got =
-                    match cache.redact(&body, layout::split(&body), &redactor, &[], &mut units) {
+                    match cache.redact(&body, layout::split(&prompt), &redactor, &[], &mut units) {
                         Redacted::Same(parts) => {
                             let joined = layout::join(
                                 &parts.skeleton.0,

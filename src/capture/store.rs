@@ -13,6 +13,7 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 use super::layout;
 use super::record::{BodyInfo, CaptureRecord};
 use crate::digest;
+use crate::prompt::{Format, Prompt};
 
 /// The file name of the store inside the captures directory.
 pub const DB_FILE: &str = "promptgate.db";
@@ -164,9 +165,14 @@ impl UnitWriter {
         self.zstd.compress(bytes)
     }
 
-    /// Stores a body's skeleton and units (cut here unless the writer already did);
-    /// returns its layout.
-    fn store_body(&mut self, tx: &Transaction<'_>, body: &BodyInfo) -> Result<Vec<u8>, StoreError> {
+    /// Stores a body's skeleton and units (cut here, as a request of `format`,
+    /// unless the writer already did); returns its layout.
+    fn store_body(
+        &mut self,
+        tx: &Transaction<'_>,
+        body: &BodyInfo,
+        format: Option<Format>,
+    ) -> Result<Vec<u8>, StoreError> {
         if let Some(parts) = &body.parts {
             let (skeleton, hash) = &parts.skeleton;
             let skeleton = self.id(tx, skeleton, *hash)?;
@@ -177,7 +183,8 @@ impl UnitWriter {
                 .collect::<Result<Vec<_>, StoreError>>()?;
             return Ok(layout::encode(skeleton, &units));
         }
-        let split = layout::split(&body.bytes);
+        let prompt = Prompt::read(body.bytes.clone(), format);
+        let split = layout::split(&prompt);
         let skeleton = self.id(tx, &split.skeleton, digest::content(&split.skeleton))?;
         let units = split
             .units
@@ -343,9 +350,12 @@ impl Store {
                     Some(&record.response.body),
                     record.response.message.as_ref(),
                 ];
-                for (slot, body) in layouts.iter_mut().zip(bodies) {
+                let format = record.request_format();
+                for (i, (slot, body)) in layouts.iter_mut().zip(bodies).enumerate() {
                     if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
-                        *slot = Some(self.units.store_body(&tx, body)?);
+                        // The request bodies are cut at their units; responses stay whole.
+                        let format = format.filter(|_| i < 2);
+                        *slot = Some(self.units.store_body(&tx, body, format)?);
                     }
                 }
             }
@@ -886,6 +896,8 @@ mod tests {
         let mut r = CaptureRecord {
             id: id.into(),
             outcome: "ok".into(),
+            provider: Some("anthropic".into()),
+            api: Some("messages".into()),
             captured: true,
             ..CaptureRecord::default()
         };

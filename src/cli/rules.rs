@@ -295,6 +295,10 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     let model = crate::provider::sniff(&plain).model;
     let before = header_map.clone();
     let method = Method::POST;
+    let prompt = crate::record::PromptCell::new(
+        plain.clone().into(),
+        crate::prompt::Format::of_request(route.provider, route.api),
+    );
     let result = set.apply_request(RequestCtx {
         provider: route.provider,
         api: route.api,
@@ -304,7 +308,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         model: model.as_deref(),
         headers: header_map,
         body: &body,
-        plain: &plain,
+        prompt: &prompt,
     });
     println!(
         "request: POST {path} ({}, model {}, {} bytes)",

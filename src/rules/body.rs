@@ -17,8 +17,9 @@ use std::cell::OnceCell;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::provider::json::{self, Tok, skip_string, skip_value, skip_ws};
-use crate::record::{KeyCheck, SentBody};
+use crate::prompt::{Prompt, Shape, key_is};
+use crate::provider::json::{self, Tok, skip_ws};
+use crate::record::{KeyCheck, PromptCell, SentBody};
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
@@ -44,11 +45,11 @@ pub(crate) enum Node<'a> {
     Value(Value),
 }
 
-/// An untouched value: its bytes as sent and, when the body was indexed, its token.
+/// An untouched value: its bytes as sent, and its token in the body's index.
 #[derive(Clone, Copy)]
 pub(crate) struct Raw<'a> {
     text: &'a [u8],
-    at: Option<(&'a Index<'a>, u32)>,
+    at: (&'a Index<'a>, u32),
 }
 
 impl std::fmt::Debug for Raw<'_> {
@@ -58,65 +59,28 @@ impl std::fmt::Debug for Raw<'_> {
 }
 
 impl<'a> Raw<'a> {
-    /// A value found by splitting its parent's bytes (no index).
-    fn plain(text: &'a [u8]) -> Raw<'a> {
-        Raw { text, at: None }
-    }
-
     /// The child named by one pointer token, as opening would find it.
     fn child(self, token: &str) -> Option<Raw<'a>> {
-        if let Some((index, t)) = self.at {
-            return index.child(t as usize, token);
-        }
-        match self.open()? {
-            Node::Object { entries, .. } => {
-                entries
-                    .into_iter()
-                    .find(|(k, _)| k == token)
-                    .and_then(|(_, v)| match v {
-                        Node::Raw(r) => Some(r),
-                        _ => None,
-                    })
-            }
-            Node::Array { items, .. } => match items.into_iter().nth(array_index(token)?)? {
-                Node::Raw(r) => Some(r),
-                _ => None,
-            },
-            _ => None,
-        }
+        let (index, t) = self.at;
+        index.child(t as usize, token)
     }
 
-    /// The opened object or array, children untouched; `None` for scalars and for
-    /// what cannot be split.
+    /// The opened object or array, children untouched; `None` for scalars.
     fn open(self) -> Option<Node<'a>> {
-        if let Some((index, t)) = self.at {
-            return index.open(t);
-        }
-        let text = self.text;
-        match text.first() {
-            Some(b'{') => split_object(text).map(|(entries, _)| Node::Object {
-                orig: Some(text),
-                entries,
-            }),
-            Some(b'[') => split_array(text).map(|items| Node::Array {
-                orig: Some(text),
-                items,
-            }),
-            _ => None,
-        }
+        let (index, t) = self.at;
+        index.open(t)
     }
 }
 
-/// The structure of a whole body from one pass of the scanner: every key's and
-/// value's span, so a node opens without scanning its bytes again.
+/// The structure of a whole body: the [`Prompt`]'s tape, so a node opens without
+/// scanning its bytes again.
 pub(crate) struct Index<'a> {
     body: &'a [u8],
-    toks: Vec<Tok>,
+    toks: &'a [Tok],
     /// The tokens of keys that may spell `cache_control`, in order: breakpoints
     /// are looked for only in values that hold one.
-    cache_control_keys: Vec<u32>,
-    /// Repeated keys, once looked for: with one, lookups take a key's last value.
-    keys: OnceCell<KeyCheck>,
+    cache_control_keys: &'a [u32],
+    keys: &'a KeyCheck,
 }
 
 impl std::fmt::Debug for Index<'_> {
@@ -126,37 +90,33 @@ impl std::fmt::Debug for Index<'_> {
 }
 
 impl<'a> Index<'a> {
-    /// Indexes `body`; `None` when the scan cannot follow it. Keys are decoded
-    /// when an object is opened, as splitting does: an object with a key that is
-    /// not text cannot be opened (a lookup of a key before it still finds it).
-    fn build(body: &'a [u8]) -> Option<Index<'a>> {
-        let mut cache_control_keys = Vec::new();
-        let toks =
-            json::tape_noting(body, may_spell_cache_control, &mut cache_control_keys).ok()?;
+    /// The index of `prompt`; `None` when its body is not JSON. Keys are decoded
+    /// when an object is opened: an object with a key that is not text cannot be
+    /// opened (a lookup of a key before it still finds it).
+    fn build(prompt: &'a Prompt) -> Option<Index<'a>> {
         Some(Index {
-            body,
-            toks,
-            cache_control_keys,
-            keys: OnceCell::new(),
+            body: prompt.body(),
+            toks: prompt.tape()?,
+            cache_control_keys: prompt.cache_control_keys(),
+            keys: prompt.keys(),
         })
     }
 
-    /// Whether a key repeats in one object, found on first ask.
+    /// Whether a key repeats in one object.
     fn keys(&self) -> &KeyCheck {
         self.keys
-            .get_or_init(|| KeyCheck::in_tape(self.body, &self.toks))
     }
 
     /// Whether readers must take each key's last value (a body without repeats
     /// has one value per key, so the first is the last).
     fn last_wins(&self) -> bool {
-        self.keys.get().is_some_and(|k| k.repeated().is_some())
+        self.keys.repeated().is_some()
     }
 
     fn raw(&'a self, t: usize) -> Raw<'a> {
         Raw {
             text: self.toks[t].of(self.body),
-            at: Some((self, t as u32)),
+            at: (self, t as u32),
         }
     }
 
@@ -232,30 +192,6 @@ impl<'a> Index<'a> {
             }
             _ => None,
         }
-    }
-}
-
-/// Whether a key (with its quotes) spells `want`; `None` when it does not decode.
-fn key_is(key: &[u8], want: &str) -> Option<bool> {
-    let inner = &key[1..key.len() - 1];
-    // An escape is longer than the character it spells: a key spelled with escapes
-    // is longer than its text, so only a longer key needs decoding.
-    if inner.len() <= want.len() {
-        return Some(inner == want.as_bytes() && !inner.contains(&b'\\'));
-    }
-    if !inner.contains(&b'\\') {
-        return Some(false);
-    }
-    Some(json::decode_str(key)? == want)
-}
-
-/// Whether a key (with its quotes) may spell `cache_control`: as it is, or with
-/// escapes (then longer, up to six bytes a character, and with a backslash).
-fn may_spell_cache_control(key: &[u8]) -> bool {
-    match key.len() {
-        15 => key == b"\"cache_control\"",
-        16..=80 => key.contains(&b'\\'),
-        _ => false,
     }
 }
 
@@ -657,15 +593,11 @@ impl<'n, 'a: 'n> Peek<'n, 'a> {
     /// untouched value with no key that could spell it (noted when indexing), so a
     /// scan for breakpoints skips the messages that have none.
     pub(crate) fn may_hold_cache_control(self) -> bool {
-        let Peek::Raw(Raw {
-            at: Some((index, t)),
-            ..
-        }) = self
-        else {
+        let Peek::Raw(Raw { at: (index, t), .. }) = self else {
             return true;
         };
         let end = index.toks[t as usize].next;
-        let keys = &index.cache_control_keys;
+        let keys = index.cache_control_keys;
         keys.get(keys.partition_point(|&k| k < t))
             .is_some_and(|&k| k < end)
     }
@@ -674,16 +606,12 @@ impl<'n, 'a: 'n> Peek<'n, 'a> {
     pub(crate) fn items(self) -> Items<'n, 'a> {
         match self {
             Peek::Raw(Raw {
-                at: Some((index, t)),
+                at: (index, t),
                 text,
             }) if text.first() == Some(&b'[') => Items::Indexed {
                 index,
                 at: t as usize + 1,
                 end: index.toks[t as usize].next as usize,
-            },
-            Peek::Raw(r) => match r.open() {
-                Some(Node::Array { items, .. }) => Items::Split(items.into_iter()),
-                _ => Items::None,
             },
             Peek::Opened(Node::Array { items, .. }) => Items::Opened(items.iter()),
             Peek::Value(Value::Array(a)) => Items::Values(a.iter()),
@@ -767,7 +695,6 @@ pub(crate) enum Items<'n, 'a> {
         at: usize,
         end: usize,
     },
-    Split(std::vec::IntoIter<Node<'a>>),
     Opened(std::slice::Iter<'n, Node<'a>>),
     Values(std::slice::Iter<'n, Value>),
     None,
@@ -786,11 +713,6 @@ impl<'n, 'a: 'n> Iterator for Items<'n, 'a> {
                 *at = index.toks[*at].next as usize;
                 Some(Peek::Raw(item))
             }
-            // Split items are always raw (what splitting makes).
-            Items::Split(items) => items.find_map(|n| match n {
-                Node::Raw(r) => Some(Peek::Raw(r)),
-                _ => None,
-            }),
             Items::Opened(items) => items.next().map(Node::peek),
             Items::Values(items) => items.next().map(Peek::Value),
             Items::None => None,
@@ -1045,6 +967,8 @@ pub(crate) struct LazyBody<'a> {
     sent: &'a Bytes,
     /// `sent` decoded (the same bytes when it came uncompressed): what rules read.
     plain: &'a Bytes,
+    /// The model of `plain`, read on first use.
+    prompt: &'a PromptCell,
     /// Whether `sent` came compressed (a changed body then goes on as identity).
     encoded: bool,
     store: &'a BodyStore<'a>,
@@ -1052,17 +976,18 @@ pub(crate) struct LazyBody<'a> {
 }
 
 impl<'a> LazyBody<'a> {
-    /// `sent` as received, `plain` its decoded bytes; `encoded` whether it came
-    /// compressed.
+    /// `sent` as received, `prompt` the model of its decoded bytes; `encoded`
+    /// whether it came compressed.
     pub(crate) fn new(
         sent: &'a Bytes,
-        plain: &'a Bytes,
+        prompt: &'a PromptCell,
         encoded: bool,
         store: &'a BodyStore<'a>,
     ) -> Self {
         LazyBody {
             sent,
-            plain,
+            plain: prompt.body().bytes(),
+            prompt,
             encoded,
             store,
             root: None,
@@ -1077,7 +1002,11 @@ impl<'a> LazyBody<'a> {
         if b.get(skip_ws(b, 0)) != Some(&b'{') {
             return KeyCheck::NotChecked;
         }
-        match self.store.index.get_or_init(|| Index::build(b)) {
+        match self
+            .store
+            .index
+            .get_or_init(|| Index::build(self.prompt.get()))
+        {
             Some(index) => index.keys().clone(),
             None => KeyCheck::NotChecked,
         }
@@ -1097,7 +1026,7 @@ impl<'a> LazyBody<'a> {
     pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
         if self.root.is_none() {
             let store = self.store;
-            let parsed = parse_root(self.plain, &store.index);
+            let parsed = parse_root(self.prompt, &store.index);
             self.root = Some(parsed);
         }
         match self.root.as_mut() {
@@ -1142,32 +1071,29 @@ impl<'a> LazyBody<'a> {
 /// split is "not JSON"; anything subtler the provider will refuse, exactly as
 /// without promptgate.
 fn parse_root<'a>(
-    bytes: &'a Bytes,
+    prompt: &'a PromptCell,
     index: &'a OnceCell<Option<Index<'a>>>,
 ) -> Result<Node<'a>, String> {
-    let b: &'a [u8] = bytes;
-    let start = skip_ws(b, 0);
-    if b.get(start) != Some(&b'{') {
-        return Err("the body is not a JSON object".into());
+    let prompt = prompt.get();
+    match prompt.shape() {
+        Shape::Object(_) => {}
+        Shape::NotJson(at) => {
+            return Err(format!(
+                "the body is not a JSON object: it is malformed at byte {at}"
+            ));
+        }
+        Shape::Empty | Shape::NotObject => return Err("the body is not a JSON object".into()),
     }
-    if let Some(index) = index.get_or_init(|| Index::build(b))
-        && let Some(Node::Object { entries, .. }) = index.open(0)
-    {
-        return Ok(Node::Object {
-            orig: Some(b),
-            entries,
-        });
+    match index.get_or_init(|| Index::build(prompt)) {
+        Some(index) => match index.open(0) {
+            Some(Node::Object { entries, .. }) => Ok(Node::Object {
+                orig: Some(prompt.body()),
+                entries,
+            }),
+            _ => Err("the body is not a JSON object: a key is not valid text".into()),
+        },
+        None => Err("the body is not a JSON object".into()),
     }
-    let Some((entries, end)) = split_object(&b[start..]) else {
-        return Err("the body is not a JSON object: it is malformed or cut short".into());
-    };
-    if skip_ws(b, start + end) != b.len() {
-        return Err("the body is not a JSON object: data follows the object".into());
-    }
-    Ok(Node::Object {
-        orig: Some(b),
-        entries,
-    })
 }
 
 /// Adds a key to an object's entries as a last-wins parser does: a repeated key
@@ -1176,58 +1102,6 @@ fn put_last<'a>(entries: &mut Entries<'a>, key: Cow<'a, str>, value: Node<'a>) {
     match entries.iter_mut().find(|(k, _)| *k == key) {
         Some((_, v)) => *v = value,
         None => entries.push((key, value)),
-    }
-}
-
-/// Splits a JSON object into its keys and raw values, in order (a repeated key
-/// once, with its last value); also returns where it ends. `None` when it is
-/// malformed.
-fn split_object(text: &[u8]) -> Option<(Entries<'_>, usize)> {
-    let b = text;
-    let mut out = Vec::new();
-    let mut i = skip_ws(b, 1);
-    if b.get(i) == Some(&b'}') {
-        return Some((out, i + 1));
-    }
-    loop {
-        if b.get(i) != Some(&b'"') {
-            return None;
-        }
-        let key_end = skip_string(b, i)?;
-        let key = json::decode_str(&text[i..key_end])?;
-        i = skip_ws(b, key_end);
-        if b.get(i) != Some(&b':') {
-            return None;
-        }
-        i = skip_ws(b, i + 1);
-        let end = skip_value(b, i)?;
-        put_last(&mut out, key, Node::Raw(Raw::plain(&text[i..end])));
-        i = skip_ws(b, end);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b'}') => return Some((out, i + 1)),
-            _ => return None,
-        }
-    }
-}
-
-/// Splits a valid JSON array into its raw items.
-fn split_array(text: &[u8]) -> Option<Vec<Node<'_>>> {
-    let b = text;
-    let mut out = Vec::new();
-    let mut i = skip_ws(b, 1);
-    if b.get(i) == Some(&b']') {
-        return Some(out);
-    }
-    loop {
-        let end = skip_value(b, i)?;
-        out.push(Node::Raw(Raw::plain(&text[i..end])));
-        i = skip_ws(b, end);
-        match b.get(i) {
-            Some(b',') => i = skip_ws(b, i + 1),
-            Some(b']') => return Some(out),
-            _ => return None,
-        }
     }
 }
 
@@ -1240,8 +1114,9 @@ mod tests {
 
     fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         f(lazy.root().unwrap());
         match lazy.changed() {
             Some(b) => String::from_utf8(b.bytes().to_vec()).unwrap(),
@@ -1336,8 +1211,9 @@ mod tests {
     #[test]
     fn non_json_bodies_say_why() {
         let bytes = Bytes::from_static(b"not json");
+        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
         for bad in [
             &b"[1]"[..],
@@ -1349,8 +1225,9 @@ mod tests {
             b"",
         ] {
             let bytes = Bytes::copy_from_slice(bad);
+            let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
             let store = BodyStore::default();
-            let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
+            let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
             let e = lazy.root().unwrap_err();
             assert!(e.starts_with("the body is not a JSON object"), "{e}");
             assert!(lazy.changed().is_none());
@@ -1371,8 +1248,9 @@ mod tests {
             r#"{{"messages":[{{"role":"user","content":"{long}"}},{{"role":"user","content":[{{"type":"text","text":"b","cache_control":{{"type":"ephemeral"}}}}]}}],"system":"{long}","max_tokens":128000,"stream":true}}"#
         );
         let bytes = Bytes::from(body.clone());
+        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         let root = lazy.root().unwrap();
         let cc = root
             .at_mut(&ptr!["messages", 1, "content", 0, "cache_control"])

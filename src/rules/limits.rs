@@ -300,8 +300,9 @@ mod tests {
     /// The blocks `markers` finds in `body`, with their ttl and why they are ineligible.
     fn found(body: &str) -> Vec<(Vec<String>, Option<String>, Option<&'static str>)> {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
+        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         markers(lazy.root().expect("a JSON object"))
             .into_iter()
             .map(|m| (m.block, m.ttl, m.ineligible))
@@ -309,7 +310,7 @@ mod tests {
     }
 
     #[test]
-    fn markers_are_the_same_through_the_index_and_by_splitting() {
+    fn markers_are_found_through_the_model_and_a_malformed_body_has_none() {
         let body = r#"{"tools":[{"name":"a"},{"name":"b","cache_control":{"type":"ephemeral"}}],
             "system":[{"type":"text","text":"s","cache\u005fcontrol":{"type":"ephemeral"}},
                       {"type":"text","text":"says cache_control","cache\u005fcontrol":{"type":"ephemeral","ttl":"1h"}}],
@@ -334,7 +335,12 @@ mod tests {
             (Vec::new(), None, None),
         ];
         assert_eq!(found(&format!("{body}}}")), want);
-        // `[1}` is split (level by level) but not indexed: the fallback finds the same.
-        assert_eq!(found(&format!(r#"{body},"x":[1}}}}"#)), want);
+        // Malformed anywhere is not an object, to rules as to every other reader.
+        let bytes = Bytes::from(format!(r#"{body},"x":[1}}}}"#));
+        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
+        let store = BodyStore::default();
+        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let e = lazy.root().map(|_| ()).unwrap_err();
+        assert!(e.contains("malformed at byte"), "{e}");
     }
 }

@@ -29,7 +29,7 @@ use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
 use crate::provider::{Api, Provider};
-use crate::record::{ExchangeRecord, KeyCheck, SentBody};
+use crate::record::{ExchangeRecord, KeyCheck, PromptCell, SentBody};
 
 /// The three hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.
@@ -213,9 +213,10 @@ pub struct RequestCtx<'a> {
     pub headers: HeaderMap,
     /// The body as received (maybe compressed: see `Content-Encoding` in `headers`).
     pub body: &'a Bytes,
-    /// The body decoded once by the caller (`observer::decode::request_plain`): the
-    /// same bytes as `body` when it came uncompressed. Rules read only this.
-    pub plain: &'a Bytes,
+    /// The model of the body decoded once by the caller
+    /// (`observer::decode::request_plain`: the same bytes as `body` when it came
+    /// uncompressed). Rules read only this, and read it only when they must.
+    pub prompt: &'a PromptCell,
 }
 
 /// What the request phases did.
@@ -329,7 +330,7 @@ impl RuleSet {
         }
         let encoded = crate::observer::decode::content_coding(&headers).is_some();
         let store = BodyStore::default();
-        let mut body = LazyBody::new(req.body, req.plain, encoded, &store);
+        let mut body = LazyBody::new(req.body, req.prompt, encoded, &store);
         let info = Info {
             provider: req.provider,
             api: req.api,

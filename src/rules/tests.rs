@@ -62,6 +62,10 @@ impl Req {
         let plain =
             crate::observer::decode::request_plain(&self.headers, &self.body, 32 << 20).unwrap();
         let model = crate::provider::sniff(&plain).model;
+        let prompt = crate::record::PromptCell::new(
+            plain.into(),
+            crate::prompt::Format::of_request(self.provider, Api::Messages),
+        );
         rules.apply_request(RequestCtx {
             provider: self.provider,
             api: Api::Messages,
@@ -71,7 +75,7 @@ impl Req {
             model: model.as_deref(),
             headers: self.headers.clone(),
             body: &self.body,
-            plain: &plain,
+            prompt: &prompt,
         })
     }
 }
@@ -166,8 +170,9 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
         shapes::to_bytes(&shapes::openai_chat_body(true)),
     ] {
         let bytes = Bytes::from(body);
+        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &bytes, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
         assert_eq!(out.len(), bytes.len());

@@ -1,0 +1,281 @@
+//! The one model of a provider request, shared by rules, capture and cache analysis.
+//!
+//! [`Prompt::read`] makes one structural pass over the body (the tape of
+//! [`json::tape`](crate::provider::json::tape)), finds repeated keys once, and — for a
+//! body of a known request grammar ([`Format`]) — its [units](Unit) in cache order,
+//! each with its span, its `cache_control` marker and its content digest. Every
+//! reader asks the same model, so they agree on what the body says: a body that is
+//! not JSON, or not an object, is a [`Shape`] of the model, not an error of each.
+//! Objects with a repeated key read its last value, as the providers' parsers do.
+
+mod tree;
+mod units;
+
+use bytes::Bytes;
+use serde::Serialize;
+
+pub use tree::Value;
+pub(crate) use tree::{key_is, may_spell_cache_control};
+pub use units::{Marker, Message, Region, Ttl, Unit, UnitPath};
+
+use crate::provider::json::{self, ScanError, Tok};
+use crate::provider::{Api, Provider};
+
+/// Which request grammar a body follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    AnthropicMessages,
+    OpenAiChat,
+    OpenAiResponses,
+}
+
+impl Format {
+    /// The format of a provider API's request bodies, when it is one promptgate reads.
+    pub fn of(provider: Provider, api: Api) -> Option<Format> {
+        match (provider, api) {
+            (Provider::Anthropic, Api::Messages) => Some(Format::AnthropicMessages),
+            (Provider::OpenAi, Api::ChatCompletions) => Some(Format::OpenAiChat),
+            (Provider::OpenAi, Api::Responses) => Some(Format::OpenAiResponses),
+            _ => None,
+        }
+    }
+
+    /// The grammar of a request body on `api`: also Anthropic's token counting,
+    /// which takes a Messages body.
+    pub fn of_request(provider: Provider, api: Api) -> Option<Format> {
+        match (provider, api) {
+            (Provider::Anthropic, Api::CountTokens) => Some(Format::AnthropicMessages),
+            _ => Format::of(provider, api),
+        }
+    }
+
+    pub fn provider(self) -> Provider {
+        match self {
+            Format::AnthropicMessages => Provider::Anthropic,
+            _ => Provider::OpenAi,
+        }
+    }
+}
+
+/// What is known of repeated keys in a request body.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum KeyCheck {
+    /// Nobody has looked, or the body is not a JSON object.
+    #[default]
+    NotChecked,
+    /// Every object's keys are distinct.
+    Unique,
+    /// The JSON pointer of the first key that occurs a second time in its object.
+    Repeated(String),
+}
+
+impl KeyCheck {
+    /// The repeated key's pointer, if there is one.
+    pub fn repeated(&self) -> Option<&str> {
+        match self {
+            KeyCheck::Repeated(p) => Some(p),
+            _ => None,
+        }
+    }
+}
+
+/// What a body is, as every stage sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum Shape<'p> {
+    /// No bytes.
+    Empty,
+    /// Not JSON: the structure pass stopped at this byte.
+    NotJson(usize),
+    /// JSON, but not an object.
+    NotObject,
+    /// A JSON object.
+    Object(Value<'p>),
+}
+
+/// The request-level inputs rendered into the prompt (PROTOCOL.md §B.6, §B.10).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Settings {
+    pub model: String,
+    /// Raw JSON as sent, when present.
+    pub tool_choice: Option<String>,
+    pub thinking: Option<String>,
+    pub effort: Option<String>,
+    pub speed: Option<String>,
+    /// Any image anywhere in the messages.
+    pub images: bool,
+}
+
+/// A request body, read once. See the module docs.
+pub struct Prompt {
+    body: Bytes,
+    tape: Result<Vec<Tok>, ScanError>,
+    /// Object keys that may spell `cache_control`, by token, in document order.
+    cache_control_keys: Vec<u32>,
+    keys: KeyCheck,
+    format: Option<Format>,
+    units: Vec<Unit>,
+    messages: Vec<Message>,
+}
+
+impl std::fmt::Debug for Prompt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Prompt({} bytes, {} units, {:?})",
+            self.body.len(),
+            self.units.len(),
+            self.format
+        )
+    }
+}
+
+impl Prompt {
+    /// Reads `body` (already decoded when it came compressed) as a request of
+    /// `format` (`None`: structure only, no units).
+    pub fn read(body: Bytes, format: Option<Format>) -> Prompt {
+        let mut cache_control_keys = Vec::new();
+        let object = body.get(json::skip_ws(&body, 0)) == Some(&b'{');
+        let tape = if body.is_empty() {
+            Err(ScanError(0))
+        } else {
+            json::tape_noting(&body, may_spell_cache_control, &mut cache_control_keys)
+        };
+        let keys = match &tape {
+            Ok(toks) if object => match json::duplicate_key(&body, toks) {
+                Some(pointer) => KeyCheck::Repeated(pointer),
+                None => KeyCheck::Unique,
+            },
+            _ => KeyCheck::NotChecked,
+        };
+        let mut prompt = Prompt {
+            body,
+            tape,
+            cache_control_keys,
+            keys,
+            format,
+            units: Vec::new(),
+            messages: Vec::new(),
+        };
+        if let (Some(format), Shape::Object(root)) = (format, prompt.shape()) {
+            let (units, messages) = units::cut(&prompt.body, root, format);
+            prompt.units = units;
+            prompt.messages = messages;
+        }
+        prompt
+    }
+
+    /// The bytes it was read from.
+    pub fn body(&self) -> &Bytes {
+        &self.body
+    }
+
+    pub fn format(&self) -> Option<Format> {
+        self.format
+    }
+
+    /// What the body is.
+    pub fn shape(&self) -> Shape<'_> {
+        match &self.tape {
+            _ if self.body.is_empty() => Shape::Empty,
+            Err(e) => Shape::NotJson(e.0),
+            Ok(toks) => {
+                let root = Value {
+                    body: &self.body,
+                    toks,
+                    last_wins: self.keys.repeated().is_some(),
+                    at: 0,
+                };
+                if root.is_object() {
+                    Shape::Object(root)
+                } else {
+                    Shape::NotObject
+                }
+            }
+        }
+    }
+
+    /// The top-level object, when the body is one.
+    pub fn root(&self) -> Option<Value<'_>> {
+        match self.shape() {
+            Shape::Object(root) => Some(root),
+            _ => None,
+        }
+    }
+
+    /// The tape of the structure pass, when the body is JSON.
+    pub(crate) fn tape(&self) -> Option<&[Tok]> {
+        self.tape.as_deref().ok()
+    }
+
+    /// The tokens of keys that may spell `cache_control`, in document order.
+    pub(crate) fn cache_control_keys(&self) -> &[u32] {
+        &self.cache_control_keys
+    }
+
+    /// Repeated keys (`NotChecked` for a body that is no JSON object).
+    pub fn keys(&self) -> &KeyCheck {
+        &self.keys
+    }
+
+    /// The units in cache order (none without a format, or for a body that is no object).
+    pub fn units(&self) -> &[Unit] {
+        &self.units
+    }
+
+    /// The entries of `messages`, with their units.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The value at token `tok` (a [`Message::tok`]).
+    pub fn value(&self, tok: u32) -> Option<Value<'_>> {
+        let root = self.root()?;
+        ((tok as usize) < root.toks.len()).then_some(Value { at: tok, ..root })
+    }
+
+    /// The model the request names (the last `model` when the body repeats it).
+    pub fn model(&self) -> Option<String> {
+        Some(self.root()?.get("model")?.str()?.into_owned())
+    }
+
+    /// The request-level inputs rendered into the prompt.
+    pub fn settings(&self) -> Settings {
+        let Some(root) = self.root() else {
+            return Settings::default();
+        };
+        let raw = |k: &str| {
+            root.get(k)
+                .map(|v| String::from_utf8_lossy(v.bytes()).into_owned())
+        };
+        let effort = root
+            .get("output_config")
+            .and_then(|o| o.get("effort"))
+            .map(|v| String::from_utf8_lossy(v.bytes()).into_owned());
+        let images = self.units.iter().any(|u| {
+            u.path.region == Region::Messages
+                && (u.kind == "image"
+                    || (u.kind == "tool_result"
+                        && memchr::memmem::find(
+                            &self.body[u.span.start..u.span.end],
+                            b"\"type\":\"image\"",
+                        )
+                        .is_some()))
+        });
+        Settings {
+            model: self.model().unwrap_or_default(),
+            tool_choice: raw("tool_choice"),
+            thinking: raw("thinking").or_else(|| raw("reasoning")),
+            effort: effort.or_else(|| raw("reasoning_effort")),
+            speed: raw("speed"),
+            images,
+        }
+    }
+
+    /// Top-level automatic caching (`cache_control` beside `messages`), when it is an object.
+    pub fn automatic_marker(&self) -> Option<Marker> {
+        Marker::of(self.root()?.get("cache_control")?)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,359 @@
+//! A request's units in the provider's cache order: tools → system → messages
+//! (PROTOCOL.md §B.4), or tools → instructions → input for OpenAI Responses. A
+//! unit is one tool definition, one system block, one message content block or
+//! one OpenAI input item; string content is one unit of its own.
+
+use std::fmt;
+use std::ops::Range;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use super::tree::{Value, key_is};
+use crate::digest::{self, Digest};
+use crate::provider::json::Span;
+
+/// Which part of the prompt a unit belongs to, in cache order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Region {
+    Tools,
+    /// Anthropic `system`.
+    System,
+    /// OpenAI Responses `instructions`.
+    Instructions,
+    Messages,
+    /// OpenAI Responses `input` items.
+    Input,
+}
+
+impl Region {
+    /// Its name in a request body.
+    pub fn name(self) -> &'static str {
+        match self {
+            Region::Tools => "tools",
+            Region::System => "system",
+            Region::Instructions => "instructions",
+            Region::Messages => "messages",
+            Region::Input => "input",
+        }
+    }
+}
+
+/// Where a unit sits in the request body: `tools[3]`, `system[2]`,
+/// `messages[4].content[1]`, `messages[1].content` (string content).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct UnitPath {
+    pub region: Region,
+    pub index: u32,
+    /// The block inside a message's content array; `None` for string content and
+    /// for units that are not inside a message.
+    pub block: Option<u32>,
+    /// The unit is one string (normalised as one text block).
+    pub string: bool,
+}
+
+impl fmt::Display for UnitPath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.region == Region::Instructions {
+            return f.write_str("instructions");
+        }
+        write!(f, "{}[{}]", self.region.name(), self.index)?;
+        match (self.block, self.string) {
+            (Some(b), _) => write!(f, ".content[{b}]"),
+            (None, true) if matches!(self.region, Region::Messages | Region::Input) => {
+                f.write_str(".content")
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+impl UnitPath {
+    fn new(region: Region, index: usize, block: Option<usize>, string: bool) -> UnitPath {
+        UnitPath {
+            region,
+            index: index as u32,
+            block: block.map(|b| b as u32),
+            string,
+        }
+    }
+}
+
+/// How long a cache entry lives after the request that wrote or read it started.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Ttl {
+    #[serde(rename = "5m")]
+    FiveMinutes,
+    #[serde(rename = "1h")]
+    OneHour,
+}
+
+impl Ttl {
+    pub fn secs(self) -> u64 {
+        match self {
+            Ttl::FiveMinutes => 300,
+            Ttl::OneHour => 3600,
+        }
+    }
+}
+
+impl fmt::Display for Ttl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Ttl::FiveMinutes => "5m",
+            Ttl::OneHour => "1h",
+        })
+    }
+}
+
+/// A `cache_control` object: a breakpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Marker {
+    /// Its `type` (`ephemeral`), when it is a string.
+    pub kind: Option<String>,
+    pub ttl: Ttl,
+    /// Its `scope` (`global`); absent for the organisation scope.
+    pub scope: Option<String>,
+}
+
+impl Marker {
+    /// The marker a `cache_control` value makes; `None` unless it is an object.
+    pub(super) fn of(value: Value<'_>) -> Option<Marker> {
+        if !value.is_object() {
+            return None;
+        }
+        let text = |key: &str| value.get(key).and_then(|v| v.str()).map(|s| s.into_owned());
+        Some(Marker {
+            kind: text("type"),
+            ttl: if value.get("ttl").is_some_and(|t| t.is_str("1h")) {
+                Ttl::OneHour
+            } else {
+                Ttl::FiveMinutes
+            },
+            scope: text("scope"),
+        })
+    }
+}
+
+/// One unit of a request.
+#[derive(Debug, Clone)]
+pub struct Unit {
+    pub path: UnitPath,
+    /// The block type (`text`, `tool_use`, `tool_result`, `image`, …), `tool` for a
+    /// tool definition, `item` for an OpenAI input item without a type.
+    pub kind: String,
+    /// Its exact bytes in the body: the block, or the string for string content.
+    pub span: Span,
+    /// The text a reader of the prompt sees: a text block's `text`, a string unit
+    /// itself, a tool result's `content`.
+    pub content: Option<Span>,
+    /// Its text, when it is a text block or a string: what ignore rules match.
+    pub text: Option<Span>,
+    /// Its `cache_control`, when that is an object.
+    pub marker: Option<Marker>,
+    /// Whether it carries a `cache_control` key at all (left out when normalised).
+    pub has_cache_control: bool,
+    /// The bytes the provider caches, when they differ from the span: string
+    /// content as one text block, a block less its `cache_control`.
+    pub normalized: Option<Bytes>,
+    /// The content digest of the normalised bytes, taken once.
+    pub hash: Digest,
+}
+
+impl Unit {
+    /// The normalised bytes (the body's own memory when they are the span).
+    pub fn bytes(&self, body: &Bytes) -> Bytes {
+        match &self.normalized {
+            Some(b) => b.clone(),
+            None => body.slice(self.span.start..self.span.end),
+        }
+    }
+}
+
+/// A message of `messages`: the fields rendered into the prompt around its blocks.
+#[derive(Debug, Clone)]
+pub struct Message {
+    /// Its index in `messages`.
+    pub index: u32,
+    /// Its token in the tape (`role` and the other fields are read from it).
+    pub tok: u32,
+    /// Its units, as indices into the unit list.
+    pub units: Range<usize>,
+}
+
+/// Cuts the units of `root` for `format`, in cache order.
+pub(super) fn cut(
+    body: &Bytes,
+    root: Value<'_>,
+    format: super::Format,
+) -> (Vec<Unit>, Vec<Message>) {
+    let mut c = Cutter {
+        body,
+        units: Vec::new(),
+        messages: Vec::new(),
+    };
+    use super::Format;
+    match format {
+        Format::AnthropicMessages => {
+            c.tools(root);
+            match root.get("system") {
+                Some(blocks) if blocks.is_array() => {
+                    for (i, block) in blocks.items().enumerate() {
+                        c.block(UnitPath::new(Region::System, i, None, false), block, "");
+                    }
+                }
+                Some(text) if text.is_string() => {
+                    c.string(UnitPath::new(Region::System, 0, None, true), text)
+                }
+                _ => {}
+            }
+            c.messages(root);
+        }
+        Format::OpenAiChat => {
+            c.tools(root);
+            c.messages(root);
+        }
+        Format::OpenAiResponses => {
+            if let Some(text) = root.get("instructions").filter(Value::is_string) {
+                c.string(UnitPath::new(Region::Instructions, 0, None, true), text);
+            }
+            c.tools(root);
+            match root.get("input") {
+                Some(list) if list.is_array() => {
+                    for (i, item) in list.items().enumerate() {
+                        c.block(UnitPath::new(Region::Input, i, None, false), item, "item");
+                    }
+                }
+                Some(text) if text.is_string() => {
+                    c.string(UnitPath::new(Region::Input, 0, None, true), text)
+                }
+                _ => {}
+            }
+        }
+    }
+    (c.units, c.messages)
+}
+
+struct Cutter<'b> {
+    body: &'b Bytes,
+    units: Vec<Unit>,
+    messages: Vec<Message>,
+}
+
+impl Cutter<'_> {
+    fn tools(&mut self, root: Value<'_>) {
+        if let Some(tools) = root.get("tools") {
+            for (i, tool) in tools.items().enumerate() {
+                self.block(UnitPath::new(Region::Tools, i, None, false), tool, "tool");
+            }
+        }
+    }
+
+    fn messages(&mut self, root: Value<'_>) {
+        let Some(messages) = root.get("messages") else {
+            return;
+        };
+        for (i, message) in messages.items().enumerate() {
+            let first = self.units.len();
+            match message.get("content") {
+                Some(blocks) if blocks.is_array() => {
+                    for (j, block) in blocks.items().enumerate() {
+                        self.block(
+                            UnitPath::new(Region::Messages, i, Some(j), false),
+                            block,
+                            "",
+                        );
+                    }
+                }
+                Some(text) if text.is_string() => {
+                    self.string(UnitPath::new(Region::Messages, i, None, true), text)
+                }
+                _ => {}
+            }
+            self.messages.push(Message {
+                index: i as u32,
+                tok: message.index(),
+                units: first..self.units.len(),
+            });
+        }
+    }
+
+    /// String content: one text block `{"type":"text","text":<string as sent>}`.
+    fn string(&mut self, path: UnitPath, text: Value<'_>) {
+        let raw = text.bytes();
+        let mut bytes = Vec::with_capacity(raw.len() + 24);
+        bytes.extend_from_slice(b"{\"type\":\"text\",\"text\":");
+        bytes.extend_from_slice(raw);
+        bytes.push(b'}');
+        self.units.push(Unit {
+            path,
+            kind: "text".into(),
+            span: text.span(),
+            content: Some(text.span()),
+            text: Some(text.span()),
+            marker: None,
+            has_cache_control: false,
+            hash: digest::content(&bytes),
+            normalized: Some(Bytes::from(bytes)),
+        });
+    }
+
+    /// A block (or tool, or input item) as sent, less its `cache_control`.
+    fn block(&mut self, path: UnitPath, node: Value<'_>, default_kind: &str) {
+        let declared = node.get("type");
+        let kind = declared
+            .and_then(|t| t.str())
+            .map_or_else(|| default_kind.to_owned(), |t| t.into_owned());
+        // Client tools may omit `type` or say "custom"; server tools keep theirs.
+        let kind = match (default_kind, declared) {
+            ("tool", None) => "tool".to_owned(),
+            ("tool", Some(_)) if kind == "custom" => "tool".to_owned(),
+            _ => kind,
+        };
+        let cache_control = node.get("cache_control");
+        let normalized = cache_control.filter(|_| node.is_object()).map(|_| {
+            let span = node.span();
+            let mut out = Vec::with_capacity(span.end - span.start);
+            out.push(b'{');
+            for (k, v) in node.entries() {
+                if key_is(k.bytes(), "cache_control") == Some(true) {
+                    continue;
+                }
+                if out.len() > 1 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(k.bytes());
+                out.push(b':');
+                out.extend_from_slice(v.bytes());
+            }
+            out.push(b'}');
+            Bytes::from(out)
+        });
+        let text = (kind == "text")
+            .then(|| node.get("text"))
+            .flatten()
+            .map(|t| t.span());
+        let content = match kind.as_str() {
+            "text" => text,
+            "tool_result" => node.get("content").map(|c| c.span()),
+            _ => None,
+        };
+        let span = node.span();
+        let hash = match &normalized {
+            Some(b) => digest::content(b),
+            None => digest::content(&self.body[span.start..span.end]),
+        };
+        self.units.push(Unit {
+            path,
+            kind,
+            span,
+            content,
+            text,
+            marker: cache_control.and_then(Marker::of),
+            has_cache_control: cache_control.is_some(),
+            normalized,
+            hash,
+        });
+    }
+}
