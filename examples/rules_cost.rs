@@ -106,9 +106,12 @@ fn main() {
     let applied_cold = time_cold(|| {
         std::hint::black_box(apply());
     });
-    let top = time(|| {
-        let v = promptgate::provider::request::RawObject::parse(&body).unwrap();
-        std::hint::black_box(v);
+    let model = time(|| {
+        let p = promptgate::prompt::Prompt::read(
+            body.clone(),
+            Some(promptgate::prompt::Format::AnthropicMessages),
+        );
+        std::hint::black_box(p);
     });
     let tape = time(|| {
         std::hint::black_box(promptgate::provider::json::tape(&body).ok());
@@ -139,11 +142,11 @@ fn main() {
         applied_cold.as_secs_f64() * 1e6
     );
     println!(
-        "RawObject top-level parse: {:>6.1} µs (validating, for scale; apply does not make it)",
-        top.as_secs_f64() * 1e6
+        "Prompt::read (the model):  {:>6.1} µs (tape, repeated keys, units and their digests; apply reads it once)",
+        model.as_secs_f64() * 1e6
     );
     println!(
-        "json::tape (every level):  {:>6.1} µs (the index apply builds when a rule reads the body)",
+        "json::tape (every level):  {:>6.1} µs (the structure pass inside the model)",
         tape.as_secs_f64() * 1e6
     );
     println!(

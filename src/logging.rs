@@ -139,20 +139,3 @@ impl RecordSink for ExchangeLog {
         );
     }
 }
-
-/// Whether a query parameter's name says its value is a credential (some gateways
-/// take `?key=`).
-pub(crate) fn is_secret_name(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    [
-        "key",
-        "token",
-        "secret",
-        "password",
-        "auth",
-        "sig",
-        "credential",
-    ]
-    .iter()
-    .any(|s| n.contains(s))
-}

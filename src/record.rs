@@ -18,8 +18,7 @@ use tokio::sync::Notify;
 
 use crate::id::ExchangeId;
 use crate::observer::Observation;
-pub use crate::prompt::KeyCheck;
-use crate::prompt::{Format, Prompt};
+use crate::prompt::{Format, KeyCheck, Prompt};
 use crate::provider::{Api, Provider};
 
 /// How an exchange ended.

@@ -729,9 +729,10 @@ fn tools_changed(before: &Segments, now: &Segments) -> Reason {
             .iter()
             .filter(|u| u.path.region == Region::Tools)
             .map(|u| {
-                let name = crate::provider::request::RawObject::parse(&u.bytes)
-                    .ok()
-                    .and_then(|o| o.str("name").map(|n| n.into_owned()))
+                let tool = crate::prompt::Prompt::read(u.bytes.clone(), None);
+                let name = tool
+                    .root()
+                    .and_then(|t| Some(t.get("name")?.str()?.into_owned()))
                     .unwrap_or_else(|| u.path.to_string());
                 (name, u.hash)
             })

@@ -13,9 +13,6 @@ pub mod explain;
 pub mod history;
 pub mod report;
 pub mod segment;
-#[cfg(test)]
-#[allow(dead_code, clippy::duplicate_mod)]
-mod segment_scan;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};

@@ -126,7 +126,7 @@ pub fn segment(prompt: &Prompt, ignore: &[IgnoreRule]) -> Result<Segments, Segme
 }
 
 /// [`segment`], where units byte-identical to `previous`'s at the same place (an
-/// agent's earlier turn) take its token estimate instead of counting again.
+/// agent's earlier turn) take its digest and token estimate instead.
 pub fn segment_after(
     prompt: &Prompt,
     ignore: &[IgnoreRule],
@@ -276,16 +276,18 @@ impl<'p> Chain<'p> {
         }
     }
 
-    /// The token estimate: the earlier turn's when the same place held the same
-    /// bytes (a memcmp is far cheaper than counting).
-    fn tokens(&self, path: &UnitPath, bytes: &[u8], counted: &[u8]) -> u32 {
+    /// The digest and token estimate: the earlier turn's when the same place held
+    /// the same bytes (a memcmp is far cheaper than hashing and counting).
+    fn measure(&self, unit: &crate::prompt::Unit, bytes: &[u8], counted: &[u8]) -> (Hash, u32) {
         if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
-            && prev.path == *path
+            && prev.path == unit.path
             && prev.bytes[..] == *bytes
         {
-            return prev.tokens;
+            unit.lend_hash(prev.hash);
+            return (prev.hash, prev.tokens);
         }
-        estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD
+        let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
+        (unit.hash(self.prompt.body()), tokens)
     }
 
     fn is_ignored(&self, region: Region, text: &[u8]) -> bool {
@@ -307,7 +309,7 @@ impl<'p> Chain<'p> {
         let bytes = unit.bytes(body);
         let text = unit.text.map(|t| t.of(body));
         let counted = unit.content.map_or(&bytes[..], |c| c.of(body));
-        let tokens = self.tokens(&path, &bytes, counted);
+        let (hash, tokens) = self.measure(unit, &bytes, counted);
         let ignored = text.is_some_and(|t| self.is_ignored(path.region, t));
         let cacheable = match unit.kind.as_str() {
             "thinking" | "redacted_thinking" => false,
@@ -318,7 +320,6 @@ impl<'p> Chain<'p> {
             ttl: m.ttl,
             automatic: false,
         });
-        let hash = unit.hash;
         if path.region == Region::Tools {
             self.tools.update(&hash);
         }

@@ -19,9 +19,10 @@ use super::timestamp;
 use crate::conversation::{KeySource, conversation_key};
 use crate::digest::{self, Algorithm};
 use crate::observer::{BodyFormat, SseDecoder};
+use crate::prompt::KeyCheck;
 use crate::prompt::Prompt;
 use crate::provider::{Api, Usage};
-use crate::record::{ExchangeRecord, KeyCheck};
+use crate::record::ExchangeRecord;
 
 /// One body as stored: what it is, and (when loaded) its bytes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

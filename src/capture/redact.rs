@@ -597,7 +597,7 @@ impl Redactor {
         let params: Vec<String> = query
             .split('&')
             .map(|pair| match pair.split_once('=') {
-                Some((k, v)) if crate::logging::is_secret_name(k) && !v.is_empty() => {
+                Some((k, v)) if is_secret_name(k) && !v.is_empty() => {
                     *summary.entry("query-secret".into()).or_default() += 1;
                     format!("{k}={}", marker("query-secret", None, v.as_bytes()))
                 }
@@ -646,6 +646,23 @@ fn at_word_start(input: &[u8], pos: usize) -> bool {
         Some(b) if b.is_ascii_alphanumeric() => pos >= 2 && input[pos - 2] == b'\\',
         Some(_) => true,
     }
+}
+
+/// Whether a query parameter's name says its value is a credential (some gateways
+/// take `?key=`).
+fn is_secret_name(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "key",
+        "token",
+        "secret",
+        "password",
+        "auth",
+        "sig",
+        "credential",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
 }
 
 /// The first 8 hex digits of the secret's SHA-256.

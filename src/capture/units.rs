@@ -7,26 +7,8 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-use crate::provider::request::{Content, RequestView};
-
-/// Where a unit sits in the cached prefix.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Section {
-    Tools,
-    System,
-    Messages,
-}
-
-impl Section {
-    pub fn name(self) -> &'static str {
-        match self {
-            Section::Tools => "tools",
-            Section::System => "system",
-            Section::Messages => "messages",
-        }
-    }
-}
+pub use crate::prompt::Region as Section;
+use crate::prompt::{Prompt, Value as Tree};
 
 /// One unit of a request: a tool, a system block or a message.
 #[derive(Debug, Clone)]
@@ -44,10 +26,12 @@ pub struct Unit<'a> {
     pub label: String,
 }
 
-/// The units of a request, in cache order.
-pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
+/// The units of a request (the model's `root`), in cache order: whole messages,
+/// for a reader comparing turns.
+pub fn cache_order<'a>(root: Tree<'a>) -> Vec<Unit<'a>> {
     let mut out = Vec::new();
-    for (index, raw) in view.tools().into_iter().enumerate() {
+    let list = |key: &str| root.get(key).into_iter().flat_map(|v| v.items());
+    for (index, raw) in list("tools").map(|t| t.bytes()).enumerate() {
         let mut v = parse(raw);
         let breakpoint = strip_cache_control(&mut v);
         let name = v
@@ -65,8 +49,9 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
             label: format!("tool {name}"),
         });
     }
-    match view.system() {
-        Some(Content::Text(raw)) => {
+    match root.get("system") {
+        Some(text) if text.is_string() => {
+            let raw = text.bytes();
             let text = parse(raw);
             let v = text_block(text);
             out.push(Unit {
@@ -78,8 +63,8 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
                 normalized: v.to_string(),
             });
         }
-        Some(Content::Blocks(blocks)) => {
-            for (index, raw) in blocks.into_iter().enumerate() {
+        Some(blocks) if blocks.is_array() => {
+            for (index, raw) in blocks.items().map(|b| b.bytes()).enumerate() {
                 let mut v = parse(raw);
                 let breakpoint = strip_cache_control(&mut v);
                 out.push(Unit {
@@ -92,10 +77,10 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
                 });
             }
         }
-        None => {}
+        _ => {}
     }
-    for (index, m) in view.messages().into_iter().enumerate() {
-        let mut v = parse(m.raw);
+    for (index, raw) in list("messages").map(|m| m.bytes()).enumerate() {
+        let mut v = parse(raw);
         let breakpoint = strip_cache_control(&mut v);
         if let Some(obj) = v.as_object_mut()
             && let Some(content) = obj.get_mut("content")
@@ -106,7 +91,7 @@ pub fn cache_order<'a>(view: &RequestView<'a>) -> Vec<Unit<'a>> {
         out.push(Unit {
             section: Section::Messages,
             index,
-            raw: m.raw,
+            raw,
             breakpoint,
             label: message_label(&v),
             normalized: v.to_string(),
@@ -288,12 +273,21 @@ pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
 
 /// The structural diff of two request bodies (each must be a JSON object).
 pub fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, String> {
-    fn view<'b>(body: &'b [u8], which: &str) -> Result<RequestView<'b>, String> {
-        RequestView::parse(body)
-            .map_err(|e| format!("the {which} request body is not a JSON object: {e}"))
+    fn read(body: &[u8], which: &str) -> Result<Prompt, String> {
+        let prompt = Prompt::read(bytes::Bytes::copy_from_slice(body), None);
+        match prompt.shape() {
+            crate::prompt::Shape::Object(_) => Ok(prompt),
+            crate::prompt::Shape::NotJson(at) => Err(format!(
+                "the {which} request body is not a JSON object: malformed JSON at byte {at}"
+            )),
+            _ => Err(format!("the {which} request body is not a JSON object")),
+        }
     }
-    let (va, vb) = (view(a, "first")?, view(b, "second")?);
-    Ok(diff(&cache_order(&va), &cache_order(&vb)))
+    let (pa, pb) = (read(a, "first")?, read(b, "second")?);
+    match (pa.root(), pb.root()) {
+        (Some(ra), Some(rb)) => Ok(diff(&cache_order(ra), &cache_order(rb))),
+        _ => Err("a request body is not a JSON object".into()),
+    }
 }
 
 fn entry(
@@ -419,9 +413,13 @@ mod tests {
     const TURN1: &str = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"system","content":[{"type":"text","text":"env\ndate 1","cache_control":{"type":"ephemeral"}}]}],"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are X","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}"#;
     const TURN2: &str = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"system","content":"env\ndate 1"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a.rs","cache_control":{"type":"ephemeral"}}]}],"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are X","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}"#;
 
-    fn units(body: &str) -> Vec<Unit<'_>> {
-        let view = RequestView::parse(body.as_bytes()).unwrap();
-        cache_order(&view)
+    fn units(body: &str) -> Vec<Unit<'static>> {
+        // Leaked: the units borrow the model, and a test's few bodies may live on.
+        let prompt = Box::leak(Box::new(Prompt::read(
+            bytes::Bytes::copy_from_slice(body.as_bytes()),
+            None,
+        )));
+        cache_order(prompt.root().unwrap())
     }
 
     #[test]

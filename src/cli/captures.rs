@@ -14,7 +14,7 @@ use crate::capture::store::{Filter, Row};
 use crate::capture::units::{self, Change, DiffEntry};
 use crate::capture::{Store, timestamp};
 use crate::config::{Config, ConfigLayer};
-use crate::provider::request::{Content, RequestView};
+use crate::prompt::Prompt;
 
 /// `promptgate captures` and its verbs.
 #[derive(Debug, Args)]
@@ -537,18 +537,28 @@ fn body_line(b: &BodyInfo, format: Option<&str>) -> String {
 /// System blocks with their cache_control, tools by name, messages by role and block
 /// type, and the other top-level keys.
 fn request_summary(body: &BodyInfo, out: &mut String) {
-    let Ok(view) = RequestView::parse(&body.bytes) else {
+    let prompt = Prompt::read(body.bytes.clone(), None);
+    let Some(root) = prompt.root() else {
         if !body.bytes.is_empty() {
             let _ = writeln!(out, "  {}", preview(&String::from_utf8_lossy(&body.bytes)));
         }
         return;
     };
-    let tools = view.tools();
+    // Display only: each block is small, and serde's values are what the lines print.
+    let value = |v: crate::prompt::Value<'_>| -> Value {
+        serde_json::from_slice(v.bytes()).unwrap_or(Value::Null)
+    };
+    let chars = |v: crate::prompt::Value<'_>| v.str().map_or(0, |t| t.chars().count());
+    let tools: Vec<Value> = root
+        .get("tools")
+        .into_iter()
+        .flat_map(|t| t.items())
+        .map(value)
+        .collect();
     if !tools.is_empty() {
         let names: Vec<String> = tools
             .iter()
-            .map(|t| {
-                let v: Value = serde_json::from_slice(t).unwrap_or(Value::Null);
+            .map(|v| {
                 let name = v
                     .get("name")
                     .or_else(|| v.pointer("/function/name"))
@@ -563,9 +573,9 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
             .collect();
         let _ = writeln!(out, "  tools ({}): {}", tools.len(), names.join(", "));
     }
-    match view.system() {
-        Some(Content::Text(raw)) => {
-            let text: String = serde_json::from_slice(raw).unwrap_or_default();
+    match root.get("system") {
+        Some(text) if text.is_string() => {
+            let text = text.str().unwrap_or_default();
             let _ = writeln!(
                 out,
                 "  system: string, {} chars: {}",
@@ -573,44 +583,44 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
                 preview(&text)
             );
         }
-        Some(Content::Blocks(blocks)) => {
-            let _ = writeln!(out, "  system ({}):", blocks.len());
-            for (i, b) in blocks.iter().enumerate() {
-                let v: Value = serde_json::from_slice(b).unwrap_or(Value::Null);
-                let _ = writeln!(out, "    [{i}] {}", block_line(&v));
+        Some(blocks) if blocks.is_array() => {
+            let _ = writeln!(out, "  system ({}):", blocks.items().count());
+            for (i, b) in blocks.items().enumerate() {
+                let _ = writeln!(out, "    [{i}] {}", block_line(&value(b)));
             }
         }
-        None => {}
+        _ => {}
     }
-    let messages = view.messages();
+    let messages: Vec<_> = root
+        .get("messages")
+        .into_iter()
+        .flat_map(|m| m.items())
+        .collect();
     if !messages.is_empty() {
         let _ = writeln!(out, "  messages ({}):", messages.len());
         for (i, m) in messages.iter().enumerate() {
-            let role = m.role.as_deref().unwrap_or("?");
-            let blocks: Vec<String> = match &m.content {
-                Some(Content::Text(raw)) => {
-                    let text: String = serde_json::from_slice(raw).unwrap_or_default();
-                    vec![format!("string, {} chars", text.chars().count())]
+            let role = m.get("role").and_then(|r| r.str());
+            let blocks: Vec<String> = match m.get("content") {
+                Some(text) if text.is_string() => vec![format!("string, {} chars", chars(text))],
+                Some(blocks) if blocks.is_array() => {
+                    blocks.items().map(|b| block_kind(&value(b))).collect()
                 }
-                Some(Content::Blocks(blocks)) => blocks
-                    .iter()
-                    .map(|b| {
-                        let v: Value = serde_json::from_slice(b).unwrap_or(Value::Null);
-                        block_kind(&v)
-                    })
-                    .collect(),
-                None => vec!["no content".into()],
+                _ => vec!["no content".into()],
             };
-            let _ = writeln!(out, "    [{i}] {role}: {}", blocks.join("; "));
+            let _ = writeln!(
+                out,
+                "    [{i}] {}: {}",
+                role.as_deref().unwrap_or("?"),
+                blocks.join("; ")
+            );
         }
     }
-    let others: Vec<String> = view
-        .top
-        .entries
-        .iter()
+    let others: Vec<String> = root
+        .entries()
+        .filter_map(|(k, v)| Some((k.str()?, v)))
         .filter(|(k, _)| !matches!(k.as_ref(), "tools" | "system" | "messages"))
         .map(|(k, v)| {
-            let raw = String::from_utf8_lossy(v);
+            let raw = String::from_utf8_lossy(v.bytes());
             if raw.len() <= 40 {
                 format!("{k}={raw}")
             } else {

@@ -157,7 +157,7 @@ impl Prompt {
             messages: Vec::new(),
         };
         if let (Some(format), Shape::Object(root)) = (format, prompt.shape()) {
-            let (units, messages) = units::cut(&prompt.body, root, format);
+            let (units, messages) = units::cut(root, format);
             prompt.units = units;
             prompt.messages = messages;
         }

@@ -48,11 +48,11 @@ fn units_in_cache_order_with_spans_markers_and_digests() {
     // The digest is of the block as the provider caches it: without its marker.
     assert_eq!(&marked.bytes(b)[..], br#"{"type":"text","text":"hi"}"#);
     assert_eq!(
-        marked.hash,
+        marked.hash(b),
         crate::digest::content(br#"{"type":"text","text":"hi"}"#)
     );
     assert_eq!(
-        p.units()[3].hash,
+        p.units()[3].hash(b),
         crate::digest::content(br#"{"type":"text","text":"ok"}"#)
     );
     assert_eq!(p.messages().len(), 2);
@@ -104,4 +104,204 @@ fn openai_formats() {
         .collect();
     assert_eq!(paths, ["instructions", "input[0]"]);
     assert_eq!(responses.units()[1].kind, "item");
+}
+
+// === against serde_json, on generated bodies ===
+
+use proptest::prelude::*;
+use serde_json::{Value as Json, json};
+
+fn text() -> impl Strategy<Value = String> {
+    prop_oneof![
+        "[ -~]{0,24}",
+        "\\PC{0,8}",
+        Just("x-anthropic-billing-header: cch=9;".to_owned())
+    ]
+}
+
+fn cache_control() -> impl Strategy<Value = Option<Json>> {
+    prop_oneof![
+        3 => Just(None),
+        1 => Just(Some(json!({"type": "ephemeral"}))),
+        1 => Just(Some(json!({"type": "ephemeral", "ttl": "1h", "scope": "global"}))),
+        1 => Just(Some(json!("not an object"))),
+    ]
+}
+
+fn block() -> impl Strategy<Value = Json> {
+    let kind = prop_oneof![
+        Just("text"),
+        Just("tool_use"),
+        Just("tool_result"),
+        Just("thinking"),
+        Just("image"),
+        Just("redacted_thinking"),
+        Just("document")
+    ];
+    (kind, text(), cache_control(), any::<bool>()).prop_map(|(kind, t, cc, untyped)| {
+        let mut b = match kind {
+            "text" => json!({"type": "text", "text": t}),
+            "tool_use" => {
+                json!({"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": t}})
+            }
+            "tool_result" => json!({"type": "tool_result", "tool_use_id": "t1", "content": t}),
+            "thinking" => json!({"type": "thinking", "thinking": t, "signature": "s"}),
+            "image" => json!({"type": "image", "source": {"type": "base64", "data": t}}),
+            k => json!({"type": k, "data": t}),
+        };
+        if untyped {
+            b.as_object_mut().unwrap().remove("type");
+        }
+        if let Some(cc) = cc {
+            b["cache_control"] = cc;
+        }
+        b
+    })
+}
+
+fn content() -> impl Strategy<Value = Json> {
+    prop_oneof![
+        text().prop_map(Json::String),
+        prop::collection::vec(block(), 0..5).prop_map(Json::Array),
+        Just(json!(null)),
+    ]
+}
+
+fn body() -> impl Strategy<Value = (Vec<u8>, usize)> {
+    let message = (
+        prop_oneof![
+            Just("user"),
+            Just("assistant"),
+            Just("system"),
+            Just("developer")
+        ],
+        content(),
+        any::<bool>(),
+    )
+        .prop_map(|(role, content, effort)| {
+            let mut m = json!({"role": role, "content": content});
+            if effort {
+                m["output_config"] = json!({"effort": "medium"});
+            }
+            m
+        });
+    let tool = (text(), cache_control(), 0..3u8).prop_map(|(name, cc, kind)| {
+        let mut t = match kind {
+            0 => json!({"name": name, "input_schema": {"type": "object"}}),
+            1 => json!({"type": "custom", "name": name}),
+            _ => json!({"type": "function", "function": {"name": name}}),
+        };
+        if let Some(cc) = cc {
+            t["cache_control"] = cc;
+        }
+        t
+    });
+    (
+        prop::collection::vec(message, 0..6),
+        prop::collection::vec(tool, 0..3),
+        prop_oneof![content(), prop::collection::vec(block(), 0..3).prop_map(Json::Array)],
+        (any::<bool>(), any::<bool>(), any::<bool>(), cache_control()),
+        (any::<bool>(), 0..3usize),
+    )
+        .prop_map(|(messages, tools, system, (choice, thinking, speed, auto), (pretty, format))| {
+            let mut v = json!({"model": "claude-sonnet-4-5", "max_tokens": 5, "messages": messages, "tools": tools});
+            // The same lists under the other formats' names.
+            v["system"] = system.clone();
+            v["instructions"] = system.clone();
+            v["input"] = v["messages"].clone();
+            if choice { v["tool_choice"] = json!({"type": "any"}); }
+            if thinking { v["thinking"] = json!({"type": "enabled", "budget_tokens": 1024}); }
+            if speed { v["speed"] = json!("fast"); }
+            if let Some(auto) = auto { v["cache_control"] = auto; }
+            let bytes = if pretty { serde_json::to_vec_pretty(&v) } else { serde_json::to_vec(&v) };
+            (bytes.unwrap(), format)
+        })
+}
+
+/// What serde_json says the units of `v` are, for `format`: (path, value as sent,
+/// value as the provider caches it).
+fn expected(v: &Json, format: Format) -> Vec<(String, Json, Json)> {
+    let mut out = Vec::new();
+    let strip = |b: &Json| {
+        let mut b = b.clone();
+        if let Some(o) = b.as_object_mut() {
+            o.shift_remove("cache_control");
+        }
+        b
+    };
+    let text = |s: &Json| json!({"type": "text", "text": s});
+    let list = |out: &mut Vec<(String, Json, Json)>, name: &str, items: &Json| {
+        for (i, item) in items.as_array().into_iter().flatten().enumerate() {
+            out.push((format!("{name}[{i}]"), item.clone(), strip(item)));
+        }
+    };
+    let string_or_list =
+        |out: &mut Vec<(String, Json, Json)>, name: &str, one: &str, v: &Json| match v {
+            Json::String(_) => out.push((one.to_owned(), v.clone(), text(v))),
+            Json::Array(_) => list(out, name, v),
+            _ => {}
+        };
+    if format == Format::OpenAiResponses
+        && let Some(s @ Json::String(_)) = v.get("instructions")
+    {
+        out.push(("instructions".into(), s.clone(), text(s)));
+    }
+    list(&mut out, "tools", &v["tools"]);
+    match format {
+        Format::AnthropicMessages | Format::OpenAiChat => {
+            if format == Format::AnthropicMessages {
+                string_or_list(&mut out, "system", "system[0]", &v["system"]);
+            }
+            for (i, m) in v["messages"].as_array().into_iter().flatten().enumerate() {
+                let c = &m["content"];
+                string_or_list(
+                    &mut out,
+                    &format!("messages[{i}].content"),
+                    &format!("messages[{i}].content"),
+                    c,
+                );
+            }
+        }
+        Format::OpenAiResponses => {
+            string_or_list(&mut out, "input", "input[0].content", &v["input"])
+        }
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("PROMPTGATE_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256)
+    ))]
+
+    /// Every unit is where serde_json finds it, its span is that value byte for byte,
+    /// its normalised bytes are the value the provider caches, its marker is the
+    /// value's `cache_control` and its digest is of those bytes.
+    #[test]
+    fn units_are_what_serde_json_reads((body, format) in body()) {
+        let format = [Format::AnthropicMessages, Format::OpenAiChat, Format::OpenAiResponses][format];
+        let v: Json = serde_json::from_slice(&body).unwrap();
+        let p = Prompt::read(Bytes::from(body.clone()), Some(format));
+        prop_assert_eq!(p.keys(), &KeyCheck::Unique);
+        let want = expected(&v, format);
+        let got = p.units();
+        prop_assert_eq!(got.len(), want.len());
+        for (u, (path, sent, cached)) in got.iter().zip(&want) {
+            prop_assert_eq!(&u.path.to_string(), path);
+            let span: Json = serde_json::from_slice(u.span.of(p.body())).unwrap();
+            prop_assert_eq!(&span, sent, "{}", path);
+            let bytes = u.bytes(p.body());
+            let normal: Json = serde_json::from_slice(&bytes).unwrap();
+            prop_assert_eq!(&normal, cached, "{}", path);
+            prop_assert_eq!(u.hash(p.body()), crate::digest::content(&bytes));
+            let cc = sent.get("cache_control").filter(|c| c.is_object());
+            prop_assert_eq!(u.marker.as_ref().map(|m| m.ttl), cc.map(|c| {
+                if c["ttl"] == "1h" { Ttl::OneHour } else { Ttl::FiveMinutes }
+            }));
+            prop_assert_eq!(
+                u.marker.as_ref().and_then(|m| m.scope.clone()),
+                cc.and_then(|c| c["scope"].as_str().map(str::to_owned))
+            );
+        }
+    }
 }

@@ -1,12 +1,12 @@
 //! The one JSON structure scanner: byte spans of values, read once, never copied.
 //!
-//! Rules, capture, cache analysis and the model sniff all need the parts of agent
+//! The prompt model ([`crate::prompt`]) and the model sniff need the parts of agent
 //! bodies of hundreds of KB as the exact bytes sent. `serde_json`'s raw values check
 //! UTF-8 again at every level they are asked about (profiled at ~40 % of a capture
-//! writer's CPU); this scanner jumps over string contents with `memchr` and keeps
-//! structure only down to the depth asked for. It does not validate what it skips:
-//! a body it cannot follow is an error, never a guess; decoding happens only for the
-//! strings a caller reads.
+//! writer's CPU); the [`tape`] jumps over string contents with `memchr` and keeps a
+//! token per key and value. It does not validate what it skips: a body it cannot
+//! follow is an error, never a guess; decoding happens only for the strings a
+//! caller reads.
 
 use std::borrow::Cow;
 
@@ -23,78 +23,10 @@ impl Span {
     }
 }
 
-/// A value, its structure kept down to the scan depth.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Node {
-    /// Entries as (key with its quotes, value), in order.
-    Object(Span, Vec<(Span, Node)>),
-    Array(Span, Vec<Node>),
-    /// A string, number, literal, or a container deeper than the scan depth.
-    Leaf(Span),
-}
-
-impl Node {
-    pub fn span(&self) -> Span {
-        match self {
-            Node::Object(s, _) | Node::Array(s, _) | Node::Leaf(s) => *s,
-        }
-    }
-
-    /// The value of the first entry whose key (as sent, without quotes) is `key`.
-    pub fn get<'n>(&'n self, body: &[u8], key: &str) -> Option<&'n Node> {
-        let Node::Object(_, entries) = self else {
-            return None;
-        };
-        entries
-            .iter()
-            .find(|(k, _)| is_key(body, *k, key))
-            .map(|(_, v)| v)
-    }
-
-    /// A string value, unescaped; `None` for anything else.
-    pub fn string(&self, body: &[u8]) -> Option<String> {
-        decode_str(self.span().of(body)).map(Cow::into_owned)
-    }
-
-    /// A string value without escapes, borrowed as sent; `None` otherwise.
-    pub fn plain_str<'b>(&self, body: &'b [u8]) -> Option<&'b str> {
-        let raw = self.span().of(body);
-        if raw.len() < 2 || raw[0] != b'"' || raw[1..].contains(&b'\\') {
-            return None;
-        }
-        std::str::from_utf8(&raw[1..raw.len() - 1]).ok()
-    }
-
-    /// Whether this is a string whose raw bytes equal `"{want}"`.
-    pub fn is_str(&self, body: &[u8], want: &str) -> bool {
-        let raw = self.span().of(body);
-        raw.len() == want.len() + 2 && raw[0] == b'"' && &raw[1..raw.len() - 1] == want.as_bytes()
-    }
-}
-
-/// Whether the key span (with quotes) spells `key`.
-pub fn is_key(body: &[u8], span: Span, key: &str) -> bool {
-    let raw = span.of(body);
-    raw.len() == key.len() + 2 && &raw[1..raw.len() - 1] == key.as_bytes()
-}
-
 /// Why a body could not be scanned.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("malformed JSON at byte {0}")]
 pub struct ScanError(pub usize);
-
-/// Scans `body` as one JSON value, keeping containers down to `depth` levels
-/// (1 = only the top-level container's children as leaves).
-pub fn scan(body: &[u8], depth: u32) -> Result<Node, ScanError> {
-    let mut s = Scanner { b: body, i: 0 };
-    s.ws();
-    let node = s.value(depth)?;
-    s.ws();
-    if s.i != body.len() {
-        return Err(ScanError(s.i));
-    }
-    Ok(node)
-}
 
 /// Index of the first non-whitespace byte at or after `i`.
 pub fn skip_ws(b: &[u8], mut i: usize) -> usize {
@@ -197,8 +129,9 @@ impl Tok {
 /// Scans `body` as one JSON value, every level, in one pass: a token per value and
 /// per object key, in document order. A container's children are the tokens from
 /// its index + 1 up to its `next` (for an object: key, value, key, value…). Works
-/// without recursion, so nesting depth costs no stack. Checks what [`scan`] checks,
-/// at every level; a body of 4 GiB or more is refused.
+/// without recursion, so nesting depth costs no stack. It checks the structure at
+/// every level, not what it skips (string contents are decoded where read); a body
+/// of 4 GiB or more is refused.
 pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
     tape_noting(body, |_| false, &mut Vec::new())
 }
@@ -506,112 +439,6 @@ fn has_byte(word: u64, b: u8) -> u64 {
     x.wrapping_sub(ONES) & !x & HIGHS
 }
 
-struct Scanner<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl Scanner<'_> {
-    fn ws(&mut self) {
-        self.i = skip_ws(self.b, self.i);
-    }
-
-    fn expect(&mut self, c: u8) -> Result<(), ScanError> {
-        if self.b.get(self.i) == Some(&c) {
-            self.i += 1;
-            Ok(())
-        } else {
-            Err(ScanError(self.i))
-        }
-    }
-
-    fn value(&mut self, depth: u32) -> Result<Node, ScanError> {
-        let start = self.i;
-        match self.b.get(self.i) {
-            Some(b'{') if depth > 0 => self.object(depth),
-            Some(b'[') if depth > 0 => self.array(depth),
-            Some(_) => {
-                self.skip()?;
-                Ok(Node::Leaf(Span { start, end: self.i }))
-            }
-            None => Err(ScanError(self.i)),
-        }
-    }
-
-    fn object(&mut self, depth: u32) -> Result<Node, ScanError> {
-        let start = self.i;
-        self.i += 1;
-        let mut entries = Vec::new();
-        self.ws();
-        if self.b.get(self.i) == Some(&b'}') {
-            self.i += 1;
-            return Ok(Node::Object(Span { start, end: self.i }, entries));
-        }
-        loop {
-            self.ws();
-            let key_start = self.i;
-            if self.b.get(self.i) != Some(&b'"') {
-                return Err(ScanError(self.i));
-            }
-            self.string()?;
-            let key = Span {
-                start: key_start,
-                end: self.i,
-            };
-            self.ws();
-            self.expect(b':')?;
-            self.ws();
-            let v = self.value(depth - 1)?;
-            entries.push((key, v));
-            self.ws();
-            match self.b.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(b'}') => {
-                    self.i += 1;
-                    return Ok(Node::Object(Span { start, end: self.i }, entries));
-                }
-                _ => return Err(ScanError(self.i)),
-            }
-        }
-    }
-
-    fn array(&mut self, depth: u32) -> Result<Node, ScanError> {
-        let start = self.i;
-        self.i += 1;
-        let mut items = Vec::new();
-        self.ws();
-        if self.b.get(self.i) == Some(&b']') {
-            self.i += 1;
-            return Ok(Node::Array(Span { start, end: self.i }, items));
-        }
-        loop {
-            self.ws();
-            items.push(self.value(depth - 1)?);
-            self.ws();
-            match self.b.get(self.i) {
-                Some(b',') => self.i += 1,
-                Some(b']') => {
-                    self.i += 1;
-                    return Ok(Node::Array(Span { start, end: self.i }, items));
-                }
-                _ => return Err(ScanError(self.i)),
-            }
-        }
-    }
-
-    /// Past a string starting at `self.i` (its opening quote).
-    fn string(&mut self) -> Result<(), ScanError> {
-        self.i = skip_string(self.b, self.i).ok_or(ScanError(self.i))?;
-        Ok(())
-    }
-
-    /// Past any value, without keeping its structure.
-    fn skip(&mut self) -> Result<(), ScanError> {
-        self.i = skip_value(self.b, self.i).ok_or(ScanError(self.i))?;
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -682,111 +509,6 @@ mod tests {
     }
 
     #[test]
-    fn spans_of_nested_values() {
-        let body = br#" {"a" : [1, {"b":"x\"y}"}, true], "c":{"d":{"e":[]}}, "n":-1.5e3 } "#;
-        let top = scan(body, 3).unwrap();
-        let a = top.get(body, "a").unwrap();
-        let Node::Array(_, items) = a else { panic!() };
-        assert_eq!(items[0].span().of(body), b"1");
-        assert_eq!(
-            items[1].get(body, "b").unwrap().string(body).unwrap(),
-            "x\"y}"
-        );
-        assert_eq!(items[2].span().of(body), b"true");
-        // Deeper than the scan depth: a leaf, but its span is the whole value.
-        let shallow = scan(body, 2).unwrap();
-        let d = shallow.get(body, "c").unwrap().get(body, "d").unwrap();
-        assert_eq!(d.span().of(body), br#"{"e":[]}"#);
-        assert!(matches!(d, Node::Leaf(_)));
-        assert_eq!(top.get(body, "n").unwrap().span().of(body), b"-1.5e3");
-        assert!(top.get(body, "zz").is_none());
-        assert!(
-            top.get(body, "c")
-                .unwrap()
-                .get(body, "d")
-                .unwrap()
-                .string(body)
-                .is_none()
-        );
-    }
-
-    #[test]
-    fn escaped_quotes_and_backslashes_before_a_closing_quote() {
-        let body = br#"{"a":"x\\","b":"\"\\\"","c":"q","d":"\\\\\""}"#;
-        let t = scan(body, 1).unwrap();
-        assert_eq!(t.get(body, "a").unwrap().string(body).unwrap(), "x\\");
-        assert_eq!(t.get(body, "b").unwrap().string(body).unwrap(), "\"\\\"");
-        assert_eq!(t.get(body, "c").unwrap().plain_str(body), Some("q"));
-        assert_eq!(t.get(body, "a").unwrap().plain_str(body), None);
-        assert_eq!(t.get(body, "d").unwrap().string(body).unwrap(), "\\\\\"");
-    }
-
-    #[test]
-    fn agrees_with_serde_on_an_agent_body() {
-        let body = br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"caf\u00e9 \\ \"q\"","cache_control":{"type":"ephemeral"}}]},{"role":"system","content":"env"}],"system":[],"tools":[{"name":"t","input_schema":{"type":"object","properties":{}}}]}"#;
-        let top = scan(body, 5).unwrap();
-        let view = crate::provider::request::RequestView::parse(body).unwrap();
-        for (k, v) in &view.top.entries {
-            assert_eq!(top.get(body, k).unwrap().span().of(body), *v);
-        }
-        let m = top.get(body, "messages").unwrap();
-        let Node::Array(_, msgs) = m else { panic!() };
-        let block = &match msgs[0].get(body, "content").unwrap() {
-            Node::Array(_, b) => b.clone(),
-            _ => panic!(),
-        }[0];
-        assert!(block.get(body, "type").unwrap().is_str(body, "text"));
-        assert_eq!(
-            block.get(body, "text").unwrap().string(body).unwrap(),
-            "café \\ \"q\""
-        );
-    }
-
-    /// The spans a full-depth `scan` gives, in document order, keys included.
-    fn scan_spans(n: &Node, out: &mut Vec<Span>) {
-        out.push(n.span());
-        match n {
-            Node::Object(_, entries) => {
-                for (k, v) in entries {
-                    out.push(*k);
-                    scan_spans(v, out);
-                }
-            }
-            Node::Array(_, items) => items.iter().for_each(|v| scan_spans(v, out)),
-            Node::Leaf(_) => {}
-        }
-    }
-
-    #[test]
-    fn the_tape_agrees_with_a_full_scan() {
-        for body in [
-            &br#" {"a" : [1, {"b":"x\"y}"}, true], "c":{"d":{"e":[]}}, "n":-1.5e3 , "o":{}} "#[..],
-            br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"caf\u00e9 \\ \"q\"","cache_control":{"type":"ephemeral"}}]}],"system":[],"tools":[{"name":"t","input_schema":{"type":"object","properties":{}}}]}"#,
-            b"[]",
-            b"\"s\"",
-            b" 12 ",
-            b"[[],[[]],{}]",
-        ] {
-            let toks = tape(body).unwrap();
-            let mut want = Vec::new();
-            scan_spans(&scan(body, 64).unwrap(), &mut want);
-            let got: Vec<Span> = toks
-                .iter()
-                .map(|t| Span {
-                    start: t.start as usize,
-                    end: t.end as usize,
-                })
-                .collect();
-            assert_eq!(got, want, "{}", String::from_utf8_lossy(body));
-            // `next` skips a value and everything inside it.
-            for (i, t) in toks.iter().enumerate() {
-                let inside = toks[i + 1..t.next as usize].iter().all(|c| c.end <= t.end);
-                assert!(inside && toks.get(t.next as usize).is_none_or(|n| n.start >= t.end));
-            }
-        }
-    }
-
-    #[test]
     fn the_tape_follows_deep_nesting_without_recursion() {
         let depth = 200_000;
         let body = format!("{}{}", "[".repeat(depth), "]".repeat(depth));
@@ -807,7 +529,6 @@ mod tests {
             b"{} x",
             b"",
         ] {
-            assert!(scan(bad, 5).is_err(), "{}", String::from_utf8_lossy(bad));
             assert!(tape(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
         for bad in [
@@ -820,7 +541,6 @@ mod tests {
         ] {
             assert!(tape(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
-        assert!(scan(b"[]", 5).is_ok() && scan(b"{}", 5).is_ok());
         assert!(tape(b"[]").is_ok() && tape(b"{}").is_ok());
     }
 

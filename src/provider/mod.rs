@@ -6,7 +6,6 @@
 pub mod anthropic;
 pub mod json;
 pub mod openai;
-pub mod request;
 mod sniff;
 mod usage;
 

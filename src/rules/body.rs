@@ -17,9 +17,9 @@ use std::cell::OnceCell;
 use bytes::Bytes;
 use serde_json::Value;
 
-use crate::prompt::{Prompt, Shape, key_is};
+use crate::prompt::{KeyCheck, Prompt, Shape, key_is};
 use crate::provider::json::{self, Tok, skip_ws};
-use crate::record::{KeyCheck, PromptCell, SentBody};
+use crate::record::{PromptCell, SentBody};
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;

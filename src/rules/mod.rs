@@ -28,8 +28,9 @@ use action::CompiledAction;
 use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
+use crate::prompt::KeyCheck;
 use crate::provider::{Api, Provider};
-use crate::record::{ExchangeRecord, KeyCheck, PromptCell, SentBody};
+use crate::record::{ExchangeRecord, PromptCell, SentBody};
 
 /// The three hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.
