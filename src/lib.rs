@@ -10,6 +10,10 @@
 //! - [`exchange`]: one request/response pair, from the client's first byte to the
 //!   record that says what happened. It reads the body once, routes it, sends it
 //!   upstream and wraps the response for the observer.
+//! - [`prompt`]: the one model of a request body, read once (on first use) and
+//!   shared by rules, capture and cache analysis: one structural pass, repeated
+//!   keys, the units in cache order with their spans, `cache_control` markers and
+//!   digests. The exchange keeps it in a [`record::PromptCell`].
 //! - [`rules`]: the hook rules from the rules directory, run by the exchange in three
 //!   phases (`before_provider_headers`, `before_provider_request` on the request,
 //!   `after_provider_response` on the response head); loaded, checked and hot-reloaded.
@@ -21,21 +25,23 @@
 //!   and turns it into an [`observer::Observation`]: model, usage, the reassembled
 //!   message, stream errors.
 //! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, the stages
-//!   that annotate it and the sinks that receive it (today: the exchange log line).
-//! - [`cache`]: prompt-cache analysis, a record stage: per request the cache units
-//!   and prefix hashes, the prediction, the verdict against `usage`, the cost; and
-//!   `cache report`, built from the stored records.
-//! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, and the sinks
-//!   that receive it: the exchange log line and the capture.
+//!   that annotate it and the sinks that receive it: the exchange log line and the
+//!   capture.
+//! - [`cache`]: prompt-cache analysis, a record stage: per request the prefix chain
+//!   over the model's units, the prediction, the verdict against `usage`, the cost;
+//!   and `cache report`, built from the stored records.
 //! - [`capture`]: redaction, the stored record, the SQLite store (each distinct unit
-//!   kept once), the cache-order unit view, exports; written off the request path.
+//!   of the model kept once, a body as its skeleton and units), exports; written off
+//!   the request path.
 //! - [`admin`]: the read-only local HTTP API over the captures.
 //!
 //! Around them: [`server`] (one promptgate assembled from its config and served:
 //! what `serve` runs, and tests start in-process), [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`conversation`] (which agent conversation an exchange belongs to),
-//! [`tls`] (the local CA and its leaf certificates), [`logging`], [`id`] (sortable exchange ids) and [`error`] (what can go wrong in
-//! one exchange, and how it is told to the client).
+//! [`tls`] (the local CA and its leaf certificates), [`logging`], [`digest`] (the
+//! content digests: BLAKE3, and SHA-256 for fingerprints), [`id`] (sortable exchange
+//! ids) and [`error`] (what can go wrong in one exchange, and how it is told to the
+//! client).
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
