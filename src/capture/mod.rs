@@ -453,4 +453,45 @@ mod tests {
         assert_eq!(store.list(&store::Filter::default()).unwrap().len(), 5);
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn a_writer_that_falls_behind_drops_records_past_the_byte_bound_and_counts_them() {
+        let dir = std::env::temp_dir().join(format!("pg-capture-behind-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = CaptureSettings {
+            dir: dir.clone(),
+            queue_bytes: 16 << 10,
+            ..CaptureSettings::default()
+        };
+        let redactor = Arc::new(settings.redactor().unwrap());
+        let capture = Capture::start(&settings, KeySource::default(), redactor).unwrap();
+        // A stalled disk: another connection holds the store's write lock.
+        let blocker = rusqlite::Connection::open(dir.join(store::DB_FILE)).unwrap();
+        blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        let body = bytes::Bytes::from(format!(
+            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "x".repeat(4000)
+        ));
+        for _ in 0..20 {
+            let mut r = ExchangeRecord::begin(
+                ExchangeId::new(),
+                None,
+                http::Method::POST,
+                "/v1/messages".into(),
+            );
+            r.set_request_body(body.clone(), body.clone());
+            capture.record(&r);
+            let queued = capture.shared.lock().bytes;
+            assert!(queued <= 16 << 10, "{queued} bytes queued");
+        }
+        let behind = capture.counters();
+        assert!(behind.dropped >= 10, "{behind:?}");
+        blocker.execute_batch("ROLLBACK").unwrap();
+        capture.close();
+        let c = capture.counters();
+        assert_eq!((c.written + c.dropped, c.failed, c.queued), (20, 0, 0), "{c:?}");
+        let store = Store::open_read_only(&dir).unwrap();
+        assert_eq!(store.list(&store::Filter::default()).unwrap().len() as u64, c.written);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
