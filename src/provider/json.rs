@@ -259,8 +259,8 @@ fn tape_key(
 pub fn duplicate_key(body: &[u8], toks: &[Tok]) -> Option<String> {
     // Agent objects hold a handful of keys; past this many a set beats comparing all.
     const FEW: usize = 16;
-    let mut seen: Vec<Cow<'_, str>> = Vec::new();
-    let mut many: std::collections::HashSet<Cow<'_, str>> = std::collections::HashSet::new();
+    let mut seen: Vec<Cow<'_, [u8]>> = Vec::new();
+    let mut many: std::collections::HashSet<Cow<'_, [u8]>> = std::collections::HashSet::new();
     for (t, tok) in toks.iter().enumerate() {
         if body.get(tok.start as usize) != Some(&b'{') {
             continue;
@@ -270,7 +270,7 @@ pub fn duplicate_key(body: &[u8], toks: &[Tok]) -> Option<String> {
         let end = tok.next as usize;
         let mut k = t + 1;
         while k < end {
-            let key = key_text(toks[k].of(body));
+            let key = key_bytes(toks[k].of(body));
             let repeated = if seen.len() < FEW {
                 let hit = seen.contains(&key);
                 seen.push(key);
@@ -289,6 +289,21 @@ pub fn duplicate_key(body: &[u8], toks: &[Tok]) -> Option<String> {
         }
     }
     None
+}
+
+/// A key's text as bytes, to compare: as written when it has no escape (nearly
+/// every key: no decoding, no UTF-8 check), else decoded (as written when it is
+/// not valid).
+fn key_bytes(raw: &[u8]) -> Cow<'_, [u8]> {
+    // Decoding every key cost 15-22 µs of a 200 KB body's check, this 6-12 (benches/prompt).
+    let inner = &raw[1..raw.len() - 1];
+    if memchr::memchr(b'\\', inner).is_none() {
+        return Cow::Borrowed(inner);
+    }
+    match decode_str(raw) {
+        Some(text) => Cow::Owned(text.into_owned().into_bytes()),
+        None => Cow::Borrowed(raw),
+    }
 }
 
 /// A key as text: decoded, or its bytes as written when it is not valid.
