@@ -489,9 +489,16 @@ mod tests {
         blocker.execute_batch("ROLLBACK").unwrap();
         capture.close();
         let c = capture.counters();
-        assert_eq!((c.written + c.dropped, c.failed, c.queued), (20, 0, 0), "{c:?}");
+        assert_eq!(
+            (c.written + c.dropped, c.failed, c.queued),
+            (20, 0, 0),
+            "{c:?}"
+        );
         let store = Store::open_read_only(&dir).unwrap();
-        assert_eq!(store.list(&store::Filter::default()).unwrap().len() as u64, c.written);
+        assert_eq!(
+            store.list(&store::Filter::default()).unwrap().len() as u64,
+            c.written
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

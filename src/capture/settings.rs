@@ -70,7 +70,7 @@ impl Default for CaptureSettings {
                 max_size: Some(1 << 30),
             },
             queue: 1024,
-            queue_bytes: 32 << 20,
+            queue_bytes: 8 << 20,
             queue_wait: Duration::from_secs(2),
             max_response: 16 << 20,
             secret_headers: Vec::new(),
