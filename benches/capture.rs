@@ -6,26 +6,18 @@
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
+#[path = "support/timing.rs"]
+mod timing;
 
 use std::time::{Duration, Instant};
+
+use timing::time;
 
 use bytes::Bytes;
 use promptgate::capture::{CaptureRecord, Redactor, Store};
 use promptgate::conversation::KeySource;
 use promptgate::id::ExchangeId;
 use promptgate::record::ExchangeRecord;
-
-/// Runs `f` until `budget` passes; returns the seconds one call takes.
-fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut n = 0u32;
-    while start.elapsed() < budget {
-        f();
-        n += 1;
-    }
-    start.elapsed().as_secs_f64() / f64::from(n)
-}
 
 fn main() {
     let redactor = Redactor::new(&[], &[]).expect("built-in patterns compile");

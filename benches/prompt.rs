@@ -5,24 +5,19 @@
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
+#[path = "support/timing.rs"]
+mod timing;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
 use promptgate::digest;
 use promptgate::prompt::{Format, Prompt};
 use promptgate::provider::json;
 
-/// Runs `f` until `budget` passes; returns the µs one call takes.
-fn time(budget: Duration, mut f: impl FnMut()) -> f64 {
-    f();
-    let start = Instant::now();
-    let mut n = 0u32;
-    while start.elapsed() < budget {
-        f();
-        n += 1;
-    }
-    start.elapsed().as_secs_f64() * 1e6 / f64::from(n)
+/// The µs one call of `f` takes.
+fn time(budget: Duration, f: impl FnMut()) -> f64 {
+    timing::time(budget, f) * 1e6
 }
 
 fn main() {

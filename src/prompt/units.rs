@@ -209,17 +209,7 @@ pub(super) fn cut(root: Value<'_>, format: super::Format) -> (Vec<Unit>, Vec<Mes
     match format {
         Format::AnthropicMessages => {
             c.tools(root);
-            match root.get("system") {
-                Some(blocks) if blocks.is_array() => {
-                    for (i, block) in blocks.items().enumerate() {
-                        c.block(UnitPath::new(Region::System, i, None, false), block, "");
-                    }
-                }
-                Some(text) if text.is_string() => {
-                    c.string(UnitPath::new(Region::System, 0, None, true), text)
-                }
-                _ => {}
-            }
+            c.string_or_list(root.get("system"), Region::System, "");
             c.messages(root);
         }
         Format::OpenAiChat => {
@@ -231,17 +221,7 @@ pub(super) fn cut(root: Value<'_>, format: super::Format) -> (Vec<Unit>, Vec<Mes
                 c.string(UnitPath::new(Region::Instructions, 0, None, true), text);
             }
             c.tools(root);
-            match root.get("input") {
-                Some(list) if list.is_array() => {
-                    for (i, item) in list.items().enumerate() {
-                        c.block(UnitPath::new(Region::Input, i, None, false), item, "item");
-                    }
-                }
-                Some(text) if text.is_string() => {
-                    c.string(UnitPath::new(Region::Input, 0, None, true), text)
-                }
-                _ => {}
-            }
+            c.string_or_list(root.get("input"), Region::Input, "item");
         }
     }
     (c.units, c.messages)
@@ -253,6 +233,21 @@ struct Cutter {
 }
 
 impl Cutter {
+    /// A region that is one string or a list of blocks (`system`, `input`).
+    fn string_or_list(&mut self, value: Option<Value<'_>>, region: Region, default_kind: &str) {
+        match value {
+            Some(list) if list.is_array() => {
+                for (i, item) in list.items().enumerate() {
+                    self.block(UnitPath::new(region, i, None, false), item, default_kind);
+                }
+            }
+            Some(text) if text.is_string() => {
+                self.string(UnitPath::new(region, 0, None, true), text)
+            }
+            _ => {}
+        }
+    }
+
     fn tools(&mut self, root: Value<'_>) {
         if let Some(tools) = root.get("tools") {
             for (i, tool) in tools.items().enumerate() {
