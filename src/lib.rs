@@ -37,6 +37,7 @@
 //!
 //! Around them: [`server`] (one promptgate assembled from its config and served:
 //! what `serve` runs, and tests start in-process), [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
+//! [`setting`] (a setting's value as typed and its parsers, the leaf every module's settings share),
 //! [`conversation`] (which agent conversation an exchange belongs to),
 //! [`tls`] (the local CA and its leaf certificates), [`logging`], [`digest`] (the
 //! content digests: BLAKE3, and SHA-256 for fingerprints), [`id`] (sortable exchange
@@ -63,5 +64,6 @@ pub mod provider;
 pub mod record;
 pub mod rules;
 pub mod server;
+pub mod setting;
 pub mod tls;
 pub mod upstream;

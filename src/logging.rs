@@ -16,8 +16,14 @@ use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
 
 use crate::capture::redact::{Redactor, Summary};
-use crate::config::LogFormat;
 use crate::record::{ExchangeRecord, RecordSink};
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// Where finished (redacted) log lines go.
 pub type LogOutput = Arc<dyn Fn(&[u8]) + Send + Sync>;

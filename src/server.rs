@@ -167,8 +167,8 @@ fn start_line(
         config.upstream_anthropic, config.upstream_openai
     );
     match config.log_format {
-        crate::config::LogFormat::Text => println!("{text}"),
-        crate::config::LogFormat::Json => println!(
+        crate::logging::LogFormat::Text => println!("{text}"),
+        crate::logging::LogFormat::Json => println!(
             "{}",
             serde_json::json!({
                 "message": text,

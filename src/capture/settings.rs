@@ -8,7 +8,7 @@ use serde::Deserialize;
 
 use super::redact::Redactor;
 use super::store::Retention;
-use crate::config::{ConfigError, Scalar, parse_duration, parse_size};
+use crate::setting::{ConfigError, Scalar, parse_duration, parse_size};
 
 /// Raw `[capture]` settings, from the config file or flags.
 #[derive(Debug, Default, Clone, Deserialize)]

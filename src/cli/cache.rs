@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::captures::{print, render_table, store_config};
+use super::output::{print, render_table, store_config};
 use crate::cache::explain::{Reason, Verdict, kilo};
 use crate::cache::report::{self, ConversationReport, Entry, Report};
 use crate::capture::store::Filter;

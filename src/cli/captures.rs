@@ -2,7 +2,6 @@
 //! store in `--captures DIR` (the same default as `serve`).
 
 use std::fmt::Write as _;
-use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
@@ -13,8 +12,9 @@ use crate::capture::record::{BodyInfo, CaptureRecord};
 use crate::capture::store::{Filter, Row};
 use crate::capture::units::{self, Change, DiffEntry};
 use crate::capture::{Store, timestamp};
-use crate::config::{Config, ConfigLayer};
 use crate::prompt::Prompt;
+
+use super::output::{print, render_table, store_config};
 
 /// `promptgate captures` and its verbs.
 #[derive(Debug, Args)]
@@ -141,22 +141,6 @@ struct ExportArgs {
     filter: FilterArgs,
 }
 
-/// The settings of `--config FILE` (the defaults without one) and the captures
-/// directory: `--captures DIR`, else the config's `capture.dir`.
-pub(super) fn store_config(
-    captures: Option<PathBuf>,
-    config: Option<PathBuf>,
-) -> anyhow::Result<(PathBuf, Config)> {
-    let config = match config {
-        Some(file) => Config::load(Some(&file), ConfigLayer::default())?,
-        None => Config::default(),
-    };
-    Ok((
-        captures.unwrap_or_else(|| config.capture.dir.clone()),
-        config,
-    ))
-}
-
 /// Runs a `captures` verb.
 pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
     let (dir, _) = store_config(args.captures, args.config)?;
@@ -191,14 +175,6 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
         Verb::Conversations(f) => conversations(&store, &f.filter()?, &mut out)?,
     }
     print(out.as_bytes())
-}
-
-pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {
-    let mut stdout = std::io::stdout().lock();
-    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
-        _ => Ok(()),
-    }
 }
 
 // === list, conversations ===
@@ -296,34 +272,6 @@ fn conversations(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Re
     );
     let _ = writeln!(out, "{} conversation(s)", rows.len());
     Ok(())
-}
-
-/// Columns padded to their widest cell; `right` aligns numbers.
-pub(super) fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
-    let cols = rows.first().map_or(0, Vec::len);
-    let widths: Vec<usize> = (0..cols)
-        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
-        .collect();
-    for row in rows {
-        let mut line = String::new();
-        for (c, cell) in row.iter().enumerate() {
-            let pad = widths[c] - cell.chars().count();
-            if c > 0 {
-                line.push_str("  ");
-            }
-            if right[c] {
-                line.push_str(&" ".repeat(pad));
-                line.push_str(cell);
-            } else {
-                line.push_str(cell);
-                if c + 1 < cols {
-                    line.push_str(&" ".repeat(pad));
-                }
-            }
-        }
-        out.push_str(line.trim_end());
-        out.push('\n');
-    }
 }
 
 // === show ===

@@ -10,6 +10,7 @@ mod cache;
 mod captures;
 mod doctor;
 mod env;
+mod output;
 pub(crate) mod rules;
 mod serve;
 

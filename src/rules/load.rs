@@ -18,7 +18,8 @@ use toml::de::{DeTable, DeValue};
 use super::action;
 use super::matcher::Matcher;
 use super::{Phase, Rule, RuleSet};
-use crate::config::{line_col, nearest};
+use crate::config::line_col;
+use crate::setting::nearest;
 
 /// A TOML value with its position.
 pub(crate) type Val<'i> = Spanned<DeValue<'i>>;

@@ -523,9 +523,9 @@ fn compile_one(
                 };
                 let scalar = match arg.get_ref() {
                     DeValue::Integer(_) => {
-                        crate::config::Scalar::Number(cx.count(arg, k, 0..i64::MAX)?)
+                        crate::setting::Scalar::Number(cx.count(arg, k, 0..i64::MAX)?)
                     }
-                    DeValue::String(s) => crate::config::Scalar::Text(s.to_string()),
+                    DeValue::String(s) => crate::setting::Scalar::Text(s.to_string()),
                     _ => {
                         cx.error(
                             arg.span(),
@@ -534,7 +534,7 @@ fn compile_one(
                         return None;
                     }
                 };
-                match crate::config::parse_size(&scalar) {
+                match crate::setting::parse_size(&scalar) {
                     Ok(n) => Some(Some(n)),
                     Err(e) => {
                         cx.error(arg.span(), e);

@@ -168,7 +168,7 @@ fn log_buffer() -> &'static Mutex<Vec<u8>> {
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let sink = buffer.clone();
         promptgate::logging::init_to(
-            promptgate::config::LogFormat::Json,
+            promptgate::logging::LogFormat::Json,
             tracing_subscriber::EnvFilter::new("info,promptgate::cache=debug"),
             Arc::new(promptgate::capture::redact::Redactor::new(&[], &[]).unwrap()),
             Arc::new(move |line: &[u8]| sink.lock().unwrap().extend_from_slice(line)),

@@ -21,7 +21,7 @@ use toml::de::DeValue;
 
 use super::load::{Cx, Val};
 use super::{Block, Phase, State};
-use crate::config::nearest;
+use crate::setting::nearest;
 
 pub(crate) use cache_control::Ttl;
 

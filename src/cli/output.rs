@@ -1,0 +1,59 @@
+//! What the read-only verbs (`captures`, `cache`) share: the store they open, the
+//! tables they print, and stdout.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use crate::config::{Config, ConfigLayer};
+
+/// The settings of `--config FILE` (the defaults without one) and the captures
+/// directory: `--captures DIR`, else the config's `capture.dir`.
+pub(super) fn store_config(
+    captures: Option<PathBuf>,
+    config: Option<PathBuf>,
+) -> anyhow::Result<(PathBuf, Config)> {
+    let config = match config {
+        Some(file) => Config::load(Some(&file), ConfigLayer::default())?,
+        None => Config::default(),
+    };
+    Ok((
+        captures.unwrap_or_else(|| config.capture.dir.clone()),
+        config,
+    ))
+}
+
+pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
+/// Columns padded to their widest cell; `right` aligns numbers.
+pub(super) fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
+    let cols = rows.first().map_or(0, Vec::len);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+        .collect();
+    for row in rows {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            let pad = widths[c] - cell.chars().count();
+            if c > 0 {
+                line.push_str("  ");
+            }
+            if right[c] {
+                line.push_str(&" ".repeat(pad));
+                line.push_str(cell);
+            } else {
+                line.push_str(cell);
+                if c + 1 < cols {
+                    line.push_str(&" ".repeat(pad));
+                }
+            }
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+}
