@@ -1,0 +1,160 @@
+//! The body of one request, read on first use.
+
+use std::borrow::Cow;
+use std::cell::OnceCell;
+
+use bytes::Bytes;
+
+use super::{Entries, Index, Node, Splice};
+use crate::prompt::{KeyCheck, Shape};
+use crate::provider::json::skip_ws;
+use crate::record::{PromptCell, SentBody};
+
+// === the body of one request, parsed on first use ===
+
+/// What the nodes of one request borrow: the decoded body and its index. The
+/// caller makes it empty and keeps it for the whole run; it fills on first use.
+#[derive(Default)]
+pub(crate) struct BodyStore<'a> {
+    pub(super) index: OnceCell<Option<Index<'a>>>,
+}
+
+/// The body of one request: its bytes (decoded when compressed), parsed on first use.
+pub(crate) struct LazyBody<'a> {
+    pub(super) sent: &'a Bytes,
+    /// `sent` decoded (the same bytes when it came uncompressed): what rules read.
+    pub(super) plain: &'a Bytes,
+    /// The model of `plain`, read on first use.
+    pub(super) prompt: &'a PromptCell,
+    /// Whether `sent` came compressed (a changed body then goes on as identity).
+    pub(super) encoded: bool,
+    pub(super) store: &'a BodyStore<'a>,
+    pub(super) root: Option<Result<Node<'a>, String>>,
+}
+
+impl<'a> LazyBody<'a> {
+    /// `sent` as received, `prompt` the model of its decoded bytes; `encoded`
+    /// whether it came compressed.
+    pub(crate) fn new(
+        sent: &'a Bytes,
+        prompt: &'a PromptCell,
+        encoded: bool,
+        store: &'a BodyStore<'a>,
+    ) -> Self {
+        LazyBody {
+            sent,
+            plain: prompt.body().bytes(),
+            prompt,
+            encoded,
+            store,
+            root: None,
+        }
+    }
+
+    /// Whether a key occurs twice in one object of the body (`NotChecked` for a
+    /// body that is no JSON object the structure pass follows). Looked for once;
+    /// from then on every reader takes a repeated key's last value.
+    pub(crate) fn key_check(&self) -> KeyCheck {
+        let b: &'a [u8] = self.plain;
+        if b.get(skip_ws(b, 0)) != Some(&b'{') {
+            return KeyCheck::NotChecked;
+        }
+        match self
+            .store
+            .index
+            .get_or_init(|| Index::build(self.prompt.get()))
+        {
+            Some(index) => index.keys().clone(),
+            None => KeyCheck::NotChecked,
+        }
+    }
+
+    /// Body size in bytes, as received (no parse).
+    pub(crate) fn size(&self) -> u64 {
+        self.sent.len() as u64
+    }
+
+    /// Whether the body was parsed (for tests of the no-parse rule).
+    pub(crate) fn was_parsed(&self) -> bool {
+        self.root.is_some()
+    }
+
+    /// The parsed body, or why it cannot be read as a JSON object.
+    pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
+        if self.root.is_none() {
+            let store = self.store;
+            let parsed = parse_root(self.prompt, &store.index);
+            self.root = Some(parsed);
+        }
+        match self.root.as_mut() {
+            Some(Ok(node)) => Ok(node),
+            Some(Err(e)) => Err(e.clone()),
+            None => unreachable!("set just above"),
+        }
+    }
+
+    /// The parsed body, if it was parsed and is JSON.
+    pub(crate) fn root_if_parsed(&self) -> Option<&Node<'a>> {
+        match &self.root {
+            Some(Ok(node)) => Some(node),
+            _ => None,
+        }
+    }
+
+    /// The body to send when rules changed it (identity-encoded), else `None`.
+    pub(crate) fn changed(&self) -> Option<SentBody> {
+        match &self.root {
+            Some(Ok(node)) if node.is_dirty() => {
+                let mut out = Splice::new(self.plain);
+                node.write(&mut out);
+                Some(out.finish())
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether the received body was compressed (a changed body goes on as identity).
+    pub(crate) fn was_encoded(&self) -> bool {
+        self.encoded
+    }
+}
+
+/// Reads the top level of a body that must be a JSON object, through the model:
+/// the body is not validated whole (each string is decoded and checked when a
+/// rule reads it); a body the structure pass cannot follow is "not JSON" here as
+/// in every other reader, and anything subtler the provider will refuse, exactly
+/// as without promptgate.
+fn parse_root<'a>(
+    prompt: &'a PromptCell,
+    index: &'a OnceCell<Option<Index<'a>>>,
+) -> Result<Node<'a>, String> {
+    let prompt = prompt.get();
+    match prompt.shape() {
+        Shape::Object(_) => {}
+        Shape::NotJson(at) => {
+            return Err(format!(
+                "the body is not a JSON object: it is malformed at byte {at}"
+            ));
+        }
+        Shape::Empty | Shape::NotObject => return Err("the body is not a JSON object".into()),
+    }
+    match index.get_or_init(|| Index::build(prompt)) {
+        Some(index) => match index.open(0) {
+            Some(Node::Object { entries, .. }) => Ok(Node::Object {
+                orig: Some(prompt.body()),
+                entries,
+            }),
+            _ => Err("the body is not a JSON object: a key is not valid text".into()),
+        },
+        None => Err("the body is not a JSON object".into()),
+    }
+}
+
+/// Adds a key to an object's entries as a last-wins parser does: a repeated key
+/// keeps its first place and takes the new value.
+pub(super) fn put_last<'a>(entries: &mut Entries<'a>, key: Cow<'a, str>, value: Node<'a>) {
+    match entries.iter_mut().find(|(k, _)| *k == key) {
+        Some((_, v)) => *v = value,
+        None => entries.push((key, value)),
+    }
+}

@@ -1,0 +1,141 @@
+//! JSON pointers, and the operations rules run at one (json.set / json.remove / json.append).
+
+use crate::provider::json;
+use serde_json::Value;
+
+use super::Node;
+use super::peek::array_index;
+
+/// An RFC 6901 JSON pointer, split into unescaped tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Pointer(pub(crate) Vec<String>);
+
+impl Pointer {
+    /// Parses `""`, `"/a/0"`, `"/a~1b/c~0d"`.
+    pub(crate) fn parse(text: &str) -> Result<Pointer, String> {
+        if text.is_empty() {
+            return Ok(Pointer(Vec::new()));
+        }
+        let Some(rest) = text.strip_prefix('/') else {
+            return Err(format!(
+                "invalid JSON pointer {text:?}: it must start with \"/\" (expected e.g. \"/metadata/user_id\")"
+            ));
+        };
+        let mut tokens = Vec::new();
+        for raw in rest.split('/') {
+            let mut token = String::with_capacity(raw.len());
+            let mut chars = raw.chars();
+            while let Some(c) = chars.next() {
+                if c != '~' {
+                    token.push(c);
+                    continue;
+                }
+                match chars.next() {
+                    Some('0') => token.push('~'),
+                    Some('1') => token.push('/'),
+                    _ => {
+                        return Err(format!(
+                            "invalid JSON pointer {text:?}: \"~\" must be followed by 0 or 1 (\"~0\" is ~, \"~1\" is /)"
+                        ));
+                    }
+                }
+            }
+            tokens.push(token);
+        }
+        Ok(Pointer(tokens))
+    }
+
+    /// The pointer text of `tokens`.
+    pub(crate) fn text(tokens: &[String]) -> String {
+        json::pointer_text(tokens)
+    }
+}
+
+impl std::fmt::Display for Pointer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&Pointer::text(&self.0))
+    }
+}
+
+/// Pointer tokens from string and index parts: `ptr!["messages", 3, "content"]`
+/// (an array; `Vec::from` makes it a list without copying the tokens).
+macro_rules! ptr {
+    ($($part:expr),* $(,)?) => { [$($part.to_string()),*] };
+}
+pub(crate) use ptr;
+
+// === pointer operations (json.set / json.remove / json.append) ===
+
+/// Sets the value at `tokens` (RFC 6901; `-` or the length appends to an array).
+/// The parent must exist.
+pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
+    let Some((last, parent)) = tokens.split_last() else {
+        return Err("cannot replace the whole body".into());
+    };
+    let Some(node) = root.at(parent) else {
+        return Err(format!("{} does not exist", Pointer::text(parent)));
+    };
+    if node.is_object() {
+        let node = root.at_mut(parent).expect("found just above");
+        node.set_key(last, Node::Value(value));
+        return Ok(());
+    }
+    let Some(len) = node.len() else {
+        return Err(format!(
+            "{} is not an object or array",
+            Pointer::text(parent)
+        ));
+    };
+    let index = if last == "-" {
+        len
+    } else {
+        array_index(last)
+            .filter(|i| *i <= len)
+            .ok_or_else(|| format!("{} has no index {last:?}", Pointer::text(parent)))?
+    };
+    let node = root.at_mut(parent).expect("found just above");
+    if index == len {
+        node.insert(index, Node::Value(value));
+    } else if let Some(items) = node.items() {
+        items[index] = Node::Value(value);
+    }
+    Ok(())
+}
+
+/// Removes the value at `tokens`; `Ok(false)` when there was nothing to remove.
+pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, String> {
+    let Some((last, parent)) = tokens.split_last() else {
+        return Err("cannot remove the whole body".into());
+    };
+    let Some(node) = root.at(parent) else {
+        return Ok(false);
+    };
+    if node.is_object() {
+        if !node.has(last) {
+            return Ok(false);
+        }
+        let node = root.at_mut(parent).expect("found just above");
+        return Ok(node.remove_key(last));
+    }
+    match (node.len(), array_index(last)) {
+        (Some(len), Some(i)) if i < len => {
+            let node = root.at_mut(parent).expect("found just above");
+            Ok(node.remove_index(i))
+        }
+        _ => Ok(false),
+    }
+}
+
+/// Appends `value` to the array at `tokens`, creating `[value]` there when it is
+/// missing and its parent is an object.
+pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
+    match root.at(tokens) {
+        Some(node) if node.is_array() => {
+            let node = root.at_mut(tokens).expect("found just above");
+            node.insert(usize::MAX, Node::Value(value));
+            Ok(())
+        }
+        Some(_) => Err(format!("{} is not an array", Pointer::text(tokens))),
+        None => set(root, tokens, Value::Array(vec![value])),
+    }
+}
