@@ -142,7 +142,7 @@ fn main() {
         applied_cold.as_secs_f64() * 1e6
     );
     println!(
-        "Prompt::read (the model):  {:>6.1} µs (tape, repeated keys, units and their digests; apply reads it once)",
+        "Prompt::read (the model):  {:>6.1} µs (tape and repeated keys; units are cut on first ask)",
         model.as_secs_f64() * 1e6
     );
     println!(

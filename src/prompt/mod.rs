@@ -1,9 +1,10 @@
 //! The one model of a provider request, shared by rules, capture and cache analysis.
 //!
 //! [`Prompt::read`] makes one structural pass over the body (the tape of
-//! [`json::tape`](crate::provider::json::tape)), finds repeated keys once, and — for a
-//! body of a known request grammar ([`Format`]) — its [units](Unit) in cache order,
-//! each with its span, its `cache_control` marker and its content digest. Every
+//! [`json::tape`](crate::provider::json::tape)) and finds repeated keys once; for a
+//! body of a known request grammar ([`Format`]) its [units](Unit) in cache order,
+//! each with its span, its `cache_control` marker and its content digest, are cut
+//! on first ask (rules read only the tape) and each digest on first ask. Every
 //! reader asks the same model, so they agree on what the body says: a body that is
 //! not JSON, or not an object, is a [`Shape`] of the model, not an error of each.
 //! Objects with a repeated key read its last value, as the providers' parsers do.
@@ -113,8 +114,8 @@ pub struct Prompt {
     cache_control_keys: Vec<u32>,
     keys: KeyCheck,
     format: Option<Format>,
-    units: Vec<Unit>,
-    messages: Vec<Message>,
+    /// The units and messages, cut on first ask: rules read only the tape.
+    cut: std::sync::OnceLock<(Vec<Unit>, Vec<Message>)>,
 }
 
 impl std::fmt::Debug for Prompt {
@@ -123,7 +124,7 @@ impl std::fmt::Debug for Prompt {
             f,
             "Prompt({} bytes, {} units, {:?})",
             self.body.len(),
-            self.units.len(),
+            self.cut.get().map_or(0, |(u, _)| u.len()),
             self.format
         )
     }
@@ -147,21 +148,14 @@ impl Prompt {
             },
             _ => KeyCheck::NotChecked,
         };
-        let mut prompt = Prompt {
+        Prompt {
             body,
             tape,
             cache_control_keys,
             keys,
             format,
-            units: Vec::new(),
-            messages: Vec::new(),
-        };
-        if let (Some(format), Shape::Object(root)) = (format, prompt.shape()) {
-            let (units, messages) = units::cut(root, format);
-            prompt.units = units;
-            prompt.messages = messages;
+            cut: std::sync::OnceLock::new(),
         }
-        prompt
     }
 
     /// The bytes it was read from.
@@ -217,14 +211,22 @@ impl Prompt {
         &self.keys
     }
 
+    /// The units and messages, cut now if nobody has asked yet.
+    fn cut(&self) -> &(Vec<Unit>, Vec<Message>) {
+        self.cut.get_or_init(|| match (self.format, self.shape()) {
+            (Some(format), Shape::Object(root)) => units::cut(root, format),
+            _ => (Vec::new(), Vec::new()),
+        })
+    }
+
     /// The units in cache order (none without a format, or for a body that is no object).
     pub fn units(&self) -> &[Unit] {
-        &self.units
+        &self.cut().0
     }
 
     /// The entries of `messages`, with their units.
     pub fn messages(&self) -> &[Message] {
-        &self.messages
+        &self.cut().1
     }
 
     /// The value at token `tok` (a [`Message::tok`]).
@@ -251,7 +253,7 @@ impl Prompt {
             .get("output_config")
             .and_then(|o| o.get("effort"))
             .map(|v| String::from_utf8_lossy(v.bytes()).into_owned());
-        let images = self.units.iter().any(|u| {
+        let images = self.units().iter().any(|u| {
             u.path.region == Region::Messages
                 && (u.kind == "image"
                     || (u.kind == "tool_result"
