@@ -118,17 +118,11 @@ fn prompt_hash(root: Value<'_>) -> Option<String> {
     Some(crate::digest::hex(&crate::digest::sha256(&text)[..8]))
 }
 
-/// Content: a string's text, or the text of each block of an array.
+/// Content: a string's text, or the text of each block of an array (nothing for
+/// anything else).
 fn push_text(out: &mut String, content: Value<'_>) {
-    if content.is_string() {
-        if let Some(s) = content.str() {
-            out.push_str(&s);
-            out.push('\n');
-        }
-    } else {
-        for block in content.items() {
-            text_of_value(out, block);
-        }
+    if content.is_string() || content.is_array() {
+        text_of_value(out, content);
     }
 }
 

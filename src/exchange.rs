@@ -349,7 +349,6 @@ impl Proxy {
             if applied.keys.repeated().is_some() {
                 r.model = applied.model;
             }
-            r.duplicate_key = applied.keys;
             applied.effects.record_into(r);
         }
         if let Verdict::Respond(block) = applied.verdict {

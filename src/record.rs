@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use crate::id::ExchangeId;
 use crate::observer::Observation;
-use crate::prompt::{Format, KeyCheck, Prompt};
+use crate::prompt::{Format, Prompt};
 use crate::provider::{Api, Provider};
 
 /// How an exchange ended.
@@ -275,10 +275,6 @@ pub struct ExchangeRecord {
     /// The model of the body as the provider reads it (`sent_body`, decoded): the
     /// same cell as `prompt` when rules left the body as it was.
     pub sent_prompt: PromptCell,
-    /// Whether the request body repeats a key in one object: readers then take
-    /// the last value, as the providers' parsers do (an `enforce` rule set refuses
-    /// such a body instead).
-    pub duplicate_key: KeyCheck,
     /// Request headers as sent upstream (hop-by-hop removed, rules applied).
     pub sent_headers: HeaderMap,
     /// The request body exactly as sent upstream (shares the received bytes when unchanged).
@@ -362,7 +358,6 @@ impl ExchangeRecord {
             request_plain: Bytes::new(),
             prompt: PromptCell::default(),
             sent_prompt: PromptCell::default(),
-            duplicate_key: KeyCheck::NotChecked,
             sent_headers: HeaderMap::new(),
             sent_body: SentBody::default(),
             rules_fired: Vec::new(),

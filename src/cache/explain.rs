@@ -12,8 +12,9 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use super::history::{Conversation, EntryState, Millis, Snapshot};
-use super::segment::{Region, Segments, Ttl, Unit};
+use super::segment::{Segments, Unit};
 use crate::id::ExchangeId;
+use crate::prompt::{Region, Ttl};
 use crate::provider::Usage;
 
 /// Lookback positions per breakpoint, the breakpoint itself counted first (§B.4).
@@ -765,7 +766,8 @@ fn tools_changed(before: &Segments, now: &Segments) -> Reason {
 mod tests {
     use super::*;
     use crate::cache::history::Snapshot;
-    use crate::cache::segment::{Format, IgnoreRule, segment};
+    use crate::cache::segment::{IgnoreRule, segment};
+    use crate::prompt::Format;
     use bytes::Bytes;
     use std::sync::Arc;
 

@@ -12,8 +12,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use super::segment::{Hash, Segments, Ttl};
+use super::segment::{Hash, Segments};
 use crate::id::ExchangeId;
+use crate::prompt::Ttl;
 use crate::provider::Usage;
 
 /// Milliseconds since the Unix epoch, on the analysis clock.

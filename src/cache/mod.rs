@@ -22,13 +22,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
+use crate::prompt::{Format, Region, Ttl};
 use crate::provider::Usage;
 use crate::record::{ExchangeRecord, PromptCell, RecordStage};
 use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 pub use history::Clock;
 use history::{History, Millis, Snapshot};
-use segment::{Format, IgnoreRule, Region, Segments};
+use segment::{IgnoreRule, Segments};
 
 // === settings ===
 
@@ -152,7 +153,7 @@ impl CacheSettings {
 pub struct BreakpointView {
     pub unit: String,
     pub position: u32,
-    pub ttl: segment::Ttl,
+    pub ttl: Ttl,
     pub automatic: bool,
     /// Estimated tokens through this unit.
     pub tokens: u64,
@@ -393,7 +394,7 @@ impl CacheStage {
         for &i in &cached {
             let ttl = segments.units[i]
                 .breakpoint
-                .map_or(segment::Ttl::FiveMinutes, |m| m.ttl);
+                .map_or(Ttl::FiveMinutes, |m| m.ttl);
             conv.cache(segments.units[i].prefix, b.start, b.began, ttl, b.id);
         }
         if b.format != Format::AnthropicMessages {
@@ -461,7 +462,7 @@ impl CacheStage {
         let one_hour = segs.breakpoints.iter().any(|&b| {
             segs.units[b]
                 .breakpoint
-                .is_some_and(|m| m.ttl == segment::Ttl::OneHour)
+                .is_some_and(|m| m.ttl == Ttl::OneHour)
         });
         let cost = self
             .settings
@@ -545,7 +546,7 @@ fn record_usage(
         if !known && usage.cache_write_tokens > 0 {
             let ttl = segs.units[last]
                 .breakpoint
-                .map_or(segment::Ttl::FiveMinutes, |m| m.ttl);
+                .map_or(Ttl::FiveMinutes, |m| m.ttl);
             conv.cache(prefix, start, start, ttl, id);
         }
         if let Some(e) = conv.entries.get_mut(&prefix) {

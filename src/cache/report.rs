@@ -11,10 +11,11 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::explain::{Reason, Verdict, excerpt};
-use super::segment::{self, IgnoreRule, Segments, UnitPath};
+use super::segment::{self, IgnoreRule, Segments};
 use super::{CostView, StablePrefix};
 use crate::capture::CaptureRecord;
 use crate::capture::store::{Filter, Store, StoreError};
+use crate::prompt::{Ttl, UnitPath};
 
 /// The report: one entry per conversation, in order of first request.
 #[derive(Debug, Clone, Serialize)]
@@ -64,7 +65,7 @@ pub struct Entry {
     pub baseline: Option<String>,
     /// The ttl of the last breakpoint.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub ttl: Option<segment::Ttl>,
+    pub ttl: Option<Ttl>,
     /// The token estimator's error against the provider's count, in percent.
     pub estimate_error_pct: f64,
     /// Automatic caching (OpenAI): the prefix that stayed the same.

@@ -13,8 +13,7 @@ use regex::Regex;
 
 use super::estimate;
 use crate::digest::{self, Hasher};
-pub use crate::prompt::{Format, Region, Settings, Ttl, UnitPath};
-use crate::prompt::{Prompt, Shape};
+use crate::prompt::{Format, Prompt, Region, Settings, Shape, Ttl, UnitPath};
 use crate::provider::json::ScanError;
 
 /// A content digest (BLAKE3).

@@ -269,13 +269,16 @@ impl CaptureRecord {
             conversation_key(&r.request_headers, prompt, keys)
                 .map(|k| redactor.redact_text(&k, extra, &mut summary))
         };
-        let duplicate_key = match &r.duplicate_key {
-            KeyCheck::NotChecked if r.capture => r.prompt.get().keys(),
-            check => check,
+        // The one check of the model, which rules made if they looked, else made here.
+        let not_checked = KeyCheck::NotChecked;
+        let duplicate_key = match r.prompt.if_read() {
+            Some(prompt) => prompt.keys(),
+            None if r.capture => r.prompt.get().keys(),
+            None => &not_checked,
         };
-        // No rule looked, so the model was sniffed first-wins; the provider reads the last.
+        // The model was sniffed first-wins; the provider reads the last.
         let model = match duplicate_key.repeated() {
-            Some("/model") if r.duplicate_key == KeyCheck::NotChecked => r.prompt.get().model(),
+            Some("/model") => r.prompt.get().model(),
             _ => r.model.clone(),
         };
         let observation = r.observation.as_ref();
@@ -360,7 +363,7 @@ impl CaptureRecord {
             record.request.body = request_body(
                 &r.request_body,
                 &record.received_digest,
-                received_coding.map(|c| (&r.request_plain, c)),
+                received_coding,
                 r.prompt.get(),
                 ctx,
                 &mut summary,
@@ -463,21 +466,21 @@ fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
     a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
 }
 
-/// A request body, redacted: stored decoded when it came compressed (`decoded`:
-/// the bytes the exchange decoded once, and the coding), cut at the units of
-/// `prompt` (the model of those bytes). `raw_digest` is the digest of `raw`,
-/// reused when the stored bytes are the same.
+/// A request body, redacted: stored as `prompt` holds it (decoded once by the
+/// exchange when it came compressed with `coding`), cut at the prompt's units.
+/// `raw_digest` is the digest of `raw`, reused when the stored bytes are the same.
 fn request_body(
     raw: &Bytes,
     raw_digest: &str,
-    decoded: Option<(&Bytes, &str)>,
+    coding: Option<&str>,
     prompt: &Prompt,
     ctx: &mut BodyContext<'_>,
     summary: &mut Summary,
 ) -> BodyInfo {
-    let (plain, mut note) = match decoded {
+    let plain = prompt.body().clone();
+    let mut note = match coding {
         // Refused before it went anywhere: bytes that cannot be scanned are not kept.
-        Some((plain, c)) if plain.is_empty() && !raw.is_empty() => {
+        Some(c) if plain.is_empty() && !raw.is_empty() => {
             return BodyInfo {
                 size: 0,
                 digest: digest::content_hex(b""),
@@ -485,8 +488,8 @@ fn request_body(
                 ..BodyInfo::default()
             };
         }
-        Some((plain, c)) => (plain.clone(), Some(format!("decoded from {c}"))),
-        None => (raw.clone(), None),
+        Some(c) => Some(format!("decoded from {c}")),
+        None => None,
     };
     let split = layout::split(prompt);
     let mut info = match ctx
