@@ -1,12 +1,14 @@
 //! The admin API: read-only JSON over the captures on its own listener (`--admin`,
-//! never the proxy's port): `GET /healthz`, `/api/captures`, `/api/captures/ID`,
-//! `/api/captures/ID/diff/OTHER`, `/api/conversations`, `/api/cache/report`. It opens
-//! the store read-only per request and never writes.
+//! never the proxy's port): `GET /api/captures`, `/api/captures/ID`,
+//! `/api/captures/ID/diff/OTHER`, `/api/conversations`, `/api/cache/report`; and for
+//! operators `/metrics` (Prometheus), `/healthz` and `/readyz`. It opens the store
+//! read-only per request and never writes.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -21,6 +23,7 @@ use crate::capture::store::Filter;
 use crate::capture::{Capture, Store, StoreError, timestamp, units};
 use crate::config::Config;
 use crate::listener::auth::ProxyCredentials;
+use crate::metrics::{Metrics, Sources};
 
 /// Who may read the admin API: every route (the API, and what else is served on
 /// this listener) goes through [`AdminGuard::check`] first. It holds every
@@ -153,9 +156,15 @@ pub struct AdminState {
     /// Units cache analysis leaves out of the prefix hash (`[cache] ignore`), so the
     /// cache report marks them.
     pub cache_ignore: Vec<crate::cache::segment::IgnoreRule>,
+    /// `capture.required`: `/readyz` fails while the capture cannot take records.
+    pub capture_required: bool,
     /// The live rule set and where it is read from, for `/healthz`.
     pub rules: Arc<crate::rules::reload::LiveRules>,
     pub rules_dir: PathBuf,
+    /// The series `/metrics` serves, and the parts its state is read from.
+    pub metrics: Option<(Arc<Metrics>, Sources)>,
+    /// Set once shutdown began: `/readyz` answers 503.
+    pub stopping: Arc<AtomicBool>,
 }
 
 /// Serves the admin API on `listener` until the task is dropped.
@@ -180,7 +189,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
                     }
                     return Ok::<_, Infallible>(response);
                 }
-                Ok(answer(&state, request.method(), request.uri()).await)
+                Ok(answer(&state, &request).await)
             }
         });
         let connection = builder
@@ -192,11 +201,8 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     }
 }
 
-async fn answer(
-    state: &Arc<AdminState>,
-    method: &Method,
-    uri: &http::Uri,
-) -> Response<Full<Bytes>> {
+async fn answer<B>(state: &Arc<AdminState>, request: &Request<B>) -> Response<Full<Bytes>> {
+    let (method, uri) = (request.method(), request.uri());
     if method != Method::GET && method != Method::HEAD {
         return reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -205,18 +211,17 @@ async fn answer(
     }
     let path = uri.path().to_owned();
     let query = uri.query().unwrap_or("").to_owned();
-    if path == "/healthz" {
-        let counters = state.capture.as_ref().map(|c| c.counters());
-        let rules = json!({
-            "live": state.rules.snapshot().rules().len(),
-            "dir": state.rules_dir.display().to_string(),
-            "present": state.rules_dir.is_dir(),
-            "state": state.rules.state(&state.rules_dir),
-        });
-        return reply(
-            StatusCode::OK,
-            &json!({"status": "ok", "capture": counters, "rules": rules}),
-        );
+    match path.as_str() {
+        "/healthz" => return reply(StatusCode::OK, &health(state)),
+        "/readyz" => return readiness(state),
+        "/metrics" => {
+            let accept = request
+                .headers()
+                .get(header::ACCEPT)
+                .and_then(|v| v.to_str().ok());
+            return scrape(state, accept);
+        }
+        _ => {}
     }
     let Some(dir) = state.captures.clone() else {
         return reply(
@@ -232,6 +237,89 @@ async fn answer(
         Err(e) => reply(
             StatusCode::INTERNAL_SERVER_ERROR,
             &json!({"error": e.to_string()}),
+        ),
+    }
+}
+
+/// `/healthz`: the version and uptime, the rules' state and the capture's.
+fn health(state: &AdminState) -> Value {
+    let capture = state.capture.as_ref().map(|c| {
+        let mut v = serde_json::to_value(c.counters()).unwrap_or_default();
+        v["last_error"] = json!(c.last_error());
+        v
+    });
+    let rules = json!({
+        "live": state.rules.snapshot().rules().len(),
+        "dir": state.rules_dir.display().to_string(),
+        "present": state.rules_dir.is_dir(),
+        "state": state.rules.state(&state.rules_dir),
+        "reloads": {
+            "ok": state.rules.reloads().ok,
+            "failed": state.rules.reloads().failed,
+        },
+        "last_reload": state.rules.last_reload(),
+    });
+    let uptime = state
+        .metrics
+        .as_ref()
+        .map(|(_, sources)| sources.started.elapsed().as_secs());
+    let traces = state
+        .metrics
+        .as_ref()
+        .and_then(|(_, s)| s.export.as_ref())
+        .map(|e| {
+            json!({
+                "exported": e.exported.load(Ordering::Relaxed),
+                "dropped": e.dropped.load(Ordering::Relaxed),
+            })
+        });
+    json!({
+        "status": "ok",
+        "version": env!("CARGO_PKG_VERSION"),
+        "uptime_s": uptime,
+        "capture": capture,
+        "rules": rules,
+        "traces": traces,
+    })
+}
+
+/// `/readyz`, for load balancers: 503 while shutting down, or while capture is
+/// required and cannot take a record.
+fn readiness(state: &AdminState) -> Response<Full<Bytes>> {
+    let why = if state.stopping.load(Ordering::SeqCst) {
+        Some("shutting down")
+    } else if state.capture_required && state.capture.as_ref().is_some_and(|c| !c.can_take()) {
+        Some("capture is required and the capture store cannot take records")
+    } else {
+        None
+    };
+    match why {
+        Some(why) => reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            &json!({"status": "unavailable", "why": why}),
+        ),
+        None => reply(StatusCode::OK, &json!({"status": "ready"})),
+    }
+}
+
+/// `/metrics`: the Prometheus text format, or OpenMetrics when the scraper prefers it.
+fn scrape(state: &AdminState, accept: Option<&str>) -> Response<Full<Bytes>> {
+    let Some((metrics, sources)) = &state.metrics else {
+        return reply(StatusCode::NOT_FOUND, &json!({"error": "metrics are off"}));
+    };
+    let open = crate::metrics::wants_openmetrics(accept);
+    match metrics.render(sources, open) {
+        Ok(text) => {
+            let mut response = Response::new(Full::new(Bytes::from(text)));
+            response.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static(crate::metrics::content_type(open)),
+            );
+            response
+        }
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"error": format!("encoding the metrics: {e}")}),
         ),
     }
 }
@@ -294,7 +382,7 @@ fn route(
         _ => Err((
             StatusCode::NOT_FOUND,
             format!(
-                "no such resource {path:?} (try /api/captures, /api/conversations, /api/cache/report, /healthz)"
+                "no such resource {path:?} (try /api/captures, /api/conversations, /api/cache/report, /metrics, /healthz, /readyz)"
             ),
         )),
     }

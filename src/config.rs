@@ -62,6 +62,10 @@ pub struct ConfigLayer {
     /// A JSON pointer into the request body naming the conversation.
     pub conversation_pointer: Option<String>,
     pub capture: Option<CaptureLayer>,
+    /// `[metrics]`: the Prometheus series.
+    pub metrics: Option<crate::metrics::MetricsLayer>,
+    /// `[traces]`: OTLP trace export.
+    pub traces: Option<crate::traces::TracesLayer>,
 }
 
 /// The validated configuration of `promptgate serve`.
@@ -127,6 +131,8 @@ pub struct Config {
     /// Extra sources of conversation keys.
     pub conversation: KeySource,
     pub capture: CaptureSettings,
+    pub metrics: crate::metrics::MetricsSettings,
+    pub traces: crate::traces::TracesSettings,
 }
 
 impl Default for Config {
@@ -165,6 +171,8 @@ impl Default for Config {
             admin_auth: None,
             conversation: KeySource::default(),
             capture: CaptureSettings::default(),
+            metrics: crate::metrics::MetricsSettings::default(),
+            traces: crate::traces::TracesSettings::default(),
         }
     }
 }
@@ -471,6 +479,17 @@ impl Config {
                 *slot = parse_duration(&v)
                     .map_err(|message| ConfigError::Invalid { setting, message })?;
             }
+        }
+        if let Some(metrics) = layer.metrics {
+            self.metrics.apply(metrics);
+        }
+        if let Some(traces) = layer.traces {
+            self.traces
+                .apply(traces)
+                .map_err(|message| ConfigError::Invalid {
+                    setting: "traces",
+                    message,
+                })?;
         }
         if let Some(cache) = layer.cache {
             self.cache

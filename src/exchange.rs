@@ -285,6 +285,7 @@ impl Proxy {
             Ok(body) => body,
             Err(e) => return error_response(pending, route.provider, e),
         };
+        pending.get().timing.body_read = Some(started.elapsed());
         // Decoded once, before anything reads it: the sniff, rules, capture and cache
         // analysis all read these bytes (a compressed body must not hide its model).
         let plain = match decode::request_plain(&parts.headers, &body, self.config.max_body) {
@@ -365,7 +366,9 @@ impl Proxy {
         parts.uri = uri;
         // ALPN decides the upstream protocol; the client's own version does not matter.
         parts.version = Version::HTTP_11;
-        let upstream_request = Request::from_parts(parts, UpstreamBody::from(body));
+        let asked = Arc::new(std::sync::OnceLock::new());
+        let upstream_request =
+            Request::from_parts(parts, UpstreamBody::from(body).noting_start(asked.clone()));
 
         // A sink that must not miss a record (capture.required) may refuse here.
         if let Err(why) = self.recorder.admit(pending.get()).await {
@@ -373,6 +376,7 @@ impl Proxy {
             return error_response(pending, route.provider, error);
         }
 
+        let sending = Instant::now();
         let sent = tokio::time::timeout(
             self.config.upstream_timeout,
             self.upstream.send(upstream_request),
@@ -393,6 +397,7 @@ impl Proxy {
             }
         };
 
+        let head_in = Instant::now();
         let (mut head, incoming) = response.into_parts();
         head.headers = forwardable(&head.headers, false);
         {
@@ -411,7 +416,10 @@ impl Proxy {
             effects.record_into(r);
             r.status = Some(head.status);
             r.response_headers = head.headers.clone();
-            r.timing.upstream_headers = Some(started.elapsed());
+            r.timing.upstream_headers = Some(head_in - started);
+            // A body-less request may never be asked for its body: then it went when sent.
+            let went = asked.get().copied().unwrap_or(sending);
+            r.timing.sent_upstream = Some(went.saturating_duration_since(started));
         }
         self.recorder.response_began(pending.get());
         let is_sse = head
@@ -426,6 +434,7 @@ impl Proxy {
         let (provider, api) = (route.provider, route.api);
         let headers_for_observer = head.headers.clone();
         let limit = self.config.capture.max_response;
+        pending.get().timing.head_to_client = Some(started.elapsed());
         let body = ObservedBody::new(
             incoming,
             self.config.idle_timeout,

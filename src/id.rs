@@ -34,6 +34,11 @@ impl ExchangeId {
         ExchangeId(id)
     }
 
+    /// The id's 16 bytes, big-endian (the time first).
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0.to_be_bytes()
+    }
+
     /// Milliseconds since the Unix epoch at which the id was made.
     pub fn timestamp_ms(self) -> u64 {
         (self.0 >> RANDOM_BITS) as u64

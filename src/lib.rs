@@ -33,7 +33,10 @@
 //! - [`capture`]: redaction, the stored record, the SQLite store (each distinct unit
 //!   of the model kept once, a body as its skeleton and units), exports; written off
 //!   the request path.
-//! - [`admin`]: the read-only local HTTP API over the captures.
+//! - [`metrics`] and [`traces`]: record sinks too: the Prometheus series served at
+//!   `/metrics`, and a span per exchange sent to an OTLP collector.
+//! - [`admin`]: the read-only local HTTP API over the captures, `/metrics`,
+//!   `/healthz` and `/readyz`.
 //!
 //! Around them: [`server`] (one promptgate assembled from its config and served:
 //! what `serve` runs, and tests start in-process), [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
@@ -58,6 +61,7 @@ pub mod exchange;
 pub mod id;
 pub mod listener;
 pub mod logging;
+pub mod metrics;
 pub mod observer;
 pub mod prompt;
 pub mod provider;
@@ -66,4 +70,5 @@ pub mod rules;
 pub mod server;
 pub mod setting;
 pub mod tls;
+pub mod traces;
 pub mod upstream;

@@ -97,6 +97,23 @@ pub struct Timing {
     pub first_byte: Option<Duration>,
     /// Until the exchange ended.
     pub total: Duration,
+    /// Until the last request body byte arrived from the client.
+    pub body_read: Option<Duration>,
+    /// Until the upstream connection took the request (its head written, the body asked for).
+    pub sent_upstream: Option<Duration>,
+    /// Until the response head was handed to the client's connection.
+    pub head_to_client: Option<Duration>,
+}
+
+impl Timing {
+    /// The time promptgate itself added: from the last request byte received to the
+    /// request going upstream, plus from the response head received to it going to
+    /// the client. `None` for an exchange that did not reach the upstream.
+    pub fn overhead(&self) -> Option<Duration> {
+        let out = self.sent_upstream?.checked_sub(self.body_read?)?;
+        let back = self.head_to_client?.checked_sub(self.upstream_headers?)?;
+        Some(out + back)
+    }
 }
 
 /// A request body as sent upstream, as the pieces it went out in. Rules splice a

@@ -6,6 +6,7 @@
 
 use std::io::Write;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
 use tokio::net::TcpListener;
@@ -18,9 +19,11 @@ use crate::config::Config;
 use crate::exchange::Proxy;
 use crate::listener::Workers;
 use crate::logging::ExchangeLog;
+use crate::metrics::{Metrics, Sources};
 use crate::record::{RecordSink, Recorder};
 use crate::rules::reload::LiveRules;
 use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
+use crate::traces::export::SpanExporter;
 use crate::upstream::Upstream;
 
 /// What a server is given beyond its config.
@@ -93,26 +96,36 @@ pub async fn serve(
     if let Some(capture) = &capture {
         sinks.push(capture.clone());
     }
+    // Counted only when there is an admin listener to serve them.
+    let metrics = admin.is_some().then(|| {
+        Arc::new(Metrics::new(
+            &config.metrics,
+            config.cache.prices.clone(),
+            rules.clone(),
+        ))
+    });
+    if let Some(m) = &metrics {
+        sinks.push(m.clone());
+    }
+    let exporter = SpanExporter::start(
+        &config.traces,
+        redactor.clone(),
+        config.conversation.clone(),
+        Upstream::new(&config.upstream_ca, config.connect_timeout)?,
+    );
+    let export_counts = exporter.as_ref().map(|(sink, _)| sink.counts());
+    if let Some((sink, task)) = exporter {
+        if let Some(url) = &config.traces.url {
+            tracing::info!("sending a span per exchange to {url} (OTLP/HTTP)");
+        }
+        sinks.push(sink);
+        tokio::spawn(task);
+    }
     sinks.extend(extra_sinks);
     let recorder = Arc::new(
         Recorder::with_stages(vec![Arc::new(cache)], sinks)
             .with_admit_wait(config.capture.queue_wait),
     );
-    if announce {
-        start_line(&config, local, admin_addr, &rules);
-    }
-    if let (Some(admin), Some(addr)) = (admin, admin_addr) {
-        tracing::info!("admin API listening on http://{addr}");
-        let state = Arc::new(AdminState {
-            guard: AdminGuard::new(&config, addr),
-            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
-            capture: capture.clone(),
-            cache_ignore: config.cache.ignore.clone(),
-            rules: rules.clone(),
-            rules_dir: config.rules_dir.clone(),
-        });
-        tokio::spawn(crate::admin::serve(admin, state));
-    }
     let workers = match config.workers {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n,
@@ -134,7 +147,40 @@ pub async fn serve(
             rules: rules.clone(),
         }));
     }
-    let workers = Workers::start(proxies, leaves, local).context("starting the workers")?;
+    let workers = Workers::start(proxies, leaves.clone(), local).context("starting the workers")?;
+    if announce {
+        start_line(&config, local, admin_addr, &rules);
+    }
+    let stopping = Arc::new(AtomicBool::new(false));
+    if let (Some(admin), Some(addr)) = (admin, admin_addr) {
+        tracing::info!("admin API listening on http://{addr}");
+        let sources = Sources {
+            recorder: recorder.clone(),
+            capture: capture.clone(),
+            capture_dir: config.capture.enabled.then(|| config.capture.dir.clone()),
+            rules: rules.clone(),
+            leaves,
+            connections: workers.counts(),
+            export: export_counts,
+            started: std::time::Instant::now(),
+        };
+        let state = Arc::new(AdminState {
+            guard: AdminGuard::new(&config, addr),
+            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+            capture: capture.clone(),
+            capture_required: config.capture.required,
+            cache_ignore: config.cache.ignore.clone(),
+            rules: rules.clone(),
+            rules_dir: config.rules_dir.clone(),
+            metrics: metrics.map(|m| (m, sources)),
+            stopping: stopping.clone(),
+        });
+        tokio::spawn(crate::admin::serve(admin, state));
+    }
+    let shutdown = async move {
+        shutdown.await;
+        stopping.store(true, Ordering::SeqCst);
+    };
     crate::listener::serve(listener, workers, recorder.clone(), shutdown, grace).await;
     // The workers are gone and their cut exchanges have queued their records; the
     // record pipeline finishes them; only then is the capture closed.

@@ -8,7 +8,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,6 +23,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::RootCertStore;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
+use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError, error_chain};
 use crate::record::SentBody;
@@ -110,6 +111,8 @@ pub struct UpstreamBody {
     next: usize,
     /// Bytes not yet sent.
     left: usize,
+    /// Set when the connection first asks for the body: the request head is written.
+    asked: Option<Arc<OnceLock<Instant>>>,
 }
 
 impl From<SentBody> for UpstreamBody {
@@ -119,7 +122,16 @@ impl From<SentBody> for UpstreamBody {
             body,
             next: 0,
             left,
+            asked: None,
         }
+    }
+}
+
+impl UpstreamBody {
+    /// Notes in `asked` when the upstream connection first asks for the body.
+    pub fn noting_start(mut self, asked: Arc<OnceLock<Instant>>) -> UpstreamBody {
+        self.asked = Some(asked);
+        self
     }
 }
 
@@ -132,6 +144,9 @@ impl Body for UpstreamBody {
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let this = self.get_mut();
+        if let Some(asked) = this.asked.take() {
+            let _ = asked.set(Instant::now());
+        }
         while let Some(piece) = this.body.pieces().get(this.next) {
             this.next += 1;
             if !piece.is_empty() {

@@ -43,6 +43,10 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(120);
 pub struct Counters {
     /// Records waiting for the writer.
     pub queued: u64,
+    /// Body bytes those records hold.
+    pub queued_bytes: u64,
+    /// The last write succeeded.
+    pub healthy: bool,
     pub written: u64,
     /// Records dropped because the queue stayed full.
     pub dropped: u64,
@@ -72,6 +76,8 @@ struct Shared {
     failed: AtomicU64,
     /// The last write succeeded (what `capture.required` admits on).
     healthy: AtomicBool,
+    /// Why the last failed write failed.
+    last_error: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -164,6 +170,7 @@ impl Capture {
             dropped: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
+            last_error: Mutex::new(None),
         });
         let writer = Writer {
             shared: shared.clone(),
@@ -189,12 +196,32 @@ impl Capture {
 
     /// The pipeline's counters now.
     pub fn counters(&self) -> Counters {
+        let (queued, queued_bytes) = {
+            let state = self.shared.lock();
+            (state.items.len() as u64, state.bytes)
+        };
         Counters {
-            queued: self.shared.lock().items.len() as u64,
+            queued,
+            queued_bytes,
+            healthy: self.shared.healthy.load(Ordering::SeqCst),
             written: self.shared.written.load(Ordering::SeqCst),
             dropped: self.shared.dropped.load(Ordering::SeqCst),
             failed: self.shared.failed.load(Ordering::SeqCst),
         }
+    }
+
+    /// Why the store last failed to write, if it ever did.
+    pub fn last_error(&self) -> Option<String> {
+        self.shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether a record could be taken now: the store writes and the queue has room.
+    pub fn can_take(&self) -> bool {
+        self.shared.healthy.load(Ordering::SeqCst) && self.has_room()
     }
 
     /// Writes everything queued, stops the writer and checkpoints the store.
@@ -409,6 +436,11 @@ impl Writer {
                     .fetch_add(records.len() as u64, Ordering::SeqCst)
                     + records.len() as u64;
                 self.shared.healthy.store(false, Ordering::SeqCst);
+                *self
+                    .shared
+                    .last_error
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
                 tracing::error!(
                     failed_total = failed,
                     "capture store failed to write {} record(s): {e}",

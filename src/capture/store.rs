@@ -17,6 +17,16 @@ use crate::prompt::{Format, Prompt};
 
 /// The file name of the store inside the captures directory.
 pub const DB_FILE: &str = "promptgate.db";
+
+/// Bytes the store in `dir` takes on disk: the database, its write-ahead log and
+/// shared-memory index (0 for what does not exist).
+pub fn size_on_disk(dir: &Path) -> u64 {
+    ["", "-wal", "-shm"]
+        .iter()
+        .filter_map(|suffix| std::fs::metadata(dir.join(format!("{DB_FILE}{suffix}"))).ok())
+        .map(|m| m.len())
+        .sum()
+}
 /// The schema this build writes.
 const SCHEMA_VERSION: i64 = 2;
 /// zstd level for units: fast, and most of the saving comes from storing each unit once.

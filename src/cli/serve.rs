@@ -104,6 +104,14 @@ pub struct ServeArgs {
     /// A JSON pointer into the request body that names the conversation.
     #[arg(long, value_name = "POINTER")]
     conversation_pointer: Option<String>,
+    /// Send a span per exchange to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318
+    /// (/v1/traces is added) [default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT, else off].
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// Put the redacted prompt and answer on the spans (gen_ai.input.messages, …); off by default.
+    #[arg(long)]
+    otlp_content: bool,
     /// Hook rules directory: its *.toml files are loaded in name order and reloaded on change [default: ./rules, none if missing].
     #[arg(long, value_name = "DIR")]
     rules: Option<PathBuf>,
@@ -192,6 +200,11 @@ impl ServeArgs {
                 ..CaptureLayer::default()
             }),
             rules: self.rules,
+            traces: Some(crate::traces::TracesLayer::from_flags(
+                self.otlp_endpoint,
+                self.otlp_content,
+                &|name| std::env::var(name).ok(),
+            )),
             cache: self
                 .no_cache_analysis
                 .then(|| crate::cache::CacheConfigLayer {

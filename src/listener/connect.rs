@@ -8,6 +8,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -84,8 +85,12 @@ pub(super) async fn tunnel(
         host,
         port,
     };
+    let counts = &front.counts;
     match config.intercept.provider_for(&connect.host) {
-        Some(provider) => intercept(front, connect, provider).await,
+        Some(provider) => {
+            counts.intercepted.fetch_add(1, Ordering::Relaxed);
+            intercept(front, connect, provider).await
+        }
         None if config.intercept_only => refuse(
             peer,
             connect.authority.as_str(),
@@ -96,7 +101,10 @@ pub(super) async fn tunnel(
                 config.intercept.patterns().join(", ")
             ),
         ),
-        None => blind(front, connect).await,
+        None => {
+            counts.tunnelled.fetch_add(1, Ordering::Relaxed);
+            blind(front, connect).await
+        }
     }
 }
 

@@ -17,6 +17,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -36,6 +37,39 @@ use crate::exchange::{Proxy, ProxyBody};
 use crate::record::Recorder;
 use crate::tls::LeafCache;
 
+/// Client connections counted since start, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ConnectionCounts {
+    accepted: AtomicU64,
+    refused: AtomicU64,
+    intercepted: AtomicU64,
+    tunnelled: AtomicU64,
+}
+
+/// [`ConnectionCounts`] read at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnectionCount {
+    /// TCP connections admitted.
+    pub accepted: u64,
+    /// TCP connections refused past a cap.
+    pub refused: u64,
+    /// CONNECT tunnels whose TLS promptgate terminated.
+    pub intercepted: u64,
+    /// CONNECT tunnels relayed blind.
+    pub tunnelled: u64,
+}
+
+impl ConnectionCounts {
+    pub fn snapshot(&self) -> ConnectionCount {
+        ConnectionCount {
+            accepted: self.accepted.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+            intercepted: self.intercepted.load(Ordering::Relaxed),
+            tunnelled: self.tunnelled.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// What every connection's requests are dispatched with.
 struct Front {
     proxy: Arc<Proxy>,
@@ -45,6 +79,7 @@ struct Front {
     local: SocketAddr,
     /// Turns true when shutdown starts (connections inside CONNECT tunnels watch it).
     draining: watch::Receiver<bool>,
+    counts: Arc<ConnectionCounts>,
 }
 
 /// A connection accepted by the listener, handed to a worker with its slot.
@@ -175,9 +210,15 @@ pub struct Workers {
     /// Set when shutdown starts: connections inside CONNECT tunnels end at their next pause.
     draining: watch::Sender<bool>,
     caps: Arc<ConnectionCaps>,
+    counts: Arc<ConnectionCounts>,
 }
 
 impl Workers {
+    /// The connections counted so far (shared: it keeps counting).
+    pub fn counts(&self) -> Arc<ConnectionCounts> {
+        self.counts.clone()
+    }
+
     /// Starts `proxies.len()` worker threads, one per proxy (each with its own
     /// upstream client). `leaves` enables TLS interception of CONNECT tunnels.
     pub fn start(
@@ -202,6 +243,7 @@ impl Workers {
                 per_client: config.max_connections_per_client,
                 open: Mutex::default(),
             }),
+            counts: Arc::default(),
         };
         for (i, proxy) in proxies.into_iter().enumerate() {
             let (tx, rx) = mpsc::unbounded_channel();
@@ -211,6 +253,7 @@ impl Workers {
                 leaves: leaves.clone(),
                 local,
                 draining: draining_rx.clone(),
+                counts: workers.counts.clone(),
             });
             let stop = stop_rx.clone();
             let runtime = tokio::runtime::Builder::new_current_thread()
@@ -252,6 +295,7 @@ pub async fn serve(
         stop,
         draining,
         caps,
+        counts,
     } = workers;
     tokio::pin!(shutdown);
     let mut next = 0usize;
@@ -274,11 +318,13 @@ pub async fn serve(
         let slot = match caps.admit(peer.ip()) {
             Ok(slot) => slot,
             Err(why) => {
+                counts.refused.fetch_add(1, Ordering::Relaxed);
                 refused.warn(&why);
                 tokio::spawn(async move { refuse_connection(stream, &why).await });
                 continue;
             }
         };
+        counts.accepted.fetch_add(1, Ordering::Relaxed);
         // Also covers the tunnel after a CONNECT upgrade: it is the same socket.
         let _ = stream.set_nodelay(true);
         let Ok(stream) = stream.into_std() else {

@@ -7,8 +7,9 @@
 //! directory being replaced, removed or created after start (see [`watch`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -24,13 +25,67 @@ pub const DEBOUNCE: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 pub struct LiveRules {
     current: ArcSwap<RuleSet>,
+    reloaded: AtomicU64,
+    failed: AtomicU64,
+    /// The last reload's result: `None` before the first.
+    last: Mutex<Option<LastReload>>,
+}
+
+/// Reloads counted since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reloads {
+    pub ok: u64,
+    pub failed: u64,
+}
+
+/// What the last reload did.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct LastReload {
+    /// When, in ms since the Unix epoch.
+    pub at_ms: u64,
+    pub ok: bool,
+    /// The first error, when it failed (the log has them all).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 impl LiveRules {
     pub fn new(set: RuleSet) -> Self {
         LiveRules {
             current: ArcSwap::from_pointee(set),
+            reloaded: AtomicU64::new(0),
+            failed: AtomicU64::new(0),
+            last: Mutex::new(None),
         }
+    }
+
+    /// How many reloads swapped a new set in, and how many were refused.
+    pub fn reloads(&self) -> Reloads {
+        Reloads {
+            ok: self.reloaded.load(Ordering::Relaxed),
+            failed: self.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The last reload's result, if there was one.
+    pub fn last_reload(&self) -> Option<LastReload> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn note_reload(&self, error: Option<String>) {
+        let counter = if error.is_none() {
+            &self.reloaded
+        } else {
+            &self.failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(LastReload {
+            at_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            ok: error.is_none(),
+            error,
+        });
     }
 
     /// The set to use for one whole exchange.
@@ -69,10 +124,12 @@ impl LiveRules {
                 let (rules, files) = (set.rules().len(), set.files.len());
                 log_warnings(&set);
                 self.replace(set);
+                self.note_reload(None);
                 tracing::info!(target: "promptgate::rules", rules, files, dir = %dir.display(), "rules reloaded");
                 true
             }
             Err(errors) => {
+                self.note_reload(errors.first().map(ToString::to_string));
                 for e in &errors {
                     tracing::error!(target: "promptgate::rules", "{e}");
                 }

@@ -1,0 +1,721 @@
+//! Metrics and traces with the real tools: a real Prometheus server scrapes
+//! `/metrics` (and `promtool` checks it), and a receiver built on the official
+//! OTLP protobuf definitions decodes the spans. Plus `/healthz` and `/readyz`.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::cache_emulator::{self, CacheEmulator};
+use support::{Action, FakeProvider, Proxy, Reply, TempDir, client, sdk, shapes};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Percent-encodes a query value.
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// A child process killed on drop.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A Prometheus server on loopback scraping `target` every second.
+struct Prometheus {
+    addr: SocketAddr,
+    _process: Running,
+    _dir: TempDir,
+}
+
+impl Prometheus {
+    async fn start(target: SocketAddr) -> Prometheus {
+        let dir = TempDir::new("prometheus");
+        let config = dir.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n  \
+                 - job_name: promptgate\n    static_configs:\n      - targets: ['{target}']\n"
+            ),
+        )
+        .unwrap();
+        let addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let process = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.path().join("data").display()
+            ))
+            .arg(format!("--web.listen-address={addr}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("log")).unwrap())
+            .spawn()
+            .expect("prometheus starts");
+        let prometheus = Prometheus {
+            addr,
+            _process: Running(process),
+            _dir: dir,
+        };
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Ok(Ok(r)) = tokio::time::timeout(
+                Duration::from_secs(1),
+                tokio::spawn(async move { client::get(addr, "/-/ready").await }),
+            )
+            .await
+                && r.status == 200
+            {
+                return prometheus;
+            }
+            assert!(Instant::now() < deadline, "prometheus did not become ready");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// The instant vector of `query`, as (labels, value) pairs.
+    async fn query(&self, query: &str) -> Vec<(Value, f64)> {
+        let r = client::get(self.addr, &format!("/api/v1/query?query={}", encode(query))).await;
+        assert_eq!(r.status, 200, "{query}: {}", r.text());
+        let v = r.json();
+        v["data"]["result"]
+            .as_array()
+            .unwrap_or(&Vec::new())
+            .iter()
+            .map(|s| {
+                let value = s["value"][1]
+                    .as_str()
+                    .unwrap_or("nan")
+                    .parse()
+                    .unwrap_or(f64::NAN);
+                (s["metric"].clone(), value)
+            })
+            .collect()
+    }
+
+    /// The one value of `query`, once Prometheus has it equal to `want` (within
+    /// a cent's rounding for dollars); panics with what it had after the wait.
+    async fn wait_value(&self, query: &str, want: impl Fn(f64) -> bool) -> f64 {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let got = self.query(query).await;
+            if let [(_, v)] = got.as_slice()
+                && want(*v)
+            {
+                return *v;
+            }
+            assert!(Instant::now() < deadline, "{query} is {got:?}");
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
+fn prometheus_missing() -> Option<String> {
+    support::missing_command("prometheus", &["--version"])
+        .or_else(|| support::missing_command("promtool", &["--version"]))
+}
+
+/// `GET /metrics` with an `Accept` header.
+async fn scrape(admin: SocketAddr, accept: &str) -> client::RawResponse {
+    let headers = [("Host", admin.to_string()), ("Accept", accept.to_owned())];
+    client::send(
+        admin,
+        &client::request_bytes("GET", "/metrics", &headers, b""),
+    )
+    .await
+}
+
+/// The value of one series line (`name{labels} value`) in the text format.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|l| {
+        l.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+async fn send_cc(proxy: &Proxy, body: &Value, extra: &[(&'static str, &str)]) -> u16 {
+    let bytes = shapes::to_bytes(body);
+    let mut headers =
+        shapes::claude_code_headers(&proxy.addr.to_string(), bytes.len(), "sk-ant-api03-test");
+    for (k, v) in extra {
+        headers.push((k, (*v).to_owned()));
+    }
+    let request = client::request_bytes("POST", "/v1/messages?beta=true", &headers, &bytes);
+    client::send(proxy.addr, &request).await.status
+}
+
+#[tokio::test]
+async fn a_real_prometheus_scrapes_the_series_and_they_add_up() {
+    if !support::can_run(prometheus_missing()) {
+        return;
+    }
+    // The fake provider caches like Anthropic does, and logs the usage it returned.
+    let emulator = Arc::new(Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |req| {
+        if String::from_utf8_lossy(&req.body).contains("rate-limit-me") {
+            return Action::Respond(
+                Reply::json(
+                    429,
+                    &json!({"type": "error", "error": {"type": "rate_limit_error", "message": "slow down"}}),
+                )
+                .header("retry-after", "30"),
+            );
+        }
+        Action::Respond(cache_emulator::reply(&e, &req.body))
+    })
+    .await;
+    let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let admin = proxy.admin_addr();
+
+    // A conversation: a write, a read, then a changed system block (a partial miss).
+    let turn1 = shapes::claude_code_body(1, shapes::CC_SESSION);
+    let turn2 = shapes::claude_code_body(2, shapes::CC_SESSION);
+    let mut turn3 = shapes::claude_code_body(3, shapes::CC_SESSION);
+    turn3["system"][2]["text"] = json!(format!(
+        "{} Today's date is 2026-12-02.",
+        turn3["system"][2]["text"].as_str().unwrap()
+    ));
+    for body in [&turn1, &turn2, &turn3] {
+        assert_eq!(send_cc(&proxy, body, &[]).await, 200);
+    }
+    let mut limited = shapes::claude_code_body(1, "b7c1f3de-0000-4000-8000-00000000000a");
+    limited["messages"][0]["content"][3]["text"] = json!("rate-limit-me");
+    assert_eq!(send_cc(&proxy, &limited, &[]).await, 429);
+    let batch = shapes::claude_code_body(1, "b7c1f3de-0000-4000-8000-00000000000b");
+    assert_eq!(send_cc(&proxy, &batch, &[("x-team", "batch")]).await, 403);
+    proxy.wait_exchanges(5, WAIT).await;
+
+    let prometheus = Prometheus::start(admin).await;
+    prometheus
+        .wait_value("up{job=\"promptgate\"}", |v| v == 1.0)
+        .await;
+    prometheus
+        .wait_value("sum(promptgate_exchanges_total)", |v| v == 5.0)
+        .await;
+    let usage = emulator.lock().unwrap().log.clone();
+    assert_eq!(usage.len(), 3, "three answers carried usage");
+    let sum = |f: fn(&cache_emulator::CacheUsage) -> u64| usage.iter().map(f).sum::<u64>() as f64;
+    for (kind, want) in [
+        ("input", sum(|u| u.input)),
+        ("cache_write_5m", sum(|u| u.write)),
+        ("cache_read", sum(|u| u.read)),
+        ("output", 3.0 * 12.0),
+        ("cache_write_1h", 0.0),
+    ] {
+        let q = format!("sum(promptgate_tokens_total{{type=\"{kind}\"}})");
+        prometheus.wait_value(&q, |v| v == want).await;
+    }
+    assert!(
+        sum(|u| u.read) > 0.0,
+        "the second turn read the cache: {usage:?}"
+    );
+    prometheus
+        .wait_value(
+            "promptgate_exchanges_total{outcome=\"provider_error\",status_class=\"4xx\",model=\"claude-opus-5-5\",provider=\"anthropic\",mode=\"reverse\"}",
+            |v| v == 1.0,
+        )
+        .await;
+    prometheus
+        .wait_value("promptgate_exchanges_total{outcome=\"blocked\"}", |v| {
+            v == 1.0
+        })
+        .await;
+    prometheus
+        .wait_value("promptgate_blocks_total{rule=\"no-opus-for-batch\"}", |v| {
+            v == 1.0
+        })
+        .await;
+    prometheus
+        .wait_value(
+            "promptgate_rule_fires_total{rule=\"no-opus-for-batch\",phase=\"before_provider_request\"}",
+            |v| v == 1.0,
+        )
+        .await;
+    let lost = prometheus
+        .wait_value(
+            "promptgate_cache_lost_dollars_total{reason=\"prefix_changed\"}",
+            |v| v > 0.0,
+        )
+        .await;
+    assert!(lost < 1.0, "{lost}");
+    prometheus
+        .wait_value("promptgate_cache_verdicts_total{verdict=\"write\"}", |v| {
+            v == 1.0
+        })
+        .await;
+    prometheus
+        .wait_value("promptgate_cache_verdicts_total{verdict=\"hit\"}", |v| {
+            v == 1.0
+        })
+        .await;
+    prometheus
+        .wait_value(
+            "sum(promptgate_cost_dollars_total{kind=\"cache_read\"})",
+            |v| v > 0.0,
+        )
+        .await;
+    prometheus
+        .wait_value("promptgate_exchange_duration_seconds_count", |v| v == 5.0)
+        .await;
+    prometheus
+        .wait_value("promptgate_overhead_seconds_count", |v| v == 4.0)
+        .await;
+    prometheus
+        .wait_value(
+            "promptgate_capture_records_total{result=\"written\"}",
+            |v| v == 5.0,
+        )
+        .await;
+    prometheus
+        .wait_value("promptgate_rules_loaded", |v| v == 1.0)
+        .await;
+    prometheus
+        .wait_value("promptgate_build_info", |v| v == 1.0)
+        .await;
+
+    // The text format passes promtool's checks; OpenMetrics is served when asked for.
+    let text = scrape(admin, "text/plain").await;
+    assert_eq!(text.status, 200);
+    assert!(
+        text.header("content-type")
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4"),
+        "{:?}",
+        text.header("content-type")
+    );
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write as _;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(&text.body.bytes)
+        .unwrap();
+    let checked = promtool.wait_with_output().unwrap();
+    assert!(
+        checked.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    let open = scrape(admin, "application/openmetrics-text;version=1.0.0").await;
+    assert!(
+        open.header("content-type")
+            .unwrap()
+            .starts_with("application/openmetrics-text")
+    );
+    assert!(open.text().ends_with("# EOF\n"));
+    // No secret in any series: the API key the requests carried never shows.
+    support::assert_absent(&text.body.bytes, "sk-ant-api03-test", "/metrics");
+}
+
+/// The OTLP test receiver (tests/clients/otlp_receiver.py) and the file its spans land in.
+struct Receiver {
+    port: u16,
+    out: PathBuf,
+    _process: Running,
+    _dir: TempDir,
+}
+
+impl Receiver {
+    fn start() -> Option<Receiver> {
+        if !sdk::available() {
+            return None;
+        }
+        let dir = TempDir::new("otlp");
+        let out = dir.path().join("spans.jsonl");
+        let script =
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/otlp_receiver.py");
+        let mut child = Command::new(sdk::python())
+            .arg(script)
+            .arg(&out)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .strip_prefix("listening ")
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("the receiver said {line:?}"));
+        Some(Receiver {
+            port,
+            out,
+            _process: Running(child),
+            _dir: dir,
+        })
+    }
+
+    async fn spans(&self, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let lines: Vec<Value> = std::fs::read_to_string(&self.out)
+                .unwrap_or_default()
+                .lines()
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect();
+            if let Some(e) = lines.iter().find(|l| l.get("error").is_some()) {
+                panic!("the receiver could not decode a post: {e}");
+            }
+            if lines.len() >= n {
+                return lines;
+            }
+            assert!(Instant::now() < deadline, "{} span(s) of {n}", lines.len());
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A span attribute's value, as the protobuf JSON mapping writes it.
+fn attr<'a>(span: &'a Value, key: &str) -> Option<&'a Value> {
+    let kv = span["attributes"]
+        .as_array()?
+        .iter()
+        .find(|a| a["key"] == key)?;
+    let v = &kv["value"];
+    v.get("stringValue")
+        .or_else(|| v.get("intValue"))
+        .or_else(|| v.get("doubleValue"))
+        .or_else(|| v.get("arrayValue"))
+}
+
+const CANARY: &str = "sk-ant-api03-CANARYotlp7c1f3de9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2f1a0AA";
+
+#[tokio::test]
+async fn spans_reach_an_otlp_receiver_decoded_with_the_official_definitions() {
+    let Some(receiver) = Receiver::start() else {
+        return;
+    };
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--upstream-openai",
+            &fake.url(),
+            "--otlp-endpoint",
+            &endpoint,
+            "--otlp-content",
+        ],
+        &[("OTEL_SERVICE_NAME", "pg-test")],
+    );
+    // A streamed Claude Code turn inside the agent's trace, with a secret in the prompt.
+    let mut body = shapes::claude_code_body(1, shapes::CC_SESSION);
+    body["messages"][0]["content"][3]["text"] = json!(format!("deploy with key {CANARY}"));
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    assert_eq!(
+        send_cc(&proxy, &body, &[("traceparent", parent)]).await,
+        200
+    );
+    // A non-streamed OpenAI call with no trace context.
+    let chat = shapes::to_bytes(&shapes::openai_chat_body(false));
+    let headers = [
+        ("Host", proxy.addr.to_string()),
+        ("content-type", "application/json".to_owned()),
+        ("authorization", "Bearer sk-proj-test".to_owned()),
+    ];
+    let r = client::send(
+        proxy.addr,
+        &client::request_bytes("POST", "/openai/v1/chat/completions", &headers, &chat),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let exchanges = proxy.wait_exchanges(2, WAIT).await;
+    let spans = receiver.spans(2).await;
+
+    let cc = spans
+        .iter()
+        .find(|s| attr(s, "gen_ai.provider.name") == Some(&json!("anthropic")))
+        .expect("the Anthropic span");
+    assert_eq!(cc["name"], "chat claude-opus-5-5");
+    assert_eq!(cc["kind"], "SPAN_KIND_CLIENT");
+    assert_eq!(cc["traceId"], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_eq!(cc["parentSpanId"], "00f067aa0ba902b7");
+    assert_eq!(attr(cc, "gen_ai.operation.name"), Some(&json!("chat")));
+    assert_eq!(
+        attr(cc, "gen_ai.request.model"),
+        Some(&json!("claude-opus-5-5"))
+    );
+    assert_eq!(
+        attr(cc, "gen_ai.response.model"),
+        Some(&json!("claude-opus-5-5"))
+    );
+    assert_eq!(
+        attr(cc, "gen_ai.response.id"),
+        Some(&json!("msg_01XFDUDYJgAACzvnptvVoYEL"))
+    );
+    // like_providers answers with usage (12 input, 100 written, 2000 read, 7 output):
+    // the conventions' input is all three.
+    assert_eq!(attr(cc, "gen_ai.usage.input_tokens"), Some(&json!("2112")));
+    assert_eq!(attr(cc, "gen_ai.usage.output_tokens"), Some(&json!("7")));
+    assert_eq!(
+        attr(cc, "gen_ai.usage.cache_read.input_tokens"),
+        Some(&json!("2000"))
+    );
+    assert_eq!(
+        attr(cc, "gen_ai.usage.cache_creation.input_tokens"),
+        Some(&json!("100"))
+    );
+    assert_eq!(
+        attr(cc, "gen_ai.conversation.id"),
+        Some(&json!(format!("cc:{}", shapes::CC_SESSION)))
+    );
+    assert_eq!(
+        attr(cc, "gen_ai.response.finish_reasons"),
+        Some(&json!({"values": [{"stringValue": "end_turn"}]}))
+    );
+    assert_eq!(attr(cc, "server.address"), Some(&json!("127.0.0.1")));
+    assert_eq!(attr(cc, "promptgate.outcome"), Some(&json!("ok")));
+    assert!(attr(cc, "promptgate.cache.verdict").is_some());
+    assert!(attr(cc, "error.type").is_none());
+    // The span leads to its record.
+    let id = attr(cc, "promptgate.exchange.id")
+        .unwrap()
+        .as_str()
+        .unwrap();
+    assert!(exchanges.iter().any(|e| e["id"] == id), "{id}");
+    assert_eq!(cc["events"][0]["name"], "gen_ai.first_byte");
+    let start: u64 = cc["startTimeUnixNano"].as_str().unwrap().parse().unwrap();
+    let end: u64 = cc["endTimeUnixNano"].as_str().unwrap().parse().unwrap();
+    let first: u64 = cc["events"][0]["timeUnixNano"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(start < first && first <= end, "{start} {first} {end}");
+    // Content, redacted.
+    let input = attr(cc, "gen_ai.input.messages").unwrap().as_str().unwrap();
+    let input: Value = serde_json::from_str(input).unwrap();
+    assert_eq!(input[0]["role"], "user");
+    assert!(
+        input[0]["parts"][3]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("deploy with key ")
+    );
+    let system = attr(cc, "gen_ai.system_instructions")
+        .unwrap()
+        .as_str()
+        .unwrap();
+    assert!(system.contains("You are a Claude agent"), "{system}");
+    let output = attr(cc, "gen_ai.output.messages")
+        .unwrap()
+        .as_str()
+        .unwrap();
+    let output: Value = serde_json::from_str(output).unwrap();
+    assert_eq!(output[0]["parts"][0]["content"], "Hello there");
+    assert_eq!(output[0]["finish_reason"], "end_turn");
+    assert_eq!(
+        cc["resource"]["attributes"][0],
+        json!({"key": "service.name", "value": {"stringValue": "pg-test"}})
+    );
+
+    let oa = spans
+        .iter()
+        .find(|s| attr(s, "gen_ai.provider.name") == Some(&json!("openai")))
+        .expect("the OpenAI span");
+    assert_eq!(oa["name"], "chat gpt-5.6");
+    assert_eq!(oa["parentSpanId"], "");
+    assert_ne!(oa["traceId"], cc["traceId"]);
+    // OpenAI counts cached tokens inside its prompt tokens: 300 in all.
+    assert_eq!(attr(oa, "gen_ai.usage.input_tokens"), Some(&json!("300")));
+    assert_eq!(
+        attr(oa, "gen_ai.usage.cache_read.input_tokens"),
+        Some(&json!("256"))
+    );
+
+    // The secret went nowhere: not in any span, not in any attribute.
+    let all = std::fs::read(&receiver.out).unwrap();
+    support::assert_absent(&all, CANARY, "the spans");
+    support::assert_absent(&all, "sk-proj-test", "the spans");
+    support::assert_absent(&all, "sk-ant-api03-test", "the spans");
+}
+
+#[tokio::test]
+async fn without_otlp_content_no_prompt_text_leaves() {
+    let Some(receiver) = Receiver::start() else {
+        return;
+    };
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let endpoint = format!("http://127.0.0.1:{}/v1/traces", receiver.port);
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--otlp-endpoint",
+        &endpoint,
+    ]);
+    let body = shapes::claude_code_body(1, shapes::CC_SESSION);
+    assert_eq!(send_cc(&proxy, &body, &[]).await, 200);
+    let spans = receiver.spans(1).await;
+    assert!(attr(&spans[0], "gen_ai.input.messages").is_none());
+    assert!(attr(&spans[0], "gen_ai.system_instructions").is_none());
+    assert!(attr(&spans[0], "gen_ai.output.messages").is_none());
+    let all = std::fs::read(&receiver.out).unwrap();
+    support::assert_absent(&all, "Say hello and list the files", "the spans");
+    support::assert_absent(&all, "Hello there", "the spans");
+}
+
+#[tokio::test]
+async fn a_dead_collector_costs_no_exchange_anything() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    // Nothing listens there.
+    let endpoint = format!("http://127.0.0.1:{}", free_port());
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--otlp-endpoint",
+        &endpoint,
+    ]);
+    let admin = proxy.admin_addr();
+    let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
+    let n = 20;
+    for _ in 0..n {
+        let r = client::post(proxy.addr, "/v1/messages", &body).await;
+        assert_eq!(r.status, 200);
+    }
+    let exchanges = proxy.wait_exchanges(n, WAIT).await;
+    assert!(exchanges.iter().all(|e| e["outcome"] == "ok"));
+    // The spans are dropped and counted, once a post has failed.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = scrape(admin, "text/plain").await.text();
+        let dropped = sample(&text, "promptgate_otlp_spans_total{result=\"dropped\"}");
+        if dropped == Some(n as f64) {
+            assert_eq!(
+                sample(&text, "promptgate_otlp_spans_total{result=\"exported\"}"),
+                Some(0.0)
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "dropped {dropped:?}\n{text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, health) = client::get_json(admin, "/healthz").await;
+    assert_eq!(health["traces"]["dropped"], n);
+    // One warning for all of them (at most one a minute).
+    let warnings = proxy.log().matches("OTLP export dropped").count();
+    assert_eq!(warnings, 1, "{}", proxy.log());
+}
+
+#[tokio::test]
+async fn healthz_says_what_runs_and_readyz_fails_while_draining() {
+    // A slow stream keeps the drain going while /readyz is asked.
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events("claude-opus-5-5", &["a"; 30], (1, 0, 0, 1)),
+            Duration::from_millis(100),
+        ))
+    })
+    .await;
+    let rules = TempDir::new("rules");
+    let mut proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let admin = proxy.admin_addr();
+    let (status, health) = client::get_json(admin, "/healthz").await;
+    assert_eq!(status, 200);
+    assert_eq!(health["version"], env!("CARGO_PKG_VERSION"));
+    assert!(health["uptime_s"].as_u64().is_some(), "{health}");
+    assert_eq!(health["rules"]["live"], 0);
+    assert_eq!(health["rules"]["last_reload"], Value::Null);
+    assert_eq!(health["capture"]["healthy"], true);
+    assert_eq!(health["capture"]["last_error"], Value::Null);
+    assert_eq!(client::get_json(admin, "/readyz").await.0, 200);
+
+    // A broken rule file: the reload fails, the health says so, the counter counts it.
+    std::fs::write(rules.path().join("10-bad.toml"), "[[rule]]\nname = \n").unwrap();
+    let deadline = Instant::now() + WAIT;
+    let health = loop {
+        let (_, h) = client::get_json(admin, "/healthz").await;
+        if h["rules"]["reloads"]["failed"] == 1 {
+            break h;
+        }
+        assert!(Instant::now() < deadline, "{h}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(health["rules"]["last_reload"]["ok"], false);
+    let error = health["rules"]["last_reload"]["error"].as_str().unwrap();
+    assert!(error.contains("10-bad.toml:2:"), "{error}");
+    let text = scrape(admin, "text/plain").await.text();
+    assert_eq!(
+        sample(&text, "promptgate_rules_reload_total{result=\"failed\"}"),
+        Some(1.0)
+    );
+
+    // Shutting down with a stream in flight: not ready any more.
+    let addr = proxy.addr;
+    let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
+    let request = client::request_bytes(
+        "POST",
+        "/v1/messages",
+        &[
+            ("Host", addr.to_string()),
+            ("content-type", "application/json".to_owned()),
+        ],
+        &body,
+    );
+    let stream = tokio::spawn(async move { client::send(addr, &request).await });
+    fake.wait_requests(1, WAIT).await;
+    proxy.signal("TERM");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, why) = client::get_json(admin, "/readyz").await;
+        if status == 503 {
+            assert_eq!(why["why"], "shutting down");
+            break;
+        }
+        assert!(Instant::now() < deadline, "{status} {why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(stream.await.unwrap().status, 200);
+    assert!(proxy.wait_exit(WAIT).await.success());
+}
