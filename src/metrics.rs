@@ -686,6 +686,8 @@ pub fn content_type(openmetrics: bool) -> &'static str {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
@@ -699,6 +701,110 @@ mod tests {
         assert!(!wants_openmetrics(Some(
             "text/plain;q=0.9,application/openmetrics-text;q=0.5"
         )));
+    }
+
+    fn metrics(max_models: usize) -> Metrics {
+        let rules = Arc::new(LiveRules::new(crate::rules::RuleSet::default()));
+        Metrics::new(
+            &MetricsSettings { max_models },
+            crate::cache::cost::prices(Vec::new()),
+            rules,
+        )
+    }
+
+    fn text(m: &Metrics) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::prometheus_text::encode(&mut out, &m.registry).unwrap();
+        out
+    }
+
+    #[test]
+    fn an_exchange_counts_its_tokens_dollars_and_times() {
+        let m = metrics(1);
+        let mut r = ExchangeRecord::begin(
+            crate::id::ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages".into(),
+        );
+        r.provider = Some(crate::provider::Provider::Anthropic);
+        r.model = Some("claude-opus-5-5".into());
+        r.status = Some(http::StatusCode::OK);
+        r.outcome = Outcome::Ok;
+        r.bytes_in = 1000;
+        r.timing = crate::record::Timing {
+            upstream_headers: Some(Duration::from_millis(40)),
+            first_byte: Some(Duration::from_millis(45)),
+            total: Duration::from_millis(900),
+            body_read: Some(Duration::from_micros(100)),
+            sent_upstream: Some(Duration::from_micros(300)),
+            head_to_client: Some(Duration::from_micros(40_050)),
+        };
+        let usage = crate::provider::Usage {
+            input_tokens: 10,
+            output_tokens: 20,
+            cache_read_tokens: 1_000_000,
+            cache_write_tokens: 300,
+            cache_write_5m_tokens: Some(100),
+            cache_write_1h_tokens: Some(200),
+            ..Default::default()
+        };
+        r.observation = Some(crate::observer::Observation {
+            format: crate::observer::BodyFormat::Empty,
+            summary: crate::provider::ResponseSummary {
+                usage: Some(usage),
+                ..Default::default()
+            },
+            parse_error: None,
+            truncated: false,
+            body: bytes::Bytes::new(),
+        });
+        m.count(&r);
+        // A second model is past max_models = 1.
+        r.model = Some("claude-sonnet-5-5".into());
+        r.observation = None;
+        m.count(&r);
+        let t = text(&m);
+        let has = |line: &str| t.lines().any(|l| l == line);
+        assert!(
+            has(
+                r#"promptgate_tokens_total{provider="anthropic",model="claude-opus-5-5",type="cache_read"} 1000000"#
+            ),
+            "{t}"
+        );
+        assert!(has(
+            r#"promptgate_tokens_total{provider="anthropic",model="claude-opus-5-5",type="cache_write_1h"} 200"#
+        ));
+        assert!(has(
+            r#"promptgate_exchanges_total{provider="anthropic",model="other",outcome="ok",status_class="2xx",mode="reverse"} 1"#
+        ));
+        let value = |series: &str| -> f64 {
+            t.lines()
+                .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+                .unwrap_or_else(|| panic!("no {series} in {t}"))
+        };
+        let cost = |kind: &str| {
+            value(&format!(
+                r#"promptgate_cost_dollars_total{{provider="anthropic",model="claude-opus-5-5",kind="{kind}"}}"#
+            ))
+        };
+        // By the default table, as its own lookup prices it.
+        let (_, p) = crate::cache::cost::prices(Vec::new())
+            .find("claude-opus-5-5")
+            .unwrap();
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(cost("cache_read"), p.input * p.cache_read));
+        assert!(close(cost("input"), p.input * 10e-6));
+        assert!(close(cost("output"), p.output * 20e-6));
+        let writes = p.input * 1e-6 * (100.0 * p.cache_write_5m + 200.0 * p.cache_write_1h);
+        assert!(close(cost("cache_write"), writes));
+        // 200 µs out and 50 µs back, twice.
+        assert!(has("promptgate_overhead_seconds_sum 0.0005"), "{t}");
+        assert!(
+            has(r#"promptgate_overhead_seconds_bucket{le="0.00025"} 2"#),
+            "{t}"
+        );
+        assert!(has("promptgate_exchange_duration_seconds_count 2"));
     }
 
     #[test]

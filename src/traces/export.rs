@@ -95,7 +95,15 @@ impl SpanExporter {
             ],
             ..Default::default()
         };
-        let task = post_batches(rx, url, client, resource, counts.clone());
+        let task = post_batches(
+            rx,
+            Collector {
+                url,
+                client,
+                resource,
+                counts: counts.clone(),
+            },
+        );
         let sink = SpanExporter {
             queue: tx,
             redactor,
@@ -135,128 +143,111 @@ impl RecordSink for SpanExporter {
     }
 }
 
-/// Takes spans off the queue and posts them in batches until the queue closes.
-async fn post_batches(
-    mut queue: mpsc::Receiver<Item>,
+/// Where batches go, and what counts them.
+struct Collector {
     url: Uri,
     client: Upstream,
     resource: Resource,
     counts: Arc<ExportCounts>,
-) {
+}
+
+/// Takes spans off the queue and posts them in batches until the queue closes.
+async fn post_batches(mut queue: mpsc::Receiver<Item>, collector: Collector) {
     let mut batch: Vec<Span> = Vec::with_capacity(BATCH);
     loop {
-        let first = if batch.is_empty() {
+        let next = if batch.is_empty() {
             queue.recv().await
         } else {
             match tokio::time::timeout(LINGER, queue.recv()).await {
                 Ok(item) => item,
                 Err(_) => {
-                    post(
-                        &client,
-                        &url,
-                        &resource,
-                        std::mem::take(&mut batch),
-                        &counts,
-                    )
-                    .await;
+                    collector.post(std::mem::take(&mut batch)).await;
                     continue;
                 }
             }
         };
-        match first {
+        match next {
             None => {
-                post(&client, &url, &resource, batch, &counts).await;
+                collector.post(batch).await;
                 return;
             }
             Some(Item::Span(span)) => {
                 batch.push(*span);
                 if batch.len() >= BATCH {
-                    post(
-                        &client,
-                        &url,
-                        &resource,
-                        std::mem::take(&mut batch),
-                        &counts,
-                    )
-                    .await;
+                    collector.post(std::mem::take(&mut batch)).await;
                 }
             }
             Some(Item::Flush(done)) => {
-                post(
-                    &client,
-                    &url,
-                    &resource,
-                    std::mem::take(&mut batch),
-                    &counts,
-                )
-                .await;
+                collector.post(std::mem::take(&mut batch)).await;
                 let _ = done.send(());
             }
         }
     }
 }
 
-/// Posts one batch; a failure drops it (counted): spans are never retried, so a
-/// slow collector cannot make the queue grow.
-async fn post(
-    client: &Upstream,
-    url: &Uri,
-    resource: &Resource,
-    spans: Vec<Span>,
-    counts: &ExportCounts,
-) {
-    if spans.is_empty() {
-        return;
-    }
-    let n = spans.len() as u64;
-    let body = ExportTraceServiceRequest {
-        resource_spans: vec![ResourceSpans {
-            resource: Some(resource.clone()),
-            scope_spans: vec![ScopeSpans {
-                scope: Some(InstrumentationScope {
-                    name: "promptgate".into(),
-                    version: env!("CARGO_PKG_VERSION").into(),
-                    ..Default::default()
-                }),
-                spans,
+impl Collector {
+    /// Posts one batch; a failure drops it (counted): spans are never retried, so
+    /// a slow collector cannot make the queue grow.
+    async fn post(&self, spans: Vec<Span>) {
+        let Collector {
+            url,
+            client,
+            resource,
+            counts,
+        } = self;
+        if spans.is_empty() {
+            return;
+        }
+        let n = spans.len() as u64;
+        let body = ExportTraceServiceRequest {
+            resource_spans: vec![ResourceSpans {
+                resource: Some(resource.clone()),
+                scope_spans: vec![ScopeSpans {
+                    scope: Some(InstrumentationScope {
+                        name: "promptgate".into(),
+                        version: env!("CARGO_PKG_VERSION").into(),
+                        ..Default::default()
+                    }),
+                    spans,
+                    schema_url: String::new(),
+                }],
                 schema_url: String::new(),
             }],
-            schema_url: String::new(),
-        }],
-    }
-    .encode_to_vec();
-    let request = Request::builder()
-        .method(Method::POST)
-        .uri(url.clone())
-        .header(header::CONTENT_TYPE, "application/x-protobuf")
-        .header(header::CONTENT_LENGTH, body.len())
-        .body(UpstreamBody::from(SentBody::whole(Bytes::from(body))));
-    let Ok(request) = request else {
-        counts.drop_spans(n, "the collector URL cannot be requested");
-        return;
-    };
-    let answered = tokio::time::timeout(POST_TIMEOUT, async {
-        let response = client.send(request).await.map_err(|e| e.to_string())?;
-        let status = response.status();
-        // Read to the end, so the connection goes back to the pool.
-        let _ = response.into_body().collect().await;
-        Ok::<_, String>(status)
-    })
-    .await;
-    match answered {
-        Ok(Ok(status)) if status.is_success() => {
-            counts.exported.fetch_add(n, Ordering::Relaxed);
         }
-        Ok(Ok(status)) => {
-            counts.drop_spans(n, &format!("the collector at {url} answered {status}"))
-        }
-        Ok(Err(e)) => counts.drop_spans(n, &format!("posting to {url}: {e}")),
-        Err(_) => counts.drop_spans(
-            n,
-            &format!(
-                "the collector at {url} did not answer within {}s",
-                POST_TIMEOUT.as_secs()
+        .encode_to_vec();
+        let request = Request::builder()
+            .method(Method::POST)
+            .uri(url.clone())
+            .header(header::CONTENT_TYPE, "application/x-protobuf")
+            .header(header::CONTENT_LENGTH, body.len())
+            .body(UpstreamBody::from(SentBody::whole(Bytes::from(body))));
+        let Ok(request) = request else {
+            counts.drop_spans(n, "the collector URL cannot be requested");
+            return;
+        };
+        let answered = tokio::time::timeout(POST_TIMEOUT, async {
+            let response = client.send(request).await.map_err(|e| e.to_string())?;
+            let status = response.status();
+            // Read to the end, so the connection goes back to the pool.
+            let _ = response.into_body().collect().await;
+            Ok::<_, String>(status)
+        })
+        .await;
+        match answered {
+            Ok(Ok(status)) if status.is_success() => {
+                counts.exported.fetch_add(n, Ordering::Relaxed);
+            }
+            Ok(Ok(status)) => {
+                counts.drop_spans(n, &format!("the collector at {url} answered {status}"))
+            }
+            Ok(Err(e)) => counts.drop_spans(n, &format!("posting to {url}: {e}")),
+            Err(_) => counts.drop_spans(
+                n,
+                &format!(
+                    "the collector at {url} did not answer within {}s",
+                    POST_TIMEOUT.as_secs()
+                ),
             ),
-        ),
+        }
     }
 }
