@@ -920,6 +920,14 @@ async fn capture_required_refuses_with_503_when_no_record_could_be_kept() {
     );
     let holder = tokio::spawn(async move { client::send(addr, &slow).await });
     fake.wait_requests(1, WAIT).await;
+    // A load balancer asking now is told this replica cannot take requests.
+    let admin = proxy.admin_addr();
+    let (status, why) = client::get_json(admin, "/readyz").await;
+    assert_eq!(status, 503, "{why}");
+    assert_eq!(
+        why["why"],
+        "capture is required and the capture store cannot take records"
+    );
     let json_request = request_bytes(
         "POST",
         "/v1/messages",
@@ -949,6 +957,8 @@ async fn capture_required_refuses_with_503_when_no_record_could_be_kept() {
     assert_eq!(refused_rec["response"]["status"], 503);
     let ok = client::send(addr, &json_request).await;
     assert_eq!(ok.status, 200, "with room again, requests pass");
+    captures::wait_records(&proxy.captures, 3, WAIT).await;
+    assert_eq!(client::get_json(admin, "/readyz").await.0, 200);
 }
 
 // === shutdown ===

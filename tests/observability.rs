@@ -670,6 +670,14 @@ async fn healthz_says_what_runs_and_readyz_fails_while_draining() {
     assert_eq!(health["capture"]["healthy"], true);
     assert_eq!(health["capture"]["last_error"], Value::Null);
     assert_eq!(client::get_json(admin, "/readyz").await.0, 200);
+    // /metrics sits behind the admin guard like every other route.
+    let rebound = [("Host", "rebind.example:80".to_owned())];
+    let refused = client::send(
+        admin,
+        &client::request_bytes("GET", "/metrics", &rebound, b""),
+    )
+    .await;
+    assert_eq!(refused.status, 403);
 
     // A broken rule file: the reload fails, the health says so, the counter counts it.
     std::fs::write(rules.path().join("10-bad.toml"), "[[rule]]\nname = \n").unwrap();
