@@ -66,6 +66,7 @@ pub mod observer;
 pub mod prompt;
 pub mod provider;
 pub mod record;
+pub mod replay;
 pub mod rules;
 pub mod server;
 pub mod setting;

@@ -521,6 +521,51 @@ impl CacheStage {
     }
 }
 
+/// What the analysis predicts for a request nobody answered (a replay).
+#[derive(Debug, Clone)]
+pub struct Predicted {
+    pub conversation: String,
+    pub model: String,
+    pub prediction: Prediction,
+    /// The estimated tokens of the whole input.
+    pub total_tokens: u64,
+}
+
+impl CacheStage {
+    /// Predicts a request without an answer: cut, predicted against what the
+    /// requests before it in its conversation were predicted to cache, and then
+    /// taken to cache what it is predicted to. Replay runs captured requests
+    /// through it in their order, at their captured start (`start`, ms since the
+    /// epoch), so ttls expire as they did. `None` for a body that is not one
+    /// promptgate cuts.
+    pub fn predict_only(
+        &self,
+        id: ExchangeId,
+        start: Millis,
+        format: Format,
+        headers: &HeaderMap,
+        prompt: PromptCell,
+    ) -> Option<Predicted> {
+        let began = Began {
+            id,
+            start,
+            began: start,
+            format,
+            key: conversation_key(headers, None, &self.key_source).ok_or_else(|| headers.clone()),
+            prompt,
+        };
+        let mut state = self.lock();
+        self.prepare(&mut state, began);
+        let p = state.pending.remove(&id)?;
+        Some(Predicted {
+            conversation: p.key,
+            model: p.segments.settings.model.clone(),
+            total_tokens: p.segments.total_tokens(),
+            prediction: p.prediction,
+        })
+    }
+}
+
 /// Puts the provider's numbers into the history: exact token counts for the
 /// prefixes it read and wrote, and no entries at all when it cached nothing.
 fn record_usage(

@@ -306,7 +306,7 @@ impl CaptureRecord {
             mode: r.mode.name().into(),
             client: r.client_addr.map(|a| a.to_string()),
             provider: r.provider.map(|p| p.name().to_owned()),
-            api: r.api.map(|a| api_name(a).to_owned()),
+            api: r.api.map(|a| Api::name(a).to_owned()),
             method: r.method.to_string(),
             host,
             path: redactor.path(&r.path, &mut summary),
@@ -423,14 +423,7 @@ impl CaptureRecord {
             "openai" => Provider::OpenAi,
             _ => return None,
         };
-        let api = [
-            Api::Messages,
-            Api::CountTokens,
-            Api::ChatCompletions,
-            Api::Responses,
-        ]
-        .into_iter()
-        .find(|a| self.api.as_deref() == Some(api_name(*a)))?;
+        let api = Api::from_name(self.api.as_deref()?)?;
         crate::prompt::Format::of_request(provider, api)
     }
 
@@ -716,16 +709,6 @@ pub fn sse_events(body: &[u8]) -> Vec<SseEvent> {
         })
     });
     out
-}
-
-fn api_name(api: Api) -> &'static str {
-    match api {
-        Api::Messages => "messages",
-        Api::CountTokens => "count_tokens",
-        Api::ChatCompletions => "chat_completions",
-        Api::Responses => "responses",
-        Api::Other => "other",
-    }
 }
 
 fn format_name(format: BodyFormat) -> &'static str {

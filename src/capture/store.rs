@@ -74,6 +74,8 @@ pub struct Retention {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Filter {
     pub since_ms: Option<u64>,
+    /// Only records that started before this.
+    pub until_ms: Option<u64>,
     /// A model name; `*` matches any run of characters.
     pub model: Option<String>,
     /// A conversation key or its start.
@@ -833,6 +835,10 @@ fn where_clause(f: &Filter, has_cache: bool) -> (String, Vec<rusqlite::types::Va
     if let Some(since) = f.since_ms {
         args.push(Value::Integer(since as i64));
         parts.push(format!("started_ms >= ?{}", args.len()));
+    }
+    if let Some(until) = f.until_ms {
+        args.push(Value::Integer(until as i64));
+        parts.push(format!("started_ms < ?{}", args.len()));
     }
     if let Some(model) = &f.model {
         args.push(Value::Text(like_pattern(model, false)));

@@ -45,10 +45,13 @@ enum Verb {
 
 /// Which exchanges.
 #[derive(Debug, Args, Default)]
-struct FilterArgs {
+pub(super) struct FilterArgs {
     /// Only since this time: 30m, 2h, 7d, 2026-11-29, 2026-11-29T14:00Z (UTC).
     #[arg(long, value_name = "WHEN")]
     since: Option<String>,
+    /// Only before this time (the same forms as --since).
+    #[arg(long, value_name = "WHEN")]
+    until: Option<String>,
     /// Only this model (`*` matches anything, e.g. claude-opus-*).
     #[arg(long, value_name = "MODEL")]
     model: Option<String>,
@@ -80,15 +83,15 @@ struct FilterArgs {
 }
 
 impl FilterArgs {
-    fn filter(&self) -> anyhow::Result<Filter> {
-        let since_ms = match &self.since {
-            Some(s) => {
-                Some(timestamp::parse_since(s, timestamp::now_ms()).map_err(anyhow::Error::msg)?)
-            }
-            None => None,
+    pub(super) fn filter(&self) -> anyhow::Result<Filter> {
+        let when = |text: &Option<String>| -> anyhow::Result<Option<u64>> {
+            text.as_deref()
+                .map(|s| timestamp::parse_since(s, timestamp::now_ms()).map_err(anyhow::Error::msg))
+                .transpose()
         };
         Ok(Filter {
-            since_ms,
+            since_ms: when(&self.since)?,
+            until_ms: when(&self.until)?,
             model: self.model.clone(),
             conversation: self.conversation.clone(),
             outcome: self.outcome.clone(),
@@ -697,7 +700,7 @@ fn diff(
 }
 
 /// Diff entries as lines; runs of unchanged units collapse into one.
-fn diff_lines(entries: &[DiffEntry], out: &mut String) {
+pub(super) fn diff_lines(entries: &[DiffEntry], out: &mut String) {
     let mut i = 0;
     while i < entries.len() {
         let e = &entries[i];

@@ -11,6 +11,7 @@ mod captures;
 mod doctor;
 mod env;
 mod output;
+mod replay;
 pub(crate) mod rules;
 mod serve;
 
@@ -74,6 +75,9 @@ enum Command {
     Cache(cache::CacheArgs),
     /// Check hook rules, or dry-run a request through them.
     Rules(rules::RulesArgs),
+    /// Run a candidate rule set over captured requests, offline: what it changes,
+    /// blocks, and does to prompt caching.
+    Replay(replay::ReplayArgs),
     /// Create or show the forward-proxy CA.
     Ca(ca::CaArgs),
     /// Print the shell settings that point agents at promptgate.
@@ -90,6 +94,7 @@ pub fn run() -> ExitCode {
         Some(Command::Captures(args)) => captures::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Cache(args)) => cache::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Rules(args)) => rules::run(args),
+        Some(Command::Replay(args)) => replay::run(args),
         Some(Command::Ca(args)) => ca::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Env(args)) => env::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Doctor(args)) => doctor::run(args).map(|ok| {

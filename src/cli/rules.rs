@@ -34,7 +34,15 @@ enum RulesCommand {
         #[arg(long, value_name = "DIR")]
         rules: Option<PathBuf>,
         /// The request body (JSON) as a client would send it.
-        request: PathBuf,
+        #[arg(required_unless_present = "capture", conflicts_with = "capture")]
+        request: Option<PathBuf>,
+        /// Take the request (its body, headers and path) from the capture store
+        /// instead: an id (or its start), `last`, or `@-1`, `@-2`…
+        #[arg(long, value_name = "ID", conflicts_with_all = ["headers", "path"])]
+        capture: Option<String>,
+        /// Directory of the capture store for --capture [default: ./captures].
+        #[arg(long, value_name = "DIR", requires = "capture")]
+        captures: Option<PathBuf>,
         /// Request headers: a JSON object of name → value.
         #[arg(long, value_name = "HEADERS.json")]
         headers: Option<PathBuf>,
@@ -60,6 +68,8 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
         RulesCommand::Test {
             rules,
             request,
+            capture,
+            captures,
             headers,
             path,
             body_out,
@@ -67,7 +77,14 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             response_headers,
         } => test(&TestArgs {
             dir: &rules.unwrap_or_else(|| PathBuf::from("rules")),
-            request: &request,
+            input: match (request, capture) {
+                (Some(file), _) => Input::File(file),
+                (None, Some(id)) => Input::Capture {
+                    id,
+                    dir: captures.unwrap_or_else(|| PathBuf::from("captures")),
+                },
+                (None, None) => bail!("give a REQUEST.json or --capture ID"),
+            },
             headers: headers.as_deref(),
             path: &path,
             body_out: body_out.as_deref(),
@@ -192,10 +209,20 @@ pub fn summary(set: &RuleSet) -> String {
     out
 }
 
+/// Where `rules test` takes its request from.
+enum Input {
+    File(PathBuf),
+    /// A captured request, as received (redacted).
+    Capture {
+        id: String,
+        dir: PathBuf,
+    },
+}
+
 /// What `rules test` was asked.
 struct TestArgs<'a> {
     dir: &'a Path,
-    request: &'a Path,
+    input: Input,
     headers: Option<&'a Path>,
     path: &'a str,
     body_out: Option<&'a Path>,
@@ -259,13 +286,7 @@ fn read_headers(file: &Path) -> anyhow::Result<HeaderMap> {
 }
 
 fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
-    let TestArgs {
-        dir,
-        request,
-        path,
-        body_out,
-        ..
-    } = *args;
+    let TestArgs { dir, body_out, .. } = *args;
     let set = match RuleSet::load_dir(dir) {
         Ok(set) => set,
         Err(errors) => {
@@ -275,13 +296,50 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    let body = Bytes::from(
-        std::fs::read(request).with_context(|| format!("reading {}", request.display()))?,
-    );
-    let header_map = match args.headers {
-        Some(h) => read_headers(h)?,
-        None => HeaderMap::new(),
+    let (body, header_map, path, what) = match &args.input {
+        Input::File(request) => {
+            let body = Bytes::from(
+                std::fs::read(request).with_context(|| format!("reading {}", request.display()))?,
+            );
+            let headers = match args.headers {
+                Some(h) => read_headers(h)?,
+                None => HeaderMap::new(),
+            };
+            (
+                body,
+                headers,
+                args.path.to_owned(),
+                request.display().to_string(),
+            )
+        }
+        Input::Capture { id, dir } => {
+            let store = crate::capture::Store::open_read_only(dir)
+                .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+            let record = store.load(id)?;
+            let mut headers = HeaderMap::new();
+            for (k, v) in &record.request.headers {
+                if let (Ok(k), Ok(v)) = (
+                    HeaderName::from_bytes(k.as_bytes()),
+                    HeaderValue::from_str(v),
+                ) {
+                    headers.append(k, v);
+                }
+            }
+            // The store keeps bodies decoded.
+            headers.remove(http::header::CONTENT_ENCODING);
+            println!(
+                "captured request {} (as received; secrets were redacted before the rules saw it)",
+                record.id
+            );
+            (
+                record.request.body.bytes.clone(),
+                headers,
+                record.path.clone(),
+                format!("capture {}", record.id),
+            )
+        }
     };
+    let path = path.as_str();
     let pq = http::uri::PathAndQuery::try_from(path)
         .with_context(|| format!("invalid path {path:?}"))?;
     let Some(route) = crate::provider::route(&pq) else {
@@ -291,7 +349,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         );
     };
     let plain = crate::observer::decode::request_plain(&header_map, &body, 32 << 20)
-        .with_context(|| format!("reading {}", request.display()))?;
+        .with_context(|| format!("reading {what}"))?;
     let model = crate::provider::sniff(&plain).model;
     let before = header_map.clone();
     let method = Method::POST;

@@ -119,6 +119,31 @@ pub enum Api {
     Other,
 }
 
+impl Api {
+    pub const ALL: [Api; 5] = [
+        Api::Messages,
+        Api::CountTokens,
+        Api::ChatCompletions,
+        Api::Responses,
+        Api::Other,
+    ];
+
+    /// The snake_case name records use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Api::Messages => "messages",
+            Api::CountTokens => "count_tokens",
+            Api::ChatCompletions => "chat_completions",
+            Api::Responses => "responses",
+            Api::Other => "other",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Api> {
+        Api::ALL.into_iter().find(|a| a.name() == name)
+    }
+}
+
 /// Where a client path goes: the provider, the API, and the path (with query) to ask upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {

@@ -155,7 +155,14 @@ pub struct Effects {
     pub secret_headers: Vec<HeaderName>,
     /// The breakpoint limit rules asked for (default 4).
     pub max_breakpoints: Option<usize>,
+    /// Who changed what, in order: (rule, JSON pointer of a body node, or
+    /// `header NAME`). The breakpoint-limit fix-ups are under [`LIMITS_FIXER`].
+    pub edits: Vec<(String, String)>,
 }
+
+/// The name the cache_control policy's breakpoint-limit fix-ups go under in
+/// [`Effects::edits`] and the log.
+pub const LIMITS_FIXER: &str = "cache_control policy";
 
 impl Effects {
     /// Adds what rules did to the exchange's record, and writes their log lines
@@ -276,7 +283,17 @@ impl<'a> State<'_, 'a> {
 
     /// Records a changed body pointer.
     pub(crate) fn changed(&mut self, pointer: String) {
+        self.effects
+            .edits
+            .push((self.rule.clone(), pointer.clone()));
         self.effects.changed(pointer);
+    }
+
+    /// Records a header set or removed.
+    pub(crate) fn header_changed(&mut self, name: &HeaderName) {
+        self.effects
+            .edits
+            .push((self.rule.clone(), format!("header {name}")));
     }
 
     /// Adds a log line for the current rule.
@@ -378,7 +395,10 @@ impl RuleSet {
             let max = effects.max_breakpoints.unwrap_or(limits::MAX_BREAKPOINTS);
             for fix in limits::enforce(root, max) {
                 effects.changed(fix.pointer.clone());
-                effects.note("cache_control policy", fix.to_string());
+                effects
+                    .edits
+                    .push((LIMITS_FIXER.to_owned(), fix.pointer.clone()));
+                effects.note(LIMITS_FIXER, fix.to_string());
             }
         }
         let body_parsed = body.was_parsed();

@@ -138,3 +138,8 @@ pub fn stored_haystacks(dir: &Path) -> Vec<(String, Vec<u8>)> {
     }
     haystacks
 }
+
+/// Runs `promptgate replay <args> --captures <dir>`.
+pub fn replay(dir: &Path, args: &[&str]) -> CliOutput {
+    run(&["replay"], dir, args)
+}

@@ -46,6 +46,9 @@ struct Set(Vec<(HeaderName, HeaderValue, bool)>);
 impl Action for Set {
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
         for (name, value, secret) in &self.0 {
+            if st.headers.get(name) != Some(value) {
+                st.header_changed(name);
+            }
             st.headers.insert(name.clone(), value.clone());
             if *secret && !st.effects.secret_headers.contains(name) {
                 st.effects.secret_headers.push(name.clone());
@@ -95,7 +98,9 @@ struct Remove(Vec<HeaderName>);
 impl Action for Remove {
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
         for name in &self.0 {
-            st.headers.remove(name);
+            if st.headers.remove(name).is_some() {
+                st.header_changed(name);
+            }
         }
         Ok(None)
     }

@@ -1,0 +1,618 @@
+//! Replay: a candidate rule set run offline over captured requests, to see
+//! before deploying it what it changes, what it blocks, and what it does to
+//! prompt caching.
+//!
+//! Each captured request is taken *as received* (as stored: redacted), read
+//! into the same [`Prompt`](crate::prompt::Prompt) the live path reads, and run
+//! through [`RuleSet::apply_request`] in captured order. Cache impact compares,
+//! per conversation, what the provider reported for the requests as they were
+//! sent (the baseline) with what cache analysis predicts for the replayed ones
+//! (the candidate), each request at its captured start so that ttls expire as
+//! they did. Nothing is sent anywhere and the store is only read.
+
+use std::collections::{BTreeMap, HashMap};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use serde::Serialize;
+
+use crate::cache::cost::{self, Price};
+use crate::cache::{CacheSettings, CacheStage, Clock, Predicted};
+use crate::capture::Store;
+use crate::capture::record::CaptureRecord;
+use crate::capture::store::{Filter, StoreError};
+use crate::conversation::KeySource;
+use crate::id::ExchangeId;
+use crate::prompt::Format;
+use crate::provider::{self, Api, Provider, Usage};
+use crate::record::{PromptCell, SentBody};
+use crate::rules::{LIMITS_FIXER, RequestCtx, RuleSet, Verdict};
+
+/// How many blocked requests and changed requests the report lists by id.
+const LISTED: usize = 20;
+
+/// What one rule did over the replay.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RuleEffect {
+    pub rule: String,
+    pub phase: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// Requests it matched (fired on).
+    pub matched: usize,
+    /// Requests whose body or headers it changed.
+    pub changed: usize,
+    /// Requests it blocked.
+    pub blocked: usize,
+    /// The JSON pointers (and `header NAME`s) it changed, most common first.
+    pub pointers: Vec<(String, usize)>,
+    /// Conversations it changed a request of.
+    pub conversations: usize,
+    /// Dollars of the requests only this rule changed, candidate − baseline.
+    pub cost_delta: f64,
+}
+
+/// A request the candidate blocks: what its client would have seen.
+#[derive(Debug, Clone, Serialize)]
+pub struct Blocked {
+    pub id: String,
+    pub rule: String,
+    pub status: u16,
+    pub message: String,
+}
+
+/// Cache tokens and dollars of some requests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct Tokens {
+    pub read: u64,
+    pub write: u64,
+    /// Input neither read nor written.
+    pub uncached: u64,
+    /// The input's dollars, by the price table.
+    pub dollars: f64,
+}
+
+impl Tokens {
+    fn add(&mut self, o: &Tokens) {
+        self.read += o.read;
+        self.write += o.write;
+        self.uncached += o.uncached;
+        self.dollars += o.dollars;
+    }
+
+    fn total(&self) -> u64 {
+        self.read + self.write + self.uncached
+    }
+}
+
+/// One conversation's cache figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ConversationImpact {
+    pub conversation: String,
+    pub requests: usize,
+    /// What the provider reported for the requests as they were sent.
+    pub baseline: Tokens,
+    /// What the analysis predicts for those same requests (how far to trust it).
+    pub baseline_predicted: Tokens,
+    /// The candidate: the actual figures while the replayed requests are the ones
+    /// sent, then what the analysis predicts for the replayed ones.
+    pub candidate: Tokens,
+}
+
+impl ConversationImpact {
+    /// Candidate dollars − baseline dollars.
+    pub fn cost_delta(&self) -> f64 {
+        self.candidate.dollars - self.baseline.dollars
+    }
+
+    /// Candidate input tokens − baseline ones, cache reads at their price share aside.
+    pub fn tokens_delta(&self) -> i64 {
+        self.candidate.total() as i64 - self.baseline.total() as i64
+    }
+}
+
+/// Per request, with `--each`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Each {
+    pub id: String,
+    pub conversation: Option<String>,
+    pub rules: Vec<String>,
+    pub blocked: bool,
+    pub bytes_delta: i64,
+    /// The received body, and the replayed one when the rules changed it.
+    #[serde(skip)]
+    pub received: Bytes,
+    #[serde(skip)]
+    pub replayed: Option<Bytes>,
+}
+
+/// Everything a replay found.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Report {
+    /// Exchanges selected from the store.
+    pub selected: usize,
+    /// Of them, model requests replayed.
+    pub replayed: usize,
+    /// Skipped, with why: side requests (not a model call), capture turned off by a rule.
+    pub skipped: BTreeMap<String, usize>,
+    /// Requests any rule matched, changed, blocked.
+    pub matched: usize,
+    pub changed: usize,
+    pub blocked: usize,
+    pub bytes_added: u64,
+    pub bytes_removed: u64,
+    /// Breakpoint-limit adjustments (cache_control policy fix-ups).
+    pub breakpoint_adjustments: usize,
+    pub rules: Vec<RuleEffect>,
+    pub never_fired: Vec<String>,
+    /// The first blocked requests.
+    pub blocks: Vec<Blocked>,
+    pub conversations: Vec<ConversationImpact>,
+    /// Sums over the conversations.
+    pub baseline: Tokens,
+    pub baseline_predicted: Tokens,
+    pub candidate: Tokens,
+    pub cost_delta: f64,
+    pub tokens_delta: i64,
+    /// Requests left out of the cache figures: blocked by the candidate, or
+    /// without usage (an error, a cancelled stream).
+    pub cache_excluded: usize,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub each: Vec<Each>,
+}
+
+/// What a replay needs beyond the rules.
+pub struct ReplaySettings {
+    pub cache: CacheSettings,
+    pub conversation: KeySource,
+    /// List each request in [`Report::each`].
+    pub each: bool,
+}
+
+/// A stored header list as a map; values that are not valid header values are left out.
+fn header_map(pairs: &[(String, String)]) -> HeaderMap {
+    let mut map = HeaderMap::new();
+    for (k, v) in pairs {
+        if let (Ok(k), Ok(v)) = (
+            HeaderName::from_bytes(k.as_bytes()),
+            HeaderValue::from_str(v),
+        ) {
+            map.append(k, v);
+        }
+    }
+    // The stored body is decoded: it is read as it is.
+    map.remove(http::header::CONTENT_ENCODING);
+    map
+}
+
+/// The input tokens of a usage, and what they cost at `price`.
+fn priced(u: &Usage, price: Option<Price>) -> Tokens {
+    Tokens {
+        read: u.cache_read_tokens,
+        write: u.cache_write_tokens,
+        uncached: u.input_tokens,
+        dollars: price.map_or(0.0, |p| cost::cost(&p, u, 0, false).input_usd),
+    }
+}
+
+/// A prediction as a usage, its estimated tokens scaled by `scale` (the request's
+/// actual input over its estimate, so the estimator's error cancels out).
+fn predicted_usage(p: &Predicted, scale: f64) -> Usage {
+    let at = |n: u64| (n as f64 * scale).round() as u64;
+    let total = at(p.total_tokens);
+    let read = at(p.prediction.read_tokens);
+    let write = at(p.prediction.write_tokens);
+    let write_1h = at(p.prediction.write_1h_tokens).min(write);
+    Usage {
+        input_tokens: total.saturating_sub(read + write),
+        cache_read_tokens: read,
+        cache_write_tokens: write,
+        cache_write_5m_tokens: Some(write - write_1h),
+        cache_write_1h_tokens: Some(write_1h),
+        ..Usage::default()
+    }
+}
+
+/// Replays the captured requests `filter` selects through `rules`.
+pub fn replay(
+    store: &Store,
+    filter: &Filter,
+    rules: &RuleSet,
+    settings: &ReplaySettings,
+) -> Result<Report, StoreError> {
+    let mut rows = store.list(filter)?;
+    rows.sort_by(|a, b| (a.started_ms, &a.id).cmp(&(b.started_ms, &b.id)));
+    let mut report = Report {
+        selected: rows.len(),
+        ..Report::default()
+    };
+    let mut effects: Vec<RuleEffect> = rules
+        .rules()
+        .iter()
+        .map(|r| RuleEffect {
+            rule: r.name.clone(),
+            phase: r.phase.name().to_owned(),
+            description: r.description.clone(),
+            ..RuleEffect::default()
+        })
+        .collect();
+    let index: HashMap<String, usize> = effects
+        .iter()
+        .enumerate()
+        .map(|(i, e)| (e.rule.clone(), i))
+        .collect();
+    let mut pointers: Vec<HashMap<String, usize>> = vec![HashMap::new(); effects.len()];
+    let mut rule_conversations: Vec<std::collections::HashSet<String>> =
+        vec![Default::default(); effects.len()];
+    // Two predictors, each with its own history: the requests as sent, and as replayed.
+    let new_stage = || {
+        CacheStage::new(
+            settings.cache.clone(),
+            settings.conversation.clone(),
+            Clock::system(),
+        )
+    };
+    let (sent_stage, replayed_stage) = (new_stage(), new_stage());
+    let mut conversations: BTreeMap<String, ConversationImpact> = BTreeMap::new();
+    let mut diverged: HashMap<String, bool> = HashMap::new();
+    for row in rows {
+        let record = store.load(&row.id)?;
+        let Some(format) = record.request_format() else {
+            *report
+                .skipped
+                .entry("not a model request".into())
+                .or_default() += 1;
+            continue;
+        };
+        if !record.captured {
+            *report
+                .skipped
+                .entry("capture was off for it".into())
+                .or_default() += 1;
+            continue;
+        }
+        report.replayed += 1;
+        let outcome = replay_one(&record, format, rules);
+        if !outcome.fired.is_empty() {
+            report.matched += 1;
+        }
+        let changed = outcome.body.is_some() || !outcome.header_edits.is_empty();
+        if changed {
+            report.changed += 1;
+        }
+        let received_len = record.request.body.bytes.len() as i64;
+        let bytes_delta = outcome
+            .body
+            .as_ref()
+            .map_or(0, |b| b.len() as i64 - received_len);
+        if bytes_delta > 0 {
+            report.bytes_added += bytes_delta as u64;
+        } else {
+            report.bytes_removed += bytes_delta.unsigned_abs();
+        }
+        let conversation_key = record.conversation.clone();
+        // Which rules changed this request, and where.
+        let mut changed_by: Vec<usize> = Vec::new();
+        for (rule, pointer) in &outcome.edits {
+            if rule == LIMITS_FIXER {
+                report.breakpoint_adjustments += 1;
+                continue;
+            }
+            if let Some(&i) = index.get(rule) {
+                *pointers[i].entry(pointer.clone()).or_default() += 1;
+                if !changed_by.contains(&i) {
+                    changed_by.push(i);
+                }
+            }
+        }
+        for rule in &outcome.fired {
+            if let Some(&i) = index.get(rule) {
+                effects[i].matched += 1;
+            }
+        }
+        for &i in &changed_by {
+            effects[i].changed += 1;
+            if let Some(c) = &conversation_key {
+                rule_conversations[i].insert(c.clone());
+            }
+        }
+        if let Some(block) = &outcome.blocked {
+            report.blocked += 1;
+            if let Some(&i) = index.get(&block.rule) {
+                effects[i].blocked += 1;
+            }
+            if report.blocks.len() < LISTED {
+                report.blocks.push(block.clone());
+            }
+        }
+        if settings.each {
+            report.each.push(Each {
+                id: record.id.clone(),
+                conversation: conversation_key.clone(),
+                rules: outcome.fired.clone(),
+                blocked: outcome.blocked.is_some(),
+                bytes_delta,
+                received: record.request.body.bytes.clone(),
+                replayed: outcome.body.clone(),
+            });
+        }
+        // Cache: only answered requests have a baseline; a blocked one has no candidate.
+        let Some(usage) = record.usage else {
+            report.cache_excluded += 1;
+            continue;
+        };
+        if outcome.blocked.is_some() || !settings.cache.enabled {
+            report.cache_excluded += 1;
+            continue;
+        }
+        let Some(id) = ExchangeId::parse(&record.id) else {
+            report.cache_excluded += 1;
+            continue;
+        };
+        let start = record.times.started_ms;
+        let sent_body = record.sent().bytes.clone();
+        let sent_headers = header_map(&record.request.sent_headers);
+        let sent = sent_stage.predict_only(
+            id,
+            start,
+            format,
+            &sent_headers,
+            PromptCell::new(SentBody::whole(sent_body.clone()), Some(format)),
+        );
+        let replayed_body = outcome
+            .body
+            .clone()
+            .unwrap_or_else(|| record.request.body.bytes.clone());
+        let same_body = replayed_body == sent_body;
+        let replayed = replayed_stage.predict_only(
+            id,
+            start,
+            format,
+            &outcome.headers,
+            PromptCell::new(SentBody::whole(replayed_body), Some(format)),
+        );
+        let (Some(sent), Some(replayed)) = (sent, replayed) else {
+            report.cache_excluded += 1;
+            continue;
+        };
+        let conversation = sent.conversation.clone();
+        let scale = if sent.total_tokens > 0 {
+            usage.total_input() as f64 / sent.total_tokens as f64
+        } else {
+            1.0
+        };
+        let model = record.model.clone().unwrap_or_else(|| sent.model.clone());
+        let price = settings.cache.prices.find(&model).map(|(_, p)| p);
+        let (sent, replayed) = (
+            predicted_usage(&sent, scale),
+            predicted_usage(&replayed, scale),
+        );
+        // Until the candidate sends something else in a conversation, its requests
+        // are the ones the provider answered: their figures are the actual ones.
+        let diverged = diverged.entry(conversation.clone()).or_default();
+        *diverged |= !same_body;
+        let baseline = priced(&usage, price);
+        let baseline_predicted = priced(&sent, price);
+        let candidate = if *diverged {
+            priced(&replayed, price)
+        } else {
+            baseline
+        };
+        let key = conversation_key.unwrap_or(conversation);
+        let c = conversations
+            .entry(key.clone())
+            .or_insert_with(|| ConversationImpact {
+                conversation: key,
+                ..ConversationImpact::default()
+            });
+        c.requests += 1;
+        c.baseline.add(&baseline);
+        c.baseline_predicted.add(&baseline_predicted);
+        c.candidate.add(&candidate);
+        // A request only one rule changed is that rule's to answer for.
+        if let [only] = changed_by.as_slice() {
+            effects[*only].cost_delta += candidate.dollars - baseline.dollars;
+        }
+    }
+    for (i, e) in effects.iter_mut().enumerate() {
+        let mut list: Vec<(String, usize)> = pointers[i].drain().collect();
+        list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        e.pointers = list;
+        e.conversations = rule_conversations[i].len();
+    }
+    report.never_fired = effects
+        .iter()
+        .filter(|e| e.matched == 0)
+        .map(|e| e.rule.clone())
+        .collect();
+    report.rules = effects;
+    for c in conversations.values() {
+        report.baseline.add(&c.baseline);
+        report.baseline_predicted.add(&c.baseline_predicted);
+        report.candidate.add(&c.candidate);
+    }
+    report.cost_delta = report.candidate.dollars - report.baseline.dollars;
+    report.tokens_delta = report.candidate.total() as i64 - report.baseline.total() as i64;
+    report.conversations = conversations.into_values().collect();
+    Ok(report)
+}
+
+/// What the candidate rules did to one request.
+struct Outcome {
+    fired: Vec<String>,
+    edits: Vec<(String, String)>,
+    header_edits: Vec<String>,
+    body: Option<Bytes>,
+    headers: HeaderMap,
+    blocked: Option<Blocked>,
+}
+
+fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcome {
+    let provider = format.provider();
+    let api = record
+        .api
+        .as_deref()
+        .and_then(Api::from_name)
+        .unwrap_or(Api::Other);
+    let method = record.method.parse().unwrap_or(Method::POST);
+    // The upstream path, as the rules saw it live: without promptgate's /openai prefix.
+    let path = record.path.split('?').next().unwrap_or("").to_owned();
+    let path = match provider {
+        Provider::OpenAi => path
+            .strip_prefix("/openai")
+            .map(str::to_owned)
+            .unwrap_or(path),
+        Provider::Anthropic => path,
+    };
+    let body = record.request.body.bytes.clone();
+    let model = (body.first() == Some(&b'{'))
+        .then(|| provider::sniff(&body).model)
+        .flatten();
+    let prompt = PromptCell::new(SentBody::whole(body.clone()), Some(format));
+    let result = rules.apply_request(RequestCtx {
+        provider,
+        api,
+        method: &method,
+        host: record.host.as_deref(),
+        path: &path,
+        model: model.as_deref(),
+        headers: header_map(&record.request.headers),
+        body: &body,
+        prompt: &prompt,
+    });
+    let blocked = match result.verdict {
+        Verdict::Respond(b) => Some(Blocked {
+            id: record.id.clone(),
+            rule: b.rule,
+            status: b.status.as_u16(),
+            message: b.message,
+        }),
+        Verdict::Continue => None,
+    };
+    let header_edits = result
+        .effects
+        .edits
+        .iter()
+        .filter(|(_, p)| p.starts_with("header "))
+        .map(|(_, p)| p.clone())
+        .collect();
+    Outcome {
+        fired: result.effects.fired,
+        edits: result.effects.edits,
+        header_edits,
+        body: result.body.map(|b| b.bytes().clone()),
+        headers: result.headers,
+        blocked,
+    }
+}
+
+/// One `--fail-on` condition: `NAME OP NUMBER`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Condition {
+    pub name: String,
+    pub op: String,
+    pub value: f64,
+}
+
+/// The grammar, for usage errors.
+pub const CONDITION_GRAMMAR: &str = "NAME OP NUMBER, NAME one of blocked, changed, cost_delta \
+     (dollars), tokens_delta; OP one of >, >=, <, <=, ==; e.g. 'blocked>0' or 'cost_delta>=1.5'";
+
+impl Condition {
+    /// Parses `blocked>0`, `cost_delta >= 1.5`, …
+    pub fn parse(text: &str) -> Result<Condition, String> {
+        let t = text.trim();
+        let name_end = t
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(t.len());
+        let (name, rest) = t.split_at(name_end);
+        if !matches!(name, "blocked" | "changed" | "cost_delta" | "tokens_delta") {
+            return Err(format!(
+                "--fail-on {text:?}: {name:?} is not a condition name (expected {CONDITION_GRAMMAR})"
+            ));
+        }
+        let rest = rest.trim_start();
+        let op = [">=", "<=", "==", ">", "<"]
+            .into_iter()
+            .find(|op| rest.starts_with(op))
+            .ok_or_else(|| {
+                format!("--fail-on {text:?}: no comparison after {name:?} (expected {CONDITION_GRAMMAR})")
+            })?;
+        let number = rest[op.len()..].trim();
+        let value: f64 = number.parse().map_err(|_| {
+            format!("--fail-on {text:?}: {number:?} is not a number (expected {CONDITION_GRAMMAR})")
+        })?;
+        if !value.is_finite() {
+            return Err(format!(
+                "--fail-on {text:?}: {number:?} is not a finite number"
+            ));
+        }
+        Ok(Condition {
+            name: name.to_owned(),
+            op: op.to_owned(),
+            value,
+        })
+    }
+
+    /// Whether it holds for `report`.
+    pub fn holds(&self, report: &Report) -> bool {
+        let v = match self.name.as_str() {
+            "blocked" => report.blocked as f64,
+            "changed" => report.changed as f64,
+            "cost_delta" => report.cost_delta,
+            _ => report.tokens_delta as f64,
+        };
+        match self.op.as_str() {
+            ">" => v > self.value,
+            ">=" => v >= self.value,
+            "<" => v < self.value,
+            "<=" => v <= self.value,
+            _ => v == self.value,
+        }
+    }
+}
+
+impl std::fmt::Display for Condition {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}{}", self.name, self.op, self.value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conditions_parse_and_hold() {
+        let c = Condition::parse("blocked>0").unwrap();
+        let mut r = Report::default();
+        assert!(!c.holds(&r));
+        r.blocked = 1;
+        assert!(c.holds(&r));
+        let d = Condition::parse(" cost_delta >= -1.5 ").unwrap();
+        assert_eq!(
+            (d.name.as_str(), d.op.as_str(), d.value),
+            ("cost_delta", ">=", -1.5)
+        );
+        r.cost_delta = -1.5;
+        assert!(d.holds(&r));
+        assert!(Condition::parse("tokens_delta==0").unwrap().holds(&r));
+        for bad in [
+            "blocked",
+            "blokked>0",
+            "blocked=>1",
+            "blocked>x",
+            "changed>",
+            ">1",
+            "cost_delta>inf",
+        ] {
+            let e = Condition::parse(bad).unwrap_err();
+            assert!(e.contains("--fail-on"), "{e}");
+        }
+        assert!(
+            Condition::parse("blocked!1")
+                .unwrap_err()
+                .contains(CONDITION_GRAMMAR)
+        );
+    }
+}
