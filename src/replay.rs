@@ -21,6 +21,7 @@ use crate::cache::{CacheSettings, CacheStage, Clock, Predicted};
 use crate::capture::Store;
 use crate::capture::record::CaptureRecord;
 use crate::capture::store::{Filter, StoreError};
+use crate::capture::units::{self, DiffEntry};
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
 use crate::prompt::Format;
@@ -119,11 +120,12 @@ pub struct Each {
     pub rules: Vec<String>,
     pub blocked: bool,
     pub bytes_delta: i64,
-    /// The received body, and the replayed one when the rules changed it.
-    #[serde(skip)]
-    pub received: Bytes,
-    #[serde(skip)]
-    pub replayed: Option<Bytes>,
+    /// The received → replayed diff in cache order, when the rules changed the body.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub diff: Vec<DiffEntry>,
+    /// Why the diff could not be made, when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub diff_error: Option<String>,
 }
 
 /// Everything a replay found.
@@ -326,14 +328,22 @@ pub fn replay(
             }
         }
         if settings.each {
+            // The diff, not the bodies: a long replay keeps only what it prints.
+            let (diff, diff_error) = match &outcome.body {
+                Some(replayed) => match units::diff_bodies(&record.request.body.bytes, replayed) {
+                    Ok(entries) => (entries, None),
+                    Err(e) => (Vec::new(), Some(e)),
+                },
+                None => (Vec::new(), None),
+            };
             report.each.push(Each {
                 id: record.id.clone(),
                 conversation: conversation_key.clone(),
                 rules: outcome.fired.clone(),
                 blocked: outcome.blocked.is_some(),
                 bytes_delta,
-                received: record.request.body.bytes.clone(),
-                replayed: outcome.body.clone(),
+                diff,
+                diff_error,
             });
         }
         // Cache: only answered requests have a baseline; a blocked one has no candidate.

@@ -10,7 +10,7 @@ use clap::Args;
 
 use super::captures::{FilterArgs, diff_lines};
 use super::output::{print, render_table, store_config};
-use crate::capture::{Store, units};
+use crate::capture::Store;
 use crate::replay::{self, Condition, ReplaySettings, Report};
 use crate::rules::RuleSet;
 
@@ -325,13 +325,9 @@ fn render(r: &Report, dir: &std::path::Path, out: &mut String) {
                 if e.blocked { "  BLOCKED" } else { "" },
                 e.bytes_delta
             );
-            if let Some(replayed) = &e.replayed {
-                match units::diff_bodies(&e.received, replayed) {
-                    Ok(entries) => diff_lines(&entries, out),
-                    Err(err) => {
-                        let _ = writeln!(out, "  {err}");
-                    }
-                }
+            diff_lines(&e.diff, out);
+            if let Some(err) = &e.diff_error {
+                let _ = writeln!(out, "  {err}");
             }
         }
     }
