@@ -66,6 +66,8 @@ pub struct ConfigLayer {
     pub metrics: Option<crate::metrics::MetricsLayer>,
     /// `[traces]`: OTLP trace export.
     pub traces: Option<crate::traces::TracesLayer>,
+    /// `[stream]`: the stall watchdog.
+    pub stream: Option<crate::observer::stall::StreamLayer>,
 }
 
 /// The validated configuration of `promptgate serve`.
@@ -133,6 +135,8 @@ pub struct Config {
     pub capture: CaptureSettings,
     pub metrics: crate::metrics::MetricsSettings,
     pub traces: crate::traces::TracesSettings,
+    /// The stall watchdog of streamed answers.
+    pub stream: crate::observer::stall::StallSettings,
 }
 
 impl Default for Config {
@@ -173,6 +177,7 @@ impl Default for Config {
             capture: CaptureSettings::default(),
             metrics: crate::metrics::MetricsSettings::default(),
             traces: crate::traces::TracesSettings::default(),
+            stream: crate::observer::stall::StallSettings::default(),
         }
     }
 }
@@ -479,6 +484,11 @@ impl Config {
                 *slot = parse_duration(&v)
                     .map_err(|message| ConfigError::Invalid { setting, message })?;
             }
+        }
+        if let Some(stream) = layer.stream {
+            self.stream
+                .apply(stream)
+                .map_err(|(setting, message)| ConfigError::Invalid { setting, message })?;
         }
         if let Some(metrics) = layer.metrics {
             self.metrics.apply(metrics);

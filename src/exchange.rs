@@ -26,7 +26,8 @@ use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
 use crate::listener::head::Malformed;
 use crate::observer::decode::{self, DecodeError};
-use crate::observer::{self, BodyEnd, ObservedBody, TapResult};
+use crate::observer::stall::Stall;
+use crate::observer::{self, BodyEnd, ObservedBody, StallWatch, TapResult};
 use crate::provider::{self, Provider};
 use crate::record::{ExchangeRecord, Mode, Outcome, Recorder, SentBody};
 use crate::rules::reload::LiveRules;
@@ -377,15 +378,13 @@ impl Proxy {
         }
 
         let sending = Instant::now();
-        let sent = tokio::time::timeout(
-            self.config.upstream_timeout,
-            self.upstream.send(upstream_request),
-        )
-        .await;
-        let response = match sent {
-            Ok(Ok(response)) => response,
-            Ok(Err(e)) => return error_response(pending, route.provider, e),
-            Err(_) => {
+        let waited = self
+            .await_head(upstream_request, sending, started, &plain, pending.get())
+            .await;
+        let response = match waited {
+            HeadWait::Head(Ok(response)) => response,
+            HeadWait::Head(Err(e)) => return error_response(pending, route.provider, e),
+            HeadWait::TimedOut => {
                 let error = ProxyError::new(
                     ErrorKind::UpstreamTimeout,
                     format!(
@@ -395,9 +394,13 @@ impl Proxy {
                 );
                 return error_response(pending, route.provider, error);
             }
+            HeadWait::Stalled(silence) => return stall_response(pending, route.provider, silence),
         };
 
         let head_in = Instant::now();
+        if let Some(stall) = pending.get().stall.as_mut() {
+            stall.longest_ms = (head_in - sending).as_millis() as u64;
+        }
         let (mut head, incoming) = response.into_parts();
         head.headers = forwardable(&head.headers, false);
         {
@@ -435,18 +438,133 @@ impl Proxy {
         let headers_for_observer = head.headers.clone();
         let limit = self.config.capture.max_response;
         pending.get().timing.head_to_client = Some(started.elapsed());
+        // Streamed answers only: a JSON answer may take minutes (--upstream-timeout).
+        let watch = is_sse.then(|| StallWatch {
+            settings: self.config.stream,
+            started,
+            id: pending.get().id,
+            model: pending.get().model.clone(),
+        });
         let body = ObservedBody::new(
             incoming,
             self.config.idle_timeout,
             usize::try_from(limit).unwrap_or(usize::MAX),
             error_event,
             self.recorder.grace_over(),
+            watch,
             move |tap: TapResult| {
                 finish_observed(pending, provider, api, headers_for_observer, tap, limit)
             },
         );
         Response::from_parts(head, ProxyBody::Upstream(body))
     }
+}
+
+/// How waiting for the upstream's response head ended.
+enum HeadWait {
+    Head(Result<Response<Incoming>, ProxyError>),
+    /// Nothing within `--upstream-timeout`.
+    TimedOut,
+    /// A streamed request stalled and `stream.on_stall` gave up after this silence.
+    Stalled(std::time::Duration),
+}
+
+impl Proxy {
+    /// Sends the request and waits for the head: up to `--upstream-timeout`, and for
+    /// a streamed request under the stall watchdog (noted on `record`). Dropping the
+    /// send on a stall cancels the upstream request.
+    async fn await_head(
+        &self,
+        request: Request<UpstreamBody>,
+        sending: Instant,
+        started: Instant,
+        plain: &Bytes,
+        record: &mut ExchangeRecord,
+    ) -> HeadWait {
+        let settings = self.config.stream;
+        let send = tokio::time::timeout(self.config.upstream_timeout, self.upstream.send(request));
+        tokio::pin!(send);
+        let mut stall_at = Some(sending + settings.stall_after);
+        let mut abort_at: Option<Instant> = None;
+        loop {
+            let Some(wake) = stall_at.or(abort_at) else {
+                return match send.await {
+                    Ok(head) => HeadWait::Head(head),
+                    Err(_) => HeadWait::TimedOut,
+                };
+            };
+            tokio::select! {
+                sent = &mut send => return match sent {
+                    Ok(head) => HeadWait::Head(head),
+                    Err(_) => HeadWait::TimedOut,
+                },
+                () = tokio::time::sleep_until(wake) => {}
+            }
+            let now = Instant::now();
+            if stall_at.take().is_some() {
+                // Only now is the body asked whether it wants a stream: never on the fast path.
+                if !provider::asks_to_stream(plain) {
+                    continue;
+                }
+                record.stall = Some(Stall {
+                    longest_ms: (now - sending).as_millis() as u64,
+                    began_ms: (sending - started).as_millis() as u64,
+                    before_head: true,
+                    aborted: false,
+                });
+                tracing::warn!(
+                    id = %record.id,
+                    model = record.model.as_deref().unwrap_or("-"),
+                    bytes = 0,
+                    last_event = "-",
+                    on_stall = settings.on_stall.name(),
+                    "stream stalled: no response head from upstream for {}s",
+                    (now - sending).as_secs()
+                );
+                abort_at = settings.abort_at(sending);
+                continue;
+            }
+            if abort_at.is_some_and(|at| now >= at) {
+                let silence = now - sending;
+                if let Some(stall) = record.stall.as_mut() {
+                    stall.longest_ms = silence.as_millis() as u64;
+                    stall.aborted = true;
+                }
+                return HeadWait::Stalled(silence);
+            }
+        }
+    }
+}
+
+/// What a client whose streamed request stalled before any byte reached it gets:
+/// the provider's own retryable error (Anthropic 529 `overloaded_error`, OpenAI
+/// 503), `x-should-retry: true`.
+fn stall_response(
+    pending: PendingRecord,
+    provider: Provider,
+    silence: std::time::Duration,
+) -> Response<ProxyBody> {
+    let (status, error_type) = match provider {
+        Provider::Anthropic => (
+            StatusCode::from_u16(529).unwrap_or(StatusCode::SERVICE_UNAVAILABLE),
+            "overloaded_error",
+        ),
+        Provider::OpenAi => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
+    };
+    let message = format!(
+        "promptgate: the upstream sent no response head for {}s, so promptgate ended the \
+         request (stream.on_stall); retry it",
+        silence.as_secs()
+    );
+    let error = OwnError {
+        status,
+        error_type: Some(error_type),
+        code: "stream_stalled",
+        message: &message,
+        retry: true,
+        outcome: Outcome::StallAborted,
+    };
+    own_error(pending, provider, error)
 }
 
 /// Reads the request body whole, refusing it past `max` bytes or after `silence`
@@ -592,6 +710,7 @@ fn finish_observed(
         let observation =
             observer::observe(provider, api, &headers, &tap.chunks, tap.truncated, limit);
         record.bytes_out = tap.bytes;
+        record.stall = Stall::max(record.stall, tap.stall);
         record.timing.first_byte = tap.first_byte.map(|t| t - started);
         record.timing.total = tap.ended - started;
         let stream_error = observation.summary.provider_error.clone();
@@ -614,6 +733,19 @@ fn finish_observed(
                      got an error event"
                         .into(),
                 ),
+            ),
+            BodyEnd::StallAborted { silence, event } => (
+                Outcome::StallAborted,
+                Some(format!(
+                    "the stream stalled: no data from upstream for {}s; stream.on_stall ended it: \
+                     the client got {}",
+                    silence.as_secs(),
+                    if event {
+                        "an SSE error event (overloaded_error), then an incomplete ending"
+                    } else {
+                        "an incomplete ending (the connection cut)"
+                    }
+                )),
             ),
             BodyEnd::IdleTimeout(d) => (
                 Outcome::UpstreamError,

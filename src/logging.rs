@@ -139,6 +139,7 @@ impl RecordSink for ExchangeLog {
             rules = (!r.rules_fired.is_empty()).then(|| r.rules_fired.join(",")),
             tags = (!r.tags.is_empty()).then(|| r.tags.join(",")),
             cache = r.cache.as_ref().map(|c| c.log_field()),
+            stall_ms = r.stall.map(|s| s.longest_ms),
             error = r.error.as_deref(),
             parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
             "exchange"

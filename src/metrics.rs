@@ -397,6 +397,9 @@ impl Metrics {
                     .inc();
             }
         }
+        if record.stall.is_some() {
+            self.stalls.inc();
+        }
         if record.outcome == Outcome::Blocked {
             // The rule that blocks is the last to fire.
             let rule = match record.rules_fired.last() {

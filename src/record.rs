@@ -48,6 +48,9 @@ pub enum Outcome {
     /// `capture.required` is set and the capture could not take the record; the
     /// upstream was not contacted.
     CaptureUnavailable,
+    /// The streamed answer stalled and `stream.on_stall` ended it (the client got a
+    /// retryable error, or an incomplete stream).
+    StallAborted,
 }
 
 impl Outcome {
@@ -63,6 +66,7 @@ impl Outcome {
             Outcome::ClientCancelled => "client_cancelled",
             Outcome::Shutdown => "shutdown",
             Outcome::CaptureUnavailable => "capture_unavailable",
+            Outcome::StallAborted => "stall_aborted",
         }
     }
 }
@@ -323,6 +327,8 @@ pub struct ExchangeRecord {
     pub observation: Option<Observation>,
     /// What prompt-cache analysis made of the exchange (set by its stage before the sinks).
     pub cache: Option<crate::cache::CacheReport>,
+    /// The longest silence of a streamed answer past `stream.stall_after`.
+    pub stall: Option<crate::observer::stall::Stall>,
 }
 
 impl ExchangeRecord {
@@ -392,6 +398,7 @@ impl ExchangeRecord {
             bytes_out: 0,
             observation: None,
             cache: None,
+            stall: None,
         }
     }
 }

@@ -15,6 +15,8 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -355,6 +357,104 @@ async fn forward_mode() {
     let log = proxy.log();
     assert!(log.contains("minted leaf certificate"), "{log}");
     support::assert_absent(log.as_bytes(), CANARY_KEY, "the promptgate log");
+}
+
+#[test]
+fn claude_code_after_a_stall_promptgate_ends() {
+    isolated("claude_code_after_a_stall_promptgate_ends", stall);
+}
+
+/// What Claude Code did when promptgate ended its first answer mid-stream.
+struct StallRun {
+    attempts: usize,
+    /// Whether the retry asked for a stream again.
+    retry_streamed: Option<bool>,
+    completed: bool,
+    result: String,
+}
+
+/// Turn 1's first attempt goes silent after two events; promptgate ends it after
+/// 1 s with `action`; later attempts are answered. Claude Code may retry (3 retries
+/// allowed here).
+async fn stall_run(action: &str) -> StallRun {
+    let first = Arc::new(AtomicUsize::new(0));
+    let seen = first.clone();
+    let fake = FakeProvider::start(move |r| match answer(r) {
+        Action::Respond(reply) if r.target.starts_with("/v1/messages") => {
+            let streamed = r.json()["stream"] == true;
+            if seen.fetch_add(1, Ordering::SeqCst) == 0 {
+                Action::Respond(reply.pause_before(2, Duration::from_secs(30)))
+            } else if streamed {
+                Action::Respond(reply)
+            } else {
+                // Claude Code may retry without streaming: answered as the API does.
+                let text = "Hello from the fake provider";
+                let message = shapes::anthropic_message("claude-opus-5-5", text, (3, 9000, 0, 8));
+                Action::Respond(Reply::json(200, &message))
+            }
+        }
+        other => other,
+    })
+    .await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--stall-after",
+        "500ms",
+        "--on-stall",
+        action,
+        "--abort-after",
+        "1s",
+    ]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let env = vec![
+        ("ANTHROPIC_BASE_URL", proxy.url()),
+        ("CLAUDE_CODE_MAX_RETRIES", "3".to_owned()),
+    ];
+    let output = run_claude(&work, &home, env).await;
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    // Kept in the test's output: what Claude Code printed.
+    eprintln!(
+        "on_stall={action}: claude -p exited {}\nstdout: {stdout}\nstderr: {}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines = proxy.wait_exchanges(1, Duration::from_secs(10)).await;
+    assert!(
+        lines.iter().any(|l| l["outcome"] == "stall_aborted"),
+        "promptgate ended the stalled attempt: {lines:?}"
+    );
+    let result = serde_json::from_str::<Value>(stdout.trim())
+        .ok()
+        .and_then(|v| v["result"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let calls = messages_calls(&fake);
+    StallRun {
+        attempts: calls.len(),
+        retry_streamed: calls.get(1).map(|c| c.json()["stream"] == true),
+        completed: output.status.success() && result == "Hello from the fake provider",
+        result,
+    }
+}
+
+async fn stall() {
+    for action in ["error", "reset"] {
+        let run = stall_run(action).await;
+        eprintln!(
+            "on_stall={action}: {} attempt(s), the retry streamed: {:?}, completed {} ({:?})",
+            run.attempts, run.retry_streamed, run.completed, run.result
+        );
+        assert!(run.attempts >= 2, "{action}: Claude Code retried");
+        assert!(
+            run.completed,
+            "{action}: the session completed: {:?}",
+            run.result
+        );
+        // What the README says of each: after `error` Claude Code retries without
+        // streaming; after `reset`, it streams again (the recommended action).
+        let streamed = action == "reset";
+        assert_eq!(run.retry_streamed, Some(streamed), "{action}");
+    }
 }
 
 #[test]

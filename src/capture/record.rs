@@ -227,6 +227,9 @@ pub struct CaptureRecord {
     /// Cache analysis, without prompt text (see `analysis`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::CacheReport>,
+    /// A streamed answer's longest silence past `stream.stall_after`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stall: Option<crate::observer::stall::Stall>,
 }
 
 impl CaptureRecord {
@@ -346,6 +349,7 @@ impl CaptureRecord {
                 .cache
                 .as_ref()
                 .map(|c| super::analysis::stored(c, redactor, extra)),
+            stall: r.stall,
         };
         if r.capture {
             let secret = &r.secret_headers;

@@ -104,6 +104,16 @@ pub struct ServeArgs {
     /// A JSON pointer into the request body that names the conversation.
     #[arg(long, value_name = "POINTER")]
     conversation_pointer: Option<String>,
+    /// Silence after which a streamed answer counts as stalled (logged, recorded, counted) [default: 30s].
+    #[arg(long, value_name = "DURATION")]
+    stall_after: Option<String>,
+    /// What to do with a stalled stream: wait, error (a retryable error, or an SSE
+    /// error event and an incomplete ending) or reset (cut it) [default: wait].
+    #[arg(long, value_name = "ACTION")]
+    on_stall: Option<String>,
+    /// With --on-stall error|reset: end a stream silent this long (from the start of the silence) [default: 120s].
+    #[arg(long, value_name = "DURATION")]
+    abort_after: Option<String>,
     /// Send a span per exchange to this OTLP/HTTP collector, e.g. http://127.0.0.1:4318
     /// (/v1/traces is added) [default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
     /// OTEL_EXPORTER_OTLP_ENDPOINT, else off].
@@ -200,6 +210,11 @@ impl ServeArgs {
                 ..CaptureLayer::default()
             }),
             rules: self.rules,
+            stream: Some(crate::observer::stall::StreamLayer {
+                stall_after: self.stall_after.map(Into::into),
+                on_stall: self.on_stall,
+                abort_after: self.abort_after.map(Into::into),
+            }),
             traces: Some(crate::traces::TracesLayer::from_flags(
                 self.otlp_endpoint,
                 self.otlp_content,

@@ -8,6 +8,7 @@
 
 pub mod decode;
 mod sse;
+pub mod stall;
 mod tee;
 
 use bytes::{Bytes, BytesMut};
@@ -18,7 +19,7 @@ use serde::Serialize;
 use crate::provider::{self, Api, Provider, ResponseSummary};
 
 pub use sse::SseDecoder;
-pub use tee::{BodyEnd, ObservedBody, TapResult};
+pub use tee::{BodyEnd, ObservedBody, StallWatch, TapResult};
 
 /// How the response body was framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

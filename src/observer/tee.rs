@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::stall::{OnStall, Stall, StallSettings};
 use crate::error::error_chain;
 use crate::provider::{self, Api, Provider};
 
@@ -31,6 +32,9 @@ pub enum BodyEnd {
     ClientGone,
     /// promptgate's shutdown grace period ended first; the client was told.
     Shutdown,
+    /// The stream stalled and `stream.on_stall` ended it after `silence`; `event`:
+    /// the client got an SSE error event before the incomplete ending.
+    StallAborted { silence: Duration, event: bool },
 }
 
 /// What the tap saw, handed over once when the body ends.
@@ -47,6 +51,8 @@ pub struct TapResult {
     /// When the body ended.
     pub ended: Instant,
     pub end: BodyEnd,
+    /// The longest silence past the stall threshold, for a watched stream.
+    pub stall: Option<Stall>,
 }
 
 type OnEnd = Box<dyn FnOnce(TapResult) + Send>;
@@ -78,6 +84,16 @@ impl Tap {
         self.tail[4 - n..].copy_from_slice(&data[data.len() - n..]);
     }
 
+    /// The type of the last SSE event forwarded (from the bytes kept), for the stall warning.
+    fn last_event(&self) -> Option<String> {
+        self.chunks.iter().rev().find_map(|c| {
+            let at = memchr::memmem::rfind(c, b"event: ")?;
+            let rest = &c[at + 7..];
+            let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
+            Some(String::from_utf8_lossy(&rest[..end]).into_owned())
+        })
+    }
+
     fn at_event_boundary(&self) -> bool {
         self.bytes == 0
             || self.tail.ends_with(b"\n\n")
@@ -85,6 +101,28 @@ impl Tap {
             || self.tail == *b"\r\n\r\n"
     }
 }
+
+/// What the stall watchdog needs to watch one streamed answer.
+#[derive(Debug, Clone)]
+pub struct StallWatch {
+    pub settings: StallSettings,
+    /// When the exchange started (stall times are told from it).
+    pub started: Instant,
+    /// For the warning: the exchange id and model.
+    pub id: crate::id::ExchangeId,
+    pub model: Option<String>,
+}
+
+/// The watchdog's state while the body streams.
+struct Watch {
+    spec: StallWatch,
+    found: Option<Stall>,
+    warned: bool,
+}
+
+/// How long a last frame (an error event) gets to be written before the
+/// connection is cut: an error right after it could drop it from the write buffer.
+const FLUSH_BEFORE_CUT: Duration = Duration::from_millis(50);
 
 /// A response body that tees into the observer. See the module docs.
 pub struct ObservedBody<B: Body> {
@@ -98,6 +136,10 @@ pub struct ObservedBody<B: Body> {
     error_event: Option<(Provider, Api)>,
     /// Resolves when promptgate's shutdown grace period is over.
     shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+    /// The stall watchdog, for a streamed answer (boxed: most bodies have none).
+    watch: Option<Box<Watch>>,
+    /// Ending incomplete: after this pause, the error that cuts the connection.
+    cutting: Option<Box<(Pin<Box<Sleep>>, String)>>,
     done: bool,
 }
 
@@ -107,20 +149,26 @@ where
     B::Error: std::error::Error + Send + Sync + 'static,
 {
     /// Wraps `inner`. `on_end` runs exactly once, when the body ends or is dropped.
+    /// `watch` turns the stall watchdog on (streamed answers only).
     pub fn new(
         inner: B,
         idle_timeout: Duration,
         retain_limit: usize,
         error_event: Option<(Provider, Api)>,
         shutdown: impl Future<Output = ()> + Send + 'static,
+        watch: Option<StallWatch>,
         on_end: impl FnOnce(TapResult) + Send + 'static,
     ) -> Self {
         let now = Instant::now();
         let empty = inner.is_end_stream();
+        let first_wake = match &watch {
+            Some(w) => idle_timeout.min(w.settings.stall_after),
+            None => idle_timeout,
+        };
         let mut body = ObservedBody {
             inner,
             idle_timeout,
-            idle: Box::pin(tokio::time::sleep_until(now + idle_timeout)),
+            idle: Box::pin(tokio::time::sleep_until(now + first_wake)),
             last_activity: now,
             tap: Some(Tap {
                 chunks: Vec::new(),
@@ -134,6 +182,14 @@ where
             }),
             error_event,
             shutdown: Box::pin(shutdown),
+            watch: watch.map(|spec| {
+                Box::new(Watch {
+                    spec,
+                    found: None,
+                    warned: false,
+                })
+            }),
+            cutting: None,
             done: false,
         };
         if empty {
@@ -145,6 +201,7 @@ where
     }
 
     fn finish(&mut self, end: BodyEnd) {
+        let stall = self.watch.as_ref().and_then(|w| w.found);
         if let Some(tap) = self.tap.take() {
             (tap.on_end)(TapResult {
                 chunks: tap.chunks,
@@ -153,30 +210,81 @@ where
                 first_byte: tap.first_byte,
                 ended: Instant::now(),
                 end,
+                stall,
             });
         }
     }
 
-    /// Ends the body after an upstream failure: with the provider's error event when the
-    /// stream stands at an event boundary, else with an error that cuts the connection.
-    fn fail(&mut self, kind: &str, end: BodyEnd) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    /// Ends the body after a failure as an incomplete response (never a clean end:
+    /// no terminating chunk, a reset HTTP/2 stream): first, with `event`, the
+    /// provider's error event when the stream stands at an event boundary.
+    fn fail(
+        &mut self,
+        kind: &str,
+        end: BodyEnd,
+        event: bool,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let message = match &end {
             BodyEnd::UpstreamError(m) => m.clone(),
             BodyEnd::IdleTimeout(d) => format!("no data from upstream for {}s", d.as_secs()),
             BodyEnd::Shutdown => "shutting down: the answer was cut off (--shutdown-grace)".into(),
+            BodyEnd::StallAborted { silence: d, .. } => format!(
+                "the upstream stream stalled: no data for {}s, so promptgate ended it \
+                 (stream.on_stall); retry the request",
+                d.as_secs()
+            ),
             _ => String::new(),
         };
         let at_boundary = self.tap.as_ref().is_some_and(Tap::at_event_boundary);
+        let end = match end {
+            BodyEnd::StallAborted { silence, .. } => BodyEnd::StallAborted {
+                silence,
+                event: event && at_boundary && self.error_event.is_some(),
+            },
+            other => other,
+        };
         self.finish(end);
-        self.done = true;
-        // The event ends the stream as a provider's own `event: error` does: a cut
-        // right after it could lose it in hyper's write buffer.
+        let cut = format!("promptgate: {message}");
         match self.error_event {
-            Some((provider, api)) if at_boundary => {
-                let event = provider::stream_error_event(provider, api, kind, &message);
-                Poll::Ready(Some(Ok(Frame::data(Bytes::from(event)))))
+            Some((provider, api)) if event && at_boundary => {
+                let frame = provider::stream_error_event(provider, api, kind, &message);
+                let pause = Box::pin(tokio::time::sleep(FLUSH_BEFORE_CUT));
+                self.cutting = Some(Box::new((pause, cut)));
+                Poll::Ready(Some(Ok(Frame::data(Bytes::from(frame)))))
             }
-            _ => Poll::Ready(Some(Err(format!("promptgate: {message}").into()))),
+            _ => {
+                self.done = true;
+                Poll::Ready(Some(Err(cut.into())))
+            }
+        }
+    }
+
+    /// A silence of `silence` that began at `began` is at least the stall threshold:
+    /// keeps the longest, and warns once per exchange.
+    fn note_stall(&mut self, began: Instant, silence: Duration) {
+        let bytes = self.tap.as_ref().map_or(0, |t| t.bytes);
+        let last_event = self.tap.as_ref().and_then(Tap::last_event);
+        let Some(w) = self.watch.as_mut() else {
+            return;
+        };
+        let stall = Stall {
+            longest_ms: silence.as_millis() as u64,
+            began_ms: began.saturating_duration_since(w.spec.started).as_millis() as u64,
+            before_head: false,
+            aborted: false,
+        };
+        w.found = Stall::max(w.found, Some(stall));
+        if !w.warned {
+            w.warned = true;
+            tracing::warn!(
+                id = %w.spec.id,
+                model = w.spec.model.as_deref().unwrap_or("-"),
+                bytes,
+                last_event = last_event.as_deref().unwrap_or("-"),
+                on_stall = w.spec.settings.on_stall.name(),
+                "stream stalled: no data from upstream for {}s",
+                silence.as_secs()
+            );
         }
     }
 }
@@ -197,19 +305,38 @@ where
         if this.done {
             return Poll::Ready(None);
         }
+        if let Some(cutting) = this.cutting.as_mut() {
+            if cutting.0.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let cut = this.cutting.take().map(|c| c.1).unwrap_or_default();
+            this.done = true;
+            return Poll::Ready(Some(Err(cut.into())));
+        }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                if let (Some(data), Some(tap)) = (frame.data_ref(), this.tap.as_mut())
+                if let Some(data) = frame.data_ref()
                     && !data.is_empty()
                 {
-                    this.last_activity = Instant::now();
-                    tap.record(data, this.last_activity);
+                    let now = Instant::now();
+                    let silence = now - this.last_activity;
+                    if this
+                        .watch
+                        .as_ref()
+                        .is_some_and(|w| silence >= w.spec.settings.stall_after)
+                    {
+                        this.note_stall(this.last_activity, silence);
+                    }
+                    this.last_activity = now;
+                    if let Some(tap) = this.tap.as_mut() {
+                        tap.record(data, now);
+                    }
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
                 let message = format!("upstream broke off mid-response: {}", error_chain(&e));
-                this.fail("upstream_error", BodyEnd::UpstreamError(message))
+                this.fail("upstream_error", BodyEnd::UpstreamError(message), true)
             }
             // A close-delimited stream that ends inside an event did not finish: the
             // upstream's FIN only looks like an end.
@@ -220,7 +347,7 @@ where
                 let message = "stream ended mid-event: the upstream closed the connection \
                                inside an event"
                     .to_owned();
-                this.fail("upstream_error", BodyEnd::UpstreamError(message))
+                this.fail("upstream_error", BodyEnd::UpstreamError(message), true)
             }
             Poll::Ready(None) => {
                 this.done = true;
@@ -228,19 +355,43 @@ where
                 Poll::Ready(None)
             }
             Poll::Pending if this.shutdown.as_mut().poll(cx).is_ready() => {
-                this.fail("shutting_down", BodyEnd::Shutdown)
+                this.fail("shutting_down", BodyEnd::Shutdown, true)
             }
             Poll::Pending => loop {
                 // The timer is re-armed lazily: chunks only move `last_activity`.
                 match this.idle.as_mut().poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(()) => {
-                        let deadline = this.last_activity + this.idle_timeout;
-                        if Instant::now() >= deadline {
+                        let now = Instant::now();
+                        let silence = now - this.last_activity;
+                        if silence >= this.idle_timeout {
                             let end = BodyEnd::IdleTimeout(this.idle_timeout);
-                            return this.fail("upstream_timeout", end);
+                            return this.fail("upstream_timeout", end, true);
                         }
-                        this.idle.as_mut().reset(deadline);
+                        let mut next = this.last_activity + this.idle_timeout;
+                        if let Some(settings) = this.watch.as_ref().map(|w| w.spec.settings) {
+                            if silence >= settings.stall_after {
+                                this.note_stall(this.last_activity, silence);
+                                match settings.abort_at(this.last_activity) {
+                                    Some(at) if now >= at => {
+                                        if let Some(w) = this.watch.as_mut()
+                                            && let Some(f) = w.found.as_mut()
+                                        {
+                                            f.aborted = true;
+                                        }
+                                        let event = settings.on_stall == OnStall::Error;
+                                        let end = BodyEnd::StallAborted { silence, event };
+                                        return this.fail("stream_stalled", end, event);
+                                    }
+                                    Some(at) => next = next.min(at),
+                                    // Waiting: wake again to keep the longest silence.
+                                    None => next = next.min(now + settings.stall_after),
+                                }
+                            } else {
+                                next = next.min(this.last_activity + settings.stall_after);
+                            }
+                        }
+                        this.idle.as_mut().reset(next);
                     }
                 }
             },
@@ -248,7 +399,8 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done || self.inner.is_end_stream()
+        // While cutting, the cut is still to come: the end must not look clean.
+        self.done || (self.cutting.is_none() && self.inner.is_end_stream())
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -277,6 +429,7 @@ impl<B: Body> Drop for ObservedBody<B> {
                 first_byte: tap.first_byte,
                 ended: Instant::now(),
                 end,
+                stall: self.watch.as_ref().and_then(|w| w.found),
             });
         }
     }
@@ -341,6 +494,15 @@ mod tests {
         idle: Duration,
         sse: bool,
     ) -> (ObservedBody<Script>, Arc<Mutex<Option<TapResult>>>) {
+        watched(steps, idle, sse, None)
+    }
+
+    fn watched(
+        steps: Vec<Step>,
+        idle: Duration,
+        sse: bool,
+        stall: Option<StallSettings>,
+    ) -> (ObservedBody<Script>, Arc<Mutex<Option<TapResult>>>) {
         let seen = Arc::new(Mutex::new(None));
         let slot = seen.clone();
         let b = ObservedBody::new(
@@ -352,6 +514,12 @@ mod tests {
             1 << 20,
             sse.then_some((Provider::Anthropic, Api::Messages)),
             std::future::pending(),
+            stall.map(|settings| StallWatch {
+                settings,
+                started: Instant::now(),
+                id: crate::id::ExchangeId::new(),
+                model: None,
+            }),
             move |r| *slot.lock().unwrap() = Some(r),
         );
         (b, seen)
@@ -391,7 +559,10 @@ mod tests {
         );
         let (out, errored) = read_all(b).await;
         let text = String::from_utf8(out).unwrap();
-        assert!(!errored);
+        assert!(
+            errored,
+            "after the event the stream ends incomplete, never cleanly"
+        );
         assert!(
             text.ends_with("\n\n") && text.contains("event: error\ndata: {\"type\":\"error\""),
             "{text}"
@@ -462,6 +633,84 @@ mod tests {
             seen.lock().unwrap().take().unwrap().end,
             BodyEnd::IdleTimeout(Duration::from_secs(5))
         );
+    }
+
+    fn stall(on_stall: OnStall) -> Option<StallSettings> {
+        Some(StallSettings {
+            stall_after: Duration::from_secs(2),
+            on_stall,
+            abort_after: Duration::from_secs(4),
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_stream_is_ended_with_an_error_event_and_an_incomplete_ending() {
+        let steps = vec![
+            Step::Data("event: ping\ndata: {}\n\n"),
+            Step::Pause(Duration::from_secs(30)),
+            Step::Data("never"),
+        ];
+        let (b, seen) = watched(steps, Duration::from_secs(600), true, stall(OnStall::Error));
+        let (out, errored) = read_all(b).await;
+        let text = String::from_utf8(out).unwrap();
+        assert!(errored, "incomplete: no clean end");
+        assert!(text.contains("\"type\":\"overloaded_error\""), "{text}");
+        assert!(text.contains("stalled: no data for 4s"), "{text}");
+        let r = seen.lock().unwrap().take().unwrap();
+        assert_eq!(
+            r.end,
+            BodyEnd::StallAborted {
+                silence: Duration::from_secs(4),
+                event: true
+            }
+        );
+        let s = r.stall.unwrap();
+        assert!(s.aborted && !s.before_head);
+        assert_eq!(s.longest_ms, 4000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn reset_cuts_a_stalled_stream_without_an_event() {
+        let steps = vec![
+            Step::Data("event: ping\ndata: {}\n\n"),
+            Step::Pause(Duration::from_secs(30)),
+        ];
+        let (b, _) = watched(steps, Duration::from_secs(600), true, stall(OnStall::Reset));
+        let (out, errored) = read_all(b).await;
+        assert!(errored);
+        assert_eq!(out, b"event: ping\ndata: {}\n\n");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn waiting_keeps_a_stalled_stream_and_records_its_longest_silence() {
+        let steps = vec![
+            Step::Data("data: a\n\n"),
+            Step::Pause(Duration::from_secs(3)),
+            Step::Data("data: b\n\n"),
+            Step::Pause(Duration::from_secs(7)),
+            Step::Data("data: c\n\n"),
+        ];
+        let (b, seen) = watched(steps, Duration::from_secs(600), true, stall(OnStall::Wait));
+        let (out, errored) = read_all(b).await;
+        assert!(!errored);
+        assert_eq!(out, b"data: a\n\ndata: b\n\ndata: c\n\n");
+        let r = seen.lock().unwrap().take().unwrap();
+        assert_eq!(r.end, BodyEnd::Complete);
+        let s = r.stall.unwrap();
+        assert_eq!((s.longest_ms, s.aborted), (7000, false));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pings_are_bytes_and_never_a_stall() {
+        let mut steps = Vec::new();
+        for _ in 0..20 {
+            steps.push(Step::Pause(Duration::from_secs(1)));
+            steps.push(Step::Data("event: ping\ndata: {\"type\": \"ping\"}\n\n"));
+        }
+        let (b, seen) = watched(steps, Duration::from_secs(600), true, stall(OnStall::Error));
+        assert!(!read_all(b).await.1);
+        let r = seen.lock().unwrap().take().unwrap();
+        assert_eq!((r.end, r.stall), (BodyEnd::Complete, None));
     }
 
     #[tokio::test]

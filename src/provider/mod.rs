@@ -12,7 +12,7 @@ mod usage;
 use http::uri::PathAndQuery;
 use serde_json::json;
 
-pub use sniff::{RequestSummary, sniff};
+pub use sniff::{RequestSummary, asks_to_stream, sniff};
 // The structural scanners, for reading inside JSON already known to be valid.
 pub use usage::Usage;
 
@@ -282,10 +282,18 @@ pub fn stream_error_event(provider: Provider, api: Api, kind: &str, message: &st
             "event: error\ndata: {}\n\n",
             json!({"type": "error", "code": kind, "message": message, "param": null})
         ),
-        (Provider::Anthropic, _) => format!(
-            "event: error\ndata: {}\n\n",
-            json!({"type": "error", "error": {"type": "api_error", "message": message}})
-        ),
+        (Provider::Anthropic, _) => {
+            // A stall is the provider being overloaded, which agents retry.
+            let error_type = if kind == "stream_stalled" {
+                "overloaded_error"
+            } else {
+                "api_error"
+            };
+            format!(
+                "event: error\ndata: {}\n\n",
+                json!({"type": "error", "error": {"type": error_type, "message": message}})
+            )
+        }
     };
     text.into_bytes()
 }

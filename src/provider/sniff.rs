@@ -17,11 +17,20 @@ pub struct RequestSummary {
 /// Scans `body` for its top-level `"model"` string.
 pub fn sniff(body: &[u8]) -> RequestSummary {
     RequestSummary {
-        model: top_level_string(body, b"model"),
+        model: top_level(body, b"model")
+            .and_then(decode_str)
+            .map(|s| s.into_owned()),
     }
 }
 
-fn top_level_string(body: &[u8], wanted: &[u8]) -> Option<String> {
+/// Whether the top level says `"stream": true` (a whole walk of the top level:
+/// asked only when a request has gone quiet, never on the request path).
+pub fn asks_to_stream(body: &[u8]) -> bool {
+    top_level(body, b"stream") == Some(b"true")
+}
+
+/// The raw value of the first top-level `wanted` key.
+fn top_level<'b>(body: &'b [u8], wanted: &[u8]) -> Option<&'b [u8]> {
     let mut i = skip_ws(body, 0);
     if body.get(i) != Some(&b'{') {
         return None;
@@ -41,8 +50,7 @@ fn top_level_string(body: &[u8], wanted: &[u8]) -> Option<String> {
         i = skip_ws(body, i + 1);
         let value_end = skip_value(body, i)?;
         if key == wanted {
-            // The value is a JSON string literal (anything else is no model).
-            return decode_str(&body[i..value_end]).map(|s| s.into_owned());
+            return Some(&body[i..value_end]);
         }
         i = skip_ws(body, value_end);
         match body.get(i) {

@@ -50,6 +50,8 @@ pub struct Reply {
     pub end: End,
     /// Pause before the response head (time to first byte).
     pub head_delay: Duration,
+    /// Extra silences: before chunk N (N = 0: right after the head), this long.
+    pub pauses: Vec<(usize, Duration)>,
 }
 
 /// How a streamed reply ends.
@@ -73,6 +75,7 @@ impl Reply {
             fixed_length: true,
             end: End::Finish,
             head_delay: Duration::ZERO,
+            pauses: Vec::new(),
         }
     }
 
@@ -91,6 +94,7 @@ impl Reply {
             fixed_length: false,
             end: End::Finish,
             head_delay: Duration::ZERO,
+            pauses: Vec::new(),
         }
     }
 
@@ -108,6 +112,12 @@ impl Reply {
 
     pub fn header(mut self, name: &str, value: &str) -> Reply {
         self.headers.push((name.into(), value.into()));
+        self
+    }
+
+    /// Goes silent for `pause` before chunk `before` (0: right after the head).
+    pub fn pause_before(mut self, before: usize, pause: Duration) -> Reply {
+        self.pauses.push((before, pause));
         self
     }
 
@@ -483,11 +493,18 @@ async fn serve_raw(stream: TcpStream, state: Arc<State>) {
             return;
         }
         for (i, chunk) in reply.chunks.iter().enumerate() {
-            if i > 0 && !reply.gap.is_zero() {
+            let extra: Duration = reply
+                .pauses
+                .iter()
+                .filter(|(n, _)| *n == i)
+                .map(|(_, d)| *d)
+                .sum();
+            let pause = if i > 0 { reply.gap + extra } else { extra };
+            if !pause.is_zero() {
                 // Watch the socket while pausing: a closed peer shows as EOF at once.
                 let mut byte = [0u8; 1];
                 tokio::select! {
-                    () = tokio::time::sleep(reply.gap) => {}
+                    () = tokio::time::sleep(pause) => {}
                     n = reader.read(&mut byte) => {
                         if matches!(n, Ok(0) | Err(_)) {
                             log.note_closed();
