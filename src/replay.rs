@@ -13,7 +13,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use http::{HeaderMap, Method};
 use serde::Serialize;
 
 use crate::cache::cost::{self, Price};
@@ -171,22 +171,6 @@ pub struct ReplaySettings {
     pub each: bool,
 }
 
-/// A stored header list as a map; values that are not valid header values are left out.
-fn header_map(pairs: &[(String, String)]) -> HeaderMap {
-    let mut map = HeaderMap::new();
-    for (k, v) in pairs {
-        if let (Ok(k), Ok(v)) = (
-            HeaderName::from_bytes(k.as_bytes()),
-            HeaderValue::from_str(v),
-        ) {
-            map.append(k, v);
-        }
-    }
-    // The stored body is decoded: it is read as it is.
-    map.remove(http::header::CONTENT_ENCODING);
-    map
-}
-
 /// The input tokens of a usage, and what they cost at `price`.
 fn priced(u: &Usage, price: Option<Price>) -> Tokens {
     Tokens {
@@ -278,7 +262,8 @@ pub fn replay(
         if !outcome.fired.is_empty() {
             report.matched += 1;
         }
-        let changed = outcome.body.is_some() || !outcome.header_edits.is_empty();
+        let changed =
+            outcome.body.is_some() || outcome.edits.iter().any(|(_, p)| p.starts_with("header "));
         if changed {
             report.changed += 1;
         }
@@ -361,7 +346,7 @@ pub fn replay(
         };
         let start = record.times.started_ms;
         let sent_body = record.sent().bytes.clone();
-        let sent_headers = header_map(&record.request.sent_headers);
+        let sent_headers = record.sent_headers();
         let sent = sent_stage.predict_only(
             id,
             start,
@@ -451,7 +436,6 @@ pub fn replay(
 struct Outcome {
     fired: Vec<String>,
     edits: Vec<(String, String)>,
-    header_edits: Vec<String>,
     body: Option<Bytes>,
     headers: HeaderMap,
     blocked: Option<Blocked>,
@@ -486,7 +470,7 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
         host: record.host.as_deref(),
         path: &path,
         model: model.as_deref(),
-        headers: header_map(&record.request.headers),
+        headers: record.received_headers(),
         body: &body,
         prompt: &prompt,
     });
@@ -499,17 +483,9 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
         }),
         Verdict::Continue => None,
     };
-    let header_edits = result
-        .effects
-        .edits
-        .iter()
-        .filter(|(_, p)| p.starts_with("header "))
-        .map(|(_, p)| p.clone())
-        .collect();
     Outcome {
         fired: result.effects.fired,
         edits: result.effects.edits,
-        header_edits,
         body: result.body.map(|b| b.bytes().clone()),
         headers: result.headers,
         blocked,

@@ -232,7 +232,34 @@ pub struct CaptureRecord {
     pub stall: Option<crate::observer::stall::Stall>,
 }
 
+/// A stored header list as a map, for reading the body stored beside it: values
+/// that are not header values are left out, and `Content-Encoding` with them (the
+/// store keeps bodies decoded).
+fn readable_headers(pairs: &[(String, String)]) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    for (k, v) in pairs {
+        if let (Ok(k), Ok(v)) = (
+            http::HeaderName::from_bytes(k.as_bytes()),
+            http::HeaderValue::from_str(v),
+        ) {
+            map.append(k, v);
+        }
+    }
+    map.remove(http::header::CONTENT_ENCODING);
+    map
+}
+
 impl CaptureRecord {
+    /// The request headers as received (credentials fingerprinted), beside the stored body.
+    pub fn received_headers(&self) -> http::HeaderMap {
+        readable_headers(&self.request.headers)
+    }
+
+    /// The request headers as sent upstream, beside the stored sent body.
+    pub fn sent_headers(&self) -> http::HeaderMap {
+        readable_headers(&self.request.sent_headers)
+    }
+
     /// The record of `r`, every header, body, path and message redacted in memory.
     pub fn redacted(r: &ExchangeRecord, redactor: &Redactor, keys: &KeySource) -> CaptureRecord {
         Self::redacted_with(r, redactor, keys, &mut UnitCache::default())

@@ -316,17 +316,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             let store = crate::capture::Store::open_read_only(dir)
                 .with_context(|| format!("opening the capture store in {}", dir.display()))?;
             let record = store.load(id)?;
-            let mut headers = HeaderMap::new();
-            for (k, v) in &record.request.headers {
-                if let (Ok(k), Ok(v)) = (
-                    HeaderName::from_bytes(k.as_bytes()),
-                    HeaderValue::from_str(v),
-                ) {
-                    headers.append(k, v);
-                }
-            }
-            // The store keeps bodies decoded.
-            headers.remove(http::header::CONTENT_ENCODING);
+            let headers = record.received_headers();
             println!(
                 "captured request {} (as received; secrets were redacted before the rules saw it)",
                 record.id
