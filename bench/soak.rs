@@ -221,6 +221,19 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .args(["captures", "export", "--format", "jsonl", "--captures"])
         .arg(&captures)
         .output()?;
+    // Records per fault, by the x-soak header each request carried (it is stored).
+    let mut recorded: BTreeMap<Fault, u64> = BTreeMap::new();
+    let mut unlabelled = 0u64;
+    for line in String::from_utf8_lossy(&export.stdout).lines() {
+        if let Some(fault) = FAULTS
+            .iter()
+            .find(|f| line.contains(&format!(r#"["x-soak","{}"]"#, f.name())))
+        {
+            *recorded.entry(*fault).or_default() += 1;
+        } else {
+            unlabelled += 1;
+        }
+    }
     let mut canaries = 0usize;
     let mut haystacks: Vec<(String, Vec<u8>)> = vec![
         ("the log".into(), log.clone()),
@@ -283,6 +296,27 @@ async fn run(args: Args) -> anyhow::Result<()> {
             fault.name(),
             if ok { "" } else { " (unexpected)" }
         );
+    }
+    if records != sent {
+        // Which faults lost (or gained) records, and what promptgate said about it.
+        let mut sent_by_fault: BTreeMap<Fault, u64> = BTreeMap::new();
+        for ((fault, _), n) in &seen {
+            *sent_by_fault.entry(*fault).or_default() += n;
+        }
+        println!("\n| fault | requests | records |\n|---|--:|--:|");
+        for (fault, n) in &sent_by_fault {
+            let r = recorded.get(fault).copied().unwrap_or(0);
+            if r != *n {
+                println!("| {} | {n} | {r} |", fault.name());
+            }
+        }
+        // A malformed head is refused before its headers are read.
+        println!("\nrecords without an x-soak header (malformed heads): {unlabelled}");
+        for line in String::from_utf8_lossy(&log).lines() {
+            if line.contains("shutting down") || !line.contains(r#""level":"INFO""#) {
+                println!("log: {line}");
+            }
+        }
     }
     for w in &where_found {
         println!("canary: {w}");

@@ -107,6 +107,13 @@ impl Body for ProxyBody {
 static WARNED_OPENAI_BASE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// An exchange as [`Proxy::begin`] started it: its record, and the rule set it runs.
+pub struct Begun {
+    pending: PendingRecord,
+    host: Option<String>,
+    rules: Arc<crate::rules::RuleSet>,
+}
+
 /// A record under construction. Dropped unfinished — the client went away while
 /// promptgate waited on it or on the upstream — it is emitted as cancelled.
 struct PendingRecord {
@@ -212,10 +219,16 @@ impl Proxy {
         request: Request<Incoming>,
         client: Option<SocketAddr>,
     ) -> Response<ProxyBody> {
+        let begun = self.begin(&request, client);
+        self.serve(begun, request).await
+    }
+
+    /// Starts an exchange's record as hyper hands its request over. Call it in the
+    /// service function itself, not its future: hyper drops that future unpolled when
+    /// the client's end arrives with the request, and the record must still be made.
+    pub fn begin(&self, request: &Request<Incoming>, client: Option<SocketAddr>) -> Begun {
         let started = Instant::now();
         let id = ExchangeId::new();
-        // A request in flight finishes with the rule set it started with.
-        let rules = self.rules.snapshot();
         let path = request.uri().path_and_query().map_or_else(
             || request.uri().path().to_owned(),
             |p| p.as_str().to_owned(),
@@ -236,13 +249,34 @@ impl Proxy {
             recorder: self.recorder.clone(),
             started,
         };
-
-        let target = request.extensions().get::<Target>().cloned();
-        if let Some(t) = &target {
+        // Known before the body: a request refused while reading it keeps its headers.
+        pending.get().request_headers = request.headers().clone();
+        if let Some(t) = request.extensions().get::<Target>() {
             let r = pending.get();
             r.mode = t.mode;
             r.host = Some(t.host.clone());
         }
+        Begun {
+            pending,
+            host,
+            // A request in flight finishes with the rule set it started with.
+            rules: self.rules.snapshot(),
+        }
+    }
+
+    /// Serves a request whose exchange [`Proxy::begin`] started.
+    pub async fn serve(
+        self: Arc<Self>,
+        begun: Begun,
+        request: Request<Incoming>,
+    ) -> Response<ProxyBody> {
+        let Begun {
+            mut pending,
+            host,
+            rules,
+        } = begun;
+        let started = pending.started;
+        let target = request.extensions().get::<Target>().cloned();
         let route = match (&target, request.uri().path_and_query()) {
             (Some(t), Some(pq)) => Some(t.route(pq)),
             (Some(t), None) => Some(t.route(&http::uri::PathAndQuery::from_static("/"))),
@@ -279,8 +313,6 @@ impl Proxy {
         }
 
         let (mut parts, body) = request.into_parts();
-        // Known before the body: a request refused while reading it keeps its headers.
-        pending.get().request_headers = parts.headers.clone();
         let limits = (self.config.max_body, self.config.body_timeout);
         let body = match read_body(body, &parts.headers, limits).await {
             Ok(body) => body,

@@ -407,6 +407,43 @@ async fn a_truncated_chunked_request_body_never_reaches_upstream_and_is_recorded
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_client_that_leaves_before_promptgate_reads_its_request_still_gets_a_record() {
+    use std::io::Write;
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    // The whole request and the client's FIN are in the socket before promptgate's
+    // first read: hyper sees the end mid-message and drops the exchange unpolled.
+    let body = br#"{"model":"claude-sonnet-4-5","max_tokens":8,"messages":[]}"#;
+    let n = 5;
+    for _ in 0..n {
+        let mut s = std::net::TcpStream::connect(proxy.addr).unwrap();
+        write!(
+            s,
+            "POST /v1/messages HTTP/1.1\r\nHost: {}\r\ncontent-type: application/json\r\n\
+             content-length: {}\r\n\r\n",
+            proxy.addr,
+            body.len()
+        )
+        .unwrap();
+        s.write_all(body).unwrap();
+        s.shutdown(std::net::Shutdown::Both).unwrap();
+    }
+    let records = support::captures::wait_records(&proxy.captures, n, WAIT).await;
+    assert_eq!(records.len(), n, "one record per request");
+    // Each is whatever promptgate got to before it saw the end: mostly cancelled.
+    for r in &records {
+        assert_eq!(r["path"], "/v1/messages", "{r}");
+        assert!(
+            r["outcome"] == "ok"
+                || r["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("client went away")),
+            "{r}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn malformed_request_framing_gets_a_provider_error_a_log_line_and_a_record() {
     use std::io::{Read, Write};
     let fake = support::fake_answering_ok().await;

@@ -178,7 +178,9 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
         let service = service_fn(move |mut request: Request<Incoming>| {
             let proxy = proxy.clone();
             request.extensions_mut().insert(target.clone());
-            async move { Ok::<_, std::convert::Infallible>(proxy.handle(request, Some(peer)).await) }
+            // Begun here, not in the future, which hyper may drop unpolled (Proxy::begin).
+            let begun = proxy.begin(&request, Some(peer));
+            async move { Ok::<_, std::convert::Infallible>(proxy.serve(begun, request).await) }
         });
         let builder = connection_builder(front.proxy.config.header_timeout);
         let connection = builder.serve_connection(TokioIo::new(tls), service);
@@ -415,33 +417,34 @@ fn v4_is_this_machine(ip: Ipv4Addr) -> bool {
 }
 
 /// An absolute-form `http://` request (a client with `http_proxy` set): forwarded
-/// like an intercepted request when its host is on the intercept list.
-pub(super) async fn absolute_form(
-    front: Arc<Front>,
+/// like an intercepted request when its host is on the intercept list: returned with
+/// its [`Target`] set, or the refusal to answer with.
+pub(super) fn absolute_form(
+    front: &Front,
     mut request: Request<Incoming>,
     peer: SocketAddr,
-) -> Response<ProxyBody> {
+) -> Result<Request<Incoming>, Box<Response<ProxyBody>>> {
     let uri = request.uri().clone();
     let authority = uri.authority().map_or("-", |a| a.as_str()).to_owned();
     if uri.scheme_str() != Some("http") {
-        return refuse(
+        return Err(Box::new(refuse(
             peer,
             &authority,
             StatusCode::BAD_REQUEST,
             "absolute-form requests must be http://; https goes through CONNECT".into(),
-        );
+        )));
     }
     let Some(host) = uri.host().map(str::to_owned) else {
-        return refuse(
+        return Err(Box::new(refuse(
             peer,
             &authority,
             StatusCode::BAD_REQUEST,
             "no host in the request URI".into(),
-        );
+        )));
     };
     let config = &front.proxy.config;
     let Some(provider) = config.intercept.provider_for(&host) else {
-        return refuse(
+        return Err(Box::new(refuse(
             peer,
             &authority,
             StatusCode::FORBIDDEN,
@@ -449,12 +452,19 @@ pub(super) async fn absolute_form(
                 "promptgate forwards plain http:// only for intercepted hosts (intercepted: {})",
                 config.intercept.patterns().join(", ")
             ),
-        );
+        )));
     };
     let port = uri.port_u16().unwrap_or(80);
     let upstream = match config.upstream_for(&host, port, "http") {
         Ok(url) => url,
-        Err(e) => return refuse(peer, &authority, StatusCode::BAD_REQUEST, e),
+        Err(e) => {
+            return Err(Box::new(refuse(
+                peer,
+                &authority,
+                StatusCode::BAD_REQUEST,
+                e,
+            )));
+        }
     };
     request.extensions_mut().insert(Target {
         provider,
@@ -462,7 +472,7 @@ pub(super) async fn absolute_form(
         mode: Mode::Forward,
         host: authority,
     });
-    front.proxy.clone().handle(request, Some(peer)).await
+    Ok(request)
 }
 
 /// Logs and answers a refused forward-proxy request.

@@ -33,7 +33,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::exchange::{Proxy, ProxyBody};
+use crate::exchange::{Begun, Proxy, ProxyBody};
 use crate::record::Recorder;
 use crate::tls::LeafCache;
 
@@ -393,7 +393,9 @@ async fn work(
         let front = front.clone();
         let service = service_fn(move |request| {
             let front = front.clone();
-            async move { Ok::<_, Infallible>(front.dispatch(request, peer).await) }
+            // Decided here, not in the future, which hyper may drop unpolled (Proxy::begin).
+            let way = front.way(request, peer);
+            async move { Ok::<_, Infallible>(front.dispatch(way, peer).await) }
         });
         let connection = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service)
@@ -426,13 +428,20 @@ fn connection_builder(header_timeout: Duration) -> auto::Builder<TokioExecutor> 
     builder
 }
 
+/// Where a client request goes, chosen when hyper hands it over.
+enum Way {
+    /// Refused at the door (proxy credentials, a forward request for a host not
+    /// intercepted), with this answer.
+    Refused(Box<Response<ProxyBody>>),
+    Connect(Request<Incoming>),
+    /// A request to proxy (reverse mode, or absolute-form forward), its exchange begun.
+    Proxied(Box<Begun>, Request<Incoming>),
+}
+
 impl Front {
-    /// Checks proxy credentials, then sends the request down the path its form asks for.
-    async fn dispatch(
-        self: Arc<Self>,
-        mut request: Request<Incoming>,
-        peer: SocketAddr,
-    ) -> Response<ProxyBody> {
+    /// Checks proxy credentials and chooses the path the request's form asks for; a
+    /// request for the proxy itself has its exchange begun at once.
+    fn way(&self, mut request: Request<Incoming>, peer: SocketAddr) -> Way {
         if let Some(credentials) = &self.proxy.config.proxy_auth {
             if !credentials.accepts(request.headers()) {
                 tracing::warn!(
@@ -448,21 +457,34 @@ impl Front {
                     header::PROXY_AUTHENTICATE,
                     HeaderValue::from_static("Basic realm=\"promptgate\""),
                 );
-                return response;
+                return Way::Refused(Box::new(response));
             }
             // Spent here: it must reach neither the upstream nor a record.
             request.headers_mut().remove(header::PROXY_AUTHORIZATION);
         }
         if request.method() == Method::CONNECT {
-            return connect::tunnel(self, request, peer).await;
+            return Way::Connect(request);
         }
         if request.version() < Version::HTTP_2
             && request.uri().scheme().is_some()
             && !self.addresses_promptgate(request.uri())
         {
-            return connect::absolute_form(self, request, peer).await;
+            request = match connect::absolute_form(self, request, peer) {
+                Ok(request) => request,
+                Err(refused) => return Way::Refused(refused),
+            };
         }
-        self.proxy.clone().handle(request, Some(peer)).await
+        let begun = self.proxy.begin(&request, Some(peer));
+        Way::Proxied(Box::new(begun), request)
+    }
+
+    /// Sends the request down the way [`Front::way`] chose.
+    async fn dispatch(self: Arc<Self>, way: Way, peer: SocketAddr) -> Response<ProxyBody> {
+        match way {
+            Way::Refused(response) => *response,
+            Way::Connect(request) => connect::tunnel(self, request, peer).await,
+            Way::Proxied(begun, request) => self.proxy.clone().serve(*begun, request).await,
+        }
     }
 
     /// Whether an absolute-form URI names promptgate itself (a client with both a
