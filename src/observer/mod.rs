@@ -18,7 +18,7 @@ use serde::Serialize;
 
 use crate::provider::{self, Api, Provider, ResponseSummary};
 
-pub use sse::SseDecoder;
+pub use sse::{EventSplitter, SseDecoder};
 pub use tee::{BodyEnd, ObservedBody, StallWatch, TapResult};
 
 /// How the response body was framed.

@@ -5,6 +5,7 @@
 //! with `\n`; one byte-order mark at the very start is ignored. Bytes may arrive
 //! split anywhere, even inside a `\r\n` or the byte-order mark.
 
+use bytes::{Bytes, BytesMut};
 use memchr::memchr2;
 
 /// An incremental SSE decoder: feed it bytes, it calls back once per complete event.
@@ -92,9 +93,112 @@ impl SseDecoder {
     }
 }
 
+/// Cuts a byte stream into whole raw events, each with the blank line that ends it,
+/// so an event can be forwarded as the very bytes that came. Blank lines before an
+/// event stay with it.
+#[derive(Debug, Default)]
+pub struct EventSplitter {
+    buf: BytesMut,
+    /// Where the line being read starts, and how far the buffer was scanned.
+    line_start: usize,
+    scanned: usize,
+    /// The event being read has a line with content.
+    has_lines: bool,
+}
+
+impl EventSplitter {
+    pub fn push(&mut self, data: &[u8]) {
+        self.buf.extend_from_slice(data);
+    }
+
+    /// The next whole event (or field-less piece), if the bytes so far hold one.
+    pub fn next_event(&mut self) -> Option<Bytes> {
+        let mut i = self.scanned;
+        while let Some(at) = memchr2(b'\n', b'\r', &self.buf[i..]) {
+            let pos = i + at;
+            let end = match self.buf[pos] {
+                b'\r' => match self.buf.get(pos + 1) {
+                    Some(b'\n') => pos + 2,
+                    Some(_) => pos + 1,
+                    // A `\r` last: the `\n` that may follow belongs to this line.
+                    None => {
+                        self.scanned = pos;
+                        return None;
+                    }
+                },
+                _ => pos + 1,
+            };
+            let empty = pos == self.line_start;
+            self.line_start = end;
+            i = end;
+            if !empty {
+                self.has_lines = true;
+            } else if self.has_lines {
+                self.has_lines = false;
+                return Some(self.cut(end));
+            }
+        }
+        self.scanned = self.buf.len();
+        None
+    }
+
+    /// Whatever is left when the stream ends (an unfinished event).
+    pub fn rest(&mut self) -> Bytes {
+        let n = self.buf.len();
+        self.has_lines = false;
+        self.cut(n)
+    }
+
+    fn cut(&mut self, end: usize) -> Bytes {
+        self.line_start -= end.min(self.line_start);
+        self.scanned = self.line_start;
+        self.buf.split_to(end).freeze()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn split(pieces: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut s = EventSplitter::default();
+        let mut out = Vec::new();
+        for p in pieces {
+            s.push(p);
+            while let Some(e) = s.next_event() {
+                out.push(e.to_vec());
+            }
+        }
+        let rest = s.rest();
+        if !rest.is_empty() {
+            out.push(rest.to_vec());
+        }
+        out
+    }
+
+    #[test]
+    fn the_splitter_cuts_whole_events_at_every_split_point_and_loses_no_byte() {
+        for text in [
+            "event: a\ndata: 1\n\nevent: ping\ndata: {}\n\ndata: [DONE]\n\n",
+            "event: a\r\ndata: 1\r\n\r\nevent: ping\r\ndata: {}\r\n\r\ndata: [DONE]\r\n\r\n",
+            "event: a\rdata: 1\r\revent: ping\rdata: {}\r\rdata: [DONE]\r\r",
+        ] {
+            let whole = split(&[text.as_bytes()]);
+            assert_eq!(whole.len(), 3, "{text:?}");
+            assert_eq!(whole.concat(), text.as_bytes());
+            let b = text.as_bytes();
+            for i in 0..b.len() {
+                for j in i..b.len() {
+                    assert_eq!(split(&[&b[..i], &b[i..j], &b[j..]]), whole, "split {i},{j}");
+                }
+            }
+        }
+        // An unfinished event comes out at the end, as it came.
+        assert_eq!(
+            split(&[b"data: 1\n\ndata: par"]),
+            vec![b"data: 1\n\n".to_vec(), b"data: par".to_vec()]
+        );
+    }
 
     fn decode(pieces: &[&[u8]]) -> Vec<(String, String)> {
         let mut d = SseDecoder::default();

@@ -571,7 +571,7 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
                 }
             }),
         None => {
-            cx.error(item.span(), "a rule needs `on` (before_provider_headers, before_provider_request or after_provider_response)");
+            cx.error(item.span(), "a rule needs `on` (before_provider_headers, before_provider_request, after_provider_response or provider_stream_event)");
             None
         }
     };

@@ -32,9 +32,16 @@ const REQ: &[Phase] = &[
     Phase::BeforeProviderHeaders,
     Phase::BeforeProviderRequest,
     Phase::AfterProviderResponse,
+    Phase::ProviderStreamEvent,
+];
+const HEAD: &[Phase] = &[
+    Phase::BeforeProviderHeaders,
+    Phase::BeforeProviderRequest,
+    Phase::AfterProviderResponse,
 ];
 const BODY: &[Phase] = &[Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest];
-const RESP: &[Phase] = &[Phase::AfterProviderResponse];
+const RESP: &[Phase] = &[Phase::AfterProviderResponse, Phase::ProviderStreamEvent];
+const EVENT: &[Phase] = &[Phase::ProviderStreamEvent];
 
 /// Every matcher key.
 pub static MATCHERS: &[MatcherSpec] = &[
@@ -100,7 +107,7 @@ pub static MATCHERS: &[MatcherSpec] = &[
     },
     MatcherSpec {
         key: "body_size",
-        phases: REQ,
+        phases: HEAD,
         doc: "The body size as received: `min` and/or `max` (bytes, or \"100KB\", \"1MiB\"). Needs no parse.",
         example: "body_size = { min = \"100KB\" }",
     },
@@ -115,6 +122,42 @@ pub static MATCHERS: &[MatcherSpec] = &[
         phases: RESP,
         doc: "Response headers by name, tested like `header`.",
         example: "response_header.\"retry-after\" = { exists = true }",
+    },
+    MatcherSpec {
+        key: "event",
+        phases: EVENT,
+        doc: "The SSE event type (or a list): `content_block_delta`, `response.output_text.delta`, …; OpenAI chat chunks, which have none, are `chunk` (and `done` for `[DONE]`).",
+        example: "event = \"content_block_start\"",
+    },
+    MatcherSpec {
+        key: "data",
+        phases: EVENT,
+        doc: "The event's JSON data by JSON pointer, tested like `body`.",
+        example: "data.\"/delta/type\" = \"input_json_delta\"",
+    },
+    MatcherSpec {
+        key: "block_type",
+        phases: EVENT,
+        doc: "The type of the content block the event belongs to (or a list): `text`, `tool_use`, `thinking`, …; OpenAI tool calls are `tool_use` too.",
+        example: "block_type = \"tool_use\"",
+    },
+    MatcherSpec {
+        key: "tool_name",
+        phases: EVENT,
+        doc: "A glob (or list) on the tool name of the tool_use block the event belongs to.",
+        example: "tool_name = \"Bash\"",
+    },
+    MatcherSpec {
+        key: "text",
+        phases: EVENT,
+        doc: "The text of the current content block so far (text deltas, and a tool call's input JSON as it streams), tested like a header: `contains`, `regex`, …",
+        example: "text = { regex = \"rm -rf /\" }",
+    },
+    MatcherSpec {
+        key: "tag",
+        phases: EVENT,
+        doc: "A tag (or any of a list) set on the exchange so far, by request rules or earlier events.",
+        example: "tag = \"batch\"",
     },
     MatcherSpec {
         key: "any",
@@ -155,6 +198,12 @@ pub(crate) enum Matcher {
     Stream(bool),
     BodySize(u64, u64),
     Status(Vec<StatusTest>),
+    Event(Vec<String>),
+    Data(Pointer, ValueTest),
+    BlockType(Vec<String>),
+    ToolName(GlobSet),
+    Text(TextTest),
+    Tag(Vec<String>),
 }
 
 /// A test on a text.
@@ -285,6 +334,12 @@ impl Matcher {
             Matcher::Stream(_) => "stream",
             Matcher::BodySize(..) => "body_size",
             Matcher::Status(_) => "status",
+            Matcher::Event(_) => "event",
+            Matcher::Data(..) => "data",
+            Matcher::BlockType(_) => "block_type",
+            Matcher::ToolName(_) => "tool_name",
+            Matcher::Text(_) => "text",
+            Matcher::Tag(_) => "tag",
         }
     }
 
@@ -349,6 +404,26 @@ impl Matcher {
                 let size = st.body.as_ref().map_or(0, |b| b.size());
                 Tri::of(size >= *min && size <= *max)
             }
+            Matcher::Event(names) => {
+                Tri::of(st.event.is_some_and(|e| names.iter().any(|n| n == e.name)))
+            }
+            Matcher::Data(pointer, test) => match st.event.map(|e| e.data) {
+                Some(Some(data)) => Tri::of(value_test(test, value_at(data, &pointer.0))),
+                _ => Tri::Unknown("the event's data is not JSON".into()),
+            },
+            Matcher::BlockType(kinds) => Tri::of(
+                st.event
+                    .and_then(|e| e.block_type)
+                    .is_some_and(|k| kinds.iter().any(|w| w == k)),
+            ),
+            Matcher::ToolName(g) => {
+                Tri::of(st.event.and_then(|e| e.tool).is_some_and(|t| g.is_match(t)))
+            }
+            Matcher::Text(test) => Tri::of(st.event.is_some_and(|e| test.test(e.text))),
+            Matcher::Tag(tags) => Tri::of(st.event.is_some_and(|e| {
+                tags.iter()
+                    .any(|t| e.tags.contains(t) || st.effects.tags.contains(t))
+            })),
             Matcher::Body(pointer, test) => match st.root() {
                 Err(why) => Tri::Unknown(why),
                 Ok(root) => {
@@ -389,6 +464,24 @@ impl Matcher {
                 }
             },
         }
+    }
+}
+
+/// The value at a pointer's tokens (array indexes are decimal).
+fn value_at<'v>(v: &'v Value, tokens: &[String]) -> Option<&'v Value> {
+    tokens.iter().try_fold(v, |at, t| match at {
+        Value::Array(items) => items.get(t.parse::<usize>().ok()?),
+        _ => at.get(t.as_str()),
+    })
+}
+
+fn value_test(test: &ValueTest, value: Option<&Value>) -> bool {
+    match (test, value) {
+        (ValueTest::Exists(e), v) => v.is_some() == *e,
+        (_, None) => false,
+        (ValueTest::Equals(want), Some(v)) => v == want,
+        (ValueTest::Contains(s), Some(v)) => v.as_str().is_some_and(|t| t.contains(s.as_str())),
+        (ValueTest::Regex(r), Some(v)) => v.as_str().is_some_and(|t| r.is_match(t)),
     }
 }
 
@@ -445,6 +538,16 @@ fn compile_one(
         "path" => one(Matcher::Path(cx.globs(v, "path")?.0)),
         "model" => one(Matcher::Model(cx.globs(v, "model")?.0)),
         "tool" => one(Matcher::Tool(cx.globs(v, "tool")?.0)),
+        "tool_name" => one(Matcher::ToolName(cx.globs(v, "tool_name")?.0)),
+        "event" | "block_type" | "tag" => {
+            let names: Vec<String> = cx.strings(v, key)?.into_iter().map(|(t, _)| t).collect();
+            one(match key {
+                "event" => Matcher::Event(names),
+                "block_type" => Matcher::BlockType(names),
+                _ => Matcher::Tag(names),
+            })
+        }
+        "text" => one(Matcher::Text(text_test(cx, v, "text")?)),
         "stream" => one(Matcher::Stream(cx.bool(v, "stream")?)),
         "header" | "response_header" => {
             let DeValue::Table(t) = v.get_ref() else {
@@ -472,15 +575,15 @@ fn compile_one(
             }
             Some(out)
         }
-        "body" => {
+        "body" | "data" => {
             let DeValue::Table(t) = v.get_ref() else {
-                cx.error(v.span(), "body is a table of JSON pointers, e.g. body.\"/metadata/user_id\" = { exists = true }");
+                cx.error(v.span(), format!("{key} is a table of JSON pointers, e.g. {key}.\"/metadata/user_id\" = {{ exists = true }}"));
                 return None;
             };
             let mut out = Vec::new();
             for (pointer, test) in t.iter() {
                 let p = cx.pointer_text(pointer.get_ref(), pointer.span())?;
-                let what = format!("body.{:?}", pointer.get_ref());
+                let what = format!("{key}.{:?}", pointer.get_ref());
                 let test = match test.get_ref() {
                     DeValue::Table(_) => {
                         let t = cx.table(test, &what, TEST_KEYS)?;
@@ -495,7 +598,11 @@ fn compile_one(
                     }
                     _ => ValueTest::Equals(cx.json(test)?),
                 };
-                out.push(Matcher::Body(p, test));
+                out.push(if key == "body" {
+                    Matcher::Body(p, test)
+                } else {
+                    Matcher::Data(p, test)
+                });
             }
             Some(out)
         }

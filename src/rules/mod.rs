@@ -2,7 +2,8 @@
 //!
 //! A [`RuleSet`] is compiled from the rules directory ([`load`]), kept live in a
 //! [`reload::LiveRules`] and swapped whole on a valid change. Each exchange takes the
-//! set once and runs it in three [`Phase`]s. Rules do no IO: they work on a request
+//! set once and runs it in four [`Phase`]s (the last, per event of a stream, in
+//! [`stream`]). Rules do no IO: they work on a request
 //! or response head held in memory, so `rules test` and unit tests need no sockets.
 
 pub(crate) mod action;
@@ -12,6 +13,7 @@ mod load;
 mod matcher;
 pub mod reload;
 mod shape;
+pub mod stream;
 
 use std::path::{Path, PathBuf};
 
@@ -32,7 +34,7 @@ use crate::prompt::KeyCheck;
 use crate::provider::{Api, Provider};
 use crate::record::{ExchangeRecord, PromptCell, SentBody};
 
-/// The three hooks, named as in the agent extension-event model. The names are the
+/// The four hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -47,13 +49,17 @@ pub enum Phase {
     /// Runs when the upstream's status and headers arrive, before the body streams:
     /// may set or remove response headers, tag, log. Never touches the body.
     AfterProviderResponse,
+    /// Runs on each event of an SSE answer as it arrives: may mask text in what the
+    /// client receives, drop the event, end the stream (`block`), tag, log.
+    ProviderStreamEvent,
 }
 
 impl Phase {
-    pub const ALL: [Phase; 3] = [
+    pub const ALL: [Phase; 4] = [
         Phase::BeforeProviderHeaders,
         Phase::BeforeProviderRequest,
         Phase::AfterProviderResponse,
+        Phase::ProviderStreamEvent,
     ];
 
     /// The name used in rule files and logs.
@@ -62,6 +68,7 @@ impl Phase {
             Phase::BeforeProviderHeaders => "before_provider_headers",
             Phase::BeforeProviderRequest => "before_provider_request",
             Phase::AfterProviderResponse => "after_provider_response",
+            Phase::ProviderStreamEvent => "provider_stream_event",
         }
     }
 
@@ -270,6 +277,9 @@ pub(crate) struct State<'r, 'a> {
     /// The rule being applied.
     pub(crate) rule: String,
     pub(crate) secrets: &'r [HeaderName],
+    /// provider_stream_event: the event being matched, and what actions decide.
+    pub(crate) event: Option<&'r stream::EventView<'r>>,
+    pub(crate) decision: Option<&'r mut stream::EventDecision>,
 }
 
 impl<'a> State<'_, 'a> {
@@ -380,6 +390,8 @@ impl RuleSet {
                 effects: &mut effects,
                 rule: String::new(),
                 secrets: &self.secret_headers,
+                event: None,
+                decision: None,
             };
             if verdict != Verdict::Continue {
                 break;
@@ -457,6 +469,8 @@ impl RuleSet {
             effects: &mut effects,
             rule: String::new(),
             secrets: &self.secret_headers,
+            event: None,
+            decision: None,
         };
         // Blocks are not allowed in this phase (the loader refuses them).
         let _ = self.run(Phase::AfterProviderResponse, &mut st);

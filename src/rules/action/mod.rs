@@ -12,6 +12,7 @@ mod json;
 mod model;
 mod note;
 mod reminder;
+mod stream;
 mod system;
 mod tools;
 
@@ -58,12 +59,23 @@ pub struct ActionSpec {
 
 const HEADERS: &[Phase] = &[Phase::BeforeProviderHeaders, Phase::AfterProviderResponse];
 const REQUEST: &[Phase] = &[Phase::BeforeProviderRequest];
-const REQUESTS: &[Phase] = &[Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest];
 const ALL: &[Phase] = &[
     Phase::BeforeProviderHeaders,
     Phase::BeforeProviderRequest,
     Phase::AfterProviderResponse,
 ];
+const NOTES: &[Phase] = &[
+    Phase::BeforeProviderHeaders,
+    Phase::BeforeProviderRequest,
+    Phase::AfterProviderResponse,
+    Phase::ProviderStreamEvent,
+];
+const BLOCKS: &[Phase] = &[
+    Phase::BeforeProviderHeaders,
+    Phase::BeforeProviderRequest,
+    Phase::ProviderStreamEvent,
+];
+const EVENT: &[Phase] = &[Phase::ProviderStreamEvent];
 
 /// Every action key, in the order the README lists them.
 pub static ACTIONS: &[ActionSpec] = &[
@@ -230,24 +242,38 @@ pub static ACTIONS: &[ActionSpec] = &[
     },
     ActionSpec {
         key: "block",
-        phases: REQUESTS,
-        doc: "Answers the client in the provider's error shape with `status` (default 403), `type` and `message`, and `x-should-retry: false`; the upstream is never contacted. A string is the message.",
+        phases: BLOCKS,
+        doc: "Answers the client in the provider's error shape with `status` (default 403), `type` and `message`, and `x-should-retry: false`; the upstream is never contacted. A string is the message. In provider_stream_event it ends the stream: what was held goes out, then an SSE error event (`type`, default `permission_error`, and `message`) and an incomplete ending; `status` is not used.",
         example: "{ block = { status = 403, message = \"Opus is not allowed for team batch\" } }",
         compile: block::compile,
     },
     ActionSpec {
         key: "tag",
-        phases: ALL,
+        phases: NOTES,
         doc: "Labels the exchange (a string or a list).",
         example: "{ tag = \"rate-limited\" }",
         compile: note::compile_tag,
     },
     ActionSpec {
         key: "log",
-        phases: ALL,
-        doc: "Writes a log line from a template: {model}, {provider}, {api}, {method}, {host}, {path}, {status}, {rule}, {header.NAME} (secret headers print as <secret>).",
+        phases: NOTES,
+        doc: "Writes a log line from a template: {model}, {provider}, {api}, {method}, {host}, {path}, {status}, {rule}, {event} (the event type, in provider_stream_event), {header.NAME} (secret headers print as <secret>). A per-event rule logs each distinct line once per stream.",
         example: "{ log = \"retry-after={header.retry-after}\" }",
         compile: note::compile_log,
+    },
+    ActionSpec {
+        key: "mask",
+        phases: EVENT,
+        doc: "Replaces `regex` matches in text and tool-input deltas with `with` (default \"[masked]\") in what the client receives; the capture keeps what the provider sent. Whole events of the block are held up to `hold_back` (default 64 bytes of later text or 200ms, whichever comes first) so a secret split across deltas is caught; an event with no match goes out as it came.",
+        example: "{ mask = { regex = \"sk-ant-[A-Za-z0-9_-]{20,}\", with = \"[key removed]\", hold_back = { bytes = 64, time = \"200ms\" } } }",
+        compile: stream::compile_mask,
+    },
+    ActionSpec {
+        key: "drop_event",
+        phases: EVENT,
+        doc: "Leaves the event out of what the client receives (the capture keeps it).",
+        example: "{ drop_event = true }",
+        compile: stream::compile_drop,
     },
     ActionSpec {
         key: "capture",

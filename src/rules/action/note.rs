@@ -55,6 +55,7 @@ enum Field {
     Path,
     Status,
     Rule,
+    Event,
     Header(http::HeaderName),
 }
 
@@ -67,6 +68,7 @@ const FIELDS: &[&str] = &[
     "path",
     "status",
     "rule",
+    "event",
     "header.NAME",
 ];
 
@@ -107,6 +109,7 @@ impl Template {
                         "path" => Field::Path,
                         "status" => Field::Status,
                         "rule" => Field::Rule,
+                        "event" => Field::Event,
                         other => match other
                             .strip_prefix("header.")
                             .map(|h| http::HeaderName::from_bytes(h.as_bytes()))
@@ -157,6 +160,7 @@ impl Template {
                         Field::Path => Some(st.info.path.to_owned()),
                         Field::Status => st.status.map(|s| s.as_u16().to_string()),
                         Field::Rule => Some(st.rule.clone()),
+                        Field::Event => st.event.map(|e| e.name.to_owned()),
                         Field::Header(name) => {
                             if ALWAYS_SECRET.contains(&name.as_str()) || st.secrets.contains(name) {
                                 Some("<secret>".into())

@@ -1,0 +1,111 @@
+//! `mask` and `drop_event`: what per-event rules do to the events a client receives
+//! (the engine that holds and rewrites them is [`crate::rules::stream`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use toml::de::DeValue;
+
+use super::Action;
+use crate::rules::load::{Cx, Val};
+use crate::rules::stream::Mask;
+use crate::rules::{Block, State};
+use crate::setting::{Scalar, parse_duration};
+
+/// The marker a `mask` writes when it names none.
+const MARKER: &str = "[masked]";
+/// The largest window a mask may hold: more would hold a whole answer back.
+const MAX_HOLD_BYTES: u64 = 64 << 10;
+const MAX_HOLD_TIME: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct MaskAction(Arc<Mask>);
+
+impl Action for MaskAction {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        let rule = st.rule.clone();
+        let decision = st
+            .decision
+            .as_mut()
+            .ok_or("mask works on stream events only")?;
+        decision.masks.push((rule, self.0.clone()));
+        Ok(None)
+    }
+}
+
+pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    let t = cx.table(v, "mask", &["regex", "with", "hold_back"])?;
+    let Some(regex) = t.get("regex") else {
+        cx.error(
+            v.span(),
+            "mask needs a regex (e.g. { mask = { regex = \"sk-ant-[A-Za-z0-9_-]{20,}\" } })",
+        );
+        return None;
+    };
+    let regex = cx.regex(regex, "regex")?;
+    let with = match t.get("with") {
+        Some(w) => cx.str(w, "with")?.to_owned(),
+        None => MARKER.to_owned(),
+    };
+    let (mut hold_bytes, mut hold_time) = (64usize, Duration::from_millis(200));
+    if let Some(h) = t.get("hold_back") {
+        let h = cx.table(h, "hold_back", &["bytes", "time"])?;
+        if let Some(b) = h.get("bytes") {
+            hold_bytes = cx.count(b, "bytes", 0..MAX_HOLD_BYTES as i64 + 1)? as usize;
+        }
+        if let Some(time) = h.get("time") {
+            let scalar = match time.get_ref() {
+                DeValue::String(s) => Scalar::Text(s.to_string()),
+                _ => {
+                    cx.error(
+                        time.span(),
+                        "hold_back.time is a duration such as \"200ms\"",
+                    );
+                    return None;
+                }
+            };
+            match parse_duration(&scalar) {
+                Ok(d) if d <= MAX_HOLD_TIME => hold_time = d,
+                Ok(_) => {
+                    cx.error(time.span(), "hold_back.time must be at most 10s");
+                    return None;
+                }
+                Err(e) => {
+                    cx.error(time.span(), e);
+                    return None;
+                }
+            }
+        }
+    }
+    Some(Box::new(MaskAction(Arc::new(Mask {
+        regex,
+        with,
+        hold_bytes,
+        hold_time,
+    }))))
+}
+
+#[derive(Debug)]
+struct DropEvent;
+
+impl Action for DropEvent {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        st.decision
+            .as_mut()
+            .ok_or("drop_event works on stream events only")?
+            .drop = true;
+        Ok(None)
+    }
+}
+
+pub(super) fn compile_drop(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    if cx.bool(v, "drop_event")? {
+        Some(Box::new(DropEvent))
+    } else {
+        cx.error(
+            v.span(),
+            "drop_event = false does nothing; leave the action out",
+        );
+        None
+    }
+}

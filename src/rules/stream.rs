@@ -1,0 +1,706 @@
+//! Per-event rules (`on = "provider_stream_event"`): each event of an SSE answer is
+//! matched as it arrives. `tag` and `log` observe; `mask` rewrites text in what the
+//! client receives; `drop_event` leaves an event out; `block` ends the stream.
+//!
+//! [`EventRules`] is the whole engine for one exchange and does no IO: the response
+//! body feeds it raw events and sends on what it releases, so `rules test
+//! --response` and unit tests drive the same code. An event goes out as the bytes
+//! that came unless a rule changed it; a changed event is re-serialised compactly,
+//! its keys in their order.
+//!
+//! Masking holds whole events of a content block back, up to the rule's
+//! `hold_back` bytes of later text or its time, whichever comes first, so a secret
+//! split across deltas is seen whole before any part of it leaves.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Method, StatusCode};
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::time::Instant;
+
+use super::{Block, Effects, Info, Phase, RuleSet, State, Verdict};
+use crate::observer::SseDecoder;
+use crate::provider::{Api, Provider};
+
+/// A `mask` action, compiled: what it replaces and how long it may hold events.
+#[derive(Debug)]
+pub(crate) struct Mask {
+    pub(crate) regex: Regex,
+    pub(crate) with: String,
+    pub(crate) hold_bytes: usize,
+    pub(crate) hold_time: Duration,
+}
+
+/// One event as per-event matchers read it.
+#[derive(Debug)]
+pub(crate) struct EventView<'a> {
+    /// The SSE event type (`content_block_delta`, `response.output_text.delta`, …);
+    /// for OpenAI chat chunks, which have none, `chunk` (and `done` for `[DONE]`).
+    pub(crate) name: &'a str,
+    /// The event's data, when it is JSON.
+    pub(crate) data: Option<&'a Value>,
+    /// The content block the event belongs to: its type and tool name.
+    pub(crate) block_type: Option<&'a str>,
+    pub(crate) tool: Option<&'a str>,
+    /// The text of the current block so far, this event's delta included.
+    pub(crate) text: &'a str,
+    /// Tags set so far: by the request rules and by earlier events.
+    pub(crate) tags: &'a [String],
+}
+
+/// What actions decided about the event being matched.
+#[derive(Debug, Default)]
+pub(crate) struct EventDecision {
+    pub(crate) drop: bool,
+    /// Mask rules that fired, with the rule's name.
+    pub(crate) masks: Vec<(String, Arc<Mask>)>,
+}
+
+/// A change made to one event, for the record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EventEdit {
+    /// The event's place in the stream, from 0.
+    pub index: u32,
+    pub event: String,
+    pub rule: String,
+    /// `mask`, `drop_event` or `block`.
+    pub action: String,
+    /// The event's data as the client received it, when it was rewritten.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sent: Option<String>,
+}
+
+/// What per-event rules did to one stream, shared with the exchange's record.
+#[derive(Debug, Default, Clone)]
+pub struct StreamReport {
+    pub fired: Vec<String>,
+    pub tags: Vec<String>,
+    pub logs: Vec<(String, String)>,
+    pub edits: Vec<EventEdit>,
+    pub blocked: Option<Block>,
+}
+
+/// The request and response an answer belongs to, as per-event matchers see them.
+#[derive(Debug, Clone)]
+pub struct StreamContext {
+    pub provider: Provider,
+    pub api: Api,
+    pub method: Method,
+    pub host: Option<String>,
+    pub path: String,
+    pub model: Option<String>,
+    pub request_headers: HeaderMap,
+    pub status: StatusCode,
+    pub response_headers: HeaderMap,
+    /// Tags the request and response rules set.
+    pub tags: Vec<String>,
+}
+
+/// Where the text of a delta sits in its event's data.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Key(&'static str),
+    Index(usize),
+}
+
+/// The block an event opens, extends or closes, by the provider's grammar.
+#[derive(Debug, Default)]
+struct Grammar {
+    opens: Option<(String, String, Option<String>)>,
+    /// The text piece and where it sits.
+    piece: Option<(String, Vec<Step>)>,
+    closes: bool,
+    /// A full-text event (OpenAI responses `*.done`, `response.completed`): masks
+    /// apply to every `text` and `arguments` string in it.
+    full_text: bool,
+}
+
+fn key(v: &Value, k: &str) -> Option<String> {
+    match v.get(k)? {
+        Value::String(s) => Some(s.clone()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+fn read_grammar(provider: Provider, api: Api, name: &str, data: Option<&Value>) -> Grammar {
+    let mut g = Grammar::default();
+    let Some(d) = data else {
+        g.closes = name == "done";
+        return g;
+    };
+    match (provider, api) {
+        (Provider::Anthropic, _) => match name {
+            "content_block_start" => {
+                let block = d.get("content_block");
+                let kind = block.and_then(|b| key(b, "type")).unwrap_or_default();
+                let tool = block.and_then(|b| key(b, "name"));
+                g.opens = Some((key(d, "index").unwrap_or_default(), kind, tool));
+            }
+            "content_block_delta" => {
+                let delta = d.get("delta");
+                let field = match delta.and_then(|x| key(x, "type")).as_deref() {
+                    Some("text_delta") => Some("text"),
+                    Some("input_json_delta") => Some("partial_json"),
+                    _ => None,
+                };
+                if let Some(f) = field
+                    && let Some(text) = delta.and_then(|x| x.get(f)).and_then(Value::as_str)
+                {
+                    g.piece = Some((text.to_owned(), vec![Step::Key("delta"), Step::Key(f)]));
+                }
+            }
+            "content_block_stop" | "message_delta" | "message_stop" => g.closes = true,
+            _ => {}
+        },
+        (Provider::OpenAi, Api::Responses) => match name {
+            "response.output_item.added" => {
+                let item = d.get("item");
+                let kind = match item.and_then(|i| key(i, "type")).as_deref() {
+                    Some("message") => "text".to_owned(),
+                    Some("function_call") => "tool_use".to_owned(),
+                    Some(other) => other.to_owned(),
+                    None => String::new(),
+                };
+                let tool = item.and_then(|i| key(i, "name"));
+                g.opens = Some((key(d, "output_index").unwrap_or_default(), kind, tool));
+            }
+            "response.output_text.delta" | "response.function_call_arguments.delta" => {
+                if let Some(text) = d.get("delta").and_then(Value::as_str) {
+                    g.piece = Some((text.to_owned(), vec![Step::Key("delta")]));
+                }
+            }
+            "response.output_item.done" | "response.completed" => {
+                g.closes = true;
+                g.full_text = true;
+            }
+            n if n.ends_with(".done") => g.full_text = true,
+            _ => {}
+        },
+        (Provider::OpenAi, _) => {
+            let Some(choice) = d.get("choices").and_then(|c| c.get(0)) else {
+                return g;
+            };
+            let delta = choice.get("delta");
+            if let Some(text) = delta.and_then(|x| x.get("content")).and_then(Value::as_str) {
+                g.opens = Some(("text".into(), "text".into(), None));
+                let path = ["choices", "0", "delta", "content"];
+                g.piece = Some((text.to_owned(), steps(&path)));
+            } else if let Some(call) = delta
+                .and_then(|x| x.get("tool_calls"))
+                .and_then(|c| c.get(0))
+            {
+                let index = key(call, "index").unwrap_or_default();
+                let tool = call.get("function").and_then(|f| key(f, "name"));
+                g.opens = Some((format!("tool:{index}"), "tool_use".into(), tool));
+                if let Some(args) = call
+                    .get("function")
+                    .and_then(|f| f.get("arguments"))
+                    .and_then(Value::as_str)
+                {
+                    let path = [
+                        "choices",
+                        "0",
+                        "delta",
+                        "tool_calls",
+                        "0",
+                        "function",
+                        "arguments",
+                    ];
+                    g.piece = Some((args.to_owned(), steps(&path)));
+                }
+            }
+            if choice.get("finish_reason").is_some_and(|f| !f.is_null()) {
+                g.closes = true;
+            }
+        }
+    }
+    g
+}
+
+fn steps(path: &[&'static str]) -> Vec<Step> {
+    path.iter()
+        .map(|p| match p.parse() {
+            Ok(i) => Step::Index(i),
+            Err(_) => Step::Key(p),
+        })
+        .collect()
+}
+
+/// An event waiting behind a masked block's window.
+#[derive(Debug)]
+struct Held {
+    raw: Bytes,
+    index: u32,
+    name: String,
+    arrived: Instant,
+    /// A delta of the masked block: its data and where its text lies in the block's.
+    piece: Option<HeldPiece>,
+}
+
+#[derive(Debug)]
+struct HeldPiece {
+    data: Value,
+    path: Vec<Step>,
+    start: usize,
+    end: usize,
+}
+
+/// The content block being streamed.
+#[derive(Debug, Default)]
+struct CurrentBlock {
+    key: String,
+    kind: Option<String>,
+    tool: Option<String>,
+    text: String,
+    /// Mask rules that fired on this block's events.
+    masks: Vec<(String, Arc<Mask>)>,
+}
+
+/// Per-event rules for one streamed answer. See the module docs.
+pub struct EventRules {
+    set: Arc<RuleSet>,
+    cx: StreamContext,
+    decoder: SseDecoder,
+    block: CurrentBlock,
+    held: VecDeque<Held>,
+    /// Mask rules of the whole stream, for full-text events.
+    seen_masks: Vec<(String, Arc<Mask>)>,
+    tags: Vec<String>,
+    events: u32,
+    stopped: bool,
+    report: Arc<Mutex<StreamReport>>,
+}
+
+impl EventRules {
+    /// The engine for one answer, or `None` when no per-event rule is loaded.
+    pub fn new(set: Arc<RuleSet>, cx: StreamContext) -> Option<EventRules> {
+        set.active(Phase::ProviderStreamEvent).next()?;
+        Some(EventRules {
+            tags: cx.tags.clone(),
+            set,
+            cx,
+            decoder: SseDecoder::default(),
+            block: CurrentBlock::default(),
+            held: VecDeque::new(),
+            seen_masks: Vec::new(),
+            events: 0,
+            stopped: false,
+            report: Arc::default(),
+        })
+    }
+
+    /// Whether rules may change or withhold events: then each event must be whole
+    /// before any of it goes out. Observing rules (`tag`, `log`) let bytes through.
+    pub fn may_change(&self) -> bool {
+        self.set.active(Phase::ProviderStreamEvent).any(|r| {
+            r.enforce
+                || r.actions
+                    .iter()
+                    .any(|a| matches!(a.key, "mask" | "drop_event" | "block"))
+        })
+    }
+
+    /// What the rules did, shared: it fills as events pass.
+    pub fn report(&self) -> Arc<Mutex<StreamReport>> {
+        self.report.clone()
+    }
+
+    fn report_mut(&self) -> std::sync::MutexGuard<'_, StreamReport> {
+        self.report.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes one raw event (as [`crate::observer::EventSplitter`] cut it); what may go
+    /// out now is appended to `out`. `Some(block)`: a rule ended the stream; what was
+    /// held is released first, and nothing more is taken.
+    pub fn push(&mut self, raw: Bytes, now: Instant, out: &mut Vec<Bytes>) -> Option<Block> {
+        if self.stopped {
+            return None;
+        }
+        let mut parsed: Option<(String, String)> = None;
+        self.decoder.feed(&raw, &mut |name, data| {
+            parsed = Some((name.to_owned(), data.to_owned()));
+        });
+        let Some((name, data_text)) = parsed else {
+            // Blank lines or comments only: nothing to match.
+            self.queue(raw, String::new(), None, now, out);
+            return None;
+        };
+        let index = self.events;
+        self.events += 1;
+        let data: Option<Value> = (data_text.starts_with('{') || data_text.starts_with('['))
+            .then(|| serde_json::from_str(&data_text).ok())
+            .flatten();
+        let name = match (name.is_empty(), data_text.as_str()) {
+            (false, _) => name,
+            (true, "[DONE]") => "done".to_owned(),
+            (true, _) => "chunk".to_owned(),
+        };
+        let g = read_grammar(self.cx.provider, self.cx.api, &name, data.as_ref());
+        if let Some((key, kind, tool)) = g.opens
+            && key != self.block.key
+        {
+            self.end_block(out);
+            self.block = CurrentBlock {
+                key,
+                kind: Some(kind),
+                tool,
+                ..CurrentBlock::default()
+            };
+        }
+        let piece_at = g.piece.as_ref().map(|(text, _)| {
+            let start = self.block.text.len();
+            self.block.text.push_str(text);
+            (start, self.block.text.len())
+        });
+        let (verdict, decision, effects) = self.run(&name, data.as_ref());
+        self.note(&effects);
+        for m in &decision.masks {
+            if !self.block.masks.iter().any(|(r, _)| r == &m.0) {
+                self.block.masks.push(m.clone());
+            }
+            if !self.seen_masks.iter().any(|(r, _)| r == &m.0) {
+                self.seen_masks.push(m.clone());
+            }
+        }
+        if let Verdict::Respond(block) = verdict {
+            self.stopped = true;
+            self.end_block(out);
+            let mut report = self.report_mut();
+            report.edits.push(EventEdit {
+                index,
+                event: name,
+                rule: block.rule.clone(),
+                action: "block".into(),
+                sent: None,
+            });
+            report.blocked = Some(block.clone());
+            return Some(block);
+        }
+        if decision.drop {
+            let rule = effects.fired.last().cloned().unwrap_or_default();
+            self.report_mut().edits.push(EventEdit {
+                index,
+                event: name,
+                rule,
+                action: "drop_event".into(),
+                sent: None,
+            });
+            return None;
+        }
+        let (raw, data) = if g.full_text && !self.seen_masks.is_empty() {
+            (self.mask_full_text(raw, index, &name, data), None)
+        } else {
+            (raw, data)
+        };
+        let piece = match (g.piece, piece_at, self.block.masks.is_empty()) {
+            (Some((_, path)), Some((start, end)), false) => data.map(|data| HeldPiece {
+                data,
+                path,
+                start,
+                end,
+            }),
+            _ => None,
+        };
+        self.queue(raw, name, piece, now, out);
+        if g.closes {
+            self.end_block(out);
+            // Events after a block's end belong to none.
+            self.block = CurrentBlock::default();
+        }
+        None
+    }
+
+    /// Releases what waited its full time by `now`.
+    pub fn release_due(&mut self, now: Instant, out: &mut Vec<Bytes>) {
+        self.release(now, false, out);
+    }
+
+    /// When the oldest held event must go out at the latest.
+    pub fn next_release(&self) -> Option<Instant> {
+        let time = self.block.masks.iter().map(|(_, m)| m.hold_time).max()?;
+        self.held.front().map(|h| h.arrived + time)
+    }
+
+    /// The stream ended: everything held goes out.
+    pub fn finish(&mut self, out: &mut Vec<Bytes>) {
+        self.end_block(out);
+    }
+
+    fn end_block(&mut self, out: &mut Vec<Bytes>) {
+        self.release(Instant::now(), true, out);
+        self.block.masks.clear();
+    }
+
+    fn queue(
+        &mut self,
+        raw: Bytes,
+        name: String,
+        piece: Option<HeldPiece>,
+        now: Instant,
+        out: &mut Vec<Bytes>,
+    ) {
+        if self.held.is_empty() && piece.is_none() {
+            out.push(raw);
+            return;
+        }
+        self.held.push_back(Held {
+            raw,
+            index: self.events.saturating_sub(1),
+            name,
+            arrived: now,
+            piece,
+        });
+        self.release(now, false, out);
+    }
+
+    /// Sends held events from the front while they can no longer be part of a
+    /// match still to come (or waited long enough, or `all`).
+    fn release(&mut self, now: Instant, all: bool, out: &mut Vec<Bytes>) {
+        let bytes = self.block.masks.iter().map(|(_, m)| m.hold_bytes).max();
+        let time = self.block.masks.iter().map(|(_, m)| m.hold_time).max();
+        while let Some(front) = self.held.front() {
+            let ready = all
+                || match (&front.piece, bytes, time) {
+                    (None, _, _) => true,
+                    (Some(p), Some(b), Some(t)) => {
+                        self.block.text.len() - p.end >= b || now >= front.arrived + t
+                    }
+                    _ => true,
+                };
+            if !ready {
+                return;
+            }
+            let Some(held) = self.held.pop_front() else {
+                return;
+            };
+            let bytes = match held.piece {
+                Some(piece) => self.masked(held.raw, held.index, &held.name, piece),
+                None => held.raw,
+            };
+            out.push(bytes);
+        }
+    }
+
+    /// The event with mask matches in its piece replaced, or its bytes as they came.
+    fn masked(&self, raw: Bytes, index: u32, name: &str, mut piece: HeldPiece) -> Bytes {
+        let text = &self.block.text;
+        let window = self
+            .block
+            .masks
+            .iter()
+            .map(|(_, m)| m.hold_bytes)
+            .max()
+            .unwrap_or(0);
+        let mut scan = piece.start.saturating_sub(window);
+        while !text.is_char_boundary(scan) {
+            scan -= 1;
+        }
+        // (start, end, rule, marker) of every match that touches the piece.
+        let mut hits: Vec<(usize, usize, &str, &str)> = Vec::new();
+        for (rule, mask) in &self.block.masks {
+            for m in mask.regex.find_iter(&text[scan..]) {
+                let (s, e) = (scan + m.start(), scan + m.end());
+                if e > piece.start && s < piece.end && s < e {
+                    hits.push((s, e, rule, &mask.with));
+                }
+            }
+        }
+        if hits.is_empty() {
+            return raw;
+        }
+        hits.sort_by_key(|h| h.0);
+        let mut new = String::new();
+        let mut at = piece.start;
+        let mut rules: Vec<&str> = Vec::new();
+        for (s, e, rule, with) in hits {
+            if e <= at {
+                continue;
+            }
+            if s > at {
+                new.push_str(&text[at..s.min(piece.end)]);
+            }
+            // The marker goes where the match starts; its other parts go.
+            if s >= piece.start && s >= at {
+                new.push_str(with);
+            }
+            at = e.min(piece.end);
+            if !rules.contains(&rule) {
+                rules.push(rule);
+            }
+            if at >= piece.end {
+                break;
+            }
+        }
+        if at < piece.end {
+            new.push_str(&text[at..piece.end]);
+        }
+        set_at(&mut piece.data, &piece.path, Value::String(new));
+        let data = piece.data.to_string();
+        let mut report = self.report_mut();
+        for rule in rules {
+            report.edits.push(EventEdit {
+                index,
+                event: name.to_owned(),
+                rule: rule.to_owned(),
+                action: "mask".into(),
+                sent: Some(data.clone()),
+            });
+        }
+        event_bytes(name, &data)
+    }
+
+    /// A full-text event with every mask of the stream applied to its texts.
+    fn mask_full_text(&self, raw: Bytes, index: u32, name: &str, data: Option<Value>) -> Bytes {
+        let Some(mut data) = data else {
+            return raw;
+        };
+        let mut rules: Vec<&str> = Vec::new();
+        mask_strings(&mut data, &self.seen_masks, &mut rules, false);
+        if rules.is_empty() {
+            return raw;
+        }
+        let text = data.to_string();
+        let mut report = self.report_mut();
+        for rule in rules {
+            report.edits.push(EventEdit {
+                index,
+                event: name.to_owned(),
+                rule: rule.to_owned(),
+                action: "mask".into(),
+                sent: Some(text.clone()),
+            });
+        }
+        event_bytes(name, &text)
+    }
+
+    /// Runs the phase's rules on one event.
+    fn run(&self, name: &str, data: Option<&Value>) -> (Verdict, EventDecision, Effects) {
+        let mut effects = Effects::default();
+        let mut decision = EventDecision::default();
+        let mut headers = self.cx.response_headers.clone();
+        let view = EventView {
+            name,
+            data,
+            block_type: self.block.kind.as_deref(),
+            tool: self.block.tool.as_deref(),
+            text: &self.block.text,
+            tags: &self.tags,
+        };
+        let mut st = State {
+            info: Info {
+                provider: self.cx.provider,
+                api: self.cx.api,
+                method: &self.cx.method,
+                host: self.cx.host.as_deref(),
+                path: &self.cx.path,
+            },
+            model: self.cx.model.clone(),
+            headers: &mut headers,
+            request_headers: Some(&self.cx.request_headers),
+            status: Some(self.cx.status),
+            body: None,
+            effects: &mut effects,
+            rule: String::new(),
+            secrets: &self.set.secret_headers,
+            event: Some(&view),
+            decision: Some(&mut decision),
+        };
+        let verdict = self.set.run(Phase::ProviderStreamEvent, &mut st);
+        (verdict, decision, effects)
+    }
+
+    fn note(&mut self, effects: &Effects) {
+        if effects.fired.is_empty() {
+            return;
+        }
+        for t in &effects.tags {
+            if !self.tags.contains(t) {
+                self.tags.push(t.clone());
+            }
+        }
+        let mut report = self.report_mut();
+        for f in &effects.fired {
+            if !report.fired.contains(f) {
+                report.fired.push(f.clone());
+            }
+        }
+        for t in &effects.tags {
+            if !report.tags.contains(t) {
+                report.tags.push(t.clone());
+            }
+        }
+        // A log line per rule, not per event: a rule firing on every delta says it once.
+        for (rule, line) in &effects.logs {
+            if !report.logs.iter().any(|(r, l)| r == rule && l == line) {
+                report.logs.push((rule.clone(), line.clone()));
+            }
+        }
+    }
+}
+
+/// Applies masks to every `text` and `arguments` string in `v`.
+fn mask_strings<'m>(
+    v: &mut Value,
+    masks: &'m [(String, Arc<Mask>)],
+    rules: &mut Vec<&'m str>,
+    is_text: bool,
+) {
+    match v {
+        Value::String(s) if is_text => {
+            for (rule, m) in masks {
+                if m.regex.is_match(s) {
+                    *s = m.regex.replace_all(s, m.with.as_str()).into_owned();
+                    if !rules.contains(&rule.as_str()) {
+                        rules.push(rule);
+                    }
+                }
+            }
+        }
+        Value::Array(items) => {
+            for item in items {
+                mask_strings(item, masks, rules, false);
+            }
+        }
+        Value::Object(map) => {
+            for (k, item) in map.iter_mut() {
+                let text = matches!(k.as_str(), "text" | "arguments");
+                mask_strings(item, masks, rules, text);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn set_at(v: &mut Value, path: &[Step], new: Value) {
+    let mut at = v;
+    for step in path {
+        let next = match step {
+            Step::Key(k) => at.get_mut(*k),
+            Step::Index(i) => at.get_mut(*i),
+        };
+        match next {
+            Some(n) => at = n,
+            None => return,
+        }
+    }
+    *at = new;
+}
+
+/// An event as promptgate writes one it changed.
+fn event_bytes(name: &str, data: &str) -> Bytes {
+    let text = match name {
+        // OpenAI chat chunks carry no event type.
+        "chunk" | "done" => format!("data: {data}\n\n"),
+        _ => format!("event: {name}\ndata: {data}\n\n"),
+    };
+    Bytes::from(text)
+}
+
+#[cfg(test)]
+mod tests;
