@@ -27,10 +27,11 @@ use crate::id::ExchangeId;
 use crate::listener::head::Malformed;
 use crate::observer::decode::{self, DecodeError};
 use crate::observer::stall::Stall;
-use crate::observer::{self, BodyEnd, ObservedBody, StallWatch, TapResult};
+use crate::observer::{self, BodyEnd, ObservedBody, ResponseBody, StallWatch, TapResult};
 use crate::provider::{self, Provider};
 use crate::record::{ExchangeRecord, Mode, Outcome, Recorder, SentBody};
 use crate::rules::reload::LiveRules;
+use crate::rules::stream::{EventRules, StreamContext, StreamReport};
 use crate::rules::{RequestCtx, Verdict};
 use crate::upstream::{Upstream, UpstreamBody};
 
@@ -71,7 +72,7 @@ impl Target {
 /// The body promptgate answers with: its own (errors) or the upstream's, observed.
 pub enum ProxyBody {
     Own(Full<Bytes>),
-    Upstream(ObservedBody<Incoming>),
+    Upstream(ObservedBody<ResponseBody>),
 }
 
 impl Body for ProxyBody {
@@ -467,6 +468,38 @@ impl Proxy {
             && !head.headers.contains_key(header::CONTENT_ENCODING);
         let error_event = can_append_error.then_some((route.provider, route.api));
         let (provider, api) = (route.provider, route.api);
+        // Per-event rules read plain SSE only (a compressed stream passes unread).
+        let events = if is_sse && !head.headers.contains_key(header::CONTENT_ENCODING) {
+            let r = pending.get();
+            EventRules::new(
+                rules.clone(),
+                StreamContext {
+                    provider,
+                    api,
+                    method: r.method.clone(),
+                    host: r.host.clone(),
+                    path: route.upstream_path.path().to_owned(),
+                    model: r.model.clone(),
+                    request_headers: r.sent_headers.clone(),
+                    status: head.status,
+                    response_headers: head.headers.clone(),
+                    tags: r.tags.clone(),
+                },
+            )
+        } else {
+            None
+        };
+        let (inner, report) = match events {
+            Some(events) => {
+                if events.may_change() {
+                    // Masks and drops change the length; hyper frames it instead.
+                    head.headers.remove(header::CONTENT_LENGTH);
+                }
+                let report = events.report();
+                (ResponseBody::with_rules(incoming, events), Some(report))
+            }
+            None => (ResponseBody::Plain(incoming), None),
+        };
         let headers_for_observer = head.headers.clone();
         let limit = self.config.capture.max_response;
         pending.get().timing.head_to_client = Some(started.elapsed());
@@ -478,14 +511,21 @@ impl Proxy {
             model: pending.get().model.clone(),
         });
         let body = ObservedBody::new(
-            incoming,
+            inner,
             self.config.idle_timeout,
             usize::try_from(limit).unwrap_or(usize::MAX),
             error_event,
             self.recorder.grace_over(),
             watch,
             move |tap: TapResult| {
-                finish_observed(pending, provider, api, headers_for_observer, tap, limit)
+                let read = Observed {
+                    provider,
+                    api,
+                    headers: headers_for_observer,
+                    limit,
+                    report,
+                };
+                finish_observed(pending, read, tap)
             },
         );
         Response::from_parts(head, ProxyBody::Upstream(body))
@@ -724,14 +764,24 @@ fn forwardable(headers: &HeaderMap, request: bool) -> HeaderMap {
 /// Emits the record of an exchange whose response body has ended. Reading the copy
 /// happens on the recorder's pipeline thread, off the client's path and off the
 /// runtime (a large body or cache analysis must not hold a worker streams need).
-fn finish_observed(
-    mut pending: PendingRecord,
+/// What reading a response body's copy needs besides the copy.
+struct Observed {
     provider: Provider,
     api: provider::Api,
     headers: HeaderMap,
-    tap: TapResult,
     limit: u64,
-) {
+    /// What per-event rules did, when they ran.
+    report: Option<Arc<std::sync::Mutex<StreamReport>>>,
+}
+
+fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
+    let Observed {
+        provider,
+        api,
+        headers,
+        limit,
+        report,
+    } = read;
     let recorder = pending.recorder.clone();
     let cut_outcome = recorder.cut_outcome();
     let Some(mut record) = pending.record.take() else {
@@ -747,6 +797,10 @@ fn finish_observed(
         record.timing.total = tap.ended - started;
         let stream_error = observation.summary.provider_error.clone();
         record.observation = Some(observation);
+        if let Some(report) = report {
+            let report = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            report.record_into(&mut record);
+        }
         let (outcome, error) = match tap.end {
             BodyEnd::Complete => {
                 let failed = record
@@ -758,6 +812,14 @@ fn finish_observed(
                 }
             }
             BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
+            BodyEnd::Blocked(block) => (
+                Outcome::Blocked,
+                Some(format!(
+                    "rule {:?} ended the stream: {}; the client got an SSE error event, then \
+                     an incomplete ending",
+                    block.rule, block.message
+                )),
+            ),
             BodyEnd::Shutdown => (
                 Outcome::Shutdown,
                 Some(

@@ -31,7 +31,8 @@ pub enum Outcome {
     /// The provider answered with an error: a 4xx or 5xx status (a 429, a 529, …),
     /// or an error event inside a stream. Its whole answer reached the client.
     ProviderError,
-    /// A rule blocked the request; the upstream was not contacted.
+    /// A rule blocked the request (the upstream was not contacted), or a per-event
+    /// rule ended the stream.
     Blocked,
     /// The path is not one promptgate routes; the upstream was not contacted.
     NoRoute,
@@ -306,6 +307,8 @@ pub struct ExchangeRecord {
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed, in order.
     pub body_diff: Vec<String>,
+    /// Events per-event rules changed, dropped or stopped at, in stream order.
+    pub stream_edits: Vec<crate::rules::stream::EventEdit>,
     /// Whether the capture store should keep this exchange (a rule may turn it off).
     pub capture: bool,
     /// Extra secret patterns (from rules) the capture redacts in this exchange's bodies.
@@ -386,6 +389,7 @@ impl ExchangeRecord {
             rules_fired: Vec::new(),
             tags: Vec::new(),
             body_diff: Vec::new(),
+            stream_edits: Vec::new(),
             capture: true,
             extra_redactions: Vec::new(),
             secret_headers: Vec::new(),

@@ -156,6 +156,10 @@ pub struct ResponsePart {
     pub parse_error: Option<String>,
     /// More came than the observer keeps; the body is a prefix.
     pub truncated: bool,
+    /// Events per-event rules masked, dropped or stopped at: `body` is what the
+    /// provider sent, and these say how what the client received differs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub edits: Vec<crate::rules::stream::EventEdit>,
 }
 
 /// One server-sent event as it came.
@@ -431,6 +435,17 @@ impl CaptureRecord {
                 }
                 record.response.body = BodyInfo::of_response(Bytes::from(body));
             }
+            record.response.edits = r
+                .stream_edits
+                .iter()
+                .map(|e| crate::rules::stream::EventEdit {
+                    sent: e.sent.as_ref().map(|t| {
+                        String::from_utf8_lossy(&redactor.redact(t.as_bytes(), extra, &mut summary))
+                            .into_owned()
+                    }),
+                    ..e.clone()
+                })
+                .collect();
         }
         record.redactions = summary;
         record

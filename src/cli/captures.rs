@@ -442,6 +442,23 @@ fn show(store: &Store, r: &CaptureRecord, sent: bool, out: &mut String) {
     if let Some(e) = &resp.parse_error {
         let _ = writeln!(out, "  unreadable    {e}");
     }
+    if !resp.edits.is_empty() {
+        let _ = writeln!(
+            out,
+            "  stream rules  {} event(s) reached the client changed (the body below is what the provider sent):",
+            resp.edits.len()
+        );
+        for e in &resp.edits {
+            let _ = writeln!(
+                out,
+                "    #{} {} {} by {:?}",
+                e.index, e.event, e.action, e.rule
+            );
+            if let Some(sent) = &e.sent {
+                let _ = writeln!(out, "      sent: {}", preview(sent));
+            }
+        }
+    }
     let message = resp.message.as_ref().unwrap_or(&resp.body);
     if let Ok(v) = serde_json::from_slice::<Value>(&message.bytes) {
         if let Some(blocks) = v.get("content").and_then(Value::as_array) {

@@ -7,6 +7,7 @@
 //! on the [`Observation`]; it never fails the exchange.
 
 pub mod decode;
+mod rewrite;
 mod sse;
 pub mod stall;
 mod tee;
@@ -18,6 +19,7 @@ use serde::Serialize;
 
 use crate::provider::{self, Api, Provider, ResponseSummary};
 
+pub use rewrite::{ResponseBody, StreamError};
 pub use sse::{EventSplitter, SseDecoder};
 pub use tee::{BodyEnd, ObservedBody, StallWatch, TapResult};
 

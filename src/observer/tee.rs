@@ -13,6 +13,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::{Instant, Sleep};
 
+use super::StreamError;
 use super::stall::{OnStall, Stall, StallSettings};
 use crate::error::error_chain;
 use crate::provider::{self, Api, Provider};
@@ -35,6 +36,8 @@ pub enum BodyEnd {
     /// The stream stalled and `stream.on_stall` ended it after `silence`; `event`:
     /// the client got an SSE error event before the incomplete ending.
     StallAborted { silence: Duration, event: bool },
+    /// A per-event rule ended the stream: an SSE error event, then an incomplete ending.
+    Blocked(crate::rules::Block),
 }
 
 /// What the tap saw, handed over once when the body ends.
@@ -119,6 +122,9 @@ struct Watch {
     found: Option<Stall>,
     warned: bool,
 }
+
+/// The error type a per-event `block` sends when its rule names none.
+const BLOCK_TYPE: &str = "permission_error";
 
 /// How long a last frame (an error event) gets to be written before the
 /// connection is cut: an error right after it could drop it from the write buffer.
@@ -233,7 +239,17 @@ where
                  (stream.on_stall); retry the request",
                 d.as_secs()
             ),
+            BodyEnd::Blocked(block) => block.message.clone(),
             _ => String::new(),
+        };
+        let error_type = match &end {
+            BodyEnd::Blocked(block) => Some(
+                block
+                    .error_type
+                    .clone()
+                    .unwrap_or_else(|| BLOCK_TYPE.into()),
+            ),
+            _ => None,
         };
         let at_boundary = self.tap.as_ref().is_some_and(Tap::at_event_boundary);
         let end = match end {
@@ -247,7 +263,13 @@ where
         let cut = format!("promptgate: {message}");
         match self.error_event {
             Some((provider, api)) if event && at_boundary => {
-                let frame = provider::stream_error_event(provider, api, kind, &message);
+                let frame = provider::stream_error_event(
+                    provider,
+                    api,
+                    error_type.as_deref().unwrap_or(kind),
+                    error_type.as_deref(),
+                    &message,
+                );
                 let pause = Box::pin(tokio::time::sleep(FLUSH_BEFORE_CUT));
                 self.cutting = Some(Box::new((pause, cut)));
                 Poll::Ready(Some(Ok(Frame::data(Bytes::from(frame)))))
@@ -335,6 +357,10 @@ where
                 Poll::Ready(Some(Ok(frame)))
             }
             Poll::Ready(Some(Err(e))) => {
+                let any: &(dyn std::error::Error + 'static) = &e;
+                if let Some(StreamError::Blocked(block)) = any.downcast_ref::<StreamError>() {
+                    return this.fail("blocked", BodyEnd::Blocked(block.clone()), true);
+                }
                 let message = format!("upstream broke off mid-response: {}", error_chain(&e));
                 this.fail("upstream_error", BodyEnd::UpstreamError(message), true)
             }

@@ -270,8 +270,16 @@ pub fn error_body_typed(
 }
 
 /// An SSE event that tells a streaming client the stream failed, in the shape its SDK
-/// raises on. Sent only at an event boundary, after the upstream broke mid-stream.
-pub fn stream_error_event(provider: Provider, api: Api, kind: &str, message: &str) -> Vec<u8> {
+/// raises on. Sent only at an event boundary, after the upstream broke mid-stream or
+/// a rule ended it. `kind` is OpenAI's `code`; `error_type` Anthropic's `error.type`
+/// (by default `overloaded_error` for a stall, else `api_error`).
+pub fn stream_error_event(
+    provider: Provider,
+    api: Api,
+    kind: &str,
+    error_type: Option<&str>,
+    message: &str,
+) -> Vec<u8> {
     let message = format!("promptgate: {message}");
     let text = match (provider, api) {
         (Provider::OpenAi, Api::ChatCompletions) => format!(
@@ -284,10 +292,10 @@ pub fn stream_error_event(provider: Provider, api: Api, kind: &str, message: &st
         ),
         (Provider::Anthropic, _) => {
             // A stall is the provider being overloaded, which agents retry.
-            let error_type = if kind == "stream_stalled" {
-                "overloaded_error"
-            } else {
-                "api_error"
+            let error_type = match error_type {
+                Some(t) => t,
+                None if kind == "stream_stalled" => "overloaded_error",
+                None => "api_error",
             };
             format!(
                 "event: error\ndata: {}\n\n",

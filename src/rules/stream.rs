@@ -85,6 +85,27 @@ pub struct StreamReport {
     pub blocked: Option<Block>,
 }
 
+impl StreamReport {
+    /// Adds what per-event rules did to the exchange's record, and writes their
+    /// log lines (target `promptgate::rules`).
+    pub fn record_into(self, record: &mut crate::record::ExchangeRecord) {
+        for f in self.fired {
+            if !record.rules_fired.contains(&f) {
+                record.rules_fired.push(f);
+            }
+        }
+        for t in self.tags {
+            if !record.tags.contains(&t) {
+                record.tags.push(t);
+            }
+        }
+        for (rule, line) in &self.logs {
+            tracing::info!(target: "promptgate::rules", id = %record.id, rule = %rule, "{line}");
+        }
+        record.stream_edits = self.edits;
+    }
+}
+
 /// The request and response an answer belongs to, as per-event matchers see them.
 #[derive(Debug, Clone)]
 pub struct StreamContext {
