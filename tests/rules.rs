@@ -873,3 +873,48 @@ fn rules_check_colours_its_verdict_on_a_terminal_unless_no_color() {
     let (_, piped) = run_cli(&["rules", "check", dir.path().to_str().unwrap()]);
     assert!(!piped.contains('\u{1b}'), "{piped:?}");
 }
+
+#[test]
+fn rules_test_prints_a_recorded_stream_as_the_client_would_receive_it() {
+    let dir = TempDir::new("rules-test-stream");
+    let request = dir.path().join("request.json");
+    std::fs::write(
+        &request,
+        shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION)),
+    )
+    .unwrap();
+    let pieces = ["key sk-ant-api03-Recorded", "Canary0123456", "789 end"];
+    let stream = dir.path().join("stream.sse");
+    std::fs::write(
+        &stream,
+        shapes::anthropic_events("claude-opus-5-5", &pieces, (10, 0, 0, 3)).concat(),
+    )
+    .unwrap();
+    let (code, out) = run_cli(&[
+        "rules",
+        "test",
+        "--rules",
+        "rules/examples",
+        request.to_str().unwrap(),
+        "--path",
+        "/v1/messages",
+        "--response",
+        stream.to_str().unwrap(),
+    ]);
+    assert_eq!(code, Some(0), "{out}");
+    assert!(
+        out.contains("fired: mask-keys-in-output (provider_stream_event)"),
+        "{out}"
+    );
+    assert!(
+        out.contains("edit: event #3 content_block_delta mask"),
+        "{out}"
+    );
+    let received = out
+        .split("--- what the client receives ---")
+        .nth(1)
+        .unwrap();
+    assert!(received.contains(r#""text":"key [key removed]""#), "{out}");
+    assert!(!received.contains("Canary"), "{out}");
+    assert!(received.contains("event: message_stop"), "{out}");
+}

@@ -11,7 +11,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{Colour, paint};
 use crate::config::Config;
+use crate::observer::EventSplitter;
 use crate::rules::reload::{self, LiveRules};
+use crate::rules::stream::{EventRules, StreamContext};
 use crate::rules::{LoadError, RequestCtx, RuleSet, Verdict, read_dir};
 
 /// `promptgate rules …`
@@ -56,8 +58,12 @@ enum RulesCommand {
         #[arg(long, value_name = "STATUS")]
         status: Option<u16>,
         /// Response headers for --status: a JSON object of name → value.
-        #[arg(long, value_name = "HEADERS.json", requires = "status")]
+        #[arg(long, value_name = "HEADERS.json")]
         response_headers: Option<PathBuf>,
+        /// A recorded SSE response body: also run provider_stream_event on its events
+        /// and print them as they would reach the client (status 200 unless --status).
+        #[arg(long, value_name = "FILE")]
+        response: Option<PathBuf>,
     },
 }
 
@@ -75,6 +81,7 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             body_out,
             status,
             response_headers,
+            response,
         } => test(&TestArgs {
             dir: &rules.unwrap_or_else(|| PathBuf::from("rules")),
             input: match (request, capture) {
@@ -88,8 +95,9 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             headers: headers.as_deref(),
             path: &path,
             body_out: body_out.as_deref(),
-            status,
+            status: status.or(response.as_ref().map(|_| 200)),
             response_headers: response_headers.as_deref(),
+            response: response.as_deref(),
         }),
     }
 }
@@ -228,6 +236,7 @@ struct TestArgs<'a> {
     body_out: Option<&'a Path>,
     status: Option<u16>,
     response_headers: Option<&'a Path>,
+    response: Option<&'a Path>,
 }
 
 /// Reads a JSON object of header name → value.
@@ -441,12 +450,93 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         for line in header_changes(&before, &response, &effects.secret_headers) {
             println!("response header: {line}");
         }
+        if let Some(file) = args.response {
+            let sse = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+            let mut tags = result.effects.tags.clone();
+            tags.extend(effects.tags.iter().cloned());
+            let cx = StreamContext {
+                provider: route.provider,
+                api: route.api,
+                method: method.clone(),
+                host: None,
+                path: route.upstream_path.path().to_owned(),
+                model: model.clone(),
+                request_headers: result.headers.clone(),
+                status,
+                response_headers: response,
+                tags,
+            };
+            print_stream(Arc::new(set), cx, &sse);
+        }
+    } else if args.response.is_some() {
+        println!("stream: not run (the request was blocked)");
     }
     if let Some(out) = body_out {
         let bytes = result.body.as_ref().map_or(&body, |b| b.bytes());
         std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs provider_stream_event over a recorded stream and prints what the client
+/// would receive. Held events are released by text and at block ends; a dry run
+/// has no clock, so `hold_back.time` never releases one early.
+fn print_stream(set: Arc<RuleSet>, cx: StreamContext, sse: &[u8]) {
+    let Some(mut rules) = EventRules::new(set, cx) else {
+        println!("stream: no provider_stream_event rules; the events go out as they came");
+        return;
+    };
+    let report = rules.report();
+    let mut splitter = EventSplitter::default();
+    splitter.push(sse);
+    let mut out = Vec::new();
+    let mut events = 0usize;
+    let mut blocked = None;
+    let now = tokio::time::Instant::now();
+    while let Some(event) = splitter.next_event() {
+        events += 1;
+        if let Some(block) = rules.push(event, now, &mut out) {
+            blocked = Some(block);
+            break;
+        }
+    }
+    if blocked.is_none() {
+        rules.finish(&mut out);
+        let rest = splitter.rest();
+        if !rest.is_empty() {
+            out.push(rest);
+        }
+    }
+    let report = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    println!(
+        "stream: {events} event(s) read, {} edit(s)",
+        report.edits.len()
+    );
+    for name in &report.fired {
+        println!("fired: {name} (provider_stream_event)");
+    }
+    for (rule, line) in &report.logs {
+        println!("log: [{rule}] {line}");
+    }
+    if !report.tags.is_empty() {
+        println!("tags: {}", report.tags.join(", "));
+    }
+    for e in &report.edits {
+        println!(
+            "edit: event #{} {} {} by {:?}",
+            e.index, e.event, e.action, e.rule
+        );
+    }
+    println!("--- what the client receives ---");
+    print!("{}", String::from_utf8_lossy(&out.concat()));
+    if let Some(block) = blocked {
+        println!(
+            "--- then an SSE error event ({}: {}) and an incomplete ending (rule {:?}) ---",
+            block.error_type.as_deref().unwrap_or("permission_error"),
+            block.message,
+            block.rule
+        );
+    }
 }
 
 /// `+ name: value`, `~ name: value`, `- name` lines; secret values hidden.
