@@ -424,7 +424,14 @@ impl Footprint {
 /// Records in the store, counted by `captures list` (its last line says how many).
 fn count_records(promptgate: &Path, captures: &Path) -> anyhow::Result<u64> {
     let out = Command::new(promptgate)
-        .args(["captures", "list", "--limit", "100000000", "--captures"])
+        .args([
+            "captures",
+            "list",
+            "--all",
+            "--limit",
+            "100000000",
+            "--captures",
+        ])
         .arg(captures)
         .output()?;
     let text = String::from_utf8_lossy(&out.stdout);

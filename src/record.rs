@@ -361,6 +361,13 @@ impl ExchangeRecord {
     }
 
     /// A record for an exchange that has just begun.
+    /// A side request: not a model call (count_tokens, `/api/…` and other
+    /// passed-through paths, `HEAD` checks); see [`crate::provider::is_side_request`],
+    /// the one definition the CLI and the viewer share.
+    pub fn is_side_request(&self) -> bool {
+        crate::provider::is_side_request(&self.method, self.api)
+    }
+
     pub fn begin(
         id: ExchangeId,
         client_addr: Option<SocketAddr>,

@@ -269,3 +269,84 @@ fn a_taken_admin_port_stops_promptgate_before_it_serves() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(&format!("admin API on {addr}")), "{err}");
 }
+
+/// Side requests hide unless --all; --tag, --path and --mode select by column.
+#[tokio::test]
+async fn list_hides_side_requests_and_filters_by_tag_path_and_mode() {
+    let fake = FakeProvider::start(|r| {
+        if r.target.contains("count_tokens") {
+            return Action::Respond(Reply::json(200, &serde_json::json!({"input_tokens": 9})));
+        }
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("claude-opus-5-5", "ok", (9, 0, 0, 1)),
+        ))
+    })
+    .await;
+    let rules = support::TempDir::new("list-filters");
+    std::fs::write(
+        rules.path().join("tag.toml"),
+        r#"
+[[rule]]
+name = "tag-batch"
+on = "before_provider_headers"
+when = { header."x-team" = "batch" }
+actions = [ { tag = "batch" } ]
+"#,
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let host = proxy.addr.to_string();
+    let body = br#"{"model":"claude-opus-5-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    let send = |target: &'static str, method: &'static str, team: Option<&'static str>| {
+        let mut h = vec![
+            ("Host", host.clone()),
+            ("content-type", "application/json".to_owned()),
+            (
+                "x-api-key",
+                "sk-ant-api03-list-filters-0123456789".to_owned(),
+            ),
+        ];
+        if let Some(t) = team {
+            h.push(("x-team", t.to_owned()));
+        }
+        let body: &[u8] = if method == "POST" { body } else { b"" };
+        request_bytes(method, target, &h, body)
+    };
+    for (target, method, team) in [
+        ("/v1/messages?beta=true", "POST", Some("batch")),
+        ("/v1/messages", "POST", None),
+        ("/v1/messages/count_tokens", "POST", None),
+        ("/v1/models", "GET", None),
+    ] {
+        let r = client::send(proxy.addr, &send(target, method, team)).await;
+        assert_eq!(r.status, 200, "{target}: {}", r.text());
+    }
+    captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let dir = &proxy.captures;
+    let list = captures::ok(dir, &["list"]);
+    assert!(
+        list.contains("2 exchange(s)\n2 side request(s) hidden"),
+        "{list}"
+    );
+    let all = captures::ok(dir, &["list", "--all"]);
+    assert!(all.ends_with("4 exchange(s)\n"), "{all}");
+    let tagged = captures::ok(dir, &["list", "--tag", "batch"]);
+    assert!(tagged.contains("1 exchange(s)"), "{tagged}");
+    let path = captures::ok(dir, &["list", "--path", "/v1/messages"]);
+    assert!(
+        path.contains("2 exchange(s)"),
+        "the query is ignored: {path}"
+    );
+    let counts = captures::ok(dir, &["list", "--all", "--path", "*/count_tokens"]);
+    assert!(counts.ends_with("1 exchange(s)\n"), "{counts}");
+    let reverse = captures::ok(dir, &["list", "--mode", "reverse"]);
+    assert!(reverse.contains("2 exchange(s)"), "{reverse}");
+    let forward = captures::ok(dir, &["list", "--all", "--mode", "forward"]);
+    assert!(forward.ends_with("0 exchange(s)\n"), "{forward}");
+}

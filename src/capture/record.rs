@@ -228,6 +228,10 @@ pub struct CaptureRecord {
     pub redactions: BTreeMap<String, u32>,
     /// False when a rule turned capture off: headers and bodies were not kept.
     pub captured: bool,
+    /// Not a model call (count_tokens, other paths, anything but a POST): lists and
+    /// the viewer hide these unless asked. See [`crate::record::ExchangeRecord::is_side_request`].
+    #[serde(default)]
+    pub side: bool,
     /// Cache analysis, without prompt text (see `analysis`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cache: Option<crate::cache::CacheReport>,
@@ -376,6 +380,7 @@ impl CaptureRecord {
             sent_digest,
             redactions: BTreeMap::new(),
             captured: r.capture,
+            side: r.is_side_request(),
             cache: r
                 .cache
                 .as_ref()

@@ -28,7 +28,7 @@ pub fn size_on_disk(dir: &Path) -> u64 {
         .sum()
 }
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 /// zstd level for units: fast, and most of the saving comes from storing each unit once.
 const ZSTD_LEVEL: i32 = 3;
 /// Unit hashes remembered in memory to skip a lookup (about 3 MB at most; the
@@ -93,6 +93,15 @@ pub struct Filter {
     pub rule: Option<String>,
     /// A cache verdict: `hit`, `partial`, `miss`, `write`, `none`, `unexplained`.
     pub verdict: Option<String>,
+    /// Only records with this tag.
+    pub tag: Option<String>,
+    /// A glob on the path (`*` matches anything); without a `?` it also matches the
+    /// path without its query.
+    pub path: Option<String>,
+    /// `reverse` or `forward`.
+    pub mode: Option<String>,
+    /// `Some(false)`: model calls only; `Some(true)`: side requests only.
+    pub side: Option<bool>,
 }
 
 /// One line of a listing.
@@ -323,6 +332,7 @@ impl Store {
             match step {
                 0 => migrate_0_to_1(&tx)?,
                 1 => migrate_1_to_2(&tx)?,
+                2 => migrate_2_to_3(&tx)?,
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
@@ -381,8 +391,9 @@ impl Store {
             tx.execute(
                 "INSERT INTO records (id, started_ms, conversation, model, provider, status, outcome,
                    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, rules,
-                   meta, received, sent, response, message, cache)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)",
+                   meta, received, sent, response, message, cache, tags, path, mode, side)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
+                   ?18, ?19, ?20, ?21, ?22)",
                 params![
                     record.id,
                     record.times.started_ms as i64,
@@ -402,6 +413,10 @@ impl Store {
                     response,
                     message,
                     record.cache.as_ref().map(|c| c.short()),
+                    record.tags.join(","),
+                    record.path,
+                    record.mode,
+                    record.side,
                 ],
             )?;
         }
@@ -531,8 +546,19 @@ impl Store {
     }
 
     /// Records matching `filter`, oldest first.
+    /// How many records the column filters of `filter` select (no grep, no paging).
+    pub fn count(&self, filter: &Filter) -> Result<u64, StoreError> {
+        let (clause, args) = where_clause(filter, self.version);
+        let n: i64 = self.conn.query_row(
+            &format!("SELECT COUNT(*) FROM records {clause}"),
+            rusqlite::params_from_iter(args.iter()),
+            |r| r.get(0),
+        )?;
+        Ok(n as u64)
+    }
+
     pub fn list(&self, filter: &Filter) -> Result<Vec<Row>, StoreError> {
-        let (clause, args) = where_clause(filter, self.version >= 2);
+        let (clause, args) = where_clause(filter, self.version);
         let skip = filter.offset.unwrap_or(0);
         let limit = if filter.grep.is_some() {
             i64::MAX
@@ -826,9 +852,40 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// The SQL for `f`'s column filters; `has_cache`: the store has the `cache` column
-/// (a verdict filter on an older store matches nothing).
-fn where_clause(f: &Filter, has_cache: bool) -> (String, Vec<rusqlite::types::Value>) {
+/// Tags, path, mode and the side-request mark in columns, for the list filters;
+/// filled in for the records already there from their metadata.
+fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch(
+        "ALTER TABLE records ADD COLUMN tags TEXT NOT NULL DEFAULT '';
+         ALTER TABLE records ADD COLUMN path TEXT;
+         ALTER TABLE records ADD COLUMN mode TEXT;
+         ALTER TABLE records ADD COLUMN side INTEGER NOT NULL DEFAULT 0;",
+    )?;
+    let rows: Vec<(String, Vec<u8>)> = {
+        let mut stmt = tx.prepare("SELECT id, meta FROM records")?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
+            .collect::<Result<_, _>>()?
+    };
+    let mut update =
+        tx.prepare("UPDATE records SET tags = ?2, path = ?3, mode = ?4, side = ?5 WHERE id = ?1")?;
+    for (id, meta) in rows {
+        let json = zstd::stream::decode_all(meta.as_slice())
+            .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
+        let r: CaptureRecord = serde_json::from_slice(&json)
+            .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
+        let method = http::Method::from_bytes(r.method.as_bytes()).unwrap_or(http::Method::GET);
+        let api = r.api.as_deref().and_then(crate::provider::Api::from_name);
+        let side = crate::provider::is_side_request(&method, api);
+        update.execute(params![id, r.tags.join(","), r.path, r.mode, side])?;
+    }
+    Ok(())
+}
+
+/// The SQL for `f`'s column filters on a store of schema `version`: a filter on a
+/// column an older store lacks matches nothing (the side mark: everything).
+fn where_clause(f: &Filter, version: i64) -> (String, Vec<rusqlite::types::Value>) {
+    let has_cache = version >= 2;
+    let has_columns = version >= 3;
     use rusqlite::types::Value;
     let mut parts = Vec::new();
     let mut args: Vec<Value> = Vec::new();
@@ -863,6 +920,32 @@ fn where_clause(f: &Filter, has_cache: bool) -> (String, Vec<rusqlite::types::Va
             "instr(',' || rules || ',', ',' || ?{} || ',') > 0",
             args.len()
         ));
+    }
+    if !has_columns && (f.tag.is_some() || f.path.is_some() || f.mode.is_some()) {
+        parts.push("0".into());
+    }
+    if let Some(tag) = f.tag.as_ref().filter(|_| has_columns) {
+        // `tags` is a comma-separated list, like `rules`.
+        args.push(Value::Text(tag.clone()));
+        parts.push(format!(
+            "instr(',' || tags || ',', ',' || ?{} || ',') > 0",
+            args.len()
+        ));
+    }
+    if let Some(path) = f.path.as_ref().filter(|_| has_columns) {
+        args.push(Value::Text(like_pattern(path, false)));
+        let n = args.len();
+        parts.push(format!(
+            "(path LIKE ?{n} ESCAPE '\\' OR substr(path, 1, instr(path || '?', '?') - 1) LIKE ?{n} ESCAPE '\\')"
+        ));
+    }
+    if let Some(mode) = f.mode.as_ref().filter(|_| has_columns) {
+        args.push(Value::Text(mode.to_ascii_lowercase()));
+        parts.push(format!("mode = ?{}", args.len()));
+    }
+    if let Some(side) = f.side.filter(|_| has_columns) {
+        args.push(Value::Integer(i64::from(side)));
+        parts.push(format!("side = ?{}", args.len()));
     }
     match (&f.verdict, has_cache) {
         (Some(verdict), true) => {
@@ -1009,7 +1092,10 @@ mod tests {
             let tx = conn.transaction().unwrap();
             migrate_0_to_1(&tx).unwrap();
             tx.pragma_update(None, "user_version", 1).unwrap();
-            let meta = serde_json::to_vec(&record("01A00", 1, "{}")).unwrap();
+            let mut old = record("01A00", 1, "{}");
+            old.tags = vec!["old-tag".into()];
+            old.api = Some("count_tokens".into());
+            let meta = serde_json::to_vec(&old).unwrap();
             tx.execute(
                 "INSERT INTO records (id, started_ms, outcome, meta) VALUES ('01A00', 1, 'ok', ?1)",
                 [zstd::bulk::compress(&meta, ZSTD_LEVEL).unwrap()],
@@ -1021,6 +1107,12 @@ mod tests {
         let rows = old.list(&Filter::default()).unwrap();
         assert_eq!((rows.len(), rows[0].cache.clone()), (1, None));
         assert!(old.load("01A00").unwrap().cache.is_none());
+        // Filters on columns the old schema lacks match nothing, and do not fail.
+        let tagged = Filter {
+            tag: Some("old-tag".into()),
+            ..Filter::default()
+        };
+        assert!(old.list(&tagged).unwrap().is_empty());
         drop(old);
         let mut store = Store::open(&d).unwrap();
         let version: i64 = store
@@ -1028,6 +1120,17 @@ mod tests {
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
         assert_eq!(version, SCHEMA_VERSION);
+        // The migration filled the new columns from the stored metadata.
+        assert_eq!(store.list(&tagged).unwrap().len(), 1);
+        let side = Filter {
+            side: Some(true),
+            ..Filter::default()
+        };
+        assert_eq!(
+            store.count(&side).unwrap(),
+            1,
+            "count_tokens is a side request"
+        );
         let mut new = record("01B00", 2, "{}");
         new.cache = serde_json::from_value(serde_json::json!({
             "provider": "anthropic", "conversation": "cc:x", "model": "m", "started_ms": 2,

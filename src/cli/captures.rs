@@ -31,8 +31,9 @@ pub struct CapturesArgs {
 
 #[derive(Debug, Subcommand)]
 enum Verb {
-    /// One line per exchange: time, id, conversation, model, status, outcome, tokens, rules.
-    List(FilterArgs),
+    /// One line per exchange: time, id, conversation, model, status, outcome, tokens,
+    /// rules. Side requests are hidden unless --all.
+    List(ListArgs),
     /// One exchange, readable: system blocks, messages, tools, usage, rules.
     Show(ShowArgs),
     /// What changed between two requests, in the provider's cache order.
@@ -80,6 +81,34 @@ pub(super) struct FilterArgs {
     /// Only this cache verdict: hit, partial, miss, write, none, unexplained.
     #[arg(long, value_name = "VERDICT")]
     verdict: Option<String>,
+    /// Only exchanges with this tag.
+    #[arg(long, value_name = "TAG")]
+    tag: Option<String>,
+    /// Only this path (`*` matches anything; without `?` the query is ignored).
+    #[arg(long, value_name = "PATH")]
+    path: Option<String>,
+    /// Only this mode: reverse or forward.
+    #[arg(long, value_name = "MODE", value_parser = ["reverse", "forward"])]
+    mode: Option<String>,
+}
+
+/// `captures list` and `captures tail`: the filters, and whether side requests show.
+#[derive(Debug, Args)]
+struct ListArgs {
+    #[command(flatten)]
+    filter: FilterArgs,
+    /// Show side requests too (count_tokens, other paths, HEAD checks: anything but
+    /// a model call); they are hidden by default.
+    #[arg(long)]
+    all: bool,
+}
+
+impl ListArgs {
+    fn filter(&self) -> anyhow::Result<Filter> {
+        let mut f = self.filter.filter()?;
+        f.side = (!self.all).then_some(false);
+        Ok(f)
+    }
 }
 
 impl FilterArgs {
@@ -101,6 +130,10 @@ impl FilterArgs {
             provider: self.provider.clone(),
             rule: self.rule.clone(),
             verdict: self.verdict.clone(),
+            tag: self.tag.clone(),
+            path: self.path.clone(),
+            mode: self.mode.clone(),
+            side: None,
         })
     }
 }
@@ -150,7 +183,7 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
     let store = Store::open_read_only(&dir)?;
     let mut out = String::new();
     match args.verb {
-        Verb::List(f) => list(&store, &f.filter()?, &mut out)?,
+        Verb::List(l) => list(&store, &l.filter()?, &mut out)?,
         Verb::Show(s) => {
             let record = store.load(&s.id)?;
             if s.raw {
@@ -213,6 +246,18 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
         out,
     );
     let _ = writeln!(out, "{} exchange(s)", rows.len());
+    if filter.side == Some(false) && filter.grep.is_none() {
+        let hidden = store.count(&Filter {
+            side: Some(true),
+            ..filter.clone()
+        })?;
+        if hidden > 0 {
+            let _ = writeln!(
+                out,
+                "{hidden} side request(s) hidden (count_tokens, other paths, HEAD): --all shows them"
+            );
+        }
+    }
     Ok(())
 }
 

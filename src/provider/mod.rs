@@ -139,6 +139,12 @@ impl Api {
         }
     }
 
+    /// Whether a `POST` to it asks a model for an answer (not count_tokens, not the
+    /// other passed-through paths).
+    pub fn is_model_call(self) -> bool {
+        matches!(self, Api::Messages | Api::ChatCompletions | Api::Responses)
+    }
+
     pub fn from_name(name: &str) -> Option<Api> {
         Api::ALL.into_iter().find(|a| a.name() == name)
     }
@@ -267,6 +273,13 @@ pub fn error_body_typed(
         }),
     };
     body.to_string().into_bytes()
+}
+
+/// Whether a request is a side request: routed to an API, but not a `POST` to a
+/// model-call one (count_tokens, other paths, `HEAD` checks). A request never
+/// routed (malformed, no route) is not one: it is an error to see.
+pub fn is_side_request(method: &http::Method, api: Option<Api>) -> bool {
+    api.is_some_and(|a| method != http::Method::POST || !a.is_model_call())
 }
 
 /// An SSE event that tells a streaming client the stream failed, in the shape its SDK
