@@ -66,6 +66,17 @@ async fn list_show_diff_and_conversations_read_as_expected() {
     let dir = &proxy.captures;
     golden::check("captures-list", &captures::ok(dir, &["list"]));
     golden::check("captures-show", &captures::ok(dir, &["show", &ids[1]]));
+    // The summary keeps one line per block; the full view has every line of text.
+    let summary = captures::ok(dir, &["show", &ids[1], "--summary"]);
+    assert!(
+        summary.contains("  system (3):") && !summary.contains("    │ "),
+        "{summary}"
+    );
+    let full = captures::ok(dir, &["show", &ids[1]]);
+    assert!(
+        full.contains("    │ # gitStatus")
+            && full.contains("◆ breakpoint 3 after messages[3].content[0]")
+    );
     golden::check(
         "captures-diff",
         &captures::ok(dir, &["diff", &ids[1], &ids[2]]),

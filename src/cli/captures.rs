@@ -14,7 +14,7 @@ use crate::capture::units::{self, Change, DiffEntry};
 use crate::capture::{Store, timestamp};
 use crate::prompt::Prompt;
 
-use super::output::{print, render_table, store_config};
+use super::output::{page, print, render_table, store_config};
 
 /// `promptgate captures` and its verbs.
 #[derive(Debug, Args)]
@@ -151,6 +151,9 @@ struct ShowArgs {
     /// Show the request as received from the client (the default).
     #[arg(long)]
     received: bool,
+    /// Summarise the prompt (blocks by type and size) instead of printing it whole.
+    #[arg(long)]
+    summary: bool,
 }
 
 #[derive(Debug, Args)]
@@ -189,7 +192,8 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
             if s.raw {
                 return raw(record, &s);
             }
-            show(&store, &record, s.sent, &mut out);
+            show(&store, &record, &s, &mut out);
+            return page(out.as_bytes());
         }
         Verb::Diff(d) => {
             let (a, b) = match &d.b {
@@ -339,7 +343,8 @@ fn raw(mut record: CaptureRecord, args: &ShowArgs) -> anyhow::Result<()> {
     print(text.as_bytes())
 }
 
-fn show(store: &Store, r: &CaptureRecord, sent: bool, out: &mut String) {
+fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
+    let sent = args.sent;
     let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     let _ = writeln!(out, "capture {}", r.id);
     let _ = writeln!(
@@ -445,7 +450,11 @@ fn show(store: &Store, r: &CaptureRecord, sent: bool, out: &mut String) {
         ("as received", &r.request.body)
     };
     let _ = writeln!(out, "\nrequest ({which}): {}", body_line(body, None));
-    request_summary(body, out);
+    if args.summary {
+        request_summary(body, out);
+    } else {
+        prompt_text(&Prompt::read(body.bytes.clone(), r.request_format()), out);
+    }
     if r.request.sent_body.is_some() {
         out.push_str("\nwhat the rules changed (received → sent):\n");
         match units::diff_bodies(&r.request.body.bytes, &r.sent().bytes) {
@@ -643,6 +652,162 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
         .collect();
     if !others.is_empty() {
         let _ = writeln!(out, "  other: {}", others.join(" "));
+    }
+}
+
+/// The whole prompt in the provider's cache order, from the prompt model: each
+/// tool by name, every system block and message block in full with its type,
+/// `<system-reminder>` blocks marked, and each breakpoint where it sits.
+fn prompt_text(prompt: &Prompt, out: &mut String) {
+    let body = prompt.body();
+    let Some(root) = prompt.root() else {
+        if !body.is_empty() {
+            let _ = writeln!(out, "  {}", preview(&String::from_utf8_lossy(body)));
+        }
+        return;
+    };
+    let units = prompt.units();
+    if units.is_empty() {
+        // Not a prompt promptgate reads (another API): the body as it is.
+        let _ = writeln!(out, "{}", String::from_utf8_lossy(body));
+        return;
+    }
+    let others: Vec<String> = root
+        .entries()
+        .filter_map(|(k, v)| Some((k.str()?, v)))
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_ref(),
+                "tools" | "system" | "messages" | "instructions" | "input"
+            )
+        })
+        .map(|(k, v)| {
+            let raw = String::from_utf8_lossy(v.bytes());
+            if raw.len() <= 60 {
+                format!("{k}={raw}")
+            } else {
+                format!("{k}=…({} bytes)", raw.len())
+            }
+        })
+        .collect();
+    if !others.is_empty() {
+        let _ = writeln!(out, "settings: {}", others.join(" "));
+    }
+    let text_of = |span: crate::provider::json::Span| -> String {
+        let raw = &body[span.start..span.end];
+        serde_json::from_slice::<Value>(raw)
+            .map(|v| units::display_text(&v))
+            .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
+    };
+    let mut breakpoints = 0;
+    let mut tools: Vec<String> = Vec::new();
+    let mut message = None;
+    for (i, unit) in units.iter().enumerate() {
+        let block = || serde_json::from_slice::<Value>(&body[unit.span.start..unit.span.end]);
+        if unit.path.region == crate::prompt::Region::Tools {
+            let name = block()
+                .ok()
+                .and_then(|v| {
+                    v.get("name")
+                        .or_else(|| v.pointer("/function/name"))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned)
+                })
+                .unwrap_or_else(|| "?".into());
+            tools.push(name);
+        } else if !tools.is_empty() {
+            let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
+            tools.clear();
+        }
+        // A message's heading before its first block.
+        if let Some(m) = prompt
+            .messages()
+            .iter()
+            .find(|m| m.units.start == i && message != Some(m.index))
+        {
+            message = Some(m.index);
+            let role = prompt
+                .value(m.tok)
+                .and_then(|v| v.get("role"))
+                .and_then(|r| r.str().map(|s| s.into_owned()))
+                .unwrap_or_else(|| "?".into());
+            let _ = writeln!(out, "messages[{}] {role}", m.index);
+        }
+        if unit.path.region != crate::prompt::Region::Tools {
+            let label = match unit.path.block {
+                Some(b) => format!("  content[{b}]"),
+                None if matches!(
+                    unit.path.region,
+                    crate::prompt::Region::Messages | crate::prompt::Region::Input
+                ) && unit.path.string =>
+                {
+                    "  content".to_owned()
+                }
+                None => unit.path.to_string(),
+            };
+            let text = unit.content.map(text_of);
+            let mut line = format!("{label} {}", unit.kind);
+            if let Some(t) = &text {
+                let _ = write!(line, ", {} chars", t.chars().count());
+                if t.trim_start().starts_with("<system-reminder>") {
+                    line.push_str("  <system-reminder>");
+                }
+            }
+            match unit.kind.as_str() {
+                "tool_use" | "function_call" => {
+                    if let Ok(v) = block() {
+                        let name = v.get("name").and_then(Value::as_str).unwrap_or("?");
+                        let input = v
+                            .get("input")
+                            .or_else(|| v.get("arguments"))
+                            .map(|i| match i {
+                                Value::String(s) => s.clone(),
+                                other => other.to_string(),
+                            })
+                            .unwrap_or_default();
+                        let _ = write!(line, " {name} {input}");
+                    }
+                }
+                "tool_result" => {
+                    if let Ok(v) = block()
+                        && v.get("is_error") == Some(&Value::Bool(true))
+                    {
+                        line.push_str(" (error)");
+                    }
+                }
+                _ => {}
+            }
+            let _ = writeln!(out, "{line}");
+            if let Some(t) = text.as_ref().filter(|t| !t.is_empty()) {
+                for l in t.lines() {
+                    let _ = writeln!(out, "    │ {l}");
+                }
+            } else if text.is_none() && unit.kind != "tool_use" && unit.kind != "function_call" {
+                let _ = writeln!(out, "    ({} bytes)", unit.span.end - unit.span.start);
+            }
+        }
+        if let Some(marker) = &unit.marker {
+            breakpoints += 1;
+            if !tools.is_empty() {
+                let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
+                tools.clear();
+            }
+            let _ = writeln!(
+                out,
+                "  ◆ breakpoint {breakpoints} after {} (ttl {})",
+                unit.path, marker.ttl
+            );
+        }
+    }
+    if !tools.is_empty() {
+        let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
+    }
+    if let Some(marker) = prompt.automatic_marker() {
+        let _ = writeln!(
+            out,
+            "  ◆ automatic caching (top-level cache_control, ttl {})",
+            marker.ttl
+        );
     }
 }
 

@@ -30,6 +30,33 @@ pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {
     }
 }
 
+/// Prints through `$PAGER` (default `less -FRX`) when stdout is a terminal, else as
+/// [`print`] does. An empty `PAGER`, or one that will not start, prints directly.
+pub(super) fn page(bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::IsTerminal;
+    if !std::io::stdout().is_terminal() {
+        return print(bytes);
+    }
+    let pager = std::env::var("PAGER").unwrap_or_else(|_| "less -FRX".into());
+    let mut words = pager.split_whitespace();
+    let Some(program) = words.next() else {
+        return print(bytes);
+    };
+    let child = std::process::Command::new(program)
+        .args(words)
+        .stdin(std::process::Stdio::piped())
+        .spawn();
+    let Ok(mut child) = child else {
+        return print(bytes);
+    };
+    if let Some(mut stdin) = child.stdin.take() {
+        // The reader may quit early (q in less): a broken pipe is not an error.
+        let _ = stdin.write_all(bytes);
+    }
+    child.wait()?;
+    Ok(())
+}
+
 /// Columns padded to their widest cell; `right` aligns numbers.
 pub(super) fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
     let cols = rows.first().map_or(0, Vec::len);
