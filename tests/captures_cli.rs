@@ -361,3 +361,67 @@ actions = [ { tag = "batch" } ]
     let forward = captures::ok(dir, &["list", "--all", "--mode", "forward"]);
     assert!(forward.ends_with("0 exchange(s)\n"), "{forward}");
 }
+
+/// `captures tail` prints the last exchanges, then each one as its record lands,
+/// with list's filters, until it is stopped.
+#[tokio::test(flavor = "multi_thread")]
+async fn tail_follows_the_store_as_records_land() {
+    use std::io::{BufRead, BufReader};
+    let (_fake, proxy, ids) = start().await;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args([
+            "captures",
+            "tail",
+            "--limit",
+            "2",
+            "--model",
+            "claude-opus-*",
+            "--captures",
+        ])
+        .arg(&proxy.captures)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { return };
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let next = || rx.recv_timeout(WAIT).expect("a line from captures tail");
+    assert!(next().starts_with("TIME (UTC)"));
+    // The last two Claude Code turns (the pi request is another model).
+    assert!(next().contains(&ids[1]));
+    assert!(next().contains(&ids[2]));
+    // A new turn shows up once its record lands.
+    let body = shapes::to_bytes(&shapes::claude_code_body(3, shapes::CC_SESSION));
+    let h = shapes::claude_code_headers(
+        &proxy.addr.to_string(),
+        body.len(),
+        "sk-ant-api03-golden-0123456789abcdef",
+    );
+    let r = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages?beta=true", &h, &body),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let records = captures::wait_records(&proxy.captures, 5, WAIT).await;
+    let newest = records
+        .iter()
+        .filter_map(|r| r["id"].as_str())
+        .max()
+        .unwrap()
+        .to_owned();
+    let line = next();
+    assert!(
+        line.contains(&newest) && line.contains("claude-opus-5-5"),
+        "{line}"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
+}

@@ -102,6 +102,8 @@ pub struct Filter {
     pub mode: Option<String>,
     /// `Some(false)`: model calls only; `Some(true)`: side requests only.
     pub side: Option<bool>,
+    /// Only records stored after the one of this [`Row::seq`].
+    pub after_seq: Option<i64>,
 }
 
 /// One line of a listing.
@@ -121,6 +123,9 @@ pub struct Row {
     pub rules: Vec<String>,
     /// The cache verdict in a few words (`hit`, `partial system[2]`, `MISS ttl`).
     pub cache: Option<String>,
+    /// Its place in storing order (SQLite's rowid): records land when their
+    /// exchange ends, so a follower asks for what came after the last one it saw.
+    pub seq: i64,
 }
 
 /// One conversation: its requests and tokens.
@@ -571,7 +576,7 @@ impl Store {
         let sql = format!(
             "SELECT id, started_ms, conversation, model, provider, status, outcome, input_tokens,
                output_tokens, cache_read_tokens, cache_write_tokens, rules, meta, received, sent,
-               response, message, {cache}
+               response, message, {cache}, rowid
              FROM records {clause} ORDER BY id DESC LIMIT {limit}"
         );
         let mut stmt = self.conn.prepare(&sql)?;
@@ -600,6 +605,7 @@ impl Store {
                     .map(str::to_owned)
                     .collect(),
                 cache: r.get(17)?,
+                seq: r.get(18)?,
             };
             if let Some(needle) = &filter.grep {
                 let meta: Vec<u8> = r.get(12)?;
@@ -942,6 +948,10 @@ fn where_clause(f: &Filter, version: i64) -> (String, Vec<rusqlite::types::Value
     if let Some(mode) = f.mode.as_ref().filter(|_| has_columns) {
         args.push(Value::Text(mode.to_ascii_lowercase()));
         parts.push(format!("mode = ?{}", args.len()));
+    }
+    if let Some(seq) = f.after_seq {
+        args.push(Value::Integer(seq));
+        parts.push(format!("rowid > ?{}", args.len()));
     }
     if let Some(side) = f.side.filter(|_| has_columns) {
         args.push(Value::Integer(i64::from(side)));

@@ -34,6 +34,9 @@ enum Verb {
     /// One line per exchange: time, id, conversation, model, status, outcome, tokens,
     /// rules. Side requests are hidden unless --all.
     List(ListArgs),
+    /// Follows the store like `tail -f`: the last few exchanges, then one line per
+    /// exchange as its record lands, until Ctrl-C. The filters of `list`.
+    Tail(ListArgs),
     /// One exchange, readable: system blocks, messages, tools, usage, rules.
     Show(ShowArgs),
     /// What changed between two requests, in the provider's cache order.
@@ -134,6 +137,7 @@ impl FilterArgs {
             path: self.path.clone(),
             mode: self.mode.clone(),
             side: None,
+            after_seq: None,
         })
     }
 }
@@ -187,6 +191,7 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
     let mut out = String::new();
     match args.verb {
         Verb::List(l) => list(&store, &l.filter()?, &mut out)?,
+        Verb::Tail(l) => return tail(&store, l.filter()?),
         Verb::Show(s) => {
             let record = store.load(&s.id)?;
             if s.raw {
@@ -263,6 +268,57 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
         }
     }
     Ok(())
+}
+
+/// How often `tail` looks for new records.
+const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(250);
+
+fn tail(store: &Store, filter: Filter) -> anyhow::Result<()> {
+    const WIDTHS: [usize; 12] = [19, 26, 28, 20, 6, 16, 7, 5, 7, 7, 20, 0];
+    let line = |cells: &[String]| {
+        let mut text = String::new();
+        for (cell, width) in cells.iter().zip(WIDTHS) {
+            let _ = write!(text, "{cell:<width$}  ");
+        }
+        text.trim_end().to_owned() + "\n"
+    };
+    let head: Vec<String> = [
+        "TIME (UTC)",
+        "ID",
+        "CONVERSATION",
+        "MODEL",
+        "STATUS",
+        "OUTCOME",
+        "IN",
+        "OUT",
+        "CACHE_R",
+        "CACHE_W",
+        "CACHE",
+        "RULES",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    print(line(&head).as_bytes())?;
+    let first = Filter {
+        limit: Some(filter.limit.unwrap_or(10)),
+        ..filter.clone()
+    };
+    let mut rows = store.list(&first)?;
+    let mut after = None;
+    loop {
+        rows.sort_by_key(|r| r.seq);
+        for r in &rows {
+            print(line(&row_cells(r)).as_bytes())?;
+            after = Some(r.seq);
+        }
+        std::thread::sleep(TAIL_POLL);
+        rows = store.list(&Filter {
+            after_seq: after.or(Some(0)),
+            limit: None,
+            offset: None,
+            ..filter.clone()
+        })?;
+    }
 }
 
 fn row_cells(r: &Row) -> Vec<String> {
