@@ -247,21 +247,64 @@ pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
                         .iter()
                         .filter_map(|o| if let Op::Added(y) = o { Some(*y) } else { None })
                         .collect();
-                    let paired = removed.len().min(added.len());
-                    for k in 0..paired {
-                        let (x, y) = (xs[removed[k]], ys[added[k]]);
-                        let mut e = entry(section, Change::Changed, Some(x), Some(y));
+                    // Pair each removal with the most alike addition after the last
+                    // pair, so an insert before a changed unit reads `+` then `~`.
+                    let mut pairs: Vec<(usize, usize)> = Vec::new();
+                    let mut from = 0;
+                    for &x in &removed {
+                        let best = (from..added.len())
+                            .map(|k| (k, likeness(xs[x], ys[added[k]])))
+                            .filter(|(_, l)| *l >= MIN_LIKENESS)
+                            .max_by(|a, b| a.1.total_cmp(&b.1));
+                        if let Some((k, _)) = best {
+                            pairs.push((x, added[k]));
+                            from = k + 1;
+                        }
+                    }
+                    // What is left unpaired pairs in order, as before, when both remain.
+                    let mut lone_x: Vec<usize> = removed
+                        .iter()
+                        .copied()
+                        .filter(|x| !pairs.iter().any(|p| p.0 == *x))
+                        .collect();
+                    let mut lone_y: Vec<usize> = added
+                        .iter()
+                        .copied()
+                        .filter(|y| !pairs.iter().any(|p| p.1 == *y))
+                        .collect();
+                    if pairs.is_empty() {
+                        let n = lone_x.len().min(lone_y.len());
+                        pairs.extend(lone_x.drain(..n).zip(lone_y.drain(..n)));
+                    }
+                    // In the second request's order; removals before what follows them.
+                    let mut events: Vec<(usize, usize, DiffEntry)> = Vec::new();
+                    for (x, y) in pairs {
+                        let (ux, uy) = (xs[x], ys[y]);
+                        let mut e = entry(section, Change::Changed, Some(ux), Some(uy));
                         e.lines = line_diff(
-                            &display_text(&parse(x.normalized.as_bytes())),
-                            &display_text(&parse(y.normalized.as_bytes())),
+                            &display_text(&parse(ux.normalized.as_bytes())),
+                            &display_text(&parse(uy.normalized.as_bytes())),
                         );
+                        events.push((y, x, e));
+                    }
+                    for y in lone_y {
+                        events.push((
+                            y,
+                            usize::MAX,
+                            entry(section, Change::Added, None, Some(ys[y])),
+                        ));
+                    }
+                    events.sort_by_key(|(y, _, _)| *y);
+                    let mut lone_x = lone_x.into_iter().peekable();
+                    for (_, x, e) in events {
+                        while let Some(&r) = lone_x.peek().filter(|r| x != usize::MAX && **r < x) {
+                            out.push(entry(section, Change::Removed, Some(xs[r]), None));
+                            lone_x.next();
+                        }
                         out.push(e);
                     }
-                    for &x in &removed[paired..] {
-                        out.push(entry(section, Change::Removed, Some(xs[x]), None));
-                    }
-                    for &y in &added[paired..] {
-                        out.push(entry(section, Change::Added, None, Some(ys[y])));
+                    for r in lone_x {
+                        out.push(entry(section, Change::Removed, Some(xs[r]), None));
                     }
                     i = run_end;
                 }
@@ -269,6 +312,33 @@ pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
         }
     }
     out
+}
+
+/// How alike two units must be to read as one unit changed rather than one
+/// removed and another added.
+const MIN_LIKENESS: f64 = 0.3;
+
+/// The share of the longer unit's readable text that two units have in common at
+/// its start and end: 1.0 for equal texts, near 0 for unrelated ones (the JSON
+/// around the text would make any two text blocks look alike).
+fn likeness(x: &Unit<'_>, y: &Unit<'_>) -> f64 {
+    let text = |u: &Unit<'_>| display_text(&parse(u.normalized.as_bytes()));
+    let (a, b) = (text(x), text(y));
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let longest = a.len().max(b.len());
+    if longest == 0 {
+        return 1.0;
+    }
+    let prefix = a.iter().zip(b).take_while(|(p, q)| p == q).count();
+    let rest = a.len().min(b.len()) - prefix;
+    let suffix = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take(rest)
+        .take_while(|(p, q)| p == q)
+        .count();
+    (prefix + suffix) as f64 / longest as f64
 }
 
 /// The structural diff of two request bodies (each must be a JSON object).
@@ -440,6 +510,23 @@ mod tests {
         assert_eq!(u[0].label, "tool Bash");
         assert!(u[3].breakpoint && !u[2].breakpoint);
         assert_eq!(u[5].label, "system: text, 10 chars");
+    }
+
+    #[test]
+    fn an_insert_before_a_changed_unit_reads_as_an_insert_then_a_change() {
+        let a = r#"{"system":[{"type":"text","text":"You are Claude Code, the CLI. Today's date is 2026-12-01. Be brief and exact."},{"type":"text","text":"tail"}]}"#;
+        let b = r#"{"system":[{"type":"text","text":"ACME policy: never paste customer data."},{"type":"text","text":"You are Claude Code, the CLI. Be brief and exact."},{"type":"text","text":"tail"}]}"#;
+        let d = diff(&units(a), &units(b));
+        let got: Vec<(Change, Option<usize>, Option<usize>)> =
+            d.iter().map(|e| (e.change, e.a, e.b)).collect();
+        assert_eq!(
+            got,
+            [
+                (Change::Added, None, Some(0)),
+                (Change::Changed, Some(0), Some(1)),
+                (Change::Same, Some(1), Some(2)),
+            ]
+        );
     }
 
     #[test]

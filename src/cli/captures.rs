@@ -505,7 +505,13 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
     } else {
         ("as received", &r.request.body)
     };
-    let _ = writeln!(out, "\nrequest ({which}): {}", body_line(body, None));
+    let mut line = body_line(body, None);
+    let wire = if sent { None } else { Some(r.bytes_in) };
+    if let Some(n) = wire.filter(|n| *n != body.size) {
+        // Redaction (or a compressed body stored decoded) changes the size.
+        let _ = write!(line, "; {n} bytes on the wire, stored decoded and redacted");
+    }
+    let _ = writeln!(out, "\nrequest ({which}): {line}");
     if args.summary {
         request_summary(body, out);
     } else {
@@ -585,8 +591,13 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
             }
         }
     }
-    out.push_str("\nrequest headers (received, redacted):\n");
-    for (k, v) in &r.request.headers {
+    let (which, headers) = if sent {
+        ("as sent upstream", &r.request.sent_headers)
+    } else {
+        ("as received", &r.request.headers)
+    };
+    let _ = writeln!(out, "\nrequest headers ({which}, secrets redacted):");
+    for (k, v) in headers {
         let _ = writeln!(out, "  {k}: {v}");
     }
     out.push_str("\nresponse headers:\n");
