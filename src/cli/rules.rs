@@ -413,6 +413,16 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             for p in &result.effects.body_diff {
                 println!("  changed {p}");
             }
+            // Each changed unit's text, before → after, as `captures show` prints it.
+            match crate::capture::units::diff_bodies(&plain, new.bytes()) {
+                Ok(entries) => {
+                    let mut text = String::new();
+                    super::captures::diff_lines(&entries, &mut text);
+                    println!("what the rules changed (received → sent):");
+                    print!("{text}");
+                }
+                Err(e) => println!("  (no unit diff: {e})"),
+            }
         }
     }
     if let (Some(status), Verdict::Continue) = (args.status, &result.verdict) {
