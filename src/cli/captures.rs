@@ -224,26 +224,25 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
 
 // === list, conversations ===
 
+/// The columns of `list` and `tail`.
+const LIST_COLUMNS: [&str; 12] = [
+    "TIME (UTC)",
+    "ID",
+    "CONVERSATION",
+    "MODEL",
+    "STATUS",
+    "OUTCOME",
+    "IN",
+    "OUT",
+    "CACHE_R",
+    "CACHE_W",
+    "CACHE",
+    "RULES",
+];
+
 fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> {
     let rows = store.list(filter)?;
-    let mut table = vec![
-        [
-            "TIME (UTC)",
-            "ID",
-            "CONVERSATION",
-            "MODEL",
-            "STATUS",
-            "OUTCOME",
-            "IN",
-            "OUT",
-            "CACHE_R",
-            "CACHE_W",
-            "CACHE",
-            "RULES",
-        ]
-        .map(str::to_owned)
-        .to_vec(),
-    ];
+    let mut table = vec![LIST_COLUMNS.map(str::to_owned).to_vec()];
     for r in &rows {
         table.push(row_cells(r));
     }
@@ -282,22 +281,7 @@ fn tail(store: &Store, filter: Filter) -> anyhow::Result<()> {
         }
         text.trim_end().to_owned() + "\n"
     };
-    let head: Vec<String> = [
-        "TIME (UTC)",
-        "ID",
-        "CONVERSATION",
-        "MODEL",
-        "STATUS",
-        "OUTCOME",
-        "IN",
-        "OUT",
-        "CACHE_R",
-        "CACHE_W",
-        "CACHE",
-        "RULES",
-    ]
-    .map(str::to_owned)
-    .to_vec();
+    let head = LIST_COLUMNS.map(str::to_owned).to_vec();
     print(line(&head).as_bytes())?;
     let first = Filter {
         limit: Some(filter.limit.unwrap_or(10)),

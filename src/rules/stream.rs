@@ -562,13 +562,18 @@ impl EventRules {
             new.push_str(&text[at..piece.end]);
         }
         set_at(&mut piece.data, &piece.path, Value::String(new));
-        let data = piece.data.to_string();
+        self.masked_event(index, name, &piece.data, &rules)
+    }
+
+    /// A masked event's bytes, with an edit per rule that masked it.
+    fn masked_event(&self, index: u32, name: &str, data: &Value, rules: &[&str]) -> Bytes {
+        let data = data.to_string();
         let mut report = self.report_mut();
         for rule in rules {
             report.edits.push(EventEdit {
                 index,
                 event: name.to_owned(),
-                rule: rule.to_owned(),
+                rule: (*rule).to_owned(),
                 action: "mask".into(),
                 sent: Some(data.clone()),
             });
@@ -586,18 +591,7 @@ impl EventRules {
         if rules.is_empty() {
             return raw;
         }
-        let text = data.to_string();
-        let mut report = self.report_mut();
-        for rule in rules {
-            report.edits.push(EventEdit {
-                index,
-                event: name.to_owned(),
-                rule: rule.to_owned(),
-                action: "mask".into(),
-                sent: Some(text.clone()),
-            });
-        }
-        event_bytes(name, &text)
+        self.masked_event(index, name, &data, &rules)
     }
 
     /// Runs the phase's rules on one event.
