@@ -664,3 +664,67 @@ async fn tool_round_trip() {
     );
     support::assert_absent(proxy.log().as_bytes(), CANARY_KEY, "the promptgate log");
 }
+
+#[test]
+fn claude_code_shows_a_default_block_once_as_a_policy_refusal() {
+    isolated(
+        "claude_code_shows_a_default_block_once_as_a_policy_refusal",
+        default_block,
+    );
+}
+
+/// `block` with no status (451 permission_error), under Claude Code's own retry
+/// policy: the provider is never contacted, the request arrives once, and Claude
+/// Code prints the rule's message as the API error. What other statuses do is in
+/// the README (measured the same way: a 400 or 422 arrives 6 times, a 403 reads
+/// "Failed to authenticate", a 404 blames the model, a 413 the images).
+async fn default_block() {
+    let fake = FakeProvider::start(answer).await;
+    let rules = TempDir::new("block-rules");
+    std::fs::write(
+        rules.path().join("block.toml"),
+        "[[rule]]\nname = \"no-messages\"\non = \"before_provider_request\"\n\
+         when = { path = \"/v1/messages\" }\n\
+         actions = [ { block = \"Blocked by ACME policy: this model is not allowed\" } ]\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let mut command = claude_command(
+        &["-p", "Say hello", "--output-format", "json"],
+        work.path(),
+        home.path(),
+        &[("ANTHROPIC_BASE_URL", proxy.url())],
+    );
+    // Claude Code's own retry policy, not the tests' CLAUDE_CODE_MAX_RETRIES=0.
+    command.env_remove("CLAUDE_CODE_MAX_RETRIES");
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let result = serde_json::from_slice::<Value>(&output.stdout)
+        .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    eprintln!("claude -p exited {}; it printed {result:?}", output.status);
+    assert!(!output.status.success());
+    assert_eq!(
+        result,
+        "API Error: 451 promptgate: Blocked by ACME policy: this model is not allowed (rule \"no-messages\")"
+    );
+    // A moment for a retry that would come.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let blocked: Vec<Value> = proxy
+        .exchanges()
+        .into_iter()
+        .filter(|l| l["outcome"] == "blocked")
+        .collect();
+    assert_eq!(blocked.len(), 1, "sent once: {blocked:?}");
+    assert!(
+        messages_calls(&fake).is_empty(),
+        "the provider was never contacted"
+    );
+}

@@ -218,7 +218,7 @@ async fn a_real_prometheus_scrapes_the_series_and_they_add_up() {
     limited["messages"][0]["content"][3]["text"] = json!("rate-limit-me");
     assert_eq!(send_cc(&proxy, &limited, &[]).await, 429);
     let batch = shapes::claude_code_body(1, "b7c1f3de-0000-4000-8000-00000000000b");
-    assert_eq!(send_cc(&proxy, &batch, &[("x-team", "batch")]).await, 403);
+    assert_eq!(send_cc(&proxy, &batch, &[("x-team", "batch")]).await, 451);
     proxy.wait_exchanges(5, WAIT).await;
 
     let prometheus = Prometheus::start(admin).await;

@@ -74,7 +74,7 @@ async fn compressed_bodies_show_their_model_to_model_rules() {
             &[("x-team", "batch"), ("content-encoding", coding)],
         )
         .await;
-        assert_eq!(response.status, 403, "{coding}: {}", response.text());
+        assert_eq!(response.status, 451, "{coding}: {}", response.text());
         assert!(response.text().contains("Opus is not allowed"), "{coding}");
     }
     // The same rule passes a compressed Sonnet request, and the record reads it.
@@ -136,7 +136,7 @@ async fn model_allow_passes_a_legitimate_compressed_request() {
         &[("content-encoding", "zstd")],
     )
     .await;
-    assert_eq!(response.status, 403, "{}", response.text());
+    assert_eq!(response.status, 451, "{}", response.text());
     assert!(
         response
             .text()
@@ -233,7 +233,7 @@ async fn duplicate_keys_are_refused_while_enforce_rules_are_loaded() {
     ];
     for (body, pointer) in &cases {
         let response = post(&proxy, body.as_bytes(), &[]).await;
-        assert_eq!(response.status, 403, "{body}: {}", response.text());
+        assert_eq!(response.status, 451, "{body}: {}", response.text());
         let message = response.json()["error"]["message"]
             .as_str()
             .unwrap()
@@ -250,7 +250,7 @@ async fn duplicate_keys_are_refused_while_enforce_rules_are_loaded() {
         &[("content-encoding", "gzip")],
     )
     .await;
-    assert_eq!(response.status, 403, "{}", response.text());
+    assert_eq!(response.status, 451, "{}", response.text());
     assert!(
         fake.requests().is_empty(),
         "the provider was never contacted"
@@ -273,7 +273,7 @@ async fn without_enforce_rules_read_the_last_of_a_repeated_key() {
     let proxy = start(&fake, &dir, &[]);
     // The provider would run Opus: refused, as the rule says.
     let response = post(&proxy, DUPLICATE_MODEL.as_bytes(), &[]).await;
-    assert_eq!(response.status, 403, "{}", response.text());
+    assert_eq!(response.status, 451, "{}", response.text());
     assert!(
         response.text().contains("claude-opus-4-1"),
         "{}",

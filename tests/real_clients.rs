@@ -236,8 +236,8 @@ async fn curl_streams_and_large_bodies() {
     assert_eq!(got.header("expect"), None);
 }
 
-/// A rule's `block` reaches the official SDK as the exception for its status
-/// (403 → PermissionDeniedError), and `x-should-retry: false` stops its retries.
+/// A rule's `block` reaches the official SDK as an `APIStatusError` with the
+/// default 451 and `permission_error`, and `x-should-retry: false` stops its retries.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_rule_block_raises_permission_denied_without_a_retry() {
     if !support::sdk::available() {
@@ -258,8 +258,8 @@ async fn a_rule_block_raises_permission_denied_without_a_retry() {
     )
     .await;
     let blocked = &result["anthropic_blocked"];
-    assert_eq!(blocked["exception"], "PermissionDeniedError", "{result}");
-    assert_eq!(blocked["status"], 403);
+    assert_eq!(blocked["exception"], "APIStatusError", "{result}");
+    assert_eq!(blocked["status"], 451);
     assert_eq!(blocked["retry_count_header"], "0", "the one and only try");
     assert_eq!(blocked["body"]["error"]["type"], "permission_error");
     let lines = proxy.wait_exchanges(1, WAIT).await;

@@ -252,7 +252,7 @@ async fn stripping_breakpoints_predicts_the_loss_and_blocks_are_counted() {
     assert_eq!(report["blocked"], 1);
     assert_eq!(rule(&report, "no-opus-for-batch")["blocked"], 1);
     let b = &report["blocks"][0];
-    assert_eq!(b["status"], 403);
+    assert_eq!(b["status"], 451);
     assert_eq!(
         b["message"],
         "Opus is not allowed for team batch; use claude-sonnet-*"

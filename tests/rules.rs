@@ -140,7 +140,7 @@ actions = [ { block = { status = 400, type = "invalid_request_error", message = 
     let proxy = start(&fake, &dir);
     let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
     let response = post_cc(&proxy, &body, &[("x-team", "batch".into())]).await;
-    assert_eq!(response.status, 403);
+    assert_eq!(response.status, 451);
     assert_eq!(response.header("x-should-retry"), Some("false"));
     assert_eq!(response.header("content-type"), Some("application/json"));
     let request_id = response.header("request-id").unwrap().to_owned();
@@ -468,7 +468,7 @@ async fn hot_reload_survives_the_directory_being_deleted_and_recreated() {
     let deadline = Instant::now() + WAIT;
     loop {
         let response = client::post(proxy.addr, "/v1/messages", &body).await;
-        if response.status == 403 {
+        if response.status == 451 {
             break;
         }
         assert!(
@@ -736,7 +736,7 @@ fn rules_test_reads_headers_flat_or_as_a_recorded_request() {
         let (code, out) = run(headers);
         assert_eq!(code, Some(0), "{headers}: {out}");
         assert!(
-            out.contains("verdict: block 403"),
+            out.contains("verdict: block 451"),
             "{headers}: the header applied: {out}"
         );
     }
@@ -775,7 +775,7 @@ fn rules_test_names_the_error_type_a_block_answers_with() {
     ]);
     assert_eq!(code, Some(0), "{out}");
     assert!(
-        out.contains("verdict: block 403 permission_error: not here (rule \"no\")"),
+        out.contains("verdict: block 451 permission_error: not here (rule \"no\")"),
         "{out}"
     );
 }

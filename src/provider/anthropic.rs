@@ -17,7 +17,7 @@ pub fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         401 => "authentication_error",
         402 => "billing_error",
-        403 => "permission_error",
+        403 | 451 => "permission_error",
         404 => "not_found_error",
         409 => "conflict_error",
         413 => "request_too_large",

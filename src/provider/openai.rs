@@ -17,7 +17,7 @@ use super::{ResponseSummary, StreamReader, Usage, error_text, str_field};
 pub fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         401 => "authentication_error",
-        403 => "permission_error",
+        403 | 451 => "permission_error",
         404 => "not_found_error",
         429 => "rate_limit_error",
         s if s >= 500 => "server_error",

@@ -122,8 +122,10 @@ pub struct RuleSet {
 }
 
 /// The status of a `block` that names none, of `model.allow` and of the
-/// repeated-key refusal.
-pub(crate) const BLOCK_STATUS: StatusCode = StatusCode::FORBIDDEN;
+/// repeated-key refusal: 451, measured with Claude Code (tests/claude_code.rs):
+/// it prints the message and sends the request once. A 403 reads "Failed to
+/// authenticate", and a 400 or 422 is sent 6 times in a second.
+pub(crate) const BLOCK_STATUS: StatusCode = StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS;
 
 /// What a blocked request is answered with.
 #[derive(Debug, Clone, PartialEq, Eq)]

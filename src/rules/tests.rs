@@ -557,7 +557,7 @@ actions = [ { tag = "mapped" } ]
     let Verdict::Respond(b) = r.verdict else {
         panic!("model.allow blocks")
     };
-    assert_eq!(b.status, StatusCode::FORBIDDEN);
+    assert_eq!(b.status, StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS);
     assert!(b.message.contains("claude-sonnet-5-5"), "{}", b.message);
     assert!(r.body.is_none(), "a blocked request sends nothing");
 }
@@ -1071,7 +1071,7 @@ fn example_block_opus_for_batch() {
     let Verdict::Respond(b) = cc().header("x-team", "batch").run(&rules).verdict else {
         panic!("Claude Code's Opus request is blocked")
     };
-    assert_eq!(b.status, StatusCode::FORBIDDEN);
+    assert_eq!(b.status, StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS);
     assert_eq!(
         pi().header("x-team", "batch").run(&rules).verdict,
         Verdict::Continue,

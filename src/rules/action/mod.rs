@@ -201,7 +201,7 @@ pub static ACTIONS: &[ActionSpec] = &[
     ActionSpec {
         key: "model.allow",
         phases: REQUEST,
-        doc: "Blocks (403) a request whose model matches none of the globs.",
+        doc: "Blocks (451 permission_error) a request whose model matches none of the globs.",
         example: "{ model.allow = [\"claude-sonnet-*\", \"claude-haiku-*\"] }",
         compile: model::compile_allow,
     },
@@ -243,8 +243,8 @@ pub static ACTIONS: &[ActionSpec] = &[
     ActionSpec {
         key: "block",
         phases: BLOCKS,
-        doc: "Answers the client in the provider's error shape with `status` (default 403), `type` and `message`, and `x-should-retry: false`; the upstream is never contacted. A string is the message. In provider_stream_event it ends the stream: what was held goes out, then an SSE error event (`type`, default `permission_error`, and `message`) and an incomplete ending; `status` is not used.",
-        example: "{ block = { status = 403, message = \"Opus is not allowed for team batch\" } }",
+        doc: "Answers the client in the provider's error shape with `status` (default 451, which Claude Code shows as the message and sends once; see Blocks), `type` and `message`, and `x-should-retry: false`; the upstream is never contacted. A string is the message. In provider_stream_event it ends the stream: what was held goes out, then an SSE error event (`type`, default `permission_error`, and `message`) and an incomplete ending; `status` is not used.",
+        example: "{ block = { message = \"Opus is not allowed for team batch\" } }",
         compile: block::compile,
     },
     ActionSpec {
