@@ -160,7 +160,7 @@ impl Default for Config {
             max_connections_per_client: 512,
             shutdown_grace: Duration::from_secs(30),
             workers: 0,
-            certs: PathBuf::from("certs"),
+            certs: crate::runtime::data_dir().join("certs"),
             intercept: InterceptList::default(),
             resolve: Vec::new(),
             intercept_only: false,

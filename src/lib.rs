@@ -68,6 +68,7 @@ pub mod provider;
 pub mod record;
 pub mod replay;
 pub mod rules;
+pub mod runtime;
 pub mod server;
 pub mod setting;
 pub mod tls;

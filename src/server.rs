@@ -22,6 +22,7 @@ use crate::logging::ExchangeLog;
 use crate::metrics::{Metrics, Sources};
 use crate::record::{RecordSink, Recorder};
 use crate::rules::reload::LiveRules;
+use crate::runtime::Running;
 use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
 use crate::traces::export::SpanExporter;
 use crate::upstream::Upstream;
@@ -151,6 +152,16 @@ pub async fn serve(
     if announce {
         start_line(&config, local, admin_addr, &rules);
     }
+    // Removed when serve returns: the command line then stops finding this one.
+    let _runtime = Running {
+        pid: std::process::id(),
+        listen: local,
+        admin: admin_addr,
+        captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+        certs: config.certs.clone(),
+        started_ms: crate::capture::timestamp::now_ms(),
+    }
+    .publish();
     let stopping = Arc::new(AtomicBool::new(false));
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
@@ -206,11 +217,18 @@ fn start_line(
     rules: &LiveRules,
 ) {
     let rules = rules.state(&config.rules_dir);
+    let captures = if config.capture.enabled {
+        config.capture.dir.display().to_string()
+    } else {
+        "off".to_owned()
+    };
     let text = format!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1; \
-         rules: {rules}); paste: export ANTHROPIC_BASE_URL=http://{local} \
-         OPENAI_BASE_URL=http://{local}/openai/v1",
-        config.upstream_anthropic, config.upstream_openai
+         rules: {rules}; captures: {captures}; certs: {}); paste: export \
+         ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
+        config.upstream_anthropic,
+        config.upstream_openai,
+        config.certs.display()
     );
     match config.log_format {
         crate::logging::LogFormat::Text => println!("{text}"),
@@ -223,6 +241,8 @@ fn start_line(
                 "upstream_anthropic": config.upstream_anthropic.to_string(),
                 "upstream_openai": config.upstream_openai.to_string(),
                 "rules": rules,
+                "captures": config.capture.enabled.then(|| config.capture.dir.display().to_string()),
+                "certs": config.certs.display().to_string(),
                 "anthropic_base_url": format!("http://{local}"),
                 "openai_base_url": format!("http://{local}/openai/v1"),
             })

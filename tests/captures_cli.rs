@@ -425,3 +425,60 @@ async fn tail_follows_the_store_as_records_land() {
     child.kill().unwrap();
     let _ = child.wait();
 }
+
+/// With no flags, the command line finds the running serve through its runtime
+/// file: `captures` reads its store, `env` prints its address, `doctor` reaches it
+/// and its admin API. The file goes when serve ends.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_command_line_finds_the_running_proxy_without_flags() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let body = br#"{"model":"claude-opus-5-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = client::post(proxy.addr, "/v1/messages", body).await;
+    assert_eq!(r.status, 200);
+    captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let run = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"));
+        command
+            .args(args)
+            .env("PROMPTGATE_RUNTIME_DIR", proxy.runtime_dir.path())
+            .env("PROMPTGATE_HOME", proxy.runtime_dir.path().join("home"));
+        for var in support::sdk::CLIENT_VARS {
+            command.env_remove(var);
+        }
+        let out = command.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let list = run(&["captures", "list"]);
+    assert!(list.contains("1 exchange(s)"), "the proxy's store: {list}");
+    let env = run(&["env"]);
+    assert!(
+        env.contains(&format!("ANTHROPIC_BASE_URL='http://{}'", proxy.addr)),
+        "{env}"
+    );
+    let doctor = run(&["doctor", "--offline"]);
+    assert!(doctor.contains("ok    listener"), "{doctor}");
+    assert!(
+        !doctor.contains("the admin API: nothing answers"),
+        "{doctor}"
+    );
+    let files = std::fs::read_dir(proxy.runtime_dir.path()).unwrap().count();
+    assert_eq!(files, 1, "one runtime file");
+    let start = &proxy.start_line;
+    assert!(
+        start.contains(&format!("captures: {}", proxy.captures.display())),
+        "{start}"
+    );
+    // Gone once serve ends.
+    let dir = proxy.runtime_dir.path().to_owned();
+    let mut proxy = proxy;
+    proxy.signal("TERM");
+    let status = proxy.wait_exit(WAIT).await;
+    assert!(status.success(), "{status}");
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("serve-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}

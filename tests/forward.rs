@@ -669,6 +669,8 @@ fn promptgate_clean(args: &[&str], env: &[(&str, &str)]) -> std::process::Output
     for var in support::sdk::CLIENT_VARS {
         command.env_remove(var);
     }
+    // No running serve of another test is found through its runtime file.
+    command.env("PROMPTGATE_RUNTIME_DIR", "/nonexistent/promptgate-runtime");
     for (k, v) in env {
         command.env(k, v);
     }

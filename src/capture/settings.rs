@@ -63,7 +63,7 @@ impl Default for CaptureSettings {
     fn default() -> Self {
         CaptureSettings {
             enabled: true,
-            dir: PathBuf::from("./captures"),
+            dir: crate::runtime::data_dir().join("captures"),
             required: false,
             retention: Retention {
                 max_age: Some(Duration::from_secs(30 * 86_400)),

@@ -38,7 +38,7 @@ enum CaVerb {
 /// Where the CA lives: `--certs`, else the config file's `certs`, else `./certs`.
 #[derive(Debug, Args, Clone, Default)]
 pub struct CertsPlace {
-    /// Directory of the CA [default: ./certs].
+    /// Directory of the CA [default: the running serve's, else `certs` in the data directory].
     #[arg(long, value_name = "DIR")]
     certs: Option<PathBuf>,
     /// Config file (TOML) whose `certs` setting applies.
@@ -53,13 +53,27 @@ impl CertsPlace {
 
     /// The configuration as a client-side verb sees it: the file, `--certs`, `listen`,
     /// and the proxy credentials from the environment.
+    /// Without a config file, what is not given comes from the running `serve`
+    /// (its runtime file), then from the shell's ANTHROPIC_BASE_URL / HTTPS_PROXY.
     pub(super) fn load(&self, listen: Option<String>) -> anyhow::Result<Config> {
+        let running = self
+            .config
+            .is_none()
+            .then(crate::runtime::Running::find)
+            .flatten();
+        let listen = listen
+            .or_else(|| running.as_ref().map(|r| r.listen.to_string()))
+            .or_else(|| self.config.is_none().then(listen_from_env).flatten());
+        let certs = self
+            .certs
+            .clone()
+            .or_else(|| running.as_ref().map(|r| r.certs.clone()));
         let remote = listen
             .as_deref()
             .and_then(|l| l.parse::<std::net::SocketAddr>().ok())
             .is_some_and(|a| !crate::config::is_default_loopback(a.ip()));
         let flags = ConfigLayer {
-            certs: self.certs.clone(),
+            certs,
             listen,
             allow_remote: remote.then_some(true),
             proxy_auth: std::env::var("PROMPTGATE_PROXY_AUTH")
@@ -67,8 +81,27 @@ impl CertsPlace {
                 .filter(|v| !v.is_empty()),
             ..ConfigLayer::default()
         };
-        Ok(Config::load(self.config.as_deref(), flags)?)
+        let mut config = Config::load(self.config.as_deref(), flags)?;
+        if let Some(r) = running {
+            config.admin = r.admin;
+        }
+        Ok(config)
     }
+}
+
+/// The promptgate address the shell's clients are pointed at, when it is on this
+/// machine: ANTHROPIC_BASE_URL (reverse mode), else HTTPS_PROXY (forward mode).
+fn listen_from_env() -> Option<String> {
+    ["ANTHROPIC_BASE_URL", "HTTPS_PROXY", "https_proxy"]
+        .iter()
+        .filter_map(|name| std::env::var(name).ok())
+        .find_map(|url| {
+            let rest = url.strip_prefix("http://")?;
+            let authority = rest.split('/').next()?;
+            let host_port = authority.rsplit('@').next()?;
+            let addr: std::net::SocketAddr = host_port.parse().ok()?;
+            addr.ip().is_loopback().then(|| addr.to_string())
+        })
 }
 
 /// Runs `promptgate ca …`.

@@ -28,7 +28,8 @@ enum Verb {
 
 #[derive(Debug, Args)]
 struct ReportArgs {
-    /// Directory of the capture store [default: ./captures, or capture.dir of --config].
+    /// Directory of the capture store [default: capture.dir of --config, else the
+    /// running serve's, else `captures` in the data directory].
     #[arg(long, value_name = "DIR")]
     captures: Option<PathBuf>,
     /// Config file whose capture.dir and [cache] ignore list to use.

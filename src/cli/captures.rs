@@ -21,7 +21,8 @@ use super::output::{page, print, render_table, store_config};
 pub struct CapturesArgs {
     #[command(subcommand)]
     verb: Verb,
-    /// Directory of the capture store [default: ./captures, or capture.dir of --config].
+    /// Directory of the capture store [default: capture.dir of --config, else the
+    /// running serve's, else `captures` in the data directory].
     #[arg(long, value_name = "DIR", global = true)]
     captures: Option<PathBuf>,
     /// Config file whose capture.dir to read.

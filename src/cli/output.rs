@@ -12,14 +12,19 @@ pub(super) fn store_config(
     captures: Option<PathBuf>,
     config: Option<PathBuf>,
 ) -> anyhow::Result<(PathBuf, Config)> {
+    let config_given = config.is_some();
     let config = match config {
         Some(file) => Config::load(Some(&file), ConfigLayer::default())?,
         None => Config::default(),
     };
-    Ok((
-        captures.unwrap_or_else(|| config.capture.dir.clone()),
-        config,
-    ))
+    // No flag, no file: the running serve's store, else the default.
+    let running = || crate::runtime::Running::find().and_then(|r| r.captures);
+    let dir = match (captures, config_given) {
+        (Some(dir), _) => dir,
+        (None, true) => config.capture.dir.clone(),
+        (None, false) => running().unwrap_or_else(|| config.capture.dir.clone()),
+    };
+    Ok((dir, config))
 }
 
 pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {

@@ -22,7 +22,8 @@ pub struct ReplayArgs {
     rules: PathBuf,
     #[command(flatten)]
     filter: FilterArgs,
-    /// Directory of the capture store [default: ./captures, or capture.dir of --config].
+    /// Directory of the capture store [default: capture.dir of --config, else the
+    /// running serve's, else `captures` in the data directory].
     #[arg(long, value_name = "DIR")]
     captures: Option<PathBuf>,
     /// Config file whose capture.dir, [cache] prices and conversation settings to use.

@@ -42,7 +42,8 @@ enum RulesCommand {
         /// instead: an id (or its start), `last`, or `@-1`, `@-2`…
         #[arg(long, value_name = "ID", conflicts_with_all = ["headers", "path"])]
         capture: Option<String>,
-        /// Directory of the capture store for --capture [default: ./captures].
+        /// Directory of the capture store for --capture [default: the running
+        /// serve's, else `captures` in the data directory].
         #[arg(long, value_name = "DIR", requires = "capture")]
         captures: Option<PathBuf>,
         /// Request headers: a JSON object of name → value.
@@ -88,7 +89,7 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
                 (Some(file), _) => Input::File(file),
                 (None, Some(id)) => Input::Capture {
                     id,
-                    dir: captures.unwrap_or_else(|| PathBuf::from("captures")),
+                    dir: super::output::store_config(captures, None)?.0,
                 },
                 (None, None) => bail!("give a REQUEST.json or --capture ID"),
             },

@@ -65,7 +65,8 @@ pub struct ServeArgs {
     /// Serving threads, each a single-threaded runtime [default: one per core].
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
-    /// Directory of the capture store [default: ./captures].
+    /// Directory of the capture store [default: `captures` in the data directory:
+    /// $PROMPTGATE_HOME, $XDG_DATA_HOME/promptgate or ~/.local/share/promptgate].
     #[arg(long, value_name = "DIR")]
     captures: Option<PathBuf>,
     /// Record nothing (capture.enabled = false).
@@ -132,7 +133,7 @@ pub struct ServeArgs {
 /// Forward-proxy (HTTPS_PROXY) settings, shared by `serve`, `env` and `doctor`.
 #[derive(Debug, Args, Default, Clone)]
 pub struct ForwardArgs {
-    /// Directory of the forward-proxy CA [default: ./certs].
+    /// Directory of the forward-proxy CA [default: `certs` in the data directory].
     #[arg(long, value_name = "DIR")]
     pub certs: Option<PathBuf>,
     /// Host to intercept in CONNECT tunnels, PATTERN[=anthropic|openai]; repeatable;

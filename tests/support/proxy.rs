@@ -22,6 +22,9 @@ pub struct Proxy {
     stderr: Arc<Mutex<String>>,
     /// The CA directory when the test gave none (`--certs`): a fresh one per proxy.
     certs: Option<super::TempDir>,
+    /// Where it writes its runtime file: its own, so that no other test's CLI run
+    /// finds it (PROMPTGATE_RUNTIME_DIR).
+    pub runtime_dir: super::TempDir,
 }
 
 impl Proxy {
@@ -75,6 +78,8 @@ impl Proxy {
                 (tmp.path().to_path_buf(), Some(tmp))
             }
         };
+        let runtime_dir = super::TempDir::new("runtime");
+        command.env("PROMPTGATE_RUNTIME_DIR", runtime_dir.path());
         for (k, v) in env {
             command.env(k, v);
         }
@@ -127,6 +132,7 @@ impl Proxy {
             start_line,
             stderr,
             certs,
+            runtime_dir,
         }
     }
 

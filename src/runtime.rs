@@ -1,0 +1,111 @@
+//! Where promptgate keeps its files, and how the command line finds a running
+//! `serve`: each one writes a small runtime file (its addresses, pid, store and CA)
+//! that `doctor`, `env`, `captures` and `cache report` read when given no flags.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// The per-user data directory: `$PROMPTGATE_HOME`, else the platform's
+/// (`$XDG_DATA_HOME/promptgate` or `~/.local/share/promptgate`; on macOS
+/// `~/Library/Application Support/promptgate`), else `./.promptgate`.
+pub fn data_dir() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(home) = var("PROMPTGATE_HOME") {
+        return PathBuf::from(home);
+    }
+    if cfg!(target_os = "macos")
+        && let Some(home) = var("HOME")
+    {
+        return Path::new(&home).join("Library/Application Support/promptgate");
+    }
+    if let Some(data) = var("XDG_DATA_HOME") {
+        return Path::new(&data).join("promptgate");
+    }
+    match var("HOME") {
+        Some(home) => Path::new(&home).join(".local/share/promptgate"),
+        None => PathBuf::from(".promptgate"),
+    }
+}
+
+/// Where runtime files go: `$PROMPTGATE_RUNTIME_DIR`, else
+/// `$XDG_RUNTIME_DIR/promptgate`, else `run/` in the data directory.
+pub fn runtime_dir() -> PathBuf {
+    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    if let Some(dir) = var("PROMPTGATE_RUNTIME_DIR") {
+        return PathBuf::from(dir);
+    }
+    match var("XDG_RUNTIME_DIR") {
+        Some(dir) => Path::new(&dir).join("promptgate"),
+        None => data_dir().join("run"),
+    }
+}
+
+/// What a running `serve` tells the command line about itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Running {
+    pub pid: u32,
+    pub listen: std::net::SocketAddr,
+    pub admin: Option<std::net::SocketAddr>,
+    /// The capture store, when capture is on.
+    pub captures: Option<PathBuf>,
+    pub certs: PathBuf,
+    pub started_ms: u64,
+}
+
+/// A runtime file, removed when dropped (at the end of `serve`).
+#[derive(Debug)]
+pub struct RuntimeFile {
+    path: PathBuf,
+}
+
+impl Running {
+    /// Writes this serve's runtime file. A failure is only logged: nothing depends
+    /// on it but the convenience of flag-less commands.
+    pub fn publish(&self) -> Option<RuntimeFile> {
+        let dir = runtime_dir();
+        let path = dir.join(format!("serve-{}.json", self.pid));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| {
+            let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+            std::fs::write(&path, text)
+        });
+        match written {
+            Ok(()) => Some(RuntimeFile { path }),
+            Err(e) => {
+                tracing::warn!(
+                    "could not write the runtime file {} ({e}); doctor and captures will need flags",
+                    path.display()
+                );
+                None
+            }
+        }
+    }
+
+    /// The running serve the command line should talk to: of the runtime files
+    /// whose process is alive, the most recently started.
+    pub fn find() -> Option<Running> {
+        let entries = std::fs::read_dir(runtime_dir()).ok()?;
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("serve-"))
+            .filter_map(|e| serde_json::from_slice::<Running>(&std::fs::read(e.path()).ok()?).ok())
+            .filter(|r| alive(r.pid))
+            .max_by_key(|r| r.started_ms)
+    }
+}
+
+impl Drop for RuntimeFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Whether a process with this pid exists (a stale file outlives a killed serve).
+fn alive(pid: u32) -> bool {
+    if cfg!(target_os = "linux") {
+        Path::new(&format!("/proc/{pid}")).exists()
+    } else {
+        // Elsewhere: trust the file; `serve` removes it when it ends.
+        true
+    }
+}
