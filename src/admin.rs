@@ -343,7 +343,12 @@ fn route(
     let store = Store::open_read_only(dir).map_err(store_error)?;
     match segments.as_slice() {
         ["api", "captures"] => {
-            let rows = store.list(&filter(query)?).map_err(store_error)?;
+            let mut f = filter(query)?;
+            // Side requests only with `all=1`, as `captures list --all`.
+            if !query.split('&').any(|p| p == "all=1" || p == "all=true") {
+                f.side = Some(false);
+            }
+            let rows = store.list(&f).map_err(store_error)?;
             json_bytes(&json!({"captures": rows}))
         }
         ["api", "captures", id] => {
@@ -397,7 +402,10 @@ fn store_error(e: StoreError) -> (StatusCode, String) {
     (status, e.to_string())
 }
 
-/// A [`Filter`] from `since`, `model`, `conversation`, `outcome`, `grep` and `limit`.
+/// A [`Filter`] from the query: the filters of `captures list` (`since`, `until`,
+/// `model`, `conversation`, `outcome`, `grep`, `provider`, `rule`, `verdict`, `tag`,
+/// `path`, `mode`, `limit`, `offset`), `after` (a row's `seq`: what was stored
+/// since) and `all`.
 fn filter(query: &str) -> Result<Filter, (StatusCode, String)> {
     let mut f = Filter::default();
     for pair in query.split('&').filter(|p| !p.is_empty()) {
@@ -408,6 +416,20 @@ fn filter(query: &str) -> Result<Filter, (StatusCode, String)> {
             "since" => {
                 let now = timestamp::now_ms();
                 f.since_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+            }
+            "until" => {
+                let now = timestamp::now_ms();
+                f.until_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+            }
+            "tag" => f.tag = Some(v),
+            "path" => f.path = Some(v),
+            "mode" => f.mode = Some(v),
+            "all" => {}
+            "after" => {
+                f.after_seq = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("after {v:?} is not a row's seq")))?,
+                )
             }
             "model" => f.model = Some(v),
             "conversation" => f.conversation = Some(v),

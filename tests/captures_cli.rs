@@ -360,6 +360,20 @@ actions = [ { tag = "batch" } ]
     assert!(reverse.contains("2 exchange(s)"), "{reverse}");
     let forward = captures::ok(dir, &["list", "--all", "--mode", "forward"]);
     assert!(forward.ends_with("0 exchange(s)\n"), "{forward}");
+    // The admin API: the same rule for side requests, and `after` a row's seq.
+    let admin = proxy.admin_addr();
+    let (_, rows) = client::get_json(admin, "/api/captures").await;
+    assert_eq!(rows["captures"].as_array().unwrap().len(), 2, "{rows}");
+    let (_, all) = client::get_json(admin, "/api/captures?all=1").await;
+    let all = all["captures"].as_array().unwrap().clone();
+    assert_eq!(all.len(), 4);
+    let mut seqs: Vec<i64> = all.iter().map(|r| r["seq"].as_i64().unwrap()).collect();
+    seqs.sort();
+    let (_, later) =
+        client::get_json(admin, &format!("/api/captures?all=1&after={}", seqs[1])).await;
+    assert_eq!(later["captures"].as_array().unwrap().len(), 2, "{later}");
+    let (_, tagged) = client::get_json(admin, "/api/captures?tag=batch").await;
+    assert_eq!(tagged["captures"].as_array().unwrap().len(), 1, "{tagged}");
 }
 
 /// `captures tail` prints the last exchanges, then each one as its record lands,
