@@ -33,7 +33,6 @@ use crate::capture::Capture;
 use crate::listener::ConnectionCounts;
 use crate::record::{ExchangeRecord, Outcome, RecordSink, Recorder};
 use crate::rules::reload::LiveRules;
-use crate::tls::LeafCache;
 
 /// `[metrics]` in the config file, as written.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -459,7 +458,7 @@ pub struct Sources {
     /// The capture store's directory, for its size on disk.
     pub capture_dir: Option<PathBuf>,
     pub rules: Arc<LiveRules>,
-    pub leaves: Option<Arc<LeafCache>>,
+    pub leaves: Option<Arc<crate::tls::Interception>>,
     pub connections: Arc<ConnectionCounts>,
     /// The OTLP exporter's counts, when export is on.
     pub export: Option<Arc<crate::traces::export::ExportCounts>>,

@@ -23,7 +23,7 @@ use crate::metrics::{Metrics, Sources};
 use crate::record::{RecordSink, Recorder};
 use crate::rules::reload::LiveRules;
 use crate::runtime::Running;
-use crate::tls::{self, CaError, CertificateAuthority, LeafCache};
+use crate::tls;
 use crate::traces::export::SpanExporter;
 use crate::upstream::Upstream;
 
@@ -251,32 +251,13 @@ fn start_line(
     let _ = std::io::stdout().flush();
 }
 
-/// Loads the forward-proxy CA, creating it on first start. A CA that exists but is
-/// broken stops the start; one that cannot be created only turns interception off.
-fn load_ca(config: &Config) -> anyhow::Result<Option<Arc<LeafCache>>> {
+/// The forward-proxy interception state: a CA that exists is loaded (a broken one
+/// stops the start); a missing one is created on the first intercepted CONNECT.
+fn load_ca(config: &Config) -> anyhow::Result<Option<Arc<tls::Interception>>> {
     if config.intercept.is_empty() {
         return Ok(None);
     }
-    match CertificateAuthority::load_or_create(&config.certs, tls::CA_DAYS) {
-        Ok((ca, created)) => {
-            if created {
-                tracing::info!(
-                    cert = %ca.cert_path().display(),
-                    fingerprint = %ca.fingerprint(),
-                    "created the forward-proxy CA; clients must trust the cert file (see `promptgate env --mode forward`)"
-                );
-                if let Some(system) = tls::system_bundle() {
-                    let _ = tls::write_bundle(&ca, &system);
-                }
-            }
-            Ok(Some(Arc::new(LeafCache::new(Arc::new(ca)))))
-        }
-        Err(e @ (CaError::Write { .. } | CaError::Generate(_))) => {
-            tracing::warn!(
-                "forward-proxy interception is off: {e}; pass --certs DIR to put the CA elsewhere"
-            );
-            Ok(None)
-        }
-        Err(e) => Err(anyhow::Error::new(e).context("loading the forward-proxy CA")),
-    }
+    let interception =
+        tls::Interception::start(&config.certs).context("loading the forward-proxy CA")?;
+    Ok(Some(Arc::new(interception)))
 }

@@ -946,3 +946,30 @@ async fn remote_tunnels_cannot_reach_this_machine_in_any_address_form() {
         "no tunnel reached the loopback service"
     );
 }
+
+/// The CA is not made on start, only by the first CONNECT that needs it.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_ca_is_created_by_the_first_intercepted_connect_not_on_start() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = TempDir::new("lazy-ca");
+    let certs = dir.path().join("certs");
+    let proxy = Proxy::start(&["--certs", certs.to_str().unwrap()]);
+    assert!(
+        !certs.join("promptgate-ca.pem").exists(),
+        "no CA after start: {}",
+        proxy.log()
+    );
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    s.write_all(b"CONNECT api.anthropic.com:443 HTTP/1.1\r\nHost: api.anthropic.com:443\r\n\r\n")
+        .await
+        .unwrap();
+    let mut head = [0u8; 12];
+    s.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "{}", proxy.log());
+    assert!(certs.join("promptgate-ca.pem").exists());
+    assert!(
+        proxy.log().contains("created the forward-proxy CA"),
+        "{}",
+        proxy.log()
+    );
+}

@@ -200,7 +200,7 @@ fn ca_check(ca: &Result<CertificateAuthority, tls::CaError>) -> Check {
         }
         Err(e @ tls::CaError::Missing { .. }) => Check::Fail {
             problem: e.to_string(),
-            fix: "promptgate ca init (promptgate serve also creates it on first start)".into(),
+            fix: "promptgate ca init, or eval \"$(promptgate env --mode forward)\" (promptgate serve makes it on the first intercepted CONNECT)".into(),
         },
         Err(e) => Check::Fail {
             problem: e.to_string(),

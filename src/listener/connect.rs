@@ -117,12 +117,17 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
         host,
         port,
     } = connect;
-    let Some(leaves) = front.leaves.clone() else {
+    // The CA is made on the first CONNECT that needs it.
+    let leaves = match &front.leaves {
+        Some(interception) => interception.leaves().await,
+        None => None,
+    };
+    let Some(leaves) = leaves else {
         return refuse(
             peer,
             authority.as_str(),
             StatusCode::BAD_GATEWAY,
-            "promptgate has no usable CA, so it cannot intercept (see its startup log)".into(),
+            "promptgate has no usable CA, so it cannot intercept (see its log)".into(),
         );
     };
     let upstream = match front.proxy.config.upstream_for(&host, port, "https") {

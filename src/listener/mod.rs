@@ -35,7 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exchange::{Begun, Proxy, ProxyBody};
 use crate::record::Recorder;
-use crate::tls::LeafCache;
+use crate::tls::Interception;
 
 /// Client connections counted since start, for `/metrics`.
 #[derive(Debug, Default)]
@@ -74,7 +74,7 @@ impl ConnectionCounts {
 struct Front {
     proxy: Arc<Proxy>,
     /// Leaf certificates for intercepted hosts; `None` when there is no usable CA.
-    leaves: Option<Arc<LeafCache>>,
+    leaves: Option<Arc<Interception>>,
     /// The listening address, to tell requests for promptgate itself apart.
     local: SocketAddr,
     /// Turns true when shutdown starts (connections inside CONNECT tunnels watch it).
@@ -223,7 +223,7 @@ impl Workers {
     /// upstream client). `leaves` enables TLS interception of CONNECT tunnels.
     pub fn start(
         proxies: Vec<Arc<Proxy>>,
-        leaves: Option<Arc<LeafCache>>,
+        leaves: Option<Arc<Interception>>,
         local: SocketAddr,
     ) -> std::io::Result<Workers> {
         let (stop, stop_rx) = watch::channel(false);

@@ -12,6 +12,84 @@ use std::path::{Path, PathBuf};
 pub use ca::{CaError, CertificateAuthority};
 pub use leaf::{LeafCache, LeafError};
 
+/// The leaf cache for intercepted CONNECTs. A CA that exists is loaded at start
+/// (a broken one stops the start); a missing one is created on the first CONNECT
+/// that needs it, or by `promptgate ca init`, not on every start.
+#[derive(Debug)]
+pub struct Interception {
+    certs: PathBuf,
+    cache: tokio::sync::OnceCell<Option<std::sync::Arc<LeafCache>>>,
+}
+
+impl Interception {
+    /// Loads the CA in `certs` now if it is there; else leaves it for the first CONNECT.
+    pub fn start(certs: &Path) -> Result<Interception, CaError> {
+        let cache = tokio::sync::OnceCell::new();
+        match CertificateAuthority::load(certs) {
+            Ok(ca) => {
+                let _ = cache.set(Some(std::sync::Arc::new(LeafCache::new(
+                    std::sync::Arc::new(ca),
+                ))));
+            }
+            Err(CaError::Missing { .. }) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(Interception {
+            certs: certs.to_owned(),
+            cache,
+        })
+    }
+
+    /// The leaf cache, creating the CA first if this is the first CONNECT. `None`
+    /// when the CA cannot be created (logged once): interception is then off.
+    pub async fn leaves(&self) -> Option<std::sync::Arc<LeafCache>> {
+        self.cache
+            .get_or_init(|| async {
+                let certs = self.certs.clone();
+                tokio::task::spawn_blocking(move || create(&certs))
+                    .await
+                    .ok()
+                    .flatten()
+            })
+            .await
+            .clone()
+    }
+
+    /// Leaves minted so far (0 before the CA exists).
+    pub fn minted(&self) -> u64 {
+        self.cache
+            .get()
+            .and_then(Option::as_ref)
+            .map_or(0, |l| l.minted())
+    }
+}
+
+/// Creates (or, if another process just did, loads) the CA for interception.
+fn create(certs: &Path) -> Option<std::sync::Arc<LeafCache>> {
+    match CertificateAuthority::load_or_create(certs, CA_DAYS) {
+        Ok((ca, created)) => {
+            if created {
+                tracing::info!(
+                    cert = %ca.cert_path().display(),
+                    fingerprint = %ca.fingerprint(),
+                    "created the forward-proxy CA for the first intercepted CONNECT; clients \
+                     must trust the cert file (see `promptgate env --mode forward`)"
+                );
+                if let Some(system) = system_bundle() {
+                    let _ = write_bundle(&ca, &system);
+                }
+            }
+            Some(std::sync::Arc::new(LeafCache::new(std::sync::Arc::new(ca))))
+        }
+        Err(e) => {
+            tracing::warn!(
+                "forward-proxy interception is off: {e}; pass --certs DIR to put the CA elsewhere"
+            );
+            None
+        }
+    }
+}
+
 /// File name of the combined bundle (system roots + the CA) inside the certs directory.
 pub const BUNDLE_FILE: &str = "promptgate-bundle.pem";
 

@@ -65,6 +65,17 @@ impl Proxy {
         // Each proxy gets its own CA unless the test brings one.
         let certs = (!args.contains(&"--certs")).then(|| super::TempDir::new("certs"));
         if let Some(dir) = &certs {
+            // serve makes a CA only on the first CONNECT; tests trust it before that.
+            let init = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+                .args(["ca", "init", "--certs"])
+                .arg(dir.path())
+                .output()
+                .expect("promptgate ca init runs");
+            assert!(
+                init.status.success(),
+                "{}",
+                String::from_utf8_lossy(&init.stderr)
+            );
             command.arg("--certs").arg(dir.path());
         }
         if !args.contains(&"--admin") {
