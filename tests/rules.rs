@@ -918,3 +918,46 @@ fn rules_test_prints_a_recorded_stream_as_the_client_would_receive_it() {
     assert!(!received.contains("Canary"), "{out}");
     assert!(received.contains("event: message_stop"), "{out}");
 }
+
+/// A client that sends a blocked request again gets each attempt recorded, the
+/// later ones linked to the first.
+#[tokio::test]
+async fn repeated_blocked_requests_are_each_recorded_and_linked_to_the_first() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[]);
+    copy_example(&dir, "20-block-opus-for-batch.toml");
+    let proxy = start(&fake, &dir);
+    let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
+    for _ in 0..3 {
+        let response = post_cc(&proxy, &body, &[("x-team", "batch".into())]).await;
+        assert_eq!(response.status, 451);
+    }
+    let other = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
+    assert_eq!(
+        post_cc(&proxy, &other, &[("x-team", "batch".into())])
+            .await
+            .status,
+        451
+    );
+    let mut records = support::captures::wait_records(&proxy.captures, 4, WAIT).await;
+    records.sort_by(|a, b| a["id"].as_str().cmp(&b["id"].as_str()));
+    let first = records[0]["id"].as_str().unwrap();
+    assert!(records[0].get("repeat_of").is_none(), "{}", records[0]);
+    for r in &records[1..3] {
+        assert_eq!(r["repeat_of"], first, "{r}");
+    }
+    assert!(
+        records[3].get("repeat_of").is_none(),
+        "another body is no repeat"
+    );
+    assert!(
+        fake.requests().is_empty(),
+        "the provider was never contacted"
+    );
+    let shown = support::captures::cli(
+        &proxy.captures,
+        &["show", records[2]["id"].as_str().unwrap()],
+    )
+    .stdout;
+    assert!(shown.contains(&format!("repeat of     {first}")), "{shown}");
+}

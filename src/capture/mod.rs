@@ -179,6 +179,7 @@ impl Capture {
             redactor,
             keys,
             retention: settings.retention,
+            repeats: BlockedRepeats::default(),
         };
         let handle = std::thread::Builder::new()
             .name("capture-writer".into())
@@ -340,6 +341,45 @@ struct Writer {
     redactor: Arc<Redactor>,
     keys: KeySource,
     retention: store::Retention,
+    repeats: BlockedRepeats,
+}
+
+/// How long after a blocked request the same one counts as a client's retry of it.
+const REPEAT_WINDOW_MS: u64 = 60_000;
+
+/// The blocked requests of the last minute, by who sent them and the digest of
+/// what was received: a client that retries a block (400s are retried) gets each
+/// attempt recorded, linked to the first.
+#[derive(Debug, Default)]
+struct BlockedRepeats {
+    first: std::collections::HashMap<String, (String, u64)>,
+}
+
+impl BlockedRepeats {
+    /// The id of the attempt `r` repeats, if it is a blocked repeat; else notes it.
+    fn link(&mut self, r: &CaptureRecord) -> Option<String> {
+        if r.outcome != "blocked" {
+            return None;
+        }
+        let who = r
+            .conversation
+            .as_deref()
+            .or(r.client.as_deref())
+            .unwrap_or("-");
+        let key = format!("{who}|{}", r.received_digest);
+        let now = r.times.started_ms;
+        if self.first.len() > 4096 {
+            self.first
+                .retain(|_, (_, at)| now.saturating_sub(*at) <= REPEAT_WINDOW_MS);
+        }
+        match self.first.get(&key) {
+            Some((id, at)) if now.saturating_sub(*at) <= REPEAT_WINDOW_MS => Some(id.clone()),
+            _ => {
+                self.first.insert(key, (r.id.clone(), now));
+                None
+            }
+        }
+    }
 }
 
 impl Writer {
@@ -405,6 +445,7 @@ impl Writer {
             redactor,
             keys,
             cache,
+            repeats,
             ..
         } = self;
         let mut records: Vec<CaptureRecord> = Vec::with_capacity(batch.len());
@@ -414,7 +455,10 @@ impl Writer {
                 CaptureRecord::redacted_with(r, redactor, keys, cache)
             }));
             match prepared {
-                Ok(record) => records.push(record),
+                Ok(mut record) => {
+                    record.repeat_of = repeats.link(&record);
+                    records.push(record);
+                }
                 Err(_) => {
                     *cache = record::UnitCache::default();
                     let failed = self.shared.failed.fetch_add(1, Ordering::SeqCst) + 1;

@@ -228,6 +228,10 @@ pub struct CaptureRecord {
     pub redactions: BTreeMap<String, u32>,
     /// False when a rule turned capture off: headers and bodies were not kept.
     pub captured: bool,
+    /// A blocked request the same client sent again within a minute: the id of the
+    /// first attempt (each attempt stays a record of its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repeat_of: Option<String>,
     /// Not a model call (count_tokens, other paths, anything but a POST): lists and
     /// the viewer hide these unless asked. See [`crate::record::ExchangeRecord::is_side_request`].
     #[serde(default)]
@@ -381,6 +385,7 @@ impl CaptureRecord {
             redactions: BTreeMap::new(),
             captured: r.capture,
             side: r.is_side_request(),
+            repeat_of: None,
             cache: r
                 .cache
                 .as_ref()

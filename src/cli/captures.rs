@@ -426,6 +426,12 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
     if let Some(e) = &r.error {
         let _ = writeln!(out, "  error         {e}");
     }
+    if let Some(first) = &r.repeat_of {
+        let _ = writeln!(
+            out,
+            "  repeat of     {first} (the client sent this blocked request again)"
+        );
+    }
     match &r.usage {
         Some(u) => {
             let _ = writeln!(
