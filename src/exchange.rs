@@ -468,8 +468,12 @@ impl Proxy {
             && !head.headers.contains_key(header::CONTENT_ENCODING);
         let error_event = can_append_error.then_some((route.provider, route.api));
         let (provider, api) = (route.provider, route.api);
-        // Per-event rules read plain SSE only (a compressed stream passes unread).
-        let events = if is_sse && !head.headers.contains_key(header::CONTENT_ENCODING) {
+        // Per-event rules read plain SSE only (a compressed stream passes unread); the
+        // context is built only when such rules are loaded.
+        let events = if is_sse
+            && !head.headers.contains_key(header::CONTENT_ENCODING)
+            && rules.has_rules(crate::rules::Phase::ProviderStreamEvent)
+        {
             let r = pending.get();
             EventRules::new(
                 rules.clone(),
@@ -798,7 +802,8 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         let stream_error = observation.summary.provider_error.clone();
         record.observation = Some(observation);
         if let Some(report) = report {
-            let report = report.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            // The body has ended: nothing fills the report any more.
+            let report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
             report.record_into(&mut record);
         }
         let (outcome, error) = match tap.end {

@@ -10,7 +10,6 @@ use serde::{Deserialize, Serialize};
 /// (`$XDG_DATA_HOME/promptgate` or `~/.local/share/promptgate`; on macOS
 /// `~/Library/Application Support/promptgate`), else `./.promptgate`.
 pub fn data_dir() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(home) = var("PROMPTGATE_HOME") {
         return PathBuf::from(home);
     }
@@ -28,10 +27,14 @@ pub fn data_dir() -> PathBuf {
     }
 }
 
+/// An environment variable that is set and not empty.
+fn var(name: &str) -> Option<std::ffi::OsString> {
+    std::env::var_os(name).filter(|v| !v.is_empty())
+}
+
 /// Where runtime files go: `$PROMPTGATE_RUNTIME_DIR`, else
 /// `$XDG_RUNTIME_DIR/promptgate`, else `run/` in the data directory.
 pub fn runtime_dir() -> PathBuf {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
     if let Some(dir) = var("PROMPTGATE_RUNTIME_DIR") {
         return PathBuf::from(dir);
     }

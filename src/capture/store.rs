@@ -490,7 +490,7 @@ impl Store {
             [&id],
             |r| Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?])),
         )?;
-        let mut record = self.meta(&id, &meta)?;
+        let mut record = decode_meta(&id, &meta)?;
         let algorithm = record.digest;
         for (body, layout) in record.bodies_mut().into_iter().zip(layouts) {
             if let (Some(body), Some(layout)) = (body, layout) {
@@ -498,12 +498,6 @@ impl Store {
             }
         }
         Ok(record)
-    }
-
-    fn meta(&self, id: &str, meta: &[u8]) -> Result<CaptureRecord, StoreError> {
-        let json = zstd::stream::decode_all(meta)
-            .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
-        serde_json::from_slice(&json).map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))
     }
 
     fn fill(
@@ -858,6 +852,13 @@ fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// A record's metadata column: zstd JSON of the record without its bodies.
+fn decode_meta(id: &str, meta: &[u8]) -> Result<CaptureRecord, StoreError> {
+    let json = zstd::stream::decode_all(meta)
+        .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
+    serde_json::from_slice(&json).map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))
+}
+
 /// Tags, path, mode and the side-request mark in columns, for the list filters;
 /// filled in for the records already there from their metadata.
 fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
@@ -875,10 +876,7 @@ fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
     let mut update =
         tx.prepare("UPDATE records SET tags = ?2, path = ?3, mode = ?4, side = ?5 WHERE id = ?1")?;
     for (id, meta) in rows {
-        let json = zstd::stream::decode_all(meta.as_slice())
-            .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
-        let r: CaptureRecord = serde_json::from_slice(&json)
-            .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
+        let r = decode_meta(&id, &meta)?;
         let method = http::Method::from_bytes(r.method.as_bytes()).unwrap_or(http::Method::GET);
         let api = r.api.as_deref().and_then(crate::provider::Api::from_name);
         let side = crate::provider::is_side_request(&method, api);

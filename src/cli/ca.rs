@@ -96,10 +96,7 @@ fn listen_from_env() -> Option<String> {
         .iter()
         .filter_map(|name| std::env::var(name).ok())
         .find_map(|url| {
-            let rest = url.strip_prefix("http://")?;
-            let authority = rest.split('/').next()?;
-            let host_port = authority.rsplit('@').next()?;
-            let addr: std::net::SocketAddr = host_port.parse().ok()?;
+            let addr = super::env::url_address(&url)?;
             addr.ip().is_loopback().then(|| addr.to_string())
         })
 }

@@ -695,22 +695,27 @@ fn request_summary(body: &BodyInfo, out: &mut String) {
             );
         }
     }
-    let others: Vec<String> = root
-        .entries()
+    let others = top_level(root, &["tools", "system", "messages"], 40);
+    if !others.is_empty() {
+        let _ = writeln!(out, "  other: {}", others.join(" "));
+    }
+}
+
+/// The body's top-level keys but `skip`, as `key=value` (values over `width`
+/// bytes by their size).
+fn top_level(root: crate::prompt::Value<'_>, skip: &[&str], width: usize) -> Vec<String> {
+    root.entries()
         .filter_map(|(k, v)| Some((k.str()?, v)))
-        .filter(|(k, _)| !matches!(k.as_ref(), "tools" | "system" | "messages"))
+        .filter(|(k, _)| !skip.contains(&k.as_ref()))
         .map(|(k, v)| {
             let raw = String::from_utf8_lossy(v.bytes());
-            if raw.len() <= 40 {
+            if raw.len() <= width {
                 format!("{k}={raw}")
             } else {
                 format!("{k}=…({} bytes)", raw.len())
             }
         })
-        .collect();
-    if !others.is_empty() {
-        let _ = writeln!(out, "  other: {}", others.join(" "));
-    }
+        .collect()
 }
 
 /// The whole prompt in the provider's cache order, from the prompt model: each
@@ -730,24 +735,8 @@ fn prompt_text(prompt: &Prompt, out: &mut String) {
         let _ = writeln!(out, "{}", String::from_utf8_lossy(body));
         return;
     }
-    let others: Vec<String> = root
-        .entries()
-        .filter_map(|(k, v)| Some((k.str()?, v)))
-        .filter(|(k, _)| {
-            !matches!(
-                k.as_ref(),
-                "tools" | "system" | "messages" | "instructions" | "input"
-            )
-        })
-        .map(|(k, v)| {
-            let raw = String::from_utf8_lossy(v.bytes());
-            if raw.len() <= 60 {
-                format!("{k}={raw}")
-            } else {
-                format!("{k}=…({} bytes)", raw.len())
-            }
-        })
-        .collect();
+    let prompt_keys = ["tools", "system", "messages", "instructions", "input"];
+    let others = top_level(root, &prompt_keys, 60);
     if !others.is_empty() {
         let _ = writeln!(out, "settings: {}", others.join(" "));
     }
@@ -773,9 +762,8 @@ fn prompt_text(prompt: &Prompt, out: &mut String) {
                 })
                 .unwrap_or_else(|| "?".into());
             tools.push(name);
-        } else if !tools.is_empty() {
-            let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
-            tools.clear();
+        } else {
+            flush_tools(&mut tools, out);
         }
         // A message's heading before its first block.
         if let Some(m) = prompt
@@ -846,10 +834,7 @@ fn prompt_text(prompt: &Prompt, out: &mut String) {
         }
         if let Some(marker) = &unit.marker {
             breakpoints += 1;
-            if !tools.is_empty() {
-                let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
-                tools.clear();
-            }
+            flush_tools(&mut tools, out);
             let _ = writeln!(
                 out,
                 "  ◆ breakpoint {breakpoints} after {} (ttl {})",
@@ -857,15 +842,21 @@ fn prompt_text(prompt: &Prompt, out: &mut String) {
             );
         }
     }
-    if !tools.is_empty() {
-        let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
-    }
+    flush_tools(&mut tools, out);
     if let Some(marker) = prompt.automatic_marker() {
         let _ = writeln!(
             out,
             "  ◆ automatic caching (top-level cache_control, ttl {})",
             marker.ttl
         );
+    }
+}
+
+/// The tool names gathered so far, as one line (before a breakpoint or what follows).
+fn flush_tools(tools: &mut Vec<String>, out: &mut String) {
+    if !tools.is_empty() {
+        let _ = writeln!(out, "tools ({}): {}", tools.len(), tools.join(", "));
+        tools.clear();
     }
 }
 

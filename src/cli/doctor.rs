@@ -217,15 +217,8 @@ fn environment(address: SocketAddr, ca: Option<&CertificateAuthority>) -> Check 
             .find_map(|n| std::env::var(n).ok().filter(|v| !v.is_empty()))
     };
     let points_here = |url: &str| {
-        url.parse::<http::Uri>().ok().is_some_and(|u| {
-            let port = u.port_u16().unwrap_or(80);
-            let host = u.host().unwrap_or("");
-            let loopback = host == "localhost"
-                || host
-                    .trim_matches(['[', ']'])
-                    .parse::<std::net::IpAddr>()
-                    .is_ok_and(|ip| ip.is_loopback() || ip == address.ip());
-            port == address.port() && loopback
+        super::env::url_address(url).is_some_and(|a| {
+            a.port() == address.port() && (a.ip().is_loopback() || a.ip() == address.ip())
         })
     };
     let fix_forward = "eval \"$(promptgate env --mode forward)\", then restart the agent";

@@ -82,6 +82,18 @@ impl Script {
     }
 }
 
+/// The IP address and port an `http://` URL names (`localhost` read as 127.0.0.1;
+/// port 80 when none); `None` for a host name or no URL.
+pub(super) fn url_address(url: &str) -> Option<SocketAddr> {
+    let uri = url.parse::<http::Uri>().ok()?;
+    let host = uri.host()?;
+    let ip = match host {
+        "localhost" => std::net::IpAddr::from([127, 0, 0, 1]),
+        other => other.trim_matches(['[', ']']).parse().ok()?,
+    };
+    Some(SocketAddr::new(ip, uri.port_u16().unwrap_or(80)))
+}
+
 /// The address clients dial: the listen address, with a wildcard made loopback.
 pub(super) fn client_address(listen: SocketAddr) -> SocketAddr {
     if listen.ip().is_unspecified() {

@@ -335,6 +335,11 @@ impl RuleSet {
         self.rules.is_empty()
     }
 
+    /// Whether any enabled rule runs in `phase`.
+    pub fn has_rules(&self, phase: Phase) -> bool {
+        self.active(phase).next().is_some()
+    }
+
     fn active(&self, phase: Phase) -> impl Iterator<Item = &Rule> {
         self.rules
             .iter()

@@ -118,7 +118,7 @@ pub struct StreamContext {
     pub request_headers: HeaderMap,
     pub status: StatusCode,
     pub response_headers: HeaderMap,
-    /// Tags the request and response rules set.
+    /// Tags the request and response rules set; per-event rules add theirs.
     pub tags: Vec<String>,
 }
 
@@ -292,7 +292,6 @@ pub struct EventRules {
     held: VecDeque<Held>,
     /// Mask rules of the whole stream, for full-text events.
     seen_masks: Vec<(String, Arc<Mask>)>,
-    tags: Vec<String>,
     events: u32,
     stopped: bool,
     report: Arc<Mutex<StreamReport>>,
@@ -301,9 +300,10 @@ pub struct EventRules {
 impl EventRules {
     /// The engine for one answer, or `None` when no per-event rule is loaded.
     pub fn new(set: Arc<RuleSet>, cx: StreamContext) -> Option<EventRules> {
-        set.active(Phase::ProviderStreamEvent).next()?;
+        if !set.has_rules(Phase::ProviderStreamEvent) {
+            return None;
+        }
         Some(EventRules {
-            tags: cx.tags.clone(),
             set,
             cx,
             decoder: SseDecoder::default(),
@@ -595,30 +595,32 @@ impl EventRules {
     }
 
     /// Runs the phase's rules on one event.
-    fn run(&self, name: &str, data: Option<&Value>) -> (Verdict, EventDecision, Effects) {
+    fn run(&mut self, name: &str, data: Option<&Value>) -> (Verdict, EventDecision, Effects) {
         let mut effects = Effects::default();
         let mut decision = EventDecision::default();
-        let mut headers = self.cx.response_headers.clone();
+        let (cx, block) = (&mut self.cx, &self.block);
         let view = EventView {
             name,
             data,
-            block_type: self.block.kind.as_deref(),
-            tool: self.block.tool.as_deref(),
-            text: &self.block.text,
-            tags: &self.tags,
+            block_type: block.kind.as_deref(),
+            tool: block.tool.as_deref(),
+            text: &block.text,
+            tags: &cx.tags,
         };
         let mut st = State {
             info: Info {
-                provider: self.cx.provider,
-                api: self.cx.api,
-                method: &self.cx.method,
-                host: self.cx.host.as_deref(),
-                path: &self.cx.path,
+                provider: cx.provider,
+                api: cx.api,
+                method: &cx.method,
+                host: cx.host.as_deref(),
+                path: &cx.path,
             },
-            model: self.cx.model.clone(),
-            headers: &mut headers,
-            request_headers: Some(&self.cx.request_headers),
-            status: Some(self.cx.status),
+            // Lent for the run and put back: no copy per event.
+            model: cx.model.take(),
+            // No action of this phase sets headers (the loader refuses them).
+            headers: &mut cx.response_headers,
+            request_headers: Some(&cx.request_headers),
+            status: Some(cx.status),
             body: None,
             effects: &mut effects,
             rule: String::new(),
@@ -627,6 +629,8 @@ impl EventRules {
             decision: Some(&mut decision),
         };
         let verdict = self.set.run(Phase::ProviderStreamEvent, &mut st);
+        let model = st.model.take();
+        cx.model = model;
         (verdict, decision, effects)
     }
 
@@ -635,8 +639,8 @@ impl EventRules {
             return;
         }
         for t in &effects.tags {
-            if !self.tags.contains(t) {
-                self.tags.push(t.clone());
+            if !self.cx.tags.contains(t) {
+                self.cx.tags.push(t.clone());
             }
         }
         let mut report = self.report_mut();
