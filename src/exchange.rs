@@ -42,6 +42,8 @@ pub struct Proxy {
     pub recorder: Arc<Recorder>,
     /// The hook rules; each exchange takes a snapshot when it starts.
     pub rules: Arc<LiveRules>,
+    /// What the viewer watches live.
+    pub live: Arc<crate::live::LiveFeed>,
 }
 
 /// Where a proxied request goes when the listener, not the path, decides: a request
@@ -409,6 +411,7 @@ impl Proxy {
             let error = ProxyError::new(ErrorKind::CaptureUnavailable, why);
             return error_response(pending, route.provider, error);
         }
+        self.live.started(pending.get());
 
         let sending = Instant::now();
         let waited = self
@@ -514,6 +517,7 @@ impl Proxy {
             id: pending.get().id,
             model: pending.get().model.clone(),
         });
+        let live = self.live.tap(pending.get(), is_sse);
         let body = ObservedBody::new(
             inner,
             self.config.idle_timeout,
@@ -531,7 +535,8 @@ impl Proxy {
                 };
                 finish_observed(pending, read, tap)
             },
-        );
+        )
+        .with_live(live);
         Response::from_parts(head, ProxyBody::Upstream(body))
     }
 }

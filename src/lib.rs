@@ -60,6 +60,7 @@ pub mod error;
 pub mod exchange;
 pub mod id;
 pub mod listener;
+pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod observer;

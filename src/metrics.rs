@@ -183,6 +183,15 @@ fn histogram(buckets: &[f64]) -> Histogram {
 }
 
 impl Metrics {
+    /// How often the rule `rule` of `phase` fired since the start.
+    pub fn rule_fires(&self, rule: &str, phase: &'static str) -> u64 {
+        let labels = RuleLabels {
+            rule: Arc::from(rule),
+            phase,
+        };
+        self.rule_fires.get(&labels).map_or(0, |c| c.get())
+    }
+
     /// The series, empty; `prices` price the tokens, `rules` name the rules' phases.
     pub fn new(settings: &MetricsSettings, prices: Table<Price>, rules: Arc<LiveRules>) -> Metrics {
         let mut m = Metrics {

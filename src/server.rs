@@ -73,12 +73,14 @@ pub async fn serve(
         Some(a) => Some(a.local_addr().context("reading the admin address")?),
         None => None,
     };
+    let live = crate::live::LiveFeed::new(redactor.clone());
     let capture = if config.capture.enabled {
         let dir = &config.capture.dir;
         let capture = Capture::start(
             &config.capture,
             config.conversation.clone(),
             redactor.clone(),
+            Some(live.clone()),
         )
         .with_context(|| format!("opening the capture store in {}", dir.display()))?;
         tracing::info!(
@@ -137,6 +139,7 @@ pub async fn serve(
         upstream,
         recorder: recorder.clone(),
         rules: rules.clone(),
+        live: live.clone(),
     })];
     for _ in 1..workers {
         // Each worker pools its own upstream connections, on its own thread.
@@ -146,6 +149,7 @@ pub async fn serve(
             upstream,
             recorder: recorder.clone(),
             rules: rules.clone(),
+            live: live.clone(),
         }));
     }
     let workers = Workers::start(proxies, leaves.clone(), local).context("starting the workers")?;
@@ -185,6 +189,8 @@ pub async fn serve(
             rules_dir: config.rules_dir.clone(),
             metrics: metrics.map(|m| (m, sources)),
             stopping: stopping.clone(),
+            live,
+            proxy: local,
         });
         tokio::spawn(crate::admin::serve(admin, state));
     }
@@ -222,13 +228,15 @@ fn start_line(
     } else {
         "off".to_owned()
     };
+    let viewer = admin.map(|a| format!("http://{a}/"));
     let text = format!(
         "promptgate listening on http://{local} (anthropic -> {}, openai -> {} at /openai/v1; \
-         rules: {rules}; captures: {captures}; certs: {}); paste: export \
+         rules: {rules}; captures: {captures}; certs: {}; viewer: {}); paste: export \
          ANTHROPIC_BASE_URL=http://{local} OPENAI_BASE_URL=http://{local}/openai/v1",
         config.upstream_anthropic,
         config.upstream_openai,
-        config.certs.display()
+        config.certs.display(),
+        viewer.as_deref().unwrap_or("off"),
     );
     match config.log_format {
         crate::logging::LogFormat::Text => println!("{text}"),
@@ -238,6 +246,7 @@ fn start_line(
                 "message": text,
                 "listen": local.to_string(),
                 "admin": admin.map(|a| a.to_string()),
+                "viewer": viewer,
                 "upstream_anthropic": config.upstream_anthropic.to_string(),
                 "upstream_openai": config.upstream_openai.to_string(),
                 "rules": rules,

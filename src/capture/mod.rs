@@ -145,6 +145,7 @@ impl Capture {
         settings: &CaptureSettings,
         keys: KeySource,
         redactor: Arc<Redactor>,
+        live: Option<Arc<crate::live::LiveFeed>>,
     ) -> Result<Arc<Capture>, StoreError> {
         let mut store = Store::open(&settings.dir)?;
         let now = timestamp::now_ms();
@@ -180,6 +181,7 @@ impl Capture {
             keys,
             retention: settings.retention,
             repeats: BlockedRepeats::default(),
+            live,
         };
         let handle = std::thread::Builder::new()
             .name("capture-writer".into())
@@ -342,6 +344,8 @@ struct Writer {
     keys: KeySource,
     retention: store::Retention,
     repeats: BlockedRepeats,
+    /// Where stored rows are announced, for the live viewer.
+    live: Option<Arc<crate::live::LiveFeed>>,
 }
 
 /// How long after a blocked request the same one counts as a client's retry of it.
@@ -466,12 +470,28 @@ impl Writer {
                 }
             }
         }
+        // Only while somebody watches: the rows stored by this batch are read back.
+        let watched = self.live.as_ref().filter(|l| l.watched());
+        let before = watched.and_then(|_| self.store.last_seq().ok());
         match self.store.insert(&records) {
             Ok(()) => {
                 self.shared
                     .written
                     .fetch_add(records.len() as u64, Ordering::SeqCst);
                 self.shared.healthy.store(true, Ordering::SeqCst);
+                if let (Some(live), Some(before)) = (watched, before) {
+                    let after = store::Filter {
+                        after_seq: Some(before),
+                        ..store::Filter::default()
+                    };
+                    match self.store.list(&after) {
+                        Ok(mut rows) => {
+                            rows.sort_by_key(|r| r.seq);
+                            live.stored(&rows);
+                        }
+                        Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
+                    }
+                }
             }
             Err(e) => {
                 let failed = self
@@ -508,7 +528,7 @@ mod tests {
             ..CaptureSettings::default()
         };
         let redactor = Arc::new(settings.redactor().unwrap());
-        let capture = Capture::start(&settings, KeySource::default(), redactor).unwrap();
+        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
         let record = |path: &str| {
             let mut r =
                 ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());
@@ -540,7 +560,7 @@ mod tests {
             ..CaptureSettings::default()
         };
         let redactor = Arc::new(settings.redactor().unwrap());
-        let capture = Capture::start(&settings, KeySource::default(), redactor).unwrap();
+        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
         // A stalled disk: another connection holds the store's write lock.
         let blocker = rusqlite::Connection::open(dir.join(store::DB_FILE)).unwrap();
         blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();

@@ -126,6 +126,11 @@ pub struct Row {
     /// Its place in storing order (SQLite's rowid): records land when their
     /// exchange ends, so a follower asks for what came after the last one it saw.
     pub seq: i64,
+    pub tags: Vec<String>,
+    /// Path and query, redacted (`None` in a store older than schema 3).
+    pub path: Option<String>,
+    /// Not a model call (see [`Filter::side`]).
+    pub side: bool,
 }
 
 /// One conversation: its requests and tokens.
@@ -556,6 +561,14 @@ impl Store {
         Ok(n as u64)
     }
 
+    /// The [`Row::seq`] of the last record stored (0 for an empty store).
+    pub fn last_seq(&self) -> Result<i64, StoreError> {
+        let n: Option<i64> = self
+            .conn
+            .query_row("SELECT max(rowid) FROM records", [], |r| r.get(0))?;
+        Ok(n.unwrap_or(0))
+    }
+
     pub fn list(&self, filter: &Filter) -> Result<Vec<Row>, StoreError> {
         let (clause, args) = where_clause(filter, self.version);
         let skip = filter.offset.unwrap_or(0);
@@ -567,10 +580,15 @@ impl Store {
                 .map_or(i64::MAX, |n| n.saturating_add(skip) as i64)
         };
         let cache = if self.version >= 2 { "cache" } else { "NULL" };
+        let columns = if self.version >= 3 {
+            "tags, path, side"
+        } else {
+            "'', NULL, 0"
+        };
         let sql = format!(
             "SELECT id, started_ms, conversation, model, provider, status, outcome, input_tokens,
                output_tokens, cache_read_tokens, cache_write_tokens, rules, meta, received, sent,
-               response, message, {cache}, rowid
+               response, message, {cache}, rowid, {columns}
              FROM records {clause} ORDER BY id DESC LIMIT {limit}"
         );
         let mut stmt = self.conn.prepare(&sql)?;
@@ -600,6 +618,14 @@ impl Store {
                     .collect(),
                 cache: r.get(17)?,
                 seq: r.get(18)?,
+                tags: r
+                    .get::<_, String>(19)?
+                    .split(',')
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect(),
+                path: r.get(20)?,
+                side: r.get(21)?,
             };
             if let Some(needle) = &filter.grep {
                 let meta: Vec<u8> = r.get(12)?;

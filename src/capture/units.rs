@@ -211,6 +211,12 @@ pub struct DiffEntry {
     /// For a changed unit: its readable text as a line diff (`-`, `+`, ` ` prefixes).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub lines: Vec<String>,
+    /// The readable text on each side, for a unit that is not the same (the viewer
+    /// highlights what changed inside it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
 }
 
 /// The structural diff of two requests' units, section by section in cache order.
@@ -282,8 +288,8 @@ pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
                         let (ux, uy) = (xs[x], ys[y]);
                         let mut e = entry(section, Change::Changed, Some(ux), Some(uy));
                         e.lines = line_diff(
-                            &display_text(&parse(ux.normalized.as_bytes())),
-                            &display_text(&parse(uy.normalized.as_bytes())),
+                            e.before.as_deref().unwrap_or_default(),
+                            e.after.as_deref().unwrap_or_default(),
                         );
                         events.push((y, x, e));
                     }
@@ -366,6 +372,8 @@ fn entry(
     x: Option<&Unit<'_>>,
     y: Option<&Unit<'_>>,
 ) -> DiffEntry {
+    let text = |u: &Unit<'_>| display_text(&parse(u.normalized.as_bytes()));
+    let differs = change != Change::Same;
     DiffEntry {
         section,
         change,
@@ -373,6 +381,8 @@ fn entry(
         b: y.map(|u| u.index),
         label: y.or(x).map(|u| u.label.clone()).unwrap_or_default(),
         lines: Vec::new(),
+        before: x.filter(|_| differs).map(text),
+        after: y.filter(|_| differs).map(text),
     }
 }
 

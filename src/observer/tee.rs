@@ -146,6 +146,8 @@ pub struct ObservedBody<B: Body> {
     watch: Option<Box<Watch>>,
     /// Ending incomplete: after this pause, the error that cuts the connection.
     cutting: Option<Box<(Pin<Box<Sleep>>, String)>>,
+    /// The live viewer's tap, while somebody watches.
+    live: Option<Box<crate::live::LiveTap>>,
     done: bool,
 }
 
@@ -196,6 +198,7 @@ where
                 })
             }),
             cutting: None,
+            live: None,
             done: false,
         };
         if empty {
@@ -206,7 +209,16 @@ where
         body
     }
 
+    /// Shows the body to the live viewer as it passes.
+    pub fn with_live(mut self, live: Option<crate::live::LiveTap>) -> Self {
+        self.live = live.map(Box::new);
+        self
+    }
+
     fn finish(&mut self, end: BodyEnd) {
+        if let Some(mut live) = self.live.take() {
+            live.end();
+        }
         let stall = self.watch.as_ref().and_then(|w| w.found);
         if let Some(tap) = self.tap.take() {
             (tap.on_end)(TapResult {
@@ -352,6 +364,9 @@ where
                     this.last_activity = now;
                     if let Some(tap) = this.tap.as_mut() {
                         tap.record(data, now);
+                    }
+                    if let Some(live) = this.live.as_mut() {
+                        live.chunk(data);
                     }
                 }
                 Poll::Ready(Some(Ok(frame)))

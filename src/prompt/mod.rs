@@ -11,6 +11,7 @@
 
 mod tree;
 mod units;
+mod view;
 
 use bytes::Bytes;
 use serde::Serialize;
@@ -18,6 +19,7 @@ use serde::Serialize;
 pub use tree::Value;
 pub(crate) use tree::{key_is, may_spell_cache_control};
 pub use units::{Marker, Message, Region, Ttl, Unit, UnitPath};
+pub use view::{PromptView, UnitView};
 
 use crate::provider::json::{self, ScanError, Tok};
 use crate::provider::{Api, Provider};

@@ -244,6 +244,25 @@ fn read_grammar(provider: Provider, api: Api, name: &str, data: Option<&Value>) 
     g
 }
 
+/// The text a streamed event adds (a text delta, or a tool call's arguments), by
+/// the same grammar the per-event rules read; for the live viewer.
+pub(crate) fn delta_text(provider: Provider, api: Api, raw: &[u8]) -> Option<String> {
+    let mut parsed: Option<(String, String)> = None;
+    SseDecoder::default().feed(raw, &mut |name, data| {
+        parsed = Some((name.to_owned(), data.to_owned()));
+    });
+    let (name, data) = parsed?;
+    let data: Value = serde_json::from_str(&data).ok()?;
+    let name = if name.is_empty() {
+        "chunk".to_owned()
+    } else {
+        name
+    };
+    read_grammar(provider, api, &name, Some(&data))
+        .piece
+        .map(|(text, _)| text)
+}
+
 fn steps(path: &[&'static str]) -> Vec<Step> {
     path.iter()
         .map(|p| match p.parse() {

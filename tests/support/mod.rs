@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod browser;
 pub mod cache_emulator;
 pub mod captures;
 pub mod client;

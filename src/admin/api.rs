@@ -1,0 +1,333 @@
+//! The JSON API over the captures: listings, records, diffs, conversations, the
+//! cache report, and the views the viewer reads (a record's prompt, its HAR, a
+//! `curl` that resends it, the live rule set).
+
+use std::path::Path;
+
+use bytes::Bytes;
+use http::StatusCode;
+use serde_json::{Value, json};
+
+use super::{AdminResponse, AdminState, reply_bytes, typed};
+use crate::capture::store::Filter;
+use crate::capture::{CaptureRecord, Store, StoreError, export, timestamp, units};
+use crate::prompt::{Prompt, PromptView};
+
+/// What a route answers: JSON, or bytes of another type (a HAR, a body).
+pub(super) enum Answer {
+    Json(Vec<u8>),
+    Typed(&'static str, Bytes),
+}
+
+impl Answer {
+    pub(super) fn into_response(self) -> AdminResponse {
+        match self {
+            Answer::Json(bytes) => reply_bytes(StatusCode::OK, bytes),
+            Answer::Typed(content_type, bytes) => typed(StatusCode::OK, content_type, bytes),
+        }
+    }
+}
+
+/// An answer, or a status and why.
+type Routed = Result<Answer, (StatusCode, String)>;
+
+/// Serialises straight to bytes: a stored body is embedded as the raw JSON it was
+/// stored as, never re-parsed (no nesting limit, `\u` escapes stay escaped).
+fn json_bytes(value: &impl serde::Serialize) -> Routed {
+    serde_json::to_vec(value)
+        .map(Answer::Json)
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
+}
+
+pub(super) fn route(dir: &Path, path: &str, query: &str, state: &AdminState) -> Routed {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let store = Store::open_read_only(dir).map_err(store_error)?;
+    match segments.as_slice() {
+        ["api", "captures"] => {
+            let mut f = filter(query)?;
+            // Side requests only with `all=1`, as `captures list --all`.
+            if !query.split('&').any(|p| p == "all=1" || p == "all=true") {
+                f.side = Some(false);
+            }
+            let rows = store.list(&f).map_err(store_error)?;
+            let last_seq = store.last_seq().map_err(store_error)?;
+            json_bytes(&json!({"captures": rows, "last_seq": last_seq}))
+        }
+        ["api", "captures", id] => {
+            let mut record = store.load(id).map_err(store_error)?;
+            record.with_contents();
+            json_bytes(&record)
+        }
+        ["api", "captures", id, "prompt"] => {
+            let record = store.load(id).map_err(store_error)?;
+            json_bytes(&prompt_view(&record, query))
+        }
+        ["api", "captures", id, "previous"] => {
+            let id = store.resolve(id).map_err(store_error)?;
+            let previous = store.previous_in_conversation(&id).map_err(store_error)?;
+            json_bytes(&json!({"id": id, "previous": previous}))
+        }
+        ["api", "captures", id, "har"] => {
+            let mut record = store.load(id).map_err(store_error)?;
+            record.with_contents();
+            let har = serde_json::to_vec_pretty(&export::har(&[record]))
+                .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+            Ok(Answer::Typed("application/json", har.into()))
+        }
+        ["api", "captures", id, "body"] => {
+            let record = store.load(id).map_err(store_error)?;
+            let content_type = if record.sent().json {
+                "application/json"
+            } else {
+                "application/octet-stream"
+            };
+            Ok(Answer::Typed(content_type, record.sent().bytes.clone()))
+        }
+        ["api", "captures", id, "curl"] => {
+            let record = store.load(id).map_err(store_error)?;
+            json_bytes(&json!({"command": curl(&record, state.proxy)}))
+        }
+        ["api", "captures", id, "edits"] => {
+            // What the rules changed: the body as received against the body as sent.
+            let record = store.load(id).map_err(store_error)?;
+            let entries = match &record.request.sent_body {
+                Some(sent) => units::diff_bodies(&record.request.body.bytes, &sent.bytes)
+                    .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?
+                    .into_iter()
+                    .filter(|e| e.change != units::Change::Same)
+                    .collect(),
+                None => Vec::new(),
+            };
+            json_bytes(&json!({"id": record.id, "entries": entries}))
+        }
+        ["api", "captures", a, "diff", b] => {
+            let a = store.load(a).map_err(store_error)?;
+            let b = store.load(b).map_err(store_error)?;
+            let entries = units::diff_bodies(&a.sent().bytes, &b.sent().bytes)
+                .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?;
+            // In cache order, the first unit that is not the same ends the shared prefix.
+            let breaks = entries.iter().position(|e| e.change != units::Change::Same);
+            json_bytes(&json!({"a": a.id, "b": b.id, "entries": entries, "breaks_prefix": breaks}))
+        }
+        ["api", "conversations"] => {
+            let rows = store.conversations(&filter(query)?).map_err(store_error)?;
+            json_bytes(&json!({"conversations": rows}))
+        }
+        ["api", "cache", "report"] => {
+            let f = filter(query)?;
+            let only_conversation_and_since = Filter {
+                since_ms: f.since_ms,
+                conversation: f.conversation.clone(),
+                ..Filter::default()
+            };
+            if f != only_conversation_and_since {
+                return Err((
+                    StatusCode::BAD_REQUEST,
+                    "the cache report takes only conversation and since".into(),
+                ));
+            }
+            let report = crate::cache::report::build(&store, &f, &state.cache_ignore)
+                .map_err(store_error)?;
+            json_bytes(&report)
+        }
+        _ => Err((
+            StatusCode::NOT_FOUND,
+            format!(
+                "no such resource {path:?} (try /api/captures, /api/conversations, \
+                 /api/cache/report, /api/rules, /api/live, /metrics, /healthz, /readyz)"
+            ),
+        )),
+    }
+}
+
+/// A record's prompt as the model saw it (`side=received`: as the client sent it),
+/// with the prefix the provider read from cache.
+fn prompt_view(record: &CaptureRecord, query: &str) -> Value {
+    let received = query.split('&').any(|p| p == "side=received");
+    let body = if received {
+        &record.request.body
+    } else {
+        record.sent()
+    };
+    let read_through = record
+        .cache
+        .as_ref()
+        .filter(|c| c.actual.read > 0)
+        .and_then(|c| c.prediction.read_through.clone());
+    let prompt = Prompt::read(body.bytes.clone(), record.request_format());
+    json!({
+        "id": record.id,
+        "side": if received { "received" } else { "sent" },
+        "rules_changed": record.request.sent_body.is_some(),
+        "view": PromptView::of(&prompt, read_through.as_deref()),
+    })
+}
+
+/// A `curl` that resends the stored body through promptgate: credentials are left
+/// as the variables the SDKs read, never the captured (fingerprinted) values.
+fn curl(record: &CaptureRecord, proxy: std::net::SocketAddr) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\'', "'\\''"));
+    let openai = record.provider.as_deref() == Some("openai");
+    // A forwarded request named its host; through the reverse proxy OpenAI is under /openai.
+    let path = if openai && record.mode == "forward" {
+        format!("/openai{}", record.path)
+    } else {
+        record.path.clone()
+    };
+    let mut out = format!("curl -sS -N {}", quote(&format!("http://{proxy}{path}")));
+    let keep = |name: &str| {
+        let n = name.to_ascii_lowercase();
+        n == "content-type" || n.starts_with("anthropic-") || n.starts_with("openai-")
+    };
+    for (name, value) in record.request.headers.iter().filter(|(n, _)| keep(n)) {
+        out.push_str(&format!(" \\\n  -H {}", quote(&format!("{name}: {value}"))));
+    }
+    let key = if openai {
+        "-H \"authorization: Bearer $OPENAI_API_KEY\""
+    } else {
+        "-H \"x-api-key: $ANTHROPIC_API_KEY\""
+    };
+    out.push_str(&format!(
+        " \\\n  {key} \\\n  --data-binary @{}.json",
+        record.id
+    ));
+    out
+}
+
+/// `/api/rules`: the live rule set, where it is read from, its last reload (with
+/// the error's `file:line:col`), and how often each rule fired since the start.
+pub(super) fn rules(state: &AdminState) -> Value {
+    let set = state.rules.snapshot();
+    let metrics = state.metrics.as_ref().map(|(m, _)| m);
+    let rules: Vec<Value> = set
+        .rules()
+        .iter()
+        .map(|r| {
+            json!({
+                "name": r.name,
+                "description": r.description,
+                "phase": r.phase.name(),
+                "file": r.file,
+                "line": r.line,
+                "enabled": r.enabled,
+                "enforce": r.enforce,
+                "when": r.matcher_keys(),
+                "actions": r.action_keys(),
+                "fired": metrics.map(|m| m.rule_fires(&r.name, r.phase.name())),
+            })
+        })
+        .collect();
+    json!({
+        "dir": state.rules_dir.display().to_string(),
+        "state": state.rules.state(&state.rules_dir),
+        "reloads": {"ok": state.rules.reloads().ok, "failed": state.rules.reloads().failed},
+        "last_reload": state.rules.last_reload(),
+        "rules": rules,
+    })
+}
+
+fn store_error(e: StoreError) -> (StatusCode, String) {
+    let status = match e {
+        StoreError::NotFound(_) | StoreError::Missing(_) => StatusCode::NOT_FOUND,
+        StoreError::Ambiguous(..) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, e.to_string())
+}
+
+/// A [`Filter`] from the query: the filters of `captures list` (`since`, `until`,
+/// `model`, `conversation`, `outcome`, `grep`, `provider`, `rule`, `verdict`, `tag`,
+/// `path`, `mode`, `limit`, `offset`), `after` (a row's `seq`: what was stored
+/// since) and `all`.
+fn filter(query: &str) -> Result<Filter, (StatusCode, String)> {
+    let mut f = Filter::default();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let v = percent_decode(v);
+        let bad = |m: String| (StatusCode::BAD_REQUEST, m);
+        match k {
+            "since" => {
+                let now = timestamp::now_ms();
+                f.since_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+            }
+            "until" => {
+                let now = timestamp::now_ms();
+                f.until_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+            }
+            "tag" => f.tag = Some(v),
+            "path" => f.path = Some(v),
+            "mode" => f.mode = Some(v),
+            "all" => {}
+            "after" => {
+                f.after_seq = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("after {v:?} is not a row's seq")))?,
+                )
+            }
+            "model" => f.model = Some(v),
+            "conversation" => f.conversation = Some(v),
+            "outcome" => f.outcome = Some(v),
+            "grep" => f.grep = Some(v),
+            "provider" => f.provider = Some(v),
+            "rule" => f.rule = Some(v),
+            "verdict" => f.verdict = Some(v),
+            "offset" => {
+                f.offset = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("offset {v:?} is not a number")))?,
+                )
+            }
+            "limit" => {
+                f.limit = Some(
+                    v.parse()
+                        .map_err(|_| bad(format!("limit {v:?} is not a number")))?,
+                )
+            }
+            other => return Err(bad(format!("unknown parameter {other:?}"))),
+        }
+    }
+    Ok(f)
+}
+
+fn percent_decode(text: &str) -> String {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let decoded = match bytes[i] {
+            b'%' if i + 2 < bytes.len() => hex(bytes[i + 1]).zip(hex(bytes[i + 2])),
+            _ => None,
+        };
+        match (decoded, bytes[i]) {
+            (Some((hi, lo)), _) => {
+                out.push(hi << 4 | lo);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, b) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_parameters_decode() {
+        assert_eq!(percent_decode("cc%3A54c1+x%2"), "cc:54c1 x%2");
+        let f = filter("model=claude-*&limit=5&conversation=cc%3Aabc").unwrap();
+        assert_eq!(f.model.as_deref(), Some("claude-*"));
+        assert_eq!(f.limit, Some(5));
+        assert_eq!(f.conversation.as_deref(), Some("cc:abc"));
+        assert!(filter("colour=red").is_err());
+    }
+}

@@ -1,0 +1,199 @@
+//! What is happening now, for the viewer: each exchange as it starts, a streamed
+//! answer's text as it arrives, and each record once it is stored.
+//!
+//! The exchange, the observer and the capture writer publish here; the admin API's
+//! `/api/live` serves it as server-sent events. Nothing is built unless somebody
+//! watches (a feed without receivers costs one load per exchange), and every value
+//! goes through the process's one redactor first, as a stored record does.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde_json::json;
+use tokio::sync::broadcast;
+
+use crate::capture::redact::{Redactor, Summary};
+use crate::capture::store::Row;
+use crate::id::ExchangeId;
+use crate::observer::EventSplitter;
+use crate::provider::{Api, Provider};
+use crate::record::ExchangeRecord;
+
+/// Events a slow viewer may fall behind by before it is told to fill the gap.
+const BACKLOG: usize = 1024;
+
+/// How often an in-flight stream's progress is published at most: the page shows
+/// text as it arrives without an event per delta.
+const PROGRESS_EVERY: Duration = Duration::from_millis(100);
+
+/// Streamed text kept per exchange for the page; past it the page shows the tail.
+const TEXT_LIMIT: usize = 64 * 1024;
+
+/// One server-sent event, serialised once for every viewer.
+#[derive(Debug, Clone)]
+pub struct LiveEvent {
+    /// `started`, `progress` or `recorded`.
+    pub name: &'static str,
+    /// A recorded row's `seq`: the SSE `id`, which a reconnecting browser sends back.
+    pub seq: Option<i64>,
+    /// The JSON data.
+    pub data: Bytes,
+}
+
+/// The feed. See the module docs.
+#[derive(Debug)]
+pub struct LiveFeed {
+    tx: broadcast::Sender<LiveEvent>,
+    redactor: Arc<Redactor>,
+}
+
+impl LiveFeed {
+    pub fn new(redactor: Arc<Redactor>) -> Arc<LiveFeed> {
+        Arc::new(LiveFeed {
+            tx: broadcast::Sender::new(BACKLOG),
+            redactor,
+        })
+    }
+
+    /// Whether anybody watches now.
+    pub fn watched(&self) -> bool {
+        self.tx.receiver_count() > 0
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<LiveEvent> {
+        self.tx.subscribe()
+    }
+
+    fn publish(&self, name: &'static str, seq: Option<i64>, data: &serde_json::Value) {
+        let data = Bytes::from(serde_json::to_vec(data).unwrap_or_default());
+        // An error only says nobody watches.
+        let _ = self.tx.send(LiveEvent { name, seq, data });
+    }
+
+    /// An exchange went upstream.
+    pub fn started(&self, record: &ExchangeRecord) {
+        if !self.watched() {
+            return;
+        }
+        let mut uncounted = Summary::new();
+        let model = record
+            .model
+            .as_deref()
+            .map(|m| self.redactor.redact_text(m, &[], &mut uncounted));
+        self.publish(
+            "started",
+            None,
+            &json!({
+                "id": record.id.to_string(),
+                "started_ms": record
+                    .started_at
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as u64),
+                "method": record.method.as_str(),
+                "path": self.redactor.path(&record.path, &mut uncounted),
+                "provider": record.provider.map(Provider::name),
+                "model": model,
+                "side": record.is_side_request(),
+            }),
+        );
+    }
+
+    /// Records were stored: `rows`, in storing order.
+    pub fn stored(&self, rows: &[Row]) {
+        for row in rows {
+            self.publish(
+                "recorded",
+                Some(row.seq),
+                &serde_json::to_value(row).unwrap_or_default(),
+            );
+        }
+    }
+
+    /// A tap on a response body, when somebody watches and the record keeps bodies.
+    pub fn tap(self: &Arc<Self>, record: &ExchangeRecord, stream: bool) -> Option<LiveTap> {
+        if !self.watched() || !record.capture {
+            return None;
+        }
+        Some(LiveTap {
+            feed: self.clone(),
+            id: record.id,
+            status: record.status.map(|s| s.as_u16()),
+            grammar: stream.then(|| (record.provider, record.api)),
+            extra: record.extra_redactions.clone(),
+            splitter: EventSplitter::default(),
+            text: String::new(),
+            bytes: 0,
+            sent: None,
+        })
+    }
+}
+
+/// Reads a response body as it passes, for [`LiveFeed`]: its size and, for a
+/// stream, the text of its deltas so far.
+pub struct LiveTap {
+    feed: Arc<LiveFeed>,
+    id: ExchangeId,
+    status: Option<u16>,
+    /// A stream's provider and API, whose deltas carry its text.
+    grammar: Option<(Option<Provider>, Option<Api>)>,
+    extra: Vec<regex::Regex>,
+    splitter: EventSplitter,
+    text: String,
+    bytes: u64,
+    sent: Option<Instant>,
+}
+
+impl LiveTap {
+    /// A body chunk passed to the client.
+    pub fn chunk(&mut self, data: &[u8]) {
+        let now = Instant::now();
+        self.bytes += data.len() as u64;
+        if let Some((Some(provider), Some(api))) = self.grammar {
+            self.splitter.push(data);
+            while let Some(event) = self.splitter.next_event() {
+                if let Some(piece) = crate::rules::stream::delta_text(provider, api, &event) {
+                    self.text.push_str(&piece);
+                }
+            }
+            if self.text.len() > TEXT_LIMIT {
+                let mut cut = self.text.len() - TEXT_LIMIT / 2;
+                while !self.text.is_char_boundary(cut) {
+                    cut += 1;
+                }
+                self.text.drain(..cut);
+            }
+        }
+        if self.sent.is_none_or(|at| now - at >= PROGRESS_EVERY) {
+            self.send(false, now);
+        }
+    }
+
+    /// The body ended.
+    pub fn end(&mut self) {
+        self.send(true, Instant::now());
+    }
+
+    fn send(&mut self, done: bool, now: Instant) {
+        self.sent = Some(now);
+        if !self.feed.watched() {
+            return;
+        }
+        let mut uncounted = Summary::new();
+        let text = self
+            .feed
+            .redactor
+            .redact_text(&self.text, &self.extra, &mut uncounted);
+        self.feed.publish(
+            "progress",
+            None,
+            &json!({
+                "id": self.id.to_string(),
+                "status": self.status,
+                "bytes": self.bytes,
+                "text": text,
+                "done": done,
+            }),
+        );
+    }
+}

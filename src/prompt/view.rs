@@ -1,0 +1,135 @@
+//! The prompt as the model sees it, for the readers that show it (the viewer):
+//! each unit in cache order with its readable text, its message's role, its
+//! `cache_control` breakpoint, and whether the provider read it from cache.
+
+use serde::Serialize;
+use serde_json::Value as Json;
+
+use super::Prompt;
+
+/// A prompt, unit by unit. See the module docs.
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptView {
+    /// Top-level inputs other than the prompt itself (`model`, `max_tokens`, …),
+    /// each as its raw JSON.
+    pub settings: Vec<(String, String)>,
+    pub units: Vec<UnitView>,
+    /// Top-level automatic caching (`cache_control` beside `messages`): its ttl.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub automatic: Option<String>,
+}
+
+/// One unit of a [`PromptView`].
+#[derive(Debug, Clone, Serialize)]
+pub struct UnitView {
+    /// Where it sits: `tools[0]`, `system[2]`, `messages[3].content[0]`.
+    pub path: String,
+    /// `tools`, `system`, `messages`, `instructions` or `input`.
+    pub region: &'static str,
+    /// The message it belongs to, and that message's role.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    /// `text`, `tool_use`, `tool_result`, `thinking`, `image`, `tool`, …
+    pub kind: String,
+    /// A tool's (or a tool call's) name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The readable text, when the unit has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+    /// The text is a `<system-reminder>`.
+    pub reminder: bool,
+    pub bytes: usize,
+    /// The unit's JSON as sent (a tool's schema, a call's input); images and
+    /// documents are left out, their size is in `bytes`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    /// The `cache_control` breakpoint after this unit: its number and ttl.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub breakpoint: Option<(u32, String)>,
+    /// The provider read this unit from cache.
+    pub cached: bool,
+}
+
+/// Kinds whose JSON is a payload, not something to read: shown by size only.
+const OPAQUE: [&str; 3] = ["image", "document", "redacted_thinking"];
+
+impl PromptView {
+    /// The view of `prompt`; `read_through` is the unit through which the provider
+    /// read the prefix from cache (the cache analysis' `prediction.read_through`,
+    /// when the answer's usage read any).
+    pub fn of(prompt: &Prompt, read_through: Option<&str>) -> PromptView {
+        let body = prompt.body();
+        let root = prompt.root();
+        let prompt_keys = ["tools", "system", "messages", "instructions", "input"];
+        let settings = root
+            .map(|r| {
+                r.entries()
+                    .filter_map(|(k, v)| Some((k.str()?, v)))
+                    .filter(|(k, _)| !prompt_keys.contains(&k.as_ref()))
+                    .map(|(k, v)| (k.into_owned(), String::from_utf8_lossy(v.bytes()).into()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut cached = read_through.is_some();
+        let mut breakpoints = 0;
+        let mut units = Vec::new();
+        for (i, unit) in prompt.units().iter().enumerate() {
+            let raw = &body[unit.span.start..unit.span.end];
+            let parsed: Option<Json> = serde_json::from_slice(raw).ok();
+            let message = prompt.messages().iter().find(|m| m.units.contains(&i));
+            let role = message
+                .and_then(|m| prompt.value(m.tok))
+                .and_then(|v| v.get("role"))
+                .and_then(|r| r.str().map(|s| s.into_owned()));
+            let name = parsed.as_ref().and_then(|v| {
+                v.get("name")
+                    .or_else(|| v.pointer("/function/name"))
+                    .and_then(Json::as_str)
+                    .map(str::to_owned)
+            });
+            let text = unit.content.map(|span| {
+                let raw = &body[span.start..span.end];
+                serde_json::from_slice::<Json>(raw)
+                    .map(|v| crate::capture::units::display_text(&v))
+                    .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
+            });
+            let path = unit.path.to_string();
+            let breakpoint = unit.marker.as_ref().map(|m| {
+                breakpoints += 1;
+                (breakpoints, m.ttl.to_string())
+            });
+            units.push(UnitView {
+                region: unit.path.region.name(),
+                message: message.map(|m| m.index),
+                role,
+                kind: unit.kind.clone(),
+                name,
+                reminder: text
+                    .as_deref()
+                    .is_some_and(|t| t.trim_start().starts_with("<system-reminder>")),
+                text,
+                bytes: raw.len(),
+                json: (!OPAQUE.contains(&unit.kind.as_str()))
+                    .then(|| String::from_utf8_lossy(raw).into_owned()),
+                breakpoint,
+                cached,
+                path: path.clone(),
+            });
+            if read_through == Some(path.as_str()) {
+                cached = false;
+            }
+        }
+        if read_through.is_some() && cached {
+            // The cache analysis named a unit this body does not have: shade nothing.
+            units.iter_mut().for_each(|u| u.cached = false);
+        }
+        PromptView {
+            settings,
+            units,
+            automatic: prompt.automatic_marker().map(|m| m.ttl.to_string()),
+        }
+    }
+}

@@ -1,0 +1,748 @@
+//! The web viewer at the admin address, through the real binary: the live feed
+//! (`/api/live`) pushes exchanges as they start, stream and are recorded, and fills
+//! in what a reconnecting viewer missed; the JSON views it reads (the prompt, the
+//! diff in cache order, the rules) say what the page shows; everything is served
+//! under `default-src 'self'` and a foreign origin is refused. Then a real headless
+//! Chromium drives the page itself.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::client::{self, request_bytes};
+use support::{FakeProvider, Proxy, Reply, TempDir, captures, shapes};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const WAIT: Duration = Duration::from_secs(15);
+
+/// A secret the provider "echoes" in its answer: the live feed must redact it.
+const CANARY: &str = "sk-ant-api03-LIVECANARY0123456789abcdefghijklmnop";
+
+/// A client of the live feed, reading events as they arrive (HTTP/1.0: the body
+/// ends with the connection, so the bytes are the events themselves).
+struct Feed {
+    stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+#[derive(Debug, Clone)]
+struct Event {
+    name: String,
+    id: Option<i64>,
+    data: Value,
+}
+
+impl Feed {
+    async fn open(admin: SocketAddr, last_event_id: Option<i64>) -> Feed {
+        let mut stream = TcpStream::connect(admin).await.unwrap();
+        let mut head = format!("GET /api/live HTTP/1.0\r\nHost: {admin}\r\n");
+        if let Some(id) = last_event_id {
+            head.push_str(&format!("Last-Event-ID: {id}\r\n"));
+        }
+        head.push_str("\r\n");
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut feed = Feed {
+            stream,
+            buf: Vec::new(),
+        };
+        let head = feed.read_until(b"\r\n\r\n").await;
+        let head = String::from_utf8_lossy(&head).to_lowercase();
+        assert!(
+            head.starts_with("http/1.0 200") || head.starts_with("http/1.1 200"),
+            "{head}"
+        );
+        assert!(head.contains("content-type: text/event-stream"), "{head}");
+        assert!(head.contains("default-src 'self'"), "{head}");
+        feed
+    }
+
+    async fn read_until(&mut self, end: &[u8]) -> Vec<u8> {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            if let Some(at) = self.buf.windows(end.len()).position(|w| w == end) {
+                let rest = self.buf.split_off(at + end.len());
+                return std::mem::replace(&mut self.buf, rest);
+            }
+            let mut chunk = [0u8; 8192];
+            let n = tokio::time::timeout_at(deadline, self.stream.read(&mut chunk))
+                .await
+                .expect("the live feed sent nothing in time")
+                .unwrap();
+            assert!(n > 0, "the live feed closed");
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The next event (comments and `retry:` skipped).
+    async fn next(&mut self) -> Event {
+        loop {
+            let raw = self.read_until(b"\n\n").await;
+            let text = String::from_utf8(raw).unwrap();
+            let mut event = Event {
+                name: String::new(),
+                id: None,
+                data: Value::Null,
+            };
+            for line in text.lines() {
+                if let Some(v) = line.strip_prefix("event: ") {
+                    event.name = v.to_owned();
+                } else if let Some(v) = line.strip_prefix("id: ") {
+                    event.id = Some(v.parse().unwrap());
+                } else if let Some(v) = line.strip_prefix("data: ") {
+                    event.data = serde_json::from_str(v).unwrap_or(Value::String(v.into()));
+                }
+            }
+            if !event.name.is_empty() {
+                return event;
+            }
+        }
+    }
+
+    /// Events until one named `name` (which is returned last).
+    async fn until(&mut self, name: &str) -> Vec<Event> {
+        let mut seen = Vec::new();
+        loop {
+            let e = self.next().await;
+            let done = e.name == name;
+            seen.push(e);
+            if done {
+                return seen;
+            }
+        }
+    }
+}
+
+fn stream_request(proxy: &Proxy, body: &Value) -> Vec<u8> {
+    let body = shapes::to_bytes(body);
+    let headers =
+        shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-client");
+    request_bytes("POST", "/v1/messages?beta=true", &headers, &body)
+}
+
+/// A slow stream whose text grows over ~1 s, with a secret in it.
+fn slow_answer() -> Reply {
+    let pieces = [
+        "Hello",
+        ", here is ",
+        "the key: ",
+        CANARY,
+        " and ",
+        "goodbye.",
+    ];
+    Reply::sse(
+        shapes::anthropic_events("claude-opus-5-5", &pieces, (12, 100, 2000, 7)),
+        Duration::from_millis(150),
+    )
+}
+
+#[tokio::test]
+async fn the_live_feed_shows_an_exchange_start_stream_and_land_and_fills_a_reconnect_gap() {
+    let fake = FakeProvider::start(|r| {
+        if r.body.windows(6).any(|w| w == b"\"slow\"") {
+            support::Action::Respond(slow_answer())
+        } else {
+            support::fake_provider::like_providers(r)
+        }
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let admin = proxy.admin_addr();
+    let mut feed = Feed::open(admin, None).await;
+    let hello = feed.until("hello").await;
+    assert_eq!(hello.last().unwrap().data["seq"], 0, "an empty store");
+
+    let mut body = shapes::claude_code_body(0, shapes::CC_SESSION);
+    body["metadata"]["tag"] = json!("slow");
+    let request = stream_request(&proxy, &body);
+    let addr = proxy.addr;
+    let sent = tokio::spawn(async move { client::send(addr, &request).await });
+
+    let events = feed.until("recorded").await;
+    let response = sent.await.unwrap();
+    assert_eq!(response.status, 200);
+    let started = events
+        .iter()
+        .find(|e| e.name == "started")
+        .expect("a started event");
+    let id = started.data["id"].as_str().unwrap().to_owned();
+    assert_eq!(started.data["model"], "claude-opus-5-5");
+    assert_eq!(started.data["side"], false);
+    let texts: Vec<String> = events
+        .iter()
+        .filter(|e| e.name == "progress" && e.data["id"] == id.as_str())
+        .map(|e| e.data["text"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        texts.len() >= 3,
+        "the text is pushed while it streams, not only at the end: {texts:?}"
+    );
+    for pair in texts.windows(2) {
+        assert!(
+            pair[1].starts_with(&pair[0]),
+            "the text only grows: {texts:?}"
+        );
+    }
+    assert!(texts[0].len() < texts.last().unwrap().len(), "{texts:?}");
+    let last = texts.last().unwrap();
+    assert!(last.starts_with("Hello, here is the key: "), "{last}");
+    assert!(last.ends_with(" and goodbye."), "{last}");
+    for e in &events {
+        assert!(
+            !e.data.to_string().contains(CANARY),
+            "a secret reached the live feed: {e:?}"
+        );
+    }
+    let recorded = events.last().unwrap();
+    assert_eq!(recorded.data["id"], id.as_str());
+    assert_eq!(recorded.data["model"], "claude-opus-5-5");
+    assert_eq!(recorded.data["conversation"].as_str().is_some(), true);
+    let first_seq = recorded
+        .id
+        .expect("a recorded event carries its seq as the SSE id");
+    assert_eq!(recorded.data["seq"], first_seq);
+
+    // The viewer goes away; two exchanges land meanwhile; it comes back.
+    drop(feed);
+    for _ in 0..2 {
+        let r = client::post(proxy.addr, "/v1/messages", br#"{"model":"claude-opus-5-5","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#).await;
+        assert_eq!(r.status, 200);
+    }
+    let stored = captures::wait_records(&proxy.captures, 3, WAIT).await;
+    let mut feed = Feed::open(admin, Some(first_seq)).await;
+    let filled = feed.until("hello").await;
+    let rows: Vec<&Event> = filled.iter().filter(|e| e.name == "recorded").collect();
+    assert_eq!(rows.len(), 2, "exactly what was missed: {filled:?}");
+    let mut ids: Vec<&str> = rows
+        .iter()
+        .map(|e| e.data["id"].as_str().unwrap())
+        .collect();
+    let mut want: Vec<&str> = stored
+        .iter()
+        .map(|r| r["id"].as_str().unwrap())
+        .filter(|r| *r != id)
+        .collect();
+    ids.sort();
+    want.sort();
+    assert_eq!(ids, want);
+    assert!(rows[0].id < rows[1].id, "in storing order");
+    assert_eq!(
+        filled.last().unwrap().data["seq"],
+        rows[1].id.unwrap(),
+        "hello says where it resumes"
+    );
+
+    // A reconnect that missed nothing gets nothing again.
+    let mut feed = Feed::open(admin, rows[1].id).await;
+    let again = feed.until("hello").await;
+    assert!(again.iter().all(|e| e.name != "recorded"), "{again:?}");
+}
+
+/// The admin address's GET `path`, with `headers` besides Host.
+async fn get(admin: SocketAddr, path: &str, headers: &[(&str, String)]) -> client::RawResponse {
+    let mut all = vec![("Host", admin.to_string())];
+    all.extend(headers.iter().cloned());
+    client::send(admin, &request_bytes("GET", path, &all, b"")).await
+}
+
+#[tokio::test]
+async fn the_viewer_is_served_under_its_own_origin_only() {
+    let proxy = Proxy::start(&["--upstream-anthropic", "http://127.0.0.1:9"]);
+    let admin = proxy.admin_addr();
+    assert!(
+        proxy
+            .start_line
+            .contains(&format!("viewer: http://{admin}/")),
+        "{}",
+        proxy.start_line
+    );
+    let page = get(admin, "/", &[]).await;
+    assert_eq!(page.status, 200);
+    assert!(
+        page.header("content-type")
+            .unwrap()
+            .starts_with("text/html")
+    );
+    let csp = page.header("content-security-policy").unwrap();
+    assert!(csp.starts_with("default-src 'self'"), "{csp}");
+    let html = page.text();
+    assert!(html.contains(r#"<script type="module" src="/assets/viewer.js">"#));
+    assert!(
+        !html.contains("http://") && !html.contains("https://"),
+        "no outside fetch"
+    );
+    for (path, kind) in [
+        ("/assets/viewer.js", "text/javascript"),
+        ("/assets/viewer.css", "text/css"),
+        ("/assets/icon.svg", "image/svg+xml"),
+    ] {
+        let r = get(admin, path, &[]).await;
+        assert_eq!(r.status, 200, "{path}");
+        assert!(
+            r.header("content-type").unwrap().starts_with(kind),
+            "{path}"
+        );
+        let text = r.text();
+        assert!(
+            !text.contains("https://") && !text.contains("//cdn"),
+            "{path} fetches nothing outside"
+        );
+    }
+    // A page on another origin cannot read the viewer, its API or its live feed.
+    let evil = ("Origin", "http://evil.example".to_owned());
+    for path in ["/", "/api/live", "/api/captures", "/api/rules"] {
+        let r = get(admin, path, std::slice::from_ref(&evil)).await;
+        assert_eq!(r.status, 403, "{path}: {}", r.text());
+    }
+    let rebound = client::send(
+        admin,
+        &request_bytes("GET", "/", &[("Host", "rebind.example".into())], b""),
+    )
+    .await;
+    assert_eq!(rebound.status, 403);
+    // Read-only.
+    let post = client::send(
+        admin,
+        &request_bytes(
+            "POST",
+            "/api/captures",
+            &[("Host", admin.to_string())],
+            b"{}",
+        ),
+    )
+    .await;
+    assert_eq!(post.status, 405);
+}
+
+/// Rules that tag every Claude Code request and fire on it.
+fn tagging_rules() -> TempDir {
+    let dir = TempDir::new("viewer-rules");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        r#"
+[[rule]]
+name = "tag-claude-code"
+on = "before_provider_headers"
+when = { header."user-agent" = { regex = "^claude-cli/" } }
+actions = [{ tag = "claude-code" }]
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[tokio::test]
+async fn the_prompt_view_and_the_diff_follow_the_prompt_model_in_cache_order() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let rules = tagging_rules();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let admin = proxy.admin_addr();
+    // Two turns of one conversation; the second changes the date in the system prompt.
+    let first = shapes::claude_code_body(1, shapes::CC_SESSION);
+    let mut second = shapes::claude_code_body(2, shapes::CC_SESSION);
+    let env = second["messages"][1]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    second["messages"][1]["content"] = json!(env.replace("2026-11-29", "2026-11-30"));
+    for body in [&first, &second] {
+        let r = client::send(proxy.addr, &stream_request(&proxy, body)).await;
+        assert_eq!(r.status, 200);
+    }
+    captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let (status, list) = client::get_json(admin, "/api/captures").await;
+    assert_eq!(status, 200);
+    let rows = list["captures"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    assert!(list["last_seq"].as_i64().unwrap() >= 2);
+    for row in rows {
+        assert_eq!(row["tags"], json!(["claude-code"]));
+        assert_eq!(row["rules"], json!(["tag-claude-code"]));
+        assert_eq!(row["side"], false);
+        assert_eq!(row["path"], "/v1/messages?beta=true");
+    }
+    let (a, b) = (
+        rows[0]["id"].as_str().unwrap(),
+        rows[1]["id"].as_str().unwrap(),
+    );
+
+    let (status, prompt) = client::get_json(admin, &format!("/api/captures/{b}/prompt")).await;
+    assert_eq!(status, 200, "{prompt}");
+    let units = prompt["view"]["units"].as_array().unwrap();
+    let unit = |path: &str| {
+        units
+            .iter()
+            .find(|u| u["path"] == path)
+            .unwrap_or_else(|| panic!("no unit {path} in {units:?}"))
+    };
+    assert_eq!(units.iter().filter(|u| u["region"] == "tools").count(), 12);
+    assert_eq!(unit("tools[1]")["name"], "Bash");
+    assert!(
+        unit("tools[1]")["json"]
+            .as_str()
+            .unwrap()
+            .contains("input_schema")
+    );
+    // A system block in full, with its breakpoint.
+    let system = unit("system[2]");
+    assert_eq!(
+        system["text"].as_str().unwrap(),
+        second["system"][2]["text"].as_str().unwrap()
+    );
+    assert_eq!(system["breakpoint"], json!([2, "5m"]));
+    assert_eq!(unit("system[1]")["breakpoint"], json!([1, "5m"]));
+    assert!(unit("system[0]")["breakpoint"].is_null());
+    // The role:"system" message is labelled, a reminder marked, a tool call named.
+    assert_eq!(unit("messages[1].content")["role"], "system");
+    assert_eq!(unit("messages[0].content[0]")["reminder"], true);
+    assert_eq!(unit("messages[0].content[3]")["reminder"], false);
+    assert_eq!(unit("messages[2].content[1]")["kind"], "tool_use");
+    assert_eq!(unit("messages[2].content[1]")["name"], "Bash");
+    let settings: Vec<&str> = prompt["view"]["settings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[0].as_str().unwrap())
+        .collect();
+    assert!(
+        settings.contains(&"model") && settings.contains(&"thinking"),
+        "{settings:?}"
+    );
+
+    let (status, previous) = client::get_json(admin, &format!("/api/captures/{b}/previous")).await;
+    assert_eq!(status, 200);
+    assert_eq!(previous["previous"], a);
+    let (status, diff) = client::get_json(admin, &format!("/api/captures/{a}/diff/{b}")).await;
+    assert_eq!(status, 200, "{diff}");
+    let entries = diff["entries"].as_array().unwrap();
+    let breaks = diff["breaks_prefix"].as_u64().unwrap() as usize;
+    let broken = &entries[breaks];
+    assert_eq!(
+        (&broken["section"], &broken["b"], &broken["change"]),
+        (&json!("messages"), &json!(1), &json!("changed")),
+        "messages[1], the environment message, broke the prefix"
+    );
+    assert!(broken["before"].as_str().unwrap().contains("2026-11-29"));
+    assert!(broken["after"].as_str().unwrap().contains("2026-11-30"));
+    assert!(
+        entries[..breaks].iter().all(|e| e["change"] == "same"),
+        "tools and system come first, unchanged"
+    );
+    assert!(
+        entries[breaks..].iter().any(|e| e["change"] == "added"),
+        "the new turn reads as an append"
+    );
+
+    let (_, rules) = client::get_json(admin, "/api/rules").await;
+    let rule = &rules["rules"][0];
+    assert_eq!(rule["name"], "tag-claude-code");
+    assert_eq!(rule["phase"], "before_provider_headers");
+    assert!(
+        rule["file"].as_str().unwrap().ends_with("/10-tag.toml"),
+        "{rule}"
+    );
+    assert_eq!(rule["fired"], 2);
+
+    let har = get(admin, &format!("/api/captures/{b}/har"), &[]).await;
+    assert_eq!(har.status, 200);
+    assert_eq!(har.json()["log"]["entries"].as_array().unwrap().len(), 1);
+    let body = get(admin, &format!("/api/captures/{b}/body"), &[]).await;
+    assert_eq!(body.status, 200);
+    assert_eq!(
+        serde_json::from_slice::<Value>(&body.body.bytes).unwrap()["system"],
+        second["system"]
+    );
+    let (_, curl) = client::get_json(admin, &format!("/api/captures/{b}/curl")).await;
+    let command = curl["command"].as_str().unwrap();
+    assert!(
+        command.contains(&format!("'http://{}/v1/messages?beta=true'", proxy.addr)),
+        "{command}"
+    );
+    assert!(
+        command.contains("$ANTHROPIC_API_KEY") && !command.contains("sk-ant-"),
+        "{command}"
+    );
+    assert!(command.contains(&format!("@{b}.json")), "{command}");
+}
+
+/// Whether a browser test can run here.
+fn browser_missing() -> Option<String> {
+    support::browser::missing()
+}
+
+#[tokio::test]
+async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
+    if !support::can_run(browser_missing()) {
+        return;
+    }
+    let fake = FakeProvider::start(|r| {
+        if r.body.windows(6).any(|w| w == b"\"slow\"") {
+            support::Action::Respond(slow_answer())
+        } else {
+            support::fake_provider::like_providers(r)
+        }
+    })
+    .await;
+    let rules = tagging_rules();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let admin = proxy.admin_addr();
+    let shots = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/viewer");
+    std::fs::create_dir_all(&shots).unwrap();
+    let browser = support::browser::Browser::start().await;
+    browser.goto(&format!("http://{admin}/")).await;
+    browser
+        .wait_for(
+            "the live feed to connect",
+            "document.getElementById('live-state').textContent === 'live'",
+            WAIT,
+        )
+        .await;
+
+    // Turns 1 and 2 of a Claude Code conversation appear without a reload.
+    let turns = [
+        shapes::claude_code_body(0, shapes::CC_SESSION),
+        shapes::claude_code_body(1, shapes::CC_SESSION),
+    ];
+    for body in &turns {
+        let r = client::send(proxy.addr, &stream_request(&proxy, body)).await;
+        assert_eq!(r.status, 200);
+    }
+    browser
+        .wait_for(
+            "two rows without a reload",
+            "document.querySelectorAll('#list .row:not(.inflight)').length === 2",
+            WAIT,
+        )
+        .await;
+
+    // Turn 3 streams slowly, with the date in the environment message changed: its
+    // text grows in the list while it streams.
+    let mut third = shapes::claude_code_body(2, shapes::CC_SESSION);
+    let env = third["messages"][1]["content"].as_str().unwrap().to_owned();
+    third["messages"][1]["content"] = json!(env.replace("2026-11-29", "2026-11-30"));
+    third["metadata"]["tag"] = json!("slow");
+    let request = stream_request(&proxy, &third);
+    let addr = proxy.addr;
+    let sent = tokio::spawn(async move { client::send(addr, &request).await });
+    let early = browser
+        .wait_for(
+            "the streamed text to appear",
+            "(document.querySelector('#list .row.inflight .live-text') || {}).textContent",
+            WAIT,
+        )
+        .await;
+    let early = early.as_str().unwrap().to_owned();
+    let later = browser
+        .wait_for(
+            "the streamed text to grow",
+            &format!("(() => {{ const t = (document.querySelector('#list .row.inflight .live-text') || {{}}).textContent || ''; return t.length > {} ? t : false; }})()", early.len()),
+            WAIT,
+        )
+        .await;
+    assert!(
+        later.as_str().unwrap().starts_with(early.as_str()),
+        "{early:?} then {later}"
+    );
+    browser.screenshot(&shots.join("list-streaming.png")).await;
+    assert_eq!(sent.await.unwrap().status, 200);
+    browser
+        .wait_for("turn 3 recorded", "document.querySelectorAll('#list .row:not(.inflight)').length === 3 && !document.querySelector('#list .row.inflight')", WAIT)
+        .await;
+    let page_text = browser.eval("return document.body.innerText", vec![]).await;
+    assert!(
+        !page_text.as_str().unwrap().contains(CANARY),
+        "a secret reached the page"
+    );
+    browser.screenshot(&shots.join("list.png")).await;
+
+    // j/k and Enter open the newest exchange (turn 3).
+    browser
+        .eval(
+            "document.getElementById('list').focus(); return true",
+            vec![],
+        )
+        .await;
+    browser.press("j").await;
+    browser.press("k").await;
+    browser.press("\u{E007}").await;
+    browser
+        .wait_for(
+            "the exchange view",
+            "!!document.querySelector('#exchange[data-id] .unit[data-path=\"system[2]\"]')",
+            WAIT,
+        )
+        .await;
+    let system = browser
+        .eval(
+            "return document.querySelector('.unit[data-path=\"system[2]\"] pre').textContent",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        system.as_str().unwrap(),
+        third["system"][2]["text"].as_str().unwrap(),
+        "the system block in full"
+    );
+    let breakpoints = browser
+        .eval("return [...document.querySelectorAll('.breakpoint[data-after]')].map(b => b.dataset.after)", vec![])
+        .await;
+    assert_eq!(
+        breakpoints,
+        json!(["system[1]", "system[2]", "messages[5].content[0]"]),
+        "each cache_control breakpoint where it sits"
+    );
+    let labels = browser
+        .eval(
+            "return [...document.querySelectorAll('.message .role')].map(r => r.textContent)",
+            vec![],
+        )
+        .await;
+    assert!(
+        labels[1].as_str().unwrap().contains("role: system"),
+        "{labels}"
+    );
+    let reminder = browser
+        .eval("return !!document.querySelector('.unit[data-path=\"messages[0].content[0]\"] .badge.reminder')", vec![])
+        .await;
+    assert_eq!(reminder, json!(true));
+    let answer = browser.text("#response").await;
+    assert!(answer.contains("and goodbye."), "{answer}");
+    browser.screenshot(&shots.join("exchange.png")).await;
+
+    // The diff of turn 3 against turn 2 marks the environment message, whose date changed.
+    browser.click("#diff-previous").await;
+    browser
+        .wait_for(
+            "the diff view",
+            "!!document.querySelector('#diff .entry.breaks')",
+            WAIT,
+        )
+        .await;
+    let broken = browser
+        .eval("const e = document.querySelector('#diff .entry.breaks'); return [e.dataset.section, e.dataset.b]", vec![])
+        .await;
+    assert_eq!(broken, json!(["messages", "1"]));
+    let marks = browser
+        .eval("return [...document.querySelectorAll('#diff .entry.breaks ins')].map(m => m.textContent)", vec![])
+        .await;
+    assert_eq!(
+        marks,
+        json!(["30"]),
+        "the changed characters of the date, no more"
+    );
+    browser.screenshot(&shots.join("diff.png")).await;
+
+    // The conversation: a stacked bar per turn.
+    let conversation = browser
+        .eval(
+            "return document.querySelector('#exchange, #diff') && location.hash",
+            vec![],
+        )
+        .await;
+    assert!(conversation.as_str().unwrap().starts_with("#/d/"));
+    let key = captures::export(&proxy.captures)[0]["conversation"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    browser
+        .eval(
+            &format!(
+                "location.hash = '#/c/' + encodeURIComponent({}); return true",
+                json!(key)
+            ),
+            vec![],
+        )
+        .await;
+    browser
+        .wait_for(
+            "the conversation chart",
+            "document.querySelectorAll('#chart rect').length === 9",
+            WAIT,
+        )
+        .await;
+    let turns = browser
+        .eval(
+            "return document.querySelectorAll('#turns tr[data-id]').length",
+            vec![],
+        )
+        .await;
+    assert_eq!(turns, json!(3));
+    browser.screenshot(&shots.join("conversation.png")).await;
+
+    // Filters: by model, and by tag (an OpenAI call has neither the model nor the tag).
+    let r = client::send(
+        proxy.addr,
+        &request_bytes(
+            "POST",
+            "/openai/v1/chat/completions",
+            &[
+                ("Host", proxy.addr.to_string()),
+                ("content-type", "application/json".into()),
+                ("authorization", "Bearer sk-proj-test".into()),
+            ],
+            &shapes::to_bytes(&shapes::openai_chat_body(false)),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    browser
+        .eval("location.hash = '#/'; return true", vec![])
+        .await;
+    browser
+        .wait_for(
+            "four rows",
+            "document.querySelectorAll('#list .row').length === 4",
+            WAIT,
+        )
+        .await;
+    browser.type_into("#filter-model", "gpt-*\u{E007}").await;
+    browser
+        .wait_for(
+            "the model filter",
+            "document.querySelectorAll('#list .row').length === 1",
+            WAIT,
+        )
+        .await;
+    browser.eval("const m = document.getElementById('filter-model'); m.value = ''; m.dispatchEvent(new Event('change')); return true", vec![]).await;
+    browser
+        .type_into("#filter-tag", "claude-code\u{E007}")
+        .await;
+    browser
+        .wait_for(
+            "the tag filter",
+            "document.querySelectorAll('#list .row').length === 3",
+            WAIT,
+        )
+        .await;
+    let models = browser
+        .eval("return [...document.querySelectorAll('#list .row')].map(r => r.children[2].textContent)", vec![])
+        .await;
+    assert_eq!(
+        models,
+        json!(["claude-opus-5-5", "claude-opus-5-5", "claude-opus-5-5"])
+    );
+
+    // FOREIGN-ORIGIN
+    let errors: Vec<String> = browser
+        .console()
+        .await
+        .into_iter()
+        .filter(|l| l.contains("SEVERE") && !l.contains("favicon"))
+        .collect();
+    assert!(errors.is_empty(), "the page logged errors: {errors:?}");
+}
