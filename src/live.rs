@@ -119,7 +119,7 @@ impl LiveFeed {
             feed: self.clone(),
             id: record.id,
             status: record.status.map(|s| s.as_u16()),
-            grammar: stream.then(|| (record.provider, record.api)),
+            grammar: stream.then_some((record.provider, record.api)),
             extra: record.extra_redactions.clone(),
             splitter: EventSplitter::default(),
             text: String::new(),

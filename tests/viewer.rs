@@ -9,9 +9,11 @@ mod support;
 
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::cache_emulator::{self, CacheEmulator};
 use support::client::{self, request_bytes};
 use support::{FakeProvider, Proxy, Reply, TempDir, captures, shapes};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -199,7 +201,7 @@ async fn the_live_feed_shows_an_exchange_start_stream_and_land_and_fills_a_recon
     let recorded = events.last().unwrap();
     assert_eq!(recorded.data["id"], id.as_str());
     assert_eq!(recorded.data["model"], "claude-opus-5-5");
-    assert_eq!(recorded.data["conversation"].as_str().is_some(), true);
+    assert!(recorded.data["conversation"].as_str().is_some());
     let first_seq = recorded
         .id
         .expect("a recorded event carries its seq as the SSE id");
@@ -473,6 +475,62 @@ async fn the_prompt_view_and_the_diff_follow_the_prompt_model_in_cache_order() {
     assert!(command.contains(&format!("@{b}.json")), "{command}");
 }
 
+/// A page served from another origin than the admin API's (its own port), which
+/// tries to read the admin API and its live feed and writes the outcome in its title.
+struct ForeignPage {
+    addr: SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ForeignPage {
+    async fn start(admin: SocketAddr) -> ForeignPage {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let html = format!(
+            "<!doctype html><title>loading</title><script>\n\
+             const admin = 'http://{admin}';\n\
+             const result = {{}};\n\
+             const finish = () => {{ if (result.fetch && result.live) document.title = `done fetch:${{result.fetch}} live:${{result.live}}`; }};\n\
+             fetch(admin + '/api/captures').then(r => r.text()).then(() => {{ result.fetch = 'read'; finish(); }}, () => {{ result.fetch = 'refused'; finish(); }});\n\
+             const live = new EventSource(admin + '/api/live');\n\
+             live.onmessage = () => {{ result.live = 'read'; finish(); }};\n\
+             live.onerror = () => {{ live.close(); result.live = result.live || 'refused'; finish(); }};\n\
+             </script>"
+        );
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let html = html.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !head.ends_with(b"\r\n\r\n") {
+                        if stream.read(&mut byte).await.unwrap_or(0) == 0 {
+                            return;
+                        }
+                        head.push(byte[0]);
+                    }
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{html}",
+                        html.len()
+                    );
+                    let _ = stream.write_all(reply.as_bytes()).await;
+                });
+            }
+        });
+        ForeignPage { addr, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+}
+
+impl Drop for ForeignPage {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 /// Whether a browser test can run here.
 fn browser_missing() -> Option<String> {
     support::browser::missing()
@@ -483,12 +541,30 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
     if !support::can_run(browser_missing()) {
         return;
     }
-    let fake = FakeProvider::start(|r| {
-        if r.body.windows(6).any(|w| w == b"\"slow\"") {
-            support::Action::Respond(slow_answer())
-        } else {
-            support::fake_provider::like_providers(r)
+    // Answers with the usage a provider's cache would report for each prompt.
+    let emulator: cache_emulator::Shared = Arc::new(Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |r| {
+        if !r.target.starts_with("/v1/messages") {
+            return support::fake_provider::like_providers(r);
         }
+        if r.body.windows(6).any(|w| w == b"\"slow\"") {
+            let usage = e.lock().unwrap().respond(&r.body);
+            let pieces = [
+                "Hello",
+                ", here is ",
+                "the key: ",
+                CANARY,
+                " and ",
+                "goodbye.",
+            ];
+            let numbers = (usage.input, usage.write, usage.read, 7);
+            return support::Action::Respond(Reply::sse(
+                shapes::anthropic_events("claude-opus-5-5", &pieces, numbers),
+                Duration::from_millis(150),
+            ));
+        }
+        support::Action::Respond(cache_emulator::reply(&e, &r.body))
     })
     .await;
     let rules = tagging_rules();
@@ -620,6 +696,26 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         .eval("return !!document.querySelector('.unit[data-path=\"messages[0].content[0]\"] .badge.reminder')", vec![])
         .await;
     assert_eq!(reminder, json!(true));
+    // Turn 3 changed messages[1]: the provider read tools and system from cache.
+    let cached = browser
+        .eval(
+            "return [...document.querySelectorAll('.unit.cached')].map(u => u.dataset.path)",
+            vec![],
+        )
+        .await;
+    let cached: Vec<&str> = cached
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_str().unwrap())
+        .collect();
+    assert_eq!(cached.len(), 15, "12 tools and 3 system blocks: {cached:?}");
+    assert_eq!(cached.last(), Some(&"system[2]"));
+    let verdict = browser.text("#cache").await;
+    assert!(
+        verdict.contains("partial") && verdict.contains("messages[1]"),
+        "{verdict}"
+    );
     let answer = browser.text("#response").await;
     assert!(answer.contains("and goodbye."), "{answer}");
     browser.screenshot(&shots.join("exchange.png")).await;
@@ -737,12 +833,45 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         json!(["claude-opus-5-5", "claude-opus-5-5", "claude-opus-5-5"])
     );
 
-    // FOREIGN-ORIGIN
     let errors: Vec<String> = browser
         .console()
         .await
         .into_iter()
         .filter(|l| l.contains("SEVERE") && !l.contains("favicon"))
         .collect();
-    assert!(errors.is_empty(), "the page logged errors: {errors:?}");
+    assert!(errors.is_empty(), "the viewer logged errors: {errors:?}");
+
+    // A page on another origin (a server of its own on another port) cannot read the
+    // admin API or its live feed: the browser names that origin, the guard answers 403.
+    let foreign = ForeignPage::start(admin).await;
+    browser.responses().await;
+    browser.goto(&foreign.url()).await;
+    let outcome = browser
+        .wait_for(
+            "the foreign page's attempts",
+            "document.title.startsWith('done') && document.title",
+            WAIT,
+        )
+        .await;
+    assert_eq!(
+        outcome,
+        json!("done fetch:refused live:refused"),
+        "the page read nothing"
+    );
+    let answered: Vec<(String, u16)> = browser
+        .responses()
+        .await
+        .into_iter()
+        .filter(|(url, _)| url.starts_with(&format!("http://{admin}/")))
+        .collect();
+    assert!(
+        answered
+            .iter()
+            .any(|(url, status)| url.ends_with("/api/captures") && *status == 403),
+        "the admin API refused the foreign origin: {answered:?}"
+    );
+    assert!(
+        answered.iter().all(|(_, status)| *status == 403),
+        "nothing from the admin API reached the foreign page: {answered:?}"
+    );
 }

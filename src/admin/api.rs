@@ -159,6 +159,10 @@ fn prompt_view(record: &CaptureRecord, query: &str) -> Value {
         "id": record.id,
         "side": if received { "received" } else { "sent" },
         "rules_changed": record.request.sent_body.is_some(),
+        "cache": record.cache.as_ref().map(|c| json!({
+            "summary": c.log_field(),
+            "reason": c.reason.as_ref().map(ToString::to_string),
+        })),
         "view": PromptView::of(&prompt, read_through.as_deref()),
     })
 }

@@ -123,7 +123,7 @@ impl Browser {
         let capabilities = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "goog:chromeOptions": {"binary": CHROMIUM, "args": args},
-            "goog:loggingPrefs": {"browser": "ALL"},
+            "goog:loggingPrefs": {"browser": "ALL", "performance": "ALL"},
             "timeouts": {"implicit": 0, "pageLoad": 20_000, "script": 20_000},
         }}});
         let (code, answer) = request(addr, "POST", "/session", Some(&capabilities)).await;
@@ -269,6 +269,44 @@ impl Browser {
                 let message = e["message"].as_str().unwrap_or_default();
                 format!("{level} {message}")
             })
+            .collect()
+    }
+
+    /// The HTTP responses the browser received since the last call, as (URL, status),
+    /// from Chromium's network log: what the server answered, even where the page
+    /// itself may not read it (a cross-origin answer without CORS headers).
+    pub async fn responses(&self) -> Vec<(String, u16)> {
+        let entries = self
+            .command("POST", "/se/log", json!({"type": "performance"}))
+            .await;
+        let entries = entries
+            .as_array()
+            .unwrap_or_else(|| panic!("the performance log is not a list: {entries}"));
+        // A response the page may not read (CORS) is only in the raw `ExtraInfo`
+        // event, which names the request by id: its URL comes from the request.
+        let mut urls = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for e in entries {
+            let Some(m) = e["message"]
+                .as_str()
+                .and_then(|m| serde_json::from_str::<Value>(m).ok())
+            else {
+                continue;
+            };
+            let (method, params) = (&m["message"]["method"], &m["message"]["params"]);
+            let id = params["requestId"].as_str().unwrap_or_default().to_owned();
+            if method == "Network.requestWillBeSent" {
+                if let Some(url) = params["request"]["url"].as_str() {
+                    urls.insert(id, url.to_owned());
+                }
+            } else if method == "Network.responseReceivedExtraInfo"
+                && let Some(status) = params["statusCode"].as_u64()
+            {
+                out.push((id, u16::try_from(status).unwrap_or(0)));
+            }
+        }
+        out.into_iter()
+            .map(|(id, status)| (urls.get(&id).cloned().unwrap_or(id), status))
             .collect()
     }
 

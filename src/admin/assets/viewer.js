@@ -365,7 +365,7 @@ async function showExchange(id) {
   if (currentId !== id) return;
   const page = el("div", { class: "page", id: "exchange", "data-id": record.id });
   page.append(exchangeHeader(record, previous.previous));
-  page.append(cacheSection(record));
+  page.append(cacheSection(record, prompt && prompt.cache));
   const promptBox = el("div", { id: "prompt" });
   const raw = el("pre", { id: "raw-json", hidden: true, text: JSON.stringify(record, null, 2) });
   const tabs = el("div", { class: "tabs" });
@@ -412,7 +412,7 @@ function exchangeHeader(r, previous) {
     curl);
 }
 
-function cacheSection(r) {
+function cacheSection(r, told) {
   const c = r.cache;
   const box = el("div", { class: "section", id: "cache" });
   if (!c) {
@@ -421,7 +421,7 @@ function cacheSection(r) {
   }
   const u = r.usage || {};
   box.append(
-    el("div", {}, el("span", { class: `badge ${verdictClass(c.verdict)}`, text: c.verdict }), " ", reasonText(c.reason)),
+    el("div", {}, el("span", { class: `badge ${verdictClass(c.verdict)}`, text: c.verdict }), " ", told && told.reason ? told.reason : reasonText(c.reason)),
     el("div", { class: "mono" },
       `read ${c.actual.read} · write ${c.actual.write} · uncached ${c.actual.input} · predicted read ${c.prediction.read_tokens}` +
         (c.prediction.read_through ? ` through ${c.prediction.read_through}` : "") +
