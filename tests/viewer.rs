@@ -833,6 +833,47 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         json!(["claude-opus-5-5", "claude-opus-5-5", "claude-opus-5-5"])
     );
 
+    // The rules view: the live rule, its fire count, and then a broken file's error.
+    browser
+        .eval("location.hash = '#/rules'; return true", vec![])
+        .await;
+    let rules_text = browser
+        .wait_for(
+            "the rules view",
+            "(document.querySelector('#rules table') || {}).innerText",
+            WAIT,
+        )
+        .await;
+    let rules_text = rules_text.as_str().unwrap();
+    assert!(
+        rules_text.contains("tag-claude-code") && rules_text.contains("before_provider_headers"),
+        "{rules_text}"
+    );
+    let fired = browser
+        .eval(
+            "return [...document.querySelectorAll('#rules td.num')][0].textContent",
+            vec![],
+        )
+        .await;
+    assert_eq!(fired, json!("3"), "fired on the three Claude Code turns");
+    std::fs::write(
+        rules.path().join("20-broken.toml"),
+        "[[rule]]\nname = \"broken\"\non = \"before_provider_request\"\nwhen = { model = 5 }\nactions = [{ tag = \"x\" }]\n",
+    )
+    .unwrap();
+    let error = browser
+        .wait_for(
+            "the reload error",
+            "(document.getElementById('reload-error') || {}).textContent",
+            WAIT,
+        )
+        .await;
+    assert!(
+        error.as_str().unwrap().contains("20-broken.toml:4:"),
+        "{error}"
+    );
+    browser.screenshot(&shots.join("rules.png")).await;
+
     let errors: Vec<String> = browser
         .console()
         .await

@@ -598,10 +598,12 @@ async function showDiff(a, b) {
   const others = rb.conversation ? state.order.filter((id) => state.rows.get(id).conversation === rb.conversation && id !== b) : [];
   for (const id of others) picker.append(el("option", { value: id, selected: id === diff.a, text: `${fmtTime(state.rows.get(id).started_ms)} ${id}` }));
   picker.addEventListener("change", () => (location.hash = `#/d/${picker.value}/${b}`));
+  const other = el("input", { id: "diff-other", placeholder: "or any exchange id", size: "30" });
+  other.addEventListener("change", () => other.value.trim() && (location.hash = `#/d/${encodeURIComponent(other.value.trim())}/${b}`));
   const changed = diff.entries.filter((e) => e.change !== "same").length;
   page.replaceChildren(
     el("h2", {}, "diff ", el("a", { href: `#/x/${diff.a}`, class: "mono", text: diff.a }), " → ", el("a", { href: `#/x/${diff.b}`, class: "mono", text: diff.b })),
-    el("div", { class: "actions" }, others.length ? el("label", {}, "against ", picker) : null, el("span", { text: `${changed} of ${diff.entries.length} units differ, in cache order` })));
+    el("div", { class: "actions" }, others.length ? el("label", {}, "against ", picker) : null, other, el("span", { text: `${changed} of ${diff.entries.length} units differ, in cache order` })));
   diff.entries.forEach((e, i) => page.append(diffEntry(e, i === diff.breaks_prefix)));
 }
 
@@ -738,11 +740,16 @@ async function showConversation(key) {
 
 // ---------------------------------------------------------------- rules
 
+let rulesTimer = null;
 async function showRules() {
   navActive("rules");
+  const r = await api("/api/rules");
+  if (currentView !== "rules") return;
+  // Rules reload on their own: the view follows every 2 s while it is open.
+  clearTimeout(rulesTimer);
+  rulesTimer = setTimeout(() => currentView === "rules" && showRules().catch(showError), 2000);
   const page = el("div", { class: "page", id: "rules" });
   setMain(page);
-  const r = await api("/api/rules");
   const last = r.last_reload;
   page.append(
     el("h2", { text: "Rules" }),
