@@ -5,13 +5,15 @@
 pass_through_flags=(--no-capture --no-cache-analysis --admin off)
 
 # read_variant NAME RUN_DIR: reads bench/variants/NAME.flags (`{run}` becomes
-# RUN_DIR) into variant_flags (the serve flags) and variant_requires ("path P" or
-# "verb V" for each `@requires-path P` / `@requires-verb V` line). "pass-through"
-# is built in. Returns 1 when the file does not exist.
+# RUN_DIR) into variant_flags (the serve flags), variant_requires ("path P" or
+# "verb V" for each `@requires-path P` / `@requires-verb V` line) and
+# variant_viewers (`@viewers N`: live-feed clients bench/stages keeps connected).
+# "pass-through" is built in. Returns 1 when the file does not exist.
 read_variant() {
   local name=$1 run=$2 file=bench/variants/$1.flags line words
   variant_flags=()
   variant_requires=()
+  variant_viewers=0
   if [ "$name" = pass-through ]; then
     variant_flags=("${pass_through_flags[@]}")
     return 0
@@ -24,6 +26,7 @@ read_variant() {
     case ${words[0]} in
       @requires-path) variant_requires+=("path ${words[1]}") ;;
       @requires-verb) variant_requires+=("verb ${words[1]}") ;;
+      @viewers) variant_viewers=${words[1]} ;;
       *) variant_flags+=("${words[@]}") ;;
     esac
   done <"$file"

@@ -179,11 +179,21 @@ impl LiveTap {
         if !self.feed.watched() {
             return;
         }
+        // A word still arriving may be the first half of a key that only its second
+        // half makes recognisable: it is shown once it is whole.
+        let shown = if done {
+            &self.text[..]
+        } else {
+            let cut = self.text.rfind(char::is_whitespace).map_or(0, |at| {
+                at + self.text[at..].chars().next().map_or(1, char::len_utf8)
+            });
+            &self.text[..cut]
+        };
         let mut uncounted = Summary::new();
         let text = self
             .feed
             .redactor
-            .redact_text(&self.text, &self.extra, &mut uncounted);
+            .redact_text(shown, &self.extra, &mut uncounted);
         self.feed.publish(
             "progress",
             None,

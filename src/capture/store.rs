@@ -610,20 +610,10 @@ impl Store {
                 output_tokens: r.get::<_, Option<i64>>(8)?.map(|v| v as u64),
                 cache_read_tokens: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
                 cache_write_tokens: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
-                rules: r
-                    .get::<_, String>(11)?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
+                rules: comma_list(&r.get::<_, String>(11)?),
                 cache: r.get(17)?,
                 seq: r.get(18)?,
-                tags: r
-                    .get::<_, String>(19)?
-                    .split(',')
-                    .filter(|s| !s.is_empty())
-                    .map(str::to_owned)
-                    .collect(),
+                tags: comma_list(&r.get::<_, String>(19)?),
                 path: r.get(20)?,
                 side: r.get(21)?,
             };
@@ -913,6 +903,15 @@ fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
 
 /// The SQL for `f`'s column filters on a store of schema `version`: a filter on a
 /// column an older store lacks matches nothing (the side mark: everything).
+/// A `rules` or `tags` column: names joined by commas.
+fn comma_list(column: &str) -> Vec<String> {
+    column
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
 fn where_clause(f: &Filter, version: i64) -> (String, Vec<rusqlite::types::Value>) {
     let has_cache = version >= 2;
     let has_columns = version >= 3;

@@ -86,6 +86,8 @@ async function loadRows() {
     if (page.captures.length < PAGE) break;
     offset += PAGE;
   }
+  // For bench/viewer: when the whole store was listed.
+  performance.mark("promptgate:all-rows");
 }
 
 function rebuildOrder() {
@@ -292,6 +294,10 @@ function renderList() {
   document.getElementById("list-spacer").style.height = `${state.visible.length * ROW}px`;
   paintRows();
   updateStats();
+  // For bench/viewer: the first paint of a list with rows in it.
+  if (state.visible.length && !performance.getEntriesByName("promptgate:first-rows").length) {
+    performance.mark("promptgate:first-rows");
+  }
   if (!state.visible.length) {
     document.getElementById("list-rows").replaceChildren(el("p", { class: "empty", text: state.rows.size ? "No exchange matches these filters." : "No exchanges yet: point an agent at promptgate and they appear here." }));
   }
@@ -426,8 +432,9 @@ function cacheSection(r, told) {
       `read ${c.actual.read} · write ${c.actual.write} · uncached ${c.actual.input} · predicted read ${c.prediction.read_tokens}` +
         (c.prediction.read_through ? ` through ${c.prediction.read_through}` : "") +
         (c.lost_tokens ? ` · lost ${c.lost_tokens}` : "") +
-        (c.cost ? ` · input ${fmtUsd(c.cost.input_usd)}, lost ${fmtUsd(c.cost.lost_usd)}` : "") +
-        (u.output_tokens !== undefined ? ` · output ${u.output_tokens}` : "")));
+        (c.cost ? ` · input ${fmtUsd(c.cost.input_usd)}, lost ${fmtUsd(c.cost.lost_usd)}` : " · cost unknown (no price for this model)") +
+        (u.output_tokens !== undefined ? ` · output ${u.output_tokens}` : "")),
+    c.fix ? el("div", { class: "fix", id: "cache-fix", text: `fix: ${c.fix}` }) : null);
   return box;
 }
 
@@ -726,15 +733,17 @@ async function showConversation(key) {
       el("td", {}, el("span", { class: `badge ${verdictClass(t.verdict)}`, text: t.verdict })),
       el("td", { class: "num", text: t.read }), el("td", { class: "num", text: t.write }), el("td", { class: "num", text: t.uncached }),
       el("td", { class: "num", text: total ? `${((100 * t.read) / total).toFixed(0)}%` : "" }),
-      el("td", { class: "num", text: t.cost ? fmtUsd(t.cost.input_usd) : "—" }),
+      el("td", { class: "num", text: t.cost ? fmtUsd(t.cost.input_usd) : "unknown" }),
       el("td", { class: "num", text: t.cost && t.cost.lost_usd ? fmtUsd(t.cost.lost_usd) : "" }),
-      el("td", {}, t.reason_text || "", t.baseline && t.verdict !== "hit" ? [" ", el("a", { href: `#/d/${t.baseline}/${t.id}`, text: "diff" })] : "")));
+      el("td", {}, t.reason_text || "", t.baseline && t.verdict !== "hit" ? [" ", el("a", { href: `#/d/${t.baseline}/${t.id}`, text: "diff" })] : "",
+        t.fix ? el("div", { class: "fix", text: `fix: ${t.fix}` }) : null)));
   });
   const lost = el("table", { class: "turns", id: "lost" }, el("tr", {}, ["miss reason", "requests", "tokens", "lost $"].map((h) => el("th", { text: h }))));
-  for (const l of s.lost) lost.append(el("tr", {}, el("td", { text: l.reason }), el("td", { class: "num", text: l.requests }), el("td", { class: "num", text: l.tokens }), el("td", { class: "num", text: s.priced ? fmtUsd(l.usd) : "unpriced" })));
+  for (const l of s.lost) lost.append(el("tr", {}, el("td", { text: l.reason }), el("td", { class: "num", text: l.requests }), el("td", { class: "num", text: l.tokens }), el("td", { class: "num", text: s.priced ? fmtUsd(l.usd) : "unknown" })));
   page.replaceChildren(
     el("h2", {}, "conversation ", el("span", { class: "mono", text: conv.conversation })),
-    el("div", {}, `${s.requests} requests · hit rate ${(100 * s.hit_rate).toFixed(1)}% · read ${s.read_tokens} · write ${s.write_tokens} · uncached ${s.uncached_tokens}` + (s.priced ? ` · saved ${fmtUsd(s.saved_usd)} · lost ${fmtUsd(s.lost_usd)}` : " · unpriced model")),
+    el("div", {}, `${s.requests} requests · hit rate ${(100 * s.hit_rate).toFixed(1)}% · read ${s.read_tokens} · write ${s.write_tokens} · uncached ${s.uncached_tokens}` + (s.priced ? ` · saved ${fmtUsd(s.saved_usd)} · lost ${fmtUsd(s.lost_usd)}` : "") +
+      (s.unpriced.length ? ` · cost unknown for ${s.unpriced.join(", ")} (no price configured)` : "")),
     chart, el("h3", { text: "Turns" }), table, el("h3", { text: "Lost per miss reason" }), s.lost.length ? lost : el("p", { class: "empty", text: "No miss lost anything." }));
 }
 
