@@ -530,6 +530,32 @@ async fn openai_cached_tokens_beside_the_stable_prefix() {
         line["cache"], "partial 1.9k/2.1k messages[2].content changed @24",
         "{line}"
     );
+    // No price for gpt-5.6: never $0, but unknown; said once, with the snippet.
+    let warnings = proxy
+        .log()
+        .lines()
+        .filter(|l| l.contains("no price for model") && l.contains("gpt-5.6"))
+        .count();
+    assert_eq!(warnings, 1, "{}", proxy.log());
+    assert!(
+        proxy.log().contains(r#"[cache.prices.\"gpt-5.6\"]"#),
+        "{}",
+        proxy.log()
+    );
+    captures::wait_records(&proxy.captures, 3, WAIT).await;
+    let report = captures::cache_report(&proxy.captures, &[]);
+    assert!(
+        report
+            .stdout
+            .contains("cost unknown    for gpt-5.6 (no price; add one"),
+        "{}",
+        report.stdout
+    );
+    assert!(!report.stdout.contains("$0.0000"), "{}", report.stdout);
+    let json = captures::cache_report(&proxy.captures, &["--format", "json"]);
+    let json: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(json["total"]["unpriced"], json!(["gpt-5.6"]));
+    assert_eq!(json["total"]["priced"], false);
 }
 
 // === the stored analysis and `cache report` ===
@@ -688,11 +714,41 @@ async fn cache_report_names_each_miss_with_its_reason_and_cost() {
     let one = captures::cache_report(dir, &["--conversation", &key[..8], "--format", "json"]);
     assert_eq!(one.stdout, json.stdout);
     let later = captures::cache_report(dir, &["--since", "2999-01-01", "--format", "json"]);
+    let later: Value = serde_json::from_str(&later.stdout).unwrap();
+    assert_eq!(later["conversations"], json!([]));
+    assert_eq!(later["total"]["requests"], 0);
+    // One conversation: its total is its own summary, minus the unit changes.
+    let whole: Value = serde_json::from_str(&json.stdout).unwrap();
+    let total = &whole["total"];
+    for key in [
+        "requests",
+        "analysed",
+        "read_tokens",
+        "write_tokens",
+        "lost_usd",
+        "lost",
+    ] {
+        assert_eq!(total[key], summary[key], "{key}");
+    }
+    assert_eq!(total["unpriced"], json!([]), "every model here has a price");
+    let fixes: Vec<&Value> = conv["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["fix"])
+        .filter(|f| !f.is_null())
+        .collect();
     assert_eq!(
-        later.stdout.trim(),
-        r#"{
-  "conversations": []
-}"#
+        fixes.len(),
+        3,
+        "the partial and both misses say what would fix them"
+    );
+    assert!(
+        fixes[0]
+            .as_str()
+            .unwrap()
+            .contains("rules/examples/50-move-dates.toml"),
+        "{fixes:?}"
     );
     let admin = rig.server.admin;
     let (status, served) = client::get_json(

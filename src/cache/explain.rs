@@ -187,6 +187,68 @@ impl Reason {
         }
     }
 
+    /// What to do about it, in a line: the change that would have let the request
+    /// read the cache. `price` (per million input tokens, with the write and read
+    /// multipliers) prices a ttl suggestion; `lost_tokens` are what the miss rewrote.
+    pub fn fix(&self, lost_tokens: u64, price: Option<&super::cost::Price>) -> Option<String> {
+        // yyyy-mm-dd or yyyy/mm/dd: a date rendered into the prompt.
+        static DATE: std::sync::LazyLock<Option<regex::Regex>> =
+            std::sync::LazyLock::new(|| regex::Regex::new(r"\b\d{4}[-/]\d{2}[-/]\d{2}\b").ok());
+        let date = |t: &Option<String>| {
+            t.as_deref()
+                .zip(DATE.as_ref())
+                .is_some_and(|(t, re)| re.is_match(t))
+        };
+        Some(match self {
+            Reason::PrefixChanged { unit, before, after, .. } if date(before) || date(after) => {
+                format!(
+                    "a date changed inside the cached prefix ({unit}): move it after the last breakpoint, see rules/examples/50-move-dates.toml"
+                )
+            }
+            Reason::PrefixChanged { unit, .. } => format!(
+                "everything before a breakpoint must stay byte-identical: move what changes in {unit} after the last breakpoint, or put a breakpoint before it"
+            ),
+            Reason::ToolsChanged { .. } => "the tools come first in the prefix: keep the tool list fixed for a session (defer rarely used tools instead of adding them)"
+                .to_owned(),
+            Reason::ModelChanged { .. } => {
+                "each model has a cache of its own: a switch writes the whole prefix again".to_owned()
+            }
+            Reason::SettingChanged { setting, .. } => format!(
+                "{setting} is rendered into the prompt: changing it mid-conversation misses the cache"
+            ),
+            Reason::TtlExpired { idle_s, ttl_s, .. } if *ttl_s < 3600 && *idle_s < 3600 => {
+                match price {
+                    Some(p) => {
+                        let per = p.input / 1e6;
+                        let extra = per * (p.cache_write_1h - p.cache_write_5m) * lost_tokens as f64;
+                        let saved = per * (p.cache_write_5m - p.cache_read) * lost_tokens as f64;
+                        format!(
+                            "a 1h ttl would have kept it (idle {idle_s}s): writing the prefix at 1h would have cost ${extra:.4} more and saved ${saved:.4} here; see rules/examples/40-ttl-1h.toml"
+                        )
+                    }
+                    None => format!(
+                        "a 1h ttl would have kept it (idle {idle_s}s): see rules/examples/40-ttl-1h.toml"
+                    ),
+                }
+            }
+            Reason::TtlExpired { .. } => {
+                "idle longer than any ttl: only an earlier request could have kept it warm".to_owned()
+            }
+            Reason::BreakpointMissing { unit } => format!(
+                "put a cache_control breakpoint at or after {unit} (or turn on automatic caching)"
+            ),
+            Reason::LookbackExceeded { unit, .. } => format!(
+                "the prefix ends more than {LOOKBACK} blocks before the breakpoint: add a breakpoint nearer {unit}"
+            ),
+            Reason::BelowMinimum { minimum, .. } => {
+                format!("the prefix must reach {minimum} tokens before it is cached at all")
+            }
+            Reason::Concurrent { .. } => "it started before the request that writes the prefix had begun its answer: send it after the first one's response starts"
+                .to_owned(),
+            Reason::Unexplained { .. } => return None,
+        })
+    }
+
     /// The same reason without prompt text (for logs).
     pub fn without_excerpts(&self) -> Reason {
         self.clone().map(&mut |r| match r {
@@ -265,14 +327,38 @@ impl fmt::Display for Reason {
                 predicted_write,
                 actual_write,
                 ..
-            } => write!(
-                f,
-                "rules predicted read {}/write {}, provider read {}/write {}",
-                kilo(*predicted_read),
-                kilo(*predicted_write),
-                kilo(*actual_read),
-                kilo(*actual_write)
-            ),
+            } => {
+                write!(
+                    f,
+                    "rules predicted read {}/write {}, provider read {}/write {}",
+                    kilo(*predicted_read),
+                    kilo(*predicted_write),
+                    kilo(*actual_read),
+                    kilo(*actual_write)
+                )?;
+                // Say what is known of the difference.
+                match (*predicted_read, *actual_read) {
+                    (0, read) if read > 0 => write!(
+                        f,
+                        ": the provider read {} tokens of a prefix this proxy never saw written \
+                         (another client or conversation, or a cache warmed before promptgate started)",
+                        kilo(read)
+                    ),
+                    (p, read) if read < p => write!(
+                        f,
+                        ": it read {} fewer than the prefix the rules expected cached (evicted early, \
+                         or not yet written)",
+                        kilo(p - read)
+                    ),
+                    (p, read) if read > p => write!(
+                        f,
+                        ": it read {} more than the rules expected (the provider matched more than \
+                         the bytes promptgate saw suggest)",
+                        kilo(read - p)
+                    ),
+                    _ => Ok(()),
+                }
+            }
         }
     }
 }
@@ -729,14 +815,7 @@ fn tools_changed(before: &Segments, now: &Segments) -> Reason {
         s.units
             .iter()
             .filter(|u| u.path.region == Region::Tools)
-            .map(|u| {
-                let tool = crate::prompt::Prompt::read(u.bytes.clone(), None);
-                let name = tool
-                    .root()
-                    .and_then(|t| Some(t.get("name")?.str()?.into_owned()))
-                    .unwrap_or_else(|| u.path.to_string());
-                (name, u.hash)
-            })
+            .map(|u| (u.tool_name().unwrap_or_else(|| u.path.to_string()), u.hash))
             .collect()
     };
     let (a, b) = (named(before), named(now));
@@ -1057,5 +1136,72 @@ mod tests {
         assert!(!agrees(10_000, 10_500, true));
         assert!(agrees(10_000, 12_000, false));
         assert!(!agrees(10_000, 14_000, false));
+    }
+
+    #[test]
+    fn unexplained_says_what_is_known_and_a_miss_says_what_would_fix_it() {
+        let unexplained = |predicted_read, actual_read| Reason::Unexplained {
+            predicted_read,
+            actual_read,
+            predicted_write: 0,
+            actual_write: 0,
+            rules: None,
+        };
+        let never_seen = unexplained(0, 45_000).to_string();
+        assert!(
+            never_seen.contains("read 45.0k tokens of a prefix this proxy never saw written"),
+            "{never_seen}"
+        );
+        assert!(
+            unexplained(12_000, 2_000)
+                .to_string()
+                .contains("10.0k fewer")
+        );
+        assert!(
+            unexplained(2_000, 12_000)
+                .to_string()
+                .contains("10.0k more")
+        );
+        assert_eq!(unexplained(0, 45_000).fix(0, None), None);
+
+        let date = Reason::PrefixChanged {
+            unit: "system[2]".into(),
+            offset: 40,
+            before: Some("Today's date is 2026-11-29.".into()),
+            after: Some("Today's date is 2026-11-30.".into()),
+        };
+        assert!(
+            date.fix(0, None)
+                .unwrap()
+                .contains("rules/examples/50-move-dates.toml")
+        );
+        let other = Reason::PrefixChanged {
+            unit: "system[2]".into(),
+            offset: 40,
+            before: Some("You are X".into()),
+            after: Some("You are Y".into()),
+        };
+        assert!(!other.fix(0, None).unwrap().contains("50-move-dates"));
+        let price = super::super::cost::Price {
+            input: 4.0,
+            output: 20.0,
+            cache_write_5m: 1.25,
+            cache_write_1h: 2.0,
+            cache_read: 0.05,
+        };
+        let ttl = Reason::TtlExpired {
+            unit: "messages[3]".into(),
+            idle_s: 401,
+            ttl_s: 300,
+        };
+        // 1M tokens: 0.75 x $4 more to write at 1h; 1.2 x $4 saved by reading.
+        let fix = ttl.fix(1_000_000, Some(&price)).unwrap();
+        assert!(fix.contains("$3.0000 more and saved $4.8000"), "{fix}");
+        let long = Reason::TtlExpired {
+            unit: "messages[3]".into(),
+            idle_s: 7200,
+            ttl_s: 300,
+        };
+        assert!(!long.fix(1, Some(&price)).unwrap().contains("1h ttl would"));
     }
 }

@@ -227,6 +227,9 @@ pub struct CacheReport {
     pub cost: Option<CostView>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stable: Option<StablePrefix>,
+    /// What would have let this request read the cache (see [`Reason::fix`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 impl CacheReport {
@@ -297,6 +300,8 @@ struct Pending {
 struct State {
     pending: HashMap<ExchangeId, Pending>,
     history: History,
+    /// Models already warned about for having no price.
+    unpriced: std::collections::HashSet<String>,
 }
 
 /// The record stage that analyses prompt caching.
@@ -336,6 +341,7 @@ impl CacheStage {
             state: Mutex::new(State {
                 pending: HashMap::new(),
                 history,
+                unpriced: Default::default(),
             }),
         }
     }
@@ -464,14 +470,25 @@ impl CacheStage {
                 .breakpoint
                 .is_some_and(|m| m.ttl == Ttl::OneHour)
         });
-        let cost = self
-            .settings
-            .prices
-            .find(&model)
-            .map(|(pattern, price)| CostView {
-                price: pattern.to_owned(),
-                usd: cost::cost(&price, usage, explanation.lost_tokens, one_hour),
-            });
+        let price = self.settings.prices.find(&model);
+        if price.is_none() && !model.is_empty() && state.unpriced.insert(model.clone()) {
+            // Once per model: its cost is unknown, never $0.
+            tracing::warn!(
+                "no price for model {model:?}: its cache cost shows as unknown; add one to the \
+                 config file:\n[cache.prices.\"{model}\"]\ninput = 1.25        # $ per million input tokens\n\
+                 output = 10.0\ncache_read = 0.1    # share of the input price (OpenAI's cached input)\n\
+                 cache_write_5m = 1.0"
+            );
+        }
+        let cost = price.as_ref().map(|(pattern, price)| CostView {
+            price: (*pattern).to_owned(),
+            usd: cost::cost(price, usage, explanation.lost_tokens, one_hour),
+        });
+        let fix = explanation
+            .reason
+            .as_ref()
+            .filter(|_| explanation.verdict != Verdict::Hit)
+            .and_then(|r| r.fix(explanation.lost_tokens, price.as_ref().map(|(_, p)| p)));
         let mut through = 0u64;
         let breakpoints = segs
             .units
@@ -517,6 +534,7 @@ impl CacheStage {
             },
             cost,
             stable,
+            fix,
         })
     }
 }

@@ -15,12 +15,15 @@ use super::segment::{self, IgnoreRule, Segments};
 use super::{CostView, StablePrefix};
 use crate::capture::CaptureRecord;
 use crate::capture::store::{Filter, Store, StoreError};
-use crate::prompt::{Ttl, UnitPath};
+use crate::prompt::Ttl;
 
 /// The report: one entry per conversation, in order of first request.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub conversations: Vec<ConversationReport>,
+    /// Every conversation's exchanges together: hit rate, dollars, and the miss
+    /// reasons by what they cost (no unit changes: those are per conversation).
+    pub total: Summary,
 }
 
 /// One conversation's timeline and summary.
@@ -71,6 +74,9 @@ pub struct Entry {
     /// Automatic caching (OpenAI): the prefix that stayed the same.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub stable: Option<StablePrefix>,
+    /// What would have let it read the cache.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fix: Option<String>,
 }
 
 /// What a conversation's caching came to.
@@ -87,6 +93,8 @@ pub struct Summary {
     pub hit_rate: f64,
     /// Whether any exchange had a price (the dollar figures are 0 otherwise).
     pub priced: bool,
+    /// Models with no price: their dollars are unknown and left out of the sums.
+    pub unpriced: Vec<String>,
     pub write_usd: f64,
     pub read_usd: f64,
     pub saved_usd: f64,
@@ -126,8 +134,13 @@ pub struct UnitChanges {
 struct UnitKey(String);
 
 impl UnitKey {
-    fn of(path: &UnitPath) -> UnitKey {
-        UnitKey::parse(&path.to_string())
+    /// A tool by its name (a removed tool must not shift every one after it), any
+    /// other unit by its path.
+    fn of(unit: &segment::Unit) -> UnitKey {
+        match unit.tool_name() {
+            Some(name) => UnitKey(format!("tool {name}")),
+            None => UnitKey::parse(&unit.path.to_string()),
+        }
     }
 
     fn parse(path: &str) -> UnitKey {
@@ -165,7 +178,32 @@ pub fn build(store: &Store, filter: &Filter, ignore: &[IgnoreRule]) -> Result<Re
         };
         conversations.push(conversation_report(conversation, &records, &mut units));
     }
-    Ok(Report { conversations })
+    let mut total = Summary::default();
+    for c in &conversations {
+        total.requests += c.summary.requests;
+        for entry in &c.timeline {
+            add(&mut total, entry);
+        }
+    }
+    finish(&mut total);
+    Ok(Report {
+        conversations,
+        total,
+    })
+}
+
+/// The hit rate, and the losses by what they cost.
+fn finish(summary: &mut Summary) {
+    let total = summary.read_tokens + summary.write_tokens + summary.uncached_tokens;
+    if total > 0 {
+        summary.hit_rate = summary.read_tokens as f64 / total as f64;
+    }
+    summary.lost.sort_by(|a, b| {
+        b.usd
+            .total_cmp(&a.usd)
+            .then(b.tokens.cmp(&a.tokens))
+            .then(a.reason.cmp(&b.reason))
+    });
 }
 
 /// Requests cut into cache units from their stored bodies, by id; loaded from the
@@ -233,16 +271,7 @@ fn conversation_report(
         add(&mut summary, &entry);
         timeline.push(entry);
     }
-    let total = summary.read_tokens + summary.write_tokens + summary.uncached_tokens;
-    if total > 0 {
-        summary.hit_rate = summary.read_tokens as f64 / total as f64;
-    }
-    summary.lost.sort_by(|a, b| {
-        b.usd
-            .total_cmp(&a.usd)
-            .then(b.tokens.cmp(&a.tokens))
-            .then(a.reason.cmp(&b.reason))
-    });
+    finish(&mut summary);
     changes.sort_by_key(|(_, n, _)| std::cmp::Reverse(*n));
     summary.changed_units = changes
         .into_iter()
@@ -304,6 +333,7 @@ fn explained(
         ttl: report.breakpoints.last().map(|b| b.ttl),
         estimate_error_pct: report.estimate.error_pct,
         stable: report.stable.clone(),
+        fix: report.fix.clone(),
     };
     Some((entry, before.zip(now)))
 }
@@ -315,6 +345,9 @@ fn add(summary: &mut Summary, e: &Entry) {
     summary.write_tokens += e.write;
     summary.uncached_tokens += e.uncached;
     let usd = e.cost.as_ref().map(|c| c.usd);
+    if usd.is_none() && !summary.unpriced.contains(&e.model) {
+        summary.unpriced.push(e.model.clone());
+    }
     if let Some(c) = usd {
         summary.priced = true;
         summary.write_usd += c.write_usd;
@@ -352,10 +385,10 @@ fn count_changes(before: &Segments, now: &Segments, changes: &mut Vec<(UnitKey, 
     let earlier: HashMap<UnitKey, [u8; 32]> = before
         .units
         .iter()
-        .map(|u| (UnitKey::of(&u.path), u.hash))
+        .map(|u| (UnitKey::of(u), u.hash))
         .collect();
     for u in &now.units {
-        let key = UnitKey::of(&u.path);
+        let key = UnitKey::of(u);
         if earlier.get(&key).is_none_or(|h| *h == u.hash) {
             continue;
         }
@@ -378,7 +411,11 @@ fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segment
     reason.map(&mut |r| match r {
         Reason::PrefixChanged { unit, offset, .. } => {
             let key = UnitKey::parse(&unit);
-            let find = |s: &Segments| s.units.iter().position(|u| UnitKey::of(&u.path) == key);
+            let find = |s: &Segments| {
+                s.units
+                    .iter()
+                    .position(|u| UnitKey::parse(&u.path.to_string()) == key)
+            };
             let a = find(before).map(|i| &before.units[i]);
             let b = find(now).map(|i| &now.units[i]);
             let (x, y) = (
@@ -449,6 +486,53 @@ mod tests {
             with_excerpts(reason.clone(), None, Some(&b)),
             reason,
             "no excerpt without both bodies"
+        );
+    }
+
+    #[test]
+    fn a_removed_tool_changes_no_other_tool() {
+        let with_tools = |names: &[&str]| {
+            let tools: Vec<String> = names
+                .iter()
+                .map(|n| match n.strip_suffix('*') {
+                    // A star: the same tool with another schema.
+                    Some(n) => format!(r#"{{"name":"{n}","input_schema":{{"type":"string"}}}}"#),
+                    None => format!(r#"{{"name":"{n}","input_schema":{{"type":"object"}}}}"#),
+                })
+                .collect();
+            let body = format!(
+                r#"{{"model":"m","tools":[{}],"messages":[{{"role":"user","content":"hi"}}]}}"#,
+                tools.join(",")
+            );
+            let prompt = crate::prompt::Prompt::read(
+                Bytes::from(body),
+                Some(crate::prompt::Format::AnthropicMessages),
+            );
+            segment::segment(&prompt, &[]).unwrap()
+        };
+        let before = with_tools(&["Agent", "Bash", "Edit", "Read", "Write"]);
+        let mut changes = Vec::new();
+        count_changes(
+            &before,
+            &with_tools(&["Agent", "Edit", "Read", "Write"]),
+            &mut changes,
+        );
+        assert!(
+            changes.is_empty(),
+            "Bash went; the rest are the same tools: {:?}",
+            changes.iter().map(|c| &c.0.0).collect::<Vec<_>>()
+        );
+        let mut changes = Vec::new();
+        count_changes(
+            &before,
+            &with_tools(&["Agent", "Edit*", "Read", "Write"]),
+            &mut changes,
+        );
+        let got: Vec<(String, usize)> = changes.into_iter().map(|(k, n, _)| (k.0, n)).collect();
+        assert_eq!(
+            got,
+            [("tool Edit".to_owned(), 1)],
+            "one tool edited, found by its name"
         );
     }
 }

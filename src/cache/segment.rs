@@ -68,6 +68,21 @@ pub struct Segments {
     pub tools_hash: Hash,
 }
 
+impl Unit {
+    /// A tool definition's name (`name`, or OpenAI's `function.name`).
+    pub fn tool_name(&self) -> Option<String> {
+        if self.path.region != Region::Tools {
+            return None;
+        }
+        let tool = Prompt::read(self.bytes.clone(), None);
+        let root = tool.root()?;
+        let name = root
+            .get("name")
+            .or_else(|| root.get("function").and_then(|f| f.get("name")))?;
+        Some(name.str()?.into_owned())
+    }
+}
+
 impl Segments {
     /// Estimated tokens of units `0..=last`.
     pub fn tokens_through(&self, last: usize) -> u64 {

@@ -80,6 +80,7 @@ mod tests {
             },
             cost: None,
             stable: None,
+            fix: None,
         }
     }
 

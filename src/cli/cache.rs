@@ -97,6 +97,10 @@ fn text(report: &Report) -> String {
         "{} conversation(s), {analysed} with cache analysis",
         report.conversations.len()
     );
+    if analysed > 1 {
+        out.push_str("all conversations:\n");
+        totals(&report.total, &mut out);
+    }
     out
 }
 
@@ -139,16 +143,19 @@ fn conversation(c: &ConversationReport, out: &mut String) {
     let indent = " ".repeat(4);
     for (i, line) in rendered.lines().enumerate() {
         let _ = writeln!(out, "  {line}");
-        let Some(Reason::PrefixChanged { before, after, .. }) =
-            i.checked_sub(1).and_then(|i| c.timeline[i].reason.as_ref())
-        else {
+        let Some(entry) = i.checked_sub(1).map(|i| &c.timeline[i]) else {
             continue;
         };
-        if let Some(b) = before {
-            let _ = writeln!(out, "  {indent}before {}", one_line(b));
+        if let Some(Reason::PrefixChanged { before, after, .. }) = &entry.reason {
+            if let Some(b) = before {
+                let _ = writeln!(out, "  {indent}before {}", one_line(b));
+            }
+            if let Some(a) = after {
+                let _ = writeln!(out, "  {indent}after  {}", one_line(a));
+            }
         }
-        if let Some(a) = after {
-            let _ = writeln!(out, "  {indent}after  {}", one_line(a));
+        if let Some(fix) = &entry.fix {
+            let _ = writeln!(out, "  {indent}fix    {fix}");
         }
     }
     summary(c, out);
@@ -177,8 +184,8 @@ fn row(e: &Entry) -> Vec<String> {
     ]
 }
 
-fn summary(c: &ConversationReport, out: &mut String) {
-    let s = &c.summary;
+/// The hit rate, the dollars and the losses by reason.
+fn totals(s: &crate::cache::report::Summary, out: &mut String) {
     let prompt = s.read_tokens + s.write_tokens + s.uncached_tokens;
     let _ = writeln!(
         out,
@@ -198,8 +205,19 @@ fn summary(c: &ConversationReport, out: &mut String) {
             usd(s.saved_usd)
         );
         let _ = writeln!(out, "  lost to misses  {}", usd(s.lost_usd));
-    } else {
-        out.push_str("  (no price for these models: add them under [cache.prices])\n");
+    }
+    if !s.unpriced.is_empty() {
+        let first = &s.unpriced[0];
+        let _ = writeln!(
+            out,
+            "  cost unknown    for {} (no price{}; add one: [cache.prices.\"{first}\"] input = …)",
+            s.unpriced.join(", "),
+            if s.priced {
+                ", left out of the sums above"
+            } else {
+                ""
+            }
+        );
     }
     for l in &s.lost {
         let _ = writeln!(
@@ -208,9 +226,18 @@ fn summary(c: &ConversationReport, out: &mut String) {
             l.reason,
             l.requests,
             kilo(l.tokens),
-            if s.priced { usd(l.usd) } else { "-".into() }
+            if s.priced {
+                usd(l.usd)
+            } else {
+                "unknown".into()
+            }
         );
     }
+}
+
+fn summary(c: &ConversationReport, out: &mut String) {
+    let s = &c.summary;
+    totals(s, out);
     if s.compared == 0 {
         return;
     }
@@ -296,6 +323,9 @@ pub(super) fn show_lines(store: &Store, record: &crate::capture::CaptureRecord, 
         if let Some(a) = after {
             let _ = writeln!(out, "{pad}after  {}", one_line(a));
         }
+    }
+    if let Some(fix) = &r.fix {
+        let _ = writeln!(out, "{pad}fix: {fix}");
     }
     if let Some(c) = &r.cost {
         let _ = writeln!(
