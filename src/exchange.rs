@@ -44,6 +44,8 @@ pub struct Proxy {
     pub rules: Arc<LiveRules>,
     /// What the viewer watches live.
     pub live: Arc<crate::live::LiveFeed>,
+    /// The token `doctor`'s probes carry (see [`crate::runtime::PROBE_HEADER`]).
+    pub probe_token: Arc<str>,
 }
 
 /// Where a proxied request goes when the listener, not the path, decides: a request
@@ -316,6 +318,15 @@ impl Proxy {
         }
 
         let (mut parts, body) = request.into_parts();
+        // Never forwarded, never stored; only the right token marks a probe.
+        if let Some(token) = parts.headers.remove(crate::runtime::PROBE_HEADER) {
+            let r = pending.get();
+            r.request_headers.remove(crate::runtime::PROBE_HEADER);
+            if token.as_bytes() == self.probe_token.as_bytes() {
+                r.probe = true;
+                r.tags.push("promptgate-doctor".into());
+            }
+        }
         let limits = (self.config.max_body, self.config.body_timeout);
         let body = match read_body(body, &parts.headers, limits).await {
             Ok(body) => body,

@@ -270,6 +270,9 @@ impl std::fmt::Debug for PromptCell {
 #[derive(Debug, Clone)]
 pub struct ExchangeRecord {
     pub id: ExchangeId,
+    /// `doctor`'s own probe (it carried the running proxy's probe token): a side
+    /// request, tagged `promptgate-doctor`.
+    pub probe: bool,
     pub started_at: SystemTime,
     pub mode: Mode,
     pub client_addr: Option<SocketAddr>,
@@ -365,7 +368,7 @@ impl ExchangeRecord {
     /// passed-through paths, `HEAD` checks); see [`crate::provider::is_side_request`],
     /// the one definition the CLI and the viewer share.
     pub fn is_side_request(&self) -> bool {
-        crate::provider::is_side_request(&self.method, self.api)
+        self.probe || crate::provider::is_side_request(&self.method, self.api)
     }
 
     pub fn begin(
@@ -375,6 +378,7 @@ impl ExchangeRecord {
         path: String,
     ) -> Self {
         ExchangeRecord {
+            probe: false,
             id,
             started_at: SystemTime::now(),
             mode: Mode::Reverse,

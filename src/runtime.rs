@@ -54,6 +54,28 @@ pub struct Running {
     pub captures: Option<PathBuf>,
     pub certs: PathBuf,
     pub started_ms: u64,
+    /// The token `doctor` marks its probe requests with ([`PROBE_HEADER`]): only this
+    /// file (readable by its owner alone) and the running proxy know it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probe_token: Option<String>,
+}
+
+/// The request header that carries [`Running::probe_token`]. promptgate removes it
+/// from every request before anything else reads the headers.
+pub const PROBE_HEADER: &str = "x-promptgate-probe";
+
+/// A fresh probe token: 128 random bits, hex.
+pub fn new_probe_token() -> String {
+    let mut bytes = [0u8; 16];
+    // The TLS stack's system RNG; should it fail, the id generator's randomness.
+    if rustls::crypto::ring::default_provider()
+        .secure_random
+        .fill(&mut bytes)
+        .is_err()
+    {
+        bytes = crate::id::ExchangeId::new().to_bytes();
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// A runtime file, removed when dropped (at the end of `serve`).
@@ -70,7 +92,14 @@ impl Running {
         let path = dir.join(format!("serve-{}.json", self.pid));
         let written = std::fs::create_dir_all(&dir).and_then(|()| {
             let text = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-            std::fs::write(&path, text)
+            std::fs::write(&path, text)?;
+            // It holds the probe token: its owner's alone.
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))?;
+            }
+            Ok(())
         });
         match written {
             Ok(()) => Some(RuntimeFile { path }),

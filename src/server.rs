@@ -74,6 +74,7 @@ pub async fn serve(
         None => None,
     };
     let live = crate::live::LiveFeed::new(redactor.clone());
+    let probe_token: Arc<str> = crate::runtime::new_probe_token().into();
     let capture = if config.capture.enabled {
         let dir = &config.capture.dir;
         let capture = Capture::start(
@@ -140,6 +141,7 @@ pub async fn serve(
         recorder: recorder.clone(),
         rules: rules.clone(),
         live: live.clone(),
+        probe_token: probe_token.clone(),
     })];
     for _ in 1..workers {
         // Each worker pools its own upstream connections, on its own thread.
@@ -150,6 +152,7 @@ pub async fn serve(
             recorder: recorder.clone(),
             rules: rules.clone(),
             live: live.clone(),
+            probe_token: probe_token.clone(),
         }));
     }
     let workers = Workers::start(proxies, leaves.clone(), local).context("starting the workers")?;
@@ -164,6 +167,7 @@ pub async fn serve(
         captures: config.capture.enabled.then(|| config.capture.dir.clone()),
         certs: config.certs.clone(),
         started_ms: crate::capture::timestamp::now_ms(),
+        probe_token: Some(probe_token.to_string()),
     }
     .publish();
     let stopping = Arc::new(AtomicBool::new(false));

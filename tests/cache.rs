@@ -404,21 +404,26 @@ async fn two_concurrent_requests() {
     assert_eq!(rig.send(&cc(1)).await.verdict(), "hit");
 }
 
+/// An eviction: the previous turn's usage pinned the prefix's size, and the provider
+/// read none of it. That is a finding of its own (`pinned_read_less`), never a unit
+/// blamed, never a hit.
 #[tokio::test]
-async fn the_provider_disagrees_with_the_rules() {
+async fn a_read_short_of_a_pinned_prefix_is_its_own_finding() {
     let rig = Rig::start().await;
     rig.send(&cc(1)).await;
     rig.emulator.lock().unwrap().evict_all();
     let t = rig.send(&cc(2)).await;
-    assert_eq!(t.verdict(), "unexplained", "{}", t.analysis);
+    assert_eq!(t.verdict(), "miss", "{}", t.analysis);
+    assert_eq!(t.reason(), "pinned_read_less", "{}", t.analysis);
     assert_eq!(t.actual().0, 0);
-    assert!(t.predicted().0 > 0);
+    let (predicted, _) = t.predicted();
+    assert!(predicted > 0 && t.analysis["prediction"]["exact"] == true);
+    assert_eq!(t.analysis["reason"]["expected"], predicted);
+    assert_eq!(t.analysis["lost_tokens"], predicted);
     assert!(
-        t.analysis["reason"].get("rules").is_none(),
-        "the rules had no reason for a miss"
-    );
-    assert!(
-        t.field().starts_with("unexplained: rules predicted read "),
+        t.field().starts_with("MISS read ")
+            && t.field()
+                .contains("fewer tokens than the unchanged prefix holds"),
         "{}",
         t.field()
     );

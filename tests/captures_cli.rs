@@ -5,6 +5,7 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::Value;
 use support::captures;
 use support::client::{self, request_bytes};
 use support::golden;
@@ -438,6 +439,90 @@ async fn tail_follows_the_store_as_records_land() {
     );
     child.kill().unwrap();
     let _ = child.wait();
+}
+
+/// In reverse mode `doctor` probes the configured upstream through the proxy's own
+/// route, with the running proxy's probe token: the upstream gets the probe without
+/// the token, and its record is a side request tagged as doctor's. The same header
+/// with any other value marks nothing (and is not forwarded either).
+#[tokio::test(flavor = "multi_thread")]
+async fn doctor_in_reverse_mode_probes_the_upstream_with_the_proxys_token() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let run = |args: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"));
+        command
+            .args(args)
+            .env("PROMPTGATE_RUNTIME_DIR", proxy.runtime_dir.path())
+            .env("PROMPTGATE_HOME", proxy.runtime_dir.path().join("home"));
+        for var in support::sdk::CLIENT_VARS {
+            command.env_remove(var);
+        }
+        command.env("ANTHROPIC_BASE_URL", format!("http://{}", proxy.addr));
+        let out = command.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let doctor = run(&["doctor"]);
+    assert!(
+        doctor.contains("ok    upstream: the Anthropic upstream answered through promptgate's reverse route (HTTP/1.1 404"),
+        "{doctor}"
+    );
+    let probes: Vec<_> = fake
+        .requests()
+        .into_iter()
+        .filter(|r| r.target == "/v1/models")
+        .collect();
+    assert_eq!(probes.len(), 1, "one probe reached the upstream");
+    assert!(
+        probes[0].header("x-promptgate-probe").is_none(),
+        "the token is never forwarded"
+    );
+    // A client that sends the header without the token hides nothing.
+    let forged = client::send(
+        proxy.addr,
+        &request_bytes(
+            "GET",
+            "/v1/models",
+            &[
+                ("Host", proxy.addr.to_string()),
+                ("x-promptgate-probe", "guessed".into()),
+            ],
+            b"",
+        ),
+    )
+    .await;
+    assert_eq!(forged.status, 404);
+    let records = captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let tagged: Vec<&Value> = records
+        .iter()
+        .filter(|r| {
+            r["tags"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|t| t == "promptgate-doctor")
+        })
+        .collect();
+    assert_eq!(tagged.len(), 1, "only the probe with the token is doctor's");
+    assert_eq!(tagged[0]["side"], true);
+    for r in &records {
+        let headers = r["request"]["headers"].to_string();
+        assert!(
+            !headers.contains("guessed"),
+            "the header is never stored: {headers}"
+        );
+    }
+    let runtime = std::fs::read_dir(proxy.runtime_dir.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .find(|e| e.file_name().to_string_lossy().starts_with("serve-"))
+        .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    let mode = runtime.metadata().unwrap().permissions().mode() & 0o777;
+    assert_eq!(
+        mode, 0o600,
+        "the runtime file holds the token: its owner's alone"
+    );
 }
 
 /// With no flags, the command line finds the running serve through its runtime

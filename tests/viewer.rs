@@ -271,6 +271,10 @@ async fn the_viewer_is_served_under_its_own_origin_only() {
     );
     let page = get(admin, "/", &[]).await;
     assert_eq!(page.status, 200);
+    let length = page
+        .header("content-length")
+        .expect("a whole answer has its length");
+    assert_eq!(length.parse::<usize>().unwrap(), page.body.bytes.len());
     assert!(
         page.header("content-type")
             .unwrap()

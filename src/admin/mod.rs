@@ -79,6 +79,21 @@ impl Body for AdminBody {
             AdminBody::Live(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
     }
+
+    // A whole answer keeps its length: sent with Content-Length, not chunked.
+    fn is_end_stream(&self) -> bool {
+        match self {
+            AdminBody::Full(full) => full.is_end_stream(),
+            AdminBody::Live(_) => false,
+        }
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        match self {
+            AdminBody::Full(full) => full.size_hint(),
+            AdminBody::Live(_) => http_body::SizeHint::default(),
+        }
+    }
 }
 
 type AdminResponse = Response<AdminBody>;

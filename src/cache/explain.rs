@@ -142,6 +142,18 @@ pub enum Reason {
         other: String,
         began_after_ms: u64,
     },
+    /// An earlier usage pinned the unchanged prefix's size, and the provider read
+    /// less of it: the cache entry was evicted, or not yet written.
+    PinnedReadLess {
+        expected: u64,
+        read: u64,
+    },
+    /// An earlier usage pinned the unchanged prefix's size, and the provider read
+    /// more: it matched more than the bytes promptgate predicted.
+    PinnedReadMore {
+        expected: u64,
+        read: u64,
+    },
     /// The rules and the provider disagree; `rules` is what the rules would have said.
     Unexplained {
         predicted_read: u64,
@@ -166,6 +178,8 @@ impl Reason {
             Reason::LookbackExceeded { .. } => "lookback_exceeded",
             Reason::BelowMinimum { .. } => "below_minimum",
             Reason::Concurrent { .. } => "concurrent",
+            Reason::PinnedReadLess { .. } => "pinned_read_less",
+            Reason::PinnedReadMore { .. } => "pinned_read_more",
             Reason::Unexplained { .. } => "unexplained",
         }
     }
@@ -183,6 +197,8 @@ impl Reason {
             Reason::LookbackExceeded { .. } => "lookback".into(),
             Reason::BelowMinimum { .. } => "minimum".into(),
             Reason::Concurrent { .. } => "concurrent".into(),
+            Reason::PinnedReadLess { .. } => "evicted?".into(),
+            Reason::PinnedReadMore { .. } => "read more".into(),
             Reason::Unexplained { .. } => String::new(),
         }
     }
@@ -245,7 +261,10 @@ impl Reason {
             }
             Reason::Concurrent { .. } => "it started before the request that writes the prefix had begun its answer: send it after the first one's response starts"
                 .to_owned(),
-            Reason::Unexplained { .. } => return None,
+            Reason::PinnedReadLess { .. } => "nothing to change in the request: the provider no \
+                 longer held, or had not yet stored, the prefix"
+                .to_owned(),
+            Reason::PinnedReadMore { .. } | Reason::Unexplained { .. } => return None,
         })
     }
 
@@ -320,6 +339,21 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "concurrent with {other} (its response began {began_after_ms}ms after this request started)"
+            ),
+            Reason::PinnedReadLess { expected, read } => write!(
+                f,
+                "read {} fewer tokens than the unchanged prefix holds ({} of {}): evicted, or not yet written",
+                kilo(expected - read),
+                kilo(*read),
+                kilo(*expected)
+            ),
+            Reason::PinnedReadMore { expected, read } => write!(
+                f,
+                "read {} more tokens than the unchanged prefix holds ({} of {}): the provider matched \
+                 more than the bytes promptgate predicted",
+                kilo(read - expected),
+                kilo(*read),
+                kilo(*expected)
             ),
             Reason::Unexplained {
                 predicted_read,
@@ -494,7 +528,7 @@ pub fn explain_automatic(
 ) -> (Explanation, super::StablePrefix) {
     let now = req.segments;
     let tokens = Tokens::new(now, Some(conv));
-    let baseline = conv.baseline(req.id, req.start);
+    let baseline = conv.baseline(req.id, req.start, &req.segments.settings.model);
     let mut out = Explanation {
         verdict: Verdict::None,
         reason: None,
@@ -585,7 +619,7 @@ pub fn explain(
     usage: &Usage,
     min_tokens: u64,
 ) -> Explanation {
-    let baseline = conv.and_then(|c| c.baseline(req.id, req.start));
+    let baseline = conv.and_then(|c| c.baseline(req.id, req.start, &req.segments.settings.model));
     let tokens = Tokens::new(req.segments, conv);
     let (rules, lost) = match (&baseline, conv) {
         (Some(p), Some(c)) => gap(req, c, p, prediction),
@@ -603,6 +637,30 @@ pub fn explain(
         lost_tokens: lost,
         baseline: baseline.as_ref().map(|b| b.id),
     };
+    // A pinned size is exact: any other read of that unchanged prefix is a finding of
+    // its own, not a unit to blame.
+    let pinned = prediction.exact && prediction.read_tokens > 0 && write_agrees;
+    if pinned && usage.cache_read_tokens != prediction.read_tokens {
+        let (expected, read) = (prediction.read_tokens, usage.cache_read_tokens);
+        out.lost_tokens = expected.saturating_sub(read);
+        (out.verdict, out.reason) = if read > expected {
+            (
+                Verdict::Hit,
+                Some(Reason::PinnedReadMore { expected, read }),
+            )
+        } else if read > 0 {
+            (
+                Verdict::Partial,
+                Some(Reason::PinnedReadLess { expected, read }),
+            )
+        } else {
+            (
+                Verdict::Miss,
+                Some(Reason::PinnedReadLess { expected, read }),
+            )
+        };
+        return out;
+    }
     if !(read_agrees && write_agrees) {
         out.verdict = Verdict::Unexplained;
         out.reason = Some(Reason::Unexplained {
@@ -635,17 +693,16 @@ pub fn explain(
 }
 
 /// Whether a predicted count matches the provider's: both zero or both not, and
-/// close (1 % when the prediction came from an earlier usage, else 25 %: estimates).
+/// equal when the prediction came from an earlier usage, else within 25 %
+/// (estimates).
 fn agrees(predicted: u64, actual: u64, exact: bool) -> bool {
     if (predicted == 0) != (actual == 0) {
         return false;
     }
-    let slack = if exact {
-        (predicted / 100).max(16)
-    } else {
-        (predicted / 4).max(64)
-    };
-    predicted.abs_diff(actual) <= slack
+    if exact {
+        return predicted == actual;
+    }
+    predicted.abs_diff(actual) <= (predicted / 4).max(64)
 }
 
 fn below_minimum(segs: &Segments, tokens: &Tokens, min_tokens: u64) -> Option<Reason> {
@@ -1026,9 +1083,17 @@ mod tests {
     fn model_tools_and_settings() {
         let sys = text(150, "rules");
         let other = body(&sys, 2).replace("claude-test", "claude-other");
-        let r = run(&[(body(&sys, 1), 0), (other, 10_000)]);
+        let r = run(&[(body(&sys, 1), 0), (other.clone(), 10_000)]);
         assert_eq!(r[1].0, Verdict::Miss);
         assert!(matches!(&r[1].1, Some(Reason::ModelChanged { .. })));
+        // Switching back reads the first model's cache: a hit on its last turn.
+        let back = run(&[(body(&sys, 1), 0), (other, 10_000), (body(&sys, 2), 20_000)]);
+        assert_eq!(
+            (back[2].0, &back[2].1),
+            (Verdict::Hit, &None),
+            "{:?}",
+            back[2]
+        );
         let with_tool = |name: &str| {
             body(&sys, 2).replacen(
                 "{",
@@ -1132,7 +1197,8 @@ mod tests {
     fn agreement_slack() {
         assert!(agrees(0, 0, false));
         assert!(!agrees(0, 5, true));
-        assert!(agrees(10_000, 10_050, true));
+        assert!(agrees(10_000, 10_000, true));
+        assert!(!agrees(10_000, 10_050, true), "a pinned size is exact");
         assert!(!agrees(10_000, 10_500, true));
         assert!(agrees(10_000, 12_000, false));
         assert!(!agrees(10_000, 14_000, false));

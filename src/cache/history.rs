@@ -163,11 +163,19 @@ const IDLE_FORGOTTEN: Millis = 3_600_000 + 60_000;
 
 impl Conversation {
     /// The newest request that started before `start` (other than `id`).
-    pub fn baseline(&self, id: ExchangeId, start: Millis) -> Option<Arc<Snapshot>> {
-        self.snapshots
-            .iter()
-            .rev()
-            .find(|s| s.id != id && (s.start, s.id) < (start, id))
+    ///
+    /// The latest of `model` when one is kept: each model has a cache of its own, so
+    /// a conversation that switches back compares with that model's last turn.
+    pub fn baseline(&self, id: ExchangeId, start: Millis, model: &str) -> Option<Arc<Snapshot>> {
+        let earlier = || {
+            self.snapshots
+                .iter()
+                .rev()
+                .filter(move |s| s.id != id && (s.start, s.id) < (start, id))
+        };
+        earlier()
+            .find(|s| s.segments.settings.model == model)
+            .or_else(|| earlier().next())
             .cloned()
     }
 

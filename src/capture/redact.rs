@@ -20,6 +20,7 @@ const CREDENTIAL_HEADERS: &[&str] = &[
     "x-goog-api-key",
     "cookie",
     "set-cookie",
+    crate::runtime::PROBE_HEADER,
 ];
 
 /// Counts of redactions per kind, for one record. Never holds a value.

@@ -78,27 +78,48 @@ pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
         .patterns()
         .into_iter()
         .find(|p| !p.contains('*'));
+    // Reverse mode: the upstream is probed through the proxy's own route, not through
+    // a CONNECT to the public host.
+    let reverse = reverse_mode(address);
     match (&ca, host) {
         (Some(ca), Some(host)) => {
-            let (tunnel, upstream) =
-                runtime.block_on(round_trip(address, &config, ca, &host, args.offline));
+            let (tunnel, upstream) = runtime.block_on(round_trip(
+                address,
+                &config,
+                ca,
+                &host,
+                args.offline || reverse,
+            ));
             report("connect", tunnel);
-            report("upstream", upstream);
+            if !reverse {
+                report("upstream", upstream);
+            }
         }
         (None, _) => {
             report("connect", Check::Skip("no usable CA".into()));
-            report("upstream", Check::Skip("no usable CA".into()));
+            if !reverse {
+                report("upstream", Check::Skip("no usable CA".into()));
+            }
         }
         (_, None) => {
             report(
                 "connect",
                 Check::Skip("no plain host on the intercept list".into()),
             );
-            report(
-                "upstream",
-                Check::Skip("no plain host on the intercept list".into()),
-            );
+            if !reverse {
+                report(
+                    "upstream",
+                    Check::Skip("no plain host on the intercept list".into()),
+                );
+            }
         }
+    }
+    if reverse {
+        let upstream = match args.offline {
+            true => Check::Skip("--offline".into()),
+            false => runtime.block_on(reverse_probe(address, &config)),
+        };
+        report("upstream", upstream);
     }
     Ok(all_passed)
 }
@@ -291,6 +312,57 @@ fn environment(address: SocketAddr, ca: Option<&CertificateAuthority>) -> Check 
             fix: format!("{fix_forward}\nor: eval \"$(promptgate env)\" for reverse mode"),
         }
     }
+}
+
+/// Whether this shell sends Anthropic clients to the proxy at `address` as their base
+/// URL (reverse mode).
+fn reverse_mode(address: SocketAddr) -> bool {
+    std::env::var("ANTHROPIC_BASE_URL").is_ok_and(|url| {
+        super::env::url_address(&url).is_some_and(|a| {
+            a.port() == address.port() && (a.ip().is_loopback() || a.ip() == address.ip())
+        })
+    })
+}
+
+/// `GET /v1/models` through the proxy's Anthropic route: the configured upstream
+/// answers (any status of its own), or promptgate says why it could not reach it.
+/// The probe carries the running proxy's token, so its record is marked as
+/// doctor's, a side request.
+async fn reverse_probe(address: SocketAddr, config: &Config) -> Check {
+    let token = crate::runtime::Running::find()
+        .filter(|r| r.listen.port() == address.port())
+        .and_then(|r| r.probe_token)
+        .map(|t| format!("{}: {t}\r\n", crate::runtime::PROBE_HEADER))
+        .unwrap_or_default();
+    let request = format!(
+        "GET /v1/models HTTP/1.1\r\nHost: {address}\r\nanthropic-version: 2023-06-01\r\n{}{token}Connection: close\r\n\r\n",
+        credentials_line(config)
+    );
+    let answer = match ask(address, &request).await {
+        Ok(answer) => String::from_utf8_lossy(&answer).into_owned(),
+        Err(problem) => {
+            return Check::Fail {
+                problem,
+                fix: "start promptgate, or pass doctor the --listen it uses".into(),
+            };
+        }
+    };
+    let status = answer.lines().next().unwrap_or("").to_owned();
+    // promptgate's own failure carries a request id it made up, and says why.
+    if answer.contains("req_promptgate_") {
+        let why = answer
+            .split_once("\r\n\r\n")
+            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+            .unwrap_or(status);
+        return Check::Fail {
+            problem: format!("the Anthropic upstream did not answer through promptgate: {why}"),
+            fix: "check --upstream-anthropic, the network and --upstream-ca, or skip this check with --offline".into(),
+        };
+    }
+    Check::Pass(format!(
+        "the Anthropic upstream answered through promptgate's reverse route ({status})"
+    ))
 }
 
 /// CONNECT to `host`, TLS trusting only the CA, then (unless offline) one request.
