@@ -67,13 +67,25 @@ impl Rig {
     }
 
     async fn send_raw(&self, body: &Value) {
+        self.send_raw_as(body, shapes::CC_SESSION, "sk-ant-api03-test")
+            .await;
+    }
+    /// As [`Rig::send`], from another Claude Code session and with key `key`.
+    async fn send_as(&self, body: &Value, session: &str, key: &str) -> Turn {
+        self.send_raw_as(body, session, key).await;
+        let n = *self.sent.lock().unwrap();
+        self.turn(n).await
+    }
+    async fn send_raw_as(&self, body: &Value, session: &str, key: &str) {
         *self.sent.lock().unwrap() += 1;
         let bytes = shapes::to_bytes(body);
-        let headers = shapes::claude_code_headers(
-            &self.server.addr.to_string(),
-            bytes.len(),
-            "sk-ant-api03-test",
-        );
+        let mut headers =
+            shapes::claude_code_headers(&self.server.addr.to_string(), bytes.len(), key);
+        for (name, value) in headers.iter_mut() {
+            if *name == "X-Claude-Code-Session-Id" {
+                *value = session.to_owned();
+            }
+        }
         let request = client::request_bytes("POST", "/v1/messages?beta=true", &headers, &bytes);
         let response = client::send(self.server.addr, &request).await;
         assert_eq!(response.status, 200, "{}", response.text());
@@ -402,6 +414,50 @@ async fn two_concurrent_requests() {
     );
     // A third request, after both, reads.
     assert_eq!(rig.send(&cc(1)).await.verdict(), "hit");
+}
+
+/// The provider's cache is the workspace's: a new conversation sent with the same
+/// key that reads the prefix another conversation wrote is a hit on that prefix
+/// (`shared_prefix`, naming the conversation). With another key the same read is a
+/// prefix promptgate never saw written: `unexplained`, saying so.
+#[tokio::test]
+async fn a_new_conversation_reading_another_ones_prefix_is_a_shared_hit() {
+    let rig = Rig::start().await;
+    let first = rig.send(&cc(1)).await;
+    assert_eq!(first.verdict(), "write");
+    let other = "0b5e1c2d-aaaa-4bbb-8ccc-123456789abc";
+    let body = shapes::claude_code_body(0, other);
+    let shared = rig.send_as(&body, other, "sk-ant-api03-test").await;
+    assert_eq!(shared.verdict(), "hit", "{}", shared.analysis);
+    assert_eq!(shared.reason(), "shared_prefix", "{}", shared.analysis);
+    assert!(
+        shared.actual().0 > 0,
+        "the emulated provider read the system prefix"
+    );
+    assert_eq!(
+        shared.analysis["reason"]["by"], first.line["id"],
+        "the request that wrote it"
+    );
+    let conversation = shared.analysis["reason"]["conversation"].as_str().unwrap();
+    assert!(conversation.starts_with("cc:54c1eb09"), "{conversation}");
+    assert!(
+        !shared.analysis.to_string().contains("sk-ant-api03-test"),
+        "the key itself is never kept"
+    );
+
+    let third = "1c6f2d3e-bbbb-4ccc-9ddd-23456789abcd";
+    let body = shapes::claude_code_body(0, third);
+    let foreign = rig
+        .send_as(&body, third, "sk-ant-api03-another-workspace")
+        .await;
+    assert_eq!(foreign.verdict(), "unexplained", "{}", foreign.analysis);
+    assert!(
+        foreign
+            .field()
+            .contains("of a prefix this proxy never saw written"),
+        "{}",
+        foreign.field()
+    );
 }
 
 /// An eviction: the previous turn's usage pinned the prefix's size, and the provider

@@ -142,6 +142,12 @@ pub enum Reason {
         other: String,
         began_after_ms: u64,
     },
+    /// Not a miss: the prefix read was written by another conversation of the same
+    /// workspace (the provider's cache is the workspace's), by request `by`.
+    SharedPrefix {
+        conversation: String,
+        by: String,
+    },
     /// An earlier usage pinned the unchanged prefix's size, and the provider read
     /// less of it: the cache entry was evicted, or not yet written.
     PinnedReadLess {
@@ -178,6 +184,7 @@ impl Reason {
             Reason::LookbackExceeded { .. } => "lookback_exceeded",
             Reason::BelowMinimum { .. } => "below_minimum",
             Reason::Concurrent { .. } => "concurrent",
+            Reason::SharedPrefix { .. } => "shared_prefix",
             Reason::PinnedReadLess { .. } => "pinned_read_less",
             Reason::PinnedReadMore { .. } => "pinned_read_more",
             Reason::Unexplained { .. } => "unexplained",
@@ -197,6 +204,7 @@ impl Reason {
             Reason::LookbackExceeded { .. } => "lookback".into(),
             Reason::BelowMinimum { .. } => "minimum".into(),
             Reason::Concurrent { .. } => "concurrent".into(),
+            Reason::SharedPrefix { .. } => "shared".into(),
             Reason::PinnedReadLess { .. } => "evicted?".into(),
             Reason::PinnedReadMore { .. } => "read more".into(),
             Reason::Unexplained { .. } => String::new(),
@@ -264,7 +272,9 @@ impl Reason {
             Reason::PinnedReadLess { .. } => "nothing to change in the request: the provider no \
                  longer held, or had not yet stored, the prefix"
                 .to_owned(),
-            Reason::PinnedReadMore { .. } | Reason::Unexplained { .. } => return None,
+            Reason::SharedPrefix { .. } | Reason::PinnedReadMore { .. } | Reason::Unexplained { .. } => {
+                return None;
+            }
         })
     }
 
@@ -339,6 +349,10 @@ impl fmt::Display for Reason {
             } => write!(
                 f,
                 "concurrent with {other} (its response began {began_after_ms}ms after this request started)"
+            ),
+            Reason::SharedPrefix { conversation, by } => write!(
+                f,
+                "read the prefix conversation {conversation} wrote ({by}): the cache is the workspace's"
             ),
             Reason::PinnedReadLess { expected, read } => write!(
                 f,

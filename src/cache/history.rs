@@ -152,6 +152,9 @@ pub struct Conversation {
     pub snapshots: VecDeque<Arc<Snapshot>>,
     /// Provider tokens per estimated token, from the last usage seen.
     pub calibration: Option<f64>,
+    /// Whose cache it reads: a hash of the credential it was sent with (the nearest
+    /// stand-in for the provider's workspace), never the credential.
+    pub workspace: Option<String>,
     last_seen: Millis,
 }
 
@@ -268,6 +271,46 @@ impl History {
         let c = self.conversations.entry(key.to_owned()).or_default();
         c.last_seen = c.last_seen.max(now);
         c
+    }
+
+    /// The provider's cache belongs to the workspace, not to one conversation: when
+    /// conversation `key` has no live entry for one of `prefixes` (breakpoint
+    /// prefixes, deepest first) that another conversation of `workspace` has, that
+    /// entry is copied in, and the conversation whose request wrote it is returned
+    /// with the writer's id.
+    pub fn share(
+        &mut self,
+        key: &str,
+        workspace: &str,
+        prefixes: &[Hash],
+        now: Millis,
+        reader: ExchangeId,
+    ) -> Option<(String, ExchangeId)> {
+        let own = self.conversations.get(key)?;
+        let alive = |e: &Entry| matches!(e.state(now, reader), EntryState::Alive { .. });
+        for prefix in prefixes {
+            if own.entries.get(prefix).is_some_and(alive) {
+                // Its own cache reaches this deep: nothing to borrow.
+                return None;
+            }
+            let found = self
+                .conversations
+                .iter()
+                .filter(|(k, c)| k.as_str() != key && c.workspace.as_deref() == Some(workspace))
+                .find_map(|(k, c)| {
+                    let entry = c.entries.get(prefix).filter(|e| alive(e))?;
+                    let by = entry.uses.iter().max_by_key(|u| u.at)?.by;
+                    Some((k.clone(), entry.clone(), by))
+                });
+            if let Some((other, entry, by)) = found {
+                self.conversations
+                    .get_mut(key)?
+                    .entries
+                    .insert(*prefix, entry);
+                return Some((other, by));
+            }
+        }
+        None
     }
 
     pub fn len(&self) -> usize {

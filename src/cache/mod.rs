@@ -284,6 +284,8 @@ struct Began {
     format: Format,
     /// The conversation key when a header names it; else the headers, for later.
     key: Result<String, HeaderMap>,
+    /// A hash of the credential, standing in for the provider's workspace.
+    workspace: Option<String>,
     /// The body as sent; joined and read here, off the request path, unless a
     /// reader before did.
     prompt: PromptCell,
@@ -295,6 +297,9 @@ struct Pending {
     start: Millis,
     segments: Arc<Segments>,
     prediction: Prediction,
+    /// The conversation (and its request) that wrote the prefix this one reads, when
+    /// that is another conversation.
+    shared: Option<(String, ExchangeId)>,
 }
 
 struct State {
@@ -381,6 +386,22 @@ impl CacheStage {
         };
         let min = self.settings.min_tokens_for(&segments.settings.model);
         let conv = state.history.conversation(&key, b.start);
+        if b.workspace.is_some() {
+            conv.workspace.clone_from(&b.workspace);
+        }
+        let shared = match &b.workspace {
+            Some(w) if b.format == Format::AnthropicMessages => {
+                let deepest_first: Vec<_> = segments
+                    .breakpoints
+                    .iter()
+                    .rev()
+                    .map(|&i| segments.units[i].prefix)
+                    .collect();
+                state.history.share(&key, w, &deepest_first, b.start, b.id)
+            }
+            _ => None,
+        };
+        let conv = state.history.conversation(&key, b.start);
         let req = Request {
             id: b.id,
             start: b.start,
@@ -422,6 +443,7 @@ impl CacheStage {
                 start: b.start,
                 segments,
                 prediction,
+                shared,
             },
         );
     }
@@ -438,7 +460,7 @@ impl CacheStage {
             start: p.start,
             segments: segs,
         };
-        let (explanation, stable) = if segs.format == Format::AnthropicMessages {
+        let (mut explanation, stable) = if segs.format == Format::AnthropicMessages {
             (
                 explain::explain(req, Some(conv), &p.prediction, usage, min),
                 None,
@@ -447,6 +469,17 @@ impl CacheStage {
             let (e, s) = explain::explain_automatic(req, conv, usage, min);
             (e, Some(s))
         };
+        // A read of the prefix another conversation wrote is a hit on that one's cache.
+        if let Some((conversation, by)) = &p.shared
+            && explanation.reason.is_none()
+            && matches!(explanation.verdict, Verdict::Hit | Verdict::Partial)
+            && p.prediction.read_from.as_deref() == Some(by.to_string().as_str())
+        {
+            explanation.reason = Some(Reason::SharedPrefix {
+                conversation: conversation.clone(),
+                by: by.to_string(),
+            });
+        }
         // What the provider says it did becomes the history.
         let estimated = segs.total_tokens();
         let actual_total = usage.total_input();
@@ -539,6 +572,17 @@ impl CacheStage {
     }
 }
 
+/// The workspace a request's cache belongs to, as far as promptgate can tell: a
+/// hash of its credential (`x-api-key`, else `authorization`). Two keys of one
+/// workspace, or a rotated OAuth token, look like two workspaces.
+fn workspace(headers: &HeaderMap) -> Option<String> {
+    let credential = headers
+        .get("x-api-key")
+        .or_else(|| headers.get(http::header::AUTHORIZATION))?;
+    let digest = crate::digest::sha256(credential.as_bytes());
+    Some(format!("ws:{}", crate::digest::hex(&digest[..8])))
+}
+
 /// What the analysis predicts for a request nobody answered (a replay).
 #[derive(Debug, Clone)]
 pub struct Predicted {
@@ -570,6 +614,8 @@ impl CacheStage {
             began: start,
             format,
             key: conversation_key(headers, None, &self.key_source).ok_or_else(|| headers.clone()),
+            // Stored credentials are fingerprints, one per key: the same workspaces.
+            workspace: workspace(headers),
             prompt,
         };
         let mut state = self.lock();
@@ -654,6 +700,7 @@ impl RecordStage for CacheStage {
             format,
             key: conversation_key(&record.sent_headers, None, &self.key_source)
                 .ok_or_else(|| record.sent_headers.clone()),
+            workspace: workspace(&record.sent_headers),
             prompt,
         };
         // A panic elsewhere while holding it cannot leave the queue half-pushed.

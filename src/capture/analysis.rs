@@ -30,6 +30,10 @@ pub fn stored(report: &CacheReport, redactor: &Redactor, extra: &[regex::Regex])
                     changed: list(changed),
                 }
             }
+            Reason::SharedPrefix { conversation, by } => Reason::SharedPrefix {
+                conversation: text(&conversation),
+                by,
+            },
             Reason::SettingChanged {
                 setting,
                 before,
