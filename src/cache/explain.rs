@@ -99,6 +99,10 @@ pub enum Reason {
         before: Option<String>,
         #[serde(skip_serializing_if = "Option::is_none")]
         after: Option<String>,
+        /// The bytes differ, the JSON value does not (key order, escapes, spacing):
+        /// the provider's match is on bytes.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        spelling_only: bool,
     },
     ToolsChanged {
         added: Vec<String>,
@@ -224,6 +228,14 @@ impl Reason {
                 .is_some_and(|(t, re)| re.is_match(t))
         };
         Some(match self {
+            Reason::PrefixChanged {
+                unit,
+                spelling_only: true,
+                ..
+            } => format!(
+                "{unit} is the same JSON spelled differently (key order, escapes or spacing): the \
+                 provider matches bytes, so send it byte for byte as before"
+            ),
             Reason::PrefixChanged { unit, before, after, .. } if date(before) || date(after) => {
                 format!(
                     "a date changed inside the cached prefix ({unit}): move it after the last breakpoint, see rules/examples/50-move-dates.toml"
@@ -281,11 +293,17 @@ impl Reason {
     /// The same reason without prompt text (for logs).
     pub fn without_excerpts(&self) -> Reason {
         self.clone().map(&mut |r| match r {
-            Reason::PrefixChanged { unit, offset, .. } => Reason::PrefixChanged {
+            Reason::PrefixChanged {
+                unit,
+                offset,
+                spelling_only,
+                ..
+            } => Reason::PrefixChanged {
                 unit,
                 offset,
                 before: None,
                 after: None,
+                spelling_only,
             },
             other => other,
         })
@@ -306,6 +324,15 @@ impl Reason {
 impl fmt::Display for Reason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            Reason::PrefixChanged {
+                unit,
+                offset,
+                spelling_only: true,
+                ..
+            } => write!(
+                f,
+                "{unit} changed @{offset} in spelling only (the same JSON value in other bytes)"
+            ),
             Reason::PrefixChanged { unit, offset, .. } => write!(f, "{unit} changed @{offset}"),
             Reason::ToolsChanged {
                 added,
@@ -854,11 +881,15 @@ fn changed(now: &Segments, before: &Segments, d: usize) -> Reason {
         b.map_or(&empty, |u| &u.bytes),
     );
     let offset = x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count();
+    // Values compare by content, objects regardless of key order.
+    let value = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
+    let spelling_only = a.is_some() && b.is_some() && value(x).is_some() && value(x) == value(y);
     Reason::PrefixChanged {
         unit: path,
         offset,
         before: a.map(|_| excerpt(x, offset)),
         after: b.map(|_| excerpt(y, offset)),
+        spelling_only,
     }
 }
 
@@ -1024,11 +1055,13 @@ mod tests {
             offset,
             before,
             after,
+            spelling_only,
         }) = &r[1].1
         else {
             panic!("{:?}", r[1].1)
         };
         assert_eq!(unit, "system[0]");
+        assert!(!spelling_only, "the value changed");
         let unit_bytes = format!(r#"{{"type":"text","text":"{a}"#);
         assert_eq!(*offset, unit_bytes.find("29.").unwrap());
         assert!(
@@ -1040,6 +1073,31 @@ mod tests {
             r[1].1.as_ref().unwrap().to_string(),
             format!("system[0] changed @{offset}")
         );
+    }
+
+    #[test]
+    fn a_unit_respelled_but_equal_in_value_says_so() {
+        let sys = text(150, "rules");
+        let a = body(&sys, 1);
+        // The same system block with its keys in the other order.
+        let b = body(&sys, 2).replacen(
+            &format!(r#"{{"type":"text","text":"{sys}""#),
+            &format!(r#"{{"text":"{sys}","type":"text""#),
+            1,
+        );
+        assert_ne!(b, body(&sys, 2), "the body was respelled");
+        let r = run(&[(a, 0), (b, 10_000)]);
+        let reason = r[1].1.clone().unwrap();
+        assert!(
+            matches!(&reason, Reason::PrefixChanged { unit, spelling_only: true, .. } if unit == "system[0]"),
+            "{reason:?}"
+        );
+        assert!(
+            reason
+                .to_string()
+                .ends_with("in spelling only (the same JSON value in other bytes)")
+        );
+        assert!(reason.fix(0, None).unwrap().contains("byte for byte"));
     }
 
     #[test]
@@ -1249,6 +1307,7 @@ mod tests {
             offset: 40,
             before: Some("Today's date is 2026-11-29.".into()),
             after: Some("Today's date is 2026-11-30.".into()),
+            spelling_only: false,
         };
         assert!(
             date.fix(0, None)
@@ -1260,6 +1319,7 @@ mod tests {
             offset: 40,
             before: Some("You are X".into()),
             after: Some("You are Y".into()),
+            spelling_only: false,
         };
         assert!(!other.fix(0, None).unwrap().contains("50-move-dates"));
         let price = super::super::cost::Price {

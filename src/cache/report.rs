@@ -409,7 +409,12 @@ fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segment
         return reason;
     };
     reason.map(&mut |r| match r {
-        Reason::PrefixChanged { unit, offset, .. } => {
+        Reason::PrefixChanged {
+            unit,
+            offset,
+            spelling_only,
+            ..
+        } => {
             let key = UnitKey::parse(&unit);
             let find = |s: &Segments| {
                 s.units
@@ -428,6 +433,7 @@ fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segment
                 offset,
                 before: a.map(|_| excerpt(x, at)),
                 after: b.map(|_| excerpt(y, at)),
+                spelling_only,
             }
         }
         other => other,
@@ -471,6 +477,7 @@ mod tests {
             offset: 0,
             before: None,
             after: None,
+            spelling_only: false,
         };
         let Reason::PrefixChanged { before, after, .. } =
             with_excerpts(reason.clone(), Some(&a), Some(&b))

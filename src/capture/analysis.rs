@@ -96,6 +96,7 @@ mod tests {
             offset: 40,
             before: Some(format!("…key {SECRET} date 29…")),
             after: Some("…date 30…".into()),
+            spelling_only: false,
         };
         let tools = Reason::ToolsChanged {
             added: vec![format!("tool_{SECRET}")],
