@@ -547,6 +547,34 @@ async fn a_rules_directory_created_after_start_is_loaded() {
     assert_eq!(health["rules"]["present"], true, "{health}");
 }
 
+/// `header = { name = …, regex = … }` loads (two headers named `name` and `regex`)
+/// and can never match as meant: `rules check` says what to write instead.
+#[test]
+fn a_header_table_that_reads_as_a_test_is_warned_about() {
+    let dir = rules_dir(&[(
+        "10-tag.toml",
+        "[[rule]]\nname = \"t\"\non = \"before_provider_headers\"\n\
+         when = { header = { name = \"user-agent\", regex = \"^claude-cli/\" } }\n\
+         actions = [ { tag = \"cc\" } ]\n",
+    )]);
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["rules", "check"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a warning, not an error: {text}"
+    );
+    let want = format!(
+        "warning: {}:4:19: header takes header names as keys, and these look like a test: write header.\"user-agent\" = {{ regex = \"…\" }}",
+        dir.path().join("10-tag.toml").display()
+    );
+    assert!(text.contains(&want), "{text}");
+}
+
 #[tokio::test]
 async fn actions_after_a_block_are_warned_about_by_check_and_serve() {
     let dir = rules_dir(&[(

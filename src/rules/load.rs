@@ -61,6 +61,18 @@ pub(crate) struct Cx<'s> {
 }
 
 impl<'s> Cx<'s> {
+    /// A rule that loads but likely does not do what it says (`rules check` prints it).
+    pub(crate) fn warn(&mut self, span: Range<usize>, message: impl Into<String>) {
+        let (line, col) = line_col(self.text, span.start);
+        self.warnings.push(LoadError {
+            file: self.file.to_owned(),
+            line,
+            col,
+            message: message.into(),
+            offset: span.start,
+        });
+    }
+
     pub(crate) fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
         let (line, col) = line_col(self.text, span.start);
         self.errors.push(LoadError {

@@ -558,6 +558,19 @@ fn compile_one(
                 return None;
             };
             let mut out = Vec::new();
+            // `header = { name = "x", regex = "…" }` loads as two header names and
+            // matches nothing: say so rather than fail silently.
+            let test_like =
+                |n: &str| TEST_KEYS.contains(&n) || ["name", "matches", "value"].contains(&n);
+            if t.iter().any(|(n, _)| test_like(n.get_ref())) {
+                cx.warn(
+                    v.span(),
+                    format!(
+                        "{key} takes header names as keys, and these look like a test: write \
+                         {key}.\"user-agent\" = {{ regex = \"…\" }}"
+                    ),
+                );
+            }
             for (name, test) in t.iter() {
                 let Ok(header) = HeaderName::from_bytes(name.get_ref().as_bytes()) else {
                     cx.error(
