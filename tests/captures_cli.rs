@@ -441,6 +441,24 @@ async fn tail_follows_the_store_as_records_land() {
     let _ = child.wait();
 }
 
+/// Runs the CLI as a shell beside the running `proxy` would: no client variables but
+/// `env`, and the proxy's runtime directory, so it finds that proxy without flags.
+fn run_beside(proxy: &Proxy, args: &[&str], env: &[(&str, &str)]) -> String {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"));
+    command
+        .args(args)
+        .env("PROMPTGATE_RUNTIME_DIR", proxy.runtime_dir.path())
+        .env("PROMPTGATE_HOME", proxy.runtime_dir.path().join("home"));
+    for var in support::sdk::CLIENT_VARS {
+        command.env_remove(var);
+    }
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// In reverse mode `doctor` probes the configured upstream through the proxy's own
 /// route, with the running proxy's probe token: the upstream gets the probe without
 /// the token, and its record is a side request tagged as doctor's. The same header
@@ -449,20 +467,8 @@ async fn tail_follows_the_store_as_records_land() {
 async fn doctor_in_reverse_mode_probes_the_upstream_with_the_proxys_token() {
     let fake = FakeProvider::start(support::fake_provider::like_providers).await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
-    let run = |args: &[&str]| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"));
-        command
-            .args(args)
-            .env("PROMPTGATE_RUNTIME_DIR", proxy.runtime_dir.path())
-            .env("PROMPTGATE_HOME", proxy.runtime_dir.path().join("home"));
-        for var in support::sdk::CLIENT_VARS {
-            command.env_remove(var);
-        }
-        command.env("ANTHROPIC_BASE_URL", format!("http://{}", proxy.addr));
-        let out = command.output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    let doctor = run(&["doctor"]);
+    let base_url = format!("http://{}", proxy.addr);
+    let doctor = run_beside(&proxy, &["doctor"], &[("ANTHROPIC_BASE_URL", &base_url)]);
     assert!(
         doctor.contains("ok    upstream: the Anthropic upstream answered through promptgate's reverse route (HTTP/1.1 404"),
         "{doctor}"
@@ -536,18 +542,7 @@ async fn the_command_line_finds_the_running_proxy_without_flags() {
     let r = client::post(proxy.addr, "/v1/messages", body).await;
     assert_eq!(r.status, 200);
     captures::wait_records(&proxy.captures, 1, WAIT).await;
-    let run = |args: &[&str]| {
-        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"));
-        command
-            .args(args)
-            .env("PROMPTGATE_RUNTIME_DIR", proxy.runtime_dir.path())
-            .env("PROMPTGATE_HOME", proxy.runtime_dir.path().join("home"));
-        for var in support::sdk::CLIENT_VARS {
-            command.env_remove(var);
-        }
-        let out = command.output().unwrap();
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |args: &[&str]| run_beside(&proxy, args, &[]);
     let list = run(&["captures", "list"]);
     assert!(list.contains("1 exchange(s)"), "the proxy's store: {list}");
     let env = run(&["env"]);

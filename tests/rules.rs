@@ -547,6 +547,22 @@ async fn a_rules_directory_created_after_start_is_loaded() {
     assert_eq!(health["rules"]["present"], true, "{health}");
 }
 
+/// `rules check DIR`'s output, which must pass (exit 0) with its warnings.
+fn checked_with_warnings(dir: &std::path::Path) -> String {
+    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["rules", "check"])
+        .arg(dir)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "a warning, not an error: {text}"
+    );
+    text
+}
+
 /// `header = { name = …, regex = … }` loads (two headers named `name` and `regex`)
 /// and can never match as meant: `rules check` says what to write instead.
 #[test]
@@ -557,17 +573,7 @@ fn a_header_table_that_reads_as_a_test_is_warned_about() {
          when = { header = { name = \"user-agent\", regex = \"^claude-cli/\" } }\n\
          actions = [ { tag = \"cc\" } ]\n",
     )]);
-    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
-        .args(["rules", "check"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "a warning, not an error: {text}"
-    );
+    let text = checked_with_warnings(dir.path());
     let want = format!(
         "warning: {}:4:19: header takes header names as keys, and these look like a test: write header.\"user-agent\" = {{ regex = \"…\" }}",
         dir.path().join("10-tag.toml").display()
@@ -582,17 +588,7 @@ async fn actions_after_a_block_are_warned_about_by_check_and_serve() {
         "[[rule]]\nname = \"b\"\non = \"before_provider_request\"\n\
          actions = [ { block = \"no\" }, { tag = \"never\" } ]\n",
     )]);
-    let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
-        .args(["rules", "check"])
-        .arg(dir.path())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "a warning, not an error: {text}"
-    );
+    let text = checked_with_warnings(dir.path());
     let want = format!(
         "warning: {}:4:31: this action and any after it never run: the `block` at line 4 ends the rule",
         dir.path().join("10-block.toml").display()

@@ -348,13 +348,7 @@ async fn reverse_probe(address: SocketAddr, config: &Config) -> Check {
         }
     };
     let status = answer.lines().next().unwrap_or("").to_owned();
-    // promptgate's own failure carries a request id it made up, and says why.
-    if answer.contains("req_promptgate_") {
-        let why = answer
-            .split_once("\r\n\r\n")
-            .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
-            .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-            .unwrap_or(status);
+    if let Some(why) = own_failure(&answer) {
         return Check::Fail {
             problem: format!("the Anthropic upstream did not answer through promptgate: {why}"),
             fix: "check --upstream-anthropic, the network and --upstream-ca, or skip this check with --offline".into(),
@@ -363,6 +357,21 @@ async fn reverse_probe(address: SocketAddr, config: &Config) -> Check {
     Check::Pass(format!(
         "the Anthropic upstream answered through promptgate's reverse route ({status})"
     ))
+}
+
+/// Why promptgate itself answered instead of the upstream, when it did: its own
+/// failures carry a request id it made up (`req_promptgate_…`) and say why.
+fn own_failure(answer: &str) -> Option<String> {
+    if !answer.contains("req_promptgate_") {
+        return None;
+    }
+    let status = answer.lines().next().unwrap_or("").to_owned();
+    let why = answer
+        .split_once("\r\n\r\n")
+        .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
+        .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
+        .unwrap_or(status);
+    Some(why)
 }
 
 /// CONNECT to `host`, TLS trusting only the CA, then (unless offline) one request.
@@ -402,13 +411,7 @@ async fn round_trip(
     let upstream = match tokio::time::timeout(STEP * 3, exchange).await {
         Ok(Ok(answer)) => {
             let status = answer.lines().next().unwrap_or("").to_owned();
-            // promptgate's own failure carries a request id it made up, and says why.
-            if answer.contains("req_promptgate_") {
-                let why = answer
-                    .split_once("\r\n\r\n")
-                    .and_then(|(_, body)| serde_json::from_str::<serde_json::Value>(body).ok())
-                    .and_then(|v| v["error"]["message"].as_str().map(str::to_owned))
-                    .unwrap_or(status);
+            if let Some(why) = own_failure(&answer) {
                 Check::Fail {
                     problem: format!("{host} did not answer through promptgate: {why}"),
                     fix: "check the network, --resolve and --upstream-ca, or skip this check with --offline".into(),
