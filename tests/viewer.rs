@@ -249,6 +249,20 @@ async fn the_live_feed_shows_an_exchange_start_stream_and_land_and_fills_a_recon
     let mut feed = Feed::open(admin, rows[1].id).await;
     let again = feed.until("hello").await;
     assert!(again.iter().all(|e| e.name != "recorded"), "{again:?}");
+    // A viewer that saw rows this store never had (a fresh store behind the same
+    // address, whose seqs start again) is told to reload, not left waiting.
+    let mut feed = Feed::open(admin, Some(rows[1].id.unwrap() + 1000)).await;
+    let ahead = feed.until("hello").await;
+    let reload = ahead
+        .iter()
+        .find(|e| e.name == "reload")
+        .expect("a reload event");
+    assert_eq!(reload.data["seq"], rows[1].id.unwrap());
+    assert_eq!(
+        ahead.last().unwrap().data["seq"],
+        rows[1].id.unwrap(),
+        "it resumes at the store's newest"
+    );
 }
 
 /// The admin address's GET `path`, with `headers` besides Host.

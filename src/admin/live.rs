@@ -167,11 +167,18 @@ async fn fill(dir: &std::path::Path, after: i64, tx: &mpsc::Sender<Bytes>) -> Op
             limit: Some(FILL_LIMIT + 1),
             ..Filter::default()
         };
-        store.list(&filter)
+        Ok::<_, crate::capture::StoreError>((store.list(&filter)?, store.last_seq()?))
     })
     .await;
     let mut rows = match read {
-        Ok(Ok(rows)) => rows,
+        // The viewer saw rows this store does not have (a new store behind the same
+        // address, or one retention emptied, whose seqs start again): it reloads.
+        Ok(Ok((_, newest))) if after > newest => {
+            let data = serde_json::json!({ "seq": newest }).to_string();
+            tx.send(frame("reload", None, data.as_bytes())).await.ok()?;
+            return Some(newest);
+        }
+        Ok(Ok((rows, _))) => rows,
         Ok(Err(e)) => {
             let why = format!("reading the store: {e}");
             tx.send(frame("error", None, why.as_bytes())).await.ok()?;
