@@ -125,6 +125,7 @@ impl LiveFeed {
             text: String::new(),
             bytes: 0,
             sent: None,
+            stalled: None,
         })
     }
 }
@@ -142,12 +143,15 @@ pub struct LiveTap {
     text: String,
     bytes: u64,
     sent: Option<Instant>,
+    /// Silent past the stall threshold this long, until data comes again.
+    stalled: Option<Duration>,
 }
 
 impl LiveTap {
     /// A body chunk passed to the client.
     pub fn chunk(&mut self, data: &[u8]) {
         let now = Instant::now();
+        self.stalled = None;
         self.bytes += data.len() as u64;
         if let Some((Some(provider), Some(api))) = self.grammar {
             self.splitter.push(data);
@@ -172,6 +176,13 @@ impl LiveTap {
     /// The body ended.
     pub fn end(&mut self) {
         self.send(true, Instant::now());
+    }
+
+    /// The stream has been silent past `stream.stall_after` for `silence`: the page
+    /// shows it as stalled until data comes again.
+    pub fn stalled(&mut self, silence: Duration) {
+        self.stalled = Some(silence);
+        self.send(false, Instant::now());
     }
 
     fn send(&mut self, done: bool, now: Instant) {
@@ -203,6 +214,7 @@ impl LiveTap {
                 "bytes": self.bytes,
                 "text": text,
                 "done": done,
+                "stalled_ms": self.stalled.map(|s| s.as_millis() as u64),
             }),
         );
     }

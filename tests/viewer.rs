@@ -265,6 +265,51 @@ async fn the_live_feed_shows_an_exchange_start_stream_and_land_and_fills_a_recon
     );
 }
 
+/// A stream that goes silent past `--stall-after` shows as stalled on the live feed
+/// while it is silent (the watchdog's wake-ups publish it), and not once data comes
+/// again.
+#[tokio::test]
+async fn a_stalled_stream_shows_as_stalled_while_it_is_silent() {
+    let fake = FakeProvider::start(|_| {
+        let pieces = ["Hello", " there", " again"];
+        let events = shapes::anthropic_events("claude-opus-5-5", &pieces, (12, 100, 2000, 7));
+        support::Action::Respond(
+            Reply::sse(events, Duration::from_millis(20))
+                .pause_before(3, Duration::from_millis(1800)),
+        )
+    })
+    .await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--stall-after",
+        "500ms",
+    ]);
+    let mut feed = Feed::open(proxy.admin_addr(), None).await;
+    feed.until("hello").await;
+    let request = stream_request(&proxy, &shapes::claude_code_body(0, shapes::CC_SESSION));
+    let addr = proxy.addr;
+    let sent = tokio::spawn(async move { client::send(addr, &request).await });
+    let events = feed.until("recorded").await;
+    assert_eq!(sent.await.unwrap().status, 200);
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter(|e| e.name == "progress")
+        .map(|e| &e.data)
+        .collect();
+    let stalled: Vec<u64> = progress
+        .iter()
+        .filter_map(|p| p["stalled_ms"].as_u64())
+        .collect();
+    assert!(
+        !stalled.is_empty() && stalled.iter().all(|ms| *ms >= 500),
+        "the silence shows while it lasts: {progress:?}"
+    );
+    let last = progress.last().unwrap();
+    assert_eq!(last["done"], true);
+    assert!(last["stalled_ms"].is_null(), "data came again: {last}");
+}
+
 /// The admin address's GET `path`, with `headers` besides Host.
 async fn get(admin: SocketAddr, path: &str, headers: &[(&str, String)]) -> client::RawResponse {
     let mut all = vec![("Host", admin.to_string())];

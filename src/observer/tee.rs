@@ -308,6 +308,9 @@ where
             aborted: false,
         };
         w.found = Stall::max(w.found, Some(stall));
+        if let Some(live) = self.live.as_mut() {
+            live.stalled(silence);
+        }
         if !w.warned {
             w.warned = true;
             tracing::warn!(

@@ -324,7 +324,7 @@ function rowNode(id, index) {
     const text = p ? (p.text || "").slice(-120).replace(/\s+/g, " ") : "";
     return el("div", { class: `row grid inflight${index === state.selected ? " selected" : ""}`, "data-id": id, onclick: open },
       el("span", { text: fmtTime(s.started_ms) }), el("span", { text: "" }), el("span", { text: s.model || s.path || "" }),
-      el("span", { text: p ? `${p.status || ""} streaming` : "sent" }), el("span", { class: "num", text: "" }),
+      el("span", { class: p && p.stalled_ms ? "stalled" : "", text: p ? (p.stalled_ms ? `${p.status || ""} stalled ${Math.round(p.stalled_ms / 1000)}s` : `${p.status || ""} streaming`) : "sent" }), el("span", { class: "num", text: "" }),
       el("span", { class: "num", text: "" }), el("span", { class: "num", text: "" }), el("span", { class: "num", text: p ? fmtBytes(p.bytes) : "" }),
       el("span", { text: "…" }), el("span", { class: "live-text", text }), el("span", {}));
   }
@@ -585,7 +585,7 @@ function renderInflight(id) {
     setMain(page);
   }
   const p = f.progress;
-  document.getElementById("inflight-meta").textContent = `${f.started.model || ""} · ${p ? `status ${p.status} · ${fmtBytes(p.bytes)}` : "waiting for the response"}`;
+  document.getElementById("inflight-meta").textContent = `${f.started.model || ""} · ${p ? `status ${p.status} · ${fmtBytes(p.bytes)}${p.stalled_ms ? ` · stalled: no data for ${Math.round(p.stalled_ms / 1000)}s` : ""}` : "waiting for the response"}`;
   document.getElementById("inflight-text").textContent = p ? p.text : "";
 }
 
