@@ -30,15 +30,30 @@ const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 /// Streamed text kept per exchange for the page; past it the page shows the tail.
 const TEXT_LIMIT: usize = 64 * 1024;
 
-/// One server-sent event, serialised once for every viewer.
+/// One server-sent event, framed once for every viewer.
 #[derive(Debug, Clone)]
 pub struct LiveEvent {
-    /// `started`, `progress` or `recorded`.
-    pub name: &'static str,
     /// A recorded row's `seq`: the SSE `id`, which a reconnecting browser sends back.
     pub seq: Option<i64>,
-    /// The JSON data.
-    pub data: Bytes,
+    /// The event as it goes on the wire (see [`sse_frame`]).
+    pub frame: Bytes,
+}
+
+/// One event on the wire: `event: NAME`, `id: SEQ` when given, and `data` (each of
+/// its lines a `data:` field of its own, so a line break cannot end the event).
+pub fn sse_frame(name: &str, seq: Option<i64>, data: &[u8]) -> Bytes {
+    let mut out = Vec::with_capacity(data.len() + 48);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(name.as_bytes());
+    if let Some(seq) = seq {
+        out.extend_from_slice(format!("\nid: {seq}").as_bytes());
+    }
+    for line in data.split(|b| *b == b'\n') {
+        out.extend_from_slice(b"\ndata: ");
+        out.extend_from_slice(line);
+    }
+    out.extend_from_slice(b"\n\n");
+    Bytes::from(out)
 }
 
 /// The feed. See the module docs.
@@ -65,10 +80,11 @@ impl LiveFeed {
         self.tx.subscribe()
     }
 
-    fn publish(&self, name: &'static str, seq: Option<i64>, data: &serde_json::Value) {
-        let data = Bytes::from(serde_json::to_vec(data).unwrap_or_default());
+    fn publish(&self, name: &'static str, seq: Option<i64>, data: &impl serde::Serialize) {
+        let data = serde_json::to_vec(data).unwrap_or_default();
+        let frame = sse_frame(name, seq, &data);
         // An error only says nobody watches.
-        let _ = self.tx.send(LiveEvent { name, seq, data });
+        let _ = self.tx.send(LiveEvent { seq, frame });
     }
 
     /// An exchange went upstream.
@@ -102,11 +118,7 @@ impl LiveFeed {
     /// Records were stored: `rows`, in storing order.
     pub fn stored(&self, rows: &[Row]) {
         for row in rows {
-            self.publish(
-                "recorded",
-                Some(row.seq),
-                &serde_json::to_value(row).unwrap_or_default(),
-            );
+            self.publish("recorded", Some(row.seq), row);
         }
     }
 

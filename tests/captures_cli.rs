@@ -307,12 +307,7 @@ actions = [ { tag = "batch" } ]
 "#,
     )
     .unwrap();
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ]);
+    let proxy = Proxy::with_rules(&fake, rules.path());
     let host = proxy.addr.to_string();
     let body = br#"{"model":"claude-opus-5-5","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
     let send = |target: &'static str, method: &'static str, team: Option<&'static str>| {

@@ -465,12 +465,7 @@ fn claude_code_completes_with_an_org_policy_rule() {
 async fn org_policy() {
     let fake = FakeProvider::start(answer).await;
     let rules = support::example_rules(&["10-org-policy.toml"]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ]);
+    let proxy = Proxy::with_rules(&fake, rules.path());
     let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
     let output = run_claude(&work, &home, vec![("ANTHROPIC_BASE_URL", proxy.url())]).await;
     assert_said_hello(&output, &proxy);
@@ -688,12 +683,7 @@ async fn default_block() {
          actions = [ { block = \"Blocked by ACME policy: this model is not allowed\" } ]\n",
     )
     .unwrap();
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ]);
+    let proxy = Proxy::with_rules(&fake, rules.path());
     let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
     let mut command = claude_command(
         &["-p", "Say hello", "--output-format", "json"],

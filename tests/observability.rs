@@ -195,12 +195,7 @@ async fn a_real_prometheus_scrapes_the_series_and_they_add_up() {
     })
     .await;
     let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ]);
+    let proxy = Proxy::with_rules(&fake, rules.path());
     let admin = proxy.admin_addr();
 
     // A conversation: a write, a read, then a changed system block (a partial miss).

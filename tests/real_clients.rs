@@ -245,12 +245,7 @@ async fn a_rule_block_raises_permission_denied_without_a_retry() {
     }
     let fake = FakeProvider::start(like_providers).await;
     let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ]);
+    let proxy = Proxy::with_rules(&fake, rules.path());
     let result = run_sdk_calls(
         &["anthropic_blocked"],
         proxy.url(),

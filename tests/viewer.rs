@@ -399,12 +399,7 @@ actions = [{ tag = "claude-code" }]
 async fn the_prompt_view_and_the_diff_follow_the_prompt_model_in_cache_order() {
     let fake = FakeProvider::start(support::fake_provider::like_providers).await;
     let rules = tagging_rules();
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ]);
+    let proxy = Proxy::with_rules(&fake, rules.path());
     let admin = proxy.admin_addr();
     // Two turns of one conversation; the second changes the date in the system prompt.
     let first = shapes::claude_code_body(1, shapes::CC_SESSION);

@@ -18,6 +18,7 @@ use tokio::sync::{broadcast, mpsc};
 use super::{AdminBody, AdminResponse, AdminState, reply};
 use crate::capture::Store;
 use crate::capture::store::Filter;
+use crate::live::sse_frame as frame;
 
 /// A comment this often keeps proxies and the browser from closing a quiet stream.
 const KEEPALIVE: Duration = Duration::from_secs(15);
@@ -122,7 +123,7 @@ async fn follow(
             match event {
                 Ok(event) => {
                     if event.seq.is_none_or(|seq| seq > last) {
-                        batch.extend_from_slice(&frame(event.name, event.seq, &event.data));
+                        batch.extend_from_slice(&event.frame);
                         last = event.seq.unwrap_or(last);
                     }
                 }
@@ -219,24 +220,4 @@ async fn last_seq(dir: &std::path::Path) -> Result<i64, Vec<u8>> {
         Ok(Err(e)) => Err(format!("reading the store: {e}").into_bytes()),
         Err(e) => Err(e.to_string().into_bytes()),
     }
-}
-
-/// One event on the wire; `data` is one line (compact JSON, or a message).
-fn frame(name: &str, seq: Option<i64>, data: &[u8]) -> Bytes {
-    let mut out = Vec::with_capacity(data.len() + 48);
-    out.extend_from_slice(b"event: ");
-    out.extend_from_slice(name.as_bytes());
-    if let Some(seq) = seq {
-        out.extend_from_slice(format!("\nid: {seq}").as_bytes());
-    }
-    out.extend_from_slice(b"\ndata: ");
-    // A message with a line break would end the field: each line is its own.
-    for (i, line) in data.split(|b| *b == b'\n').enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b"\ndata: ");
-        }
-        out.extend_from_slice(line);
-    }
-    out.extend_from_slice(b"\n\n");
-    Bytes::from(out)
 }

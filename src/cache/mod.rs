@@ -284,8 +284,9 @@ struct Began {
     format: Format,
     /// The conversation key when a header names it; else the headers, for later.
     key: Result<String, HeaderMap>,
-    /// A hash of the credential, standing in for the provider's workspace.
-    workspace: Option<String>,
+    /// The credential it was sent with (a shared value, not a copy); hashed into
+    /// the workspace when prepared, off the request path.
+    credential: Option<http::HeaderValue>,
     /// The body as sent; joined and read here, off the request path, unless a
     /// reader before did.
     prompt: PromptCell,
@@ -386,10 +387,11 @@ impl CacheStage {
         };
         let min = self.settings.min_tokens_for(&segments.settings.model);
         let conv = state.history.conversation(&key, b.start);
-        if b.workspace.is_some() {
-            conv.workspace.clone_from(&b.workspace);
+        let workspace = b.credential.as_ref().map(workspace);
+        if workspace.is_some() {
+            conv.workspace.clone_from(&workspace);
         }
-        let shared = match &b.workspace {
+        let shared = match &workspace {
             Some(w) if b.format == Format::AnthropicMessages => {
                 let deepest_first: Vec<_> = segments
                     .breakpoints
@@ -572,15 +574,20 @@ impl CacheStage {
     }
 }
 
-/// The workspace a request's cache belongs to, as far as promptgate can tell: a
-/// hash of its credential (`x-api-key`, else `authorization`). Two keys of one
-/// workspace, or a rotated OAuth token, look like two workspaces.
-fn workspace(headers: &HeaderMap) -> Option<String> {
-    let credential = headers
+/// The credential whose hash stands in for the provider's workspace: `x-api-key`,
+/// else `authorization`. Two keys of one workspace, or a rotated OAuth token, look
+/// like two workspaces.
+fn credential(headers: &HeaderMap) -> Option<http::HeaderValue> {
+    headers
         .get("x-api-key")
-        .or_else(|| headers.get(http::header::AUTHORIZATION))?;
+        .or_else(|| headers.get(http::header::AUTHORIZATION))
+        .cloned()
+}
+
+/// The workspace of a credential: a hash, never the credential.
+fn workspace(credential: &http::HeaderValue) -> String {
     let digest = crate::digest::sha256(credential.as_bytes());
-    Some(format!("ws:{}", crate::digest::hex(&digest[..8])))
+    format!("ws:{}", crate::digest::hex(&digest[..8]))
 }
 
 /// What the analysis predicts for a request nobody answered (a replay).
@@ -615,7 +622,7 @@ impl CacheStage {
             format,
             key: conversation_key(headers, None, &self.key_source).ok_or_else(|| headers.clone()),
             // Stored credentials are fingerprints, one per key: the same workspaces.
-            workspace: workspace(headers),
+            credential: credential(headers),
             prompt,
         };
         let mut state = self.lock();
@@ -700,7 +707,7 @@ impl RecordStage for CacheStage {
             format,
             key: conversation_key(&record.sent_headers, None, &self.key_source)
                 .ok_or_else(|| record.sent_headers.clone()),
-            workspace: workspace(&record.sent_headers),
+            credential: credential(&record.sent_headers),
             prompt,
         };
         // A panic elsewhere while holding it cannot leave the queue half-pushed.

@@ -12,7 +12,7 @@ use crate::capture::record::{BodyInfo, CaptureRecord};
 use crate::capture::store::{Filter, Row};
 use crate::capture::units::{self, Change, DiffEntry};
 use crate::capture::{Store, timestamp};
-use crate::prompt::Prompt;
+use crate::prompt::{Prompt, PromptView, UnitView};
 
 use super::output::{page, print, render_table, store_config};
 
@@ -718,137 +718,110 @@ fn top_level(root: crate::prompt::Value<'_>, skip: &[&str], width: usize) -> Vec
         .collect()
 }
 
-/// The whole prompt in the provider's cache order, from the prompt model: each
-/// tool by name, every system block and message block in full with its type,
+/// The whole prompt in the provider's cache order, from the prompt model's view
+/// (the one the viewer shows): each tool by name, every system block and message block in full with its type,
 /// `<system-reminder>` blocks marked, and each breakpoint where it sits.
 fn prompt_text(prompt: &Prompt, out: &mut String) {
     let body = prompt.body();
-    let Some(root) = prompt.root() else {
+    if prompt.root().is_none() {
         if !body.is_empty() {
             let _ = writeln!(out, "  {}", preview(&String::from_utf8_lossy(body)));
         }
         return;
-    };
-    let units = prompt.units();
-    if units.is_empty() {
+    }
+    if prompt.units().is_empty() {
         // Not a prompt promptgate reads (another API): the body as it is.
         let _ = writeln!(out, "{}", String::from_utf8_lossy(body));
         return;
     }
-    let prompt_keys = ["tools", "system", "messages", "instructions", "input"];
-    let others = top_level(root, &prompt_keys, 60);
+    let view = PromptView::of(prompt, None);
+    let others: Vec<String> = view
+        .settings
+        .iter()
+        .map(|(k, raw)| match raw.len() {
+            0..=60 => format!("{k}={raw}"),
+            n => format!("{k}=…({n} bytes)"),
+        })
+        .collect();
     if !others.is_empty() {
         let _ = writeln!(out, "settings: {}", others.join(" "));
     }
-    let text_of = |span: crate::provider::json::Span| -> String {
-        let raw = &body[span.start..span.end];
-        serde_json::from_slice::<Value>(raw)
-            .map(|v| units::display_text(&v))
-            .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
-    };
-    let mut breakpoints = 0;
     let mut tools: Vec<String> = Vec::new();
     let mut message = None;
-    for (i, unit) in units.iter().enumerate() {
-        let block = || serde_json::from_slice::<Value>(&body[unit.span.start..unit.span.end]);
-        if unit.path.region == crate::prompt::Region::Tools {
-            let name = block()
-                .ok()
-                .and_then(|v| {
-                    v.get("name")
-                        .or_else(|| v.pointer("/function/name"))
-                        .and_then(Value::as_str)
-                        .map(str::to_owned)
-                })
-                .unwrap_or_else(|| "?".into());
-            tools.push(name);
+    for unit in &view.units {
+        if unit.region == "tools" {
+            tools.push(unit.name.clone().unwrap_or_else(|| "?".into()));
         } else {
             flush_tools(&mut tools, out);
-        }
-        // A message's heading before its first block.
-        if let Some(m) = prompt
-            .messages()
-            .iter()
-            .find(|m| m.units.start == i && message != Some(m.index))
-        {
-            message = Some(m.index);
-            let role = prompt
-                .value(m.tok)
-                .and_then(|v| v.get("role"))
-                .and_then(|r| r.str().map(|s| s.into_owned()))
-                .unwrap_or_else(|| "?".into());
-            let _ = writeln!(out, "messages[{}] {role}", m.index);
-        }
-        if unit.path.region != crate::prompt::Region::Tools {
-            let label = match unit.path.block {
-                Some(b) => format!("  content[{b}]"),
-                None if matches!(
-                    unit.path.region,
-                    crate::prompt::Region::Messages | crate::prompt::Region::Input
-                ) && unit.path.string =>
-                {
-                    "  content".to_owned()
-                }
-                None => unit.path.to_string(),
-            };
-            let text = unit.content.map(text_of);
-            let mut line = format!("{label} {}", unit.kind);
-            if let Some(t) = &text {
-                let _ = write!(line, ", {} chars", t.chars().count());
-                if t.trim_start().starts_with("<system-reminder>") {
-                    line.push_str("  <system-reminder>");
-                }
+            // A message's heading before its first block.
+            if unit.message.is_some() && unit.message != message {
+                message = unit.message;
+                let role = unit.role.as_deref().unwrap_or("?");
+                let _ = writeln!(out, "messages[{}] {role}", unit.message.unwrap_or(0));
             }
-            match unit.kind.as_str() {
-                "tool_use" | "function_call" => {
-                    if let Ok(v) = block() {
-                        let name = v.get("name").and_then(Value::as_str).unwrap_or("?");
-                        let input = v
-                            .get("input")
-                            .or_else(|| v.get("arguments"))
-                            .map(|i| match i {
-                                Value::String(s) => s.clone(),
-                                other => other.to_string(),
-                            })
-                            .unwrap_or_default();
-                        let _ = write!(line, " {name} {input}");
-                    }
-                }
-                "tool_result" => {
-                    if let Ok(v) = block()
-                        && v.get("is_error") == Some(&Value::Bool(true))
-                    {
-                        line.push_str(" (error)");
-                    }
-                }
-                _ => {}
-            }
-            let _ = writeln!(out, "{line}");
-            if let Some(t) = text.as_ref().filter(|t| !t.is_empty()) {
-                for l in t.lines() {
-                    let _ = writeln!(out, "    │ {l}");
-                }
-            } else if text.is_none() && unit.kind != "tool_use" && unit.kind != "function_call" {
-                let _ = writeln!(out, "    ({} bytes)", unit.span.end - unit.span.start);
-            }
+            unit_text(unit, out);
         }
-        if let Some(marker) = &unit.marker {
-            breakpoints += 1;
+        if let Some((n, ttl)) = &unit.breakpoint {
             flush_tools(&mut tools, out);
-            let _ = writeln!(
-                out,
-                "  ◆ breakpoint {breakpoints} after {} (ttl {})",
-                unit.path, marker.ttl
-            );
+            let _ = writeln!(out, "  ◆ breakpoint {n} after {} (ttl {ttl})", unit.path);
         }
     }
     flush_tools(&mut tools, out);
-    if let Some(marker) = prompt.automatic_marker() {
+    if let Some(ttl) = &view.automatic {
         let _ = writeln!(
             out,
-            "  ◆ automatic caching (top-level cache_control, ttl {})",
-            marker.ttl
+            "  ◆ automatic caching (top-level cache_control, ttl {ttl})"
         );
+    }
+}
+
+/// One system or message block: its place and type, a call's name and input, and
+/// its text in full (or its size).
+fn unit_text(unit: &UnitView, out: &mut String) {
+    // Inside a message the heading names it: `content[1]`, or `content` for a string.
+    let label = match unit.path.find(".content") {
+        Some(at) => format!("  {}", &unit.path[at + 1..]),
+        None => unit.path.clone(),
+    };
+    let mut line = format!("{label} {}", unit.kind);
+    if let Some(t) = &unit.text {
+        let _ = write!(line, ", {} chars", t.chars().count());
+        if unit.reminder {
+            line.push_str("  <system-reminder>");
+        }
+    }
+    let call = matches!(unit.kind.as_str(), "tool_use" | "function_call");
+    if call
+        && let Some(v) = unit
+            .json
+            .as_deref()
+            .and_then(|j| serde_json::from_str::<Value>(j).ok())
+    {
+        let name = v.get("name").and_then(Value::as_str).unwrap_or("?");
+        let input = v
+            .get("input")
+            .or_else(|| v.get("arguments"))
+            .map(|i| match i {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            })
+            .unwrap_or_default();
+        let _ = write!(line, " {name} {input}");
+    }
+    if unit.error {
+        line.push_str(" (error)");
+    }
+    let _ = writeln!(out, "{line}");
+    match &unit.text {
+        Some(t) if !t.is_empty() => {
+            for l in t.lines() {
+                let _ = writeln!(out, "    │ {l}");
+            }
+        }
+        None if !call => {
+            let _ = writeln!(out, "    ({} bytes)", unit.bytes);
+        }
+        _ => {}
     }
 }
 

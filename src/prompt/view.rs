@@ -41,9 +41,13 @@ pub struct UnitView {
     pub text: Option<String>,
     /// The text is a `<system-reminder>`.
     pub reminder: bool,
+    /// A `tool_result` marked `is_error`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub error: bool,
     pub bytes: usize,
-    /// The unit's JSON as sent (a tool's schema, a call's input); images and
-    /// documents are left out, their size is in `bytes`.
+    /// The unit's JSON as sent, where the text does not say it all: a tool's schema,
+    /// a call's input, a block without text. Images and documents are left out,
+    /// their size is in `bytes`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub json: Option<String>,
     /// The `cache_control` breakpoint after this unit: its number and ttl.
@@ -97,6 +101,9 @@ impl PromptView {
                     .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
             });
             let path = unit.path.to_string();
+            let wants_json = text.is_none()
+                || unit.path.region == super::Region::Tools
+                || matches!(unit.kind.as_str(), "tool_use" | "function_call");
             let breakpoint = unit.marker.as_ref().map(|m| {
                 breakpoints += 1;
                 (breakpoints, m.ttl.to_string())
@@ -111,8 +118,14 @@ impl PromptView {
                     .as_deref()
                     .is_some_and(|t| t.trim_start().starts_with("<system-reminder>")),
                 text,
+                error: unit.kind == "tool_result"
+                    && parsed
+                        .as_ref()
+                        .and_then(|v| v.get("is_error"))
+                        .and_then(Json::as_bool)
+                        == Some(true),
                 bytes: raw.len(),
-                json: (!OPAQUE.contains(&unit.kind.as_str()))
+                json: (wants_json && !OPAQUE.contains(&unit.kind.as_str()))
                     .then(|| String::from_utf8_lossy(raw).into_owned()),
                 breakpoint,
                 cached,

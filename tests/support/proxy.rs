@@ -35,6 +35,12 @@ impl Proxy {
         Self::start_with_env(args, &[])
     }
 
+    /// Starts it in front of `upstream` (as the Anthropic upstream) with the rules in `rules`.
+    pub fn with_rules(upstream: &super::FakeProvider, rules: &std::path::Path) -> Proxy {
+        let rules = rules.to_str().expect("a UTF-8 rules path");
+        Self::start(&["--upstream-anthropic", &upstream.url(), "--rules", rules])
+    }
+
     pub fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Proxy {
         Self::spawn(args, env, None)
     }

@@ -485,6 +485,7 @@ function unitNode(u) {
   const node = el("div", { class: `unit${u.cached ? " cached" : ""}`, "data-path": u.path, "data-kind": u.kind });
   const badges = [el("span", { class: "badge", text: u.kind })];
   if (u.reminder) badges.push(el("span", { class: "badge reminder", text: "system-reminder" }));
+  if (u.error) badges.push(el("span", { class: "badge bad", text: "error" }));
   if (u.region === "tools") {
     const d = el("details", {}, el("summary", {}, el("b", { text: u.name || "?" }), ` (${fmtBytes(u.bytes)})`), el("pre", { text: pretty(u.json) }));
     node.append(d);
