@@ -69,7 +69,7 @@ struct Cli {
 enum Command {
     /// Run the proxy (the default when no verb is given).
     Serve(Box<ServeArgs>),
-    /// Read the capture store: list, show, diff, export, conversations.
+    /// Read the capture store: list, tail, show, diff, export, conversations.
     Captures(captures::CapturesArgs),
     /// Report prompt caching from the capture store: timelines, hit rate, dollars lost by reason.
     Cache(cache::CacheArgs),
