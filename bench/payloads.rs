@@ -1,5 +1,7 @@
 //! Writes the benchmark's request bodies into a directory, built by the same code the
-//! tests use (`tests/support/shapes.rs`): `50k` is a Claude Code first turn (3
+//! tests use (`tests/support/shapes.rs`): `20k` is a Claude Code first turn with only
+//! its first tools (about 20 KB, the size of a subagent's request), for the fixed cost
+//! per exchange; `50k` is a Claude Code first turn (3
 //! system blocks, 12 tools, a `role:"system"` message); `200k` and `1m` are long
 //! sessions grown by tool_use / tool_result rounds. Each comes as `NAME-stream.json`
 //! (`"stream":true`) and `NAME-json.json` (`"stream":false`).
@@ -21,7 +23,17 @@ fn main() -> anyhow::Result<()> {
         .into();
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let first_turn = shapes::claude_code_body(0, shapes::CC_SESSION);
+    let mut small_turn = first_turn.clone();
+    while shapes::to_bytes(&small_turn).len() > 21_000 {
+        let tools = small_turn["tools"]
+            .as_array_mut()
+            .context("the first turn has tools")?;
+        if tools.pop().is_none() {
+            break;
+        }
+    }
     let sessions = [
+        ("20k", small_turn),
         ("50k", first_turn),
         ("200k", parse(&shapes::claude_code_body_of_size(200_000))?),
         ("1m", parse(&shapes::claude_code_body_of_size(1_000_000))?),

@@ -5,11 +5,19 @@
 //! apart, each opened by a `: t=<µs since the epoch>` comment line stamped as it is
 //! sent. `GET /stats` reports the counters as JSON. It does not store requests.
 //!
-//! Usage: `bench-upstream [--listen 127.0.0.1:0] [--event-delay-ms 20] [--expect FILE]...`
+//! With `--cache-emulator`, each answer carries the usage that the tests' prompt
+//! cache emulator (`tests/support/cache_emulator.rs`) computes for the body, as a
+//! provider's would: reads, writes and uncached input follow the breakpoints sent.
+//!
+//! Usage: `bench-upstream [--listen 127.0.0.1:0] [--event-delay-ms 20] [--expect FILE]...
+//!         [--cache-emulator]`
 //! and it prints `bench-upstream listening on ADDR` once bound.
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
+
+#[path = "../tests/support/cache_emulator.rs"]
+mod cache_emulator;
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -47,6 +55,9 @@ struct Args {
     /// A payload the bodies should be byte-identical to; repeatable.
     #[arg(long, value_name = "FILE")]
     expect: Vec<PathBuf>,
+    /// Answer with the usage the cache emulator computes for each body.
+    #[arg(long)]
+    cache_emulator: bool,
 }
 
 /// Counters served on `GET /stats`.
@@ -67,6 +78,21 @@ struct Upstream {
     events: Arc<[Bytes]>,
     event_delay: Duration,
     stats: Stats,
+    /// With `--cache-emulator`: the emulated cache and the answer's text pieces.
+    emulator: Option<Emulated>,
+}
+
+#[derive(Debug)]
+struct Emulated {
+    cache: std::sync::Mutex<cache_emulator::CacheEmulator>,
+    text: String,
+    pieces: Vec<String>,
+}
+
+impl std::fmt::Debug for cache_emulator::CacheEmulator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CacheEmulator")
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -95,6 +121,11 @@ fn main() -> anyhow::Result<()> {
         events: events.into(),
         event_delay: Duration::from_millis(args.event_delay_ms),
         stats: Stats::default(),
+        emulator: args.cache_emulator.then(|| Emulated {
+            cache: std::sync::Mutex::new(cache_emulator::CacheEmulator::new()),
+            text,
+            pieces: (0..24).map(|i| shapes::filler(i, 40)).collect(),
+        }),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -201,7 +232,7 @@ fn unix_micros() -> u128 {
 }
 
 impl Upstream {
-    async fn answer(&self, request: Request<Incoming>) -> Response<Answer> {
+    async fn answer(self: Arc<Self>, request: Request<Incoming>) -> Response<Answer> {
         if request.method() == Method::GET && request.uri().path() == "/stats" {
             return json(StatusCode::OK, Bytes::from(self.stats_json()));
         }
@@ -216,6 +247,7 @@ impl Upstream {
             .and_then(|v| v.parse::<usize>().ok());
         let mut check = BodyCheck::new(declared.and_then(|n| self.expected.get(&n)));
         let mut body = request.into_body();
+        let mut whole = Vec::new();
         while let Some(frame) = body.frame().await {
             let Ok(frame) = frame else {
                 // The client went away mid-body: nothing to answer, and not a mismatch.
@@ -223,6 +255,9 @@ impl Upstream {
             };
             if let Ok(data) = frame.into_data() {
                 check.feed(&data);
+                if self.emulator.is_some() {
+                    whole.extend_from_slice(&data);
+                }
             }
         }
         let stats = &self.stats;
@@ -237,12 +272,28 @@ impl Upstream {
         };
         counter.fetch_add(1, Ordering::Relaxed);
 
+        let (message, events) = match &self.emulator {
+            // Off the runtime's workers: reading a body takes milliseconds, and they
+            // must keep reading the bodies in flight.
+            Some(_) => {
+                let upstream = self.clone();
+                let stream = check.stream;
+                tokio::task::spawn_blocking(move || {
+                    upstream.emulator.as_ref().map(|e| e.answer(&whole, stream))
+                })
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default()
+            }
+            None => (self.message.clone(), self.events.clone()),
+        };
         if !check.stream {
-            return json(StatusCode::OK, self.message.clone());
+            return json(StatusCode::OK, message);
         }
         stats.streams.fetch_add(1, Ordering::Relaxed);
         let mut response = Response::new(Answer::Events(EventStream {
-            events: self.events.clone(),
+            events,
             next: 0,
             delay: self.event_delay,
             start: None,
@@ -274,6 +325,29 @@ impl Upstream {
             s.different.load(Ordering::Relaxed),
             s.body_bytes.load(Ordering::Relaxed),
         )
+    }
+}
+
+impl Emulated {
+    /// The message (or the events) answering `body`, with the emulator's usage.
+    fn answer(&self, body: &[u8], stream: bool) -> (Bytes, Arc<[Bytes]>) {
+        let model = "claude-opus-5-5";
+        // The emulator panics on a body that is not JSON; that answer carries no usage.
+        let usage = std::panic::catch_unwind(|| cache_emulator::Read::of(body))
+            .ok()
+            .and_then(|read| Some(self.cache.lock().ok()?.respond_read(&read)))
+            .unwrap_or_default();
+        let numbers = (usage.input, usage.write, usage.read, 180);
+        if !stream {
+            let message = shapes::anthropic_message(model, &self.text, numbers);
+            return (shapes::to_bytes(&message).into(), Arc::new([]));
+        }
+        let pieces: Vec<&str> = self.pieces.iter().map(String::as_str).collect();
+        let events: Vec<Bytes> = shapes::anthropic_events(model, &pieces, numbers)
+            .into_iter()
+            .map(Bytes::from)
+            .collect();
+        (Bytes::new(), events.into())
     }
 }
 

@@ -34,7 +34,7 @@ impl Rig {
         let e = emulator.clone();
         let fake = FakeProvider::start(move |req| {
             Action::Respond(if req.target.starts_with("/v1/messages") {
-                cache_emulator::reply(&e, &req.body)
+                support::fake_provider::emulated_reply(&e, &req.body)
             } else {
                 Reply::json(404, &json!({}))
             })

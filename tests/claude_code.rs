@@ -567,7 +567,7 @@ async fn tool_round_trip() {
         let has_result = body.to_string().contains(r#""type":"tool_result""#);
         let has_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
         if !has_tools || has_result {
-            return Action::Respond(cache_emulator::reply(&e, &r.body));
+            return Action::Respond(support::fake_provider::emulated_reply(&e, &r.body));
         }
         let u = e.lock().unwrap().respond(&r.body);
         let model = body["model"]

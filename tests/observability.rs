@@ -191,7 +191,7 @@ async fn a_real_prometheus_scrapes_the_series_and_they_add_up() {
                 .header("retry-after", "30"),
             );
         }
-        Action::Respond(cache_emulator::reply(&e, &req.body))
+        Action::Respond(support::fake_provider::emulated_reply(&e, &req.body))
     })
     .await;
     let rules = support::example_rules(&["20-block-opus-for-batch.toml"]);

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::cache_emulator::{self, CacheEmulator, CacheUsage};
+use support::cache_emulator::{CacheEmulator, CacheUsage};
 use support::{Action, FakeProvider, Proxy, TempDir, captures, client, shapes};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -43,8 +43,10 @@ async fn send(proxy: &Proxy, body: &Value, extra: &[(&'static str, &str)]) -> u1
 async fn captured_store() -> (TempDir, Vec<CacheUsage>) {
     let emulator = Arc::new(Mutex::new(CacheEmulator::new()));
     let e = emulator.clone();
-    let fake =
-        FakeProvider::start(move |req| Action::Respond(cache_emulator::reply(&e, &req.body))).await;
+    let fake = FakeProvider::start(move |req| {
+        Action::Respond(support::fake_provider::emulated_reply(&e, &req.body))
+    })
+    .await;
     let store = TempDir::new("replay-store");
     let proxy = Proxy::start(&[
         "--upstream-anthropic",

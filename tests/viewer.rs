@@ -611,7 +611,7 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
                 Duration::from_millis(150),
             ));
         }
-        support::Action::Respond(cache_emulator::reply(&e, &r.body))
+        support::Action::Respond(support::fake_provider::emulated_reply(&e, &r.body))
     })
     .await;
     let rules = tagging_rules();

@@ -40,6 +40,23 @@ struct Unit {
     breakpoint: Option<u64>, // ttl in ms
 }
 
+/// A request body as the emulator reads it: its model and its units in prefix order.
+pub struct Read {
+    model: String,
+    units: Vec<Unit>,
+}
+
+impl Read {
+    /// Reads a JSON request body; panics on one that is not JSON.
+    pub fn of(body: &[u8]) -> Read {
+        let request: Value = serde_json::from_slice(body).expect("a JSON request");
+        Read {
+            model: request["model"].as_str().unwrap_or("").to_owned(),
+            units: units(&request),
+        }
+    }
+}
+
 /// The emulated cache. Time is milliseconds since it was made, plus what the test
 /// added with [`CacheEmulator::advance`].
 pub struct CacheEmulator {
@@ -85,11 +102,14 @@ impl CacheEmulator {
 
     /// Answers one request body.
     pub fn respond(&mut self, body: &[u8]) -> CacheUsage {
+        self.respond_read(&Read::of(body))
+    }
+
+    /// Answers one request read beforehand (without the emulator's lock).
+    pub fn respond_read(&mut self, read: &Read) -> CacheUsage {
         let now = self.now();
-        let request: Value = serde_json::from_slice(body).expect("a JSON request");
-        let model = request["model"].as_str().unwrap_or("").to_owned();
-        let min = self.min_tokens.get(&model).copied().unwrap_or(1024);
-        let units = units(&request);
+        let min = self.min_tokens.get(&read.model).copied().unwrap_or(1024);
+        let units = &read.units;
         let total: u64 = units.iter().map(|u| u.tokens).sum();
         let through = |i: usize| units[..=i].iter().map(|u| u.tokens).sum::<u64>();
         let breakpoints: Vec<usize> = (0..units.len())
@@ -265,26 +285,3 @@ fn units(request: &Value) -> Vec<Unit> {
 
 /// An emulator shared between the fake provider's handler and the test.
 pub type Shared = Arc<Mutex<CacheEmulator>>;
-
-/// The fake provider's reply to a Messages request: an SSE stream (or JSON when the
-/// body says `"stream":false`) carrying the emulator's usage, sent after the
-/// emulator's response delay.
-pub fn reply(emulator: &Shared, body: &[u8]) -> super::Reply {
-    let (usage, delay) = {
-        let mut e = emulator.lock().unwrap();
-        (e.respond(body), e.response_delay)
-    };
-    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-    let model = request["model"].as_str().unwrap_or("claude-opus-5-5");
-    let numbers = (usage.input, usage.write, usage.read, 12);
-    let mut reply = if request["stream"] == false {
-        super::Reply::json(200, &super::shapes::anthropic_message(model, "ok", numbers))
-    } else {
-        super::Reply::sse(
-            super::shapes::anthropic_events(model, &["o", "k"], numbers),
-            Duration::ZERO,
-        )
-    };
-    reply.head_delay = delay;
-    reply
-}

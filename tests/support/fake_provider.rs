@@ -54,6 +54,29 @@ pub struct Reply {
     pub pauses: Vec<(usize, Duration)>,
 }
 
+/// The fake provider's reply to a Messages request as the cache emulator prices it:
+/// an SSE stream (or JSON when the body says `"stream":false`) carrying the
+/// emulator's usage, sent after the emulator's response delay.
+pub fn emulated_reply(emulator: &super::cache_emulator::Shared, body: &[u8]) -> Reply {
+    let (usage, delay) = {
+        let mut e = emulator.lock().unwrap();
+        (e.respond(body), e.response_delay)
+    };
+    let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let model = request["model"].as_str().unwrap_or("claude-opus-5-5");
+    let numbers = (usage.input, usage.write, usage.read, 12);
+    let mut reply = if request["stream"] == false {
+        Reply::json(200, &super::shapes::anthropic_message(model, "ok", numbers))
+    } else {
+        Reply::sse(
+            super::shapes::anthropic_events(model, &["o", "k"], numbers),
+            Duration::ZERO,
+        )
+    };
+    reply.head_delay = delay;
+    reply
+}
+
 /// How a streamed reply ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum End {
