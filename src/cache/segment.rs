@@ -140,7 +140,8 @@ pub fn segment(prompt: &Prompt, ignore: &[IgnoreRule]) -> Result<Segments, Segme
 }
 
 /// [`segment`], where units byte-identical to `previous`'s at the same place (an
-/// agent's earlier turn) take its digest and token estimate instead.
+/// agent's earlier turn) take its digest, token estimate and ignore verdict instead;
+/// `previous` must have been cut with the same `ignore` rules.
 pub fn segment_after(
     prompt: &Prompt,
     ignore: &[IgnoreRule],
@@ -290,18 +291,26 @@ impl<'p> Chain<'p> {
         }
     }
 
-    /// The digest and token estimate: the earlier turn's when the same place held
-    /// the same bytes (a memcmp is far cheaper than hashing and counting).
-    fn measure(&self, unit: &crate::prompt::Unit, bytes: &[u8], counted: &[u8]) -> (Hash, u32) {
+    /// The digest, token estimate and ignore verdict: the earlier turn's when the
+    /// same place held the same bytes (a memcmp is far cheaper than hashing,
+    /// counting and decoding; the ignore rules are the stage's, fixed for its life).
+    fn measure(
+        &self,
+        unit: &crate::prompt::Unit,
+        bytes: &[u8],
+        counted: &[u8],
+        text: Option<&[u8]>,
+    ) -> (Hash, u32, bool) {
         if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
             && prev.path == unit.path
             && prev.bytes[..] == *bytes
         {
             unit.lend_hash(prev.hash);
-            return (prev.hash, prev.tokens);
+            return (prev.hash, prev.tokens, prev.ignored);
         }
         let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
-        (unit.hash(self.prompt.body()), tokens)
+        let ignored = text.is_some_and(|t| self.is_ignored(unit.path.region, t));
+        (unit.hash(self.prompt.body()), tokens, ignored)
     }
 
     fn is_ignored(&self, region: Region, text: &[u8]) -> bool {
@@ -323,8 +332,7 @@ impl<'p> Chain<'p> {
         let bytes = unit.bytes(body);
         let text = unit.text.map(|t| t.of(body));
         let counted = unit.content.map_or(&bytes[..], |c| c.of(body));
-        let (hash, tokens) = self.measure(unit, &bytes, counted);
-        let ignored = text.is_some_and(|t| self.is_ignored(path.region, t));
+        let (hash, tokens, ignored) = self.measure(unit, &bytes, counted, text);
         let cacheable = match unit.kind.as_str() {
             "thinking" | "redacted_thinking" => false,
             "text" => text.is_some_and(|t| t.len() > 2),
