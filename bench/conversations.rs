@@ -401,6 +401,10 @@ async fn converse(
                 }
             }
         }
+        if ok.is_err() {
+            // A refused connection fails at once: do not spin on it.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         new_bytes = conversation.advance(args.band, args.grow_to, template);
     }
     Ok(tally)

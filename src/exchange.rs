@@ -141,8 +141,9 @@ impl PendingRecord {
             record.error = error;
             record.timing.total = self.started.elapsed();
             let recorder = self.recorder.clone();
+            let bytes = record.held_bytes();
             self.recorder
-                .submit(Box::new(move || recorder.emit(&mut record)));
+                .submit(Box::new(move || recorder.emit(&mut record)), bytes);
         }
     }
 }
@@ -808,6 +809,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         return;
     };
     let started = pending.started;
+    let bytes = record.held_bytes() + tap.chunks.iter().map(|c| c.len() as u64).sum::<u64>();
     let job = move || {
         let observation =
             observer::observe(provider, api, &headers, &tap.chunks, tap.truncated, limit);
@@ -887,7 +889,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         record.error = error;
         recorder.emit(&mut record);
     };
-    pending.recorder.submit(Box::new(job));
+    pending.recorder.submit(Box::new(job), bytes);
 }
 
 /// Answers with promptgate's own error in the provider's shape, and emits the record.

@@ -338,6 +338,19 @@ pub struct ExchangeRecord {
 }
 
 impl ExchangeRecord {
+    /// The body bytes it holds (received, sent when rules changed it, response): what
+    /// a queue of records is bounded by. A sent body sharing the received one's memory
+    /// counts once; comparing their bytes would read them all.
+    pub fn held_bytes(&self) -> u64 {
+        let sent = if self.sent_body.is(&self.request_body) {
+            0
+        } else {
+            self.sent_body.len()
+        };
+        let response = self.observation.as_ref().map_or(0, |o| o.body.len());
+        (self.request_body.len() + sent + response) as u64
+    }
+
     /// Sets the request body as received (`body`) and decoded (`plain`, the same
     /// bytes when it came uncompressed), a request of `provider` and `api` as set:
     /// it is also the body sent until [`ExchangeRecord::set_sent_body`].
@@ -453,8 +466,38 @@ pub trait RecordStage: Send + Sync {
 /// bodies: at 256, full at 200 KB c16 peaked at 236–315 MB, at 32 at 159 MB.
 const PIPELINE_BACKLOG: usize = 32;
 
+/// Body bytes held by waiting records beyond which admission waits too: at 1 MB,
+/// 32 records hold ~64 MB (received and sent).
+const PIPELINE_BYTES: usize = 16 << 20;
+
 /// A unit of record work for the pipeline thread.
 pub type Job = Box<dyn FnOnce() + Send>;
+
+/// The records waiting for the pipeline thread, and the body bytes they hold.
+#[derive(Debug, Default)]
+struct Backlog {
+    records: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+impl Backlog {
+    fn put(&self, bytes: usize) {
+        self.records.fetch_add(1, Ordering::SeqCst);
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+    }
+
+    fn take(&self, bytes: usize) {
+        self.records.fetch_sub(1, Ordering::SeqCst);
+        self.bytes.fetch_sub(bytes, Ordering::SeqCst);
+    }
+
+    /// Past either bound; a single record larger than the byte bound still goes.
+    fn full(&self) -> bool {
+        let records = self.records.load(Ordering::SeqCst);
+        records >= PIPELINE_BACKLOG
+            || (records > 0 && self.bytes.load(Ordering::SeqCst) >= PIPELINE_BYTES)
+    }
+}
 
 /// Hands records to the stages, then the sinks, on its own thread (off the runtime,
 /// so reading bodies, analysis and capture never delay a stream), and counts
@@ -469,9 +512,9 @@ pub struct Recorder {
     idle: Notify,
     /// Set when the grace period is over; open response bodies watch it.
     abandoning: tokio::sync::watch::Sender<bool>,
-    pipeline: Mutex<Option<mpsc::Sender<Job>>>,
+    pipeline: Mutex<Option<mpsc::Sender<(Job, usize)>>>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
-    backlog: Arc<AtomicUsize>,
+    backlog: Arc<Backlog>,
     admit_wait: Duration,
 }
 
@@ -482,18 +525,18 @@ impl Recorder {
 
     /// A recorder that runs `stages` on each record, in order, before the sinks.
     pub fn with_stages(stages: Vec<Arc<dyn RecordStage>>, sinks: Vec<Arc<dyn RecordSink>>) -> Self {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let backlog = Arc::new(AtomicUsize::new(0));
+        let (tx, rx) = mpsc::channel::<(Job, usize)>();
+        let backlog = Arc::new(Backlog::default());
         let left = backlog.clone();
         let worker = std::thread::Builder::new()
             .name("promptgate-records".into())
             .spawn(move || {
-                for job in rx {
+                for (job, bytes) in rx {
                     // A job that panics loses its record, never the pipeline.
                     if std::panic::catch_unwind(std::panic::AssertUnwindSafe(job)).is_err() {
                         tracing::error!("a record job panicked; its record is lost");
                     }
-                    left.fetch_sub(1, Ordering::SeqCst);
+                    left.take(bytes);
                 }
             })
             .ok();
@@ -522,14 +565,16 @@ impl Recorder {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Runs `job` on the pipeline thread (inline once the pipeline is closed).
-    pub fn submit(&self, job: Job) {
+    /// Runs `job`, which holds `bytes` of bodies, on the pipeline thread (inline
+    /// once the pipeline is closed).
+    pub fn submit(&self, job: Job, bytes: u64) {
+        let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         let pipeline = self.pipeline.lock().unwrap_or_else(|p| p.into_inner());
         match pipeline.as_ref() {
             Some(tx) => {
-                self.backlog.fetch_add(1, Ordering::SeqCst);
-                if let Err(mpsc::SendError(job)) = tx.send(job) {
-                    self.backlog.fetch_sub(1, Ordering::SeqCst);
+                self.backlog.put(bytes);
+                if let Err(mpsc::SendError((job, _))) = tx.send((job, bytes)) {
+                    self.backlog.take(bytes);
                     drop(pipeline);
                     job();
                 }
@@ -545,9 +590,7 @@ impl Recorder {
     /// asks every sink whether the exchange may go upstream.
     pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
-        while self.backlog.load(Ordering::SeqCst) >= PIPELINE_BACKLOG
-            || self.sinks.iter().any(|s| !s.has_room())
-        {
+        while self.backlog.full() || self.sinks.iter().any(|s| !s.has_room()) {
             if tokio::time::Instant::now() >= deadline {
                 break;
             }

@@ -257,7 +257,7 @@ impl Capture {
 
 impl RecordSink for Capture {
     fn record(&self, record: &ExchangeRecord) {
-        let size = record_bytes(record);
+        let size = record.held_bytes();
         let mut state = self.shared.lock();
         if state.closed {
             self.shared.dropped.fetch_add(1, Ordering::SeqCst);
@@ -321,18 +321,6 @@ impl RecordSink for Capture {
             );
         }
     }
-}
-
-/// Body bytes a queued record holds on to (a sent body sharing the received one's
-/// memory counts once; comparing their bytes would read them all).
-fn record_bytes(r: &ExchangeRecord) -> u64 {
-    let sent = if r.sent_body.is(&r.request_body) {
-        0
-    } else {
-        r.sent_body.len()
-    };
-    let response = r.observation.as_ref().map_or(0, |o| o.body.len());
-    (r.request_body.len() + sent + response) as u64
 }
 
 /// The writer thread: takes records off the queue, redacts and stores them.
@@ -419,7 +407,11 @@ impl Writer {
                 }
                 let n = state.items.len().min(BATCH);
                 let batch: Vec<ExchangeRecord> = state.items.drain(..n).collect();
-                state.bytes -= batch.iter().map(record_bytes).sum::<u64>().min(state.bytes);
+                state.bytes -= batch
+                    .iter()
+                    .map(ExchangeRecord::held_bytes)
+                    .sum::<u64>()
+                    .min(state.bytes);
                 state.busy = !batch.is_empty();
                 batch
             };
