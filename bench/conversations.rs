@@ -16,7 +16,9 @@
 //! With `--pid`, promptgate's CPU time (all threads, user + system, from /proc) over
 //! the measured phase is divided by the requests completed in it, once its CPU use
 //! has settled (so work queued off the request path counts). With `--store DIR`,
-//! the bytes under DIR before and after that phase, over the same requests.
+//! the bytes under DIR before and after that phase, over the same requests; with
+//! `--store postgres://…`, the two tables' size as PostgreSQL reports it
+//! (`pg_total_relation_size`: rows, TOAST and indexes), and the records stored.
 //!
 //! Prints one line: `CONV_JSON {...}` with requests, errors, seconds, req/s, CPU µs
 //! per request, latency p50/p99 (µs), mean body bytes, new bytes per turn (bytes no
@@ -24,12 +26,12 @@
 //!
 //! Usage: `bench-conversations --url http://127.0.0.1:PORT/v1/messages
 //!         [--concurrency 16] [--seconds 4] [--warmup-seconds 1] [--grow-to 400000]
-//!         [--band 200000] [--stream] [--pid PID] [--store DIR]`
+//!         [--band 200000] [--stream] [--pid PID] [--store DIR|URL]`
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -71,9 +73,10 @@ struct Args {
     /// promptgate's process id, for its CPU time.
     #[arg(long)]
     pid: Option<u32>,
-    /// promptgate's capture directory, for the bytes it stores.
+    /// promptgate's capture store (a directory or a postgres:// URL), for the
+    /// bytes it stores.
     #[arg(long)]
-    store: Option<PathBuf>,
+    store: Option<String>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -308,7 +311,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         }
     }
     let cpu_before = args.pid.map(cpu_ticks).transpose()?;
-    let store_before = args.store.as_deref().map(dir_bytes).transpose()?;
+    let store_before = args.store.as_deref().map(store_size).transpose()?;
     let started = Instant::now();
     measuring.store(true, Ordering::Relaxed);
     tokio::time::sleep(Duration::from_secs_f64(args.seconds)).await;
@@ -327,9 +330,13 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         (Some(pid), Some(before)) => Some(settled_ticks(pid).await? - before),
         _ => None,
     };
-    let stored = match (args.store.as_deref(), store_before) {
-        (Some(dir), Some(before)) => Some(dir_bytes(dir)?.saturating_sub(before)),
-        _ => None,
+    let (stored, records) = match (args.store.as_deref(), store_before) {
+        (Some(store), Some(before)) => {
+            let after = store_size(store)?;
+            let records = after.records.zip(before.records).map(|(a, b)| a - b);
+            (Some(after.bytes.saturating_sub(before.bytes)), records)
+        }
+        _ => (None, None),
     };
     tally.latencies.sort_unstable();
     let n = tally.requests.max(1);
@@ -353,6 +360,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         "mean_body_bytes": tally.body_bytes / n,
         "new_bytes_per_turn": tally.new_bytes / n,
         "stored_bytes_per_turn": stored.map(|b| b / n),
+        "records_stored": records,
     });
     Ok(line.to_string())
 }
@@ -496,6 +504,39 @@ async fn settled_ticks(pid: u32) -> anyhow::Result<u64> {
         last = now;
     }
     Ok(last)
+}
+
+/// What a store holds: its bytes, and (PostgreSQL) its records.
+struct StoreSize {
+    bytes: u64,
+    records: Option<i64>,
+}
+
+fn store_size(store: &str) -> anyhow::Result<StoreSize> {
+    if !store.starts_with("postgres://") {
+        let bytes = dir_bytes(Path::new(store))?;
+        return Ok(StoreSize {
+            bytes,
+            records: None,
+        });
+    }
+    // The sync client runs its own runtime: off this one's threads.
+    let url = store.to_owned();
+    std::thread::spawn(move || -> anyhow::Result<StoreSize> {
+        let mut client = postgres::Client::connect(&url, postgres::NoTls)
+            .with_context(|| format!("connecting to {url}"))?;
+        let row = client.query_one(
+            "SELECT pg_total_relation_size('records') + pg_total_relation_size('units'), \
+             (SELECT COUNT(*) FROM records)",
+            &[],
+        )?;
+        Ok(StoreSize {
+            bytes: row.get::<_, i64>(0).max(0) as u64,
+            records: Some(row.get(1)),
+        })
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the store query panicked"))?
 }
 
 fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {

@@ -5,7 +5,7 @@
 pass_through_flags=(--no-capture --no-cache-analysis --admin off)
 
 # read_variant NAME RUN_DIR: reads bench/variants/NAME.flags (`{run}` becomes
-# RUN_DIR) into variant_flags (the serve flags), variant_requires ("path P" or
+# RUN_DIR, `{pg}` becomes $pg_url, the database bench/stages made for the run) into variant_flags (the serve flags), variant_requires ("path P" or
 # "verb V" for each `@requires-path P` / `@requires-verb V` line) and
 # variant_viewers (`@viewers N`: live-feed clients bench/stages keeps connected).
 # "pass-through" is built in. Returns 1 when the file does not exist.
@@ -21,7 +21,8 @@ read_variant() {
   [ -f "$file" ] || return 1
   while IFS= read -r line || [ -n "$line" ]; do
     line=${line%%#*}
-    read -ra words <<<"${line//\{run\}/$run}"
+    line=${line//\{run\}/$run}
+    read -ra words <<<"${line//\{pg\}/${pg_url:-}}"
     [ ${#words[@]} = 0 ] && continue
     case ${words[0]} in
       @requires-path) variant_requires+=("path ${words[1]}") ;;
@@ -47,3 +48,33 @@ wait_for_line() {
 
 # wait_for_addr FILE PID: the first 127.0.0.1:PORT the process writes (up to 30 s).
 wait_for_addr() { wait_for_line "$1" '127\.0\.0\.1:[0-9]+' "$2" 600; }
+
+# start_postgres: a throwaway PostgreSQL cluster (Debian's postgresql, its default
+# settings) in a new temporary directory, on a free loopback port; as root it runs
+# as the postgres user. Sets pg_port; stop_postgres stops it and removes it.
+start_postgres() {
+  local dir
+  pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+  [ -n "$pg_bin" ] && [ -x "$pg_bin/initdb" ] || { echo "needs Debian's postgresql (bench/setup installs it)" >&2; return 1; }
+  dir=$(mktemp -d /tmp/promptgate-bench-pg.XXXXXX)
+  pg_as=()
+  if [ "$(id -u)" = 0 ]; then chown postgres "$dir"; pg_as=(runuser -u postgres --); fi
+  pg_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  "${pg_as[@]}" "$pg_bin/initdb" -D "$dir/data" -U promptgate -A trust >"$dir/initdb.log" 2>&1 || { cat "$dir/initdb.log" >&2; return 1; }
+  "${pg_as[@]}" "$pg_bin/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w \
+    -o "-p $pg_port -k $dir -c listen_addresses=127.0.0.1" start >/dev/null || { cat "$dir/server.log" >&2; return 1; }
+  pg_dir=$dir
+}
+
+# new_postgres_db NAME: an empty database NAME; prints its URL.
+new_postgres_db() {
+  "${pg_as[@]}" "$pg_bin/createdb" -h 127.0.0.1 -p "$pg_port" -U promptgate "$1" || return 1
+  echo "postgres://promptgate@127.0.0.1:$pg_port/$1"
+}
+
+stop_postgres() {
+  [ -n "${pg_dir:-}" ] || return 0
+  "${pg_as[@]}" "$pg_bin/pg_ctl" -D "$pg_dir/data" -m fast stop >/dev/null 2>&1 || true
+  rm -rf "$pg_dir"
+  pg_dir=
+}

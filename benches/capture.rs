@@ -93,7 +93,7 @@ fn main() {
     // The store: a 100-turn conversation, each turn one record.
     let dir = std::env::temp_dir().join(format!("pg-bench-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let mut store = Store::open(&dir).expect("store opens");
+    let mut store = Store::open(&dir.clone().into()).expect("store opens");
     let keys = KeySource::default();
     let exchanges: Vec<ExchangeRecord> = (0..100)
         .map(|round| {

@@ -590,6 +590,14 @@ impl Collector for Sources {
                 "Bytes of records waiting for the capture writer",
                 as_i64(counts.queued_bytes),
             )?;
+            if capture.spool_dir().is_some() {
+                gauge(
+                    e,
+                    "promptgate_capture_spool_records",
+                    "Records waiting in the local spool for the PostgreSQL store to come back",
+                    as_i64(counts.spooled),
+                )?;
+            }
             family(
                 e,
                 "promptgate_capture_records",

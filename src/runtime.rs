@@ -51,7 +51,7 @@ pub struct Running {
     pub listen: std::net::SocketAddr,
     pub admin: Option<std::net::SocketAddr>,
     /// The capture store, when capture is on.
-    pub captures: Option<PathBuf>,
+    pub captures: Option<crate::capture::StoreLocation>,
     pub certs: PathBuf,
     pub started_ms: u64,
     /// The token `doctor` marks its probe requests with ([`PROBE_HEADER`]): only this

@@ -5,6 +5,7 @@
 //! and sinks.
 
 use std::io::Write;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -76,18 +77,21 @@ pub async fn serve(
     let live = crate::live::LiveFeed::new(redactor.clone());
     let probe_token: Arc<str> = crate::runtime::new_probe_token().into();
     let capture = if config.capture.enabled {
-        let dir = &config.capture.dir;
+        let store = &config.capture.store;
         let capture = Capture::start(
             &config.capture,
             config.conversation.clone(),
             redactor.clone(),
             Some(live.clone()),
         )
-        .with_context(|| format!("opening the capture store in {}", dir.display()))?;
-        tracing::info!(
-            "capturing to {}",
-            dir.join(crate::capture::store::DB_FILE).display()
-        );
+        .with_context(|| format!("opening the capture store {store}"))?;
+        match store.dir() {
+            Some(dir) => tracing::info!(
+                "capturing to {}",
+                dir.join(crate::capture::store::DB_FILE).display()
+            ),
+            None => tracing::info!("capturing to {store}"),
+        }
         Some(capture)
     } else {
         None
@@ -164,7 +168,7 @@ pub async fn serve(
         pid: std::process::id(),
         listen: local,
         admin: admin_addr,
-        captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+        captures: config.capture.enabled.then(|| config.capture.store.clone()),
         certs: config.certs.clone(),
         started_ms: crate::capture::timestamp::now_ms(),
         probe_token: Some(probe_token.to_string()),
@@ -176,7 +180,11 @@ pub async fn serve(
         let sources = Sources {
             recorder: recorder.clone(),
             capture: capture.clone(),
-            capture_dir: config.capture.enabled.then(|| config.capture.dir.clone()),
+            capture_dir: config
+                .capture
+                .enabled
+                .then(|| config.capture.store.dir().map(Path::to_path_buf))
+                .flatten(),
             rules: rules.clone(),
             leaves,
             connections: workers.counts(),
@@ -185,7 +193,7 @@ pub async fn serve(
         };
         let state = Arc::new(AdminState {
             guard: AdminGuard::new(&config, addr),
-            captures: config.capture.enabled.then(|| config.capture.dir.clone()),
+            captures: config.capture.enabled.then(|| config.capture.store.clone()),
             capture: capture.clone(),
             capture_required: config.capture.required,
             cache_ignore: config.cache.ignore.clone(),
@@ -228,7 +236,7 @@ fn start_line(
 ) {
     let rules = rules.state(&config.rules_dir);
     let captures = if config.capture.enabled {
-        config.capture.dir.display().to_string()
+        config.capture.store.to_string()
     } else {
         "off".to_owned()
     };
@@ -254,7 +262,7 @@ fn start_line(
                 "upstream_anthropic": config.upstream_anthropic.to_string(),
                 "upstream_openai": config.upstream_openai.to_string(),
                 "rules": rules,
-                "captures": config.capture.enabled.then(|| config.capture.dir.display().to_string()),
+                "captures": config.capture.enabled.then(|| config.capture.store.to_string()),
                 "certs": config.certs.display().to_string(),
                 "anthropic_base_url": format!("http://{local}"),
                 "openai_base_url": format!("http://{local}/openai/v1"),

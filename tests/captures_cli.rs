@@ -14,50 +14,10 @@ use support::{Action, FakeProvider, Proxy, Reply};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// Three Claude Code turns (one conversation) and one pi request, in that order.
-async fn conversation(proxy: &Proxy) {
-    let host = proxy.addr.to_string();
-    for round in 0..3 {
-        let body = shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION));
-        let h =
-            shapes::claude_code_headers(&host, body.len(), "sk-ant-api03-golden-0123456789abcdef");
-        let r = client::send(
-            proxy.addr,
-            &request_bytes("POST", "/v1/messages?beta=true", &h, &body),
-        )
-        .await;
-        assert_eq!(r.status, 200);
-    }
-    let body = shapes::to_bytes(&shapes::pi_body(1));
-    let h = shapes::pi_headers(&host, body.len(), "sk-ant-api03-golden-pi-0123456789ab");
-    let r = client::send(
-        proxy.addr,
-        &request_bytes("POST", "/v1/messages", &h, &body),
-    )
-    .await;
-    assert_eq!(r.status, 200);
-}
-
 async fn start() -> (FakeProvider, Proxy, Vec<String>) {
-    let fake = FakeProvider::start(|r| {
-        let usage = if r.body.len() > 60_000 {
-            (12, 0, 48_000, 7)
-        } else {
-            (20, 48_000, 0, 7)
-        };
-        Action::Respond(Reply::sse(
-            shapes::anthropic_events("claude-opus-5-5", &["Hel", "lo"], usage),
-            Duration::ZERO,
-        ))
-    })
-    .await;
+    let fake = captures::golden_provider().await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
-    conversation(&proxy).await;
-    let records = captures::wait_records(&proxy.captures, 4, WAIT).await;
-    let ids = records
-        .iter()
-        .map(|r| r["id"].as_str().unwrap().to_owned())
-        .collect();
+    let ids = captures::golden_conversation(&proxy, &proxy.captures).await;
     (fake, proxy, ids)
 }
 

@@ -2,15 +2,13 @@
 //! cache report, and the views the viewer reads (a record's prompt, its HAR, a
 //! `curl` that resends it, the live rule set).
 
-use std::path::Path;
-
 use bytes::Bytes;
 use http::StatusCode;
 use serde_json::{Value, json};
 
 use super::{AdminResponse, AdminState, reply_bytes, typed};
 use crate::capture::store::Filter;
-use crate::capture::{CaptureRecord, Store, StoreError, export, timestamp, units};
+use crate::capture::{CaptureRecord, Store, StoreError, StoreLocation, export, timestamp, units};
 use crate::prompt::{Prompt, PromptView};
 
 /// What a route answers: JSON, or bytes of another type (a HAR, a body).
@@ -39,7 +37,7 @@ fn json_bytes(value: &impl serde::Serialize) -> Routed {
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
-pub(super) fn route(dir: &Path, path: &str, query: &str, state: &AdminState) -> Routed {
+pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminState) -> Routed {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let store = Store::open_read_only(dir).map_err(store_error)?;
     match segments.as_slice() {

@@ -7,7 +7,6 @@
 //! viewer falls behind the feed. `started` and `progress` are of the moment and
 //! are not replayed.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,8 +15,8 @@ use http::{HeaderMap, Response, StatusCode, header};
 use tokio::sync::{broadcast, mpsc};
 
 use super::{AdminBody, AdminResponse, AdminState, reply};
-use crate::capture::Store;
 use crate::capture::store::Filter;
+use crate::capture::{Store, StoreLocation};
 use crate::live::sse_frame as frame;
 
 /// A comment this often keeps proxies and the browser from closing a quiet stream.
@@ -34,7 +33,7 @@ const RETRY: &[u8] = b"retry: 1000\n\n";
 
 pub(super) fn stream(
     state: &Arc<AdminState>,
-    dir: PathBuf,
+    dir: StoreLocation,
     headers: &HeaderMap,
     query: &str,
 ) -> AdminResponse {
@@ -74,7 +73,7 @@ pub(super) fn stream(
 }
 
 async fn follow(
-    dir: PathBuf,
+    dir: StoreLocation,
     after: Option<i64>,
     mut events: broadcast::Receiver<crate::live::LiveEvent>,
     tx: mpsc::Sender<Bytes>,
@@ -159,8 +158,8 @@ async fn follow(
 
 /// Sends every row stored after `after`, oldest first; the last seq sent (`after`
 /// when none was), or `None` once the viewer has gone.
-async fn fill(dir: &std::path::Path, after: i64, tx: &mpsc::Sender<Bytes>) -> Option<i64> {
-    let dir = dir.to_owned();
+async fn fill(dir: &StoreLocation, after: i64, tx: &mpsc::Sender<Bytes>) -> Option<i64> {
+    let dir = dir.clone();
     let read = tokio::task::spawn_blocking(move || {
         let store = Store::open_read_only(&dir)?;
         let filter = Filter {
@@ -210,8 +209,8 @@ async fn fill(dir: &std::path::Path, after: i64, tx: &mpsc::Sender<Bytes>) -> Op
     Some(last)
 }
 
-async fn last_seq(dir: &std::path::Path) -> Result<i64, Vec<u8>> {
-    let dir = dir.to_owned();
+async fn last_seq(dir: &StoreLocation) -> Result<i64, Vec<u8>> {
+    let dir = dir.clone();
     let read =
         tokio::task::spawn_blocking(move || Store::open_read_only(&dir).and_then(|s| s.last_seq()))
             .await;

@@ -38,8 +38,8 @@ pub use guard::{AdminGuard, Refusal};
 pub struct AdminState {
     /// Who may read it.
     pub guard: AdminGuard,
-    /// The captures directory; `None` when capture is off.
-    pub captures: Option<PathBuf>,
+    /// The capture store; `None` when capture is off.
+    pub captures: Option<crate::capture::StoreLocation>,
     /// The live capture pipeline, for its counters.
     pub capture: Option<Arc<Capture>>,
     /// Units cache analysis leaves out of the prefix hash (`[cache] ignore`), so the
@@ -207,6 +207,9 @@ fn health(state: &AdminState) -> Value {
     let capture = state.capture.as_ref().map(|c| {
         let mut v = serde_json::to_value(c.counters()).unwrap_or_default();
         v["last_error"] = json!(c.last_error());
+        if let Some(dir) = c.spool_dir() {
+            v["spool_dir"] = json!(dir.display().to_string());
+        }
         v
     });
     let rules = json!({

@@ -10,6 +10,7 @@ pub mod layout;
 pub mod record;
 pub mod redact;
 pub mod settings;
+mod spool;
 pub mod store;
 pub mod timestamp;
 pub mod units;
@@ -27,7 +28,7 @@ use crate::record::{ExchangeRecord, RecordSink};
 pub use record::CaptureRecord;
 pub use redact::Redactor;
 pub use settings::{CaptureLayer, CaptureSettings};
-pub use store::{Store, StoreError};
+pub use store::{Store, StoreError, StoreLocation};
 
 /// Records written per transaction at most.
 const BATCH: usize = 64;
@@ -35,6 +36,10 @@ const BATCH: usize = 64;
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
 /// How long the writer, woken from an empty queue, waits for more records.
 const LINGER: Duration = Duration::from_millis(2);
+/// How long the writer keeps draining the spool before it looks at new records.
+const DRAIN_BUDGET: Duration = Duration::from_millis(500);
+/// How long after a failed drain the store is tried again.
+const DRAIN_RETRY: Duration = Duration::from_secs(1);
 /// How long a shutdown waits for the queue to be written.
 const FLUSH_LIMIT: Duration = Duration::from_secs(120);
 
@@ -52,6 +57,8 @@ pub struct Counters {
     pub dropped: u64,
     /// Records the store failed to write.
     pub failed: u64,
+    /// Records waiting in the spool for a PostgreSQL store to come back.
+    pub spooled: u64,
 }
 
 struct QueueState {
@@ -74,6 +81,7 @@ struct Shared {
     written: AtomicU64,
     dropped: AtomicU64,
     failed: AtomicU64,
+    spooled: AtomicU64,
     /// The last write succeeded (what `capture.required` admits on).
     healthy: AtomicBool,
     /// Why the last failed write failed.
@@ -132,14 +140,14 @@ pub struct Capture {
 impl std::fmt::Debug for Capture {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Capture")
-            .field("dir", &self.settings.dir)
+            .field("store", &self.settings.store)
             .field("counters", &self.counters())
             .finish()
     }
 }
 
 impl Capture {
-    /// Opens the store in `settings.dir` and starts the writer.
+    /// Opens the store at `settings.store` and starts the writer.
     /// `redactor` is the process's one redactor (the logs use it too).
     pub fn start(
         settings: &CaptureSettings,
@@ -147,7 +155,7 @@ impl Capture {
         redactor: Arc<Redactor>,
         live: Option<Arc<crate::live::LiveFeed>>,
     ) -> Result<Arc<Capture>, StoreError> {
-        let mut store = Store::open(&settings.dir)?;
+        let mut store = Store::open(&settings.store)?;
         let now = timestamp::now_ms();
         match store.prune(&settings.retention, now) {
             Ok(p) if p.records > 0 => {
@@ -156,6 +164,13 @@ impl Capture {
             Ok(_) => {}
             Err(e) => tracing::warn!("capture retention failed: {e}"),
         }
+        let spool = match &settings.store {
+            StoreLocation::Postgres(_) => Some(spool::Spool::open(
+                &settings.spool_dir,
+                settings.spool_max_size,
+            )?),
+            StoreLocation::Dir(_) => None,
+        };
         let shared = Arc::new(Shared {
             state: Mutex::new(QueueState {
                 items: VecDeque::new(),
@@ -170,6 +185,7 @@ impl Capture {
             written: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             failed: AtomicU64::new(0),
+            spooled: AtomicU64::new(spool.as_ref().map_or(0, spool::Spool::held)),
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(None),
         });
@@ -182,6 +198,7 @@ impl Capture {
             retention: settings.retention,
             repeats: BlockedRepeats::default(),
             live,
+            spool,
         };
         let handle = std::thread::Builder::new()
             .name("capture-writer".into())
@@ -210,7 +227,14 @@ impl Capture {
             written: self.shared.written.load(Ordering::SeqCst),
             dropped: self.shared.dropped.load(Ordering::SeqCst),
             failed: self.shared.failed.load(Ordering::SeqCst),
+            spooled: self.shared.spooled.load(Ordering::SeqCst),
         }
+    }
+
+    /// Where records wait while a PostgreSQL store is away (none for SQLite).
+    pub fn spool_dir(&self) -> Option<&std::path::Path> {
+        matches!(self.settings.store, StoreLocation::Postgres(_))
+            .then_some(self.settings.spool_dir.as_path())
     }
 
     /// Why the store last failed to write, if it ever did.
@@ -334,6 +358,8 @@ struct Writer {
     repeats: BlockedRepeats,
     /// Where stored rows are announced, for the live viewer.
     live: Option<Arc<crate::live::LiveFeed>>,
+    /// With a PostgreSQL store: where records wait while it is away.
+    spool: Option<spool::Spool>,
 }
 
 /// How long after a blocked request the same one counts as a client's retry of it.
@@ -382,11 +408,18 @@ impl Writer {
                 let mut state = self.shared.lock();
                 let mut waited = false;
                 while state.items.is_empty() && !state.closed {
+                    if self.spool.as_ref().is_some_and(spool::Spool::due) {
+                        break;
+                    }
+                    let wait = match &self.spool {
+                        Some(s) if s.held() > 0 => DRAIN_RETRY,
+                        _ => PRUNE_EVERY,
+                    };
                     state.writer_waiting = true;
                     state = self
                         .shared
                         .not_empty
-                        .wait_timeout(state, PRUNE_EVERY)
+                        .wait_timeout(state, wait)
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                     state.writer_waiting = false;
@@ -415,6 +448,7 @@ impl Writer {
                 state.busy = !batch.is_empty();
                 batch
             };
+            self.drain_spool();
             if !batch.is_empty() {
                 self.write(&batch);
             }
@@ -429,6 +463,14 @@ impl Writer {
             if state.items.is_empty() {
                 self.shared.idle.notify_all();
             }
+        }
+        self.drain_spool();
+        if let Some(spool) = self.spool.as_ref().filter(|s| s.held() > 0) {
+            tracing::warn!(
+                "{} record(s) wait in the capture spool at {}; the next start moves them to the store",
+                spool.held(),
+                spool.dir().display()
+            );
         }
         if let Err(e) = self.store.checkpoint() {
             tracing::warn!("capture checkpoint failed: {e}");
@@ -462,49 +504,114 @@ impl Writer {
                 }
             }
         }
-        // Only while somebody watches: the rows stored by this batch are read back.
-        let watched = self.live.as_ref().filter(|l| l.watched());
-        let before = watched.and_then(|_| self.store.last_seq().ok());
-        match self.store.insert(&records) {
-            Ok(()) => {
-                self.shared
-                    .written
-                    .fetch_add(records.len() as u64, Ordering::SeqCst);
-                self.shared.healthy.store(true, Ordering::SeqCst);
-                if let (Some(live), Some(before)) = (watched, before) {
-                    let after = store::Filter {
-                        after_seq: Some(before),
-                        ..store::Filter::default()
-                    };
-                    match self.store.list(&after) {
-                        Ok(mut rows) => {
-                            rows.sort_by_key(|r| r.seq);
-                            live.stored(&rows);
-                        }
-                        Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
-                    }
-                }
-            }
-            Err(e) => {
-                let failed = self
-                    .shared
-                    .failed
-                    .fetch_add(records.len() as u64, Ordering::SeqCst)
-                    + records.len() as u64;
-                self.shared.healthy.store(false, Ordering::SeqCst);
-                *self
-                    .shared
-                    .last_error
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-                tracing::error!(
-                    failed_total = failed,
-                    "capture store failed to write {} record(s): {e}",
-                    records.len()
+        if self.spool.as_ref().is_some_and(|s| s.held() > 0) {
+            // Behind what already waits, so the store gets records in order.
+            self.spool_records(&records);
+            return;
+        }
+        match insert_announced(&mut self.store, self.live.as_deref(), &records) {
+            Ok(()) => self.stored(records.len() as u64),
+            Err(StoreError::Unreachable(why)) if self.spool.is_some() => {
+                let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());
+                tracing::warn!(
+                    "capture store unreachable ({why}); records wait in the spool at {} until it is back",
+                    dir.unwrap_or_default()
                 );
+                self.spool_records(&records);
             }
+            Err(e) => self.failed(records.len() as u64, e),
         }
     }
+
+    fn stored(&self, n: u64) {
+        self.shared.written.fetch_add(n, Ordering::SeqCst);
+        self.shared.healthy.store(true, Ordering::SeqCst);
+    }
+
+    fn failed(&self, n: u64, e: StoreError) {
+        let failed = self.shared.failed.fetch_add(n, Ordering::SeqCst) + n;
+        self.shared.healthy.store(false, Ordering::SeqCst);
+        *self
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        tracing::error!(
+            failed_total = failed,
+            "capture store failed to write {n} record(s): {e}"
+        );
+    }
+
+    /// Into the spool: a record there counts as kept, so `capture.required` admits
+    /// until the spool is full as well.
+    fn spool_records(&mut self, records: &[CaptureRecord]) {
+        let Some(spool) = self.spool.as_mut() else {
+            return;
+        };
+        let kept = spool.keep(records);
+        self.shared.spooled.store(spool.held(), Ordering::SeqCst);
+        match kept {
+            Ok(()) => self.shared.healthy.store(true, Ordering::SeqCst),
+            Err(e) => self.failed(records.len() as u64, e),
+        }
+    }
+
+    /// Moves what waits in the spool to the store, if it is time to try.
+    fn drain_spool(&mut self) {
+        let Writer {
+            spool: Some(spool),
+            store,
+            live,
+            shared,
+            ..
+        } = self
+        else {
+            return;
+        };
+        if !spool.due() {
+            return;
+        }
+        let moved = spool.drain(DRAIN_BUDGET, DRAIN_RETRY, &mut |records| {
+            insert_announced(store, live.as_deref(), records)
+        });
+        shared.spooled.store(spool.held(), Ordering::SeqCst);
+        match moved {
+            Ok(n) => {
+                shared.written.fetch_add(n, Ordering::SeqCst);
+                if spool.held() == 0 {
+                    tracing::info!("capture store is back: the spool is drained");
+                }
+            }
+            Err(StoreError::Unreachable(_)) => {}
+            Err(e) => tracing::warn!("capture spool could not drain: {e}"),
+        }
+    }
+}
+
+/// Inserts `records`; while somebody watches the live feed, the rows they became
+/// are read back and announced.
+fn insert_announced(
+    store: &mut Store,
+    live: Option<&crate::live::LiveFeed>,
+    records: &[CaptureRecord],
+) -> Result<(), StoreError> {
+    let watched = live.filter(|l| l.watched());
+    let before = watched.and_then(|_| store.last_seq().ok());
+    store.insert(records)?;
+    if let (Some(live), Some(before)) = (watched, before) {
+        let after = store::Filter {
+            after_seq: Some(before),
+            ..store::Filter::default()
+        };
+        match store.list(&after) {
+            Ok(mut rows) => {
+                rows.sort_by_key(|r| r.seq);
+                live.stored(&rows);
+            }
+            Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -516,7 +623,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pg-capture-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let settings = CaptureSettings {
-            dir: dir.clone(),
+            store: dir.clone().into(),
             ..CaptureSettings::default()
         };
         let redactor = Arc::new(settings.redactor().unwrap());
@@ -537,7 +644,7 @@ mod tests {
         capture.record(&record("/v1/late"));
         let c = capture.counters();
         assert_eq!((c.written, c.dropped, c.queued), (5, 1, 0));
-        let store = Store::open_read_only(&dir).unwrap();
+        let store = Store::open_read_only(&dir.clone().into()).unwrap();
         assert_eq!(store.list(&store::Filter::default()).unwrap().len(), 5);
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -547,7 +654,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("pg-capture-behind-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let settings = CaptureSettings {
-            dir: dir.clone(),
+            store: dir.clone().into(),
             queue_bytes: 16 << 10,
             ..CaptureSettings::default()
         };
@@ -582,7 +689,7 @@ mod tests {
             (20, 0, 0),
             "{c:?}"
         );
-        let store = Store::open_read_only(&dir).unwrap();
+        let store = Store::open_read_only(&dir.clone().into()).unwrap();
         assert_eq!(
             store.list(&store::Filter::default()).unwrap().len() as u64,
             c.written

@@ -7,7 +7,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::redact::Redactor;
-use super::store::Retention;
+use super::store::{Retention, StoreLocation};
 use crate::setting::{ConfigError, Scalar, parse_duration, parse_size};
 
 /// Raw `[capture]` settings, from the config file or flags.
@@ -16,6 +16,11 @@ use crate::setting::{ConfigError, Scalar, parse_duration, parse_size};
 pub struct CaptureLayer {
     pub enabled: Option<bool>,
     pub dir: Option<PathBuf>,
+    /// A PostgreSQL store instead of a directory (`postgres://user@host/db`).
+    pub url: Option<String>,
+    /// Where records wait while a PostgreSQL store is away (a SQLite store).
+    pub spool_dir: Option<PathBuf>,
+    pub spool_max_size: Option<Scalar>,
     pub required: Option<bool>,
     pub max_age: Option<Scalar>,
     pub max_size: Option<Scalar>,
@@ -40,8 +45,13 @@ pub enum RedactPattern {
 pub struct CaptureSettings {
     /// Off with `--no-capture` or `enabled = false`.
     pub enabled: bool,
-    /// The captures directory; the store is `promptgate.db` in it.
-    pub dir: PathBuf,
+    /// Where the store is: a directory (SQLite's `promptgate.db` in it) or a
+    /// PostgreSQL URL.
+    pub store: StoreLocation,
+    /// With a PostgreSQL store: the local SQLite store records wait in while it is
+    /// unreachable, and the most it may hold.
+    pub spool_dir: PathBuf,
+    pub spool_max_size: u64,
     /// Refuse requests (503) rather than let one go unrecorded.
     pub required: bool,
     pub retention: Retention,
@@ -63,7 +73,9 @@ impl Default for CaptureSettings {
     fn default() -> Self {
         CaptureSettings {
             enabled: true,
-            dir: crate::runtime::data_dir().join("captures"),
+            store: StoreLocation::Dir(crate::runtime::data_dir().join("captures")),
+            spool_dir: crate::runtime::data_dir().join("spool"),
+            spool_max_size: 1 << 30,
             required: false,
             retention: Retention {
                 max_age: Some(Duration::from_secs(30 * 86_400)),
@@ -95,11 +107,34 @@ impl CaptureSettings {
         if let Some(v) = layer.enabled {
             self.enabled = v;
         }
-        if let Some(v) = layer.dir {
-            self.dir = match base {
-                Some(b) if v.is_relative() => b.join(v),
-                _ => v,
+        match (layer.dir, layer.url) {
+            (Some(_), Some(_)) => {
+                return Err(invalid("capture.url")(
+                    "capture.dir is given too; give one of them: a directory for SQLite, or a postgres:// URL".into(),
+                ));
+            }
+            (Some(dir), None) => self.store = StoreLocation::Dir(dir).relative_to(base),
+            (None, Some(url)) => {
+                self.store = match url.parse() {
+                    Ok(StoreLocation::Postgres(url)) => StoreLocation::Postgres(url),
+                    Ok(StoreLocation::Dir(_)) => {
+                        return Err(invalid("capture.url")(format!(
+                            "{url:?} is not a PostgreSQL URL (expected e.g. \"postgres://promptgate@db.internal/captures\"; a directory goes in capture.dir)"
+                        )));
+                    }
+                    Err(e) => return Err(invalid("capture.url")(e.to_string())),
+                };
+            }
+            (None, None) => {}
+        }
+        if let Some(dir) = layer.spool_dir {
+            self.spool_dir = match base {
+                Some(base) if dir.is_relative() => base.join(dir),
+                _ => dir,
             };
+        }
+        if let Some(v) = layer.spool_max_size {
+            self.spool_max_size = parse_size(&v).map_err(invalid("capture.spool_max_size"))?;
         }
         if let Some(v) = layer.required {
             self.required = v;
@@ -196,13 +231,31 @@ mod tests {
         )
         .unwrap();
         s.apply(layer, Some(Path::new("/etc/pg"))).unwrap();
-        assert_eq!(s.dir, PathBuf::from("/etc/pg/caps"));
+        assert_eq!(s.store, StoreLocation::Dir("/etc/pg/caps".into()));
         assert!(s.required);
         assert_eq!(s.retention.max_age, Some(Duration::from_secs(7 * 86_400)));
         assert_eq!(s.retention.max_size, None);
         assert_eq!(s.max_response, 1 << 20);
         assert_eq!(s.secret_headers, ["x-gateway-token"]);
         assert_eq!(s.redact[1], ("ticket".into(), "T-[0-9]+".into()));
+
+        let both: CaptureLayer =
+            toml::from_str("dir = \"caps\"\nurl = \"postgres://pg@db/caps\"").unwrap();
+        let err = s.clone().apply(both, None).unwrap_err().to_string();
+        assert!(err.contains("capture.dir is given too"), "{err}");
+        let url: CaptureLayer = toml::from_str("url = \"postgres://pg@db/caps\"").unwrap();
+        s.apply(url, None).unwrap();
+        assert_eq!(
+            s.store,
+            StoreLocation::Postgres("postgres://pg@db/caps".into())
+        );
+        let secret: CaptureLayer =
+            toml::from_str("url = \"postgres://pg:hunter2@db/caps\"").unwrap();
+        let err = s.clone().apply(secret, None).unwrap_err().to_string();
+        assert!(
+            err.contains("PGPASSWORD") && !err.contains("hunter2"),
+            "{err}"
+        );
 
         let bad: CaptureLayer = toml::from_str(r#"redact = ["(unclosed"]"#).unwrap();
         let err = CaptureSettings::default()

@@ -9,6 +9,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use super::output::{print, render_table, store_config};
 use crate::cache::explain::{Reason, Verdict, kilo};
 use crate::cache::report::{self, ConversationReport, Entry, Report};
+use crate::capture::StoreLocation;
 use crate::capture::store::Filter;
 use crate::capture::{Store, timestamp};
 
@@ -28,11 +29,12 @@ enum Verb {
 
 #[derive(Debug, Args)]
 struct ReportArgs {
-    /// Directory of the capture store [default: capture.dir of --config, else the
-    /// running serve's, else `captures` in the data directory].
-    #[arg(long, value_name = "DIR")]
-    captures: Option<PathBuf>,
-    /// Config file whose capture.dir and [cache] ignore list to use.
+    /// The capture store: a directory or a postgres:// URL [default: capture.dir or
+    /// capture.url of --config, else the running serve's, else `captures` in the
+    /// data directory].
+    #[arg(long, value_name = "DIR|URL", value_parser = super::output::StoreLocationParser)]
+    captures: Option<StoreLocation>,
+    /// Config file whose capture.dir or capture.url and [cache] ignore list to use.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Only this conversation (a key or its start).

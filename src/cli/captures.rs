@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use serde_json::Value;
 
+use crate::capture::StoreLocation;
 use crate::capture::record::{BodyInfo, CaptureRecord};
 use crate::capture::store::{Filter, Row};
 use crate::capture::units::{self, Change, DiffEntry};
@@ -21,11 +22,12 @@ use super::output::{page, print, render_table, store_config};
 pub struct CapturesArgs {
     #[command(subcommand)]
     verb: Verb,
-    /// Directory of the capture store [default: capture.dir of --config, else the
-    /// running serve's, else `captures` in the data directory].
-    #[arg(long, value_name = "DIR", global = true)]
-    captures: Option<PathBuf>,
-    /// Config file whose capture.dir to read.
+    /// The capture store: a directory or a postgres:// URL [default: capture.dir or
+    /// capture.url of --config, else the running serve's, else `captures` in the
+    /// data directory].
+    #[arg(long, value_name = "DIR|URL", value_parser = super::output::StoreLocationParser, global = true)]
+    captures: Option<StoreLocation>,
+    /// Config file whose capture.dir or capture.url to read.
     #[arg(long, value_name = "FILE", global = true)]
     config: Option<PathBuf>,
 }

@@ -4,14 +4,41 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
+use crate::capture::StoreLocation;
 use crate::config::{Config, ConfigLayer};
 
-/// The settings of `--config FILE` (the defaults without one) and the captures
-/// directory: `--captures DIR`, else the config's `capture.dir`.
+/// Parses `--captures DIR|URL` without echoing the value in its error, as
+/// clap's own message would: a refused URL may hold a password.
+#[derive(Clone)]
+pub(super) struct StoreLocationParser;
+
+impl clap::builder::TypedValueParser for StoreLocationParser {
+    type Value = StoreLocation;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        _arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<StoreLocation, clap::Error> {
+        let refuse = |why: String| {
+            let message = format!("invalid value for '--captures <DIR|URL>': {why}\n");
+            clap::Error::raw(clap::error::ErrorKind::ValueValidation, message).with_cmd(cmd)
+        };
+        let text = value
+            .to_str()
+            .ok_or_else(|| refuse("not valid UTF-8".into()))?;
+        text.parse()
+            .map_err(|e: crate::capture::StoreError| refuse(e.to_string()))
+    }
+}
+
+/// The settings of `--config FILE` (the defaults without one) and the capture
+/// store: `--captures DIR|URL`, else the config's `capture.dir` or `capture.url`.
 pub(super) fn store_config(
-    captures: Option<PathBuf>,
+    captures: Option<StoreLocation>,
     config: Option<PathBuf>,
-) -> anyhow::Result<(PathBuf, Config)> {
+) -> anyhow::Result<(StoreLocation, Config)> {
     let config_given = config.is_some();
     let config = match config {
         Some(file) => Config::load(Some(&file), ConfigLayer::default())?,
@@ -19,12 +46,12 @@ pub(super) fn store_config(
     };
     // No flag, no file: the running serve's store, else the default.
     let running = || crate::runtime::Running::find().and_then(|r| r.captures);
-    let dir = match (captures, config_given) {
-        (Some(dir), _) => dir,
-        (None, true) => config.capture.dir.clone(),
-        (None, false) => running().unwrap_or_else(|| config.capture.dir.clone()),
+    let store = match (captures, config_given) {
+        (Some(store), _) => store,
+        (None, true) => config.capture.store.clone(),
+        (None, false) => running().unwrap_or_else(|| config.capture.store.clone()),
     };
-    Ok((dir, config))
+    Ok((store, config))
 }
 
 pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {

@@ -11,6 +11,7 @@ use clap::Args;
 use super::captures::{FilterArgs, diff_lines};
 use super::output::{print, render_table, store_config};
 use crate::capture::Store;
+use crate::capture::StoreLocation;
 use crate::replay::{self, Condition, ReplaySettings, Report};
 use crate::rules::RuleSet;
 
@@ -22,11 +23,12 @@ pub struct ReplayArgs {
     rules: PathBuf,
     #[command(flatten)]
     filter: FilterArgs,
-    /// Directory of the capture store [default: capture.dir of --config, else the
-    /// running serve's, else `captures` in the data directory].
-    #[arg(long, value_name = "DIR")]
-    captures: Option<PathBuf>,
-    /// Config file whose capture.dir, [cache] prices and conversation settings to use.
+    /// The capture store: a directory or a postgres:// URL [default: capture.dir or
+    /// capture.url of --config, else the running serve's, else `captures` in the
+    /// data directory].
+    #[arg(long, value_name = "DIR|URL", value_parser = super::output::StoreLocationParser)]
+    captures: Option<StoreLocation>,
+    /// Config file whose capture.dir or capture.url, [cache] prices and conversation settings to use.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Also print each request's received → replayed diff.
@@ -62,8 +64,8 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         )
     })?;
     let (dir, config) = store_config(args.captures, args.config)?;
-    let store = Store::open_read_only(&dir)
-        .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+    let store =
+        Store::open_read_only(&dir).with_context(|| format!("opening the capture store {dir}"))?;
     let settings = ReplaySettings {
         cache: config.cache.clone(),
         conversation: config.conversation.clone(),

@@ -10,6 +10,7 @@ use clap::{Args, Subcommand};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{Colour, paint};
+use crate::capture::StoreLocation;
 use crate::config::Config;
 use crate::observer::EventSplitter;
 use crate::rules::reload::{self, LiveRules};
@@ -23,6 +24,8 @@ pub struct RulesArgs {
     command: RulesCommand,
 }
 
+// Built once from argv: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 enum RulesCommand {
     /// Validate a rules directory and print a summary per file and rule; exit 1 on errors.
@@ -42,10 +45,10 @@ enum RulesCommand {
         /// instead: an id (or its start), `last`, or `@-1`, `@-2`…
         #[arg(long, value_name = "ID", conflicts_with_all = ["headers", "path"])]
         capture: Option<String>,
-        /// Directory of the capture store for --capture [default: the running
-        /// serve's, else `captures` in the data directory].
-        #[arg(long, value_name = "DIR", requires = "capture")]
-        captures: Option<PathBuf>,
+        /// The capture store for --capture, a directory or a postgres:// URL
+        /// [default: the running serve's, else `captures` in the data directory].
+        #[arg(long, value_name = "DIR|URL", value_parser = super::output::StoreLocationParser, requires = "capture")]
+        captures: Option<StoreLocation>,
         /// Request headers: a JSON object of name → value.
         #[arg(long, value_name = "HEADERS.json")]
         headers: Option<PathBuf>,
@@ -224,7 +227,7 @@ enum Input {
     /// A captured request, as received (redacted).
     Capture {
         id: String,
-        dir: PathBuf,
+        dir: StoreLocation,
     },
 }
 
@@ -324,7 +327,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         }
         Input::Capture { id, dir } => {
             let store = crate::capture::Store::open_read_only(dir)
-                .with_context(|| format!("opening the capture store in {}", dir.display()))?;
+                .with_context(|| format!("opening the capture store {dir}"))?;
             let record = store.load(id)?;
             let headers = record.received_headers();
             println!(

@@ -1,15 +1,15 @@
 //! `promptgate serve`: load the configuration, bind, print the start line, serve
 //! until SIGINT/SIGTERM.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Args;
 
 use crate::cache::Clock;
-use crate::capture::CaptureLayer;
 use crate::capture::settings::RedactPattern;
+use crate::capture::{CaptureLayer, StoreLocation};
 use crate::config::{Config, ConfigLayer};
 use crate::logging;
 use crate::server::ServeOptions;
@@ -65,10 +65,12 @@ pub struct ServeArgs {
     /// Serving threads, each a single-threaded runtime [default: one per core].
     #[arg(long, value_name = "N")]
     workers: Option<usize>,
-    /// Directory of the capture store [default: `captures` in the data directory:
-    /// $PROMPTGATE_HOME, $XDG_DATA_HOME/promptgate or ~/.local/share/promptgate].
-    #[arg(long, value_name = "DIR")]
-    captures: Option<PathBuf>,
+    /// The capture store: a directory (SQLite), or postgres://user@host/db shared by
+    /// a fleet, its password from PGPASSWORD or a passfile [default: `captures` in
+    /// the data directory: $PROMPTGATE_HOME, $XDG_DATA_HOME/promptgate or
+    /// ~/.local/share/promptgate].
+    #[arg(long, value_name = "DIR|URL", value_parser = super::output::StoreLocationParser)]
+    captures: Option<StoreLocation>,
     /// Record nothing (capture.enabled = false).
     #[arg(long)]
     no_capture: bool,
@@ -200,7 +202,14 @@ impl ServeArgs {
             conversation_pointer: self.conversation_pointer,
             capture: Some(CaptureLayer {
                 enabled: self.no_capture.then_some(false),
-                dir: self.captures,
+                dir: self
+                    .captures
+                    .clone()
+                    .and_then(|l| l.dir().map(Path::to_path_buf)),
+                url: match self.captures {
+                    Some(StoreLocation::Postgres(url)) => Some(url),
+                    _ => None,
+                },
                 required: self.capture_required.then_some(true),
                 max_age: self.capture_max_age.map(Into::into),
                 max_size: self.capture_max_size.map(Into::into),

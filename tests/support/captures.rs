@@ -1,5 +1,6 @@
 //! Reading a capture store the way a user does: through `promptgate captures …`.
 
+use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -14,17 +15,18 @@ pub struct CliOutput {
     pub code: i32,
 }
 
-/// Runs `promptgate captures <args> --captures <dir>`.
-pub fn cli(dir: &Path, args: &[&str]) -> CliOutput {
+/// Runs `promptgate captures <args> --captures <dir>` (a directory, or a
+/// postgres:// URL, as every function here takes).
+pub fn cli(dir: &(impl AsRef<OsStr> + ?Sized), args: &[&str]) -> CliOutput {
     run(&["captures"], dir, args)
 }
 
 /// Runs `promptgate cache report <args> --captures <dir>`.
-pub fn cache_report(dir: &Path, args: &[&str]) -> CliOutput {
+pub fn cache_report(dir: &(impl AsRef<OsStr> + ?Sized), args: &[&str]) -> CliOutput {
     run(&["cache", "report"], dir, args)
 }
 
-fn run(verb: &[&str], dir: &Path, args: &[&str]) -> CliOutput {
+fn run(verb: &[&str], dir: &(impl AsRef<OsStr> + ?Sized), args: &[&str]) -> CliOutput {
     let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
         .args(verb)
         .args(args)
@@ -40,14 +42,14 @@ fn run(verb: &[&str], dir: &Path, args: &[&str]) -> CliOutput {
 }
 
 /// Runs a `captures` verb that must succeed; returns its standard output.
-pub fn ok(dir: &Path, args: &[&str]) -> String {
+pub fn ok(dir: &(impl AsRef<OsStr> + ?Sized), args: &[&str]) -> String {
     let out = cli(dir, args);
     assert_eq!(out.code, 0, "captures {args:?} failed: {}", out.stderr);
     out.stdout
 }
 
 /// Every record in the store, as exported JSONL lines.
-pub fn export(dir: &Path) -> Vec<Value> {
+pub fn export(dir: &(impl AsRef<OsStr> + ?Sized)) -> Vec<Value> {
     let out = cli(dir, &["export", "--format", "jsonl"]);
     if out.code != 0 {
         return Vec::new(); // not created yet
@@ -59,7 +61,11 @@ pub fn export(dir: &Path) -> Vec<Value> {
 }
 
 /// Waits until the store holds at least `n` records; returns them.
-pub async fn wait_records(dir: &Path, n: usize, limit: Duration) -> Vec<Value> {
+pub async fn wait_records(
+    dir: &(impl AsRef<OsStr> + ?Sized),
+    n: usize,
+    limit: Duration,
+) -> Vec<Value> {
     let deadline = Instant::now() + limit;
     loop {
         let records = export(dir);
@@ -69,7 +75,7 @@ pub async fn wait_records(dir: &Path, n: usize, limit: Duration) -> Vec<Value> {
         if Instant::now() > deadline {
             panic!(
                 "expected {n} record(s) in {}, got {}",
-                dir.display(),
+                Path::new(dir).display(),
                 records.len()
             );
         }
@@ -78,7 +84,7 @@ pub async fn wait_records(dir: &Path, n: usize, limit: Duration) -> Vec<Value> {
 }
 
 /// Waits for the one record an exchange ends as, and checks that no second one follows.
-pub async fn only_record(dir: &Path, limit: Duration) -> Value {
+pub async fn only_record(dir: &(impl AsRef<OsStr> + ?Sized), limit: Duration) -> Value {
     wait_records(dir, 1, limit).await;
     // The recorder writes in batches: give a stray second record time to land.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -140,6 +146,53 @@ pub fn stored_haystacks(dir: &Path) -> Vec<(String, Vec<u8>)> {
 }
 
 /// Runs `promptgate replay <args> --captures <dir>`.
-pub fn replay(dir: &Path, args: &[&str]) -> CliOutput {
+pub fn replay(dir: &(impl AsRef<OsStr> + ?Sized), args: &[&str]) -> CliOutput {
     run(&["replay"], dir, args)
+}
+
+/// The provider the golden capture tests talk to: SSE answers whose usage reads the
+/// cache once the conversation has grown past the first turn.
+pub async fn golden_provider() -> super::FakeProvider {
+    use super::{Action, FakeProvider, Reply, shapes};
+    FakeProvider::start(|r| {
+        let usage = if r.body.len() > 60_000 {
+            (12, 0, 48_000, 7)
+        } else {
+            (20, 48_000, 0, 7)
+        };
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events("claude-opus-5-5", &["Hel", "lo"], usage),
+            Duration::ZERO,
+        ))
+    })
+    .await
+}
+
+/// Three Claude Code turns (one conversation) and one pi request, in that order,
+/// through `proxy`; the ids of their records once `store` holds all four.
+pub async fn golden_conversation(
+    proxy: &super::Proxy,
+    store: &(impl AsRef<OsStr> + ?Sized),
+) -> Vec<String> {
+    use super::client::{self, request_bytes};
+    use super::shapes;
+    let host = proxy.addr.to_string();
+    let send = |path: &'static str, h: Vec<(&'static str, String)>, body: Vec<u8>| async move {
+        let r = client::send(proxy.addr, &request_bytes("POST", path, &h, &body)).await;
+        assert_eq!(r.status, 200);
+    };
+    for round in 0..3 {
+        let body = shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION));
+        let h =
+            shapes::claude_code_headers(&host, body.len(), "sk-ant-api03-golden-0123456789abcdef");
+        send("/v1/messages?beta=true", h, body).await;
+    }
+    let body = shapes::to_bytes(&shapes::pi_body(1));
+    let h = shapes::pi_headers(&host, body.len(), "sk-ant-api03-golden-pi-0123456789ab");
+    send("/v1/messages", h, body).await;
+    wait_records(store, 4, Duration::from_secs(20))
+        .await
+        .iter()
+        .map(|r| r["id"].as_str().unwrap().to_owned())
+        .collect()
 }

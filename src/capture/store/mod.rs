@@ -1,19 +1,26 @@
-//! The capture store: SQLite (WAL) at `<captures dir>/promptgate.db`, schema version
-//! in `PRAGMA user_version` (one `migrate_N_to_M` per step). Each distinct unit is
-//! kept once, zstd-compressed, under its SHA-256; a record keeps its metadata and,
-//! per body, the layout of its units. It stores what it is given: redaction is done.
+//! The capture store, behind one interface with two databases: SQLite in a
+//! directory (the embedded default, [`sqlite`]) or a PostgreSQL server that a fleet
+//! of replicas shares ([`postgres`]). Each distinct unit is kept once,
+//! zstd-compressed, under its content digest; a record keeps its metadata and, per
+//! body, the layout of its units. It stores what it is given: redaction is done.
+//! Every statement is written once ([`sql`]); the pipeline and the readers never
+//! ask which database is behind it.
+
+mod postgres;
+mod sql;
+mod sqlite;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use bytes::Bytes;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Transaction, params};
 
 use super::layout;
 use super::record::{BodyInfo, CaptureRecord};
 use crate::digest;
 use crate::prompt::{Format, Prompt};
+use sql::{Connection, Dialect, SqlRow, Value};
 
 /// The file name of the store inside the captures directory.
 pub const DB_FILE: &str = "promptgate.db";
@@ -27,13 +34,85 @@ pub fn size_on_disk(dir: &Path) -> u64 {
         .map(|m| m.len())
         .sum()
 }
-/// The schema this build writes.
-const SCHEMA_VERSION: i64 = 3;
+
 /// zstd level for units: fast, and most of the saving comes from storing each unit once.
 const ZSTD_LEVEL: i32 = 3;
 /// Unit hashes remembered in memory to skip a lookup (about 3 MB at most; the
 /// lookup they save is one index probe).
 const KNOWN_UNITS: usize = 50_000;
+/// Units deleted per transaction by retention, so writers wait for one batch at most.
+const DELETE_BATCH: usize = 500;
+
+/// Where the store is: a directory holding SQLite's file, or a PostgreSQL URL
+/// (`postgres://user@host:port/db`; never with a password in it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum StoreLocation {
+    Dir(PathBuf),
+    Postgres(String),
+}
+
+impl StoreLocation {
+    /// The directory, for a SQLite store.
+    pub fn dir(&self) -> Option<&Path> {
+        match self {
+            StoreLocation::Dir(d) => Some(d),
+            StoreLocation::Postgres(_) => None,
+        }
+    }
+
+    /// Relative to `base` (a config file's directory), for a directory.
+    pub fn relative_to(self, base: Option<&Path>) -> StoreLocation {
+        match (self, base) {
+            (StoreLocation::Dir(d), Some(base)) if d.is_relative() => {
+                StoreLocation::Dir(base.join(d))
+            }
+            (other, _) => other,
+        }
+    }
+}
+
+impl std::str::FromStr for StoreLocation {
+    type Err = StoreError;
+
+    fn from_str(text: &str) -> Result<StoreLocation, StoreError> {
+        if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+            if let Some(problem) = postgres::url_problem(text) {
+                return Err(StoreError::Url(problem));
+            }
+            return Ok(StoreLocation::Postgres(text.to_owned()));
+        }
+        Ok(StoreLocation::Dir(PathBuf::from(text)))
+    }
+}
+
+impl TryFrom<String> for StoreLocation {
+    type Error = StoreError;
+    fn try_from(text: String) -> Result<StoreLocation, StoreError> {
+        text.parse()
+    }
+}
+
+impl From<StoreLocation> for String {
+    fn from(location: StoreLocation) -> String {
+        location.to_string()
+    }
+}
+
+impl From<PathBuf> for StoreLocation {
+    fn from(dir: PathBuf) -> StoreLocation {
+        StoreLocation::Dir(dir)
+    }
+}
+
+impl std::fmt::Display for StoreLocation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StoreLocation::Dir(d) => write!(f, "{}", d.display()),
+            StoreLocation::Postgres(url) => f.write_str(url),
+        }
+    }
+}
 
 /// What can go wrong with the store.
 #[derive(Debug, thiserror::Error)]
@@ -44,13 +123,11 @@ pub enum StoreError {
         source: std::io::Error,
     },
     #[error(
-        "no captures in {0} (start promptgate with --captures DIR, or pass the same --captures here)"
+        "no captures in {0} (start promptgate with --captures DIR|URL, or pass the same --captures here)"
     )]
     Missing(String),
-    #[error(
-        "{0}: written by a newer promptgate (schema {1}, this one reads up to {SCHEMA_VERSION})"
-    )]
-    Newer(String, i64),
+    #[error("{0}: written by a newer promptgate (schema {1}, this one knows up to {2})")]
+    Newer(String, i64, i64),
     #[error("no capture {0:?}")]
     NotFound(String),
     #[error("{0:?} matches {1} captures; give more of the id")]
@@ -59,6 +136,16 @@ pub enum StoreError {
     Corrupt(String),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(String),
+    #[error("cannot reach PostgreSQL at {0}")]
+    Unreachable(String),
+    #[error("the capture spool at {0} is full ({1} bytes; capture.spool_max_size)")]
+    SpoolFull(String, u64),
+    #[error("store URL: {0}")]
+    Url(String),
+    #[error("the store is open for reading only")]
+    ReadOnly,
     #[error("zstd: {0}")]
     Zstd(std::io::Error),
 }
@@ -169,10 +256,10 @@ pub struct Stats {
 
 /// An open store. See the module docs.
 pub struct Store {
-    conn: Connection,
-    path: PathBuf,
+    conn: Box<dyn Connection>,
+    location: StoreLocation,
     units: UnitWriter,
-    /// The schema of the file (older than [`SCHEMA_VERSION`] only when read-only).
+    /// The schema of the store (older than the build's only when read-only).
     version: i64,
 }
 
@@ -200,54 +287,69 @@ impl UnitWriter {
     /// unless the writer already did); returns its layout.
     fn store_body(
         &mut self,
-        tx: &Transaction<'_>,
+        conn: &dyn Connection,
         body: &BodyInfo,
         format: Option<Format>,
     ) -> Result<Vec<u8>, StoreError> {
         if let Some(parts) = &body.parts {
             let (skeleton, hash) = &parts.skeleton;
-            let skeleton = self.id(tx, skeleton, *hash)?;
+            let skeleton = self.id(conn, skeleton, *hash)?;
             let units = parts
                 .units
                 .iter()
-                .map(|(offset, unit, hash)| Ok((*offset, self.id(tx, unit, *hash)?)))
+                .map(|(offset, unit, hash)| Ok((*offset, self.id(conn, unit, *hash)?)))
                 .collect::<Result<Vec<_>, StoreError>>()?;
             return Ok(layout::encode(skeleton, &units));
         }
         let prompt = Prompt::read(body.bytes.clone(), format);
         let split = layout::split(&prompt);
-        let skeleton = self.id(tx, &split.skeleton, digest::content(&split.skeleton))?;
+        let skeleton = self.id(conn, &split.skeleton, digest::content(&split.skeleton))?;
         let units = split
             .units
             .iter()
-            .map(|(offset, unit)| Ok((*offset, self.id(tx, unit, digest::content(unit))?)))
+            .map(|(offset, unit)| Ok((*offset, self.id(conn, unit, digest::content(unit))?)))
             .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(layout::encode(skeleton, &units))
     }
 
-    /// The id of the unit holding `bytes` (whose content digest is `hash`), storing it if new.
+    /// The id of the unit holding `bytes` (whose content digest is `hash`), storing it
+    /// if new. Another replica may store the same unit at the same moment: the
+    /// insert then does nothing and the lookup after it finds theirs.
     fn id(
         &mut self,
-        tx: &Transaction<'_>,
+        conn: &dyn Connection,
         bytes: &[u8],
         hash: [u8; 32],
     ) -> Result<i64, StoreError> {
         if let Some(id) = self.known.get(&hash) {
             return Ok(*id);
         }
-        let found: Option<i64> = tx
-            .prepare_cached("SELECT id FROM units WHERE hash = ?1")?
-            .query_row([&hash[..]], |r| r.get(0))
-            .optional()?;
-        let id = match found {
-            Some(id) => id,
+        let key = [Value::Blob(hash.to_vec())];
+        let lookup = "SELECT id FROM units WHERE hash = ?1";
+        let id = match conn.query_row(lookup, &key)? {
+            Some(row) => row.int(0)?,
             None => {
                 let data = self
                     .compress(bytes)
                     .map_err(|e| StoreError::Corrupt(format!("compressing a unit: {e}")))?;
-                tx.prepare_cached("INSERT INTO units (hash, size, data) VALUES (?1, ?2, ?3)")?
-                    .execute(params![&hash[..], bytes.len() as i64, data])?;
-                tx.last_insert_rowid()
+                let inserted = conn.query_row(
+                    "INSERT INTO units (hash, size, data) VALUES (?1, ?2, ?3)
+                     ON CONFLICT (hash) DO NOTHING RETURNING id",
+                    &[
+                        Value::Blob(hash.to_vec()),
+                        Value::Int(bytes.len() as i64),
+                        Value::Blob(data),
+                    ],
+                )?;
+                match inserted {
+                    Some(row) => row.int(0)?,
+                    None => conn
+                        .query_row(lookup, &key)?
+                        .ok_or_else(|| {
+                            StoreError::Corrupt("a unit vanished as it was stored".into())
+                        })?
+                        .int(0)?,
+                }
             }
         };
         self.known.insert(hash, id);
@@ -257,120 +359,82 @@ impl UnitWriter {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("path", &self.path).finish()
+        f.debug_struct("Store")
+            .field("location", &self.location)
+            .finish()
     }
 }
 
 impl Store {
-    /// Opens (creating if needed) the store in `dir` for writing.
-    pub fn open(dir: &Path) -> Result<Store, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
-            path: dir.display().to_string(),
-            source,
-        })?;
-        let path = dir.join(DB_FILE);
-        let conn = Connection::open(&path)?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        // Set before the first table exists; a no-op afterwards.
-        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL")?;
-        let mode: String =
-            conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Corrupt(format!(
-                "could not switch to WAL (got {mode})"
-            )));
-        }
-        conn.pragma_update(None, "synchronous", "NORMAL")?;
-        // Sorts and indexes stay in memory: nothing of the captures goes to a temp file.
-        conn.pragma_update(None, "temp_store", "MEMORY")?;
-        let mut store = Store {
-            conn,
-            path,
-            units: UnitWriter::new()?,
-            version: 0,
+    /// Opens (creating and migrating if needed) the store at `location` for writing.
+    pub fn open(location: &StoreLocation) -> Result<Store, StoreError> {
+        let (conn, version): (Box<dyn Connection>, i64) = match location {
+            StoreLocation::Dir(dir) => {
+                (Box::new(sqlite::Sqlite::open(dir)?), sqlite::SCHEMA_VERSION)
+            }
+            StoreLocation::Postgres(url) => (Box::new(postgres::Postgres::open(url)?), i64::MAX),
         };
-        store.migrate()?;
-        Ok(store)
-    }
-
-    /// Opens an existing store for reading only (the command line, the admin API).
-    pub fn open_read_only(dir: &Path) -> Result<Store, StoreError> {
-        let path = dir.join(DB_FILE);
-        if !path.exists() {
-            return Err(StoreError::Missing(dir.display().to_string()));
-        }
-        // Read-write flags (no create) so a WAL store opens while the proxy writes it;
-        // `query_only` then refuses every write.
-        let conn = Connection::open_with_flags(
-            &path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        conn.busy_timeout(Duration::from_secs(10))?;
-        conn.pragma_update(None, "temp_store", "MEMORY")?;
-        conn.pragma_update(None, "query_only", "ON")?;
-        let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::Newer(path.display().to_string(), version));
-        }
-        if version == 0 {
-            return Err(StoreError::Missing(dir.display().to_string()));
-        }
-        // An older schema is read as it is (what it lacks reads as absent); only a
-        // writer migrates it.
         Ok(Store {
             conn,
-            path,
+            location: location.clone(),
             units: UnitWriter::new()?,
             version,
         })
     }
 
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.path
+    /// Opens an existing store for reading only (the command line, the admin API).
+    pub fn open_read_only(location: &StoreLocation) -> Result<Store, StoreError> {
+        let (conn, version): (Box<dyn Connection>, i64) = match location {
+            StoreLocation::Dir(dir) => {
+                let (conn, version) = sqlite::Sqlite::open_read_only(dir)?;
+                (Box::new(conn), version)
+            }
+            StoreLocation::Postgres(url) => {
+                let (conn, _) = postgres::Postgres::open_read_only(url)?;
+                (Box::new(conn), i64::MAX)
+            }
+        };
+        Ok(Store {
+            conn,
+            location: location.clone(),
+            units: UnitWriter::new()?,
+            version,
+        })
     }
 
-    fn migrate(&mut self) -> Result<(), StoreError> {
-        let version: i64 = self
-            .conn
-            .pragma_query_value(None, "user_version", |r| r.get(0))?;
-        if version > SCHEMA_VERSION {
-            return Err(StoreError::Newer(self.path.display().to_string(), version));
-        }
-        for step in version..SCHEMA_VERSION {
-            let tx = self.conn.transaction()?;
-            match step {
-                0 => migrate_0_to_1(&tx)?,
-                1 => migrate_1_to_2(&tx)?,
-                2 => migrate_2_to_3(&tx)?,
-                _ => unreachable!("one migration per schema step"),
-            }
-            tx.pragma_update(None, "user_version", step + 1)?;
-            tx.commit()?;
-        }
-        self.version = SCHEMA_VERSION;
-        Ok(())
+    /// Where the store is.
+    pub fn location(&self) -> &StoreLocation {
+        &self.location
     }
 
     /// Stores records (already redacted) in one transaction. A record whose id is
     /// already stored is skipped: each exchange is stored once.
     pub fn insert(&mut self, records: &[CaptureRecord]) -> Result<(), StoreError> {
+        self.conn.begin()?;
         let result = self.insert_all(records);
+        let result = match result {
+            Ok(()) => self.conn.commit(),
+            Err(e) => {
+                let _ = self.conn.rollback();
+                Err(e)
+            }
+        };
         if result.is_err() {
             // Ids remembered inside a rolled-back transaction may not exist.
+            self.units.known.clear();
+        } else if self.units.known.len() > KNOWN_UNITS {
             self.units.known.clear();
         }
         result
     }
 
     fn insert_all(&mut self, records: &[CaptureRecord]) -> Result<(), StoreError> {
-        let tx = self.conn.transaction()?;
+        let conn = &*self.conn;
         for record in records {
-            let exists: Option<i64> = tx
-                .query_row("SELECT 1 FROM records WHERE id = ?1", [&record.id], |r| {
-                    r.get(0)
-                })
-                .optional()?;
+            let exists = conn.query_row(
+                "SELECT 1 FROM records WHERE id = ?1",
+                &[Value::from(record.id.as_str())],
+            )?;
             if exists.is_some() {
                 continue;
             }
@@ -387,7 +451,7 @@ impl Store {
                     if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
                         // The request bodies are cut at their units; responses stay whole.
                         let format = format.filter(|_| i < 2);
-                        *slot = Some(self.units.store_body(&tx, body, format)?);
+                        *slot = Some(self.units.store_body(conn, body, format)?);
                     }
                 }
             }
@@ -398,41 +462,40 @@ impl Store {
             })?;
             let usage = record.usage.as_ref();
             let [received, sent, response, message] = layouts;
-            tx.execute(
+            let count = |f: fn(&crate::provider::Usage) -> u64| usage.map(|u| f(u) as i64);
+            // Another replica's spool may hold the same exchange: it is stored once.
+            conn.execute(
                 "INSERT INTO records (id, started_ms, conversation, model, provider, status, outcome,
                    input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, rules,
                    meta, received, sent, response, message, cache, tags, path, mode, side)
                  VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                   ?18, ?19, ?20, ?21, ?22)",
-                params![
-                    record.id,
-                    record.times.started_ms as i64,
-                    record.conversation,
-                    record.model,
-                    record.provider,
-                    record.response.status,
-                    record.outcome,
-                    usage.map(|u| u.input_tokens as i64),
-                    usage.map(|u| u.output_tokens as i64),
-                    usage.map(|u| u.cache_read_tokens as i64),
-                    usage.map(|u| u.cache_write_tokens as i64),
-                    record.rules_fired.join(","),
-                    meta,
-                    received,
-                    sent,
-                    response,
-                    message,
-                    record.cache.as_ref().map(|c| c.short()),
-                    record.tags.join(","),
-                    record.path,
-                    record.mode,
-                    record.side,
+                   ?18, ?19, ?20, ?21, ?22)
+                 ON CONFLICT (id) DO NOTHING",
+                &[
+                    record.id.as_str().into(),
+                    (record.times.started_ms as i64).into(),
+                    record.conversation.clone().into(),
+                    record.model.clone().into(),
+                    record.provider.clone().into(),
+                    record.response.status.map(i64::from).into(),
+                    record.outcome.as_str().into(),
+                    count(|u| u.input_tokens).into(),
+                    count(|u| u.output_tokens).into(),
+                    count(|u| u.cache_read_tokens).into(),
+                    count(|u| u.cache_write_tokens).into(),
+                    record.rules_fired.join(",").into(),
+                    meta.into(),
+                    received.into(),
+                    sent.into(),
+                    response.into(),
+                    message.into(),
+                    record.cache.as_ref().map(|c| c.short()).into(),
+                    record.tags.join(",").into(),
+                    record.path.clone().into(),
+                    record.mode.clone().into(),
+                    record.side.into(),
                 ],
             )?;
-        }
-        tx.commit()?;
-        if self.units.known.len() > KNOWN_UNITS {
-            self.units.known.clear();
         }
         Ok(())
     }
@@ -450,51 +513,51 @@ impl Store {
                 .conn
                 .query_row(
                     "SELECT id FROM records ORDER BY id DESC LIMIT 1 OFFSET ?1",
-                    [back],
-                    |r| r.get(0),
-                )
-                .optional()?
-                .ok_or_else(|| StoreError::NotFound(prefix.to_owned()));
+                    &[Value::Int(back)],
+                )?
+                .ok_or_else(|| StoreError::NotFound(prefix.to_owned()))?
+                .text(0);
         }
         let p = prefix.trim().to_ascii_uppercase();
         if p.is_empty() {
             return Err(StoreError::NotFound(prefix.to_owned()));
         }
-        let mut stmt = self
-            .conn
-            .prepare("SELECT id FROM records WHERE id >= ?1 AND id < ?1 || '~' LIMIT 50")?;
-        let ids: Vec<String> = stmt
-            .query_map([&p], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        match ids.len() {
-            0 => Err(StoreError::NotFound(prefix.to_owned())),
-            1 => Ok(ids.into_iter().next().unwrap_or_default()),
-            n => Err(StoreError::Ambiguous(prefix.to_owned(), n)),
+        let ids = self.conn.query(
+            "SELECT id FROM records WHERE id >= ?1 AND id < ?1 || '~' LIMIT 50",
+            &[Value::Text(p)],
+        )?;
+        match ids.as_slice() {
+            [] => Err(StoreError::NotFound(prefix.to_owned())),
+            [one] => one.text(0),
+            many => Err(StoreError::Ambiguous(prefix.to_owned(), many.len())),
         }
     }
 
     /// The record before `id` in its conversation, if it has one and is not the first.
     pub fn previous_in_conversation(&self, id: &str) -> Result<Option<String>, StoreError> {
-        Ok(self
-            .conn
+        self.conn
             .query_row(
                 "SELECT id FROM records WHERE id < ?1 AND conversation IS NOT NULL
                    AND conversation = (SELECT conversation FROM records WHERE id = ?1)
                  ORDER BY id DESC LIMIT 1",
-                [id],
-                |r| r.get(0),
-            )
-            .optional()?)
+                &[Value::from(id)],
+            )?
+            .map(|r| r.text(0))
+            .transpose()
     }
 
     /// A record with its bodies loaded and checked against their hashes.
     pub fn load(&self, id: &str) -> Result<CaptureRecord, StoreError> {
         let id = self.resolve(id)?;
-        let (meta, layouts): (Vec<u8>, [Option<Vec<u8>>; 4]) = self.conn.query_row(
-            "SELECT meta, received, sent, response, message FROM records WHERE id = ?1",
-            [&id],
-            |r| Ok((r.get(0)?, [r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?])),
-        )?;
+        let mut row = self
+            .conn
+            .query_row(
+                "SELECT meta, received, sent, response, message FROM records WHERE id = ?1",
+                &[Value::from(id.as_str())],
+            )?
+            .ok_or_else(|| StoreError::NotFound(id.clone()))?;
+        let meta = row.blob(0)?;
+        let layouts = layouts(&mut row, 1)?;
         let mut record = decode_meta(&id, &meta)?;
         let algorithm = record.digest;
         for (body, layout) in record.bodies_mut().into_iter().zip(layouts) {
@@ -539,38 +602,45 @@ impl Store {
     }
 
     fn unit(&self, id: i64) -> Result<Vec<u8>, StoreError> {
-        let (size, data): (i64, Vec<u8>) = self
+        let row = self
             .conn
-            .prepare_cached("SELECT size, data FROM units WHERE id = ?1")?
-            .query_row([id], |r| Ok((r.get(0)?, r.get(1)?)))
-            .optional()?
+            .query_row(
+                "SELECT size, data FROM units WHERE id = ?1",
+                &[Value::Int(id)],
+            )?
             .ok_or_else(|| StoreError::Corrupt(format!("unit {id} is missing")))?;
+        let (size, data) = (row.int(0)?, row.blob(1)?);
         zstd::bulk::decompress(&data, size.max(0) as usize)
             .map_err(|e| StoreError::Corrupt(format!("unit {id}: {e}")))
     }
 
-    /// Records matching `filter`, oldest first.
     /// How many records the column filters of `filter` select (no grep, no paging).
     pub fn count(&self, filter: &Filter) -> Result<u64, StoreError> {
-        let (clause, args) = where_clause(filter, self.version);
-        let n: i64 = self.conn.query_row(
-            &format!("SELECT COUNT(*) FROM records {clause}"),
-            rusqlite::params_from_iter(args.iter()),
-            |r| r.get(0),
-        )?;
+        let (clause, args) = where_clause(filter, self.version, self.conn.dialect());
+        let n = self
+            .conn
+            .query_row(&format!("SELECT COUNT(*) FROM records {clause}"), &args)?
+            .map(|r| r.int(0))
+            .transpose()?
+            .unwrap_or(0);
         Ok(n as u64)
     }
 
     /// The [`Row::seq`] of the last record stored (0 for an empty store).
     pub fn last_seq(&self) -> Result<i64, StoreError> {
-        let n: Option<i64> = self
+        let seq = self.conn.dialect().seq();
+        let n = self
             .conn
-            .query_row("SELECT max(rowid) FROM records", [], |r| r.get(0))?;
+            .query_row(&format!("SELECT max({seq}) FROM records"), &[])?
+            .map(|r| r.opt_int(0))
+            .transpose()?
+            .flatten();
         Ok(n.unwrap_or(0))
     }
 
+    /// Records matching `filter`, oldest first.
     pub fn list(&self, filter: &Filter) -> Result<Vec<Row>, StoreError> {
-        let (clause, args) = where_clause(filter, self.version);
+        let (clause, args) = where_clause(filter, self.version, self.conn.dialect());
         let skip = filter.offset.unwrap_or(0);
         let limit = if filter.grep.is_some() {
             i64::MAX
@@ -585,55 +655,52 @@ impl Store {
         } else {
             "'', NULL, 0"
         };
+        let seq = self.conn.dialect().seq();
         let sql = format!(
             "SELECT id, started_ms, conversation, model, provider, status, outcome, input_tokens,
                output_tokens, cache_read_tokens, cache_write_tokens, rules, meta, received, sent,
-               response, message, {cache}, rowid, {columns}
+               response, message, {cache}, {seq}, {columns}
              FROM records {clause} ORDER BY id DESC LIMIT {limit}"
         );
-        let mut stmt = self.conn.prepare(&sql)?;
-        let mut rows = stmt.query(rusqlite::params_from_iter(args.iter()))?;
         let mut out = Vec::new();
         let mut unit_hits: HashMap<i64, bool> = HashMap::new();
         let wanted = filter.limit.unwrap_or(usize::MAX);
         let mut skipped = 0;
-        while let Some(r) = rows.next()? {
+        let unsigned = |v: Option<i64>| v.map(|v| v as u64);
+        self.conn.query_each(&sql, &args, &mut |mut r: SqlRow| {
             let row = Row {
-                id: r.get(0)?,
-                started_ms: r.get::<_, i64>(1)? as u64,
-                conversation: r.get(2)?,
-                model: r.get(3)?,
-                provider: r.get(4)?,
-                status: r.get(5)?,
-                outcome: r.get(6)?,
-                input_tokens: r.get::<_, Option<i64>>(7)?.map(|v| v as u64),
-                output_tokens: r.get::<_, Option<i64>>(8)?.map(|v| v as u64),
-                cache_read_tokens: r.get::<_, Option<i64>>(9)?.map(|v| v as u64),
-                cache_write_tokens: r.get::<_, Option<i64>>(10)?.map(|v| v as u64),
-                rules: comma_list(&r.get::<_, String>(11)?),
-                cache: r.get(17)?,
-                seq: r.get(18)?,
-                tags: comma_list(&r.get::<_, String>(19)?),
-                path: r.get(20)?,
-                side: r.get(21)?,
+                id: r.text(0)?,
+                started_ms: r.int(1)? as u64,
+                conversation: r.opt_text(2)?,
+                model: r.opt_text(3)?,
+                provider: r.opt_text(4)?,
+                status: r.opt_int(5)?.and_then(|s| u16::try_from(s).ok()),
+                outcome: r.text(6)?,
+                input_tokens: unsigned(r.opt_int(7)?),
+                output_tokens: unsigned(r.opt_int(8)?),
+                cache_read_tokens: unsigned(r.opt_int(9)?),
+                cache_write_tokens: unsigned(r.opt_int(10)?),
+                rules: comma_list(&r.text(11)?),
+                cache: r.opt_text(17)?,
+                seq: r.int(18)?,
+                tags: comma_list(&r.text(19)?),
+                path: r.opt_text(20)?,
+                side: r.bool(21)?,
             };
             if let Some(needle) = &filter.grep {
-                let meta: Vec<u8> = r.get(12)?;
-                let layouts: [Option<Vec<u8>>; 4] =
-                    [r.get(13)?, r.get(14)?, r.get(15)?, r.get(16)?];
+                let meta = r.take_blob(12)?.unwrap_or_default();
+                let layouts = layouts(&mut r, 13)?;
                 if !self.contains(&row.id, needle, &meta, &layouts, &mut unit_hits)? {
-                    continue;
+                    return Ok(true);
                 }
             }
             if skipped < skip {
                 skipped += 1;
-                continue;
+                return Ok(true);
             }
             out.push(row);
-            if out.len() >= wanted {
-                break;
-            }
-        }
+            Ok(out.len() < wanted)
+        })?;
         out.reverse();
         Ok(out)
     }
@@ -726,146 +793,151 @@ impl Store {
         Ok(groups)
     }
 
-    /// Deletes records past the retention, then units no record uses any more.
+    /// Deletes records past the retention, then units no record uses any more. Both
+    /// go in batches, so a writer (another replica's too) waits for one batch at most.
     pub fn prune(&mut self, retention: &Retention, now_ms: u64) -> Result<Pruned, StoreError> {
         let mut pruned = Pruned::default();
         if let Some(age) = retention.max_age {
             let cutoff = now_ms.saturating_sub(age.as_millis() as u64) as i64;
-            pruned.records += self
-                .conn
-                .execute("DELETE FROM records WHERE started_ms < ?1", [cutoff])?
-                as u64;
+            pruned.records += self.delete_oldest(Some(cutoff), i64::MAX)?;
         }
         pruned.units += self.collect_garbage()?;
         if let Some(max) = retention.max_size {
-            while self.stats()?.used_bytes > max {
-                let count: i64 = self
-                    .conn
-                    .query_row("SELECT COUNT(*) FROM records", [], |r| r.get(0))?;
+            while self.conn.used_bytes()? > max {
+                let count = self.stats()?.records as i64;
                 if count == 0 {
                     break;
                 }
-                let batch = (count / 10).max(1);
-                pruned.records += self.conn.execute(
-                    "DELETE FROM records WHERE id IN (SELECT id FROM records ORDER BY id LIMIT ?1)",
-                    [batch],
-                )? as u64;
+                pruned.records += self.delete_oldest(None, (count / 10).max(1))?;
                 pruned.units += self.collect_garbage()?;
             }
         }
         Ok(pruned)
     }
 
-    /// Deletes units no record refers to, and gives their pages back to the file.
-    fn collect_garbage(&mut self) -> Result<u64, StoreError> {
-        let mut used: HashSet<i64> = HashSet::new();
-        {
-            let mut stmt = self
-                .conn
-                .prepare("SELECT received, sent, response, message FROM records")?;
-            let mut rows = stmt.query([])?;
-            while let Some(r) = rows.next()? {
-                for i in 0..4 {
-                    if let Some(layout) = r.get::<_, Option<Vec<u8>>>(i)? {
-                        let (skeleton, units) = layout::decode(&layout)
-                            .ok_or_else(|| StoreError::Corrupt("bad layout".into()))?;
-                        used.insert(skeleton);
-                        used.extend(units.into_iter().map(|(_, u)| u));
-                    }
-                }
+    /// The ids of the `n` oldest records, oldest first.
+    pub fn oldest(&self, n: usize) -> Result<Vec<String>, StoreError> {
+        let rows = self.conn.query(
+            "SELECT id FROM records ORDER BY id LIMIT ?1",
+            &[Value::Int(n as i64)],
+        )?;
+        rows.into_iter().map(|r| r.text(0)).collect()
+    }
+
+    /// Deletes the records `ids`; once no record is left, the units go too.
+    pub fn remove(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        for batch in ids.chunks(DELETE_BATCH) {
+            let marks: Vec<String> = (1..=batch.len()).map(|i| format!("?{i}")).collect();
+            let args: Vec<Value> = batch.iter().map(|id| Value::from(id.as_str())).collect();
+            let sql = format!("DELETE FROM records WHERE id IN ({})", marks.join(", "));
+            self.conn.execute(&sql, &args)?;
+        }
+        if self.stats()?.records == 0 {
+            self.conn.execute("DELETE FROM units", &[])?;
+            self.units.known.clear();
+            self.conn.reclaim()?;
+        }
+        Ok(())
+    }
+
+    /// Deletes up to `most` of the oldest records (those started before `before_ms`,
+    /// when given), [`DELETE_BATCH`] per statement.
+    fn delete_oldest(&self, before_ms: Option<i64>, most: i64) -> Result<u64, StoreError> {
+        let mut deleted = 0u64;
+        let cutoff = before_ms.unwrap_or(i64::MAX);
+        while (deleted as i64) < most {
+            let batch = (most - deleted as i64).min(DELETE_BATCH as i64);
+            let n = self.conn.execute(
+                "DELETE FROM records WHERE id IN
+                   (SELECT id FROM records WHERE started_ms < ?1 ORDER BY id LIMIT ?2)",
+                &[Value::Int(cutoff), Value::Int(batch)],
+            )?;
+            deleted += n;
+            if n < batch as u64 {
+                break;
             }
         }
-        let all: Vec<i64> = self
-            .conn
-            .prepare("SELECT id FROM units")?
-            .query_map([], |r| r.get(0))?
-            .collect::<Result<_, _>>()?;
-        let tx = self.conn.transaction()?;
+        Ok(deleted)
+    }
+
+    /// Deletes units no record refers to, and gives their space back.
+    fn collect_garbage(&mut self) -> Result<u64, StoreError> {
+        let mut used: HashSet<i64> = HashSet::new();
+        self.conn.query_each(
+            "SELECT received, sent, response, message FROM records",
+            &[],
+            &mut |mut r| {
+                for layout in layouts(&mut r, 0)?.into_iter().flatten() {
+                    let (skeleton, units) = layout::decode(&layout)
+                        .ok_or_else(|| StoreError::Corrupt("bad layout".into()))?;
+                    used.insert(skeleton);
+                    used.extend(units.into_iter().map(|(_, u)| u));
+                }
+                Ok(true)
+            },
+        )?;
+        let mut unused = Vec::new();
+        self.conn
+            .query_each("SELECT id FROM units", &[], &mut |r| {
+                let id = r.int(0)?;
+                if !used.contains(&id) {
+                    unused.push(id);
+                }
+                Ok(true)
+            })?;
         let mut removed = 0;
-        for id in all.into_iter().filter(|id| !used.contains(id)) {
-            removed += tx.execute("DELETE FROM units WHERE id = ?1", [id])? as u64;
+        for batch in unused.chunks(DELETE_BATCH) {
+            let list = batch
+                .iter()
+                .map(i64::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            removed += self
+                .conn
+                .execute(&format!("DELETE FROM units WHERE id IN ({list})"), &[])?;
         }
-        tx.commit()?;
         if removed > 0 {
             self.units.known.clear();
-            self.conn.execute_batch("PRAGMA incremental_vacuum;")?;
+            self.conn.reclaim()?;
         }
         Ok(removed)
     }
 
     /// Counts and sizes.
     pub fn stats(&self) -> Result<Stats, StoreError> {
-        let records: i64 = self
-            .conn
-            .query_row("SELECT COUNT(*) FROM records", [], |r| r.get(0))?;
-        let (units, unit_bytes, stored): (i64, i64, i64) = self.conn.query_row(
-            "SELECT COUNT(*), COALESCE(SUM(size), 0), COALESCE(SUM(LENGTH(data)), 0) FROM units",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        let count = |sql: &str| -> Result<SqlRow, StoreError> {
+            self.conn
+                .query_row(sql, &[])?
+                .ok_or_else(|| StoreError::Corrupt("a count returned no row".into()))
+        };
+        let records = count("SELECT COUNT(*) FROM records")?.int(0)?;
+        let units = count(
+            "SELECT COUNT(*), CAST(COALESCE(SUM(size), 0) AS BIGINT),
+               CAST(COALESCE(SUM(LENGTH(data)), 0) AS BIGINT) FROM units",
         )?;
-        let pages: i64 = self
-            .conn
-            .pragma_query_value(None, "page_count", |r| r.get(0))?;
-        let free: i64 = self
-            .conn
-            .pragma_query_value(None, "freelist_count", |r| r.get(0))?;
-        let page: i64 = self
-            .conn
-            .pragma_query_value(None, "page_size", |r| r.get(0))?;
         Ok(Stats {
             records: records as u64,
-            units: units as u64,
-            unit_bytes: unit_bytes as u64,
-            stored_unit_bytes: stored as u64,
-            used_bytes: ((pages - free).max(0) * page) as u64,
+            units: units.int(0)? as u64,
+            unit_bytes: units.int(1)? as u64,
+            stored_unit_bytes: units.int(2)? as u64,
+            used_bytes: self.conn.used_bytes()?,
         })
     }
 
-    /// Moves the write-ahead log into the database file (on a clean close).
+    /// Makes what was written durable in the main file (on a clean close).
     pub fn checkpoint(&self) -> Result<(), StoreError> {
-        self.conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
-        Ok(())
+        self.conn.checkpoint()
     }
 }
 
-fn migrate_0_to_1(tx: &Transaction<'_>) -> Result<(), StoreError> {
-    tx.execute_batch(
-        "CREATE TABLE units (
-           id   INTEGER PRIMARY KEY,
-           hash BLOB NOT NULL UNIQUE,   -- digest of the uncompressed bytes: BLAKE3 (SHA-256 in older stores)
-           size INTEGER NOT NULL,       -- uncompressed length
-           data BLOB NOT NULL           -- zstd
-         );
-         CREATE TABLE records (
-           id TEXT PRIMARY KEY,         -- ULID: sorts by time
-           started_ms INTEGER NOT NULL,
-           conversation TEXT,
-           model TEXT,
-           provider TEXT,
-           status INTEGER,
-           outcome TEXT NOT NULL,
-           input_tokens INTEGER,
-           output_tokens INTEGER,
-           cache_read_tokens INTEGER,
-           cache_write_tokens INTEGER,
-           rules TEXT NOT NULL DEFAULT '',
-           meta BLOB NOT NULL,          -- zstd JSON of the record without its bodies
-           received BLOB,               -- layouts: skeleton + units, see layout.rs
-           sent BLOB,
-           response BLOB,
-           message BLOB
-         );
-         CREATE INDEX records_started ON records (started_ms);
-         CREATE INDEX records_conversation ON records (conversation, started_ms);",
-    )?;
-    Ok(())
-}
-
-/// Cache analysis: in the record's metadata; the verdict also in a column for listings.
-fn migrate_1_to_2(tx: &Transaction<'_>) -> Result<(), StoreError> {
-    tx.execute_batch("ALTER TABLE records ADD COLUMN cache TEXT;")?;
-    Ok(())
+/// The four body layouts of a row, from column `from` on (moved out of the row).
+fn layouts(row: &mut SqlRow, from: usize) -> Result<[Option<Vec<u8>>; 4], StoreError> {
+    Ok([
+        row.take_blob(from)?,
+        row.take_blob(from + 1)?,
+        row.take_blob(from + 2)?,
+        row.take_blob(from + 3)?,
+    ])
 }
 
 /// A record's metadata column: zstd JSON of the record without its bodies.
@@ -874,35 +946,6 @@ fn decode_meta(id: &str, meta: &[u8]) -> Result<CaptureRecord, StoreError> {
         .map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))?;
     serde_json::from_slice(&json).map_err(|e| StoreError::Corrupt(format!("record {id}: {e}")))
 }
-
-/// Tags, path, mode and the side-request mark in columns, for the list filters;
-/// filled in for the records already there from their metadata.
-fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
-    tx.execute_batch(
-        "ALTER TABLE records ADD COLUMN tags TEXT NOT NULL DEFAULT '';
-         ALTER TABLE records ADD COLUMN path TEXT;
-         ALTER TABLE records ADD COLUMN mode TEXT;
-         ALTER TABLE records ADD COLUMN side INTEGER NOT NULL DEFAULT 0;",
-    )?;
-    let rows: Vec<(String, Vec<u8>)> = {
-        let mut stmt = tx.prepare("SELECT id, meta FROM records")?;
-        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?
-            .collect::<Result<_, _>>()?
-    };
-    let mut update =
-        tx.prepare("UPDATE records SET tags = ?2, path = ?3, mode = ?4, side = ?5 WHERE id = ?1")?;
-    for (id, meta) in rows {
-        let r = decode_meta(&id, &meta)?;
-        let method = http::Method::from_bytes(r.method.as_bytes()).unwrap_or(http::Method::GET);
-        let api = r.api.as_deref().and_then(crate::provider::Api::from_name);
-        let side = crate::provider::is_side_request(&method, api);
-        update.execute(params![id, r.tags.join(","), r.path, r.mode, side])?;
-    }
-    Ok(())
-}
-
-/// The SQL for `f`'s column filters on a store of schema `version`: a filter on a
-/// column an older store lacks matches nothing (the side mark: everything).
 /// A `rules` or `tags` column: names joined by commas.
 fn comma_list(column: &str) -> Vec<String> {
     column
@@ -912,18 +955,22 @@ fn comma_list(column: &str) -> Vec<String> {
         .collect()
 }
 
-fn where_clause(f: &Filter, version: i64) -> (String, Vec<rusqlite::types::Value>) {
+/// A condition no row meets, in both dialects.
+const NOTHING: &str = "1 = 0";
+
+/// The SQL for `f`'s column filters on a store of schema `version`: a filter on a
+/// column an older store lacks matches nothing (the side mark: everything).
+fn where_clause(f: &Filter, version: i64, dialect: Dialect) -> (String, Vec<Value>) {
     let has_cache = version >= 2;
     let has_columns = version >= 3;
-    use rusqlite::types::Value;
     let mut parts = Vec::new();
     let mut args: Vec<Value> = Vec::new();
     if let Some(since) = f.since_ms {
-        args.push(Value::Integer(since as i64));
+        args.push(Value::Int(since as i64));
         parts.push(format!("started_ms >= ?{}", args.len()));
     }
     if let Some(until) = f.until_ms {
-        args.push(Value::Integer(until as i64));
+        args.push(Value::Int(until as i64));
         parts.push(format!("started_ms < ?{}", args.len()));
     }
     if let Some(model) = &f.model {
@@ -945,27 +992,22 @@ fn where_clause(f: &Filter, version: i64) -> (String, Vec<rusqlite::types::Value
     if let Some(rule) = &f.rule {
         // `rules` is a comma-separated list of the names that fired.
         args.push(Value::Text(rule.clone()));
-        parts.push(format!(
-            "instr(',' || rules || ',', ',' || ?{} || ',') > 0",
-            args.len()
-        ));
+        parts.push(dialect.list_has("rules", args.len()));
     }
     if !has_columns && (f.tag.is_some() || f.path.is_some() || f.mode.is_some()) {
-        parts.push("0".into());
+        parts.push(NOTHING.into());
     }
     if let Some(tag) = f.tag.as_ref().filter(|_| has_columns) {
         // `tags` is a comma-separated list, like `rules`.
         args.push(Value::Text(tag.clone()));
-        parts.push(format!(
-            "instr(',' || tags || ',', ',' || ?{} || ',') > 0",
-            args.len()
-        ));
+        parts.push(dialect.list_has("tags", args.len()));
     }
     if let Some(path) = f.path.as_ref().filter(|_| has_columns) {
         args.push(Value::Text(like_pattern(path, false)));
         let n = args.len();
+        let query_at = dialect.position("path || '?'", "'?'");
         parts.push(format!(
-            "(path LIKE ?{n} ESCAPE '\\' OR substr(path, 1, instr(path || '?', '?') - 1) LIKE ?{n} ESCAPE '\\')"
+            "(path LIKE ?{n} ESCAPE '\\' OR substr(path, 1, {query_at} - 1) LIKE ?{n} ESCAPE '\\')"
         ));
     }
     if let Some(mode) = f.mode.as_ref().filter(|_| has_columns) {
@@ -973,23 +1015,20 @@ fn where_clause(f: &Filter, version: i64) -> (String, Vec<rusqlite::types::Value
         parts.push(format!("mode = ?{}", args.len()));
     }
     if let Some(seq) = f.after_seq {
-        args.push(Value::Integer(seq));
-        parts.push(format!("rowid > ?{}", args.len()));
+        args.push(Value::Int(seq));
+        parts.push(format!("{} > ?{}", dialect.seq(), args.len()));
     }
     if let Some(side) = f.side.filter(|_| has_columns) {
-        args.push(Value::Integer(i64::from(side)));
+        args.push(Value::Bool(side));
         parts.push(format!("side = ?{}", args.len()));
     }
     match (&f.verdict, has_cache) {
         (Some(verdict), true) => {
             // The cache column starts with the verdict word: `hit`, `partial system[2]`.
             args.push(Value::Text(verdict.to_ascii_lowercase()));
-            let n = args.len();
-            parts.push(format!(
-                "(lower(cache) = ?{n} OR substr(lower(cache), 1, length(?{n}) + 1) = ?{n} || ' ')"
-            ));
+            parts.push(dialect.verdict_is(args.len()));
         }
-        (Some(_), false) => parts.push("0".into()),
+        (Some(_), false) => parts.push(NOTHING.into()),
         (None, _) => {}
     }
     let clause = if parts.is_empty() {
@@ -1044,6 +1083,10 @@ mod tests {
         d
     }
 
+    fn at(d: &Path) -> StoreLocation {
+        StoreLocation::Dir(d.to_path_buf())
+    }
+
     fn turn(n: usize) -> String {
         let messages: Vec<String> = (0..n)
             .map(|i| {
@@ -1062,7 +1105,7 @@ mod tests {
     #[test]
     fn bodies_rebuild_exactly_and_units_are_shared() {
         let d = dir("share");
-        let mut store = Store::open(&d).unwrap();
+        let mut store = Store::open(&at(&d)).unwrap();
         store
             .insert(&[record("01A", 1, &turn(3)), record("01B", 2, &turn(4))])
             .unwrap();
@@ -1076,7 +1119,7 @@ mod tests {
         );
         assert!(matches!(store.load("01"), Err(StoreError::Ambiguous(_, 2))));
         drop(store);
-        let mut read = Store::open_read_only(&d).unwrap();
+        let mut read = Store::open_read_only(&at(&d)).unwrap();
         assert_eq!(read.list(&Filter::default()).unwrap().len(), 2);
         assert!(read.insert(&[record("01C", 3, "{}")]).is_err(), "read-only");
         let _ = std::fs::remove_dir_all(&d);
@@ -1085,7 +1128,7 @@ mod tests {
     #[test]
     fn retention_by_age_and_size_prunes_records_and_their_units() {
         let d = dir("prune");
-        let mut store = Store::open(&d).unwrap();
+        let mut store = Store::open(&at(&d)).unwrap();
         for i in 0..40u64 {
             let body = format!(r#"{{"messages":[{{"n":{i},"t":"{}"}}]}}"#, ring_text(i));
             store
@@ -1121,9 +1164,9 @@ mod tests {
         let d = dir("migrate");
         std::fs::create_dir_all(&d).unwrap();
         {
-            let mut conn = Connection::open(d.join(DB_FILE)).unwrap();
+            let mut conn = rusqlite::Connection::open(d.join(DB_FILE)).unwrap();
             let tx = conn.transaction().unwrap();
-            migrate_0_to_1(&tx).unwrap();
+            sqlite::migrate_0_to_1(&tx).unwrap();
             tx.pragma_update(None, "user_version", 1).unwrap();
             let mut old = record("01A00", 1, "{}");
             old.tags = vec!["old-tag".into()];
@@ -1136,7 +1179,7 @@ mod tests {
             .unwrap();
             tx.commit().unwrap();
         }
-        let old = Store::open_read_only(&d).unwrap();
+        let old = Store::open_read_only(&at(&d)).unwrap();
         let rows = old.list(&Filter::default()).unwrap();
         assert_eq!((rows.len(), rows[0].cache.clone()), (1, None));
         assert!(old.load("01A00").unwrap().cache.is_none());
@@ -1147,12 +1190,12 @@ mod tests {
         };
         assert!(old.list(&tagged).unwrap().is_empty());
         drop(old);
-        let mut store = Store::open(&d).unwrap();
-        let version: i64 = store
-            .conn
+        let mut store = Store::open(&at(&d)).unwrap();
+        let version: i64 = rusqlite::Connection::open(d.join(DB_FILE))
+            .unwrap()
             .pragma_query_value(None, "user_version", |r| r.get(0))
             .unwrap();
-        assert_eq!(version, SCHEMA_VERSION);
+        assert_eq!(version, sqlite::SCHEMA_VERSION);
         // The migration filled the new columns from the stored metadata.
         assert_eq!(store.list(&tagged).unwrap().len(), 1);
         let side = Filter {
@@ -1189,8 +1232,13 @@ mod tests {
     fn a_record_stored_before_blake3_reads_and_is_checked_with_sha256() {
         let d = dir("sha256");
         let body = turn(2);
-        let mut store = Store::open(&d).unwrap();
+        let mut store = Store::open(&at(&d)).unwrap();
         store.insert(&[record("01A", 1, &body)]).unwrap();
+        let set_meta = |store: &Store, meta: &serde_json::Value| {
+            let meta = zstd::bulk::compress(&serde_json::to_vec(meta).unwrap(), ZSTD_LEVEL);
+            let sql = "UPDATE records SET meta = ?1 WHERE id = '01A'";
+            store.conn.execute(sql, &[meta.unwrap().into()]).unwrap();
+        };
         // The meta as an older promptgate wrote it: SHA-256 digests, the old names.
         let sha = digest::hex(&digest::sha256(body.as_bytes()));
         let mut old = serde_json::to_value(record("01A", 1, &body)).unwrap();
@@ -1202,21 +1250,13 @@ mod tests {
             .unwrap()
             .remove("digest");
         old["request"]["body"]["sha256"] = sha.into();
-        let meta = zstd::bulk::compress(&serde_json::to_vec(&old).unwrap(), ZSTD_LEVEL).unwrap();
-        store
-            .conn
-            .execute("UPDATE records SET meta = ?1 WHERE id = '01A'", [meta])
-            .unwrap();
+        set_meta(&store, &old);
         let loaded = store.load("01A").unwrap();
         assert_eq!(loaded.digest, digest::Algorithm::Sha256);
         assert_eq!(loaded.request.body.bytes, body.as_bytes());
         // A body that does not match its SHA-256 is refused, naming the algorithm.
         old["request"]["body"]["sha256"] = digest::content_hex(body.as_bytes()).into();
-        let meta = zstd::bulk::compress(&serde_json::to_vec(&old).unwrap(), ZSTD_LEVEL).unwrap();
-        store
-            .conn
-            .execute("UPDATE records SET meta = ?1 WHERE id = '01A'", [meta])
-            .unwrap();
+        set_meta(&store, &old);
         let e = store.load("01A").unwrap_err().to_string();
         assert!(e.contains("does not match its sha256"), "{e}");
         let _ = std::fs::remove_dir_all(&d);

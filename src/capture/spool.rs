@@ -1,0 +1,96 @@
+//! The spool: while a PostgreSQL store is away, records wait in a local SQLite
+//! store, and go to PostgreSQL oldest first once it is back. An exchange id is
+//! unique in the store, so a record moved twice (a crash between its insert and
+//! its removal here) is still stored once.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use super::record::CaptureRecord;
+use super::store::{Store, StoreError, StoreLocation};
+
+/// Records moved per PostgreSQL transaction while draining.
+const DRAIN_BATCH: usize = 64;
+
+/// The local store records wait in.
+pub(super) struct Spool {
+    store: Store,
+    dir: PathBuf,
+    max_bytes: u64,
+    /// Records in it now.
+    held: u64,
+    /// No drain before this: the store was away at the last try.
+    next_try: Instant,
+}
+
+impl Spool {
+    /// Opens (or creates) the spool in `dir`; records a crash left there are kept.
+    pub(super) fn open(dir: &Path, max_bytes: u64) -> Result<Spool, StoreError> {
+        let store = Store::open(&StoreLocation::Dir(dir.to_path_buf()))?;
+        let held = store.stats()?.records;
+        Ok(Spool {
+            store,
+            dir: dir.to_path_buf(),
+            max_bytes,
+            held,
+            next_try: Instant::now(),
+        })
+    }
+
+    pub(super) fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Records waiting.
+    pub(super) fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Something waits and it is time to try the store again.
+    pub(super) fn due(&self) -> bool {
+        self.held > 0 && Instant::now() >= self.next_try
+    }
+
+    /// Keeps `records` until the store is back; refuses once the spool is full.
+    pub(super) fn keep(&mut self, records: &[CaptureRecord]) -> Result<(), StoreError> {
+        let used = self.store.stats()?.used_bytes;
+        if used >= self.max_bytes {
+            return Err(StoreError::SpoolFull(self.dir.display().to_string(), used));
+        }
+        self.store.insert(records)?;
+        self.held += records.len() as u64;
+        Ok(())
+    }
+
+    /// Moves the oldest records through `insert`, a batch at a time, until none is
+    /// left, `insert` fails (then no try before `retry` has passed), or `budget` is
+    /// spent. Returns how many it moved.
+    pub(super) fn drain(
+        &mut self,
+        budget: Duration,
+        retry: Duration,
+        insert: &mut dyn FnMut(&[CaptureRecord]) -> Result<(), StoreError>,
+    ) -> Result<u64, StoreError> {
+        let until = Instant::now() + budget;
+        let mut moved = 0;
+        while self.held > 0 && Instant::now() < until {
+            let ids = self.store.oldest(DRAIN_BATCH)?;
+            if ids.is_empty() {
+                self.held = 0;
+                break;
+            }
+            let records = ids
+                .iter()
+                .map(|id| self.store.load(id))
+                .collect::<Result<Vec<_>, _>>()?;
+            if let Err(e) = insert(&records) {
+                self.next_try = Instant::now() + retry;
+                return Err(e);
+            }
+            self.store.remove(&ids)?;
+            self.held = self.held.saturating_sub(ids.len() as u64);
+            moved += ids.len() as u64;
+        }
+        Ok(moved)
+    }
+}

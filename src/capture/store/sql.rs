@@ -1,0 +1,240 @@
+//! What the store says to either database: values, rows, and the few places where
+//! SQLite's and PostgreSQL's SQL differ. Every statement is written once, with
+//! `?N` placeholders; [`Dialect`] supplies the differing pieces.
+
+use super::StoreError;
+
+/// A value bound to, or read from, a statement.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+    Blob(Vec<u8>),
+    Bool(bool),
+}
+
+impl From<i64> for Value {
+    fn from(v: i64) -> Value {
+        Value::Int(v)
+    }
+}
+impl From<bool> for Value {
+    fn from(v: bool) -> Value {
+        Value::Bool(v)
+    }
+}
+impl From<String> for Value {
+    fn from(v: String) -> Value {
+        Value::Text(v)
+    }
+}
+impl From<&str> for Value {
+    fn from(v: &str) -> Value {
+        Value::Text(v.to_owned())
+    }
+}
+impl From<Vec<u8>> for Value {
+    fn from(v: Vec<u8>) -> Value {
+        Value::Blob(v)
+    }
+}
+impl<T: Into<Value>> From<Option<T>> for Value {
+    fn from(v: Option<T>) -> Value {
+        v.map_or(Value::Null, Into::into)
+    }
+}
+
+/// One result row, its columns in select order.
+#[derive(Debug, Default)]
+pub(crate) struct SqlRow(pub(crate) Vec<Value>);
+
+impl SqlRow {
+    fn at(&self, i: usize) -> Result<&Value, StoreError> {
+        self.0
+            .get(i)
+            .ok_or_else(|| StoreError::Corrupt(format!("a row has no column {i}")))
+    }
+
+    fn wrong(&self, i: usize, want: &str) -> StoreError {
+        StoreError::Corrupt(format!("column {i} is {:?}, not {want}", self.0.get(i)))
+    }
+
+    pub(crate) fn opt_int(&self, i: usize) -> Result<Option<i64>, StoreError> {
+        match self.at(i)? {
+            Value::Null => Ok(None),
+            Value::Int(v) => Ok(Some(*v)),
+            Value::Bool(b) => Ok(Some(i64::from(*b))),
+            _ => Err(self.wrong(i, "an integer")),
+        }
+    }
+
+    pub(crate) fn int(&self, i: usize) -> Result<i64, StoreError> {
+        self.opt_int(i)?.ok_or_else(|| self.wrong(i, "an integer"))
+    }
+
+    pub(crate) fn bool(&self, i: usize) -> Result<bool, StoreError> {
+        Ok(self.int(i)? != 0)
+    }
+
+    pub(crate) fn opt_text(&self, i: usize) -> Result<Option<String>, StoreError> {
+        match self.at(i)? {
+            Value::Null => Ok(None),
+            Value::Text(v) => Ok(Some(v.clone())),
+            _ => Err(self.wrong(i, "text")),
+        }
+    }
+
+    pub(crate) fn text(&self, i: usize) -> Result<String, StoreError> {
+        self.opt_text(i)?.ok_or_else(|| self.wrong(i, "text"))
+    }
+
+    pub(crate) fn opt_blob(&self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.at(i)? {
+            Value::Null => Ok(None),
+            Value::Blob(v) => Ok(Some(v.clone())),
+            _ => Err(self.wrong(i, "bytes")),
+        }
+    }
+
+    pub(crate) fn blob(&self, i: usize) -> Result<Vec<u8>, StoreError> {
+        self.opt_blob(i)?.ok_or_else(|| self.wrong(i, "bytes"))
+    }
+
+    /// Moves the bytes out of column `i` (a large body layout or meta is not copied).
+    pub(crate) fn take_blob(&mut self, i: usize) -> Result<Option<Vec<u8>>, StoreError> {
+        match self.0.get_mut(i) {
+            Some(Value::Blob(v)) => Ok(Some(std::mem::take(v))),
+            Some(Value::Null) => Ok(None),
+            _ => Err(self.wrong(i, "bytes")),
+        }
+    }
+}
+
+/// The SQL that differs between the two databases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// The column that numbers records in storing order.
+    pub(crate) fn seq(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "rowid",
+            Dialect::Postgres => "seq",
+        }
+    }
+
+    /// The 1-based place of `needle` in `hay`, 0 when absent.
+    pub(crate) fn position(self, hay: &str, needle: &str) -> String {
+        match self {
+            Dialect::Sqlite => format!("instr({hay}, {needle})"),
+            Dialect::Postgres => format!("strpos({hay}, {needle})"),
+        }
+    }
+
+    /// Whether the comma-separated list in `column` holds the text bound at `?n`.
+    pub(crate) fn list_has(self, column: &str, n: usize) -> String {
+        match self {
+            Dialect::Sqlite => format!("instr(',' || {column} || ',', ',' || ?{n} || ',') > 0"),
+            // The form its GIN index on string_to_array(column, ',') answers.
+            Dialect::Postgres => format!("string_to_array({column}, ',') @> ARRAY[?{n}::text]"),
+        }
+    }
+
+    /// Whether the cache column's first word is the (lower-case) verdict at `?n`.
+    pub(crate) fn verdict_is(self, n: usize) -> String {
+        match self {
+            Dialect::Sqlite => format!(
+                "(lower(cache) = ?{n} OR substr(lower(cache), 1, length(?{n}) + 1) = ?{n} || ' ')"
+            ),
+            // The expression its index holds.
+            Dialect::Postgres => format!("split_part(lower(cache), ' ', 1) = ?{n}"),
+        }
+    }
+}
+
+/// A connection to either database. Statements use `?N` placeholders.
+pub(crate) trait Connection: Send {
+    fn dialect(&self) -> Dialect;
+    /// Runs one statement; the number of rows it changed.
+    fn execute(&self, sql: &str, args: &[Value]) -> Result<u64, StoreError>;
+    /// Calls `each` on every row until it returns `false`.
+    fn query_each(
+        &self,
+        sql: &str,
+        args: &[Value],
+        each: &mut dyn FnMut(SqlRow) -> Result<bool, StoreError>,
+    ) -> Result<(), StoreError>;
+    /// Runs statements without arguments (DDL).
+    fn batch(&self, sql: &str) -> Result<(), StoreError>;
+    fn begin(&self) -> Result<(), StoreError> {
+        self.batch("BEGIN")
+    }
+    fn commit(&self) -> Result<(), StoreError> {
+        self.batch("COMMIT")
+    }
+    fn rollback(&self) -> Result<(), StoreError> {
+        self.batch("ROLLBACK")
+    }
+    /// Bytes the captures take in the database (the size limit counts these).
+    fn used_bytes(&self) -> Result<u64, StoreError>;
+    /// Gives freed space back after units were deleted.
+    fn reclaim(&self) -> Result<(), StoreError>;
+    /// Makes what was written durable in the main file (a clean close).
+    fn checkpoint(&self) -> Result<(), StoreError>;
+
+    /// Every row.
+    fn query(&self, sql: &str, args: &[Value]) -> Result<Vec<SqlRow>, StoreError> {
+        let mut rows = Vec::new();
+        self.query_each(sql, args, &mut |row| {
+            rows.push(row);
+            Ok(true)
+        })?;
+        Ok(rows)
+    }
+
+    /// The first row, if there is one.
+    fn query_row(&self, sql: &str, args: &[Value]) -> Result<Option<SqlRow>, StoreError> {
+        let mut first = None;
+        self.query_each(sql, args, &mut |row| {
+            first = Some(row);
+            Ok(false)
+        })?;
+        Ok(first)
+    }
+}
+
+/// `sql` with `?N` placeholders as PostgreSQL's `$N` (a `?` inside a quoted
+/// literal, or not followed by a digit, stays).
+pub(crate) fn dollar_placeholders(sql: &str) -> String {
+    let mut out = String::with_capacity(sql.len());
+    let mut quoted = false;
+    let mut chars = sql.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '\'' => {
+                quoted = !quoted;
+                out.push(c);
+            }
+            '?' if !quoted && chars.peek().is_some_and(char::is_ascii_digit) => out.push('$'),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_turn_into_dollars_outside_literals_only() {
+        assert_eq!(
+            dollar_placeholders("a = ?1 AND strpos(p || '?1', '?') > ?12"),
+            "a = $1 AND strpos(p || '?1', '?') > $12"
+        );
+    }
+}

@@ -1,0 +1,501 @@
+//! The PostgreSQL capture store against a real server (Debian's `postgresql`,
+//! started by the test): every read verb says what it says of SQLite, replicas
+//! share one store with each unit once, the schema migrates and refuses a newer
+//! one, retention removes what no exchange uses, and no password rides in a URL.
+
+mod support;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use support::captures;
+use support::client::{self, request_bytes};
+use support::golden::normalise;
+use support::pg_server::{self, Postgres};
+use support::{Proxy, TempDir, shapes};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn postgres() -> Option<Postgres> {
+    support::can_run(pg_server::missing()).then(Postgres::start)
+}
+
+fn sqlite_count(dir: &Path, sql: &str) -> i64 {
+    rusqlite::Connection::open(dir.join("promptgate.db"))
+        .unwrap()
+        .query_row(sql, [], |r| r.get(0))
+        .unwrap()
+}
+
+/// Claude Code turn `round` of one conversation, through `proxy`.
+async fn turn(proxy: &Proxy, round: usize) {
+    let body = shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION));
+    let h = shapes::claude_code_headers(
+        &proxy.addr.to_string(),
+        body.len(),
+        "sk-ant-api03-fleet-0123456789abcdef",
+    );
+    let request = request_bytes("POST", "/v1/messages?beta=true", &h, &body);
+    assert_eq!(client::send(proxy.addr, &request).await.status, 200);
+}
+
+/// A replica answered by `fake` that captures into `store` (a URL or a directory).
+fn replica(fake: &support::FakeProvider, store: &str, extra: &[&str]) -> Proxy {
+    let upstream = fake.url();
+    let mut args = vec!["--upstream-anthropic", &upstream, "--captures", store];
+    args.extend_from_slice(extra);
+    Proxy::start(&args)
+}
+
+/// `promptgate serve …` that must refuse to start: its exit code and stderr.
+fn refused_serve(args: &[&str]) -> (i32, String) {
+    let runtime = TempDir::new("runtime");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+        .args(args)
+        .env("PROMPTGATE_RUNTIME_DIR", runtime.path())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + WAIT;
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("serve {args:?} kept running");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn every_read_verb_says_of_postgres_what_it_says_of_sqlite() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("verbs");
+    let fake = captures::golden_provider().await;
+    let lite = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let fleet = replica(&fake, &url, &[]);
+    assert!(fleet.start_line.contains(&url), "{}", fleet.start_line);
+    let lite_ids = captures::golden_conversation(&lite, &lite.captures).await;
+    let pg_ids = captures::golden_conversation(&fleet, url.as_str()).await;
+    let same = |args_of: &dyn Fn(&[String]) -> Vec<String>| {
+        let lite_args = args_of(&lite_ids);
+        let pg_args = args_of(&pg_ids);
+        let lite_args: Vec<&str> = lite_args.iter().map(String::as_str).collect();
+        let pg_args: Vec<&str> = pg_args.iter().map(String::as_str).collect();
+        let a = normalise(&captures::ok(&lite.captures, &lite_args));
+        let b = normalise(&captures::ok(url.as_str(), &pg_args));
+        assert_eq!(a, b, "captures {lite_args:?}");
+        assert!(!b.is_empty());
+    };
+    let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    same(&|_| words(&["list"]));
+    same(&|_| words(&["list", "--conversation", "cc:54c1", "--limit", "2"]));
+    same(&|_| words(&["list", "--grep", "cat src/file_1.rs"]));
+    same(&|_| words(&["list", "--verdict", "write"]));
+    same(&|_| words(&["list", "--provider", "anthropic", "--offset", "1"]));
+    same(&|_| words(&["list", "--since", "1h", "--model", "claude-*"]));
+    same(&|_| words(&["conversations"]));
+    same(&|ids| words(&["show", &ids[1]]));
+    same(&|ids| words(&["show", &ids[0], "--raw", "--received"]));
+    same(&|ids| words(&["diff", &ids[1], &ids[2]]));
+    same(&|ids| words(&["diff", &ids[2]]));
+    same(&|_| words(&["show", "last"]));
+    same(&|_| words(&["diff", "@-2", "@-1"]));
+    let report = |store: &std::ffi::OsStr| {
+        let out = captures::cache_report(store, &[]);
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        normalise(&out.stdout)
+    };
+    assert_eq!(
+        report(lite.captures.as_os_str()),
+        report(url.as_ref()),
+        "cache report"
+    );
+    // The export holds every record with its bodies, rebuilt byte for byte.
+    let exported = captures::export(url.as_str());
+    assert_eq!(exported.len(), 4);
+    let raw = captures::ok(url.as_str(), &["show", &pg_ids[0], "--raw", "--received"]);
+    assert_eq!(
+        raw.as_bytes(),
+        shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION))
+    );
+    // The admin API (and the viewer on it) reads the same store.
+    let admin = fleet.admin_addr();
+    let (status, list) = client::get_json(admin, "/api/captures").await;
+    assert_eq!(status, 200, "{list}");
+    assert_eq!(list["captures"].as_array().unwrap().len(), 4);
+    let (_, one) = client::get_json(admin, &format!("/api/captures/{}", pg_ids[0])).await;
+    assert_eq!(one["id"], pg_ids[0]);
+    let (status, _) = client::get_json(admin, "/api/cache/report").await;
+    assert_eq!(status, 200);
+    // A missing id is the same error.
+    let missing = captures::cli(url.as_str(), &["show", "7ZZZZ"]);
+    assert_eq!(missing.code, 2);
+    assert!(
+        missing.stderr.contains("no capture \"7ZZZZ\""),
+        "{}",
+        missing.stderr
+    );
+}
+
+#[tokio::test]
+async fn two_replicas_share_one_store_and_each_unit_is_stored_once() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("fleet");
+    let fake = support::fake_answering_ok().await;
+    let replicas = [replica(&fake, &url, &[]), replica(&fake, &url, &[])];
+    // One replica on SQLite takes the same turns: the measure of "stored once".
+    let alone = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    const TURNS: usize = 6;
+    for round in 0..TURNS {
+        turn(&replicas[round % 2], round).await;
+        turn(&alone, round).await;
+    }
+    // A third command line, on neither replica, sees every exchange of both.
+    let records = captures::wait_records(url.as_str(), TURNS, WAIT).await;
+    assert_eq!(records.len(), TURNS);
+    captures::wait_records(&alone.captures, TURNS, WAIT).await;
+    let list = captures::ok(url.as_str(), &["list"]);
+    assert!(list.ends_with(&format!("{TURNS} exchange(s)\n")), "{list}");
+    let conversations = captures::ok(url.as_str(), &["conversations"]);
+    assert_eq!(
+        conversations.lines().filter(|l| l.contains("cc:")).count(),
+        1,
+        "{conversations}"
+    );
+    for replica in &replicas {
+        assert!(replica.log().is_empty() || !replica.log().contains("capture write failed"));
+    }
+    let pg_units = pg.count("fleet", "SELECT COUNT(*) FROM units");
+    let lite_units = sqlite_count(&alone.captures, "SELECT COUNT(*) FROM units");
+    assert_eq!(
+        pg_units, lite_units,
+        "two replicas stored as many units as one store taking every turn"
+    );
+    // Each turn resends the one before it: far fewer units than bodies' blocks.
+    let bodies: i64 = pg.count("fleet", "SELECT COUNT(*) FROM records");
+    assert_eq!(bodies, TURNS as i64);
+    let stored: i64 = pg.count("fleet", "SELECT CAST(SUM(size) AS BIGINT) FROM units");
+    let sent: usize = (0..TURNS)
+        .map(|r| shapes::to_bytes(&shapes::claude_code_body(r, shapes::CC_SESSION)).len())
+        .sum();
+    assert!(
+        (stored as usize) < sent / 2,
+        "units hold {stored} bytes of {sent} sent"
+    );
+}
+
+#[tokio::test]
+async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("schema");
+    // Nothing there yet: the read verbs say so, and create nothing.
+    let empty = captures::cli(url.as_str(), &["list"]);
+    assert_eq!(empty.code, 2, "{}", empty.stdout);
+    assert!(empty.stderr.contains("no captures in"), "{}", empty.stderr);
+    assert_eq!(
+        pg.count(
+            "schema",
+            "SELECT COUNT(*) FROM pg_tables WHERE schemaname = 'public'"
+        ),
+        0
+    );
+    let fake = support::fake_answering_ok().await;
+    let proxy = replica(&fake, &url, &[]);
+    turn(&proxy, 0).await;
+    captures::wait_records(url.as_str(), 1, WAIT).await;
+    drop(proxy);
+    assert_eq!(
+        pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
+        1
+    );
+    // A second start finds the schema current and keeps what is there.
+    let again = replica(&fake, &url, &[]);
+    drop(again);
+    assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
+
+    pg.execute("schema", "UPDATE promptgate_schema SET version = 99");
+    let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 1)"),
+        "{stderr}"
+    );
+    let read = captures::cli(url.as_str(), &["list"]);
+    assert_eq!(read.code, 2);
+    assert!(read.stderr.contains("schema 99"), "{}", read.stderr);
+}
+
+#[tokio::test]
+async fn retention_removes_old_exchanges_and_the_units_no_exchange_uses() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("retention");
+    let fake = support::fake_answering_ok().await;
+    let lite_dir = TempDir::new("retention-lite");
+    let lite = lite_dir.path().to_str().unwrap().to_owned();
+    // Old turns, then a new one, into each store.
+    for store in [&url, &lite] {
+        let proxy = replica(&fake, store, &[]);
+        for round in [0, 3] {
+            turn(&proxy, round).await;
+        }
+        captures::wait_records(store.as_str(), 2, WAIT).await;
+    }
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    for store in [&url, &lite] {
+        let proxy = replica(&fake, store, &[]);
+        turn(&proxy, 1).await;
+        captures::wait_records(store.as_str(), 3, WAIT).await;
+    }
+    let units_before = pg.count("retention", "SELECT COUNT(*) FROM units");
+    // Started with a 2 s retention: the two old exchanges go at once.
+    for store in [&url, &lite] {
+        let proxy = replica(&fake, store, &["--capture-max-age", "2s"]);
+        drop(proxy);
+    }
+    assert_eq!(pg.count("retention", "SELECT COUNT(*) FROM records"), 1);
+    let units_after = pg.count("retention", "SELECT COUNT(*) FROM units");
+    assert!(
+        units_after < units_before,
+        "{units_after} of {units_before}"
+    );
+    assert_eq!(
+        units_after,
+        sqlite_count(lite_dir.path(), "SELECT COUNT(*) FROM units"),
+        "the units left are those the kept exchange uses, as in SQLite"
+    );
+    // What is left still rebuilds exactly.
+    let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
+    assert_eq!(
+        raw.as_bytes(),
+        shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION))
+    );
+}
+
+#[tokio::test]
+async fn a_password_never_rides_in_the_url_and_comes_from_pgpassword_or_a_passfile() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("secret");
+    let canary = "hunter2-canary-9f8e7d";
+    let with_password = url.replace("promptgate@", &format!("promptgate:{canary}@"));
+    let read = captures::cli(with_password.as_str(), &["list"]);
+    assert_eq!(read.code, 2);
+    assert!(
+        read.stderr.contains("PGPASSWORD") && !read.stderr.contains(canary),
+        "{}",
+        read.stderr
+    );
+    let (code, stderr) = refused_serve(&["--captures", &with_password]);
+    assert_ne!(code, 0);
+    assert!(
+        stderr.contains("PGPASSWORD") && !stderr.contains(canary),
+        "{stderr}"
+    );
+    // A role that needs its password over TCP.
+    pg.execute(
+        "postgres",
+        &format!(
+            "CREATE ROLE fleet LOGIN PASSWORD '{canary}'; ALTER DATABASE secret OWNER TO fleet"
+        ),
+    );
+    pg.require_password_for("fleet");
+    let fleet_url = format!("postgres://fleet@127.0.0.1:{}/secret", pg.port);
+    let list = |env: &[(&str, &str)], url: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+            .args(["captures", "list", "--captures", url])
+            .env_remove("PGPASSWORD")
+            .env_remove("PGPASSFILE")
+            .env("HOME", "/nonexistent")
+            .envs(env.iter().copied())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = list(&[], &fleet_url);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("password"), "{stderr}");
+    // With the password: connected, and the store is simply empty.
+    let (code, stderr) = list(&[("PGPASSWORD", canary)], &fleet_url);
+    assert_eq!(code, Some(2));
+    assert!(stderr.contains("no captures in"), "{stderr}");
+    let passfile = TempDir::new("passfile");
+    let file = passfile.path().join("pgpass");
+    std::fs::write(
+        &file,
+        format!("127.0.0.1:{}:secret:fleet:{canary}\n", pg.port),
+    )
+    .unwrap();
+    let (code, stderr) = list(&[("PGPASSFILE", file.to_str().unwrap())], &fleet_url);
+    assert!(stderr.contains("no captures in"), "{code:?} {stderr}");
+    let with_passfile = format!("{fleet_url}?passfile={}", file.display());
+    let (_, stderr) = list(&[], &with_passfile);
+    assert!(stderr.contains("no captures in"), "{stderr}");
+    // A replica writes with it, and the password is nowhere it leaves.
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &fleet_url,
+        ],
+        &[("PGPASSWORD", canary)],
+    );
+    turn(&proxy, 0).await;
+    captures::wait_records(with_passfile.as_str(), 1, WAIT).await;
+    let metrics = client::get(proxy.admin_addr(), "/metrics").await;
+    support::assert_absent(&metrics.body.bytes, canary, "/metrics");
+    let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    support::assert_absent(health.to_string().as_bytes(), canary, "/healthz");
+    support::assert_absent(proxy.start_line.as_bytes(), canary, "the start line");
+    support::assert_absent(proxy.log().as_bytes(), canary, "the log");
+}
+
+#[tokio::test]
+async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let Some(mut pg) = postgres() else { return };
+    let url = pg.create_db("away");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("away-home");
+    let home_path = home.path().to_str().unwrap().to_owned();
+    let proxy = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url(), "--captures", &url],
+        &[("PROMPTGATE_HOME", &home_path)],
+    );
+    const TOTAL: usize = 2000;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let refused = Arc::new(AtomicUsize::new(0));
+    let lanes: Vec<_> = (0..8)
+        .map(|_| {
+            let (sent, refused, addr) = (sent.clone(), refused.clone(), proxy.addr);
+            tokio::spawn(async move {
+                loop {
+                    let n = sent.fetch_add(1, Ordering::SeqCst);
+                    if n >= TOTAL {
+                        break;
+                    }
+                    let body = format!(
+                        r#"{{"model":"claude-sonnet-4-5","max_tokens":16,"messages":[{{"role":"user","content":"ping {n}"}}]}}"#
+                    );
+                    let h = vec![
+                        ("host", addr.to_string()),
+                        ("content-type", "application/json".to_owned()),
+                        ("anthropic-version", "2023-06-01".to_owned()),
+                        ("x-api-key", "sk-ant-api03-away-0123456789abcdef".to_owned()),
+                        ("content-length", body.len().to_string()),
+                    ];
+                    let request = request_bytes("POST", "/v1/messages", &h, body.as_bytes());
+                    if client::send(addr, &request).await.status != 200 {
+                        refused.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            })
+        })
+        .collect();
+    let reached = |n: usize| {
+        let sent = sent.clone();
+        async move {
+            while sent.load(Ordering::SeqCst) < n {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    };
+    let spooled = || async {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        health["capture"]["spooled"].as_u64().unwrap_or(0)
+    };
+    reached(600).await;
+    pg.stop_server();
+    let deadline = Instant::now() + WAIT;
+    let mut seen = 0;
+    while seen == 0 {
+        assert!(Instant::now() < deadline, "/healthz never showed the spool");
+        seen = spooled().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    assert_eq!(
+        health["capture"]["spool_dir"],
+        home.path().join("spool").display().to_string()
+    );
+    let metrics = client::get(proxy.admin_addr(), "/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics.body.bytes).into_owned();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("promptgate_capture_spool_records ") && !l.ends_with(" 0")),
+        "{metrics}"
+    );
+    // The spool takes what the store cannot, while the requests go on.
+    let mut most = seen;
+    while sent.load(Ordering::SeqCst) < 1400 {
+        most = most.max(spooled().await);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("the spool held up to {most} records while PostgreSQL was down");
+    assert!(most >= 100, "the spool held only {most} records at most");
+    pg.start_server();
+    for lane in lanes {
+        lane.await.unwrap();
+    }
+    assert_eq!(
+        refused.load(Ordering::SeqCst),
+        0,
+        "no client request failed"
+    );
+    // Every exchange in PostgreSQL once, the spool empty again.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let stored = pg.count("away", "SELECT COUNT(*) FROM records");
+        if stored == TOTAL as i64 && spooled().await == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{stored} of {TOTAL} records in PostgreSQL, {} in the spool",
+            spooled().await
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut logged: Vec<String> = proxy
+        .exchanges()
+        .iter()
+        .filter_map(|e| e["id"].as_str().map(str::to_owned))
+        .collect();
+    logged.sort();
+    logged.dedup();
+    assert_eq!(logged.len(), TOTAL);
+    let listed = captures::ok(url.as_str(), &["list", "--limit", "5000"]);
+    for id in &logged {
+        assert!(listed.contains(id.as_str()), "{id} is not in the store");
+    }
+    let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    assert!(
+        health["capture"]["written"].as_u64() >= Some(TOTAL as u64),
+        "{health}"
+    );
+    assert_eq!(health["capture"]["failed"], 0, "{health}");
+    assert!(
+        proxy.log().contains("records wait in the spool"),
+        "{}",
+        proxy.log()
+    );
+    assert!(
+        proxy.log().contains("the spool is drained"),
+        "{}",
+        proxy.log()
+    );
+}
