@@ -2,7 +2,9 @@
 //! `cargo bench --bench capture` (release). Prints MB/s for redaction alone, for the
 //! content digest every record needs (BLAKE3, against the SHA-256 it replaced), for turning an exchange into a stored record
 //! (redaction, hashes, conversation key),
-//! and records/s for the store (splitting, dedup, compression, SQLite).
+//! and records/s for the store (splitting, dedup, compression, SQLite; and PostgreSQL
+//! when `PROMPTGATE_BENCH_POSTGRES` names two empty databases, as bench/fleet does),
+//! one record per transaction and 64 per transaction, as the capture writer batches.
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
@@ -14,7 +16,7 @@ use std::time::{Duration, Instant};
 use timing::time;
 
 use bytes::Bytes;
-use promptgate::capture::{CaptureRecord, Redactor, Store};
+use promptgate::capture::{CaptureRecord, Redactor, Store, StoreLocation};
 use promptgate::conversation::KeySource;
 use promptgate::id::ExchangeId;
 use promptgate::record::ExchangeRecord;
@@ -91,9 +93,6 @@ fn main() {
         );
     }
     // The store: a 100-turn conversation, each turn one record.
-    let dir = std::env::temp_dir().join(format!("pg-bench-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let mut store = Store::open(&dir.clone().into()).expect("store opens");
     let keys = KeySource::default();
     let exchanges: Vec<ExchangeRecord> = (0..100)
         .map(|round| {
@@ -127,22 +126,41 @@ fn main() {
         .collect();
     let t_records = start.elapsed().as_secs_f64();
     let bytes: usize = records.iter().map(|r| r.request.body.bytes.len()).sum();
-    let start = Instant::now();
-    for r in &records {
-        store.insert(std::slice::from_ref(r)).expect("insert");
-    }
-    let t = start.elapsed().as_secs_f64();
-    let stats = store.stats().expect("stats");
     println!(
         "record   100 turns, {bytes} bytes, one unit cache, session header: {:.1} MB/s",
         bytes as f64 / t_records / 1e6
     );
-    println!(
-        "store    100 turns, {bytes} bytes: {:.0} records/s, {:.1} MB/s of bodies, stored {} bytes ({:.2} %)",
-        100.0 / t,
-        bytes as f64 / t / 1e6,
-        stats.used_bytes,
-        stats.used_bytes as f64 * 100.0 / bytes as f64
-    );
+    let dir = std::env::temp_dir().join(format!("pg-bench-{}", std::process::id()));
+    // (name, store, records per transaction): each pass starts from an empty store.
+    let mut passes: Vec<(&str, StoreLocation, usize)> = vec![
+        ("sqlite", dir.clone().into(), 1),
+        ("sqlite", dir.clone().into(), 64),
+    ];
+    let urls = std::env::var("PROMPTGATE_BENCH_POSTGRES").unwrap_or_default();
+    for (url, per_transaction) in urls.split_whitespace().zip([1, 64]) {
+        passes.push((
+            "postgres",
+            url.parse().expect("a postgres:// URL"),
+            per_transaction,
+        ));
+    }
+    for (label, location, per_transaction) in passes {
+        let _ = std::fs::remove_dir_all(&dir);
+        let mut store = Store::open(&location).expect("store opens");
+        let before = store.stats().expect("stats");
+        let start = Instant::now();
+        for batch in records.chunks(per_transaction) {
+            store.insert(batch).expect("insert");
+        }
+        let t = start.elapsed().as_secs_f64();
+        let stats = store.stats().expect("stats");
+        let grew = stats.used_bytes.saturating_sub(before.used_bytes);
+        println!(
+            "store    {label:<8} {per_transaction:>2}/tx, 100 turns, {bytes} bytes: {:.0} records/s, {:.1} MB/s of bodies, grew {grew} bytes ({:.2} %)",
+            100.0 / t,
+            bytes as f64 / t / 1e6,
+            grew as f64 * 100.0 / bytes as f64
+        );
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

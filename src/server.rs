@@ -14,8 +14,8 @@ use tokio::net::TcpListener;
 
 use crate::admin::{AdminGuard, AdminState};
 use crate::cache::{CacheStage, Clock};
-use crate::capture::Capture;
 use crate::capture::redact::Redactor;
+use crate::capture::{Capture, StoreLocation};
 use crate::config::Config;
 use crate::exchange::Proxy;
 use crate::listener::Workers;
@@ -97,7 +97,11 @@ pub async fn serve(
         None
     };
     let grace = config.shutdown_grace;
-    let cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock);
+    let mut cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock);
+    // Turns of one conversation may reach any replica sharing a PostgreSQL store.
+    if let (Some(_), store @ StoreLocation::Postgres(_)) = (&capture, &config.capture.store) {
+        cache = cache.sharing(store.clone());
+    }
     let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
         redactor: redactor.clone(),
     })];

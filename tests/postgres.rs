@@ -30,7 +30,11 @@ fn sqlite_count(dir: &Path, sql: &str) -> i64 {
 
 /// Claude Code turn `round` of one conversation, through `proxy`.
 async fn turn(proxy: &Proxy, round: usize) {
-    let body = shapes::to_bytes(&shapes::claude_code_body(round, shapes::CC_SESSION));
+    send_turn(proxy, shapes::claude_code_body(round, shapes::CC_SESSION)).await;
+}
+
+async fn send_turn(proxy: &Proxy, body: serde_json::Value) {
+    let body = shapes::to_bytes(&body);
     let h = shapes::claude_code_headers(
         &proxy.addr.to_string(),
         body.len(),
@@ -497,5 +501,128 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
         proxy.log().contains("the spool is drained"),
         "{}",
         proxy.log()
+    );
+}
+
+/// The per-turn analysis of a store's one Claude Code conversation: verdict,
+/// reason and prediction, from `cache report --format json`.
+fn analysis_of(store: &str) -> Vec<String> {
+    let out = captures::cache_report(store, &["--format", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let report: serde_json::Value = serde_json::from_str(&out.stdout).unwrap();
+    let conversation = report["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["conversation"].as_str().unwrap_or("").starts_with("cc:"))
+        .expect("the Claude Code conversation");
+    conversation["timeline"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {} predicted read {} write {}",
+                t["verdict"], t["reason_text"], t["predicted_read"], t["predicted_write"]
+            )
+        })
+        .collect()
+}
+
+/// A fake Anthropic whose usage the cache emulator computes: one provider cache.
+async fn emulating_provider() -> support::FakeProvider {
+    let emulator = std::sync::Arc::new(std::sync::Mutex::new(
+        support::cache_emulator::CacheEmulator::new(),
+    ));
+    support::FakeProvider::start(move |req| {
+        support::Action::Respond(support::fake_provider::emulated_reply(&emulator, &req.body))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_conversation_alternating_between_replicas_is_analysed_as_one_replica_would() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("alternating");
+    let (fleet_provider, alone_provider) = (emulating_provider().await, emulating_provider().await);
+    let replicas = [
+        replica(&fleet_provider, &url, &[]),
+        replica(&fleet_provider, &url, &[]),
+    ];
+    let alone = Proxy::start(&["--upstream-anthropic", &alone_provider.url()]);
+    const TURNS: usize = 6;
+    for round in 0..TURNS {
+        if round > 0 {
+            // As an agent sends them: after a whole answer and a tool run.
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
+        let mut body = shapes::claude_code_body(round, shapes::CC_SESSION);
+        if round >= 3 {
+            // The user switches models: a miss with a reason, then hits again.
+            body["model"] = "claude-sonnet-4-5".into();
+        }
+        send_turn(&replicas[round % 2], body.clone()).await;
+        send_turn(&alone, body).await;
+    }
+    captures::wait_records(url.as_str(), TURNS, WAIT).await;
+    captures::wait_records(&alone.captures, TURNS, WAIT).await;
+    let fleet = analysis_of(&url);
+    let single = analysis_of(alone.captures.to_str().unwrap());
+    assert_eq!(fleet.len(), TURNS, "{fleet:#?}");
+    assert_eq!(
+        fleet, single,
+        "the fleet's analysis, turn by turn, against one replica's"
+    );
+    // Not trivially equal: the conversation reads the cache, and misses it for a reason.
+    assert!(single[1].starts_with("\"hit\""), "{single:#?}");
+    assert!(single[3].contains("model"), "{single:#?}");
+}
+
+#[tokio::test]
+async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_once_it_is_up() {
+    let Some(mut pg) = postgres() else { return };
+    let url = pg.create_db("late");
+    pg.stop_server();
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("late-home");
+    let proxy = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url(), "--captures", &url],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    const TURNS: usize = 5;
+    for round in 0..TURNS {
+        turn(&proxy, round).await;
+    }
+    let spooled = || async {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        health["capture"]["spooled"].as_u64().unwrap_or(0)
+    };
+    let deadline = Instant::now() + WAIT;
+    while spooled().await < TURNS as u64 {
+        assert!(Instant::now() < deadline, "{}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        proxy.log().contains("capture store unreachable at start"),
+        "{}",
+        proxy.log()
+    );
+    pg.start_server();
+    let records = captures::wait_records(url.as_str(), TURNS, WAIT).await;
+    assert_eq!(records.len(), TURNS);
+    let deadline = Instant::now() + WAIT;
+    while spooled().await > 0 {
+        assert!(Instant::now() < deadline, "the spool never drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The schema was made when the database first answered, and the bodies are whole.
+    assert_eq!(
+        pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
+        1
+    );
+    let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
+    assert_eq!(
+        raw.as_bytes(),
+        shapes::to_bytes(&shapes::claude_code_body(TURNS - 1, shapes::CC_SESSION))
     );
 }

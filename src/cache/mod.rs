@@ -324,6 +324,54 @@ pub struct CacheStage {
     /// only ever waits for a push, never for an analysis.
     began: Mutex<Vec<Began>>,
     state: Mutex<State>,
+    /// A store other replicas write too (PostgreSQL): turns they took are read from it.
+    shared: Option<SharedStore>,
+}
+
+/// How far back a conversation new to this replica is looked for in the shared
+/// store: the longest cache ttl.
+const CATCH_UP_WINDOW_MS: Millis = 3_600_000;
+/// The most turns brought in from the shared store for one request.
+const CATCH_UP_MOST: usize = 8;
+
+/// The capture store the fleet shares, opened for reading when first needed.
+struct SharedStore {
+    location: crate::capture::StoreLocation,
+    store: Mutex<Option<crate::capture::Store>>,
+}
+
+impl SharedStore {
+    /// The stored turns of `conversation` that started at or after `since` and
+    /// before `before`, the newest [`CATCH_UP_MOST`], oldest first; only those
+    /// `known` does not name are read whole.
+    fn turns(
+        &self,
+        conversation: &str,
+        since: Millis,
+        before: ExchangeId,
+        known: impl Fn(ExchangeId) -> bool,
+    ) -> Result<Vec<(ExchangeId, crate::capture::CaptureRecord)>, crate::capture::StoreError> {
+        let mut slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(crate::capture::Store::open_read_only(&self.location)?);
+        }
+        let Some(store) = slot.as_ref() else {
+            return Ok(Vec::new());
+        };
+        let result = store
+            .turns(conversation, since, &before.to_string(), CATCH_UP_MOST)
+            .and_then(|ids| {
+                ids.iter()
+                    .filter_map(|id| ExchangeId::parse(id).filter(|&id| !known(id)))
+                    .map(|id| Ok((id, store.load(&id.to_string())?)))
+                    .collect()
+            });
+        if result.is_err() {
+            // Opened again next time: the connection may be what failed.
+            *slot = None;
+        }
+        result
+    }
 }
 
 impl std::fmt::Debug for CacheStage {
@@ -349,7 +397,18 @@ impl CacheStage {
                 history,
                 unpriced: Default::default(),
             }),
+            shared: None,
         }
+    }
+
+    /// Reads the turns other replicas took from `store`, which they write too: a
+    /// conversation's turns may reach any replica.
+    pub fn sharing(mut self, store: crate::capture::StoreLocation) -> CacheStage {
+        self.shared = Some(SharedStore {
+            location: store,
+            store: Mutex::new(None),
+        });
+        self
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -359,7 +418,6 @@ impl CacheStage {
 
     /// Cuts and predicts a queued request, and notes what it will cache.
     fn prepare(&self, state: &mut State, b: Began) {
-        let body = b.prompt.body().bytes();
         // The session header names most agent conversations without reading the
         // body; only the others (pi, SDK apps) need the model.
         let key = match &b.key {
@@ -367,6 +425,64 @@ impl CacheStage {
             Err(headers) => conversation_key(headers, Some(b.prompt.get()), &self.key_source),
         }
         .unwrap_or_else(|| "unkeyed".into());
+        if let Some(shared) = &self.shared {
+            self.catch_up(state, shared, &key, &b);
+        }
+        self.prepare_keyed(state, b, key);
+    }
+
+    /// Brings in the turns of `key` that another replica took since this one last
+    /// saw it, from the shared store, as if this replica had taken them: each is
+    /// prepared and judged against its stored usage (the reports are dropped).
+    fn catch_up(&self, state: &mut State, shared: &SharedStore, key: &str, b: &Began) {
+        let newest_here = state
+            .history
+            .get(key)
+            .and_then(|c| c.snapshots.back().map(|s| s.start));
+        let since = newest_here.unwrap_or(b.start.saturating_sub(CATCH_UP_WINDOW_MS));
+        let known = |id: ExchangeId| {
+            state.pending.contains_key(&id)
+                || state
+                    .history
+                    .get(key)
+                    .is_some_and(|c| c.snapshot(id).is_some())
+        };
+        let records = match shared.turns(key, since, b.id, known) {
+            Ok(records) => records,
+            Err(e) => {
+                tracing::debug!("cache analysis: no turns from the shared store: {e}");
+                return;
+            }
+        };
+        for (id, r) in records {
+            let (Some(format), Some(usage)) = (r.request_format(), r.usage) else {
+                continue;
+            };
+            if !r.response.status.is_some_and(|s| (200..300).contains(&s)) {
+                continue;
+            }
+            let body = r.request.sent_body.as_ref().unwrap_or(&r.request.body);
+            let start = r.times.started_ms;
+            let began = Began {
+                id,
+                start,
+                began: start + r.times.upstream_headers_ms.map_or(0, |ms| ms as Millis),
+                format,
+                key: Ok(key.to_owned()),
+                credential: None,
+                prompt: PromptCell::new(
+                    crate::record::SentBody::whole(body.bytes.clone()),
+                    Some(format),
+                ),
+            };
+            self.prepare_keyed(state, began, key.to_owned());
+            let _ = self.judge(state, id, &usage);
+        }
+    }
+
+    /// [`prepare`](Self::prepare) once the conversation is known.
+    fn prepare_keyed(&self, state: &mut State, b: Began, key: String) {
+        let body = b.prompt.body().bytes();
         let previous = state
             .history
             .get(&key)

@@ -155,14 +155,28 @@ impl Capture {
         redactor: Arc<Redactor>,
         live: Option<Arc<crate::live::LiveFeed>>,
     ) -> Result<Arc<Capture>, StoreError> {
-        let mut store = Store::open(&settings.store)?;
-        let now = timestamp::now_ms();
-        match store.prune(&settings.retention, now) {
-            Ok(p) if p.records > 0 => {
-                tracing::info!("capture retention removed {} record(s)", p.records)
+        let mut store = match Store::open(&settings.store) {
+            Ok(store) => Some(store),
+            // A fleet replica serves while its database is away: the spool holds.
+            Err(StoreError::Unreachable(why))
+                if matches!(settings.store, StoreLocation::Postgres(_)) =>
+            {
+                tracing::warn!(
+                    "capture store unreachable at start ({why}); records wait in the spool at {} until it answers",
+                    settings.spool_dir.display()
+                );
+                None
             }
-            Ok(_) => {}
-            Err(e) => tracing::warn!("capture retention failed: {e}"),
+            Err(e) => return Err(e),
+        };
+        if let Some(store) = store.as_mut() {
+            match store.prune(&settings.retention, timestamp::now_ms()) {
+                Ok(p) if p.records > 0 => {
+                    tracing::info!("capture retention removed {} record(s)", p.records)
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("capture retention failed: {e}"),
+            }
         }
         let spool = match &settings.store {
             StoreLocation::Postgres(_) => Some(spool::Spool::open(
@@ -191,7 +205,11 @@ impl Capture {
         });
         let writer = Writer {
             shared: shared.clone(),
-            store,
+            store: StoreSlot {
+                store,
+                location: settings.store.clone(),
+                next_try: Instant::now(),
+            },
             cache: record::UnitCache::default(),
             redactor,
             keys,
@@ -350,7 +368,7 @@ impl RecordSink for Capture {
 /// The writer thread: takes records off the queue, redacts and stores them.
 struct Writer {
     shared: Arc<Shared>,
-    store: Store,
+    store: StoreSlot,
     cache: record::UnitCache,
     redactor: Arc<Redactor>,
     keys: KeySource,
@@ -360,6 +378,40 @@ struct Writer {
     live: Option<Arc<crate::live::LiveFeed>>,
     /// With a PostgreSQL store: where records wait while it is away.
     spool: Option<spool::Spool>,
+}
+
+/// The writer's store. A PostgreSQL store that was away when the replica started
+/// is opened once it answers, tried at most once per [`DRAIN_RETRY`].
+struct StoreSlot {
+    store: Option<Store>,
+    location: StoreLocation,
+    next_try: Instant,
+}
+
+impl StoreSlot {
+    fn get(&mut self) -> Result<&mut Store, StoreError> {
+        if self.store.is_none() {
+            if Instant::now() < self.next_try {
+                return Err(StoreError::Unreachable(format!(
+                    "{} (not answering; tried again in a moment)",
+                    self.location
+                )));
+            }
+            match Store::open(&self.location) {
+                Ok(store) => {
+                    tracing::info!("capture store {} answers", self.location);
+                    self.store = Some(store);
+                }
+                Err(e) => {
+                    self.next_try = Instant::now() + DRAIN_RETRY;
+                    return Err(e);
+                }
+            }
+        }
+        self.store
+            .as_mut()
+            .ok_or_else(|| StoreError::Unreachable(self.location.to_string()))
+    }
 }
 
 /// How long after a blocked request the same one counts as a client's retry of it.
@@ -454,7 +506,9 @@ impl Writer {
             }
             if last_prune.elapsed() >= PRUNE_EVERY {
                 last_prune = Instant::now();
-                if let Err(e) = self.store.prune(&self.retention, timestamp::now_ms()) {
+                let now = timestamp::now_ms();
+                let retention = self.retention;
+                if let Err(e) = self.store.get().and_then(|s| s.prune(&retention, now)) {
                     tracing::warn!("capture retention failed: {e}");
                 }
             }
@@ -472,7 +526,7 @@ impl Writer {
                 spool.dir().display()
             );
         }
-        if let Err(e) = self.store.checkpoint() {
+        if let Some(Err(e)) = self.store.store.as_ref().map(Store::checkpoint) {
             tracing::warn!("capture checkpoint failed: {e}");
         }
         self.shared.idle.notify_all();
@@ -509,7 +563,12 @@ impl Writer {
             self.spool_records(&records);
             return;
         }
-        match insert_announced(&mut self.store, self.live.as_deref(), &records) {
+        let live = self.live.as_deref();
+        match self
+            .store
+            .get()
+            .and_then(|store| insert_announced(store, live, &records))
+        {
             Ok(()) => self.stored(records.len() as u64),
             Err(StoreError::Unreachable(why)) if self.spool.is_some() => {
                 let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());
@@ -572,7 +631,7 @@ impl Writer {
             return;
         }
         let moved = spool.drain(DRAIN_BUDGET, DRAIN_RETRY, &mut |records| {
-            insert_announced(store, live.as_deref(), records)
+            insert_announced(store.get()?, live.as_deref(), records)
         });
         shared.spooled.store(spool.held(), Ordering::SeqCst);
         match moved {

@@ -815,6 +815,33 @@ impl Store {
         Ok(pruned)
     }
 
+    /// The ids of the newest `most` records of `conversation` that started at or
+    /// after `since_ms` and before the record `before` (by id), oldest first.
+    pub fn turns(
+        &self,
+        conversation: &str,
+        since_ms: u64,
+        before: &str,
+        most: usize,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = self.conn.query(
+            "SELECT id FROM records WHERE conversation = ?1 AND started_ms >= ?2 AND id < ?3
+             ORDER BY id DESC LIMIT ?4",
+            &[
+                Value::from(conversation),
+                Value::Int(since_ms as i64),
+                Value::from(before),
+                Value::Int(most as i64),
+            ],
+        )?;
+        let mut ids = rows
+            .into_iter()
+            .map(|r| r.text(0))
+            .collect::<Result<Vec<_>, _>>()?;
+        ids.reverse();
+        Ok(ids)
+    }
+
     /// The ids of the `n` oldest records, oldest first.
     pub fn oldest(&self, n: usize) -> Result<Vec<String>, StoreError> {
         let rows = self.conn.query(
