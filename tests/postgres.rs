@@ -626,3 +626,56 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
         shapes::to_bytes(&shapes::claude_code_body(TURNS - 1, shapes::CC_SESSION))
     );
 }
+
+#[tokio::test]
+async fn a_store_too_slow_to_answer_spools_and_then_catches_up() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("slow");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("slow-home");
+    // Statements give up after 300 ms here (30 s by default), so the test is quick.
+    let impatient = format!("{url}?options=-c%20statement_timeout%3D300");
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &impatient,
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    turn(&proxy, 0).await;
+    captures::wait_records(url.as_str(), 1, WAIT).await;
+    // Another session holds the records table for 3 s: every insert waits on it.
+    let lock_url = pg.url("slow");
+    let holder = std::thread::spawn(move || {
+        let mut c = postgres::Client::connect(&lock_url, postgres::NoTls).unwrap();
+        c.batch_execute(
+            "BEGIN; LOCK TABLE records IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(3); COMMIT",
+        )
+        .unwrap();
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let started = Instant::now();
+    for round in 1..6 {
+        turn(&proxy, round).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "requests waited on the store: {:?}",
+        started.elapsed()
+    );
+    let spooled = || async {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        health["capture"]["spooled"].as_u64().unwrap_or(0)
+    };
+    let deadline = Instant::now() + WAIT;
+    while spooled().await == 0 {
+        assert!(Instant::now() < deadline, "{}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    holder.join().unwrap();
+    let records = captures::wait_records(url.as_str(), 6, WAIT).await;
+    assert_eq!(records.len(), 6);
+    assert!(proxy.log().contains("statement timeout"), "{}", proxy.log());
+}

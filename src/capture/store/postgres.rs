@@ -24,6 +24,12 @@ const SCHEMA_VERSION: i64 = 1;
 const IDLE_READERS: usize = 4;
 /// How long a connection attempt may take before the store is called unreachable.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long data sent may go unacknowledged before the connection counts as lost
+/// (a dropped route, a dead host): the kernel's TCP_USER_TIMEOUT.
+const UNACKED_LIMIT: Duration = Duration::from_secs(15);
+/// The longest one statement may run before the server cancels it and the store
+/// counts as away (too slow to keep up, or locked): the writer spools meanwhile.
+const STATEMENT_LIMIT: &str = "-c statement_timeout=30s";
 /// Any advisory-lock key unlikely to clash with an application's: "prgate" in ASCII.
 const MIGRATION_LOCK: i64 = 0x7072_6761_7465;
 
@@ -88,6 +94,12 @@ fn config(url: &str) -> Result<postgres::Config, StoreError> {
     }
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(CONNECT_TIMEOUT);
+    }
+    if config.get_tcp_user_timeout().is_none() {
+        config.tcp_user_timeout(UNACKED_LIMIT);
+    }
+    if config.get_options().is_none() {
+        config.options(STATEMENT_LIMIT);
     }
     config.application_name("promptgate");
     if let Ok(password) = std::env::var("PGPASSWORD") {
@@ -181,11 +193,11 @@ fn describe(e: &postgres::Error) -> String {
 
 impl From<postgres::Error> for StoreError {
     fn from(e: postgres::Error) -> StoreError {
-        // Connection exceptions (08) and a server shutting down (57P) mean "away",
-        // as does a socket error: what the spool is for.
+        // Connection exceptions (08), a server shutting down (57P), a statement
+        // past its time (57014) and a socket error mean "away": what the spool is for.
         let away = e.code().is_some_and(|c| {
             let code = c.code();
-            code.starts_with("08") || code.starts_with("57P")
+            code.starts_with("08") || code.starts_with("57P") || code == "57014"
         }) || e.source().is_some_and(|s| s.is::<std::io::Error>());
         if e.is_closed() || away {
             StoreError::Unreachable(format!(
