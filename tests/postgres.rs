@@ -679,3 +679,50 @@ async fn a_store_too_slow_to_answer_spools_and_then_catches_up() {
     assert_eq!(records.len(), 6);
     assert!(proxy.log().contains("statement timeout"), "{}", proxy.log());
 }
+
+#[tokio::test]
+async fn a_paused_server_does_not_hold_the_writer() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("paused");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("paused-home");
+    // A 500 ms statement limit: the client gives up 5 s after it (5.5 s).
+    let impatient = format!("{url}?options=-c%20statement_timeout%3D500");
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &impatient,
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    turn(&proxy, 0).await;
+    captures::wait_records(url.as_str(), 1, WAIT).await;
+    pg.signal_all("-STOP");
+    let started = Instant::now();
+    for round in 1..6 {
+        turn(&proxy, round).await;
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let spooled = || async {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        health["capture"]["spooled"].as_u64().unwrap_or(0)
+    };
+    let deadline = Instant::now() + WAIT;
+    while spooled().await < 5 {
+        if Instant::now() > deadline {
+            pg.signal_all("-CONT");
+            panic!("the spool never took the records: {}", proxy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(proxy.log().contains("no answer in"), "{}", proxy.log());
+    pg.signal_all("-CONT");
+    let records = captures::wait_records(url.as_str(), 6, WAIT).await;
+    assert_eq!(records.len(), 6);
+}

@@ -334,10 +334,18 @@ const CATCH_UP_WINDOW_MS: Millis = 3_600_000;
 /// The most turns brought in from the shared store for one request.
 const CATCH_UP_MOST: usize = 8;
 
+/// How long the analysis goes without the shared store after it failed to answer:
+/// a store that answers nothing must not hold the record pipeline per record.
+const SHARED_STORE_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// How long one read of the shared store may take on the record pipeline.
+const SHARED_STORE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The capture store the fleet shares, opened for reading when first needed.
 struct SharedStore {
     location: crate::capture::StoreLocation,
-    store: Mutex<Option<crate::capture::Store>>,
+    /// The open store, or until when it is left alone after a failure.
+    store: Mutex<Result<Option<crate::capture::Store>, std::time::Instant>>,
 }
 
 impl SharedStore {
@@ -352,10 +360,19 @@ impl SharedStore {
         known: impl Fn(ExchangeId) -> bool,
     ) -> Result<Vec<(ExchangeId, crate::capture::CaptureRecord)>, crate::capture::StoreError> {
         let mut slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        if slot.is_none() {
-            *slot = Some(crate::capture::Store::open_read_only(&self.location)?);
+        match &*slot {
+            Err(until) if std::time::Instant::now() < *until => return Ok(Vec::new()),
+            Ok(Some(_)) => {}
+            _ => match crate::capture::Store::open_for_lookups(&self.location, SHARED_STORE_WITHIN)
+            {
+                Ok(store) => *slot = Ok(Some(store)),
+                Err(e) => {
+                    *slot = Err(std::time::Instant::now() + SHARED_STORE_PAUSE);
+                    return Err(e);
+                }
+            },
         }
-        let Some(store) = slot.as_ref() else {
+        let Ok(Some(store)) = &*slot else {
             return Ok(Vec::new());
         };
         let result = store
@@ -367,8 +384,8 @@ impl SharedStore {
                     .collect()
             });
         if result.is_err() {
-            // Opened again next time: the connection may be what failed.
-            *slot = None;
+            // Opened again after the pause: the connection may be what failed.
+            *slot = Err(std::time::Instant::now() + SHARED_STORE_PAUSE);
         }
         result
     }
@@ -406,7 +423,7 @@ impl CacheStage {
     pub fn sharing(mut self, store: crate::capture::StoreLocation) -> CacheStage {
         self.shared = Some(SharedStore {
             location: store,
-            store: Mutex::new(None),
+            store: Mutex::new(Ok(None)),
         });
         self
     }

@@ -11,6 +11,9 @@ use super::store::{Store, StoreError, StoreLocation};
 
 /// Records moved per PostgreSQL transaction while draining.
 const DRAIN_BATCH: usize = 64;
+/// The longest wait between tries of a store that keeps failing: a try against a
+/// server that answers nothing holds the writer for the connect limit.
+const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(30);
 
 /// The local store records wait in.
 pub(super) struct Spool {
@@ -21,6 +24,9 @@ pub(super) struct Spool {
     held: u64,
     /// No drain before this: the store was away at the last try.
     next_try: Instant,
+    /// The wait after the next failed try: doubled each time, up to
+    /// [`MOST_BETWEEN_TRIES`]; back to the first once a drain succeeds.
+    backoff: Option<Duration>,
 }
 
 impl Spool {
@@ -34,6 +40,7 @@ impl Spool {
             max_bytes,
             held,
             next_try: Instant::now(),
+            backoff: None,
         })
     }
 
@@ -63,8 +70,8 @@ impl Spool {
     }
 
     /// Moves the oldest records through `insert`, a batch at a time, until none is
-    /// left, `insert` fails (then no try before `retry` has passed), or `budget` is
-    /// spent. Returns how many it moved.
+    /// left, `insert` fails (then no try before `retry` has passed, twice that after
+    /// a second failure, and so on), or `budget` is spent. Returns how many it moved.
     pub(super) fn drain(
         &mut self,
         budget: Duration,
@@ -84,9 +91,12 @@ impl Spool {
                 .map(|id| self.store.load(id))
                 .collect::<Result<Vec<_>, _>>()?;
             if let Err(e) = insert(&records) {
-                self.next_try = Instant::now() + retry;
+                let wait = self.backoff.unwrap_or(retry);
+                self.next_try = Instant::now() + wait;
+                self.backoff = Some((wait * 2).min(MOST_BETWEEN_TRIES));
                 return Err(e);
             }
+            self.backoff = None;
             self.store.remove(&ids)?;
             self.held = self.held.saturating_sub(ids.len() as u64);
             moved += ids.len() as u64;

@@ -186,6 +186,9 @@ pub async fn golden_conversation(
         let h =
             shapes::claude_code_headers(&host, body.len(), "sk-ant-api03-golden-0123456789abcdef");
         send("/v1/messages?beta=true", h, body).await;
+        // Each turn analysed before the next begins, as an agent's turns are: a
+        // busy machine cannot reorder the analysis (and so change the goldens).
+        wait_records(store, round + 1, Duration::from_secs(20)).await;
     }
     let body = shapes::to_bytes(&shapes::pi_body(1));
     let h = shapes::pi_headers(&host, body.len(), "sk-ant-api03-golden-pi-0123456789ab");

@@ -125,6 +125,21 @@ impl Postgres {
         self.run("pg_ctl", &["-D", &data, "-m", "fast", "-w", "stop"]);
     }
 
+    /// Freezes (`SIGSTOP`) or thaws (`SIGCONT`) the server and every backend: a
+    /// paused server whose host still acknowledges what is sent to it.
+    pub fn signal_all(&self, signal: &str) {
+        let pid = std::fs::read_to_string(self.data.join("postmaster.pid"))
+            .expect("the server is running");
+        let pid = pid.lines().next().expect("a pid line").trim().to_owned();
+        for args in [vec![signal, "-P", &pid], vec![signal, &pid]] {
+            let sent = Command::new(if args.len() == 3 { "pkill" } else { "kill" })
+                .args(&args)
+                .status()
+                .expect("kill runs");
+            assert!(sent.success() || args.len() == 3, "kill {args:?}");
+        }
+    }
+
     /// Makes `role` give its password over TCP (the cluster trusts everyone else).
     pub fn require_password_for(&self, role: &str) {
         let hba = self.data.join("pg_hba.conf");

@@ -384,13 +384,30 @@ impl Store {
 
     /// Opens an existing store for reading only (the command line, the admin API).
     pub fn open_read_only(location: &StoreLocation) -> Result<Store, StoreError> {
+        Store::open_reading(location, None)
+    }
+
+    /// As [`open_read_only`](Self::open_read_only), every call to a PostgreSQL store
+    /// answered within `within` or failed: for the record pipeline, which must not
+    /// wait long on a server that answers nothing.
+    pub fn open_for_lookups(
+        location: &StoreLocation,
+        within: Duration,
+    ) -> Result<Store, StoreError> {
+        Store::open_reading(location, Some(within))
+    }
+
+    fn open_reading(
+        location: &StoreLocation,
+        within: Option<Duration>,
+    ) -> Result<Store, StoreError> {
         let (conn, version): (Box<dyn Connection>, i64) = match location {
             StoreLocation::Dir(dir) => {
                 let (conn, version) = sqlite::Sqlite::open_read_only(dir)?;
                 (Box::new(conn), version)
             }
             StoreLocation::Postgres(url) => {
-                let (conn, _) = postgres::Postgres::open_read_only(url)?;
+                let (conn, _) = postgres::Postgres::open_read_only(url, within)?;
                 (Box::new(conn), i64::MAX)
             }
         };

@@ -11,8 +11,8 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use postgres::{Client, NoTls, Statement};
+use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
+use tokio_postgres::{NoTls, Statement};
 
 use super::StoreError;
 use super::sql::{Connection, Dialect, SqlRow, Value, dollar_placeholders};
@@ -29,7 +29,11 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const UNACKED_LIMIT: Duration = Duration::from_secs(15);
 /// The longest one statement may run before the server cancels it and the store
 /// counts as away (too slow to keep up, or locked): the writer spools meanwhile.
-const STATEMENT_LIMIT: &str = "-c statement_timeout=30s";
+const STATEMENT_LIMIT_MS: u64 = 10_000;
+/// How much longer than the statement limit the client waits for any answer
+/// before it drops the connection (a paused server answers nothing, not even the
+/// cancellation).
+const ANSWER_MARGIN: Duration = Duration::from_secs(5);
 /// Any advisory-lock key unlikely to clash with an application's: "prgate" in ASCII.
 const MIGRATION_LOCK: i64 = 0x7072_6761_7465;
 
@@ -39,7 +43,7 @@ static IDLE: Mutex<Vec<(String, Client)>> = Mutex::new(Vec::new());
 /// Why `url` cannot name the store, or `None` when it can.
 pub(super) fn url_problem(url: &str) -> Option<String> {
     let (rest, _) = split_passfile(url);
-    match postgres::Config::from_str(&rest) {
+    match tokio_postgres::Config::from_str(&rest) {
         Err(e) => Some(format!("{e}")),
         Ok(c) if c.get_password().is_some() => Some(
             "a password in the store URL would show in `ps` and in logs: leave it out and set \
@@ -77,13 +81,13 @@ fn split_passfile(url: &str) -> (String, Option<String>) {
 
 /// The client configuration for `url`, with libpq's defaults: the user from
 /// `PGUSER` or the login, the password from `PGPASSWORD` or the passfile.
-fn config(url: &str) -> Result<postgres::Config, StoreError> {
+fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
     if let Some(problem) = url_problem(url) {
         return Err(StoreError::Url(problem));
     }
     let (rest, passfile) = split_passfile(url);
     let mut config =
-        postgres::Config::from_str(&rest).map_err(|e| StoreError::Url(e.to_string()))?;
+        tokio_postgres::Config::from_str(&rest).map_err(|e| StoreError::Url(e.to_string()))?;
     if config.get_user().is_none() {
         let user = std::env::var("PGUSER")
             .or_else(|_| std::env::var("USER"))
@@ -99,7 +103,7 @@ fn config(url: &str) -> Result<postgres::Config, StoreError> {
         config.tcp_user_timeout(UNACKED_LIMIT);
     }
     if config.get_options().is_none() {
-        config.options(STATEMENT_LIMIT);
+        config.options(format!("-c statement_timeout={STATEMENT_LIMIT_MS}"));
     }
     config.application_name("promptgate");
     if let Ok(password) = std::env::var("PGPASSWORD") {
@@ -112,13 +116,13 @@ fn config(url: &str) -> Result<postgres::Config, StoreError> {
 
 /// The password for `config`'s host, port, database and user from a passfile
 /// (`host:port:db:user:password`, `*` for any, `\` escaping `:`), as libpq reads it.
-fn passfile_password(config: &postgres::Config, passfile: Option<String>) -> Option<String> {
+fn passfile_password(config: &tokio_postgres::Config, passfile: Option<String>) -> Option<String> {
     let path = passfile
         .or_else(|| std::env::var("PGPASSFILE").ok())
         .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pgpass")))?;
     let text = std::fs::read_to_string(path).ok()?;
     let host = match config.get_hosts().first() {
-        Some(postgres::config::Host::Tcp(h)) => h.clone(),
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
         _ => "localhost".to_owned(),
     };
     let port = config
@@ -174,14 +178,122 @@ fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
     }
 }
 
-fn connect(url: &str) -> Result<Client, StoreError> {
+/// A connection to `url`; every call answered within `within`, when given, else
+/// within the statement limit and a margin.
+fn connect(url: &str, within: Option<Duration>) -> Result<Client, StoreError> {
     let config = config(url)?;
-    blocking(|| config.connect(NoTls))
-        .map_err(|e| StoreError::Unreachable(format!("{url}: {}", describe(&e))))
+    let limit = within.unwrap_or(statement_limit(config.get_options()) + ANSWER_MARGIN);
+    let unreachable = |e: &dyn std::fmt::Display| StoreError::Unreachable(format!("{url}: {e}"));
+    // Made and, on failure, dropped off any async worker: a runtime may not be.
+    blocking(|| {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| unreachable(&e))?;
+        // connect_timeout bounds the socket's connect only; a paused server
+        // accepts it and then says nothing: the whole start gets the same limit.
+        let start_limit = config
+            .get_connect_timeout()
+            .copied()
+            .unwrap_or(CONNECT_TIMEOUT);
+        let start_limit = within.map_or(start_limit, |w| w.min(start_limit));
+        let answered = runtime
+            .block_on(async { tokio::time::timeout(start_limit, config.connect(NoTls)).await });
+        let (client, connection) = answered
+            .map_err(|_| unreachable(&"no answer to the connection's start"))?
+            .map_err(|e| unreachable(&describe(&e)))?;
+        Ok(Client {
+            runtime,
+            client,
+            connection: Mutex::new(Box::pin(connection)),
+            limit,
+            broken: std::sync::atomic::AtomicBool::new(false),
+        })
+    })
+}
+
+/// The statement limit `-c statement_timeout=…` in the options sets (milliseconds,
+/// or with `ms`, `s` or `min`), else the default.
+fn statement_limit(options: Option<&str>) -> Duration {
+    let value = options
+        .and_then(|o| o.split("statement_timeout=").nth(1))
+        .and_then(|v| v.split_whitespace().next());
+    let Some(value) = value else {
+        return Duration::from_millis(STATEMENT_LIMIT_MS);
+    };
+    let digits = value.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let n: u64 = digits.parse().unwrap_or(STATEMENT_LIMIT_MS);
+    match &value[digits.len()..] {
+        "s" => Duration::from_secs(n),
+        "min" => Duration::from_secs(n * 60),
+        _ => Duration::from_millis(n),
+    }
+}
+
+type PgConnection =
+    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>;
+
+/// A connection: tokio-postgres on a runtime of its own, every call bounded by
+/// `limit`, after which the connection is given up (a server that is paused, or
+/// whose host went quiet, answers nothing).
+struct Client {
+    runtime: tokio::runtime::Runtime,
+    client: tokio_postgres::Client,
+    /// Polled beside each call, in the same `block_on`, as the sync client does:
+    /// no task to hand messages to and wake.
+    connection: Mutex<std::pin::Pin<Box<PgConnection>>>,
+    limit: Duration,
+    /// A call ran out of time: the protocol is mid-message, so it is never reused.
+    broken: std::sync::atomic::AtomicBool,
+}
+
+impl Client {
+    fn is_closed(&self) -> bool {
+        self.broken.load(std::sync::atomic::Ordering::Relaxed) || self.client.is_closed()
+    }
+
+    /// Runs `call` to its end or to the limit. Blocks: run it through [`blocking`].
+    fn call<'a, T, F>(
+        &'a self,
+        call: impl FnOnce(&'a tokio_postgres::Client) -> F,
+    ) -> Result<T, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, tokio_postgres::Error>> + 'a,
+    {
+        let limit = self.limit;
+        let future = call(&self.client);
+        let mut connection = self.connection.lock().unwrap_or_else(|p| p.into_inner());
+        // The timer is made inside the runtime, whose clock it needs.
+        let outcome = self.runtime.block_on(async {
+            tokio::select! {
+                biased;
+                answer = tokio::time::timeout(limit, future) => Some(answer),
+                _ = connection.as_mut() => None,
+            }
+        });
+        match outcome {
+            Some(Ok(result)) => Ok(result?),
+            None => {
+                self.broken
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(StoreError::Unreachable(
+                    "the server closed the connection".into(),
+                ))
+            }
+            Some(Err(_)) => {
+                self.broken
+                    .store(true, std::sync::atomic::Ordering::Relaxed);
+                Err(StoreError::Unreachable(format!(
+                    "no answer in {} s",
+                    limit.as_secs()
+                )))
+            }
+        }
+    }
 }
 
 /// A client error with the server's own message where it sent one.
-fn describe(e: &postgres::Error) -> String {
+fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{}: {}", db.severity(), db.message()),
         None => match e.source() {
@@ -191,8 +303,8 @@ fn describe(e: &postgres::Error) -> String {
     }
 }
 
-impl From<postgres::Error> for StoreError {
-    fn from(e: postgres::Error) -> StoreError {
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> StoreError {
         // Connection exceptions (08), a server shutting down (57P), a statement
         // past its time (57014) and a socket error mean "away": what the spool is for.
         let away = e.code().is_some_and(|c| {
@@ -224,29 +336,35 @@ struct Session {
 pub(super) struct Postgres {
     url: String,
     read_only: bool,
+    /// A shorter limit for every call than the default (see [`connect`]).
+    within: Option<Duration>,
     session: Mutex<Session>,
 }
 
 impl Postgres {
     /// Connects for writing, migrating an older schema.
     pub(super) fn open(url: &str) -> Result<Postgres, StoreError> {
-        let store = Postgres::with(url, connect(url)?, false);
+        let store = Postgres::with(url, connect(url, None)?, false, None);
         store.migrate()?;
         Ok(store)
     }
 
     /// Connects (or takes an idle connection) for reading; also the schema version.
-    pub(super) fn open_read_only(url: &str) -> Result<(Postgres, i64), StoreError> {
-        let idle = {
+    /// With `within`, every call is answered within it, on a connection of its own.
+    pub(super) fn open_read_only(
+        url: &str,
+        within: Option<Duration>,
+    ) -> Result<(Postgres, i64), StoreError> {
+        let idle = within.is_none().then(|| {
             let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
             let at = idle.iter().position(|(u, c)| u == url && !c.is_closed());
             at.map(|i| idle.swap_remove(i).1)
-        };
-        let client = match idle {
+        });
+        let client = match idle.flatten() {
             Some(c) => c,
-            None => connect(url)?,
+            None => connect(url, within)?,
         };
-        let store = Postgres::with(url, client, true);
+        let store = Postgres::with(url, client, true, within);
         let version = store.version()?;
         if version > SCHEMA_VERSION {
             return Err(StoreError::Newer(url.to_owned(), version, SCHEMA_VERSION));
@@ -257,10 +375,11 @@ impl Postgres {
         Ok((store, version))
     }
 
-    fn with(url: &str, client: Client, read_only: bool) -> Postgres {
+    fn with(url: &str, client: Client, read_only: bool, within: Option<Duration>) -> Postgres {
         Postgres {
             url: url.to_owned(),
             read_only,
+            within,
             session: Mutex::new(Session {
                 client: Some(client),
                 in_transaction: false,
@@ -332,17 +451,19 @@ impl Postgres {
                 )));
             }
             session.statements.clear();
-            session.client = None;
-            let client = connect(&self.url)?;
-            if self.read_only {
-                let mut client = client;
-                blocking(|| {
-                    client.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
-                })?;
-                session.client = Some(client);
-            } else {
-                session.client = Some(client);
+            if let Some(lost) = session.client.take() {
+                // Its runtime must not be dropped on an async worker.
+                blocking(move || drop(lost));
             }
+            let client = connect(&self.url, self.within)?;
+            if self.read_only {
+                blocking(|| {
+                    client.call(|c| {
+                        c.batch_execute("SET SESSION CHARACTERISTICS AS TRANSACTION READ ONLY")
+                    })
+                })?;
+            }
+            session.client = Some(client);
         }
         Ok(session)
     }
@@ -379,7 +500,8 @@ fn prepared(
     if let Some(s) = statements.get(sql) {
         return Ok(s.clone());
     }
-    let statement = client.prepare(&dollar_placeholders(sql))?;
+    let text = dollar_placeholders(sql);
+    let statement = client.call(|c| c.prepare(&text))?;
     // Listing SQL varies with its filters: a bounded cache is enough.
     if statements.len() >= 64 {
         statements.clear();
@@ -394,7 +516,7 @@ impl Drop for Postgres {
         let Some(client) = session.client.take() else {
             return;
         };
-        if self.read_only && !client.is_closed() {
+        if self.read_only && self.within.is_none() && !client.is_closed() {
             let mut idle = IDLE.lock().unwrap_or_else(|p| p.into_inner());
             if idle.len() < IDLE_READERS {
                 idle.push((self.url.clone(), client));
@@ -435,7 +557,7 @@ impl ToSql for Value {
 /// Rows a cursor hands over per round trip.
 const ROWS_PER_FETCH: usize = 256;
 
-fn row_of(row: &postgres::Row) -> Result<SqlRow, StoreError> {
+fn row_of(row: &tokio_postgres::Row) -> Result<SqlRow, StoreError> {
     let cells = (0..row.len())
         .map(|i| row.try_get::<_, Cell>(i).map(|c| c.0))
         .collect::<Result<Vec<_>, _>>()?;
@@ -485,7 +607,7 @@ impl Connection for Postgres {
         self.with_client(|client, statements| {
             let statement = prepared(client, statements, sql)?;
             let args: Vec<&(dyn ToSql + Sync)> = params(args).collect();
-            Ok(client.execute(&statement, &args)?)
+            client.call(|c| c.execute(&statement, &args))
         })
     }
 
@@ -512,11 +634,11 @@ impl Connection for Postgres {
             self.with_client(|client, statements| {
                 let statement = prepared(client, statements, &declare)?;
                 let args: Vec<&(dyn ToSql + Sync)> = params(args).collect();
-                Ok(client.execute(&statement, &args)?)
+                client.call(|c| c.execute(&statement, &args))
             })?;
             let fetch = format!("FETCH {ROWS_PER_FETCH} FROM {cursor}");
             loop {
-                let rows = self.with_client(|client, _| Ok(client.query(&fetch, &[])?))?;
+                let rows = self.with_client(|client, _| client.call(|c| c.query(&fetch, &[])))?;
                 for row in &rows {
                     if !each(row_of(row)?)? {
                         return Ok(());
@@ -548,7 +670,7 @@ impl Connection for Postgres {
         let rows = self.with_client(|client, statements| {
             let statement = prepared(client, statements, sql)?;
             let args: Vec<&(dyn ToSql + Sync)> = params(args).collect();
-            Ok(client.query(&statement, &args)?)
+            client.call(|c| c.query(&statement, &args))
         })?;
         rows.iter().map(row_of).collect()
     }
@@ -558,7 +680,7 @@ impl Connection for Postgres {
     }
 
     fn batch(&self, sql: &str) -> Result<(), StoreError> {
-        self.with_client(|client, _| Ok(client.batch_execute(sql)?))
+        self.with_client(|client, _| client.call(|c| c.batch_execute(sql)))
     }
 
     fn begin(&self) -> Result<(), StoreError> {
@@ -676,7 +798,8 @@ mod tests {
             "# comment\nother:5432:*:pg:no\n127.0.0.1:*:fleet:pg:s\\:cret\n",
         )
         .unwrap();
-        let config = postgres::Config::from_str("postgres://pg@127.0.0.1:6000/fleet").unwrap();
+        let config =
+            tokio_postgres::Config::from_str("postgres://pg@127.0.0.1:6000/fleet").unwrap();
         let found = passfile_password(&config, Some(file.display().to_string()));
         assert_eq!(found.as_deref(), Some("s:cret"));
         let _ = std::fs::remove_dir_all(&dir);
