@@ -52,6 +52,20 @@ fn replica(fake: &support::FakeProvider, store: &str, extra: &[&str]) -> Proxy {
     Proxy::start(&args)
 }
 
+/// A replica whose data directory, and so its spool, is `home`.
+fn spooling_replica(fake: &support::FakeProvider, store: &str, home: &TempDir) -> Proxy {
+    Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url(), "--captures", store],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    )
+}
+
+/// Records waiting in `proxy`'s spool, as `/healthz` says.
+async fn spooled(proxy: &Proxy) -> u64 {
+    let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    health["capture"]["spooled"].as_u64().unwrap_or(0)
+}
+
 /// `promptgate serve …` that must refuse to start: its exit code and stderr.
 fn refused_serve(args: &[&str]) -> (i32, String) {
     let runtime = TempDir::new("runtime");
@@ -374,11 +388,7 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
     let url = pg.create_db("away");
     let fake = support::fake_answering_ok().await;
     let home = TempDir::new("away-home");
-    let home_path = home.path().to_str().unwrap().to_owned();
-    let proxy = Proxy::start_with_env(
-        &["--upstream-anthropic", &fake.url(), "--captures", &url],
-        &[("PROMPTGATE_HOME", &home_path)],
-    );
+    let proxy = spooling_replica(&fake, &url, &home);
     const TOTAL: usize = 2000;
     let sent = Arc::new(AtomicUsize::new(0));
     let refused = Arc::new(AtomicUsize::new(0));
@@ -417,17 +427,13 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
             }
         }
     };
-    let spooled = || async {
-        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
-        health["capture"]["spooled"].as_u64().unwrap_or(0)
-    };
     reached(600).await;
     pg.stop_server();
     let deadline = Instant::now() + WAIT;
     let mut seen = 0;
     while seen == 0 {
         assert!(Instant::now() < deadline, "/healthz never showed the spool");
-        seen = spooled().await;
+        seen = spooled(&proxy).await;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
@@ -446,7 +452,7 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
     // The spool takes what the store cannot, while the requests go on.
     let mut most = seen;
     while sent.load(Ordering::SeqCst) < 1400 {
-        most = most.max(spooled().await);
+        most = most.max(spooled(&proxy).await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     eprintln!("the spool held up to {most} records while PostgreSQL was down");
@@ -464,13 +470,13 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
     let deadline = Instant::now() + WAIT;
     loop {
         let stored = pg.count("away", "SELECT COUNT(*) FROM records");
-        if stored == TOTAL as i64 && spooled().await == 0 {
+        if stored == TOTAL as i64 && spooled(&proxy).await == 0 {
             break;
         }
         assert!(
             Instant::now() < deadline,
             "{stored} of {TOTAL} records in PostgreSQL, {} in the spool",
-            spooled().await
+            spooled(&proxy).await
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
@@ -585,20 +591,13 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     pg.stop_server();
     let fake = support::fake_answering_ok().await;
     let home = TempDir::new("late-home");
-    let proxy = Proxy::start_with_env(
-        &["--upstream-anthropic", &fake.url(), "--captures", &url],
-        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
-    );
+    let proxy = spooling_replica(&fake, &url, &home);
     const TURNS: usize = 5;
     for round in 0..TURNS {
         turn(&proxy, round).await;
     }
-    let spooled = || async {
-        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
-        health["capture"]["spooled"].as_u64().unwrap_or(0)
-    };
     let deadline = Instant::now() + WAIT;
-    while spooled().await < TURNS as u64 {
+    while spooled(&proxy).await < TURNS as u64 {
         assert!(Instant::now() < deadline, "{}", proxy.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -611,7 +610,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     let records = captures::wait_records(url.as_str(), TURNS, WAIT).await;
     assert_eq!(records.len(), TURNS);
     let deadline = Instant::now() + WAIT;
-    while spooled().await > 0 {
+    while spooled(&proxy).await > 0 {
         assert!(Instant::now() < deadline, "the spool never drained");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -633,17 +632,9 @@ async fn a_store_too_slow_to_answer_spools_and_then_catches_up() {
     let url = pg.create_db("slow");
     let fake = support::fake_answering_ok().await;
     let home = TempDir::new("slow-home");
-    // Statements give up after 300 ms here (30 s by default), so the test is quick.
+    // Statements give up after 300 ms here (10 s by default), so the test is quick.
     let impatient = format!("{url}?options=-c%20statement_timeout%3D300");
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream-anthropic",
-            &fake.url(),
-            "--captures",
-            &impatient,
-        ],
-        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
-    );
+    let proxy = spooling_replica(&fake, &impatient, &home);
     turn(&proxy, 0).await;
     captures::wait_records(url.as_str(), 1, WAIT).await;
     // Another session holds the records table for 3 s: every insert waits on it.
@@ -665,12 +656,8 @@ async fn a_store_too_slow_to_answer_spools_and_then_catches_up() {
         "requests waited on the store: {:?}",
         started.elapsed()
     );
-    let spooled = || async {
-        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
-        health["capture"]["spooled"].as_u64().unwrap_or(0)
-    };
     let deadline = Instant::now() + WAIT;
-    while spooled().await == 0 {
+    while spooled(&proxy).await == 0 {
         assert!(Instant::now() < deadline, "{}", proxy.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -688,15 +675,7 @@ async fn a_paused_server_does_not_hold_the_writer() {
     let home = TempDir::new("paused-home");
     // A 500 ms statement limit: the client gives up 5 s after it (5.5 s).
     let impatient = format!("{url}?options=-c%20statement_timeout%3D500");
-    let proxy = Proxy::start_with_env(
-        &[
-            "--upstream-anthropic",
-            &fake.url(),
-            "--captures",
-            &impatient,
-        ],
-        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
-    );
+    let proxy = spooling_replica(&fake, &impatient, &home);
     turn(&proxy, 0).await;
     captures::wait_records(url.as_str(), 1, WAIT).await;
     pg.signal_all("-STOP");
@@ -709,12 +688,8 @@ async fn a_paused_server_does_not_hold_the_writer() {
         "{:?}",
         started.elapsed()
     );
-    let spooled = || async {
-        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
-        health["capture"]["spooled"].as_u64().unwrap_or(0)
-    };
     let deadline = Instant::now() + WAIT;
-    while spooled().await < 5 {
+    while spooled(&proxy).await < 5 {
         if Instant::now() > deadline {
             pg.signal_all("-CONT");
             panic!("the spool never took the records: {}", proxy.log());
