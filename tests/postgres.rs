@@ -34,12 +34,22 @@ async fn turn(proxy: &Proxy, round: usize) {
 }
 
 async fn send_turn(proxy: &Proxy, body: serde_json::Value) {
+    send_turn_of(proxy, body, shapes::CC_SESSION).await;
+}
+
+/// A Claude Code turn of the session `session`, all sent with one key.
+async fn send_turn_of(proxy: &Proxy, body: serde_json::Value, session: &str) {
     let body = shapes::to_bytes(&body);
-    let h = shapes::claude_code_headers(
+    let mut h = shapes::claude_code_headers(
         &proxy.addr.to_string(),
         body.len(),
         "sk-ant-api03-fleet-0123456789abcdef",
     );
+    for (name, value) in h.iter_mut() {
+        if *name == "X-Claude-Code-Session-Id" {
+            *value = session.to_owned();
+        }
+    }
     let request = request_bytes("POST", "/v1/messages?beta=true", &h, &body);
     assert_eq!(client::send(proxy.addr, &request).await.status, 200);
 }
@@ -233,18 +243,31 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(proxy);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        1
+        2
     );
     // A second start finds the schema current and keeps what is there.
     let again = replica(&fake, &url, &[]);
     drop(again);
     assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
 
+    // A schema-1 database (before the prefix index) is brought to 2, keeping its records.
+    pg.execute("schema", "DROP TABLE cache_prefixes");
+    pg.execute("schema", "UPDATE promptgate_schema SET version = 1");
+    let upgraded = replica(&fake, &url, &[]);
+    turn(&upgraded, 1).await;
+    captures::wait_records(url.as_str(), 2, WAIT).await;
+    drop(upgraded);
+    assert_eq!(
+        pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
+        2
+    );
+    assert!(pg.count("schema", "SELECT COUNT(*) FROM cache_prefixes") > 0);
+
     pg.execute("schema", "UPDATE promptgate_schema SET version = 99");
     let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
     assert_ne!(code, 0);
     assert!(
-        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 1)"),
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 2)"),
         "{stderr}"
     );
     let read = captures::cli(url.as_str(), &["list"]);
@@ -584,6 +607,105 @@ async fn a_conversation_alternating_between_replicas_is_analysed_as_one_replica_
     assert!(single[3].contains("model"), "{single:#?}");
 }
 
+/// The cache analysis of each record of `store`, as `captures export` keeps it, in
+/// the order of the records.
+fn analyses_of(store: &str) -> Vec<serde_json::Value> {
+    captures::export(store)
+        .into_iter()
+        .map(|r| r["cache"].clone())
+        .collect()
+}
+
+/// The provider's cache is the workspace's: a new conversation whose first turn
+/// reaches another replica than the conversation that wrote the shared prefix is a
+/// hit on that prefix, naming that conversation and request, as on one replica.
+#[tokio::test]
+async fn a_new_conversation_reading_a_prefix_another_replica_saw_written_is_a_shared_hit() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("workspace");
+    let (fleet_provider, alone_provider) = (emulating_provider().await, emulating_provider().await);
+    let replicas = [
+        replica(&fleet_provider, &url, &[]),
+        replica(&fleet_provider, &url, &[]),
+    ];
+    let alone = Proxy::start(&["--upstream-anthropic", &alone_provider.url()]);
+    let other = "0b5e1c2d-aaaa-4bbb-8ccc-123456789abc";
+    let turns = [
+        (0, shapes::CC_SESSION, 0),
+        (0, other, 1),
+        (1, other, 0),
+        (1, shapes::CC_SESSION, 1),
+    ];
+    for (i, &(round, session, at)) in turns.iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(1000)).await;
+        }
+        let body = shapes::claude_code_body(round, session);
+        send_turn_of(&replicas[at], body.clone(), session).await;
+        send_turn_of(&alone, body, session).await;
+    }
+    captures::wait_records(url.as_str(), turns.len(), WAIT).await;
+    captures::wait_records(&alone.captures, turns.len(), WAIT).await;
+    let ids = |store: &str| -> Vec<String> {
+        captures::export(store)
+            .iter()
+            .map(|r| r["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    // Request ids differ between the two runs: each names its own.
+    let comparable = |store: &str| -> Vec<String> {
+        let ids = ids(store);
+        analyses_of(store)
+            .iter()
+            .map(|a| {
+                let mut text = format!(
+                    "{} {} read {}",
+                    a["verdict"], a["reason"], a["actual"]["read"]
+                );
+                for (n, id) in ids.iter().enumerate() {
+                    text = text.replace(id, &format!("turn{n}"));
+                }
+                text
+            })
+            .collect()
+    };
+    let fleet = comparable(&url);
+    let single = comparable(alone.captures.to_str().unwrap());
+    assert_eq!(
+        fleet, single,
+        "the fleet's analysis, turn by turn, against one replica's"
+    );
+    let analyses = analyses_of(&url);
+    assert_eq!(analyses[1]["verdict"], "hit", "{:#}", analyses[1]);
+    assert_eq!(
+        analyses[1]["reason"]["kind"], "shared_prefix",
+        "{:#}",
+        analyses[1]
+    );
+    assert_eq!(analyses[1]["reason"]["by"], ids(&url)[0].as_str());
+    assert!(
+        analyses[1]["reason"]["conversation"]
+            .as_str()
+            .unwrap()
+            .starts_with("cc:54c1eb09"),
+        "{:#}",
+        analyses[1]
+    );
+    let workspace = analyses[0]["workspace"].as_str().unwrap();
+    assert!(analyses.iter().all(|a| a["workspace"] == workspace));
+    assert_eq!(
+        pg.count(
+            "workspace",
+            "SELECT count(*) FROM cache_prefixes p JOIN records r ON r.id = p.record"
+        ),
+        analyses
+            .iter()
+            .map(|a| a["breakpoints"].as_array().unwrap().len() as i64)
+            .sum::<i64>(),
+        "every breakpoint prefix is indexed"
+    );
+}
+
 #[tokio::test]
 async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_once_it_is_up() {
     let Some(mut pg) = postgres() else { return };
@@ -617,7 +739,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     // The schema was made when the database first answered, and the bodies are whole.
     assert_eq!(
         pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
-        1
+        2
     );
     let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
     assert_eq!(

@@ -313,6 +313,29 @@ impl History {
         None
     }
 
+    /// How many of `prefixes` (deepest first) come before the first that
+    /// conversation `key`'s own cache holds alive: the ones another conversation
+    /// could have lent it.
+    pub fn unreached(
+        &self,
+        key: &str,
+        prefixes: &[Hash],
+        now: Millis,
+        reader: ExchangeId,
+    ) -> usize {
+        let Some(own) = self.conversations.get(key) else {
+            return prefixes.len();
+        };
+        prefixes
+            .iter()
+            .take_while(|p| {
+                !own.entries
+                    .get(*p)
+                    .is_some_and(|e| matches!(e.state(now, reader), EntryState::Alive { .. }))
+            })
+            .count()
+    }
+
     pub fn len(&self) -> usize {
         self.conversations.len()
     }

@@ -157,6 +157,10 @@ pub struct BreakpointView {
     pub automatic: bool,
     /// Estimated tokens through this unit.
     pub tokens: u64,
+    /// The digest of the prefix through this unit (its first 8 bytes, hex): what the
+    /// fleet store indexes, so that another replica finds who cached the prefix.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
 }
 
 /// The provider's cache numbers.
@@ -211,6 +215,10 @@ pub struct CacheReport {
     pub units: usize,
     pub positions: u32,
     pub breakpoints: Vec<BreakpointView>,
+    /// The provider workspace the request was sent to, as the hash of its
+    /// credential's fingerprint stands in for it (the cache is the workspace's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
     pub min_tokens: u64,
     pub prediction: Prediction,
     pub actual: Actual,
@@ -284,9 +292,9 @@ struct Began {
     format: Format,
     /// The conversation key when a header names it; else the headers, for later.
     key: Result<String, HeaderMap>,
-    /// The credential it was sent with (a shared value, not a copy); hashed into
-    /// the workspace when prepared, off the request path.
-    credential: Option<http::HeaderValue>,
+    /// The credential it was sent with (its header's name, and the value shared, not
+    /// a copy); hashed into the workspace when prepared, off the request path.
+    credential: Option<(&'static str, http::HeaderValue)>,
     /// The body as sent; joined and read here, off the request path, unless a
     /// reader before did.
     prompt: PromptCell,
@@ -301,6 +309,7 @@ struct Pending {
     /// The conversation (and its request) that wrote the prefix this one reads, when
     /// that is another conversation.
     shared: Option<(String, ExchangeId)>,
+    workspace: Option<String>,
 }
 
 struct State {
@@ -389,6 +398,43 @@ impl SharedStore {
         }
         result
     }
+
+    /// The conversation of `workspace` that most recently cached the deepest of
+    /// `prefixes` (deepest first) in a request that started at or after `since` and
+    /// before `before`.
+    fn writer(
+        &self,
+        workspace: &str,
+        prefixes: &[segment::Hash],
+        since: Millis,
+        before: ExchangeId,
+    ) -> Result<Option<String>, crate::capture::StoreError> {
+        let wanted: Vec<String> = prefixes
+            .iter()
+            .map(|p| crate::digest::hex(&p[..8]))
+            .collect();
+        let slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        // Opened by `turns`, which the same request asked first.
+        let Ok(Some(store)) = &*slot else {
+            return Ok(None);
+        };
+        let writers = store.prefix_writers(workspace, &wanted, since, &before.to_string());
+        let writers = match writers {
+            Ok(w) => w,
+            Err(e) => {
+                drop(slot);
+                *self.store.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Err(std::time::Instant::now() + SHARED_STORE_PAUSE);
+                return Err(e);
+            }
+        };
+        Ok(wanted.iter().find_map(|p| {
+            writers
+                .iter()
+                .find(|(prefix, _)| prefix == p)
+                .map(|(_, conversation)| conversation.clone())
+        }))
+    }
 }
 
 impl std::fmt::Debug for CacheStage {
@@ -445,7 +491,26 @@ impl CacheStage {
         if let Some(shared) = &self.shared {
             self.catch_up(state, shared, &key, &b);
         }
-        self.prepare_keyed(state, b, key);
+        self.prepare_keyed(state, b, key, self.shared.as_ref());
+    }
+
+    /// Brings in, from the shared store, the conversation of `workspace` that cached
+    /// the deepest of `prefixes` when another replica took it, so that the
+    /// workspace's cache is found here as it would be on that replica.
+    fn catch_up_writer(
+        &self,
+        state: &mut State,
+        shared: &SharedStore,
+        workspace: &str,
+        prefixes: &[segment::Hash],
+        b: &Began,
+    ) {
+        let since = b.start.saturating_sub(CATCH_UP_WINDOW_MS);
+        match shared.writer(workspace, prefixes, since, b.id) {
+            Ok(Some(conversation)) => self.catch_up(state, shared, &conversation, b),
+            Ok(None) => {}
+            Err(e) => tracing::debug!("cache analysis: no prefix index from the shared store: {e}"),
+        }
     }
 
     /// Brings in the turns of `key` that another replica took since this one last
@@ -486,19 +551,27 @@ impl CacheStage {
                 began: start + r.times.upstream_headers_ms.map_or(0, |ms| ms as Millis),
                 format,
                 key: Ok(key.to_owned()),
-                credential: None,
+                // The stored fingerprint names the same workspace as the credential.
+                credential: credential(&r.sent_headers()),
                 prompt: PromptCell::new(
                     crate::record::SentBody::whole(body.bytes.clone()),
                     Some(format),
                 ),
             };
-            self.prepare_keyed(state, began, key.to_owned());
+            self.prepare_keyed(state, began, key.to_owned(), None);
             let _ = self.judge(state, id, &usage);
         }
     }
 
-    /// [`prepare`](Self::prepare) once the conversation is known.
-    fn prepare_keyed(&self, state: &mut State, b: Began, key: String) {
+    /// [`prepare`](Self::prepare) once the conversation is known. With `shared`, a
+    /// prefix that no conversation here has cached is looked up in the shared store.
+    fn prepare_keyed(
+        &self,
+        state: &mut State,
+        b: Began,
+        key: String,
+        shared: Option<&SharedStore>,
+    ) {
         let body = b.prompt.body().bytes();
         let previous = state
             .history
@@ -532,7 +605,15 @@ impl CacheStage {
                     .rev()
                     .map(|&i| segments.units[i].prefix)
                     .collect();
-                state.history.share(&key, w, &deepest_first, b.start, b.id)
+                let found = state.history.share(&key, w, &deepest_first, b.start, b.id);
+                let unreached = state.history.unreached(&key, &deepest_first, b.start, b.id);
+                match shared {
+                    Some(store) if found.is_none() && unreached > 0 => {
+                        self.catch_up_writer(state, store, w, &deepest_first[..unreached], &b);
+                        state.history.share(&key, w, &deepest_first, b.start, b.id)
+                    }
+                    _ => found,
+                }
             }
             _ => None,
         };
@@ -579,6 +660,7 @@ impl CacheStage {
                 segments,
                 prediction,
                 shared,
+                workspace,
             },
         );
     }
@@ -669,6 +751,7 @@ impl CacheStage {
                     ttl: m.ttl,
                     automatic: m.automatic,
                     tokens: through,
+                    prefix: crate::digest::hex(&u.prefix[..8]),
                 })
             })
             .collect();
@@ -680,6 +763,7 @@ impl CacheStage {
             units: segs.units.len(),
             positions: segs.units.last().map_or(0, |u| u.position + 1),
             breakpoints,
+            workspace: p.workspace,
             min_tokens: min,
             prediction: p.prediction,
             actual: Actual {
@@ -710,17 +794,19 @@ impl CacheStage {
 /// The credential whose hash stands in for the provider's workspace: `x-api-key`,
 /// else `authorization`. Two keys of one workspace, or a rotated OAuth token, look
 /// like two workspaces.
-fn credential(headers: &HeaderMap) -> Option<http::HeaderValue> {
-    headers
-        .get("x-api-key")
-        .or_else(|| headers.get(http::header::AUTHORIZATION))
-        .cloned()
+fn credential(headers: &HeaderMap) -> Option<(&'static str, http::HeaderValue)> {
+    ["x-api-key", "authorization"]
+        .into_iter()
+        .find_map(|name| Some((name, headers.get(name)?.clone())))
 }
 
-/// The workspace of a credential: a hash, never the credential.
-fn workspace(credential: &http::HeaderValue) -> String {
-    let digest = crate::digest::sha256(credential.as_bytes());
-    format!("ws:{}", crate::digest::hex(&digest[..8]))
+/// The workspace of a credential: the id its stored fingerprint shows, never the
+/// credential; the same for the live header and for the fingerprint in the store.
+fn workspace((name, value): &(&'static str, http::HeaderValue)) -> String {
+    format!(
+        "ws:{}",
+        crate::capture::redact::credential_id(name, value.as_bytes())
+    )
 }
 
 /// What the analysis predicts for a request nobody answered (a replay).

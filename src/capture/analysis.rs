@@ -66,6 +66,7 @@ mod tests {
             units: 3,
             positions: 3,
             breakpoints: Vec::new(),
+            workspace: None,
             min_tokens: 512,
             prediction: Prediction::default(),
             actual: Actual {

@@ -560,16 +560,7 @@ impl Redactor {
 
     /// A credential header value as its fingerprint; an auth scheme word is kept.
     fn fingerprint_header(&self, name: &str, value: &str, summary: &mut Summary) -> String {
-        let (scheme, secret) = match value.split_once(' ') {
-            Some((s, rest))
-                if (name == "authorization" || name == "proxy-authorization")
-                    && !s.is_empty()
-                    && s.bytes().all(|b| b.is_ascii_alphabetic()) =>
-            {
-                (Some(s), rest.trim())
-            }
-            _ => (None, value.trim()),
-        };
+        let (scheme, secret) = split_scheme(name, value);
         let kind = self.kind_of(secret.as_bytes()).unwrap_or(name);
         *summary.entry(kind.to_owned()).or_default() += 1;
         let fp = marker(kind, Some(secret), secret.as_bytes());
@@ -669,6 +660,40 @@ fn is_secret_name(name: &str) -> bool {
 /// The first 8 hex digits of the secret's SHA-256.
 pub fn hash8(secret: &[u8]) -> String {
     crate::digest::hex(&crate::digest::sha256(secret)[..4])
+}
+
+/// A credential header's value as its auth scheme word (of `authorization` headers)
+/// and the secret after it.
+fn split_scheme<'a>(name: &str, value: &'a str) -> (Option<&'a str>, &'a str) {
+    match value.split_once(' ') {
+        Some((s, rest))
+            if (name == "authorization" || name == "proxy-authorization")
+                && !s.is_empty()
+                && s.bytes().all(|b| b.is_ascii_alphabetic()) =>
+        {
+            (Some(s), rest.trim())
+        }
+        _ => (None, value.trim()),
+    }
+}
+
+/// Which credential the value of credential header `name` is: the `hash8` its
+/// fingerprint shows. A stored fingerprint gives the same id as the live value it
+/// replaced, so every replica, and a replay of the store, groups requests by
+/// credential alike without keeping the credential.
+pub fn credential_id(name: &str, value: &[u8]) -> String {
+    let text = String::from_utf8_lossy(value);
+    let (_, secret) = split_scheme(name, &text);
+    let stored = secret
+        .strip_prefix("[REDACTED:")
+        .and_then(|s| s.strip_suffix(']'))
+        .and_then(|s| s.rsplit_once(':'))
+        .map(|(_, hash)| hash)
+        .filter(|h| h.len() == 8 && h.bytes().all(|b| b.is_ascii_hexdigit()));
+    match stored {
+        Some(hash) => hash.to_owned(),
+        None => hash8(secret.as_bytes()),
+    }
 }
 
 /// `[REDACTED:<kind>:<hash8>]`, or with the first 4 characters of a long enough
@@ -796,6 +821,38 @@ mod tests {
                 .as_str()
                 .unwrap()
                 .contains("DB_PASSWORD=[REDACTED:env-secret:")
+        );
+    }
+
+    #[test]
+    fn a_credential_and_its_stored_fingerprint_have_one_id() {
+        let r = redactor();
+        for (name, value) in [
+            (
+                "x-api-key",
+                "sk-ant-api03-abcdefghijklmnopqrstuvwxyz0123456789",
+            ),
+            (
+                "authorization",
+                "Bearer sk-ant-oat01-abcdefghijklmnopqrstuvwxyz01",
+            ),
+            ("authorization", "short"),
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert(name, value.parse().unwrap());
+            let stored = r.headers(&headers, &[], &mut Summary::new());
+            let id = credential_id(name, value.as_bytes());
+            assert_eq!(id.len(), 8);
+            assert_eq!(
+                credential_id(name, stored[0].1.as_bytes()),
+                id,
+                "{stored:?}"
+            );
+            assert!(value.len() < 16 || !stored[0].1.contains(&value[value.len() - 8..]));
+        }
+        assert_ne!(
+            credential_id("x-api-key", b"sk-ant-api03-one"),
+            credential_id("x-api-key", b"sk-ant-api03-two")
         );
     }
 

@@ -42,6 +42,9 @@ const ZSTD_LEVEL: i32 = 3;
 const KNOWN_UNITS: usize = 50_000;
 /// Units deleted per transaction by retention, so writers wait for one batch at most.
 const DELETE_BATCH: usize = 500;
+/// How long the index of cached prefixes keeps a row: past the longest cache ttl
+/// (1 h), nobody reads that prefix from the provider's cache any more.
+const PREFIX_INDEX_KEEP_MS: u64 = 2 * 3_600_000;
 
 /// Where the store is: a directory holding SQLite's file, or a PostgreSQL URL
 /// (`postgres://user@host:port/db`; never with a password in it).
@@ -513,6 +516,22 @@ impl Store {
                     record.side.into(),
                 ],
             )?;
+            if let Some(report) = &record.cache
+                && let Some(workspace) = &report.workspace
+            {
+                for b in report.breakpoints.iter().filter(|b| !b.prefix.is_empty()) {
+                    conn.execute(
+                        "INSERT INTO cache_prefixes (record, prefix, workspace, started_ms)
+                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
+                        &[
+                            record.id.as_str().into(),
+                            b.prefix.as_str().into(),
+                            workspace.as_str().into(),
+                            (report.started_ms as i64).into(),
+                        ],
+                    )?;
+                }
+            }
         }
         Ok(())
     }
@@ -819,6 +838,12 @@ impl Store {
             pruned.records += self.delete_oldest(Some(cutoff), i64::MAX)?;
         }
         pruned.units += self.collect_garbage()?;
+        self.conn.execute(
+            "DELETE FROM cache_prefixes WHERE started_ms < ?1",
+            &[Value::Int(
+                now_ms.saturating_sub(PREFIX_INDEX_KEEP_MS) as i64
+            )],
+        )?;
         if let Some(max) = retention.max_size {
             while self.conn.used_bytes()? > max {
                 let count = self.stats()?.records as i64;
@@ -857,6 +882,42 @@ impl Store {
             .collect::<Result<Vec<_>, _>>()?;
         ids.reverse();
         Ok(ids)
+    }
+
+    /// Who cached which of `prefixes` (as [`BreakpointView::prefix`] writes them) in
+    /// `workspace`: `(prefix, conversation)` of the records that started at or after
+    /// `since_ms` and before the record `before` (by id), newest first.
+    ///
+    /// [`BreakpointView::prefix`]: crate::cache::BreakpointView::prefix
+    pub fn prefix_writers(
+        &self,
+        workspace: &str,
+        prefixes: &[String],
+        since_ms: u64,
+        before: &str,
+    ) -> Result<Vec<(String, String)>, StoreError> {
+        if prefixes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let marks: Vec<String> = (4..4 + prefixes.len()).map(|i| format!("?{i}")).collect();
+        let sql = format!(
+            "SELECT p.prefix, r.conversation FROM cache_prefixes p JOIN records r ON r.id = p.record
+             WHERE p.workspace = ?1 AND p.started_ms >= ?2 AND r.id < ?3
+               AND r.conversation IS NOT NULL AND p.prefix IN ({})
+             ORDER BY p.started_ms DESC LIMIT 64",
+            marks.join(", ")
+        );
+        let mut args = vec![
+            Value::from(workspace),
+            Value::Int(since_ms as i64),
+            Value::from(before),
+        ];
+        args.extend(prefixes.iter().map(|p| Value::from(p.as_str())));
+        self.conn
+            .query(&sql, &args)?
+            .into_iter()
+            .map(|r| Ok((r.text(0)?, r.text(1)?)))
+            .collect()
     }
 
     /// The ids of the `n` oldest records, oldest first.

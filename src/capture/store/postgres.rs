@@ -18,7 +18,7 @@ use super::StoreError;
 use super::sql::{Connection, Dialect, SqlRow, Value, dollar_placeholders};
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 /// Idle read connections kept per process (the admin API and the live feed open a
 /// store per request).
 const IDLE_READERS: usize = 4;
@@ -421,6 +421,7 @@ impl Postgres {
             for step in version..SCHEMA_VERSION {
                 match step {
                     0 => self.batch(SCHEMA_1)?,
+                    1 => self.batch(super::sql::PREFIX_INDEX)?,
                     _ => unreachable!("one migration per schema step"),
                 }
                 self.execute(

@@ -226,6 +226,19 @@ pub(crate) fn dollar_placeholders(sql: &str) -> String {
     out
 }
 
+/// The index of cached prefixes: SQLite's schema 4 and PostgreSQL's schema 2.
+pub(super) const PREFIX_INDEX: &str = "
+CREATE TABLE cache_prefixes (
+  record TEXT NOT NULL,        -- records.id
+  prefix TEXT NOT NULL,        -- BreakpointView::prefix
+  workspace TEXT NOT NULL,
+  started_ms BIGINT NOT NULL,
+  PRIMARY KEY (record, prefix)
+);
+CREATE INDEX cache_prefixes_lookup ON cache_prefixes (workspace, prefix, started_ms);
+CREATE INDEX cache_prefixes_started ON cache_prefixes (started_ms);
+";
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,7 +11,7 @@ use super::sql::{Connection, Dialect, SqlRow, Value};
 use super::{DB_FILE, StoreError, decode_meta};
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i64 = 3;
+pub(super) const SCHEMA_VERSION: i64 = 4;
 
 /// An open SQLite store.
 pub(super) struct Sqlite {
@@ -95,6 +95,7 @@ impl Sqlite {
                 0 => migrate_0_to_1(&tx)?,
                 1 => migrate_1_to_2(&tx)?,
                 2 => migrate_2_to_3(&tx)?,
+                3 => migrate_3_to_4(&tx)?,
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
@@ -245,5 +246,12 @@ fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
         let side = crate::provider::is_side_request(&method, api);
         update.execute(params![id, r.tags.join(","), r.path, r.mode, side])?;
     }
+    Ok(())
+}
+
+/// The index of the prefixes each request cached, by workspace, for the analysis
+/// of conversations that read another one's prefix. Rows older than two hours go.
+fn migrate_3_to_4(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    tx.execute_batch(super::sql::PREFIX_INDEX)?;
     Ok(())
 }
