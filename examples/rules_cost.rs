@@ -80,7 +80,7 @@ fn main() {
     // A new cell each time: the price includes reading the model, as a request pays it.
     let apply = || {
         let prompt = promptgate::record::PromptCell::new(
-            body.clone().into(),
+            body.clone(),
             Some(promptgate::prompt::Format::AnthropicMessages),
         );
         rules.apply_request(RequestCtx {
@@ -120,14 +120,14 @@ fn main() {
         std::hint::black_box(promptgate::provider::json::skip_value(&body, 0));
     });
     println!(
-        "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers, sent as {} pieces)",
+        "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers, sent {} bytes)",
         body.len(),
         rules.rules().len(),
         dir.display(),
         result.effects.fired.len(),
         result.body.is_some(),
         result.effects.body_diff.len(),
-        result.body.as_ref().map_or(1, |b| b.pieces().len())
+        result.body.as_ref().map_or(0, |b| b.body().len())
     );
     println!(
         "serde_json::Value parse: {:>8.1} µs",

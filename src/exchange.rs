@@ -29,7 +29,7 @@ use crate::observer::decode::{self, DecodeError};
 use crate::observer::stall::Stall;
 use crate::observer::{self, BodyEnd, ObservedBody, ResponseBody, StallWatch, TapResult};
 use crate::provider::{self, Provider};
-use crate::record::{ExchangeRecord, Mode, Outcome, Recorder, SentBody};
+use crate::record::{ExchangeRecord, Mode, Outcome, Recorder};
 use crate::rules::reload::LiveRules;
 use crate::rules::stream::{EventRules, StreamContext, StreamReport};
 use crate::rules::{RequestCtx, Verdict};
@@ -388,12 +388,14 @@ impl Proxy {
             prompt: &prompt,
         });
         parts.headers = applied.headers;
-        let body = applied.body.unwrap_or_else(|| SentBody::whole(body));
+        let body = applied.body.as_ref().map_or(body, |p| p.body().clone());
         {
             let r = pending.get();
             r.request_headers = received;
             r.sent_headers = parts.headers.clone();
-            r.set_sent_body(body.clone());
+            if let Some(changed) = applied.body {
+                r.set_sent(changed);
+            }
             // Rules read the provider's (last) model of a repeated key.
             if applied.keys.repeated().is_some() {
                 r.model = applied.model;

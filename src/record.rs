@@ -121,96 +121,6 @@ impl Timing {
     }
 }
 
-/// A request body as sent upstream, as the pieces it went out in. Rules splice a
-/// changed body from slices of the received one (only what they changed is new
-/// memory), so the request path never copies a body whole; a reader that needs one
-/// buffer calls [`SentBody::bytes`], which joins the pieces once, on its own thread.
-#[derive(Clone, Default)]
-pub struct SentBody(Arc<SentPieces>);
-
-#[derive(Default)]
-struct SentPieces {
-    pieces: Vec<Bytes>,
-    len: usize,
-    joined: OnceLock<Bytes>,
-}
-
-impl SentBody {
-    /// A body sent as it is (one piece; `bytes` costs nothing).
-    pub fn whole(bytes: Bytes) -> SentBody {
-        let joined = OnceLock::from(bytes.clone());
-        SentBody(Arc::new(SentPieces {
-            len: bytes.len(),
-            pieces: vec![bytes],
-            joined,
-        }))
-    }
-
-    /// A body made of `pieces`, in order.
-    pub fn from_pieces(pieces: Vec<Bytes>) -> SentBody {
-        if let [one] = pieces.as_slice() {
-            return SentBody::whole(one.clone());
-        }
-        let len = pieces.iter().map(Bytes::len).sum();
-        SentBody(Arc::new(SentPieces {
-            pieces,
-            len,
-            joined: OnceLock::new(),
-        }))
-    }
-
-    /// The pieces in order; empty pieces may occur.
-    pub fn pieces(&self) -> &[Bytes] {
-        &self.0.pieces
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.len == 0
-    }
-
-    /// Whether this is `bytes` itself, sent unchanged (no bytes compared).
-    pub fn is(&self, bytes: &Bytes) -> bool {
-        matches!(self.pieces(), [one] if one.as_ptr() == bytes.as_ptr() && one.len() == bytes.len())
-    }
-
-    /// The first byte, read without joining.
-    pub fn first(&self) -> Option<u8> {
-        self.0.pieces.iter().find_map(|p| p.first().copied())
-    }
-
-    /// The whole body in one buffer: joined on the first call (a copy), shared after.
-    pub fn bytes(&self) -> &Bytes {
-        self.0.joined.get_or_init(|| {
-            let mut out = Vec::with_capacity(self.0.len);
-            for p in &self.0.pieces {
-                out.extend_from_slice(p);
-            }
-            Bytes::from(out)
-        })
-    }
-}
-
-impl From<Bytes> for SentBody {
-    fn from(bytes: Bytes) -> SentBody {
-        SentBody::whole(bytes)
-    }
-}
-
-impl std::fmt::Debug for SentBody {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "SentBody({} bytes in {} pieces)",
-            self.len(),
-            self.pieces().len()
-        )
-    }
-}
-
 /// A request body's [`Prompt`]: read on first use, on whichever thread first
 /// needs it (rules on the request path, else the cache stage or the capture
 /// writer), then shared by every reader. Pass-through never reads it.
@@ -219,14 +129,14 @@ pub struct PromptCell(Arc<PromptSource>);
 
 #[derive(Default)]
 struct PromptSource {
-    body: SentBody,
+    body: Bytes,
     format: Option<Format>,
     prompt: OnceLock<Prompt>,
 }
 
 impl PromptCell {
     /// The cell of `body` (decoded), a request of `format`.
-    pub fn new(body: SentBody, format: Option<Format>) -> PromptCell {
+    pub fn new(body: Bytes, format: Option<Format>) -> PromptCell {
         PromptCell(Arc::new(PromptSource {
             body,
             format,
@@ -234,8 +144,17 @@ impl PromptCell {
         }))
     }
 
+    /// The cell of a model already made (a body rules wrote).
+    pub fn of(prompt: Prompt) -> PromptCell {
+        PromptCell(Arc::new(PromptSource {
+            body: prompt.body().clone(),
+            format: prompt.format(),
+            prompt: OnceLock::from(prompt),
+        }))
+    }
+
     /// The body, unread.
-    pub fn body(&self) -> &SentBody {
+    pub fn body(&self) -> &Bytes {
         &self.0.body
     }
 
@@ -243,7 +162,7 @@ impl PromptCell {
     pub fn get(&self) -> &Prompt {
         self.0
             .prompt
-            .get_or_init(|| Prompt::read(self.0.body.bytes().clone(), self.0.format))
+            .get_or_init(|| Prompt::read(self.0.body.clone(), self.0.format))
     }
 
     /// The model, if somebody has read it.
@@ -302,8 +221,8 @@ pub struct ExchangeRecord {
     pub sent_prompt: PromptCell,
     /// Request headers as sent upstream (hop-by-hop removed, rules applied).
     pub sent_headers: HeaderMap,
-    /// The request body exactly as sent upstream (shares the received bytes when unchanged).
-    pub sent_body: SentBody,
+    /// The request body exactly as sent upstream (the received bytes when unchanged).
+    pub sent_body: Bytes,
     /// Names of the rules that fired, in order.
     pub rules_fired: Vec<String>,
     /// Labels that rules put on the exchange.
@@ -342,7 +261,7 @@ impl ExchangeRecord {
     /// a queue of records is bounded by. A sent body sharing the received one's memory
     /// counts once; comparing their bytes would read them all.
     pub fn held_bytes(&self) -> u64 {
-        let sent = if self.sent_body.is(&self.request_body) {
+        let sent = if self.sent_unchanged() {
             0
         } else {
             self.sent_body.len()
@@ -359,21 +278,23 @@ impl ExchangeRecord {
             (Some(p), Some(a)) => Format::of_request(p, a),
             _ => None,
         };
-        self.prompt = PromptCell::new(SentBody::whole(plain.clone()), format);
+        self.prompt = PromptCell::new(plain.clone(), format);
         self.sent_prompt = self.prompt.clone();
-        self.sent_body = SentBody::whole(body.clone());
+        self.sent_body = body.clone();
         self.request_body = body;
         self.request_plain = plain;
     }
 
-    /// Sets the body sent upstream: when rules changed it, its own model.
-    pub fn set_sent_body(&mut self, sent: SentBody) {
-        self.sent_prompt = if sent.is(&self.request_body) {
-            self.prompt.clone()
-        } else {
-            PromptCell::new(sent.clone(), self.prompt.0.format)
-        };
-        self.sent_body = sent;
+    /// Sets the body rules wrote to send upstream instead, with its model.
+    pub fn set_sent(&mut self, changed: Prompt) {
+        self.sent_body = changed.body().clone();
+        self.sent_prompt = PromptCell::of(changed);
+    }
+
+    /// Whether the body went upstream as it was received (no bytes compared).
+    pub fn sent_unchanged(&self) -> bool {
+        self.sent_body.as_ptr() == self.request_body.as_ptr()
+            && self.sent_body.len() == self.request_body.len()
     }
 
     /// A record for an exchange that has just begun.
@@ -409,7 +330,7 @@ impl ExchangeRecord {
             prompt: PromptCell::default(),
             sent_prompt: PromptCell::default(),
             sent_headers: HeaderMap::new(),
-            sent_body: SentBody::default(),
+            sent_body: Bytes::new(),
             rules_fired: Vec::new(),
             tags: Vec::new(),
             body_diff: Vec::new(),

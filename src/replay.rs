@@ -26,7 +26,7 @@ use crate::conversation::KeySource;
 use crate::id::ExchangeId;
 use crate::prompt::Format;
 use crate::provider::{self, Api, Provider, Usage};
-use crate::record::{PromptCell, SentBody};
+use crate::record::PromptCell;
 use crate::rules::{LIMITS_FIXER, RequestCtx, RuleSet, Verdict};
 
 /// How many blocked requests and changed requests the report lists by id.
@@ -352,7 +352,7 @@ pub fn replay(
             start,
             format,
             &sent_headers,
-            PromptCell::new(SentBody::whole(sent_body.clone()), Some(format)),
+            PromptCell::new(sent_body.clone(), Some(format)),
         );
         let replayed_body = outcome
             .body
@@ -364,7 +364,7 @@ pub fn replay(
             start,
             format,
             &outcome.headers,
-            PromptCell::new(SentBody::whole(replayed_body), Some(format)),
+            PromptCell::new(replayed_body, Some(format)),
         );
         let (Some(sent), Some(replayed)) = (sent, replayed) else {
             report.cache_excluded += 1;
@@ -462,7 +462,7 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
     let model = (body.first() == Some(&b'{'))
         .then(|| provider::sniff(&body).model)
         .flatten();
-    let prompt = PromptCell::new(SentBody::whole(body.clone()), Some(format));
+    let prompt = PromptCell::new(body.clone(), Some(format));
     let result = rules.apply_request(RequestCtx {
         provider,
         api,
@@ -486,7 +486,7 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
     Outcome {
         fired: result.effects.fired,
         edits: result.effects.edits,
-        body: result.body.map(|b| b.bytes().clone()),
+        body: result.body.map(|b| b.body().clone()),
         headers: result.headers,
         blocked,
     }

@@ -26,7 +26,6 @@ use rustls_pki_types::pem::PemObject;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError, error_chain};
-use crate::record::SentBody;
 
 /// Errors building the upstream client (read by people at startup).
 #[derive(Debug, thiserror::Error)]
@@ -103,25 +102,17 @@ where
     }
 }
 
-/// A request body going upstream: the pieces of a [`SentBody`], a frame each (the
-/// connection writes them out together, without joining them first).
+/// A request body going upstream, in one frame.
 pub struct UpstreamBody {
-    body: SentBody,
-    /// The next piece to send.
-    next: usize,
-    /// Bytes not yet sent.
-    left: usize,
+    body: Option<Bytes>,
     /// Set when the connection first asks for the body: the request head is written.
     asked: Option<Arc<OnceLock<Instant>>>,
 }
 
-impl From<SentBody> for UpstreamBody {
-    fn from(body: SentBody) -> UpstreamBody {
-        let left = body.len();
+impl From<Bytes> for UpstreamBody {
+    fn from(body: Bytes) -> UpstreamBody {
         UpstreamBody {
-            body,
-            next: 0,
-            left,
+            body: (!body.is_empty()).then_some(body),
             asked: None,
         }
     }
@@ -147,22 +138,15 @@ impl Body for UpstreamBody {
         if let Some(asked) = this.asked.take() {
             let _ = asked.set(Instant::now());
         }
-        while let Some(piece) = this.body.pieces().get(this.next) {
-            this.next += 1;
-            if !piece.is_empty() {
-                this.left -= piece.len();
-                return Poll::Ready(Some(Ok(Frame::data(piece.clone()))));
-            }
-        }
-        Poll::Ready(None)
+        Poll::Ready(this.body.take().map(|b| Ok(Frame::data(b))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.left == 0
+        self.body.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        SizeHint::with_exact(self.left as u64)
+        SizeHint::with_exact(self.body.as_ref().map_or(0, |b| b.len() as u64))
     }
 }
 

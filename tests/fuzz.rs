@@ -827,7 +827,7 @@ fn probe_rules(pointer: &str, test: toml::Table) -> RuleSet {
 fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
     let body = Bytes::copy_from_slice(body);
     let prompt = promptgate::record::PromptCell::new(
-        body.clone().into(),
+        body.clone(),
         Some(promptgate::prompt::Format::AnthropicMessages),
     );
     let result = rules.apply_request(RequestCtx {

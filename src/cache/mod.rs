@@ -553,10 +553,7 @@ impl CacheStage {
                 key: Ok(key.to_owned()),
                 // The stored fingerprint names the same workspace as the credential.
                 credential: credential(&r.sent_headers()),
-                prompt: PromptCell::new(
-                    crate::record::SentBody::whole(body.bytes.clone()),
-                    Some(format),
-                ),
+                prompt: PromptCell::new(body.bytes.clone(), Some(format)),
             };
             self.prepare_keyed(state, began, key.to_owned(), None);
             let _ = self.judge(state, id, &usage);
@@ -572,7 +569,7 @@ impl CacheStage {
         key: String,
         shared: Option<&SharedStore>,
     ) {
-        let body = b.prompt.body().bytes();
+        let body = b.prompt.body();
         let previous = state
             .history
             .get(&key)
@@ -910,7 +907,7 @@ impl RecordStage for CacheStage {
         };
         // What the provider reads: the body sent, decoded when it went on compressed.
         let prompt = record.sent_prompt.clone();
-        if prompt.body().first() != Some(b'{') {
+        if prompt.body().first() != Some(&b'{') {
             return;
         }
         let start = self.clock.at(record.started_at);

@@ -294,8 +294,7 @@ impl CaptureRecord {
             .as_millis() as u64;
         let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
         let received_digest = digest::content_hex(&r.request_body);
-        // Joined here, on the writer's thread, when rules spliced it.
-        let sent_body = r.sent_body.bytes();
+        let sent_body = &r.sent_body;
         let same_body = same_bytes(sent_body, &r.request_body);
         let sent_digest = if same_body {
             received_digest.clone()
@@ -863,7 +862,7 @@ mod redacted_tests {
         let keys = KeySource::default();
         let mut r = exchange();
         // What a rule sends: the received message, one top-level key added.
-        r.set_sent_body(Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#).into());
+        r.set_sent(Prompt::read(Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#), r.prompt.get().format()));
         let fresh = CaptureRecord::redacted(&r, &redactor, &keys);
         let sent = fresh.request.sent_body.as_ref().unwrap();
         let parts = sent.parts.as_ref().unwrap();
@@ -871,7 +870,7 @@ mod redacted_tests {
         for (_, unit, hash) in &parts.units {
             assert_eq!(*hash, digest::content(unit));
         }
-        assert_eq!(fresh.sent_digest, digest::content_hex(r.sent_body.bytes()));
+        assert_eq!(fresh.sent_digest, digest::content_hex(&r.sent_body));
         assert_eq!(fresh.received_digest, digest::content_hex(&r.request_body));
         // A warm cache, and one too small to keep anything.
         for limit in [1 << 20, 64] {

@@ -357,7 +357,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     let before = header_map.clone();
     let method = Method::POST;
     let prompt = crate::record::PromptCell::new(
-        plain.clone().into(),
+        plain.clone(),
         crate::prompt::Format::of_request(route.provider, route.api),
     );
     let result = set.apply_request(RequestCtx {
@@ -413,12 +413,12 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     match &result.body {
         None => println!("body: unchanged (sent byte for byte)"),
         Some(new) => {
-            println!("body: changed, {} → {} bytes", body.len(), new.len());
+            println!("body: changed, {} → {} bytes", body.len(), new.body().len());
             for p in &result.effects.body_diff {
                 println!("  changed {p}");
             }
             // Each changed unit's text, before → after, as `captures show` prints it.
-            match crate::capture::units::diff_bodies(&plain, new.bytes()) {
+            match crate::capture::units::diff_bodies(&plain, new.body()) {
                 Ok(entries) => {
                     let mut text = String::new();
                     super::captures::diff_lines(&entries, &mut text);
@@ -486,7 +486,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         println!("stream: not run (the request was blocked)");
     }
     if let Some(out) = body_out {
-        let bytes = result.body.as_ref().map_or(&body, |b| b.bytes());
+        let bytes = result.body.as_ref().map_or(&body, |b| b.body());
         std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(ExitCode::SUCCESS)

@@ -160,6 +160,26 @@ impl Prompt {
         }
     }
 
+    /// The model of `body` whose structure pass was made elsewhere: a body rules
+    /// wrote, with the tape derived from the received body's (`tape` and
+    /// `cache_control_keys` exactly what [`Prompt::read`] would find, `keys` its check).
+    pub(crate) fn derived(
+        body: Bytes,
+        tape: Vec<Tok>,
+        cache_control_keys: Vec<u32>,
+        keys: KeyCheck,
+        format: Option<Format>,
+    ) -> Prompt {
+        Prompt {
+            body,
+            tape: Ok(tape),
+            cache_control_keys,
+            keys,
+            format,
+            cut: std::sync::OnceLock::new(),
+        }
+    }
+
     /// The bytes it was read from.
     pub fn body(&self) -> &Bytes {
         &self.body

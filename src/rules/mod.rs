@@ -30,9 +30,9 @@ use action::CompiledAction;
 use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
-use crate::prompt::KeyCheck;
+use crate::prompt::{KeyCheck, Prompt};
 use crate::provider::{Api, Provider};
-use crate::record::{ExchangeRecord, PromptCell, SentBody};
+use crate::record::{ExchangeRecord, PromptCell};
 
 /// The four hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.
@@ -242,8 +242,9 @@ pub struct RequestResult {
     pub verdict: Verdict,
     /// The headers to send (content-length and content-encoding fixed when the body changed).
     pub headers: HeaderMap,
-    /// The new body when rules changed it (identity-encoded), else `None`: send the original.
-    pub body: Option<SentBody>,
+    /// The new body and its model when rules changed it (identity-encoded), else
+    /// `None`: send the original.
+    pub body: Option<Prompt>,
     pub effects: Effects,
     /// Whether the body was parsed (for the no-parse guarantee's tests).
     pub body_parsed: bool,
@@ -429,7 +430,7 @@ impl RuleSet {
             if body.was_encoded() {
                 headers.remove(header::CONTENT_ENCODING);
             }
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new.len()));
+            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new.body().len()));
         }
         RequestResult {
             verdict,

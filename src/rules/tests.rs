@@ -63,7 +63,7 @@ impl Req {
             crate::observer::decode::request_plain(&self.headers, &self.body, 32 << 20).unwrap();
         let model = crate::provider::sniff(&plain).model;
         let prompt = crate::record::PromptCell::new(
-            plain.into(),
+            plain,
             crate::prompt::Format::of_request(self.provider, Api::Messages),
         );
         rules.apply_request(RequestCtx {
@@ -81,7 +81,7 @@ impl Req {
 }
 
 fn sent(r: &RequestResult, req: &Req) -> Value {
-    serde_json::from_slice(r.body.as_ref().map_or(&req.body, |b| b.bytes())).unwrap()
+    serde_json::from_slice(r.body.as_ref().map_or(&req.body, |b| b.body())).unwrap()
 }
 
 fn cc() -> Req {
@@ -170,13 +170,13 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
         shapes::to_bytes(&shapes::openai_chat_body(true)),
     ] {
         let bytes = Bytes::from(body);
-        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
+        let cell = crate::record::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
-        assert_eq!(out.len(), bytes.len());
-        assert!(*out.bytes() == bytes, "re-serialised bytes differ");
+        assert_eq!(out.body().len(), bytes.len());
+        assert!(*out.body() == bytes, "re-serialised bytes differ");
     }
 }
 
@@ -307,7 +307,7 @@ actions = [
     );
     assert_eq!(
         r.headers.get("content-length").unwrap(),
-        &r.body.as_ref().unwrap().len().to_string()
+        &r.body.as_ref().unwrap().body().len().to_string()
     );
 }
 
@@ -340,7 +340,7 @@ actions = [ { system.prepend = { text = "POLICY", cache = "1h" } }, { system.app
         s[s.find("\"tools\":").unwrap()..].to_owned()
     };
     assert_eq!(
-        tools_at(out.bytes()),
+        tools_at(out.body()),
         tools_at(&req.body),
         "tools and thinking, after system, are byte-identical"
     );
@@ -473,7 +473,7 @@ fn cache_control_strip_set_ttl() {
     );
     let req = cc();
     let r = req.run(&ttl);
-    let text = String::from_utf8(r.body.unwrap().bytes().to_vec()).unwrap();
+    let text = String::from_utf8(r.body.unwrap().body().to_vec()).unwrap();
     assert_eq!(
         text.matches(r#""cache_control":{"type":"ephemeral","ttl":"1h"}"#)
             .count(),
@@ -658,11 +658,11 @@ fn compressed_bodies_are_decoded_and_sent_as_identity_when_changed() {
     );
     let r = req.run(&change);
     assert!(r.headers.get("content-encoding").is_none());
-    let v: Value = serde_json::from_slice(r.body.as_ref().unwrap().bytes()).unwrap();
+    let v: Value = serde_json::from_slice(r.body.as_ref().unwrap().body()).unwrap();
     assert_eq!(v["temperature"], 0);
     assert_eq!(
         r.headers.get("content-length").unwrap(),
-        &r.body.unwrap().len().to_string()
+        &r.body.unwrap().body().len().to_string()
     );
 }
 
@@ -922,7 +922,7 @@ fn property_the_cache_control_limits_always_hold() {
         let r = req.run(&rules);
         let Some(out) = &r.body else { continue };
         checked += 1;
-        let v: Value = serde_json::from_slice(out.bytes()).unwrap();
+        let v: Value = serde_json::from_slice(out.body()).unwrap();
         let ms = markers_of(&v);
         let context = || {
             format!(

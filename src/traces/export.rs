@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use super::{SpanContext, TracesSettings, semconv, span_of, text};
 use crate::capture::redact::Redactor;
 use crate::conversation::KeySource;
-use crate::record::{ExchangeRecord, RecordSink, SentBody};
+use crate::record::{ExchangeRecord, RecordSink};
 use crate::upstream::{Upstream, UpstreamBody};
 
 /// Spans per request to the collector at most.
@@ -220,7 +220,7 @@ impl Collector {
             .uri(url.clone())
             .header(header::CONTENT_TYPE, "application/x-protobuf")
             .header(header::CONTENT_LENGTH, body.len())
-            .body(UpstreamBody::from(SentBody::whole(Bytes::from(body))));
+            .body(UpstreamBody::from(Bytes::from(body)));
         let Ok(request) = request else {
             counts.drop_spans(n, "the collector URL cannot be requested");
             return;

@@ -5,10 +5,10 @@ use std::cell::OnceCell;
 
 use bytes::Bytes;
 
-use super::{Entries, Index, Node, Splice};
-use crate::prompt::{KeyCheck, Shape};
+use super::{BodyWriter, Entries, Index, Node};
+use crate::prompt::{KeyCheck, Prompt, Shape};
 use crate::provider::json::skip_ws;
-use crate::record::{PromptCell, SentBody};
+use crate::record::PromptCell;
 
 // === the body of one request, parsed on first use ===
 
@@ -43,7 +43,7 @@ impl<'a> LazyBody<'a> {
     ) -> Self {
         LazyBody {
             sent,
-            plain: prompt.body().bytes(),
+            plain: prompt.body(),
             prompt,
             encoded,
             store,
@@ -101,13 +101,15 @@ impl<'a> LazyBody<'a> {
         }
     }
 
-    /// The body to send when rules changed it (identity-encoded), else `None`.
-    pub(crate) fn changed(&self) -> Option<SentBody> {
-        match &self.root {
-            Some(Ok(node)) if node.is_dirty() => {
-                let mut out = Splice::new(self.plain);
+    /// The body to send, with its model, when rules changed it (identity-encoded),
+    /// else `None`.
+    pub(crate) fn changed(&self) -> Option<Prompt> {
+        match (&self.root, self.store.index.get()) {
+            (Some(Ok(node)), Some(Some(index))) if node.is_dirty() => {
+                let mut out = BodyWriter::new(index, self.plain.len() + 256);
                 node.write(&mut out);
-                Some(out.finish())
+                let prompt = self.prompt.get();
+                Some(out.finish(prompt.format(), prompt.keys()))
             }
             _ => None,
         }

@@ -12,15 +12,15 @@
 //! rules, actions and levels look inside.
 //!
 //! By part: `index` (the tape as rules read it), `peek` (reading without opening),
-//! `pointer` (JSON pointers and json.set/remove/append), `splice` (writing a
-//! changed body as pieces), `lazy` (one request's body, read on first use); the
+//! `pointer` (JSON pointers and json.set/remove/append), `writer` (writing a
+//! changed body and its tape), `lazy` (one request's body, read on first use); the
 //! node tree itself is here.
 
 mod index;
 mod lazy;
 mod peek;
 mod pointer;
-mod splice;
+mod writer;
 
 use std::borrow::Cow;
 
@@ -31,7 +31,7 @@ pub(crate) use lazy::{BodyStore, LazyBody};
 use peek::array_index;
 pub(crate) use peek::{Items, Peek};
 pub(crate) use pointer::{Pointer, append, ptr, remove, set};
-pub(crate) use splice::Splice;
+pub(crate) use writer::BodyWriter;
 
 /// The keys and values of an object, in order.
 pub(crate) type Entries<'a> = Vec<(Cow<'a, str>, Node<'a>)>;
@@ -315,40 +315,44 @@ impl<'a> Node<'a> {
         true
     }
 
-    /// Writes the node: untouched parts as the exact bytes sent, changed ones compactly.
-    pub(crate) fn write(&self, out: &mut Splice<'_>) {
+    /// Writes the node: untouched parts as the exact bytes sent (with their tokens
+    /// of the received body's tape), changed ones compactly.
+    pub(crate) fn write(&self, out: &mut BodyWriter<'_>) {
         match self {
-            Node::Raw(r) => out.original(r.text),
+            Node::Raw(r) => out.original(r.at.1),
             Node::Object {
                 orig: Some(text), ..
             }
             | Node::Array {
                 orig: Some(text), ..
-            } => out.original(text),
+            } => match out.token_of(text) {
+                Some(t) => out.original(t),
+                None => out.bytes(text),
+            },
             Node::Object {
                 orig: None,
                 entries,
             } => {
-                out.literal(b"{");
+                out.open(b'{');
                 for (i, (k, v)) in entries.iter().enumerate() {
                     if i > 0 {
-                        out.literal(b",");
+                        out.separator(b',');
                     }
                     out.key(k);
-                    out.literal(b":");
+                    out.separator(b':');
                     v.write(out);
                 }
-                out.literal(b"}");
+                out.close();
             }
             Node::Array { orig: None, items } => {
-                out.literal(b"[");
+                out.open(b'[');
                 for (i, v) in items.iter().enumerate() {
                     if i > 0 {
-                        out.literal(b",");
+                        out.separator(b',');
                     }
                     v.write(out);
                 }
-                out.literal(b"]");
+                out.close();
             }
             Node::Value(v) => out.value(v),
         }
@@ -365,12 +369,12 @@ mod tests {
 
     fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
-        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
+        let cell = crate::record::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         f(lazy.root().unwrap());
         match lazy.changed() {
-            Some(b) => String::from_utf8(b.bytes().to_vec()).unwrap(),
+            Some(b) => String::from_utf8(b.body().to_vec()).unwrap(),
             None => body.to_owned(),
         }
     }
@@ -462,7 +466,7 @@ mod tests {
     #[test]
     fn non_json_bodies_say_why() {
         let bytes = Bytes::from_static(b"not json");
-        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
+        let cell = crate::record::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
@@ -476,7 +480,7 @@ mod tests {
             b"",
         ] {
             let bytes = Bytes::copy_from_slice(bad);
-            let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
+            let cell = crate::record::PromptCell::new(bytes.clone(), None);
             let store = BodyStore::default();
             let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
             let e = lazy.root().unwrap_err();
@@ -492,14 +496,14 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_body_is_sent_as_slices_of_the_received_one() {
+    fn a_changed_body_keeps_its_bytes_and_derives_its_model() {
         // Two long texts around the value a rule changes, and one after a new key.
         let long = "x".repeat(5000);
         let body = format!(
             r#"{{"messages":[{{"role":"user","content":"{long}"}},{{"role":"user","content":[{{"type":"text","text":"b","cache_control":{{"type":"ephemeral"}}}}]}}],"system":"{long}","max_tokens":128000,"stream":true}}"#
         );
         let bytes = Bytes::from(body.clone());
-        let cell = crate::record::PromptCell::new(bytes.clone().into(), None);
+        let cell = crate::record::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         let root = lazy.root().unwrap();
@@ -512,22 +516,13 @@ mod tests {
         let want = body
             .replace(r#""ephemeral"}"#, r#""ephemeral","ttl":"1h"}"#)
             .replace("128000", "64000");
-        assert_eq!(std::str::from_utf8(out.bytes()).unwrap(), want);
-        // Long runs of untouched bytes point into the received body: not copied.
-        let inside = |p: &Bytes| {
-            let base = bytes.as_ptr() as usize;
-            let at = p.as_ptr() as usize;
-            at >= base && at + p.len() <= base + bytes.len()
-        };
-        let sliced: usize = out
-            .pieces()
-            .iter()
-            .filter(|p| inside(p))
-            .map(Bytes::len)
-            .sum();
-        assert!(sliced >= 10_000, "{sliced} bytes sliced of {}", out.len());
-        // Separators and keys that repeat the original join its slices: one slice
-        // before the first change, one between the two.
-        assert!(out.pieces().len() <= 4, "{:?}", out);
+        assert_eq!(std::str::from_utf8(out.body()).unwrap(), want);
+        // The model of the body sent is derived, not read again: the same tape, marks
+        // and key check as reading it afresh.
+        let fresh = crate::prompt::Prompt::read(out.body().clone(), None);
+        assert_eq!(out.tape(), fresh.tape());
+        assert_eq!(out.cache_control_keys(), fresh.cache_control_keys());
+        assert_eq!(out.keys(), fresh.keys());
+        assert_eq!(out.cache_control_keys().len(), 1);
     }
 }
