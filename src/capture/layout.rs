@@ -1,8 +1,9 @@
 //! A body as stored: a skeleton plus units. A request body is cut at the units of
-//! its [`Prompt`] (tools, system blocks, message content blocks: the exact bytes);
-//! the rest — keys, commas, message roles, `max_tokens` — is the skeleton, and
-//! joining the units back at their offsets gives the body byte for byte. Anything
-//! else is one unit.
+//! its [`Prompt`] (tools, system blocks, message content blocks: the exact bytes of
+//! each [`Unit::stored`](crate::prompt::Unit::stored), a block less a trailing
+//! `cache_control`); the rest — keys, commas, message roles, breakpoints,
+//! `max_tokens` — is the skeleton, and joining the units back at their offsets
+//! gives the body byte for byte. Anything else is one unit.
 
 use bytes::Bytes;
 
@@ -28,7 +29,7 @@ pub struct Split<'a> {
 /// Cuts `prompt`'s body at its units; a body without units is all skeleton.
 pub fn split(prompt: &Prompt) -> Split<'_> {
     let body: &[u8] = prompt.body();
-    let mut spans: Vec<_> = prompt.units().iter().map(|u| u.span).collect();
+    let mut spans: Vec<_> = prompt.units().iter().map(|u| u.stored).collect();
     // Units come in cache order; the body may hold `messages` before `tools`.
     spans.sort_unstable_by_key(|s| s.start);
     if spans.windows(2).any(|w| w[0].end > w[1].start) {
@@ -135,15 +136,51 @@ mod tests {
         let s = split(&prompt);
         assert_eq!(s.units.len(), 3);
         assert_eq!(s.units[0].1, br#""hi""#);
-        assert_eq!(s.units[1].1, br#"{"type":"text","text":"yo"}"#);
+        assert_eq!(s.units[1].1, br#"{"type":"text","text":"yo""#);
         assert_eq!(
             String::from_utf8_lossy(&s.skeleton),
-            r#"{"model":"m","messages":[{"role":"user","content":}, {"role":"assistant","content":[]}],"system":[],"tools":[],"max_tokens":5}"#
+            r#"{"model":"m","messages":[{"role":"user","content":}, {"role":"assistant","content":[}]}],"system":[}],"tools":[],"max_tokens":5}"#
         );
         assert_eq!(
             join(&s.skeleton, s.units.iter().map(|(o, u)| (*o, *u))),
             body
         );
+    }
+
+    #[test]
+    fn a_moving_breakpoint_leaves_the_stored_unit_alone() {
+        let block = r#"{"type":"tool_result","tool_use_id":"t1","content":"ok"}"#;
+        let bodies = [
+            block.to_owned(),
+            block.replace("}", r#","cache_control":{"type":"ephemeral"}}"#),
+            block.replace("}", r#", "cache_control" : {"type":"ephemeral","ttl":"1h"} }"#),
+        ];
+        let mut stored = Vec::new();
+        for b in &bodies {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":[{b}]}}]}}"#);
+            let prompt = read(body.as_bytes());
+            let s = split(&prompt);
+            assert_eq!(s.units.len(), 1);
+            stored.push(s.units[0].1.to_vec());
+            assert_eq!(
+                join(&s.skeleton, s.units.iter().map(|(o, u)| (*o, *u))),
+                body.as_bytes()
+            );
+        }
+        assert!(stored.iter().all(|u| *u == stored[0]), "{stored:?}");
+        assert_eq!(stored[0], br#"{"type":"tool_result","tool_use_id":"t1","content":"ok""#);
+        // A breakpoint that is not last, or alone, stays inside the unit.
+        for body in [
+            r#"{"messages":[{"role":"user","content":[{"cache_control":{"type":"ephemeral"},"type":"text","text":"a"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":[{"cache_control":{"type":"ephemeral"}}, {}]}]}"#,
+        ] {
+            let prompt = read(body.as_bytes());
+            let s = split(&prompt);
+            assert_eq!(
+                join(&s.skeleton, s.units.iter().map(|(o, u)| (*o, *u))),
+                body.as_bytes()
+            );
+        }
     }
 
     #[test]

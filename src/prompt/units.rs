@@ -146,6 +146,11 @@ pub struct Unit {
     pub kind: String,
     /// Its exact bytes in the body: the block, or the string for string content.
     pub span: Span,
+    /// The part of `span` a store keeps as the unit: a block less a trailing
+    /// `cache_control` entry and its closing brace, so that the block with a
+    /// breakpoint, with another ttl and without one is one stored unit (an agent
+    /// moves its breakpoint every turn); the rest of the span stays in the skeleton.
+    pub stored: Span,
     /// The text a reader of the prompt sees: a text block's `text`, a string unit
     /// itself, a tool result's `content`.
     pub content: Option<Span>,
@@ -302,6 +307,7 @@ impl Cutter {
             has_cache_control: false,
             hash: OnceLock::new(),
             normalized: Some(Bytes::from(bytes)),
+            stored: text.span(),
         });
     }
 
@@ -350,6 +356,7 @@ impl Cutter {
             path,
             kind,
             span,
+            stored: stored_span(node),
             content,
             text,
             marker: cache_control.and_then(Marker::of),
@@ -357,5 +364,27 @@ impl Cutter {
             normalized,
             hash: OnceLock::new(),
         });
+    }
+}
+
+/// [`Unit::stored`] of a block: up to the end of its last entry that is not a
+/// trailing `cache_control` (the whole span when it is no object with entries).
+fn stored_span(node: Value<'_>) -> Span {
+    let span = node.span();
+    if !node.is_object() {
+        return span;
+    }
+    let (mut end, mut before) = (None, None);
+    for (k, v) in node.entries() {
+        before = end;
+        end = Some((v.span().end, key_is(k.bytes(), "cache_control") == Some(true)));
+    }
+    let end = match (end, before) {
+        (Some((_, true)), Some((e, _))) | (Some((e, false)), _) => e,
+        _ => return span,
+    };
+    Span {
+        start: span.start,
+        end,
     }
 }
