@@ -153,7 +153,10 @@ mod tests {
         let bodies = [
             block.to_owned(),
             block.replace("}", r#","cache_control":{"type":"ephemeral"}}"#),
-            block.replace("}", r#", "cache_control" : {"type":"ephemeral","ttl":"1h"} }"#),
+            block.replace(
+                "}",
+                r#", "cache_control" : {"type":"ephemeral","ttl":"1h"} }"#,
+            ),
         ];
         let mut stored = Vec::new();
         for b in &bodies {
@@ -168,7 +171,10 @@ mod tests {
             );
         }
         assert!(stored.iter().all(|u| *u == stored[0]), "{stored:?}");
-        assert_eq!(stored[0], br#"{"type":"tool_result","tool_use_id":"t1","content":"ok""#);
+        assert_eq!(
+            stored[0],
+            br#"{"type":"tool_result","tool_use_id":"t1","content":"ok""#
+        );
         // A breakpoint that is not last, or alone, stays inside the unit.
         for body in [
             r#"{"messages":[{"role":"user","content":[{"cache_control":{"type":"ephemeral"},"type":"text","text":"a"}]}]}"#,

@@ -275,16 +275,10 @@ impl Prompt {
             .get("output_config")
             .and_then(|o| o.get("effort"))
             .map(|v| String::from_utf8_lossy(v.bytes()).into_owned());
-        let images = self.units().iter().any(|u| {
-            u.path.region == Region::Messages
-                && (u.kind == "image"
-                    || (u.kind == "tool_result"
-                        && memchr::memmem::find(
-                            &self.body[u.span.start..u.span.end],
-                            b"\"type\":\"image\"",
-                        )
-                        .is_some()))
-        });
+        let images = self
+            .units()
+            .iter()
+            .any(|u| u.image && u.path.region == Region::Messages);
         Settings {
             model: self.model().unwrap_or_default(),
             tool_choice: raw("tool_choice"),

@@ -136,7 +136,9 @@ fn block() -> impl Strategy<Value = Json> {
         Just("thinking"),
         Just("image"),
         Just("redacted_thinking"),
-        Just("document")
+        Just("document"),
+        Just("tool_result_image"),
+        Just("tool_result_text")
     ];
     (kind, text(), cache_control(), any::<bool>()).prop_map(|(kind, t, cc, untyped)| {
         let mut b = match kind {
@@ -145,6 +147,13 @@ fn block() -> impl Strategy<Value = Json> {
                 json!({"type": "tool_use", "id": "t1", "name": "Bash", "input": {"command": t}})
             }
             "tool_result" => json!({"type": "tool_result", "tool_use_id": "t1", "content": t}),
+            "tool_result_image" => json!({"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": t},
+                {"type": "image", "source": {"type": "base64", "data": "AA=="}}
+            ]}),
+            "tool_result_text" => json!({"type": "tool_result", "tool_use_id": "t1", "content": [
+                {"type": "text", "text": format!("\"type\":\"image\" {t}")}
+            ]}),
             "thinking" => json!({"type": "thinking", "thinking": t, "signature": "s"}),
             "image" => json!({"type": "image", "source": {"type": "base64", "data": t}}),
             k => json!({"type": k, "data": t}),
@@ -302,6 +311,38 @@ proptest! {
                 u.marker.as_ref().and_then(|m| m.scope.clone()),
                 cc.and_then(|c| c["scope"].as_str().map(str::to_owned))
             );
+            let image = match u.kind.as_str() {
+                "image" => true,
+                "tool_result" => sent.get("content").is_some_and(holds_image),
+                _ => false,
+            };
+            prop_assert_eq!(u.image, image, "{}", path);
+            // Stored: the block less a trailing cache_control and its brace (compact here).
+            let stored = u.stored.of(p.body());
+            prop_assert_eq!(u.stored.start, u.span.start);
+            if let Some(map) = sent.as_object().filter(|m| !m.is_empty() && !u.path.string) {
+                let mut rest = map.clone();
+                if rest.len() > 1 && rest.keys().last().map(String::as_str) == Some("cache_control") {
+                    rest.shift_remove("cache_control");
+                }
+                let mut closed = stored.to_vec();
+                closed.push(b'}');
+                let read: Json = serde_json::from_slice(&closed).unwrap();
+                prop_assert_eq!(read, Json::Object(rest), "{}", path);
+            } else {
+                prop_assert_eq!(stored, u.span.of(p.body()));
+            }
         }
+    }
+}
+
+/// An object with `"type":"image"` at any depth.
+fn holds_image(v: &Json) -> bool {
+    match v {
+        Json::Array(items) => items.iter().any(holds_image),
+        Json::Object(map) => map
+            .iter()
+            .any(|(k, v)| (k == "type" && v == "image") || holds_image(v)),
+        _ => false,
     }
 }

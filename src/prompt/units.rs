@@ -160,6 +160,9 @@ pub struct Unit {
     pub marker: Option<Marker>,
     /// Whether it carries a `cache_control` key at all (left out when normalised).
     pub has_cache_control: bool,
+    /// It is an image, or a tool result holding one (images change the messages
+    /// cache, PROTOCOL.md §B.6).
+    pub image: bool,
     /// The bytes the provider caches, when they differ from the span: string
     /// content as one text block, a block less its `cache_control`.
     pub normalized: Option<Bytes>,
@@ -305,6 +308,7 @@ impl Cutter {
             text: Some(text.span()),
             marker: None,
             has_cache_control: false,
+            image: false,
             hash: OnceLock::new(),
             normalized: Some(Bytes::from(bytes)),
             stored: text.span(),
@@ -313,7 +317,26 @@ impl Cutter {
 
     /// A block (or tool, or input item) as sent, less its `cache_control`.
     fn block(&mut self, path: UnitPath, node: Value<'_>, default_kind: &str) {
-        let declared = node.get("type");
+        let span = node.span();
+        // One pass over the entries; a repeated key reads its last value, as `get` does.
+        let (mut declared, mut cache_control, mut text, mut content) = (None, None, None, None);
+        let (mut last, mut before_last) = (None, None);
+        for (k, v) in node.entries() {
+            let key = k.bytes();
+            let is = |name: &str| key_is(key, name) == Some(true);
+            let is_cache_control = is("cache_control");
+            if is_cache_control {
+                cache_control = Some(v);
+            } else if is("type") {
+                declared = Some(v);
+            } else if is("text") {
+                text = Some(v);
+            } else if is("content") {
+                content = Some(v);
+            }
+            before_last = last;
+            last = Some((v.span().end, is_cache_control));
+        }
         let kind = declared
             .and_then(|t| t.str())
             .map_or_else(|| default_kind.to_owned(), |t| t.into_owned());
@@ -323,9 +346,7 @@ impl Cutter {
             ("tool", Some(_)) if kind == "custom" => "tool".to_owned(),
             _ => kind,
         };
-        let cache_control = node.get("cache_control");
-        let normalized = cache_control.filter(|_| node.is_object()).map(|_| {
-            let span = node.span();
+        let normalized = cache_control.map(|_| {
             let mut out = Vec::with_capacity(span.end - span.start);
             out.push(b'{');
             for (k, v) in node.entries() {
@@ -342,49 +363,44 @@ impl Cutter {
             out.push(b'}');
             Bytes::from(out)
         });
-        let text = (kind == "text")
-            .then(|| node.get("text"))
-            .flatten()
-            .map(|t| t.span());
-        let content = match kind.as_str() {
-            "text" => text,
-            "tool_result" => node.get("content").map(|c| c.span()),
-            _ => None,
+        let text = text.filter(|_| kind == "text").map(|t| t.span());
+        let (content, image) = match kind.as_str() {
+            "text" => (text, false),
+            "tool_result" => (content.map(|c| c.span()), content.is_some_and(holds_image)),
+            "image" => (None, true),
+            _ => (None, false),
         };
-        let span = node.span();
+        // Stored less a trailing `cache_control` entry and the closing brace.
+        let stored = match (last, before_last) {
+            (Some((_, true)), Some((end, _))) | (Some((end, false)), _) => Span {
+                start: span.start,
+                end,
+            },
+            _ => span,
+        };
         self.units.push(Unit {
             path,
             kind,
             span,
-            stored: stored_span(node),
+            stored,
             content,
             text,
             marker: cache_control.and_then(Marker::of),
             has_cache_control: cache_control.is_some(),
+            image,
             normalized,
             hash: OnceLock::new(),
         });
     }
 }
 
-/// [`Unit::stored`] of a block: up to the end of its last entry that is not a
-/// trailing `cache_control` (the whole span when it is no object with entries).
-fn stored_span(node: Value<'_>) -> Span {
-    let span = node.span();
-    if !node.is_object() {
-        return span;
+/// Whether a value holds an image block at any depth (a tool result's content).
+fn holds_image(value: Value<'_>) -> bool {
+    if value.is_array() {
+        return value.items().any(holds_image);
     }
-    let (mut end, mut before) = (None, None);
-    for (k, v) in node.entries() {
-        before = end;
-        end = Some((v.span().end, key_is(k.bytes(), "cache_control") == Some(true)));
-    }
-    let end = match (end, before) {
-        (Some((_, true)), Some((e, _))) | (Some((e, false)), _) => e,
-        _ => return span,
-    };
-    Span {
-        start: span.start,
-        end,
-    }
+    value.entries().any(|(k, v)| {
+        (key_is(k.bytes(), "type") == Some(true) && v.is_str("image"))
+            || ((v.is_array() || v.is_object()) && holds_image(v))
+    })
 }
