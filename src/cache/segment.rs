@@ -33,7 +33,7 @@ pub struct Unit {
     pub path: UnitPath,
     /// The block type (`text`, `tool_use`, `tool_result`, `image`, …), `tool` for a
     /// tool definition, `item` for an OpenAI input item.
-    pub kind: String,
+    pub kind: crate::prompt::Kind,
     /// The normalised bytes the provider caches (shares the body's bytes when the
     /// block is sent without `cache_control`).
     pub bytes: Bytes,
@@ -333,7 +333,7 @@ impl<'p> Chain<'p> {
         let text = unit.text.map(|t| t.of(body));
         let counted = unit.content.map_or(&bytes[..], |c| c.of(body));
         let (hash, tokens, ignored) = self.measure(unit, &bytes, counted, text);
-        let cacheable = match unit.kind.as_str() {
+        let cacheable = match &*unit.kind {
             "thinking" | "redacted_thinking" => false,
             "text" => text.is_some_and(|t| t.len() > 2),
             _ => true,

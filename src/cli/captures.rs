@@ -792,7 +792,7 @@ fn unit_text(unit: &UnitView, out: &mut String) {
             line.push_str("  <system-reminder>");
         }
     }
-    let call = matches!(unit.kind.as_str(), "tool_use" | "function_call");
+    let call = matches!(&*unit.kind, "tool_use" | "function_call");
     if call
         && let Some(v) = unit
             .json

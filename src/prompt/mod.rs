@@ -18,7 +18,7 @@ use serde::Serialize;
 
 pub use tree::Value;
 pub(crate) use tree::{key_is, may_spell_cache_control};
-pub use units::{Marker, Message, Region, Ttl, Unit, UnitPath};
+pub use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
 pub use view::{PromptView, UnitView};
 
 use crate::provider::json::{self, ScanError, Tok};

@@ -311,7 +311,7 @@ proptest! {
                 u.marker.as_ref().and_then(|m| m.scope.clone()),
                 cc.and_then(|c| c["scope"].as_str().map(str::to_owned))
             );
-            let image = match u.kind.as_str() {
+            let image = match &*u.kind {
                 "image" => true,
                 "tool_result" => sent.get("content").is_some_and(holds_image),
                 _ => false,
@@ -322,7 +322,7 @@ proptest! {
             prop_assert_eq!(u.stored.start, u.span.start);
             if let Some(map) = sent.as_object().filter(|m| !m.is_empty() && !u.path.string) {
                 let mut rest = map.clone();
-                if rest.len() > 1 && rest.keys().last().map(String::as_str) == Some("cache_control") {
+                if rest.len() > 1 && rest.keys().next_back().map(String::as_str) == Some("cache_control") {
                     rest.shift_remove("cache_control");
                 }
                 let mut closed = stored.to_vec();

@@ -3,6 +3,7 @@
 //! unit is one tool definition, one system block, one message content block or
 //! one OpenAI input item; string content is one unit of its own.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -108,6 +109,40 @@ impl fmt::Display for Ttl {
     }
 }
 
+/// A block type; the common ones are static, not allocated per unit.
+pub type Kind = Cow<'static, str>;
+
+/// The types agents send every turn, by the hundred.
+const KINDS: &[&str] = &[
+    "text",
+    "tool_use",
+    "tool_result",
+    "image",
+    "document",
+    "thinking",
+    "redacted_thinking",
+    "server_tool_use",
+    "web_search_tool_result",
+    "tool",
+    "item",
+    "message",
+    "function",
+    "function_call",
+    "function_call_output",
+    "input_text",
+    "input_image",
+    "output_text",
+    "reasoning",
+];
+
+/// `name` as a [`Kind`].
+fn kind(name: &str) -> Kind {
+    match KINDS.iter().find(|k| **k == name) {
+        Some(k) => Cow::Borrowed(k),
+        None => Cow::Owned(name.to_owned()),
+    }
+}
+
 /// A `cache_control` object: a breakpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Marker {
@@ -143,7 +178,7 @@ pub struct Unit {
     pub path: UnitPath,
     /// The block type (`text`, `tool_use`, `tool_result`, `image`, …), `tool` for a
     /// tool definition, `item` for an OpenAI input item without a type.
-    pub kind: String,
+    pub kind: Kind,
     /// Its exact bytes in the body: the block, or the string for string content.
     pub span: Span,
     /// The part of `span` a store keeps as the unit: a block less a trailing
@@ -302,7 +337,7 @@ impl Cutter {
         bytes.push(b'}');
         self.units.push(Unit {
             path,
-            kind: "text".into(),
+            kind: self::kind("text"),
             span: text.span(),
             content: Some(text.span()),
             text: Some(text.span()),
@@ -339,11 +374,11 @@ impl Cutter {
         }
         let kind = declared
             .and_then(|t| t.str())
-            .map_or_else(|| default_kind.to_owned(), |t| t.into_owned());
+            .map_or_else(|| self::kind(default_kind), |t| self::kind(&t));
         // Client tools may omit `type` or say "custom"; server tools keep theirs.
         let kind = match (default_kind, declared) {
-            ("tool", None) => "tool".to_owned(),
-            ("tool", Some(_)) if kind == "custom" => "tool".to_owned(),
+            ("tool", None) => self::kind("tool"),
+            ("tool", Some(_)) if kind == "custom" => self::kind("tool"),
             _ => kind,
         };
         let normalized = cache_control.map(|_| {
@@ -364,7 +399,7 @@ impl Cutter {
             Bytes::from(out)
         });
         let text = text.filter(|_| kind == "text").map(|t| t.span());
-        let (content, image) = match kind.as_str() {
+        let (content, image) = match &*kind {
             "text" => (text, false),
             "tool_result" => (content.map(|c| c.span()), content.is_some_and(holds_image)),
             "image" => (None, true),

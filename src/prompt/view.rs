@@ -103,7 +103,7 @@ impl PromptView {
             let path = unit.path.to_string();
             let wants_json = text.is_none()
                 || unit.path.region == super::Region::Tools
-                || matches!(unit.kind.as_str(), "tool_use" | "function_call");
+                || matches!(&*unit.kind, "tool_use" | "function_call");
             let breakpoint = unit.marker.as_ref().map(|m| {
                 breakpoints += 1;
                 (breakpoints, m.ttl.to_string())
@@ -112,7 +112,7 @@ impl PromptView {
                 region: unit.path.region.name(),
                 message: message.map(|m| m.index),
                 role,
-                kind: unit.kind.clone(),
+                kind: unit.kind.to_string(),
                 name,
                 reminder: text
                     .as_deref()
@@ -125,7 +125,7 @@ impl PromptView {
                         .and_then(Json::as_bool)
                         == Some(true),
                 bytes: raw.len(),
-                json: (wants_json && !OPAQUE.contains(&unit.kind.as_str()))
+                json: (wants_json && !OPAQUE.contains(&&*unit.kind))
                     .then(|| String::from_utf8_lossy(raw).into_owned()),
                 breakpoint,
                 cached,

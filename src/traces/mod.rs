@@ -421,7 +421,7 @@ fn part(prompt: &Prompt, unit: &crate::prompt::Unit) -> Json {
             .and_then(|b| serde_json::from_slice::<Json>(b).ok())
             .unwrap_or(Json::Null)
     };
-    match unit.kind.as_str() {
+    match &*unit.kind {
         "tool_use" | "function_call" => {
             let b = block();
             json!({

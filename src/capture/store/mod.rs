@@ -516,8 +516,11 @@ impl Store {
                     record.side.into(),
                 ],
             )?;
+            // The index serves replicas that share the store; one replica's own
+            // cache analysis already knows every prefix it saw.
             if let Some(report) = &record.cache
                 && let Some(workspace) = &report.workspace
+                && matches!(self.location, StoreLocation::Postgres(_))
             {
                 for b in report.breakpoints.iter().filter(|b| !b.prefix.is_empty()) {
                     conn.execute(
