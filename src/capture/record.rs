@@ -21,6 +21,7 @@ use crate::digest::{self, Algorithm};
 use crate::observer::{BodyFormat, SseDecoder};
 use crate::prompt::KeyCheck;
 use crate::prompt::Prompt;
+use crate::provider::json::Span;
 use crate::provider::{Api, Usage};
 use crate::record::ExchangeRecord;
 
@@ -403,6 +404,7 @@ impl CaptureRecord {
                 redactor,
                 extra,
                 cache,
+                received: Vec::new(),
             };
             record.request.body = request_body(
                 &r.request_body,
@@ -506,6 +508,9 @@ struct BodyContext<'a> {
     redactor: &'a Redactor,
     extra: &'a [regex::Regex],
     cache: &'a mut UnitCache,
+    /// The units of the body received, as stored, by where they start in it: the
+    /// body sent takes those it copied unchanged without reading them again.
+    received: Vec<(usize, CachedUnit)>,
 }
 
 /// Whether two bodies hold the same bytes; the sent body usually shares the received
@@ -540,10 +545,15 @@ fn request_body(
         None => None,
     };
     let split = layout::split(prompt);
-    let mut info = match ctx
-        .cache
-        .redact(&plain, split, ctx.redactor, ctx.extra, summary)
-    {
+    let mut info = match ctx.cache.redact(
+        &plain,
+        split,
+        prompt,
+        &mut ctx.received,
+        ctx.redactor,
+        ctx.extra,
+        summary,
+    ) {
         // Untouched: the bytes parsed as a JSON object when they were cut.
         Redacted::Same(parts) if note.is_none() => BodyInfo {
             size: plain.len() as u64,
@@ -648,11 +658,16 @@ impl UnitCache {
         }
     }
 
-    /// `body` (cut as `split`) with its units redacted, each unit once per cache life.
+    /// `body` (cut as `split`, the body of `prompt`) with its units redacted, each
+    /// unit once per cache life. The units of a body received are noted in
+    /// `received`; a body rules derived from it takes from there the units it copied.
+    #[allow(clippy::too_many_arguments)]
     fn redact(
         &mut self,
         body: &Bytes,
         split: layout::Split<'_>,
+        prompt: &Prompt,
+        received: &mut Vec<(usize, CachedUnit)>,
         redactor: &Redactor,
         extra: &[regex::Regex],
         summary: &mut Summary,
@@ -673,8 +688,27 @@ impl UnitCache {
         }
         let mut changed = false;
         let mut units = Vec::with_capacity(split.units.len());
+        let derived = !received.is_empty();
         for (offset, bytes) in &split.units {
-            let unit = self.unit(bytes, redactor);
+            let start = bytes.as_ptr() as usize - body.as_ptr() as usize;
+            let copied = prompt
+                .received_at(Span {
+                    start,
+                    end: start + bytes.len(),
+                })
+                .filter(|_| derived)
+                .and_then(|at| {
+                    let i = received.binary_search_by_key(&at, |(s, _)| *s).ok()?;
+                    let (_, unit) = &received[i];
+                    (unit.sent.len() == bytes.len()).then(|| unit.clone())
+                });
+            let unit = match copied {
+                Some(unit) => unit,
+                None => self.unit(bytes, redactor),
+            };
+            if !derived {
+                received.push((start, unit.clone()));
+            }
             for (kind, n) in &unit.counts {
                 *summary.entry(kind.clone()).or_default() += n;
             }
@@ -856,6 +890,60 @@ mod redacted_tests {
         r
     }
 
+    /// A body rules derived from the one received lends the units it copied: the
+    /// record is the one a body read afresh gives, unit for unit.
+    #[test]
+    fn a_derived_body_stores_what_a_body_read_afresh_stores() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let keys = KeySource::default();
+        let rules = crate::rules::RuleSet::compile(&[(
+            "r.toml".into(),
+            r#"
+[[rule]]
+name = "preamble"
+on = "before_provider_request"
+actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h" } ]
+"#
+            .into(),
+        )])
+        .unwrap();
+        let body = Bytes::from_static(br#"{"model":"claude-x","system":[{"type":"text","text":"be brief sk-ant-api03-SYSTEMSECRET0123456789"}],"messages":[{"role":"user","content":[{"type":"text","text":"one DB_PASSWORD=hunter2hunter2"},{"type":"text","text":"two","cache_control":{"type":"ephemeral"}}]}],"max_tokens":5}"#);
+        let mut r = exchange();
+        r.set_request_body(body.clone(), body.clone());
+        let applied = rules.apply_request(crate::rules::RequestCtx {
+            provider: crate::provider::Provider::Anthropic,
+            api: Api::Messages,
+            method: &http::Method::POST,
+            host: None,
+            path: "/v1/messages",
+            model: None,
+            headers: http::HeaderMap::new(),
+            body: &body,
+            prompt: &r.prompt,
+        });
+        let derived = applied.body.expect("the rules change the body");
+        let mut afresh = r.clone();
+        afresh.set_sent(Prompt::read(derived.body().clone(), derived.format()));
+        r.set_sent(derived);
+        let mut cache = UnitCache::default();
+        let lent = CaptureRecord::redacted_with(&r, &redactor, &keys, &mut cache);
+        let read = CaptureRecord::redacted(&afresh, &redactor, &keys);
+        let parts = |c: &CaptureRecord| c.request.sent_body.as_ref().unwrap().parts.clone();
+        assert_eq!(parts(&lent), parts(&read));
+        assert_eq!(lent.redactions, read.redactions);
+        let stored = &lent.request.sent_body.as_ref().unwrap().bytes;
+        assert_eq!(stored, &read.request.sent_body.as_ref().unwrap().bytes);
+        let text = String::from_utf8_lossy(stored);
+        assert!(
+            text.contains("policy") && text.contains(r#""ttl":"1h""#),
+            "{text}"
+        );
+        assert!(
+            !text.contains("hunter2") && !text.contains("SYSTEMSECRET"),
+            "{text}"
+        );
+    }
+
     #[test]
     fn cached_units_store_what_a_fresh_cache_stores() {
         let redactor = Redactor::new(&[], &[]).unwrap();
@@ -940,28 +1028,36 @@ mod redacted_tests {
                 let mut units = Summary::new();
                 let prompt =
                     Prompt::read(body.clone(), Some(crate::prompt::Format::AnthropicMessages));
-                let got =
-                    match cache.redact(&body, layout::split(&prompt), &redactor, &[], &mut units) {
-                        Redacted::Same(parts) => {
-                            let joined = layout::join(
-                                &parts.skeleton.0,
-                                parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+                let split = layout::split(&prompt);
+                let got = match cache.redact(
+                    &body,
+                    split,
+                    &prompt,
+                    &mut Vec::new(),
+                    &redactor,
+                    &[],
+                    &mut units,
+                ) {
+                    Redacted::Same(parts) => {
+                        let joined = layout::join(
+                            &parts.skeleton.0,
+                            parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+                        );
+                        assert_eq!(joined, body, "parts rebuild the body");
+                        body.to_vec()
+                    }
+                    Redacted::Cut(bytes, parts) => {
+                        for (_, unit, hash) in &parts.units {
+                            assert_eq!(
+                                *hash,
+                                digest::content(unit),
+                                "each part carries its own hash"
                             );
-                            assert_eq!(joined, body, "parts rebuild the body");
-                            body.to_vec()
                         }
-                        Redacted::Cut(bytes, parts) => {
-                            for (_, unit, hash) in &parts.units {
-                                assert_eq!(
-                                    *hash,
-                                    digest::content(unit),
-                                    "each part carries its own hash"
-                                );
-                            }
-                            bytes.to_vec()
-                        }
-                        Redacted::Whole(bytes) => bytes.to_vec(),
-                    };
+                        bytes.to_vec()
+                    }
+                    Redacted::Whole(bytes) => bytes.to_vec(),
+                };
                 assert_eq!(
                     got,
                     expected,

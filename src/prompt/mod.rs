@@ -21,7 +21,7 @@ pub(crate) use tree::{key_is, may_spell_cache_control};
 pub use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
 pub use view::{PromptView, UnitView};
 
-use crate::provider::json::{self, ScanError, Tok};
+use crate::provider::json::{self, ScanError, Span, Tok};
 use crate::provider::{Api, Provider};
 
 /// Which request grammar a body follows.
@@ -118,6 +118,9 @@ pub struct Prompt {
     format: Option<Format>,
     /// The units and messages, cut on first ask: rules read only the tape.
     cut: std::sync::OnceLock<(Vec<Unit>, Vec<Message>)>,
+    /// For a body rules wrote: the byte ranges copied from the body received, as
+    /// (start here, start there, length), in order.
+    copied: Vec<(u32, u32, u32)>,
 }
 
 impl std::fmt::Debug for Prompt {
@@ -157,18 +160,22 @@ impl Prompt {
             keys,
             format,
             cut: std::sync::OnceLock::new(),
+            copied: Vec::new(),
         }
     }
 
     /// The model of `body` whose structure pass was made elsewhere: a body rules
     /// wrote, with the tape derived from the received body's (`tape` and
-    /// `cache_control_keys` exactly what [`Prompt::read`] would find, `keys` its check).
+    /// `cache_control_keys` exactly what [`Prompt::read`] would find, `keys` its
+    /// check), and what it copied from that body (`copied`: start here, start there,
+    /// length, in order).
     pub(crate) fn derived(
         body: Bytes,
         tape: Vec<Tok>,
         cache_control_keys: Vec<u32>,
         keys: KeyCheck,
         format: Option<Format>,
+        copied: Vec<(u32, u32, u32)>,
     ) -> Prompt {
         Prompt {
             body,
@@ -177,7 +184,20 @@ impl Prompt {
             keys,
             format,
             cut: std::sync::OnceLock::new(),
+            copied,
         }
+    }
+
+    /// Where the bytes at `span` of this body, when rules wrote it, came from in the
+    /// body received: `Some(start)` when they were copied from it unchanged.
+    pub fn received_at(&self, span: Span) -> Option<usize> {
+        let i = self
+            .copied
+            .partition_point(|&(here, _, _)| here as usize <= span.start)
+            .checked_sub(1)?;
+        let (here, there, len) = self.copied[i];
+        let (here, there, len) = (here as usize, there as usize, len as usize);
+        (span.end <= here + len).then(|| there + span.start - here)
     }
 
     /// The bytes it was read from.

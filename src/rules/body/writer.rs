@@ -24,6 +24,9 @@ pub(crate) struct BodyWriter<'o> {
     repeated: bool,
     /// A value copied or written could not be scanned.
     broken: bool,
+    /// What was copied from the received body: (where in this one, where in that
+    /// one, length), in order.
+    copied: Vec<(u32, u32, u32)>,
 }
 
 impl<'o> BodyWriter<'o> {
@@ -37,6 +40,7 @@ impl<'o> BodyWriter<'o> {
             open: Vec::new(),
             repeated: false,
             broken: false,
+            copied: Vec::new(),
         }
     }
 
@@ -50,6 +54,8 @@ impl<'o> BodyWriter<'o> {
         // Offsets fit in u32: the body written is refused past 4 GiB in `finish`.
         let shift = self.out.len() as i64 - from as i64;
         let base = self.toks.len() as i64 - t as i64;
+        self.copied
+            .push((self.out.len() as u32, from as u32, (to - from) as u32));
         self.out.extend_from_slice(&self.orig.body[from..to]);
         self.toks.extend(toks[t..end].iter().map(|k| Tok {
             start: (k.start as i64 + shift) as u32,
@@ -185,7 +191,7 @@ impl<'o> BodyWriter<'o> {
                 None => KeyCheck::Unique,
             },
         };
-        let prompt = Prompt::derived(body, self.toks, self.noted, keys, format);
+        let prompt = Prompt::derived(body, self.toks, self.noted, keys, format, self.copied);
         // Every debug build (the whole test suite) checks the derivation against a read.
         #[cfg(debug_assertions)]
         {
