@@ -171,12 +171,12 @@ impl Set {
                     if text.is_empty() {
                         return Err("the body has no system text".into());
                     }
-                    root.at_mut(&[]).expect("the root").set_key(
+                    root.set_key(
                         "system",
                         Node::Value(json!([{"type": "text", "text": text}])),
                     );
                 }
-                let system = root.child("system").expect("made above");
+                let system = root.child("system").ok_or("the body has no system")?;
                 let n = system.len().unwrap_or(0);
                 let index = match &self.target {
                     Target::LastSystem => n.checked_sub(1),
@@ -203,7 +203,7 @@ impl Set {
                     .ok_or_else(|| format!("there is no message {back} from the end"))?;
                 let content = ptr!["messages", i, "content"];
                 super::system::content_as_blocks(root, &content)?;
-                let blocks = root.at(&content).expect("made above");
+                let blocks = root.at(&content).ok_or("the message has no content")?;
                 let count = blocks.len().unwrap_or(0);
                 let j = (0..count)
                     .rev()
@@ -229,7 +229,8 @@ impl Action for Set {
     fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
         let root = st.root()?;
         let block = self.block(root)?;
-        let target = root.at(&block).expect("found by block()");
+        let missing = || format!("{} does not exist", Pointer::text(&block));
+        let target = root.at(&block).ok_or_else(missing)?;
         if let Some(why) = limits::ineligible(target.peek()) {
             return Err(format!(
                 "{} is {why}, which cannot carry cache_control",
@@ -244,7 +245,7 @@ impl Action for Set {
             return Ok(None);
         }
         root.at_mut(&block)
-            .expect("found above")
+            .ok_or_else(missing)?
             .set_key("cache_control", Node::Value(want));
         let mut p = block;
         p.push("cache_control".into());

@@ -365,11 +365,8 @@ pub(crate) fn compile(
                     else {
                         break;
                     };
-                    candidates.push(format!(
-                        "{}.{}",
-                        candidates.last().expect("not empty"),
-                        k.get_ref()
-                    ));
+                    let deeper = format!("{}.{}", candidates[candidates.len() - 1], k.get_ref());
+                    candidates.push(deeper);
                     inner = v;
                 }
                 let found = candidates

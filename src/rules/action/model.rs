@@ -31,9 +31,7 @@ impl Action for Map {
             return Ok(None);
         }
         let root = st.root()?;
-        root.at_mut(&[])
-            .expect("the root")
-            .set_key("model", Node::Value(Value::String(to.clone())));
+        root.set_key("model", Node::Value(Value::String(to.clone())));
         st.model = Some(to.clone());
         st.changed("/model".into());
         Ok(None)
@@ -105,9 +103,7 @@ impl Action for Clamp {
                 .and_then(|n| n.as_u64())
                 .is_some_and(|n| n > self.0);
             if over {
-                root.at_mut(&[])
-                    .expect("the root")
-                    .set_key(field, Node::Value(json!(self.0)));
+                root.set_key(field, Node::Value(json!(self.0)));
                 changed.push(format!("/{field}"));
             }
         }
@@ -120,10 +116,10 @@ impl Action for Clamp {
                 .and_then(|n| n.as_u64())
                 .is_some_and(|b| b > limit)
         {
-            root.at_mut(&ptr!["thinking"])
-                .expect("found above")
-                .set_key("budget_tokens", Node::Value(json!(limit)));
-            changed.push("/thinking/budget_tokens".into());
+            if let Some(thinking) = root.at_mut(&ptr!["thinking"]) {
+                thinking.set_key("budget_tokens", Node::Value(json!(limit)));
+                changed.push("/thinking/budget_tokens".into());
+            }
         }
         for p in changed {
             st.changed(p);
@@ -163,13 +159,11 @@ impl Action for UserId {
                 match root.child("metadata") {
                     Some(m) if m.is_object() => {
                         root.at_mut(&ptr!["metadata"])
-                            .expect("found")
+                            .ok_or("the body has no metadata")?
                             .set_key("user_id", Node::Value(Value::String(id.clone())));
                     }
                     _ => {
-                        root.at_mut(&[])
-                            .expect("the root")
-                            .set_key("metadata", Node::Value(json!({"user_id": id})));
+                        root.set_key("metadata", Node::Value(json!({"user_id": id})));
                     }
                 }
                 st.changed("/metadata/user_id".into());

@@ -55,7 +55,7 @@ impl Action for Add {
                 system_as_blocks(root);
                 let system = root
                     .at_mut(&ptr!["system"])
-                    .expect("system_as_blocks made it");
+                    .ok_or("the body has no system")?;
                 let n = system.len().unwrap_or(0);
                 let at = if self.first { 0 } else { n };
                 system.insert(at, Node::Value(self.block()));
@@ -79,14 +79,10 @@ fn system_as_blocks(root: &mut Node<'_>) {
             } else {
                 json!([{"type": "text", "text": text}])
             };
-            root.at_mut(&[])
-                .expect("the root")
-                .set_key("system", Node::Value(blocks));
+            root.set_key("system", Node::Value(blocks));
         }
         None => {
-            root.at_mut(&[])
-                .expect("the root")
-                .set_key("system", Node::Value(json!([])));
+            root.set_key("system", Node::Value(json!([])));
         }
     }
 }
@@ -110,7 +106,9 @@ fn add_to_system_message(
         if provider != Provider::OpenAi {
             return Err("there is no role:\"system\" message to add to".into());
         }
-        let messages = root.at_mut(&ptr!["messages"]).expect("found above");
+        let messages = root
+            .at_mut(&ptr!["messages"])
+            .ok_or("the body has no messages")?;
         messages.insert(
             0,
             Node::Value(json!({"role": "system", "content": add.text})),
@@ -119,7 +117,8 @@ fn add_to_system_message(
     };
     let content = ptr!["messages", i, "content"];
     content_as_blocks(root, &content)?;
-    let node = root.at_mut(&content).expect("content_as_blocks made it");
+    let missing = || format!("{} is missing", Pointer::text(&content));
+    let node = root.at_mut(&content).ok_or_else(missing)?;
     let n = node.len().unwrap_or(0);
     let at = if add.first { 0 } else { n };
     let mut block = add.block();
@@ -147,11 +146,10 @@ pub(super) fn content_as_blocks(root: &mut Node<'_>, content: &[String]) -> Resu
     } else {
         json!([{"type": "text", "text": text}])
     };
-    let (last, parent) = content
-        .split_last()
-        .expect("content pointers are not empty");
+    let missing = || format!("{} is missing", Pointer::text(content));
+    let (last, parent) = content.split_last().ok_or_else(missing)?;
     root.at_mut(parent)
-        .expect("found above")
+        .ok_or_else(missing)?
         .set_key(last, Node::Value(blocks));
     Ok(())
 }
@@ -512,7 +510,7 @@ impl Action for Move {
             moved.join("\n")
         );
         root.at_mut(&content)
-            .expect("content_as_blocks made it")
+            .ok_or_else(|| format!("{} is missing", Pointer::text(&content)))?
             .insert(0, Node::Value(json!({"type": "text", "text": text})));
         for p in changed.into_iter().rev() {
             st.changed(p);

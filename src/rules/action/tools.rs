@@ -45,14 +45,15 @@ impl Action for Tools {
         } else {
             None
         };
-        let tools = root.at_mut(&ptr!["tools"]).expect("found above");
+        let tools = root.at_mut(&ptr!["tools"]).ok_or("the body has no tools")?;
         for i in drop.iter().rev() {
             tools.remove_index(*i);
         }
         let left = tools.len().unwrap_or(0);
         let mut changed: Vec<String> = drop.iter().map(|i| format!("/tools/{i}")).collect();
-        if let (Some(marker), Some(last)) = (moved, left.checked_sub(1)) {
-            let tool = root.at_mut(&ptr!["tools", last]).expect("in range");
+        if let (Some(marker), Some(last)) = (moved, left.checked_sub(1))
+            && let Some(tool) = root.at_mut(&ptr!["tools", last])
+        {
             if !tool.has("cache_control") {
                 tool.set_key("cache_control", Node::Value(marker));
                 changed.push(format!("/tools/{last}/cache_control"));

@@ -75,9 +75,11 @@ pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Resul
     let Some(node) = root.at(parent) else {
         return Err(format!("{} does not exist", Pointer::text(parent)));
     };
+    let missing = || format!("{} does not exist", Pointer::text(parent));
     if node.is_object() {
-        let node = root.at_mut(parent).expect("found just above");
-        node.set_key(last, Node::Value(value));
+        root.at_mut(parent)
+            .ok_or_else(missing)?
+            .set_key(last, Node::Value(value));
         return Ok(());
     }
     let Some(len) = node.len() else {
@@ -93,7 +95,7 @@ pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Resul
             .filter(|i| *i <= len)
             .ok_or_else(|| format!("{} has no index {last:?}", Pointer::text(parent)))?
     };
-    let node = root.at_mut(parent).expect("found just above");
+    let node = root.at_mut(parent).ok_or_else(missing)?;
     if index == len {
         node.insert(index, Node::Value(value));
     } else if let Some(items) = node.items() {
@@ -114,13 +116,11 @@ pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, Str
         if !node.has(last) {
             return Ok(false);
         }
-        let node = root.at_mut(parent).expect("found just above");
-        return Ok(node.remove_key(last));
+        return Ok(root.at_mut(parent).is_some_and(|n| n.remove_key(last)));
     }
     match (node.len(), array_index(last)) {
         (Some(len), Some(i)) if i < len => {
-            let node = root.at_mut(parent).expect("found just above");
-            Ok(node.remove_index(i))
+            Ok(root.at_mut(parent).is_some_and(|n| n.remove_index(i)))
         }
         _ => Ok(false),
     }
@@ -131,8 +131,9 @@ pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, Str
 pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
     match root.at(tokens) {
         Some(node) if node.is_array() => {
-            let node = root.at_mut(tokens).expect("found just above");
-            node.insert(usize::MAX, Node::Value(value));
+            if let Some(node) = root.at_mut(tokens) {
+                node.insert(usize::MAX, Node::Value(value));
+            }
             Ok(())
         }
         Some(_) => Err(format!("{} is not an array", Pointer::text(tokens))),
