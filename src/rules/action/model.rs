@@ -115,11 +115,10 @@ impl Action for Clamp {
                 .at(&budget)
                 .and_then(|n| n.as_u64())
                 .is_some_and(|b| b > limit)
+            && let Some(thinking) = root.at_mut(&ptr!["thinking"])
         {
-            if let Some(thinking) = root.at_mut(&ptr!["thinking"]) {
-                thinking.set_key("budget_tokens", Node::Value(json!(limit)));
-                changed.push("/thinking/budget_tokens".into());
-            }
+            thinking.set_key("budget_tokens", Node::Value(json!(limit)));
+            changed.push("/thinking/budget_tokens".into());
         }
         for p in changed {
             st.changed(p);

@@ -53,11 +53,10 @@ impl Action for Tools {
         let mut changed: Vec<String> = drop.iter().map(|i| format!("/tools/{i}")).collect();
         if let (Some(marker), Some(last)) = (moved, left.checked_sub(1))
             && let Some(tool) = root.at_mut(&ptr!["tools", last])
+            && !tool.has("cache_control")
         {
-            if !tool.has("cache_control") {
-                tool.set_key("cache_control", Node::Value(marker));
-                changed.push(format!("/tools/{last}/cache_control"));
-            }
+            tool.set_key("cache_control", Node::Value(marker));
+            changed.push(format!("/tools/{last}/cache_control"));
         }
         for p in changed {
             st.changed(p);
