@@ -823,3 +823,68 @@ async fn a_paused_server_does_not_hold_the_writer() {
     let records = captures::wait_records(url.as_str(), 6, WAIT).await;
     assert_eq!(records.len(), 6);
 }
+
+/// A server that answers nothing holds the store's own thread, never the writer:
+/// past the writer's patience (half the queue's wait for room, at most 1 s) every
+/// record goes to the spool, so more than the queue holds can arrive while the
+/// server is frozen and nothing is dropped.
+#[tokio::test]
+async fn a_hung_server_loses_no_record_however_many_arrive() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("hung");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("hung-home");
+    let proxy = spooling_replica(&fake, &url, &home);
+    turn(&proxy, 0).await;
+    captures::wait_records(url.as_str(), 1, WAIT).await;
+    pg.signal_all("-STOP");
+    // ~13 MB over ~4 s while the server is frozen: more than the queue's 8 MiB,
+    // far sooner than the 15 s a call to it is given. A writer that waited on the
+    // call would drop what the queue cannot hold.
+    const SENT: usize = 240;
+    let body = shapes::claude_code_body(1, shapes::CC_SESSION);
+    let started = Instant::now();
+    for _ in 0..SENT / 8 {
+        let sends = (0..8).map(|_| send_turn(&proxy, body.clone()));
+        futures_join_all(sends).await;
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    }
+    let elapsed = started.elapsed();
+    let deadline = Instant::now() + WAIT;
+    while spooled(&proxy).await < (SENT - 64) as u64 {
+        if Instant::now() > deadline {
+            pg.signal_all("-CONT");
+            panic!("the spool never took the records: {}", proxy.log());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    pg.signal_all("-CONT");
+    let records = captures::wait_records(url.as_str(), SENT + 1, WAIT).await;
+    assert_eq!(records.len(), SENT + 1);
+    let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    assert_eq!(health["capture"]["dropped"], 0, "{health:#}");
+    assert_eq!(health["capture"]["failed"], 0, "{health:#}");
+    assert!(
+        elapsed < Duration::from_secs(20),
+        "{SENT} requests took {elapsed:?} while the server was frozen"
+    );
+    assert!(
+        proxy.log().contains("has not answered in"),
+        "{}",
+        proxy.log()
+    );
+}
+
+/// Runs the futures together on this task (they borrow the proxy) until all end.
+async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Iterator<Item = F>) {
+    let mut pinned: Vec<_> = futures.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        pinned.retain_mut(|f| f.as_mut().poll(cx).is_pending());
+        if pinned.is_empty() {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+}

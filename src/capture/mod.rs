@@ -1,8 +1,9 @@
 //! Capture: every exchange kept once, redacted in memory, stored without repetition.
 //! [`Capture`] (a [`RecordSink`]) only queues a record on the request path; a writer
-//! thread redacts, cuts, compresses and writes it. A full queue is waited on for a
-//! bounded time, then the record is dropped, counted and logged (or, with
-//! `capture.required`, new requests are refused). It never holds a stream's bytes back.
+//! thread ([`writer`]) redacts and cuts it, and the store's own thread writes it.
+//! A full queue is waited on for a bounded time at admission, then the record is
+//! dropped, counted and logged (or, with `capture.required`, new requests are
+//! refused). It never holds a stream's bytes back.
 
 pub mod analysis;
 pub mod export;
@@ -14,6 +15,7 @@ mod spool;
 pub mod store;
 pub mod timestamp;
 pub mod units;
+mod writer;
 
 use std::collections::{HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -32,14 +34,6 @@ pub use store::{Store, StoreError, StoreLocation};
 
 /// Records written per transaction at most.
 const BATCH: usize = 64;
-/// How often the writer applies the retention.
-const PRUNE_EVERY: Duration = Duration::from_secs(600);
-/// How long the writer, woken from an empty queue, waits for more records.
-const LINGER: Duration = Duration::from_millis(2);
-/// How long the writer keeps draining the spool before it looks at new records.
-const DRAIN_BUDGET: Duration = Duration::from_millis(500);
-/// How long after a failed drain the store is tried again.
-const DRAIN_RETRY: Duration = Duration::from_secs(1);
 /// How long a shutdown waits for the queue to be written.
 const FLUSH_LIMIT: Duration = Duration::from_secs(120);
 
@@ -203,20 +197,16 @@ impl Capture {
             healthy: AtomicBool::new(true),
             last_error: Mutex::new(None),
         });
-        let writer = Writer {
+        let writer = writer::Writer {
             shared: shared.clone(),
-            store: StoreSlot {
-                store,
-                location: settings.store.clone(),
-                next_try: Instant::now(),
-            },
+            store: writer::StoreThread::start(store, settings.store.clone(), live)?,
             cache: record::UnitCache::default(),
             redactor,
             keys,
             retention: settings.retention,
-            repeats: BlockedRepeats::default(),
-            live,
+            repeats: writer::BlockedRepeats::default(),
             spool,
+            patience: writer::Writer::patience_for(settings.queue_wait),
         };
         let handle = std::thread::Builder::new()
             .name("capture-writer".into())
@@ -363,314 +353,6 @@ impl RecordSink for Capture {
             );
         }
     }
-}
-
-/// The writer thread: takes records off the queue, redacts and stores them.
-struct Writer {
-    shared: Arc<Shared>,
-    store: StoreSlot,
-    cache: record::UnitCache,
-    redactor: Arc<Redactor>,
-    keys: KeySource,
-    retention: store::Retention,
-    repeats: BlockedRepeats,
-    /// Where stored rows are announced, for the live viewer.
-    live: Option<Arc<crate::live::LiveFeed>>,
-    /// With a PostgreSQL store: where records wait while it is away.
-    spool: Option<spool::Spool>,
-}
-
-/// The writer's store. A PostgreSQL store that was away when the replica started
-/// is opened once it answers, tried at most once per [`DRAIN_RETRY`].
-struct StoreSlot {
-    store: Option<Store>,
-    location: StoreLocation,
-    next_try: Instant,
-}
-
-impl StoreSlot {
-    fn get(&mut self) -> Result<&mut Store, StoreError> {
-        if self.store.is_none() {
-            if Instant::now() < self.next_try {
-                return Err(StoreError::Unreachable(format!(
-                    "{} (not answering; tried again in a moment)",
-                    self.location
-                )));
-            }
-            match Store::open(&self.location) {
-                Ok(store) => {
-                    tracing::info!("capture store {} answers", self.location);
-                    self.store = Some(store);
-                }
-                Err(e) => {
-                    self.next_try = Instant::now() + DRAIN_RETRY;
-                    return Err(e);
-                }
-            }
-        }
-        self.store
-            .as_mut()
-            .ok_or_else(|| StoreError::Unreachable(self.location.to_string()))
-    }
-}
-
-/// How long after a blocked request the same one counts as a client's retry of it.
-const REPEAT_WINDOW_MS: u64 = 60_000;
-
-/// The blocked requests of the last minute, by who sent them and the digest of
-/// what was received: a client that retries a block (400s are retried) gets each
-/// attempt recorded, linked to the first.
-#[derive(Debug, Default)]
-struct BlockedRepeats {
-    first: std::collections::HashMap<String, (String, u64)>,
-}
-
-impl BlockedRepeats {
-    /// The id of the attempt `r` repeats, if it is a blocked repeat; else notes it.
-    fn link(&mut self, r: &CaptureRecord) -> Option<String> {
-        if r.outcome != "blocked" {
-            return None;
-        }
-        let who = r
-            .conversation
-            .as_deref()
-            .or(r.client.as_deref())
-            .unwrap_or("-");
-        let key = format!("{who}|{}", r.received_digest);
-        let now = r.times.started_ms;
-        if self.first.len() > 4096 {
-            self.first
-                .retain(|_, (_, at)| now.saturating_sub(*at) <= REPEAT_WINDOW_MS);
-        }
-        match self.first.get(&key) {
-            Some((id, at)) if now.saturating_sub(*at) <= REPEAT_WINDOW_MS => Some(id.clone()),
-            _ => {
-                self.first.insert(key, (r.id.clone(), now));
-                None
-            }
-        }
-    }
-}
-
-impl Writer {
-    fn run(mut self) {
-        let mut last_prune = Instant::now();
-        loop {
-            let batch: Vec<ExchangeRecord> = {
-                let mut state = self.shared.lock();
-                let mut waited = false;
-                while state.items.is_empty() && !state.closed {
-                    if self.spool.as_ref().is_some_and(spool::Spool::due) {
-                        break;
-                    }
-                    let wait = match &self.spool {
-                        Some(s) if s.held() > 0 => DRAIN_RETRY,
-                        _ => PRUNE_EVERY,
-                    };
-                    state.writer_waiting = true;
-                    state = self
-                        .shared
-                        .not_empty
-                        .wait_timeout(state, wait)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                    state.writer_waiting = false;
-                    waited = true;
-                    if state.items.is_empty() && last_prune.elapsed() >= PRUNE_EVERY {
-                        break;
-                    }
-                }
-                if waited && state.items.len() < BATCH && !state.closed {
-                    // Woken by one record: let a few more arrive, so that a steady
-                    // stream costs a wake-up per batch rather than per record.
-                    drop(state);
-                    std::thread::sleep(LINGER);
-                    state = self.shared.lock();
-                }
-                if state.items.is_empty() && state.closed {
-                    break;
-                }
-                let n = state.items.len().min(BATCH);
-                let batch: Vec<ExchangeRecord> = state.items.drain(..n).collect();
-                state.bytes -= batch
-                    .iter()
-                    .map(ExchangeRecord::held_bytes)
-                    .sum::<u64>()
-                    .min(state.bytes);
-                state.busy = !batch.is_empty();
-                batch
-            };
-            self.drain_spool();
-            if !batch.is_empty() {
-                self.write(&batch);
-            }
-            if last_prune.elapsed() >= PRUNE_EVERY {
-                last_prune = Instant::now();
-                let now = timestamp::now_ms();
-                let retention = self.retention;
-                if let Err(e) = self.store.get().and_then(|s| s.prune(&retention, now)) {
-                    tracing::warn!("capture retention failed: {e}");
-                }
-            }
-            let mut state = self.shared.lock();
-            state.busy = false;
-            if state.items.is_empty() {
-                self.shared.idle.notify_all();
-            }
-        }
-        self.drain_spool();
-        if let Some(spool) = self.spool.as_ref().filter(|s| s.held() > 0) {
-            tracing::warn!(
-                "{} record(s) wait in the capture spool at {}; the next start moves them to the store",
-                spool.held(),
-                spool.dir().display()
-            );
-        }
-        if let Some(Err(e)) = self.store.store.as_ref().map(Store::checkpoint) {
-            tracing::warn!("capture checkpoint failed: {e}");
-        }
-        self.shared.idle.notify_all();
-    }
-
-    fn write(&mut self, batch: &[ExchangeRecord]) {
-        let Writer {
-            redactor,
-            keys,
-            cache,
-            repeats,
-            ..
-        } = self;
-        let mut records: Vec<CaptureRecord> = Vec::with_capacity(batch.len());
-        for r in batch {
-            // A record that cannot be prepared (a bug) is counted; the writer goes on.
-            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                CaptureRecord::redacted_with(r, redactor, keys, cache)
-            }));
-            match prepared {
-                Ok(mut record) => {
-                    record.repeat_of = repeats.link(&record);
-                    records.push(record);
-                }
-                Err(_) => {
-                    *cache = record::UnitCache::default();
-                    let failed = self.shared.failed.fetch_add(1, Ordering::SeqCst) + 1;
-                    tracing::error!(id = %r.id, failed_total = failed, "capture could not prepare a record");
-                }
-            }
-        }
-        if self.spool.as_ref().is_some_and(|s| s.held() > 0) {
-            // Behind what already waits, so the store gets records in order.
-            self.spool_records(&records);
-            return;
-        }
-        let live = self.live.as_deref();
-        match self
-            .store
-            .get()
-            .and_then(|store| insert_announced(store, live, &records))
-        {
-            Ok(()) => self.stored(records.len() as u64),
-            Err(StoreError::Unreachable(why)) if self.spool.is_some() => {
-                let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());
-                tracing::warn!(
-                    "capture store unreachable ({why}); records wait in the spool at {} until it is back",
-                    dir.unwrap_or_default()
-                );
-                self.spool_records(&records);
-            }
-            Err(e) => self.failed(records.len() as u64, e),
-        }
-    }
-
-    fn stored(&self, n: u64) {
-        self.shared.written.fetch_add(n, Ordering::SeqCst);
-        self.shared.healthy.store(true, Ordering::SeqCst);
-    }
-
-    fn failed(&self, n: u64, e: StoreError) {
-        let failed = self.shared.failed.fetch_add(n, Ordering::SeqCst) + n;
-        self.shared.healthy.store(false, Ordering::SeqCst);
-        *self
-            .shared
-            .last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-        tracing::error!(
-            failed_total = failed,
-            "capture store failed to write {n} record(s): {e}"
-        );
-    }
-
-    /// Into the spool: a record there counts as kept, so `capture.required` admits
-    /// until the spool is full as well.
-    fn spool_records(&mut self, records: &[CaptureRecord]) {
-        let Some(spool) = self.spool.as_mut() else {
-            return;
-        };
-        let kept = spool.keep(records);
-        self.shared.spooled.store(spool.held(), Ordering::SeqCst);
-        match kept {
-            Ok(()) => self.shared.healthy.store(true, Ordering::SeqCst),
-            Err(e) => self.failed(records.len() as u64, e),
-        }
-    }
-
-    /// Moves what waits in the spool to the store, if it is time to try.
-    fn drain_spool(&mut self) {
-        let Writer {
-            spool: Some(spool),
-            store,
-            live,
-            shared,
-            ..
-        } = self
-        else {
-            return;
-        };
-        if !spool.due() {
-            return;
-        }
-        let moved = spool.drain(DRAIN_BUDGET, DRAIN_RETRY, &mut |records| {
-            insert_announced(store.get()?, live.as_deref(), records)
-        });
-        shared.spooled.store(spool.held(), Ordering::SeqCst);
-        match moved {
-            Ok(n) => {
-                shared.written.fetch_add(n, Ordering::SeqCst);
-                if spool.held() == 0 {
-                    tracing::info!("capture store is back: the spool is drained");
-                }
-            }
-            Err(StoreError::Unreachable(_)) => {}
-            Err(e) => tracing::warn!("capture spool could not drain: {e}"),
-        }
-    }
-}
-
-/// Inserts `records`; while somebody watches the live feed, the rows they became
-/// are read back and announced.
-fn insert_announced(
-    store: &mut Store,
-    live: Option<&crate::live::LiveFeed>,
-    records: &[CaptureRecord],
-) -> Result<(), StoreError> {
-    let watched = live.filter(|l| l.watched());
-    let before = watched.and_then(|_| store.last_seq().ok());
-    store.insert(records)?;
-    if let (Some(live), Some(before)) = (watched, before) {
-        let after = store::Filter {
-            after_seq: Some(before),
-            ..store::Filter::default()
-        };
-        match store.list(&after) {
-            Ok(mut rows) => {
-                rows.sort_by_key(|r| r.seq);
-                live.stored(&rows);
-            }
-            Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

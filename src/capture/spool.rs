@@ -69,38 +69,33 @@ impl Spool {
         Ok(())
     }
 
-    /// Moves the oldest records through `insert`, a batch at a time, until none is
-    /// left, `insert` fails (then no try before `retry` has passed, twice that after
-    /// a second failure, and so on), or `budget` is spent. Returns how many it moved.
-    pub(super) fn drain(
-        &mut self,
-        budget: Duration,
-        retry: Duration,
-        insert: &mut dyn FnMut(&[CaptureRecord]) -> Result<(), StoreError>,
-    ) -> Result<u64, StoreError> {
-        let until = Instant::now() + budget;
-        let mut moved = 0;
-        while self.held > 0 && Instant::now() < until {
-            let ids = self.store.oldest(DRAIN_BATCH)?;
-            if ids.is_empty() {
-                self.held = 0;
-                break;
-            }
-            let records = ids
-                .iter()
-                .map(|id| self.store.load(id))
-                .collect::<Result<Vec<_>, _>>()?;
-            if let Err(e) = insert(&records) {
-                let wait = self.backoff.unwrap_or(retry);
-                self.next_try = Instant::now() + wait;
-                self.backoff = Some((wait * 2).min(MOST_BETWEEN_TRIES));
-                return Err(e);
-            }
-            self.backoff = None;
-            self.store.remove(&ids)?;
-            self.held = self.held.saturating_sub(ids.len() as u64);
-            moved += ids.len() as u64;
+    /// The oldest records, a batch, with their ids; taken out by [`Spool::moved`]
+    /// once the store has them.
+    pub(super) fn oldest(&mut self) -> Result<(Vec<String>, Vec<CaptureRecord>), StoreError> {
+        let ids = self.store.oldest(DRAIN_BATCH)?;
+        if ids.is_empty() {
+            self.held = 0;
         }
-        Ok(moved)
+        let records = ids
+            .iter()
+            .map(|id| self.store.load(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((ids, records))
+    }
+
+    /// The store took the records `ids`: they leave the spool.
+    pub(super) fn moved(&mut self, ids: &[String]) -> Result<(), StoreError> {
+        self.backoff = None;
+        self.store.remove(ids)?;
+        self.held = self.held.saturating_sub(ids.len() as u64);
+        Ok(())
+    }
+
+    /// A try of the store failed: none before `retry` has passed, twice that after a
+    /// second failure, and so on.
+    pub(super) fn tried(&mut self, retry: Duration) {
+        let wait = self.backoff.unwrap_or(retry);
+        self.next_try = Instant::now() + wait;
+        self.backoff = Some((wait * 2).min(MOST_BETWEEN_TRIES));
     }
 }

@@ -1,0 +1,539 @@
+//! The writer thread: takes records off the queue, redacts them and hands them to
+//! the store's own thread. With a PostgreSQL store, a store that does not answer
+//! within [`PATIENCE`] holds only that thread: the writer goes on and puts new
+//! records in the spool until the store answers again, so the queue never fills
+//! behind a hung server.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use super::record::{self, CaptureRecord};
+use super::spool;
+use super::store::{self, Store, StoreError, StoreLocation};
+use super::{BATCH, Redactor, Shared, timestamp};
+use crate::conversation::KeySource;
+use crate::record::ExchangeRecord;
+
+/// How often the writer applies the retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(600);
+/// How long the writer, woken from an empty queue, waits for more records.
+const LINGER: Duration = Duration::from_millis(2);
+/// How long the writer keeps draining the spool before it looks at new records.
+const DRAIN_BUDGET: Duration = Duration::from_millis(500);
+/// How long after a failed try the store is tried again.
+pub(super) const DRAIN_RETRY: Duration = Duration::from_secs(1);
+/// How long the writer waits at most for a store with a spool before it spools
+/// instead (a batch takes milliseconds to a store that is well); never more than
+/// half the queue's wait for room, so that nothing is dropped meanwhile.
+const PATIENCE: Duration = Duration::from_secs(1);
+/// How often a writer with a store call outstanding looks for its answer.
+const POLL: Duration = Duration::from_millis(50);
+/// How long after a blocked request the same one counts as a client's retry of it.
+const REPEAT_WINDOW_MS: u64 = 60_000;
+
+/// The writer thread's state.
+pub(super) struct Writer {
+    pub(super) shared: Arc<Shared>,
+    pub(super) store: StoreThread,
+    pub(super) cache: record::UnitCache,
+    pub(super) redactor: Arc<Redactor>,
+    pub(super) keys: KeySource,
+    pub(super) retention: store::Retention,
+    pub(super) repeats: BlockedRepeats,
+    /// With a PostgreSQL store: where records wait while it is away or slow.
+    pub(super) spool: Option<spool::Spool>,
+    /// How long to wait for a store with a spool (see [`PATIENCE`]).
+    pub(super) patience: Duration,
+}
+
+impl Writer {
+    pub(super) fn run(mut self) {
+        let mut last_prune = Instant::now();
+        loop {
+            self.collect();
+            let batch: Vec<ExchangeRecord> = {
+                let mut state = self.shared.lock();
+                let mut waited = false;
+                while state.items.is_empty() && !state.closed {
+                    if self.spool.as_ref().is_some_and(spool::Spool::due) {
+                        break;
+                    }
+                    let wait = if self.store.outstanding > 0 {
+                        POLL
+                    } else {
+                        match &self.spool {
+                            Some(s) if s.held() > 0 => DRAIN_RETRY,
+                            _ => PRUNE_EVERY,
+                        }
+                    };
+                    state.writer_waiting = true;
+                    state = self
+                        .shared
+                        .not_empty
+                        .wait_timeout(state, wait)
+                        .unwrap_or_else(|p| p.into_inner())
+                        .0;
+                    state.writer_waiting = false;
+                    waited = true;
+                    if state.items.is_empty()
+                        && (last_prune.elapsed() >= PRUNE_EVERY || self.store.outstanding > 0)
+                    {
+                        break;
+                    }
+                }
+                if waited && state.items.len() < BATCH && !state.closed {
+                    // Woken by one record: let a few more arrive, so that a steady
+                    // stream costs a wake-up per batch rather than per record.
+                    drop(state);
+                    std::thread::sleep(LINGER);
+                    state = self.shared.lock();
+                }
+                if state.items.is_empty() && state.closed {
+                    break;
+                }
+                let n = state.items.len().min(BATCH);
+                let batch: Vec<ExchangeRecord> = state.items.drain(..n).collect();
+                state.bytes -= batch
+                    .iter()
+                    .map(ExchangeRecord::held_bytes)
+                    .sum::<u64>()
+                    .min(state.bytes);
+                state.busy = !batch.is_empty() || self.store.outstanding > 0;
+                batch
+            };
+            self.collect();
+            self.drain_spool();
+            if !batch.is_empty() {
+                self.write(&batch);
+            }
+            if last_prune.elapsed() >= PRUNE_EVERY && self.store.outstanding == 0 {
+                last_prune = Instant::now();
+                self.store
+                    .send(Job::Prune(self.retention, timestamp::now_ms()));
+            }
+            let mut state = self.shared.lock();
+            state.busy = self.store.outstanding > 0;
+            if state.items.is_empty() && !state.busy {
+                self.shared.idle.notify_all();
+            }
+        }
+        // Shutting down: what the store still holds is answered or given up on.
+        while self.store.outstanding > 0 {
+            match self.store.done.recv() {
+                Ok(done) => self.handle(done),
+                Err(_) => break,
+            }
+        }
+        self.drain_spool();
+        if let Some(spool) = self.spool.as_ref().filter(|s| s.held() > 0) {
+            tracing::warn!(
+                "{} record(s) wait in the capture spool at {}; the next start moves them to the store",
+                spool.held(),
+                spool.dir().display()
+            );
+        }
+        self.store.send(Job::Checkpoint);
+        self.wait(None);
+        self.shared.idle.notify_all();
+    }
+
+    fn write(&mut self, batch: &[ExchangeRecord]) {
+        let Writer {
+            redactor,
+            keys,
+            cache,
+            repeats,
+            ..
+        } = self;
+        let mut records: Vec<CaptureRecord> = Vec::with_capacity(batch.len());
+        for r in batch {
+            // A record that cannot be prepared (a bug) is counted; the writer goes on.
+            let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                CaptureRecord::redacted_with(r, redactor, keys, cache)
+            }));
+            match prepared {
+                Ok(mut record) => {
+                    record.repeat_of = repeats.link(&record);
+                    records.push(record);
+                }
+                Err(_) => {
+                    *cache = record::UnitCache::default();
+                    let failed = self.shared.failed.fetch_add(1, Ordering::SeqCst) + 1;
+                    tracing::error!(id = %r.id, failed_total = failed, "capture could not prepare a record");
+                }
+            }
+        }
+        if self.spool.is_some()
+            && (self.store.outstanding > 0 || self.spool.as_ref().is_some_and(|s| s.held() > 0))
+        {
+            // Behind what already waits (or while the store has not answered), so
+            // the store gets records in order and the writer never waits on it.
+            self.spool_records(records);
+            return;
+        }
+        self.store.send(Job::Insert {
+            records,
+            spooled: Vec::new(),
+        });
+        self.wait(self.patience());
+    }
+
+    /// How long to wait for the store: bounded only when records can wait elsewhere.
+    fn patience(&self) -> Option<Duration> {
+        self.spool.as_ref().map(|_| self.patience)
+    }
+
+    /// The patience for a queue whose records wait `queue_wait` for room.
+    pub(super) fn patience_for(queue_wait: Duration) -> Duration {
+        (queue_wait / 2).min(PATIENCE)
+    }
+
+    /// Waits for the store's answers, up to `limit` (`None`: until it answers).
+    fn wait(&mut self, limit: Option<Duration>) {
+        let until = limit.map(|l| Instant::now() + l);
+        while self.store.outstanding > 0 {
+            let done = match until {
+                None => self.store.done.recv().ok(),
+                Some(until) => {
+                    let left = until.saturating_duration_since(Instant::now());
+                    match self.store.done.recv_timeout(left) {
+                        Ok(done) => Some(done),
+                        Err(mpsc::RecvTimeoutError::Timeout) => {
+                            tracing::warn!(
+                                "capture store has not answered in {} ms; new records wait in the spool",
+                                self.patience.as_millis()
+                            );
+                            return;
+                        }
+                        Err(mpsc::RecvTimeoutError::Disconnected) => None,
+                    }
+                }
+            };
+            match done {
+                Some(done) => self.handle(done),
+                None => {
+                    self.store.outstanding = 0;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Takes whatever the store has answered by now.
+    fn collect(&mut self) {
+        while self.store.outstanding > 0 {
+            match self.store.done.try_recv() {
+                Ok(done) => self.handle(done),
+                Err(mpsc::TryRecvError::Empty) => return,
+                Err(mpsc::TryRecvError::Disconnected) => {
+                    self.store.outstanding = 0;
+                    return;
+                }
+            }
+        }
+    }
+
+    fn handle(&mut self, done: Done) {
+        self.store.outstanding = self.store.outstanding.saturating_sub(1);
+        match done {
+            Done::Inserted { n, spooled } if spooled.is_empty() => self.stored(n),
+            Done::Inserted { n, spooled } => {
+                let Some(spool) = self.spool.as_mut() else {
+                    return;
+                };
+                if let Err(e) = spool.moved(&spooled) {
+                    tracing::warn!("capture spool could not forget moved records: {e}");
+                }
+                self.shared.spooled.store(spool.held(), Ordering::SeqCst);
+                self.shared.written.fetch_add(n, Ordering::SeqCst);
+                if spool.held() == 0 {
+                    tracing::info!("capture store is back: the spool is drained");
+                }
+            }
+            Done::NotInserted { spooled, error, .. } if !spooled.is_empty() => {
+                if let Some(spool) = self.spool.as_mut() {
+                    spool.tried(DRAIN_RETRY);
+                }
+                if !matches!(error, StoreError::Unreachable(_)) {
+                    tracing::warn!("capture spool could not drain: {error}");
+                }
+            }
+            Done::NotInserted {
+                records,
+                error: StoreError::Unreachable(why),
+                ..
+            } if self.spool.is_some() => {
+                let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());
+                tracing::warn!(
+                    "capture store unreachable ({why}); records wait in the spool at {} until it is back",
+                    dir.unwrap_or_default()
+                );
+                if let Some(spool) = self.spool.as_mut() {
+                    spool.tried(DRAIN_RETRY);
+                }
+                self.spool_records(records);
+            }
+            Done::NotInserted { records, error, .. } => self.failed(records.len() as u64, error),
+            Done::Pruned(Err(e)) => tracing::warn!("capture retention failed: {e}"),
+            Done::Pruned(Ok(_)) => {}
+            Done::Checkpointed(Err(e)) => tracing::warn!("capture checkpoint failed: {e}"),
+            Done::Checkpointed(Ok(())) => {}
+        }
+    }
+
+    fn stored(&self, n: u64) {
+        self.shared.written.fetch_add(n, Ordering::SeqCst);
+        self.shared.healthy.store(true, Ordering::SeqCst);
+    }
+
+    fn failed(&self, n: u64, e: StoreError) {
+        let failed = self.shared.failed.fetch_add(n, Ordering::SeqCst) + n;
+        self.shared.healthy.store(false, Ordering::SeqCst);
+        *self
+            .shared
+            .last_error
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
+        tracing::error!(
+            failed_total = failed,
+            "capture store failed to write {n} record(s): {e}"
+        );
+    }
+
+    /// Into the spool: a record there counts as kept, so `capture.required` admits
+    /// until the spool is full as well.
+    fn spool_records(&mut self, records: Vec<CaptureRecord>) {
+        let Some(spool) = self.spool.as_mut() else {
+            return;
+        };
+        let kept = spool.keep(&records);
+        self.shared.spooled.store(spool.held(), Ordering::SeqCst);
+        match kept {
+            Ok(()) => self.shared.healthy.store(true, Ordering::SeqCst),
+            Err(e) => self.failed(records.len() as u64, e),
+        }
+    }
+
+    /// Moves what waits in the spool to the store, a batch at a time, if it is time
+    /// to try, while the store answers and for at most [`DRAIN_BUDGET`].
+    fn drain_spool(&mut self) {
+        let until = Instant::now() + DRAIN_BUDGET;
+        while self.store.outstanding == 0 && Instant::now() < until {
+            let Some(spool) = self.spool.as_mut().filter(|s| s.due()) else {
+                return;
+            };
+            let (spooled, records) = match spool.oldest() {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::warn!("capture spool could not be read: {e}");
+                    spool.tried(DRAIN_RETRY);
+                    return;
+                }
+            };
+            if records.is_empty() {
+                return;
+            }
+            self.store.send(Job::Insert { records, spooled });
+            self.wait(self.patience());
+        }
+    }
+}
+
+/// What the store's thread is asked to do.
+pub(super) enum Job {
+    /// Store records; `spooled` names them in the spool when they come from it.
+    Insert {
+        records: Vec<CaptureRecord>,
+        spooled: Vec<String>,
+    },
+    Prune(store::Retention, u64),
+    Checkpoint,
+}
+
+/// What the store's thread answers, one per job.
+pub(super) enum Done {
+    Inserted {
+        n: u64,
+        spooled: Vec<String>,
+    },
+    /// The store did not take them: they come back, with why.
+    NotInserted {
+        records: Vec<CaptureRecord>,
+        spooled: Vec<String>,
+        error: StoreError,
+    },
+    Pruned(Result<store::Pruned, StoreError>),
+    Checkpointed(Result<(), StoreError>),
+}
+
+/// The store on a thread of its own.
+pub(super) struct StoreThread {
+    jobs: mpsc::Sender<Job>,
+    done: mpsc::Receiver<Done>,
+    /// Jobs sent and not answered yet.
+    outstanding: usize,
+}
+
+impl StoreThread {
+    /// Starts the thread over `store` (`None`: a PostgreSQL store that was away at
+    /// start, opened once it answers); stored rows are announced to `live`.
+    pub(super) fn start(
+        store: Option<Store>,
+        location: StoreLocation,
+        live: Option<Arc<crate::live::LiveFeed>>,
+    ) -> Result<StoreThread, StoreError> {
+        let (jobs, inbox) = mpsc::channel::<Job>();
+        let (outbox, done) = mpsc::channel::<Done>();
+        let mut slot = StoreSlot {
+            store,
+            location,
+            next_try: Instant::now(),
+        };
+        std::thread::Builder::new()
+            .name("capture-store".into())
+            .spawn(move || {
+                for job in inbox {
+                    let answer = match job {
+                        Job::Insert { records, spooled } => {
+                            match slot
+                                .get()
+                                .and_then(|s| insert_announced(s, live.as_deref(), &records))
+                            {
+                                Ok(()) => Done::Inserted {
+                                    n: records.len() as u64,
+                                    spooled,
+                                },
+                                Err(error) => Done::NotInserted {
+                                    records,
+                                    spooled,
+                                    error,
+                                },
+                            }
+                        }
+                        Job::Prune(retention, now) => {
+                            Done::Pruned(slot.get().and_then(|s| s.prune(&retention, now)))
+                        }
+                        Job::Checkpoint => Done::Checkpointed(match slot.store.as_ref() {
+                            Some(s) => s.checkpoint(),
+                            None => Ok(()),
+                        }),
+                    };
+                    if outbox.send(answer).is_err() {
+                        return;
+                    }
+                }
+            })
+            .map_err(|e| StoreError::Io {
+                path: "capture store thread".into(),
+                source: e,
+            })?;
+        Ok(StoreThread {
+            jobs,
+            done,
+            outstanding: 0,
+        })
+    }
+
+    fn send(&mut self, job: Job) {
+        if self.jobs.send(job).is_ok() {
+            self.outstanding += 1;
+        }
+    }
+}
+
+/// The store. A PostgreSQL store that was away when the replica started is opened
+/// once it answers, tried at most once per [`DRAIN_RETRY`].
+struct StoreSlot {
+    store: Option<Store>,
+    location: StoreLocation,
+    next_try: Instant,
+}
+
+impl StoreSlot {
+    fn get(&mut self) -> Result<&mut Store, StoreError> {
+        if self.store.is_none() {
+            if Instant::now() < self.next_try {
+                return Err(StoreError::Unreachable(format!(
+                    "{} (not answering; tried again in a moment)",
+                    self.location
+                )));
+            }
+            match Store::open(&self.location) {
+                Ok(store) => {
+                    tracing::info!("capture store {} answers", self.location);
+                    self.store = Some(store);
+                }
+                Err(e) => {
+                    self.next_try = Instant::now() + DRAIN_RETRY;
+                    return Err(e);
+                }
+            }
+        }
+        self.store
+            .as_mut()
+            .ok_or_else(|| StoreError::Unreachable(self.location.to_string()))
+    }
+}
+
+/// The blocked requests of the last minute, by who sent them and the digest of
+/// what was received: a client that retries a block (400s are retried) gets each
+/// attempt recorded, linked to the first.
+#[derive(Debug, Default)]
+pub(super) struct BlockedRepeats {
+    first: std::collections::HashMap<String, (String, u64)>,
+}
+
+impl BlockedRepeats {
+    /// The id of the attempt `r` repeats, if it is a blocked repeat; else notes it.
+    fn link(&mut self, r: &CaptureRecord) -> Option<String> {
+        if r.outcome != "blocked" {
+            return None;
+        }
+        let who = r
+            .conversation
+            .as_deref()
+            .or(r.client.as_deref())
+            .unwrap_or("-");
+        let key = format!("{who}|{}", r.received_digest);
+        let now = r.times.started_ms;
+        if self.first.len() > 4096 {
+            self.first
+                .retain(|_, (_, at)| now.saturating_sub(*at) <= REPEAT_WINDOW_MS);
+        }
+        match self.first.get(&key) {
+            Some((id, at)) if now.saturating_sub(*at) <= REPEAT_WINDOW_MS => Some(id.clone()),
+            _ => {
+                self.first.insert(key, (r.id.clone(), now));
+                None
+            }
+        }
+    }
+}
+
+/// Inserts `records`; while somebody watches the live feed, the rows they became
+/// are read back and announced.
+fn insert_announced(
+    store: &mut Store,
+    live: Option<&crate::live::LiveFeed>,
+    records: &[CaptureRecord],
+) -> Result<(), StoreError> {
+    let watched = live.filter(|l| l.watched());
+    let before = watched.and_then(|_| store.last_seq().ok());
+    store.insert(records)?;
+    if let (Some(live), Some(before)) = (watched, before) {
+        let after = store::Filter {
+            after_seq: Some(before),
+            ..store::Filter::default()
+        };
+        match store.list(&after) {
+            Ok(mut rows) => {
+                rows.sort_by_key(|r| r.seq);
+                live.stored(&rows);
+            }
+            Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
+        }
+    }
+    Ok(())
+}
