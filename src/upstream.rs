@@ -21,8 +21,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::RootCertStore;
-use rustls_pki_types::CertificateDer;
-use rustls_pki_types::pem::PemObject;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError, error_chain};
@@ -163,14 +161,7 @@ impl Upstream {
                 path: path.clone(),
                 message,
             };
-            let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-                .map_err(|e| ca_error(e.to_string()))?
-                .collect::<Result<_, _>>()
-                .map_err(|e| ca_error(e.to_string()))?;
-            if certs.is_empty() {
-                return Err(ca_error("no PEM certificate in the file".into()));
-            }
-            for cert in certs {
+            for cert in crate::tls::read_pem_certs(path).map_err(ca_error)? {
                 roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
             }
         }

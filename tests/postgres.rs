@@ -888,3 +888,93 @@ async fn futures_join_all<F: std::future::Future<Output = ()>>(futures: impl Ite
     })
     .await;
 }
+
+/// TLS to the store, as `sslmode` asks: verified against the given root (chain and
+/// name), refused with a clear message when the root does not sign the server's
+/// certificate, the name differs, or TLS is off where the server requires it.
+#[tokio::test]
+async fn tls_to_postgres_is_verified_as_sslmode_asks() {
+    if !support::can_run(pg_server::missing()) {
+        return;
+    }
+    let ca = support::TestCa::new();
+    let pg = Postgres::start_tls(&ca);
+    let url = pg.create_db("tls");
+    let certs = TempDir::new("pg-tls");
+    let root = ca.write_pem(certs.path());
+    let other = support::TestCa::new();
+    let other_root = certs.path().join("other-ca.pem");
+    std::fs::write(&other_root, &other.pem).unwrap();
+    let with = |params: &str| format!("{url}?{params}");
+
+    let verified = with(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        root.display()
+    ));
+    let fake = support::fake_answering_ok().await;
+    let proxy = replica(&fake, &verified, &[]);
+    turn(&proxy, 0).await;
+    let records = captures::wait_records(verified.as_str(), 1, WAIT).await;
+    assert_eq!(records.len(), 1);
+    // The server sees promptgate's sessions encrypted.
+    assert!(
+        pg.count(
+            "tls",
+            "SELECT count(*) FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid)
+             WHERE s.ssl AND a.application_name = 'promptgate'"
+        ) > 0
+    );
+    drop(proxy);
+
+    // Encrypted without a root to check against, as libpq's `require` is.
+    let listed = captures::cli(with("sslmode=require").as_str(), &["list"]);
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    // verify-ca checks the chain, not the name: `localhost` is not in the certificate.
+    let by_name = verified.replace("127.0.0.1", "localhost");
+    let listed = captures::cli(
+        by_name.replace("verify-full", "verify-ca").as_str(),
+        &["list"],
+    );
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let refused = captures::cli(by_name.as_str(), &["list"]);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("TLS to PostgreSQL"),
+        "{}",
+        refused.stderr
+    );
+
+    // A root that did not sign the server's certificate: the read verbs and serve
+    // refuse, saying why; serve does not start spooling against it.
+    let wrong = with(&format!(
+        "sslmode=verify-full&sslrootcert={}",
+        other_root.display()
+    ));
+    let refused = captures::cli(wrong.as_str(), &["list"]);
+    assert_ne!(refused.code, 0);
+    assert!(
+        refused.stderr.contains("TLS to PostgreSQL") && refused.stderr.contains("certificate"),
+        "{}",
+        refused.stderr
+    );
+    let (code, stderr) =
+        refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &wrong]);
+    assert_ne!(code, 0);
+    assert!(stderr.contains("certificate"), "{stderr}");
+
+    // TLS off against a server that requires it: the server's own refusal.
+    let plain = captures::cli(with("sslmode=disable").as_str(), &["list"]);
+    assert_ne!(plain.code, 0);
+    assert!(plain.stderr.contains("no encryption"), "{}", plain.stderr);
+    // A root certificate file that is not there is named.
+    let missing = captures::cli(
+        with("sslmode=verify-ca&sslrootcert=/nonexistent/root.pem").as_str(),
+        &["list"],
+    );
+    assert_ne!(missing.code, 0);
+    assert!(
+        missing.stderr.contains("/nonexistent/root.pem"),
+        "{}",
+        missing.stderr
+    );
+}

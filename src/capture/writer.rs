@@ -256,13 +256,15 @@ impl Writer {
                 if let Some(spool) = self.spool.as_mut() {
                     spool.tried(DRAIN_RETRY);
                 }
-                if !matches!(error, StoreError::Unreachable(_)) {
+                if !matches!(error, StoreError::Unreachable(_) | StoreError::Tls(_)) {
                     tracing::warn!("capture spool could not drain: {error}");
                 }
             }
+            // A certificate refused once the replica runs (a rotation gone wrong)
+            // is a store away too: the records wait for it to be fixed.
             Done::NotInserted {
                 records,
-                error: StoreError::Unreachable(why),
+                error: StoreError::Unreachable(why) | StoreError::Tls(why),
                 ..
             } if self.spool.is_some() => {
                 let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());

@@ -142,3 +142,20 @@ pub fn file_trusts(path: &Path, ca: &CertificateAuthority) -> bool {
     };
     certs.flatten().any(|c| c == *ca.cert_der())
 }
+
+/// The certificates in the PEM file at `path`; an error says what is wrong with it
+/// (unreadable, not PEM, or no certificate in it).
+pub fn read_pem_certs(
+    path: &Path,
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
+        .map_err(|e| e.to_string())?
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    if certs.is_empty() {
+        return Err("no PEM certificate in the file".into());
+    }
+    Ok(certs)
+}

@@ -140,6 +140,18 @@ impl TestCa {
         path
     }
 
+    /// A leaf certificate for `names` (an IP address names itself) and its key, as PEM.
+    pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params =
+            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+                .unwrap();
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let leaf = params.signed_by(&key, &self.issuer).unwrap();
+        (leaf.pem(), key.serialize_pem())
+    }
+
     /// A rustls server config with a leaf for `names`, offering h2 and http/1.1.
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
         let key = rcgen::KeyPair::generate().unwrap();

@@ -50,6 +50,17 @@ fn is_root() -> bool {
 impl Postgres {
     /// Makes a cluster and starts it; panics with the server's own words if it cannot.
     pub fn start() -> Postgres {
+        Postgres::start_with(None)
+    }
+
+    /// A server that speaks TLS with a certificate for 127.0.0.1 signed by `ca`, and
+    /// refuses TCP connections without it (`hostnossl … reject`); the test's own
+    /// client reaches it over the Unix socket.
+    pub fn start_tls(ca: &super::TestCa) -> Postgres {
+        Postgres::start_with(Some(ca))
+    }
+
+    fn start_with(tls: Option<&super::TestCa>) -> Postgres {
         let bin = installed().expect("PostgreSQL is installed");
         let dir = super::TempDir::new("postgres");
         let data = dir.path().join("data");
@@ -85,8 +96,39 @@ impl Postgres {
                 "--no-sync",
             ],
         );
+        if let Some(ca) = tls {
+            pg.serve_tls(ca);
+        }
         pg.start_server();
         pg
+    }
+
+    /// Writes the certificate, its key and the settings that turn TLS on.
+    fn serve_tls(&self, ca: &super::TestCa) {
+        let (cert, key) = ca.leaf_pem(&["127.0.0.1"]);
+        for (name, pem) in [("server.crt", cert), ("server.key", key)] {
+            let path = self.data.join(name);
+            std::fs::write(&path, pem).expect("the data directory is writable");
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod the key");
+            if self.as_postgres {
+                let chown = Command::new("chown")
+                    .args(["postgres:postgres"])
+                    .arg(&path)
+                    .status()
+                    .expect("chown runs");
+                assert!(chown.success(), "chown of {name} failed");
+            }
+        }
+        let conf = self.data.join("postgresql.conf");
+        let mut text = std::fs::read_to_string(&conf).expect("postgresql.conf");
+        text.push_str("\nssl = on\nssl_cert_file = 'server.crt'\nssl_key_file = 'server.key'\n");
+        std::fs::write(&conf, text).expect("postgresql.conf is writable");
+        let hba = self.data.join("pg_hba.conf");
+        let rest = std::fs::read_to_string(&hba).expect("pg_hba.conf");
+        std::fs::write(&hba, format!("hostnossl all all 0.0.0.0/0 reject\n{rest}"))
+            .expect("pg_hba.conf is writable");
     }
 
     /// Starts the server (again) on its port; returns once it accepts connections.
@@ -182,7 +224,13 @@ impl Postgres {
         db: &str,
         f: impl FnOnce(&mut postgres::Client) -> Result<T, postgres::Error> + Send,
     ) -> Result<T, postgres::Error> {
-        let url = self.url(db);
+        // Over the Unix socket, which every cluster here trusts (TLS or not).
+        let socket = self.data.parent().expect("the cluster has a parent");
+        let url = format!(
+            "host={} port={} user={USER} dbname={db}",
+            socket.display(),
+            self.port
+        );
         std::thread::scope(|s| {
             s.spawn(|| f(&mut postgres::Client::connect(&url, postgres::NoTls)?))
                 .join()

@@ -6,6 +6,7 @@
 //! Every statement is written once ([`sql`]); the pipeline and the readers never
 //! ask which database is behind it.
 
+mod pg_tls;
 mod postgres;
 mod sql;
 mod sqlite;
@@ -143,6 +144,8 @@ pub enum StoreError {
     Postgres(String),
     #[error("cannot reach PostgreSQL at {0}")]
     Unreachable(String),
+    #[error("TLS to PostgreSQL: {0}")]
+    Tls(String),
     #[error("the capture spool at {0} is full ({1} bytes; capture.spool_max_size)")]
     SpoolFull(String, u64),
     #[error("store URL: {0}")]

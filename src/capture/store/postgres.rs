@@ -11,10 +11,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::BytesMut;
+use tokio_postgres::Statement;
 use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
-use tokio_postgres::{NoTls, Statement};
 
 use super::StoreError;
+use super::pg_tls::PgTls;
 use super::sql::{Connection, Dialect, SqlRow, Value, dollar_placeholders};
 
 /// The schema this build writes.
@@ -42,7 +43,19 @@ static IDLE: Mutex<Vec<(String, Client)>> = Mutex::new(Vec::new());
 
 /// Why `url` cannot name the store, or `None` when it can.
 pub(super) fn url_problem(url: &str) -> Option<String> {
-    let (rest, _) = split_passfile(url);
+    let (rest, ours) = split_ours(url);
+    if let Some(name) = ["sslcert", "sslkey", "sslpassword"]
+        .into_iter()
+        .find(|n| ours.other.iter().any(|o| o == n))
+    {
+        return Some(format!(
+            "{name}: client certificates are not supported yet (the server's certificate is \
+             checked with sslmode and sslrootcert)"
+        ));
+    }
+    if let Err(e) = PgTls::from_params(ours.sslmode.as_deref(), ours.sslrootcert.as_deref()) {
+        return Some(e);
+    }
     match tokio_postgres::Config::from_str(&rest) {
         Err(e) => Some(format!("{e}")),
         Ok(c) if c.get_password().is_some() => Some(
@@ -54,21 +67,36 @@ pub(super) fn url_problem(url: &str) -> Option<String> {
     }
 }
 
-/// The URL without its `passfile=` parameter (which the client does not know), and
-/// that parameter's value.
-fn split_passfile(url: &str) -> (String, Option<String>) {
+/// The URL parameters promptgate reads itself (the client does not know them, or
+/// not all their values).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct OurParams {
+    passfile: Option<String>,
+    sslmode: Option<String>,
+    sslrootcert: Option<String>,
+    /// Other TLS parameters named, refused with a reason.
+    other: Vec<String>,
+}
+
+/// The URL without promptgate's own parameters, and their values.
+fn split_ours(url: &str) -> (String, OurParams) {
+    let mut ours = OurParams::default();
     let Some((base, query)) = url.split_once('?') else {
-        return (url.to_owned(), None);
+        return (url.to_owned(), ours);
     };
-    let mut passfile = None;
     let kept: Vec<&str> = query
         .split('&')
-        .filter(|pair| match pair.strip_prefix("passfile=") {
-            Some(path) => {
-                passfile = Some(path.to_owned());
-                false
+        .filter(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = Some(value.to_owned());
+            match name {
+                "passfile" => ours.passfile = value,
+                "sslmode" => ours.sslmode = value,
+                "sslrootcert" => ours.sslrootcert = value,
+                "sslcert" | "sslkey" | "sslpassword" | "sslcrl" => ours.other.push(name.to_owned()),
+                _ => return !pair.is_empty(),
             }
-            None => !pair.is_empty(),
+            false
         })
         .collect();
     let url = if kept.is_empty() {
@@ -76,16 +104,19 @@ fn split_passfile(url: &str) -> (String, Option<String>) {
     } else {
         format!("{base}?{}", kept.join("&"))
     };
-    (url, passfile)
+    (url, ours)
 }
 
 /// The client configuration for `url`, with libpq's defaults: the user from
 /// `PGUSER` or the login, the password from `PGPASSWORD` or the passfile.
-fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
+fn config(url: &str) -> Result<(tokio_postgres::Config, PgTls), StoreError> {
     if let Some(problem) = url_problem(url) {
         return Err(StoreError::Url(problem));
     }
-    let (rest, passfile) = split_passfile(url);
+    let (rest, ours) = split_ours(url);
+    let tls = PgTls::from_params(ours.sslmode.as_deref(), ours.sslrootcert.as_deref())
+        .map_err(StoreError::Url)?;
+    let passfile = ours.passfile;
     let mut config =
         tokio_postgres::Config::from_str(&rest).map_err(|e| StoreError::Url(e.to_string()))?;
     if config.get_user().is_none() {
@@ -106,12 +137,13 @@ fn config(url: &str) -> Result<tokio_postgres::Config, StoreError> {
         config.options(format!("-c statement_timeout={STATEMENT_LIMIT_MS}"));
     }
     config.application_name("promptgate");
+    config.ssl_mode(tls.ssl_mode());
     if let Ok(password) = std::env::var("PGPASSWORD") {
         config.password(password);
     } else if let Some(password) = passfile_password(&config, passfile) {
         config.password(password);
     }
-    Ok(config)
+    Ok((config, tls))
 }
 
 /// The password for `config`'s host, port, database and user from a passfile
@@ -181,7 +213,8 @@ fn blocking<T: Send>(f: impl FnOnce() -> T + Send) -> T {
 /// A connection to `url`; every call answered within `within`, when given, else
 /// within the statement limit and a margin.
 fn connect(url: &str, within: Option<Duration>) -> Result<Client, StoreError> {
-    let config = config(url)?;
+    let (config, tls) = config(url)?;
+    let connector = tls.connector()?;
     let limit = within.unwrap_or(statement_limit(config.get_options()) + ANSWER_MARGIN);
     let unreachable = |e: &dyn std::fmt::Display| StoreError::Unreachable(format!("{url}: {e}"));
     // Made and, on failure, dropped off any async worker: a runtime may not be.
@@ -198,10 +231,13 @@ fn connect(url: &str, within: Option<Duration>) -> Result<Client, StoreError> {
             .unwrap_or(CONNECT_TIMEOUT);
         let start_limit = within.map_or(start_limit, |w| w.min(start_limit));
         let answered = runtime
-            .block_on(async { tokio::time::timeout(start_limit, config.connect(NoTls)).await });
+            .block_on(async { tokio::time::timeout(start_limit, config.connect(connector)).await });
         let (client, connection) = answered
             .map_err(|_| unreachable(&"no answer to the connection's start"))?
-            .map_err(|e| unreachable(&describe(&e)))?;
+            .map_err(|e| match tls_failure(&e) {
+                Some(why) => StoreError::Tls(format!("{url}: {why}")),
+                None => unreachable(&describe(&e)),
+            })?;
         Ok(Client {
             runtime,
             client,
@@ -230,8 +266,21 @@ fn statement_limit(options: Option<&str>) -> Duration {
     }
 }
 
-type PgConnection =
-    tokio_postgres::Connection<tokio_postgres::Socket, tokio_postgres::tls::NoTlsStream>;
+type PgConnection = tokio_postgres::Connection<
+    tokio_postgres::Socket,
+    <tokio_postgres_rustls::MakeRustlsConnect as tokio_postgres::tls::MakeTlsConnect<
+        tokio_postgres::Socket,
+    >>::Stream,
+>;
+
+/// Why the connection's TLS failed (a certificate not trusted, a server that
+/// offers no TLS when it must), when that is what failed.
+fn tls_failure(e: &tokio_postgres::Error) -> Option<String> {
+    // tokio-postgres says so only in its text: its error kinds are private.
+    let text = e.to_string();
+    text.starts_with("error performing TLS handshake")
+        .then(|| describe(e))
+}
 
 /// A connection: tokio-postgres on a runtime of its own, every call bounded by
 /// `limit`, after which the connection is given up (a server that is paused, or
@@ -780,13 +829,23 @@ mod tests {
         assert!(problem.contains("PGPASSWORD"), "{problem}");
         assert!(url_problem("postgres://pg@127.0.0.1/db?password=x").is_some());
         assert_eq!(url_problem("postgres://pg@127.0.0.1:5433/db"), None);
-        assert_eq!(
-            split_passfile("postgres://pg@h/db?passfile=/p&sslmode=disable"),
-            (
-                "postgres://pg@h/db?sslmode=disable".to_owned(),
-                Some("/p".to_owned())
-            )
+        let (rest, ours) = split_ours(
+            "postgres://pg@h/db?passfile=/p&sslmode=verify-ca&connect_timeout=3&sslrootcert=/ca.pem",
         );
+        assert_eq!(rest, "postgres://pg@h/db?connect_timeout=3");
+        assert_eq!(
+            ours,
+            OurParams {
+                passfile: Some("/p".into()),
+                sslmode: Some("verify-ca".into()),
+                sslrootcert: Some("/ca.pem".into()),
+                other: Vec::new(),
+            }
+        );
+        let problem = url_problem("postgres://pg@h/db?sslmode=require&sslcert=/c.pem").unwrap();
+        assert!(problem.contains("client certificates"), "{problem}");
+        let problem = url_problem("postgres://pg@h/db?sslmode=allow").unwrap();
+        assert!(problem.contains("sslmode=allow"), "{problem}");
     }
 
     #[test]
