@@ -243,15 +243,17 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(proxy);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        2
+        3
     );
     // A second start finds the schema current and keeps what is there.
     let again = replica(&fake, &url, &[]);
     drop(again);
     assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
 
-    // A schema-1 database (before the prefix index) is brought to 2, keeping its records.
+    // A schema-1 database (before the prefix index and the units' used mark) is
+    // brought to 3, keeping its records.
     pg.execute("schema", "DROP TABLE cache_prefixes");
+    pg.execute("schema", "ALTER TABLE units DROP COLUMN used_ms");
     pg.execute("schema", "UPDATE promptgate_schema SET version = 1");
     let upgraded = replica(&fake, &url, &[]);
     turn(&upgraded, 1).await;
@@ -259,15 +261,16 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(upgraded);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        2
+        3
     );
     assert!(pg.count("schema", "SELECT COUNT(*) FROM cache_prefixes") > 0);
+    assert!(pg.count("schema", "SELECT COUNT(*) FROM units WHERE used_ms > 0") > 0);
 
     pg.execute("schema", "UPDATE promptgate_schema SET version = 99");
     let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
     assert_ne!(code, 0);
     assert!(
-        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 2)"),
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 3)"),
         "{stderr}"
     );
     let read = captures::cli(url.as_str(), &["list"]);
@@ -297,6 +300,13 @@ async fn retention_removes_old_exchanges_and_the_units_no_exchange_uses() {
         captures::wait_records(store.as_str(), 3, WAIT).await;
     }
     let units_before = pg.count("retention", "SELECT COUNT(*) FROM units");
+    // Units a writer marked used in the last 20 minutes stay (another replica may
+    // be about to use one it remembers): here they were marked long ago.
+    pg.execute("retention", "UPDATE units SET used_ms = 0");
+    rusqlite::Connection::open(lite_dir.path().join("promptgate.db"))
+        .unwrap()
+        .execute("UPDATE units SET used_ms = 0", [])
+        .unwrap();
     // Started with a 2 s retention: the two old exchanges go at once.
     for store in [&url, &lite] {
         let proxy = replica(&fake, store, &["--capture-max-age", "2s"]);
@@ -739,7 +749,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     // The schema was made when the database first answered, and the bodies are whole.
     assert_eq!(
         pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
-        2
+        3
     );
     let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
     assert_eq!(

@@ -13,7 +13,7 @@ mod sqlite;
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -269,11 +269,22 @@ pub struct Store {
     version: i64,
 }
 
+/// How long a writer trusts that a unit it stored or found is still there without
+/// asking again; each time it asks it marks the unit used (`units.used_ms`).
+const TOUCH_EVERY: Duration = Duration::from_secs(300);
+/// Garbage collection removes a unit no record uses only once nobody has marked it
+/// used for this long: twice [`TOUCH_EVERY`], and a margin for the replicas' clocks
+/// and a writer's transaction. So a record another replica commits after the
+/// collection looked, with a unit it trusted from memory, never loses that unit.
+const UNTOUCHED_FOR: Duration = Duration::from_secs(2 * 300 + 600);
+
 /// Writes units: remembers the ids of units already stored (a lookup saved per unit)
 /// and keeps one zstd context for every unit and record.
 struct UnitWriter {
-    known: HashMap<[u8; 32], i64>,
+    /// Each unit's id, and when this writer last marked it used.
+    known: HashMap<[u8; 32], (i64, Instant)>,
     zstd: zstd::bulk::Compressor<'static>,
+    touch_every: Duration,
 }
 
 impl UnitWriter {
@@ -281,6 +292,7 @@ impl UnitWriter {
         Ok(UnitWriter {
             known: HashMap::new(),
             zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(StoreError::Zstd)?,
+            touch_every: TOUCH_EVERY,
         })
     }
 
@@ -327,38 +339,38 @@ impl UnitWriter {
         bytes: &[u8],
         hash: [u8; 32],
     ) -> Result<i64, StoreError> {
-        if let Some(id) = self.known.get(&hash) {
+        if let Some((id, touched)) = self.known.get(&hash)
+            && touched.elapsed() < self.touch_every
+        {
             return Ok(*id);
         }
-        let key = [Value::Blob(hash.to_vec())];
-        let lookup = "SELECT id FROM units WHERE hash = ?1";
-        let id = match conn.query_row(lookup, &key)? {
+        let now = Value::Int(super::timestamp::now_ms() as i64);
+        // Marked used as it is found: garbage collection leaves it alone a while.
+        let touched = conn.query_row(
+            "UPDATE units SET used_ms = ?2 WHERE hash = ?1 RETURNING id",
+            &[Value::Blob(hash.to_vec()), now.clone()],
+        )?;
+        let id = match touched {
             Some(row) => row.int(0)?,
             None => {
                 let data = self
                     .compress(bytes)
                     .map_err(|e| StoreError::Corrupt(format!("compressing a unit: {e}")))?;
-                let inserted = conn.query_row(
-                    "INSERT INTO units (hash, size, data) VALUES (?1, ?2, ?3)
-                     ON CONFLICT (hash) DO NOTHING RETURNING id",
+                conn.query_row(
+                    "INSERT INTO units (hash, size, data, used_ms) VALUES (?1, ?2, ?3, ?4)
+                     ON CONFLICT (hash) DO UPDATE SET used_ms = excluded.used_ms RETURNING id",
                     &[
                         Value::Blob(hash.to_vec()),
                         Value::Int(bytes.len() as i64),
                         Value::Blob(data),
+                        now,
                     ],
-                )?;
-                match inserted {
-                    Some(row) => row.int(0)?,
-                    None => conn
-                        .query_row(lookup, &key)?
-                        .ok_or_else(|| {
-                            StoreError::Corrupt("a unit vanished as it was stored".into())
-                        })?
-                        .int(0)?,
-                }
+                )?
+                .ok_or_else(|| StoreError::Corrupt("a unit vanished as it was stored".into()))?
+                .int(0)?
             }
         };
-        self.known.insert(hash, id);
+        self.known.insert(hash, (id, Instant::now()));
         Ok(id)
     }
 }
@@ -843,7 +855,7 @@ impl Store {
             let cutoff = now_ms.saturating_sub(age.as_millis() as u64) as i64;
             pruned.records += self.delete_oldest(Some(cutoff), i64::MAX)?;
         }
-        pruned.units += self.collect_garbage()?;
+        pruned.units += self.collect_garbage(now_ms)?;
         self.conn.execute(
             "DELETE FROM cache_prefixes WHERE started_ms < ?1",
             &[Value::Int(
@@ -857,7 +869,7 @@ impl Store {
                     break;
                 }
                 pruned.records += self.delete_oldest(None, (count / 10).max(1))?;
-                pruned.units += self.collect_garbage()?;
+                pruned.units += self.collect_garbage(now_ms)?;
             }
         }
         Ok(pruned)
@@ -972,7 +984,11 @@ impl Store {
     }
 
     /// Deletes units no record refers to, and gives their space back.
-    fn collect_garbage(&mut self) -> Result<u64, StoreError> {
+    /// Deletes the units no record uses and nobody marked used for
+    /// [`UNTOUCHED_FOR`] before `now_ms` (the mark is checked again as each is
+    /// deleted: another replica may have taken one up since).
+    fn collect_garbage(&mut self, now_ms: u64) -> Result<u64, StoreError> {
+        let idle_since = Value::Int(now_ms.saturating_sub(UNTOUCHED_FOR.as_millis() as u64) as i64);
         let mut used: HashSet<i64> = HashSet::new();
         self.conn.query_each(
             "SELECT received, sent, response, message FROM records",
@@ -988,14 +1004,17 @@ impl Store {
             },
         )?;
         let mut unused = Vec::new();
-        self.conn
-            .query_each("SELECT id FROM units", &[], &mut |r| {
+        self.conn.query_each(
+            "SELECT id FROM units WHERE used_ms < ?1",
+            std::slice::from_ref(&idle_since),
+            &mut |r| {
                 let id = r.int(0)?;
                 if !used.contains(&id) {
                     unused.push(id);
                 }
                 Ok(true)
-            })?;
+            },
+        )?;
         let mut removed = 0;
         for batch in unused.chunks(DELETE_BATCH) {
             let list = batch
@@ -1003,9 +1022,10 @@ impl Store {
                 .map(i64::to_string)
                 .collect::<Vec<_>>()
                 .join(",");
-            removed += self
-                .conn
-                .execute(&format!("DELETE FROM units WHERE id IN ({list})"), &[])?;
+            removed += self.conn.execute(
+                &format!("DELETE FROM units WHERE id IN ({list}) AND used_ms < ?1"),
+                std::slice::from_ref(&idle_since),
+            )?;
         }
         if removed > 0 {
             self.units.known.clear();
@@ -1240,17 +1260,24 @@ mod tests {
     fn retention_by_age_and_size_prunes_records_and_their_units() {
         let d = dir("prune");
         let mut store = Store::open(&at(&d)).unwrap();
+        // A clock late enough that units marked at 0 have long been idle.
+        const BASE: u64 = 1 << 40;
         for i in 0..40u64 {
             let body = format!(r#"{{"messages":[{{"n":{i},"t":"{}"}}]}}"#, ring_text(i));
             store
-                .insert(&[record(&format!("01{i:03}"), i * 1000, &body)])
+                .insert(&[record(&format!("01{i:03}"), BASE + i * 1000, &body)])
                 .unwrap();
         }
+        // Nobody has marked a unit used since (the clock here starts at 0).
+        store
+            .conn
+            .execute("UPDATE units SET used_ms = 0", &[])
+            .unwrap();
         let by_age = Retention {
             max_age: Some(Duration::from_secs(10)),
             max_size: None,
         };
-        let pruned = store.prune(&by_age, 40_000).unwrap();
+        let pruned = store.prune(&by_age, BASE + 40_000).unwrap();
         assert_eq!(pruned.records, 30, "older than 10 s at t=40 s");
         assert_eq!(pruned.units, 30, "their own messages went with them");
         assert_eq!(store.stats().unwrap().records, 10);
@@ -1259,7 +1286,7 @@ mod tests {
             max_age: None,
             max_size: Some(size / 2),
         };
-        store.prune(&by_size, 40_000).unwrap();
+        store.prune(&by_size, BASE + 40_000).unwrap();
         let left = store.list(&Filter::default()).unwrap();
         assert!(!left.is_empty() && left.len() < 10, "{}", left.len());
         assert_eq!(left.last().unwrap().id, "01039", "the newest stay");
@@ -1267,6 +1294,36 @@ mod tests {
         for row in left {
             store.load(&row.id).unwrap();
         }
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// Two writers on one store, as two replicas share one database: a unit one
+    /// of them marked used lately survives the other's garbage collection though
+    /// no record uses it; one untouched long enough goes, and a writer that no
+    /// longer trusts its memory of it stores it again.
+    #[test]
+    fn garbage_collection_spares_units_a_writer_may_still_reference() {
+        let d = dir("gc-race");
+        let mut a = Store::open(&at(&d)).unwrap();
+        let mut b = Store::open(&at(&d)).unwrap();
+        a.insert(&[record("01A", 1, &turn(3))]).unwrap();
+        let units = a.stats().unwrap().units;
+        // B's retention removes the record; A still remembers its units.
+        b.conn.execute("DELETE FROM records", &[]).unwrap();
+        let now = crate::capture::timestamp::now_ms();
+        assert_eq!(b.prune(&Retention::default(), now).unwrap().units, 0);
+        assert_eq!(b.stats().unwrap().units, units, "marked used a moment ago");
+        // Long after: nobody marked them, so they go.
+        let later = now + UNTOUCHED_FOR.as_millis() as u64 + 1;
+        assert_eq!(b.prune(&Retention::default(), later).unwrap().units, units);
+        // A asks again (its trust has run out) and stores them anew: the record is whole.
+        a.units.touch_every = Duration::ZERO;
+        a.insert(&[record("01B", 2, &turn(3))]).unwrap();
+        assert_eq!(
+            a.load("01B").unwrap().request.body.bytes,
+            turn(3).as_bytes()
+        );
+        assert_eq!(a.stats().unwrap().units, units);
         let _ = std::fs::remove_dir_all(&d);
     }
 

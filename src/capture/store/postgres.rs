@@ -19,7 +19,7 @@ use super::pg_tls::PgTls;
 use super::sql::{Connection, Dialect, SqlRow, Value, dollar_placeholders};
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 /// Idle read connections kept per process (the admin API and the live feed open a
 /// store per request).
 const IDLE_READERS: usize = 4;
@@ -471,6 +471,7 @@ impl Postgres {
                 match step {
                     0 => self.batch(SCHEMA_1)?,
                     1 => self.batch(super::sql::PREFIX_INDEX)?,
+                    2 => self.batch(super::sql::UNIT_USED)?,
                     _ => unreachable!("one migration per schema step"),
                 }
                 self.execute(

@@ -226,6 +226,11 @@ pub(crate) fn dollar_placeholders(sql: &str) -> String {
     out
 }
 
+/// When a unit was last marked used by a writer, which garbage collection reads:
+/// SQLite's schema 5 and PostgreSQL's schema 3. Units stored before have 0.
+pub(super) const UNIT_USED: &str =
+    "ALTER TABLE units ADD COLUMN used_ms BIGINT NOT NULL DEFAULT 0;";
+
 /// The index of cached prefixes: SQLite's schema 4 and PostgreSQL's schema 2.
 pub(super) const PREFIX_INDEX: &str = "
 CREATE TABLE cache_prefixes (

@@ -11,7 +11,7 @@ use super::sql::{Connection, Dialect, SqlRow, Value};
 use super::{DB_FILE, StoreError, decode_meta};
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i64 = 4;
+pub(super) const SCHEMA_VERSION: i64 = 5;
 
 /// An open SQLite store.
 pub(super) struct Sqlite {
@@ -96,6 +96,7 @@ impl Sqlite {
                 1 => migrate_1_to_2(&tx)?,
                 2 => migrate_2_to_3(&tx)?,
                 3 => migrate_3_to_4(&tx)?,
+                4 => tx.execute_batch(super::sql::UNIT_USED)?,
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
