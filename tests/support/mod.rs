@@ -142,6 +142,11 @@ impl TestCa {
 
     /// A leaf certificate for `names` (an IP address names itself) and its key, as PEM.
     pub fn leaf_pem(&self, names: &[&str]) -> (String, String) {
+        let (leaf, key) = self.leaf(names);
+        (leaf.pem(), key.serialize_pem())
+    }
+
+    fn leaf(&self, names: &[&str]) -> (rcgen::Certificate, rcgen::KeyPair) {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut params =
             rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
@@ -149,18 +154,12 @@ impl TestCa {
         params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
         params.use_authority_key_identifier_extension = true;
         let leaf = params.signed_by(&key, &self.issuer).unwrap();
-        (leaf.pem(), key.serialize_pem())
+        (leaf, key)
     }
 
     /// A rustls server config with a leaf for `names`, offering h2 and http/1.1.
     pub fn server_config(&self, names: &[&str]) -> Arc<rustls::ServerConfig> {
-        let key = rcgen::KeyPair::generate().unwrap();
-        let mut params =
-            rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        params.use_authority_key_identifier_extension = true;
-        let leaf = params.signed_by(&key, &self.issuer).unwrap();
+        let (leaf, key) = self.leaf(names);
         let chain: Vec<CertificateDer<'static>> = vec![leaf.der().clone()];
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der()));
         let provider = Arc::new(rustls::crypto::ring::default_provider());

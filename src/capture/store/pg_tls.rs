@@ -129,17 +129,19 @@ impl PgTls {
                 Some(store)
             }
         };
-        let verifier: Arc<dyn ServerCertVerifier> = match (self.mode, roots) {
+        let check = match (self.mode, roots) {
             // libpq checks nothing here unless it was given a root certificate.
-            (Mode::Disable | Mode::Prefer | Mode::Require, None) => {
-                Arc::new(Unchecked(provider.clone()))
-            }
-            (Mode::VerifyFull, Some(roots)) => webpki(roots, &provider)?,
-            (_, Some(roots)) => Arc::new(AnyName(webpki(roots, &provider)?)),
+            (Mode::Disable | Mode::Prefer | Mode::Require, None) => Check::Nothing,
+            (Mode::VerifyFull, Some(roots)) => Check::ChainAndName(webpki(roots, &provider)?),
+            (_, Some(roots)) => Check::Chain(webpki(roots, &provider)?),
             (Mode::VerifyCa | Mode::VerifyFull, None) => {
                 return Err(StoreError::Tls("no root certificate to verify with".into()));
             }
         };
+        let verifier = Arc::new(ServerCheck {
+            check,
+            provider: provider.clone(),
+        });
         let config = rustls::ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| StoreError::Tls(e.to_string()))?
@@ -159,12 +161,26 @@ fn webpki(
         .map_err(|e| StoreError::Tls(e.to_string()))
 }
 
-/// `verify-ca` (or `require` with a root certificate): the chain must lead to a
-/// trusted root; the name in the certificate is not compared with the host.
+/// What is checked of the server's certificate.
 #[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
+enum Check {
+    /// `prefer` and `require` without a root certificate, as in libpq: encrypted,
+    /// the certificate not checked (the handshake's signatures still are).
+    Nothing,
+    /// `verify-ca` (or `require` with a root certificate): the chain leads to a
+    /// trusted root; the name in the certificate is not compared with the host.
+    Chain(Arc<WebPkiServerVerifier>),
+    /// `verify-full`.
+    ChainAndName(Arc<WebPkiServerVerifier>),
+}
 
-impl ServerCertVerifier for AnyName {
+#[derive(Debug)]
+struct ServerCheck {
+    check: Check,
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for ServerCheck {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -173,13 +189,16 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
+        let (webpki, name_matters) = match &self.check {
+            Check::Nothing => return Ok(ServerCertVerified::assertion()),
+            Check::Chain(w) => (w, false),
+            Check::ChainAndName(w) => (w, true),
+        };
+        match webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
         {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) => Ok(ServerCertVerified::assertion()),
+            )) if !name_matters => Ok(ServerCertVerified::assertion()),
             other => other,
         }
     }
@@ -190,7 +209,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -199,61 +219,14 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
-    }
-}
-
-/// `prefer` and `require` without a root certificate, as in libpq: encrypted, the
-/// certificate not checked (the handshake's signatures still are).
-#[derive(Debug)]
-struct Unchecked(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unchecked {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
