@@ -79,7 +79,7 @@ fn main() {
     let model = promptgate::provider::sniff(&body).model;
     // A new cell each time: the price includes reading the model, as a request pays it.
     let apply = || {
-        let prompt = promptgate::record::PromptCell::new(
+        let prompt = promptgate::prompt::PromptCell::new(
             body.clone(),
             Some(promptgate::prompt::Format::AnthropicMessages),
         );

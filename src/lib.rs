@@ -13,7 +13,8 @@
 //! - [`prompt`]: the one model of a request body, read once (on first use) and
 //!   shared by rules, capture and cache analysis: one structural pass, repeated
 //!   keys, the units in cache order with their spans, `cache_control` markers and
-//!   digests. The exchange keeps it in a [`record::PromptCell`].
+//!   digests. The exchange keeps it in a [`prompt::PromptCell`]; the model of a body
+//!   rules changed is derived from the received one as they write it.
 //! - [`rules`]: the hook rules from the rules directory, run by the exchange in three
 //!   phases (`before_provider_headers`, `before_provider_request` on the request,
 //!   `after_provider_response` on the response head); loaded, checked and hot-reloaded.
@@ -27,12 +28,14 @@
 //! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, the stages
 //!   that annotate it and the sinks that receive it: the exchange log line and the
 //!   capture.
-//! - [`cache`]: prompt-cache analysis, a record stage: per request the prefix chain
-//!   over the model's units, the prediction, the verdict against `usage`, the cost;
-//!   and `cache report`, built from the stored records.
-//! - [`capture`]: redaction, the stored record, the SQLite store (each distinct unit
-//!   of the model kept once, a body as its skeleton and units), exports; written off
-//!   the request path.
+//! - [`cache`]: prompt-cache analysis, a record stage (the adapter lives in
+//!   [`record`]; the analysis knows nothing of records): per request the prefix
+//!   chain over the model's units, the prediction, the verdict against `usage`, the
+//!   cost; and `cache report`, built from the stored records.
+//! - [`capture`]: redaction, the stored record, the store (SQLite, or PostgreSQL
+//!   for a fleet, with a local spool while it is away; each distinct unit of the
+//!   model kept once, a body as its skeleton and units), exports; redacted on the
+//!   capture writer's thread and written on the store's own, off the request path.
 //! - [`metrics`] and [`traces`]: record sinks too: the Prometheus series served at
 //!   `/metrics`, and a span per exchange sent to an OTLP collector.
 //! - [`admin`]: the read-only local HTTP API over the captures, `/metrics`,

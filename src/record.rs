@@ -8,7 +8,7 @@
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -18,7 +18,7 @@ use tokio::sync::Notify;
 
 use crate::id::ExchangeId;
 use crate::observer::Observation;
-use crate::prompt::{Format, Prompt};
+use crate::prompt::{Format, Prompt, PromptCell};
 use crate::provider::{Api, Provider};
 
 /// How an exchange ended.
@@ -118,70 +118,6 @@ impl Timing {
         let out = self.sent_upstream?.checked_sub(self.body_read?)?;
         let back = self.head_to_client?.checked_sub(self.upstream_headers?)?;
         Some(out + back)
-    }
-}
-
-/// A request body's [`Prompt`]: read on first use, on whichever thread first
-/// needs it (rules on the request path, else the cache stage or the capture
-/// writer), then shared by every reader. Pass-through never reads it.
-#[derive(Clone, Default)]
-pub struct PromptCell(Arc<PromptSource>);
-
-#[derive(Default)]
-struct PromptSource {
-    body: Bytes,
-    format: Option<Format>,
-    prompt: OnceLock<Prompt>,
-}
-
-impl PromptCell {
-    /// The cell of `body` (decoded), a request of `format`.
-    pub fn new(body: Bytes, format: Option<Format>) -> PromptCell {
-        PromptCell(Arc::new(PromptSource {
-            body,
-            format,
-            prompt: OnceLock::new(),
-        }))
-    }
-
-    /// The cell of a model already made (a body rules wrote).
-    pub fn of(prompt: Prompt) -> PromptCell {
-        PromptCell(Arc::new(PromptSource {
-            body: prompt.body().clone(),
-            format: prompt.format(),
-            prompt: OnceLock::from(prompt),
-        }))
-    }
-
-    /// The body, unread.
-    pub fn body(&self) -> &Bytes {
-        &self.0.body
-    }
-
-    /// The model, read now if nobody has yet.
-    pub fn get(&self) -> &Prompt {
-        self.0
-            .prompt
-            .get_or_init(|| Prompt::read(self.0.body.clone(), self.0.format))
-    }
-
-    /// The model, if somebody has read it.
-    pub fn if_read(&self) -> Option<&Prompt> {
-        self.0.prompt.get()
-    }
-
-    /// Whether both are the one cell.
-    pub fn same(&self, other: &PromptCell) -> bool {
-        Arc::ptr_eq(&self.0, &other.0)
-    }
-}
-
-impl std::fmt::Debug for PromptCell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.if_read() {
-            Some(p) => write!(f, "PromptCell({p:?})"),
-            None => write!(f, "PromptCell({} bytes, unread)", self.0.body.len()),
-        }
     }
 }
 
@@ -381,6 +317,28 @@ pub trait RecordStage: Send + Sync {
     fn response_began(&self, _record: &ExchangeRecord) {}
     /// Annotates a finished record; runs once per record, before the sinks.
     fn apply(&self, record: &mut ExchangeRecord);
+}
+
+/// Cache analysis as a stage: told of each answer as it begins, it sets the record's
+/// `cache` once the exchange ends.
+impl RecordStage for crate::cache::CacheStage {
+    fn response_began(&self, record: &ExchangeRecord) {
+        self.note_response(crate::cache::ResponseBegan {
+            id: record.id,
+            provider: record.provider,
+            api: record.api,
+            success: record.status.is_some_and(|s| s.is_success()),
+            started_at: record.started_at,
+            upstream_headers: record.timing.upstream_headers,
+            sent_prompt: &record.sent_prompt,
+            sent_headers: &record.sent_headers,
+        });
+    }
+
+    fn apply(&self, record: &mut ExchangeRecord) {
+        let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
+        record.cache = self.judge_exchange(record.id, usage.as_ref());
+    }
 }
 
 /// Records waiting for the pipeline beyond which admission waits. Each holds its

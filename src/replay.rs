@@ -25,8 +25,8 @@ use crate::capture::units::{self, DiffEntry};
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
 use crate::prompt::Format;
+use crate::prompt::PromptCell;
 use crate::provider::{self, Api, Provider, Usage};
-use crate::record::PromptCell;
 use crate::rules::{LIMITS_FIXER, RequestCtx, RuleSet, Verdict};
 
 /// How many blocked requests and changed requests the report lists by id.

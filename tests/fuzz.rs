@@ -826,7 +826,7 @@ fn probe_rules(pointer: &str, test: toml::Table) -> RuleSet {
 /// Whether `rules` block a /v1/messages request with `body`.
 fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
     let body = Bytes::copy_from_slice(body);
-    let prompt = promptgate::record::PromptCell::new(
+    let prompt = promptgate::prompt::PromptCell::new(
         body.clone(),
         Some(promptgate::prompt::Format::AnthropicMessages),
     );

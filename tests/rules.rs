@@ -827,7 +827,7 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
 
     // The same rules applied in process give the bytes to expect.
     let rules = RuleSet::load_dir(&bench).unwrap();
-    let prompt = promptgate::record::PromptCell::new(
+    let prompt = promptgate::prompt::PromptCell::new(
         body.clone(),
         Some(promptgate::prompt::Format::AnthropicMessages),
     );

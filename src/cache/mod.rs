@@ -22,9 +22,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
-use crate::prompt::{Format, Region, Ttl};
+use crate::prompt::{Format, PromptCell, Region, Ttl};
 use crate::provider::Usage;
-use crate::record::{ExchangeRecord, PromptCell, RecordStage};
 use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 pub use history::Clock;
@@ -894,36 +893,48 @@ fn record_usage(
     }
 }
 
-impl RecordStage for CacheStage {
-    fn response_began(&self, record: &ExchangeRecord) {
-        if !self.settings.enabled || !record.status.is_some_and(|s| s.is_success()) {
+/// What the cache stage is told of an exchange whose response head arrived.
+pub struct ResponseBegan<'r> {
+    pub id: ExchangeId,
+    pub provider: Option<crate::provider::Provider>,
+    pub api: Option<crate::provider::Api>,
+    /// A 2xx status.
+    pub success: bool,
+    pub started_at: std::time::SystemTime,
+    /// From the start until the response head arrived.
+    pub upstream_headers: Option<std::time::Duration>,
+    /// What the provider reads: the body sent, decoded when it went on compressed.
+    pub sent_prompt: &'r PromptCell,
+    pub sent_headers: &'r HeaderMap,
+}
+
+impl CacheStage {
+    /// Notes a request whose successful answer began: cut and predicted, in arrival
+    /// order, when the next exchange is judged.
+    pub fn note_response(&self, r: ResponseBegan<'_>) {
+        if !self.settings.enabled || !r.success {
             return;
         }
-        let (Some(provider), Some(api)) = (record.provider, record.api) else {
+        let (Some(provider), Some(api)) = (r.provider, r.api) else {
             return;
         };
         let Some(format) = Format::of(provider, api) else {
             return;
         };
-        // What the provider reads: the body sent, decoded when it went on compressed.
-        let prompt = record.sent_prompt.clone();
+        let prompt = r.sent_prompt.clone();
         if prompt.body().first() != Some(&b'{') {
             return;
         }
-        let start = self.clock.at(record.started_at);
-        let began = start
-            + record
-                .timing
-                .upstream_headers
-                .map_or(0, |d| d.as_millis() as Millis);
+        let start = self.clock.at(r.started_at);
+        let began = start + r.upstream_headers.map_or(0, |d| d.as_millis() as Millis);
         let began = Began {
-            id: record.id,
+            id: r.id,
             start,
             began,
             format,
-            key: conversation_key(&record.sent_headers, None, &self.key_source)
-                .ok_or_else(|| record.sent_headers.clone()),
-            credential: credential(&record.sent_headers),
+            key: conversation_key(r.sent_headers, None, &self.key_source)
+                .ok_or_else(|| r.sent_headers.clone()),
+            credential: credential(r.sent_headers),
             prompt,
         };
         // A panic elsewhere while holding it cannot leave the queue half-pushed.
@@ -933,9 +944,12 @@ impl RecordStage for CacheStage {
             .push(began);
     }
 
-    fn apply(&self, record: &mut ExchangeRecord) {
+    /// The analysis of exchange `id`, which ended with the provider's `usage`
+    /// (`None`: cut before it, or an error body; what it may have cached stays as
+    /// predicted and nothing is judged).
+    pub fn judge_exchange(&self, id: ExchangeId, usage: Option<&Usage>) -> Option<CacheReport> {
         if !self.settings.enabled {
-            return;
+            return None;
         }
         let mut state = self.lock();
         let state = &mut *state;
@@ -944,20 +958,18 @@ impl RecordStage for CacheStage {
         for b in queued {
             self.prepare(state, b);
         }
-        let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
         let Some(usage) = usage else {
-            // No usage (cut before it, or an error body): keep what it may have
-            // cached as predicted; there is nothing to judge.
-            state.pending.remove(&record.id);
-            return;
+            state.pending.remove(&id);
+            return None;
         };
-        record.cache = self.judge(state, record.id, &usage);
-        if let Some(report) = &record.cache
+        let report = self.judge(state, id, usage);
+        if let Some(report) = &report
             && tracing::enabled!(target: "promptgate::cache", tracing::Level::DEBUG)
         {
             let json = serde_json::to_string(&report.without_excerpts()).unwrap_or_default();
-            tracing::debug!(target: "promptgate::cache", id = %record.id, analysis = %json, "cache analysis");
+            tracing::debug!(target: "promptgate::cache", id = %id, analysis = %json, "cache analysis");
         }
+        report
     }
 }
 

@@ -356,7 +356,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     let model = crate::provider::sniff(&plain).model;
     let before = header_map.clone();
     let method = Method::POST;
-    let prompt = crate::record::PromptCell::new(
+    let prompt = crate::prompt::PromptCell::new(
         plain.clone(),
         crate::prompt::Format::of_request(route.provider, route.api),
     );

@@ -9,6 +9,7 @@
 //! not JSON, or not an object, is a [`Shape`] of the model, not an error of each.
 //! Objects with a repeated key read its last value, as the providers' parsers do.
 
+mod cell;
 mod tree;
 mod units;
 mod view;
@@ -16,6 +17,7 @@ mod view;
 use bytes::Bytes;
 use serde::Serialize;
 
+pub use cell::PromptCell;
 pub use tree::Value;
 pub(crate) use tree::{key_is, may_spell_cache_control};
 pub use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};

@@ -300,7 +300,7 @@ mod tests {
     /// The blocks `markers` finds in `body`, with their ttl and why they are ineligible.
     fn found(body: &str) -> Vec<(Vec<String>, Option<String>, Option<&'static str>)> {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
-        let cell = crate::record::PromptCell::new(bytes.clone(), None);
+        let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         markers(lazy.root().expect("a JSON object"))
@@ -337,7 +337,7 @@ mod tests {
         assert_eq!(found(&format!("{body}}}")), want);
         // Malformed anywhere is not an object, to rules as to every other reader.
         let bytes = Bytes::from(format!(r#"{body},"x":[1}}}}"#));
-        let cell = crate::record::PromptCell::new(bytes.clone(), None);
+        let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         let e = lazy.root().map(|_| ()).unwrap_err();

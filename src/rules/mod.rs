@@ -30,9 +30,10 @@ use action::CompiledAction;
 use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
+use crate::prompt::PromptCell;
 use crate::prompt::{KeyCheck, Prompt};
 use crate::provider::{Api, Provider};
-use crate::record::{ExchangeRecord, PromptCell};
+use crate::record::ExchangeRecord;
 
 /// The four hooks, named as in the agent extension-event model. The names are the
 /// `on` values of rules, used as written in TOML, logs and docs.

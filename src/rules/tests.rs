@@ -62,7 +62,7 @@ impl Req {
         let plain =
             crate::observer::decode::request_plain(&self.headers, &self.body, 32 << 20).unwrap();
         let model = crate::provider::sniff(&plain).model;
-        let prompt = crate::record::PromptCell::new(
+        let prompt = crate::prompt::PromptCell::new(
             plain,
             crate::prompt::Format::of_request(self.provider, Api::Messages),
         );
@@ -170,7 +170,7 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
         shapes::to_bytes(&shapes::openai_chat_body(true)),
     ] {
         let bytes = Bytes::from(body);
-        let cell = crate::record::PromptCell::new(bytes.clone(), None);
+        let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         touch_all(lazy.root().unwrap());

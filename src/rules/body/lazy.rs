@@ -6,9 +6,9 @@ use std::cell::OnceCell;
 use bytes::Bytes;
 
 use super::{BodyWriter, Entries, Index, Node};
+use crate::prompt::PromptCell;
 use crate::prompt::{KeyCheck, Prompt, Shape};
 use crate::provider::json::skip_ws;
-use crate::record::PromptCell;
 
 // === the body of one request, parsed on first use ===
 

@@ -369,7 +369,7 @@ mod tests {
 
     fn with_root(body: &str, f: impl FnOnce(&mut Node<'_>)) -> String {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
-        let cell = crate::record::PromptCell::new(bytes.clone(), None);
+        let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         f(lazy.root().unwrap());
@@ -466,7 +466,7 @@ mod tests {
     #[test]
     fn non_json_bodies_say_why() {
         let bytes = Bytes::from_static(b"not json");
-        let cell = crate::record::PromptCell::new(bytes.clone(), None);
+        let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
@@ -480,7 +480,7 @@ mod tests {
             b"",
         ] {
             let bytes = Bytes::copy_from_slice(bad);
-            let cell = crate::record::PromptCell::new(bytes.clone(), None);
+            let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
             let store = BodyStore::default();
             let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
             let e = lazy.root().unwrap_err();
@@ -503,7 +503,7 @@ mod tests {
             r#"{{"messages":[{{"role":"user","content":"{long}"}},{{"role":"user","content":[{{"type":"text","text":"b","cache_control":{{"type":"ephemeral"}}}}]}}],"system":"{long}","max_tokens":128000,"stream":true}}"#
         );
         let bytes = Bytes::from(body.clone());
-        let cell = crate::record::PromptCell::new(bytes.clone(), None);
+        let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
         let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
         let root = lazy.root().unwrap();

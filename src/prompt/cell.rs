@@ -1,0 +1,71 @@
+//! A request body's model, read on first use and shared.
+
+use std::sync::{Arc, OnceLock};
+
+use bytes::Bytes;
+
+use super::{Format, Prompt};
+
+/// A request body's [`Prompt`]: read on first use, on whichever thread first
+/// needs it (rules on the request path, else the cache stage or the capture
+/// writer), then shared by every reader. Pass-through never reads it.
+#[derive(Clone, Default)]
+pub struct PromptCell(Arc<PromptSource>);
+
+#[derive(Default)]
+struct PromptSource {
+    body: Bytes,
+    format: Option<Format>,
+    prompt: OnceLock<Prompt>,
+}
+
+impl PromptCell {
+    /// The cell of `body` (decoded), a request of `format`.
+    pub fn new(body: Bytes, format: Option<Format>) -> PromptCell {
+        PromptCell(Arc::new(PromptSource {
+            body,
+            format,
+            prompt: OnceLock::new(),
+        }))
+    }
+
+    /// The cell of a model already made (a body rules wrote).
+    pub fn of(prompt: Prompt) -> PromptCell {
+        PromptCell(Arc::new(PromptSource {
+            body: prompt.body().clone(),
+            format: prompt.format(),
+            prompt: OnceLock::from(prompt),
+        }))
+    }
+
+    /// The body, unread.
+    pub fn body(&self) -> &Bytes {
+        &self.0.body
+    }
+
+    /// The model, read now if nobody has yet.
+    pub fn get(&self) -> &Prompt {
+        self.0
+            .prompt
+            .get_or_init(|| Prompt::read(self.0.body.clone(), self.0.format))
+    }
+
+    /// The model, if somebody has read it.
+    pub fn if_read(&self) -> Option<&Prompt> {
+        self.0.prompt.get()
+    }
+
+    /// Whether both are the one cell.
+    pub fn same(&self, other: &PromptCell) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl std::fmt::Debug for PromptCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.if_read() {
+            Some(p) => write!(f, "PromptCell({p:?})"),
+            None => write!(f, "PromptCell({} bytes, unread)", self.0.body.len()),
+        }
+    }
+}
