@@ -1,6 +1,6 @@
 //! Capture: every exchange kept once, redacted in memory, stored without repetition.
 //! [`Capture`] (a [`RecordSink`]) only queues a record on the request path; a writer
-//! thread ([`writer`]) redacts and cuts it, and the store's own thread writes it.
+//! thread (`writer`) redacts and cuts it, and the store's own thread writes it.
 //! A full queue is waited on for a bounded time at admission, then the record is
 //! dropped, counted and logged (or, with `capture.required`, new requests are
 //! refused). It never holds a stream's bytes back.
