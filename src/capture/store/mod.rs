@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::layout;
+use super::layout::{self, Parts};
 use super::record::{BodyInfo, CaptureRecord};
 use crate::digest;
 use crate::prompt::{Format, Prompt};
@@ -301,78 +301,133 @@ impl UnitWriter {
         self.zstd.compress(bytes)
     }
 
-    /// Stores a body's skeleton and units (cut here, as a request of `format`,
-    /// unless the writer already did); returns its layout.
-    fn store_body(
-        &mut self,
-        conn: &dyn Connection,
-        body: &BodyInfo,
-        format: Option<Format>,
-    ) -> Result<Vec<u8>, StoreError> {
+    /// A body's skeleton and units with their digests: as the writer cut them, or
+    /// cut here as a request of `format`.
+    fn pieces(body: &BodyInfo, format: Option<Format>) -> std::borrow::Cow<'_, Parts> {
         if let Some(parts) = &body.parts {
-            let (skeleton, hash) = &parts.skeleton;
-            let skeleton = self.id(conn, skeleton, *hash)?;
-            let units = parts
-                .units
-                .iter()
-                .map(|(offset, unit, hash)| Ok((*offset, self.id(conn, unit, *hash)?)))
-                .collect::<Result<Vec<_>, StoreError>>()?;
-            return Ok(layout::encode(skeleton, &units));
+            return std::borrow::Cow::Borrowed(parts);
         }
         let prompt = Prompt::read(body.bytes.clone(), format);
         let split = layout::split(&prompt);
-        let skeleton = self.id(conn, &split.skeleton, digest::content(&split.skeleton))?;
-        let units = split
-            .units
-            .iter()
-            .map(|(offset, unit)| Ok((*offset, self.id(conn, unit, digest::content(unit))?)))
-            .collect::<Result<Vec<_>, StoreError>>()?;
-        Ok(layout::encode(skeleton, &units))
+        let skeleton = Bytes::from(split.skeleton);
+        let hash = digest::content(&skeleton);
+        std::borrow::Cow::Owned(Parts {
+            skeleton: (skeleton, hash),
+            units: split
+                .units
+                .iter()
+                .map(|(offset, unit)| {
+                    (*offset, Bytes::copy_from_slice(unit), digest::content(unit))
+                })
+                .collect(),
+        })
     }
 
-    /// The id of the unit holding `bytes` (whose content digest is `hash`), storing it
-    /// if new. Another replica may store the same unit at the same moment: the
-    /// insert then does nothing and the lookup after it finds theirs.
-    fn id(
+    /// The ids of every unit of `bodies`, storing those the store lacks: a few
+    /// statements for a whole batch, whatever its size (a round trip each to a
+    /// PostgreSQL server). Units another replica stores at the same moment are
+    /// taken as theirs (`ON CONFLICT`).
+    fn ids(
         &mut self,
         conn: &dyn Connection,
-        bytes: &[u8],
-        hash: [u8; 32],
-    ) -> Result<i64, StoreError> {
-        if let Some((id, touched)) = self.known.get(&hash)
-            && touched.elapsed() < self.touch_every
-        {
-            return Ok(*id);
+        bodies: &[&Parts],
+    ) -> Result<HashMap<[u8; 32], i64>, StoreError> {
+        let mut ids = HashMap::new();
+        let mut wanted: Vec<([u8; 32], &Bytes)> = Vec::new();
+        let mut asked = HashSet::new();
+        for parts in bodies {
+            let units = parts.units.iter().map(|(_, bytes, hash)| (*hash, bytes));
+            for (hash, bytes) in std::iter::once((parts.skeleton.1, &parts.skeleton.0)).chain(units)
+            {
+                match self.known.get(&hash) {
+                    Some((id, touched)) if touched.elapsed() < self.touch_every => {
+                        ids.insert(hash, *id);
+                    }
+                    _ if asked.insert(hash) => wanted.push((hash, bytes)),
+                    _ => {}
+                }
+            }
         }
         let now = Value::Int(super::timestamp::now_ms() as i64);
-        // Marked used as it is found: garbage collection leaves it alone a while.
-        let touched = conn.query_row(
-            "UPDATE units SET used_ms = ?2 WHERE hash = ?1 RETURNING id",
-            &[Value::Blob(hash.to_vec()), now.clone()],
-        )?;
-        let id = match touched {
-            Some(row) => row.int(0)?,
-            None => {
+        let found_rows = |rows: Vec<SqlRow>, ids: &mut HashMap<[u8; 32], i64>| {
+            for row in rows {
+                let hash: [u8; 32] = row
+                    .blob(0)?
+                    .try_into()
+                    .map_err(|_| StoreError::Corrupt("a unit hash is not 32 bytes".into()))?;
+                ids.insert(hash, row.int(1)?);
+            }
+            Ok::<(), StoreError>(())
+        };
+        // Marked used as they are found: garbage collection leaves them alone a while.
+        for chunk in wanted.chunks(UNITS_PER_STATEMENT) {
+            let marks = (2..2 + chunk.len())
+                .map(|i| format!("?{i}"))
+                .collect::<Vec<_>>();
+            let mut args = vec![now.clone()];
+            args.extend(chunk.iter().map(|(hash, _)| Value::Blob(hash.to_vec())));
+            let rows = conn.query(
+                &format!(
+                    "UPDATE units SET used_ms = ?1 WHERE hash IN ({}) RETURNING hash, id",
+                    marks.join(", ")
+                ),
+                &args,
+            )?;
+            found_rows(rows, &mut ids)?;
+        }
+        let missing: Vec<_> = wanted
+            .iter()
+            .filter(|(h, _)| !ids.contains_key(h))
+            .collect();
+        for chunk in missing.chunks(UNITS_PER_STATEMENT) {
+            let mut rows = Vec::with_capacity(chunk.len());
+            let mut args = vec![now.clone()];
+            for (hash, bytes) in chunk {
                 let data = self
                     .compress(bytes)
                     .map_err(|e| StoreError::Corrupt(format!("compressing a unit: {e}")))?;
-                conn.query_row(
-                    "INSERT INTO units (hash, size, data, used_ms) VALUES (?1, ?2, ?3, ?4)
-                     ON CONFLICT (hash) DO UPDATE SET used_ms = excluded.used_ms RETURNING id",
-                    &[
-                        Value::Blob(hash.to_vec()),
-                        Value::Int(bytes.len() as i64),
-                        Value::Blob(data),
-                        now,
-                    ],
-                )?
-                .ok_or_else(|| StoreError::Corrupt("a unit vanished as it was stored".into()))?
-                .int(0)?
+                let at = args.len() + 1;
+                rows.push(format!("(?{at}, ?{}, ?{}, ?1)", at + 1, at + 2));
+                args.extend([
+                    Value::Blob(hash.to_vec()),
+                    Value::Int(bytes.len() as i64),
+                    Value::Blob(data),
+                ]);
             }
-        };
-        self.known.insert(hash, (id, Instant::now()));
-        Ok(id)
+            let stored = conn.query(
+                &format!(
+                    "INSERT INTO units (hash, size, data, used_ms) VALUES {}
+                     ON CONFLICT (hash) DO UPDATE SET used_ms = excluded.used_ms
+                     RETURNING hash, id",
+                    rows.join(", ")
+                ),
+                &args,
+            )?;
+            found_rows(stored, &mut ids)?;
+        }
+        let touched = Instant::now();
+        for (hash, _) in &wanted {
+            let id = ids
+                .get(hash)
+                .ok_or_else(|| StoreError::Corrupt("a unit vanished as it was stored".into()))?;
+            self.known.insert(*hash, (*id, touched));
+        }
+        Ok(ids)
     }
+}
+
+/// Units looked up or stored per statement: SQLite takes at most 32,766 parameters
+/// in one, PostgreSQL 65,535; three per unit stored.
+const UNITS_PER_STATEMENT: usize = 500;
+/// Records per statement: 22 parameters each.
+const RECORDS_PER_STATEMENT: usize = 64;
+
+/// `?first, ?first+1, …`, `n` of them.
+fn placeholders(first: usize, n: usize) -> String {
+    (first..first + n)
+        .map(|i| format!("?{i}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 impl std::fmt::Debug for Store {
@@ -463,50 +518,77 @@ impl Store {
         result
     }
 
+    /// Stores `records` in a few statements whatever their number (a round trip
+    /// each to a PostgreSQL server): which are stored already, their units, their
+    /// rows, their prefixes.
     fn insert_all(&mut self, records: &[CaptureRecord]) -> Result<(), StoreError> {
         let conn = &*self.conn;
-        for record in records {
-            let exists = conn.query_row(
-                "SELECT 1 FROM records WHERE id = ?1",
-                &[Value::from(record.id.as_str())],
-            )?;
-            if exists.is_some() {
-                continue;
+        // Another replica's spool may hold the same exchange: it is stored once.
+        let mut stored: HashSet<String> = HashSet::new();
+        for chunk in records.chunks(RECORDS_PER_STATEMENT) {
+            let sql = format!(
+                "SELECT id FROM records WHERE id IN ({})",
+                placeholders(1, chunk.len())
+            );
+            let args: Vec<Value> = chunk.iter().map(|r| Value::from(r.id.as_str())).collect();
+            for row in conn.query(&sql, &args)? {
+                stored.insert(row.text(0)?);
             }
-            let mut layouts: [Option<Vec<u8>>; 4] = Default::default();
-            if record.captured {
-                let bodies = [
+        }
+        let new: Vec<&CaptureRecord> = records
+            .iter()
+            .filter(|r| stored.insert(r.id.clone()))
+            .collect();
+        // Each record's bodies cut into their skeleton and units; responses stay whole.
+        let bodies: Vec<[Option<std::borrow::Cow<'_, Parts>>; 4]> = new
+            .iter()
+            .map(|record| {
+                let format = record.request_format();
+                let all = [
                     Some(&record.request.body),
                     record.request.sent_body.as_ref(),
                     Some(&record.response.body),
                     record.response.message.as_ref(),
                 ];
-                let format = record.request_format();
-                for (i, (slot, body)) in layouts.iter_mut().zip(bodies).enumerate() {
-                    if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
-                        // The request bodies are cut at their units; responses stay whole.
-                        let format = format.filter(|_| i < 2);
-                        *slot = Some(self.units.store_body(conn, body, format)?);
+                let mut parts: [Option<std::borrow::Cow<'_, Parts>>; 4] = Default::default();
+                if record.captured {
+                    for (i, (slot, body)) in parts.iter_mut().zip(all).enumerate() {
+                        if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
+                            *slot = Some(UnitWriter::pieces(body, format.filter(|_| i < 2)));
+                        }
                     }
                 }
-            }
-            let meta = serde_json::to_vec(record)
-                .map_err(|e| StoreError::Corrupt(format!("record {}: {e}", record.id)))?;
-            let meta = self.units.compress(&meta).map_err(|e| {
-                StoreError::Corrupt(format!("compressing record {}: {e}", record.id))
-            })?;
-            let usage = record.usage.as_ref();
-            let [received, sent, response, message] = layouts;
-            let count = |f: fn(&crate::provider::Usage) -> u64| usage.map(|u| f(u) as i64);
-            // Another replica's spool may hold the same exchange: it is stored once.
-            conn.execute(
-                "INSERT INTO records (id, started_ms, conversation, model, provider, status, outcome,
-                   input_tokens, output_tokens, cache_read_tokens, cache_write_tokens, rules,
-                   meta, received, sent, response, message, cache, tags, path, mode, side)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17,
-                   ?18, ?19, ?20, ?21, ?22)
-                 ON CONFLICT (id) DO NOTHING",
-                &[
+                parts
+            })
+            .collect();
+        let every: Vec<&Parts> = bodies.iter().flatten().flatten().map(|p| &**p).collect();
+        let ids = self.units.ids(conn, &every)?;
+        let layout = |parts: &Parts| {
+            let units: Vec<(usize, i64)> = parts
+                .units
+                .iter()
+                .map(|(offset, _, hash)| (*offset, ids[hash]))
+                .collect();
+            layout::encode(ids[&parts.skeleton.1], &units)
+        };
+        for (chunk, parts) in new
+            .chunks(RECORDS_PER_STATEMENT)
+            .zip(bodies.chunks(RECORDS_PER_STATEMENT))
+        {
+            let mut rows = Vec::with_capacity(chunk.len());
+            let mut args: Vec<Value> = Vec::with_capacity(chunk.len() * 22);
+            for (record, parts) in chunk.iter().zip(parts) {
+                let meta = serde_json::to_vec(record)
+                    .map_err(|e| StoreError::Corrupt(format!("record {}: {e}", record.id)))?;
+                let meta = self.units.compress(&meta).map_err(|e| {
+                    StoreError::Corrupt(format!("compressing record {}: {e}", record.id))
+                })?;
+                let [received, sent, response, message] =
+                    parts.each_ref().map(|p| p.as_deref().map(layout));
+                let usage = record.usage.as_ref();
+                let count = |f: fn(&crate::provider::Usage) -> u64| usage.map(|u| f(u) as i64);
+                rows.push(format!("({})", placeholders(args.len() + 1, 22)));
+                args.extend([
                     record.id.as_str().into(),
                     (record.times.started_ms as i64).into(),
                     record.conversation.clone().into(),
@@ -529,26 +611,53 @@ impl Store {
                     record.path.clone().into(),
                     record.mode.clone().into(),
                     record.side.into(),
-                ],
+                ]);
+            }
+            conn.execute(
+                &format!(
+                    "INSERT INTO records (id, started_ms, conversation, model, provider, status,
+                       outcome, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
+                       rules, meta, received, sent, response, message, cache, tags, path, mode, side)
+                     VALUES {} ON CONFLICT (id) DO NOTHING",
+                    rows.join(", ")
+                ),
+                &args,
             )?;
-            // The index serves replicas that share the store; one replica's own
-            // cache analysis already knows every prefix it saw.
-            if let Some(report) = &record.cache
-                && let Some(workspace) = &report.workspace
-                && matches!(self.location, StoreLocation::Postgres(_))
-            {
-                for b in report.breakpoints.iter().filter(|b| !b.prefix.is_empty()) {
-                    conn.execute(
+        }
+        // The index serves replicas that share the store; one replica's own cache
+        // analysis already knows every prefix it saw.
+        if matches!(self.location, StoreLocation::Postgres(_)) {
+            let prefixes: Vec<[Value; 4]> = new
+                .iter()
+                .filter_map(|r| Some((r, r.cache.as_ref()?)))
+                .filter_map(|(r, c)| Some((r, c, c.workspace.as_ref()?)))
+                .flat_map(|(r, c, w)| {
+                    c.breakpoints
+                        .iter()
+                        .filter(|b| !b.prefix.is_empty())
+                        .map(move |b| {
+                            [
+                                r.id.as_str().into(),
+                                b.prefix.as_str().into(),
+                                w.as_str().into(),
+                                (c.started_ms as i64).into(),
+                            ]
+                        })
+                })
+                .collect();
+            for chunk in prefixes.chunks(UNITS_PER_STATEMENT) {
+                let rows: Vec<String> = (0..chunk.len())
+                    .map(|i| format!("({})", placeholders(i * 4 + 1, 4)))
+                    .collect();
+                let args: Vec<Value> = chunk.iter().flatten().cloned().collect();
+                conn.execute(
+                    &format!(
                         "INSERT INTO cache_prefixes (record, prefix, workspace, started_ms)
-                         VALUES (?1, ?2, ?3, ?4) ON CONFLICT DO NOTHING",
-                        &[
-                            record.id.as_str().into(),
-                            b.prefix.as_str().into(),
-                            workspace.as_str().into(),
-                            (report.started_ms as i64).into(),
-                        ],
-                    )?;
-                }
+                         VALUES {} ON CONFLICT DO NOTHING",
+                        rows.join(", ")
+                    ),
+                    &args,
+                )?;
             }
         }
         Ok(())
