@@ -164,14 +164,59 @@ const SHAPES: &[Shape] = &[
             "apikey",
             "api-key",
             "access_key",
+            "access-key",
+            "accesskey",
             "private_key",
+            "private-key",
+            "privatekey",
             "credential",
         ],
-        pattern: r#"(?i:password|passwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)(?P<rest>[A-Za-z0-9_.-]{0,40})[ \t]*=[ \t]*(?:\\?["'])?(?P<s>[^\s"'\\,;&<>(){}\[\]]{3,512})"#,
+        pattern: r#"(?i:password|passwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key|credentials?)(?P<rest>[A-Za-z0-9_.-]{0,40})[ \t]*=[ \t]*(?:\\?["'])?(?P<s>[^\s"'\\,;&<>(){}\[\]]{3,})"#,
         word_start: false,
         window: 640,
     },
 ];
+
+/// The longest `.env`-style value taken as one secret; the rest is read again. As a
+/// bound in the pattern it was 512 NFA states the backtracker cleared per match:
+/// 25k of the 198k instructions of a 20 KB pass-through exchange (its log line's
+/// `in_tokens=`).
+const ENV_SECRET_MAX: usize = 512;
+
+/// Whether the env-secret pattern may match at the start of `at` and pass the plural
+/// check in `Redactor::find` (false: it cannot), read without the regex: its name (one of `names`) and
+/// `rest` are the run of name bytes there, then `=`. Most triggers in a log line are
+/// `in_tokens=…`, refused here: the line's redaction 15.5k → 8.9k instructions.
+fn env_assignment_at(at: &[u8], names: &[&str]) -> bool {
+    let Some(name) = names
+        .iter()
+        .filter(|n| at.len() >= n.len() && at[..n.len()].eq_ignore_ascii_case(n.as_bytes()))
+        .map(|n| n.len())
+        .max()
+    else {
+        return false;
+    };
+    // `credentials?`: the pattern takes the `s` into the name.
+    let name = if at[..name].eq_ignore_ascii_case(b"credential")
+        && at.get(name).is_some_and(|b| b.eq_ignore_ascii_case(&b's'))
+    {
+        name + 1
+    } else {
+        name
+    };
+    let after = &at[name..];
+    let rest = after
+        .iter()
+        .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+        .count();
+    let plural = {
+        let r = &after[..rest];
+        r.eq_ignore_ascii_case(b"s") || r.ends_with(b"tokens")
+    };
+    rest <= 40
+        && !plural
+        && after[rest..].iter().find(|b| !matches!(b, b' ' | b'\t')) == Some(&b'=')
+}
 
 /// Values after `=` that are placeholders, not secrets.
 fn is_placeholder(value: &[u8]) -> bool {
@@ -467,6 +512,9 @@ impl Redactor {
                 if shape.word_start && !at_word_start(input, pos) {
                     continue;
                 }
+                if shape.kind == "env-secret" && !env_assignment_at(&input[pos..], shape.triggers) {
+                    continue;
+                }
                 let window = &input[pos..input.len().min(pos + shape.window)];
                 let Some(caps) = self.shapes[index].captures(window) else {
                     continue;
@@ -481,11 +529,15 @@ impl Redactor {
                     }
                 }
                 let mut end = secret.end();
+                let mut whole_end = whole.end();
                 if shape.kind == "aws-access-key" {
                     end = 20; // the pattern also reads the byte after, to check the boundary
+                } else if shape.kind == "env-secret" && secret.len() > ENV_SECRET_MAX {
+                    end = secret.start() + ENV_SECRET_MAX;
+                    whole_end = end;
                 }
                 spans.push((pos + secret.start(), pos + end, Cow::Borrowed(shape.kind)));
-                from = pos + whole.end().max(end);
+                from = pos + whole_end.max(end);
                 break;
             }
             if from >= input.len() {
@@ -719,6 +771,70 @@ mod tests {
             &["x-gateway-token".into()],
         )
         .unwrap()
+    }
+
+    /// The env-secret shape's verdict at the start of `text`, read with its regex:
+    /// a match there that the plural check keeps.
+    fn env_regex_at(text: &[u8]) -> bool {
+        let shape = SHAPES.iter().find(|s| s.kind == "env-secret").unwrap();
+        let regex = Regex::new(&format!("^(?:{})", shape.pattern)).unwrap();
+        regex.captures(text).is_some_and(|caps| {
+            let rest = caps.name("rest").map_or(&b""[..], |r| r.as_bytes());
+            !(rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens"))
+        })
+    }
+
+    #[test]
+    fn the_env_assignment_check_agrees_with_the_pattern() {
+        let names = SHAPES
+            .iter()
+            .find(|s| s.kind == "env-secret")
+            .unwrap()
+            .triggers;
+        let fixed = [
+            "tokens=48000",
+            "token=abc123",
+            "TOKEN = 'abc123'",
+            "token\t=\\\"abcdef\\\"",
+            "credentials=hunter22",
+            "credential=hunter22",
+            "credentialS=hunter22",
+            "secret_tokens=123456",
+            "secretokens=123456",
+            "password_for_the_very_long_name_of_a_database_user=abcdef",
+            "password_for_the_very_long_name_of_a_database_use=abcdef",
+            "passwd:abcdef",
+            "api-key=abc",
+            "apikey  =  xyz123",
+            "accesskey=abc",
+            "private-key=abc",
+            "token",
+            "tokenizer=bpe",
+            "tokens_limit=500",
+            "secret=ab",
+        ];
+        // The check may let through what the pattern refuses (it reads no value),
+        // never the other way round.
+        for text in fixed {
+            if env_regex_at(text.as_bytes()) {
+                assert!(env_assignment_at(text.as_bytes(), names), "{text}");
+            }
+        }
+        for refused in ["tokens=48000", "out_tokens=180", "token", "token: abc"] {
+            assert!(!env_assignment_at(refused.as_bytes(), names), "{refused}");
+        }
+        use proptest::prelude::*;
+        let name = proptest::sample::select(names.to_vec());
+        let rest = "[A-Za-z0-9_.-]{0,44}|s|S|tokens|_tokens|S";
+        let tail = "[ \\t]{0,2}[=:]?[ \\t]{0,2}[\"'a-z0-9 ]{0,6}";
+        proptest!(ProptestConfig::with_cases(2_000), |(n in name, r in rest, t in tail, upper in any::<bool>())| {
+            let n = if upper { n.to_ascii_uppercase() } else { n.to_string() };
+            let text = format!("{n}{r}{t}");
+            prop_assert!(
+                !env_regex_at(text.as_bytes()) || env_assignment_at(text.as_bytes(), names),
+                "{}", text
+            );
+        });
     }
 
     fn run(text: &str) -> (String, Summary) {
