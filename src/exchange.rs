@@ -523,6 +523,7 @@ impl Proxy {
         };
         let headers_for_observer = head.headers.clone();
         let limit = self.config.capture.max_response;
+        let message = self.recorder.reads_message();
         pending.get().timing.head_to_client = Some(started.elapsed());
         // Streamed answers only: a JSON answer may take minutes (--upstream-timeout).
         let watch = is_sse.then(|| StallWatch {
@@ -545,6 +546,7 @@ impl Proxy {
                     api,
                     headers: headers_for_observer,
                     limit,
+                    message,
                     report,
                 };
                 finish_observed(pending, read, tap)
@@ -793,6 +795,8 @@ struct Observed {
     api: provider::Api,
     headers: HeaderMap,
     limit: u64,
+    /// Whether a sink reads a stream's reassembled message.
+    message: bool,
     /// What per-event rules did, when they ran.
     report: Option<Arc<std::sync::Mutex<StreamReport>>>,
 }
@@ -803,6 +807,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         api,
         headers,
         limit,
+        message,
         report,
     } = read;
     let recorder = pending.recorder.clone();
@@ -813,8 +818,15 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
     let started = pending.started;
     let bytes = record.held_bytes() + tap.chunks.iter().map(|c| c.len() as u64).sum::<u64>();
     let job = move || {
-        let observation =
-            observer::observe(provider, api, &headers, &tap.chunks, tap.truncated, limit);
+        let observation = observer::observe(
+            provider,
+            api,
+            &headers,
+            &tap.chunks,
+            tap.truncated,
+            limit,
+            message,
+        );
         record.bytes_out = tap.bytes;
         record.stall = Stall::max(record.stall, tap.stall);
         record.timing.first_byte = tap.first_byte.map(|t| t - started);

@@ -294,6 +294,12 @@ pub trait RecordSink: Send + Sync {
     /// counts and logs the drop (admission already waited for room).
     fn record(&self, record: &ExchangeRecord);
 
+    /// Whether it reads the message reassembled from a streamed answer
+    /// (`ResponseSummary::message`): the observer rebuilds it only when a sink does.
+    fn reads_message(&self) -> bool {
+        false
+    }
+
     /// Whether the sink could take one more record now.
     fn has_room(&self) -> bool {
         true
@@ -550,6 +556,11 @@ impl Recorder {
                 std::future::pending::<()>().await;
             }
         }
+    }
+
+    /// Whether a sink reads the message reassembled from a streamed answer.
+    pub fn reads_message(&self) -> bool {
+        self.sinks.iter().any(|s| s.reads_message())
     }
 
     /// How an exchange that ends without its response should be recorded.

@@ -1234,6 +1234,7 @@ fn capture_stream(sse: &[u8]) -> (Vec<u8>, Vec<u8>) {
         &[Bytes::copy_from_slice(sse)],
         false,
         16 << 20,
+        true, // the capture reads the message
     );
     let mut record =
         ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());

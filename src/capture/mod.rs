@@ -288,6 +288,10 @@ impl Capture {
 }
 
 impl RecordSink for Capture {
+    fn reads_message(&self) -> bool {
+        true
+    }
+
     fn record(&self, record: &ExchangeRecord) {
         let size = record.held_bytes();
         let mut state = self.shared.lock();

@@ -51,7 +51,8 @@ pub struct Observation {
     pub body: Bytes,
 }
 
-/// Reads a response body copy by the grammar of its provider and API.
+/// Reads a response body copy by the grammar of its provider and API; `message`:
+/// whether a stream's message is reassembled (someone reads it).
 pub fn observe(
     provider: Provider,
     api: Api,
@@ -59,6 +60,7 @@ pub fn observe(
     chunks: &[Bytes],
     truncated: bool,
     limit: u64,
+    message: bool,
 ) -> Observation {
     let mut observation = Observation {
         format: BodyFormat::Empty,
@@ -93,7 +95,7 @@ pub fn observe(
         .to_ascii_lowercase();
     if content_type.starts_with("text/event-stream") {
         observation.format = BodyFormat::Sse;
-        let mut reader = provider::stream_reader(provider, api);
+        let mut reader = provider::stream_reader(provider, api, message);
         let mut decoder = SseDecoder::default();
         decoder.feed(&body, &mut |name, data| reader.event(name, data));
         observation.summary = reader.finish();
@@ -162,6 +164,7 @@ mod tests {
             &chunks,
             false,
             1 << 20,
+            true,
         );
         assert_eq!(o.format, BodyFormat::Sse);
         assert!(o.summary.complete);
@@ -179,6 +182,7 @@ mod tests {
             &[Bytes::from_static(b"{\"trunc")],
             false,
             1 << 20,
+            true,
         );
         assert_eq!(o.format, BodyFormat::Other);
         assert!(o.parse_error.unwrap().contains("not valid JSON"));
@@ -189,6 +193,7 @@ mod tests {
             &[Bytes::from_static(b"plain")],
             false,
             1 << 20,
+            true,
         );
         assert!(o.parse_error.unwrap().contains("gzip"));
         let o = observe(
@@ -198,6 +203,7 @@ mod tests {
             &[Bytes::from_static(b"<html>")],
             false,
             1 << 20,
+            true,
         );
         assert_eq!((o.format, o.parse_error), (BodyFormat::Other, None));
     }

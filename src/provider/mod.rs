@@ -29,8 +29,9 @@ pub struct ResponseSummary {
     pub stop_reason: Option<String>,
     /// Token usage, when the body carried it.
     pub usage: Option<Usage>,
-    /// The message reassembled from a stream. (A JSON body is itself the message:
-    /// see `Observation::body`.)
+    /// The message reassembled from a stream, when a record sink reads it
+    /// ([`crate::record::RecordSink::reads_message`]). (A JSON body is itself the
+    /// message: see `Observation::body`.)
     pub message: Option<Value>,
     /// Number of SSE events read (0 for a JSON body).
     pub events: u32,
@@ -48,12 +49,15 @@ pub trait StreamReader: Send {
     fn finish(self: Box<Self>) -> ResponseSummary;
 }
 
-/// The stream reader for an API's SSE responses.
-pub fn stream_reader(provider: Provider, api: Api) -> Box<dyn StreamReader> {
+/// The stream reader for an API's SSE responses. `message`: whether anyone reads
+/// the reassembled message; an Anthropic stream read without it skips its content
+/// deltas (the OpenAI readers always reassemble: every chunk is read for its usage
+/// and finish reason anyway).
+pub fn stream_reader(provider: Provider, api: Api, message: bool) -> Box<dyn StreamReader> {
     match (provider, api) {
         (Provider::OpenAi, Api::ChatCompletions) => Box::<openai::ChatStream>::default(),
         (Provider::OpenAi, _) => Box::<openai::ResponsesStream>::default(),
-        (Provider::Anthropic, _) => Box::<anthropic::MessageStream>::default(),
+        (Provider::Anthropic, _) => Box::new(anthropic::MessageStream::new(message)),
     }
 }
 

@@ -120,6 +120,10 @@ impl SpanExporter {
 }
 
 impl RecordSink for SpanExporter {
+    fn reads_message(&self) -> bool {
+        self.content
+    }
+
     fn record(&self, record: &ExchangeRecord) {
         let cx = SpanContext {
             redactor: &self.redactor,
