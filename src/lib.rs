@@ -24,7 +24,7 @@
 //!   roots and timeouts.
 //! - [`observer`]: reads a copy of every response body (never delaying the client)
 //!   and turns it into an [`observer::Observation`]: model, usage, the reassembled
-//!   message, stream errors.
+//!   message (when a sink reads it), stream errors.
 //! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, the stages
 //!   that annotate it and the sinks that receive it: the exchange log line and the
 //!   capture.
