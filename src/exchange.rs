@@ -6,7 +6,7 @@
 //! → hand the response head to the client and its body through an [`ObservedBody`]
 //! → when the body ends, observe the copy and emit one [`ExchangeRecord`].
 //! Every early exit answers in the provider's error shape and still emits a record;
-//! an exchange dropped mid-way (the client left) emits one from [`PendingRecord`]'s drop.
+//! an exchange dropped mid-way (the client left) emits one from `PendingRecord`'s drop.
 
 use std::net::SocketAddr;
 use std::pin::Pin;

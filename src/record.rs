@@ -208,7 +208,7 @@ impl ExchangeRecord {
 
     /// Sets the request body as received (`body`) and decoded (`plain`, the same
     /// bytes when it came uncompressed), a request of `provider` and `api` as set:
-    /// it is also the body sent until [`ExchangeRecord::set_sent_body`].
+    /// it is also the body sent until [`ExchangeRecord::set_sent`].
     pub fn set_request_body(&mut self, body: Bytes, plain: Bytes) {
         let format = match (self.provider, self.api) {
             (Some(p), Some(a)) => Format::of_request(p, a),

@@ -1,5 +1,5 @@
 //! The admin listener (`--admin`, never the proxy's port), read-only: the viewer
-//! at `/`, the JSON API under `/api/` (see [`api`]), the live feed at `/api/live`,
+//! at `/`, the JSON API under `/api/` (see `api.rs`), the live feed at `/api/live`,
 //! and for operators `/metrics` (Prometheus), `/healthz` and `/readyz`. Every
 //! request passes [`AdminGuard`] first; the store is opened read-only per request.
 

@@ -1,7 +1,7 @@
 //! Accepts client connections (HTTP/1.1, and HTTP/2 with prior knowledge) on one
 //! port for both modes: origin-form requests (reverse mode, the client's base URL)
 //! go straight to [`Proxy::handle`]; CONNECT and absolute-form `http://` requests
-//! (forward mode, the client's proxy) go through [`connect`].
+//! (forward mode, the client's proxy) go through `connect.rs`.
 //!
 //! Connections are served by [`Workers`], one single-threaded runtime per core. On
 //! shutdown the listener stops accepting, open connections finish their in-flight

@@ -1,7 +1,7 @@
 //! The one model of a provider request, shared by rules, capture and cache analysis.
 //!
 //! [`Prompt::read`] makes one structural pass over the body (the tape of
-//! [`json::tape`](crate::provider::json::tape)) and finds repeated keys once; for a
+//! [`crate::provider::json::tape`]) and finds repeated keys once; for a
 //! body of a known request grammar ([`Format`]) its [units](Unit) in cache order,
 //! each with its span, its `cache_control` marker and its content digest, are cut
 //! on first ask (rules read only the tape) and each digest on first ask. Every

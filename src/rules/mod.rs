@@ -1,6 +1,6 @@
 //! Hook rules: TOML files that inspect, rewrite or block requests and note responses.
 //!
-//! A [`RuleSet`] is compiled from the rules directory ([`load`]), kept live in a
+//! A [`RuleSet`] is compiled from the rules directory (`load.rs`), kept live in a
 //! [`reload::LiveRules`] and swapped whole on a valid change. Each exchange takes the
 //! set once and runs it in four [`Phase`]s (the last, per event of a stream, in
 //! [`stream`]). Rules do no IO: they work on a request

@@ -4,7 +4,7 @@
 //! flight finishes with the set it began with. The watcher waits for the directory
 //! to be quiet, compiles the whole directory, and swaps only a set that compiled;
 //! on errors it logs every one and the last good set stays live. It survives the
-//! directory being replaced, removed or created after start (see [`watch`]).
+//! directory being replaced, removed or created after start (see `watch`).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,9 +1,9 @@
 //! The capture store, behind one interface with two databases: SQLite in a
-//! directory (the embedded default, [`sqlite`]) or a PostgreSQL server that a fleet
-//! of replicas shares ([`postgres`]). Each distinct unit is kept once,
+//! directory (the embedded default, `sqlite.rs`) or a PostgreSQL server that a fleet
+//! of replicas shares (`postgres.rs`). Each distinct unit is kept once,
 //! zstd-compressed, under its content digest; a record keeps its metadata and, per
 //! body, the layout of its units. It stores what it is given: redaction is done.
-//! Every statement is written once ([`sql`]); the pipeline and the readers never
+//! Every statement is written once (`sql.rs`); the pipeline and the readers never
 //! ask which database is behind it.
 
 mod pg_tls;
