@@ -209,13 +209,15 @@ fn env_assignment_at(at: &[u8], names: &[&str]) -> bool {
         .iter()
         .take_while(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
         .count();
-    let plural = {
-        let r = &after[..rest];
-        r.eq_ignore_ascii_case(b"s") || r.ends_with(b"tokens")
-    };
     rest <= 40
-        && !plural
+        && !is_plural(&after[..rest])
         && after[rest..].iter().find(|b| !matches!(b, b' ' | b'\t')) == Some(&b'=')
+}
+
+/// An env-secret name's `rest` that makes it a count, not a credential:
+/// `TOKENS=`, `max_tokens=`.
+fn is_plural(rest: &[u8]) -> bool {
+    rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens")
 }
 
 /// Values after `=` that are placeholders, not secrets.
@@ -523,8 +525,7 @@ impl Redactor {
                 let secret = caps.name("s").unwrap_or(whole);
                 if shape.kind == "env-secret" {
                     let rest = caps.name("rest").map_or(&b""[..], |r| r.as_bytes());
-                    let plural = rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens");
-                    if plural || is_placeholder(secret.as_bytes()) {
+                    if is_plural(rest) || is_placeholder(secret.as_bytes()) {
                         continue;
                     }
                 }
@@ -780,7 +781,7 @@ mod tests {
         let regex = Regex::new(&format!("^(?:{})", shape.pattern)).unwrap();
         regex.captures(text).is_some_and(|caps| {
             let rest = caps.name("rest").map_or(&b""[..], |r| r.as_bytes());
-            !(rest.eq_ignore_ascii_case(b"s") || rest.ends_with(b"tokens"))
+            !is_plural(rest)
         })
     }
 
