@@ -429,10 +429,11 @@ mod tests {
         blocker.execute_batch("ROLLBACK").unwrap();
         capture.close();
         let c = capture.counters();
+        let error = capture.shared.last_error.lock().unwrap().clone();
         assert_eq!(
             (c.written + c.dropped, c.failed, c.queued),
             (20, 0, 0),
-            "{c:?}"
+            "{c:?}: {error:?}"
         );
         let store = Store::open_read_only(&dir.clone().into()).unwrap();
         assert_eq!(
