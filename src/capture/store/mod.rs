@@ -1368,6 +1368,27 @@ mod tests {
     }
 
     #[test]
+    fn a_write_waits_for_another_connection_that_holds_the_write_lock() {
+        let d = dir("locked");
+        let mut store = Store::open(&at(&d)).unwrap();
+        store.insert(&[record("01A", 1, &turn(2))]).unwrap();
+        // Another process writing (a second promptgate, `captures gc`): a write
+        // waits for it, up to the busy timeout, rather than failing at once.
+        let blocker = rusqlite::Connection::open(d.join(DB_FILE)).unwrap();
+        blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            blocker.execute_batch("ROLLBACK").unwrap();
+        });
+        let started = std::time::Instant::now();
+        store.insert(&[record("01B", 2, &turn(3))]).unwrap();
+        assert!(started.elapsed() >= std::time::Duration::from_millis(250));
+        release.join().unwrap();
+        assert_eq!(store.stats().unwrap().records, 2);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
     fn retention_by_age_and_size_prunes_records_and_their_units() {
         let d = dir("prune");
         let mut store = Store::open(&at(&d)).unwrap();

@@ -162,6 +162,12 @@ impl Connection for Sqlite {
         Ok(self.conn.execute_batch(sql)?)
     }
 
+    /// Takes the write lock first: a deferred transaction that has read gets
+    /// SQLITE_BUSY at once, past the busy timeout, when another connection writes.
+    fn begin(&self) -> Result<(), StoreError> {
+        self.batch("BEGIN IMMEDIATE")
+    }
+
     fn used_bytes(&self) -> Result<u64, StoreError> {
         let pragma = |name: &str| -> Result<i64, StoreError> {
             Ok(self.conn.pragma_query_value(None, name, |r| r.get(0))?)
