@@ -363,15 +363,12 @@ impl UnitWriter {
         };
         // Marked used as they are found: garbage collection leaves them alone a while.
         for chunk in wanted.chunks(UNITS_PER_STATEMENT) {
-            let marks = (2..2 + chunk.len())
-                .map(|i| format!("?{i}"))
-                .collect::<Vec<_>>();
             let mut args = vec![now.clone()];
             args.extend(chunk.iter().map(|(hash, _)| Value::Blob(hash.to_vec())));
             let rows = conn.query(
                 &format!(
                     "UPDATE units SET used_ms = ?1 WHERE hash IN ({}) RETURNING hash, id",
-                    marks.join(", ")
+                    placeholders(2, chunk.len())
                 ),
                 &args,
             )?;
