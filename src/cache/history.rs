@@ -147,7 +147,7 @@ pub struct Snapshot {
 #[derive(Debug, Default)]
 pub struct Conversation {
     /// Keyed by a content digest already: a fast hasher is enough (SipHash cost ~10 % of a resend).
-    pub entries: HashMap<Hash, Entry, foldhash::fast::RandomState>,
+    pub entries: crate::digest::DigestMap<Entry>,
     /// The newest few requests, oldest first by start.
     pub snapshots: VecDeque<Arc<Snapshot>>,
     /// Provider tokens per estimated token, from the last usage seen.

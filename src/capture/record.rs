@@ -601,8 +601,9 @@ const UNIT_CACHE_BYTES: usize = 32 << 20;
 #[derive(Debug)]
 pub struct UnitCache {
     seeds: foldhash::quality::RandomState,
-    current: HashMap<u64, CachedUnit>,
-    previous: HashMap<u64, CachedUnit>,
+    // Keyed by the hash `seeds` took: no second SipHash of it.
+    current: HashMap<u64, CachedUnit, foldhash::fast::RandomState>,
+    previous: HashMap<u64, CachedUnit, foldhash::fast::RandomState>,
     /// Bytes held by `current`.
     bytes: usize,
     limit: usize,
@@ -651,8 +652,8 @@ impl UnitCache {
     pub fn with_limit(limit: usize) -> Self {
         UnitCache {
             seeds: Default::default(),
-            current: HashMap::new(),
-            previous: HashMap::new(),
+            current: HashMap::default(),
+            previous: HashMap::default(),
             bytes: 0,
             limit,
         }

@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use super::layout::{self, Parts};
 use super::record::{BodyInfo, CaptureRecord};
-use crate::digest;
+use crate::digest::{self, DigestMap, DigestSet};
 use crate::prompt::{Format, Prompt};
 use sql::{Connection, Dialect, SqlRow, Value};
 
@@ -284,7 +284,7 @@ const UNTOUCHED_FOR: Duration = Duration::from_secs(2 * 300 + 600);
 /// and keeps one zstd context for every unit and record.
 struct UnitWriter {
     /// Each unit's id, and when this writer last marked it used.
-    known: HashMap<[u8; 32], (i64, Instant)>,
+    known: DigestMap<(i64, Instant)>,
     zstd: zstd::bulk::Compressor<'static>,
     touch_every: Duration,
 }
@@ -292,7 +292,7 @@ struct UnitWriter {
 impl UnitWriter {
     fn new() -> Result<UnitWriter, StoreError> {
         Ok(UnitWriter {
-            known: HashMap::new(),
+            known: DigestMap::default(),
             zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(StoreError::Zstd)?,
             touch_every: TOUCH_EVERY,
         })
@@ -333,10 +333,10 @@ impl UnitWriter {
         &mut self,
         conn: &dyn Connection,
         bodies: &[&Parts],
-    ) -> Result<HashMap<[u8; 32], i64>, StoreError> {
-        let mut ids = HashMap::new();
+    ) -> Result<DigestMap<i64>, StoreError> {
+        let mut ids = DigestMap::default();
         let mut wanted: Vec<([u8; 32], &Bytes)> = Vec::new();
-        let mut asked = HashSet::new();
+        let mut asked = DigestSet::default();
         for parts in bodies {
             let units = parts.units.iter().map(|(_, bytes, hash)| (*hash, bytes));
             for (hash, bytes) in std::iter::once((parts.skeleton.1, &parts.skeleton.0)).chain(units)
@@ -351,7 +351,7 @@ impl UnitWriter {
             }
         }
         let now = Value::Int(super::timestamp::now_ms() as i64);
-        let found_rows = |rows: Vec<SqlRow>, ids: &mut HashMap<[u8; 32], i64>| {
+        let found_rows = |rows: Vec<SqlRow>, ids: &mut DigestMap<i64>| {
             for row in rows {
                 let hash: [u8; 32] = row
                     .blob(0)?
