@@ -506,7 +506,8 @@ async fn settled_ticks(pid: u32) -> anyhow::Result<u64> {
     Ok(last)
 }
 
-/// What a store holds: its bytes, and (PostgreSQL) its records.
+/// What a store holds: its bytes and its records (fewer records than requests means
+/// the capture dropped some).
 struct StoreSize {
     bytes: u64,
     records: Option<i64>,
@@ -515,9 +516,23 @@ struct StoreSize {
 fn store_size(store: &str) -> anyhow::Result<StoreSize> {
     if !store.starts_with("postgres://") {
         let bytes = dir_bytes(Path::new(store))?;
+        let db = Path::new(store).join(promptgate::capture::store::DB_FILE);
+        let records = match db.exists() {
+            true => {
+                let conn = rusqlite::Connection::open_with_flags(
+                    &db,
+                    rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+                )
+                .with_context(|| format!("opening {}", db.display()))?;
+                conn.busy_timeout(Duration::from_secs(10))?;
+                conn.query_row("SELECT COUNT(*) FROM records", [], |r| r.get(0))
+                    .with_context(|| format!("counting the records of {}", db.display()))?
+            }
+            false => 0,
+        };
         return Ok(StoreSize {
             bytes,
-            records: None,
+            records: Some(records),
         });
     }
     // The sync client runs its own runtime: off this one's threads.

@@ -300,14 +300,15 @@ pub trait RecordSink: Send + Sync {
         false
     }
 
-    /// Whether the sink could take one more record now.
-    fn has_room(&self) -> bool {
+    /// Whether the sink could take `record` (as it stands before it goes upstream) now.
+    fn has_room(&self, _record: &ExchangeRecord) -> bool {
         true
     }
 
-    /// Asked before the request goes upstream, after admission waited for room:
-    /// `Err(why)` refuses the exchange (a sink that must not miss a record — capture
-    /// with `required` — and cannot take one now). Must not block.
+    /// Asked before the request goes upstream, after admission waited for room: a
+    /// sink with a bounded queue keeps the room it has for this record. `Err(why)`
+    /// refuses the exchange (a sink that must not miss a record — capture with
+    /// `required` — and cannot take one now). Must not block.
     fn admit(&self, _record: &ExchangeRecord) -> Result<(), String> {
         Ok(())
     }
@@ -490,7 +491,7 @@ impl Recorder {
     /// asks every sink whether the exchange may go upstream.
     pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
-        while self.backlog.full() || self.sinks.iter().any(|s| !s.has_room()) {
+        while self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record)) {
             if tokio::time::Instant::now() >= deadline {
                 break;
             }

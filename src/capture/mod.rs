@@ -17,7 +17,7 @@ pub mod timestamp;
 pub mod units;
 mod writer;
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -58,8 +58,10 @@ pub struct Counters {
 struct QueueState {
     items: VecDeque<ExchangeRecord>,
     bytes: u64,
-    /// Exchanges admitted under `capture.required`: their records have a place.
-    reserved: HashSet<ExchangeId>,
+    /// Exchanges admitted with room: their records have a place, of these bytes.
+    reserved: HashMap<ExchangeId, u64>,
+    /// The bytes of `reserved`.
+    reserved_bytes: u64,
     /// The writer holds records taken from the queue and not yet committed.
     busy: bool,
     /// The writer sleeps on `not_empty`: only then is a new record worth a wake-up
@@ -183,7 +185,8 @@ impl Capture {
             state: Mutex::new(QueueState {
                 items: VecDeque::new(),
                 bytes: 0,
-                reserved: HashSet::new(),
+                reserved: HashMap::new(),
+                reserved_bytes: 0,
                 busy: false,
                 writer_waiting: false,
                 closed: false,
@@ -256,7 +259,13 @@ impl Capture {
 
     /// Whether a record could be taken now: the store writes and the queue has room.
     pub fn can_take(&self) -> bool {
-        self.shared.healthy.load(Ordering::SeqCst) && self.has_room()
+        self.shared.healthy.load(Ordering::SeqCst) && self.room_for(0)
+    }
+
+    /// Room for a record of `bytes`, beside the places promised.
+    fn room_for(&self, bytes: u64) -> bool {
+        let state = self.shared.lock();
+        state.closed || !self.full(&state, bytes, true)
     }
 
     /// Writes everything queued, stops the writer and checkpoints the store.
@@ -281,9 +290,14 @@ impl Capture {
     /// places promised to exchanges in flight; a record arriving does not, so the queue
     /// may hold up to twice its size while every promise is kept.
     fn full(&self, state: &QueueState, extra_bytes: u64, reserving: bool) -> bool {
-        let promised = if reserving { state.reserved.len() } else { 0 };
-        state.items.len() + promised >= self.settings.queue
-            || (!state.items.is_empty() && state.bytes + extra_bytes > self.settings.queue_bytes)
+        let (promised, promised_bytes) = if reserving {
+            (state.reserved.len(), state.reserved_bytes)
+        } else {
+            (0, 0)
+        };
+        let held = state.items.len() + promised;
+        held >= self.settings.queue
+            || (held > 0 && state.bytes + promised_bytes + extra_bytes > self.settings.queue_bytes)
     }
 }
 
@@ -300,8 +314,16 @@ impl RecordSink for Capture {
             tracing::warn!(id = %record.id, "capture is closed; record dropped");
             return;
         }
-        // Admission already waited (up to queue_wait) for room; still full now means drop.
-        if !state.reserved.remove(&record.id) && self.full(&state, size, false) {
+        // Admission already waited (up to queue_wait) for room; a record that got none
+        // and finds the queue still full is dropped.
+        let promised = match state.reserved.remove(&record.id) {
+            Some(bytes) => {
+                state.reserved_bytes -= bytes;
+                true
+            }
+            None => false,
+        };
+        if !promised && self.full(&state, size, false) {
             drop(state);
             let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
             tracing::warn!(
@@ -322,24 +344,30 @@ impl RecordSink for Capture {
     }
 
     fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
-        if !self.settings.required {
-            return Ok(());
-        }
-        if !self.shared.healthy.load(Ordering::SeqCst) {
+        let required = self.settings.required;
+        if required && !self.shared.healthy.load(Ordering::SeqCst) {
             return Err("capture is required and the capture store is failing".into());
         }
-        // The recorder already waited up to queue_wait for room (has_room).
+        // The recorder already waited up to queue_wait for room (has_room). The room
+        // is kept for this record: exchanges admitted together must not all find it.
+        let size = record.held_bytes();
         let mut state = self.shared.lock();
-        if state.closed || self.full(&state, 0, true) {
-            return Err("capture is required and the capture queue is full".into());
+        if state.closed || self.full(&state, size, true) {
+            return match required {
+                true => Err("capture is required and the capture queue is full".into()),
+                // It goes upstream; its record is dropped if the queue is still full.
+                false => Ok(()),
+            };
         }
-        state.reserved.insert(record.id);
+        if let Some(old) = state.reserved.insert(record.id, size) {
+            state.reserved_bytes -= old;
+        }
+        state.reserved_bytes += size;
         Ok(())
     }
 
-    fn has_room(&self) -> bool {
-        let state = self.shared.lock();
-        state.closed || !self.full(&state, 0, true)
+    fn has_room(&self, record: &ExchangeRecord) -> bool {
+        self.room_for(record.held_bytes())
     }
 
     fn flush(&self) {
@@ -391,6 +419,59 @@ mod tests {
         assert_eq!((c.written, c.dropped, c.queued), (5, 1, 0));
         let store = Store::open_read_only(&dir.clone().into()).unwrap();
         assert_eq!(store.list(&store::Filter::default()).unwrap().len(), 5);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn admission_keeps_the_room_it_found_for_each_record() {
+        let dir = std::env::temp_dir().join(format!("pg-capture-admit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = CaptureSettings {
+            store: dir.clone().into(),
+            queue_bytes: 16 << 10,
+            ..CaptureSettings::default()
+        };
+        let redactor = Arc::new(settings.redactor().unwrap());
+        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
+        let body = bytes::Bytes::from(format!(
+            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "x".repeat(6000)
+        ));
+        let exchange = || {
+            let mut r = ExchangeRecord::begin(
+                ExchangeId::new(),
+                None,
+                http::Method::POST,
+                "/v1/messages".into(),
+            );
+            r.set_request_body(body.clone(), body.clone());
+            r
+        };
+        let [first, second, third, other] = [exchange(), exchange(), exchange(), exchange()];
+        // Three exchanges admitted together, the queue still empty: the first two
+        // take the room there is, the third finds none and waits (the recorder polls).
+        for r in [&first, &second] {
+            assert!(capture.has_room(r));
+            capture.admit(r).unwrap();
+        }
+        assert!(
+            !capture.has_room(&third),
+            "two places of ~12 KiB are promised"
+        );
+        assert!(
+            capture.admit(&third).is_ok(),
+            "not required: it goes, unpromised"
+        );
+        // A record nobody promised a place to does not take the promised ones.
+        capture.record(&other);
+        capture.record(&first);
+        capture.record(&second);
+        assert_eq!(capture.counters().dropped, 0);
+        let state = capture.shared.lock();
+        assert_eq!((state.reserved.len(), state.reserved_bytes), (0, 0));
+        drop(state);
+        capture.close();
+        assert_eq!(capture.counters().written, 3);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
