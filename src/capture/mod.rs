@@ -324,13 +324,15 @@ impl RecordSink for Capture {
             None => false,
         };
         if !promised && self.full(&state, size, false) {
+            let (queued, bytes) = (state.items.len(), state.bytes);
             drop(state);
             let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
+            // No place was kept for it: admission waited queue_wait in vain, or the
+            // exchange ended before it got that far (a client that gave up waiting).
             tracing::warn!(
                 id = %record.id,
                 dropped_total = dropped,
-                "capture queue still full after {}ms; record dropped",
-                self.settings.queue_wait.as_millis()
+                "capture queue full ({queued} records, {bytes} bytes waiting); record dropped"
             );
             return;
         }
