@@ -393,6 +393,36 @@ impl RecordSink for Capture {
 mod tests {
     use super::*;
 
+    /// A capture in a new store `name` whose queue holds 16 KiB of bodies.
+    fn small_queue(name: &str) -> (std::path::PathBuf, Arc<Capture>) {
+        let dir = std::env::temp_dir().join(format!("pg-capture-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let settings = CaptureSettings {
+            store: dir.clone().into(),
+            queue_bytes: 16 << 10,
+            ..CaptureSettings::default()
+        };
+        let redactor = Arc::new(settings.redactor().unwrap());
+        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
+        (dir, capture)
+    }
+
+    /// An exchange whose request holds one user message of `n` bytes.
+    fn exchange_of(n: usize) -> ExchangeRecord {
+        let body = bytes::Bytes::from(format!(
+            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
+            "x".repeat(n)
+        ));
+        let mut r = ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages".into(),
+        );
+        r.set_request_body(body.clone(), body);
+        r
+    }
+
     #[test]
     fn records_after_close_are_counted_as_dropped_and_records_before_are_written() {
         let dir = std::env::temp_dir().join(format!("pg-capture-{}", std::process::id()));
@@ -426,30 +456,8 @@ mod tests {
 
     #[test]
     fn admission_keeps_the_room_it_found_for_each_record() {
-        let dir = std::env::temp_dir().join(format!("pg-capture-admit-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let settings = CaptureSettings {
-            store: dir.clone().into(),
-            queue_bytes: 16 << 10,
-            ..CaptureSettings::default()
-        };
-        let redactor = Arc::new(settings.redactor().unwrap());
-        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
-        let body = bytes::Bytes::from(format!(
-            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
-            "x".repeat(6000)
-        ));
-        let exchange = || {
-            let mut r = ExchangeRecord::begin(
-                ExchangeId::new(),
-                None,
-                http::Method::POST,
-                "/v1/messages".into(),
-            );
-            r.set_request_body(body.clone(), body.clone());
-            r
-        };
-        let [first, second, third, other] = [exchange(), exchange(), exchange(), exchange()];
+        let (dir, capture) = small_queue("admit");
+        let [first, second, third, other] = [(); 4].map(|_| exchange_of(6000));
         // Three exchanges admitted together, the queue still empty: the first two
         // take the room there is, the third finds none and waits (the recorder polls).
         for r in [&first, &second] {
@@ -479,31 +487,12 @@ mod tests {
 
     #[test]
     fn a_writer_that_falls_behind_drops_records_past_the_byte_bound_and_counts_them() {
-        let dir = std::env::temp_dir().join(format!("pg-capture-behind-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let settings = CaptureSettings {
-            store: dir.clone().into(),
-            queue_bytes: 16 << 10,
-            ..CaptureSettings::default()
-        };
-        let redactor = Arc::new(settings.redactor().unwrap());
-        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
+        let (dir, capture) = small_queue("behind");
         // A stalled disk: another connection holds the store's write lock.
         let blocker = rusqlite::Connection::open(dir.join(store::DB_FILE)).unwrap();
         blocker.execute_batch("BEGIN EXCLUSIVE").unwrap();
-        let body = bytes::Bytes::from(format!(
-            r#"{{"messages":[{{"role":"user","content":"{}"}}]}}"#,
-            "x".repeat(4000)
-        ));
         for _ in 0..20 {
-            let mut r = ExchangeRecord::begin(
-                ExchangeId::new(),
-                None,
-                http::Method::POST,
-                "/v1/messages".into(),
-            );
-            r.set_request_body(body.clone(), body.clone());
-            capture.record(&r);
+            capture.record(&exchange_of(4000));
             let queued = capture.shared.lock().bytes;
             assert!(queued <= 16 << 10, "{queued} bytes queued");
         }
