@@ -305,6 +305,11 @@ pub trait RecordSink: Send + Sync {
         true
     }
 
+    /// Resolves when the sink may have room again (none: admission polls it).
+    fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
+        None
+    }
+
     /// Asked before the request goes upstream, after admission waited for room: a
     /// sink with a bounded queue keeps the room it has for this record. `Err(why)`
     /// refuses the exchange (a sink that must not miss a record — capture with
@@ -491,13 +496,33 @@ impl Recorder {
     /// asks every sink whether the exchange may go upstream.
     pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
-        while self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record)) {
-            if tokio::time::Instant::now() >= deadline {
+        loop {
+            // Listening before looking, so that room freed in between is not missed.
+            let mut freed: Vec<_> = self
+                .sinks
+                .iter()
+                .filter_map(|s| s.room_freed())
+                .map(Box::pin)
+                .collect();
+            for f in &mut freed {
+                f.as_mut().enable();
+            }
+            let full = self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record));
+            if !full || tokio::time::Instant::now() >= deadline {
                 break;
             }
-            // Only under overload: a short poll is simpler than wiring wake-ups
-            // through every sink.
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            // A sink's wake-up ends the wait at once; the pipeline's backlog (and a
+            // sink without one) is looked at again after a short poll.
+            let any_freed = std::future::poll_fn(|cx| {
+                match freed.iter_mut().any(|f| f.as_mut().poll(cx).is_ready()) {
+                    true => std::task::Poll::Ready(()),
+                    false => std::task::Poll::Pending,
+                }
+            });
+            tokio::select! {
+                _ = any_freed => {}
+                _ = tokio::time::sleep(Duration::from_millis(2)) => {}
+            }
         }
         self.sinks.iter().try_for_each(|sink| sink.admit(record))
     }
@@ -587,5 +612,54 @@ impl Recorder {
             }
             notified.await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+
+    /// A sink that is full until opened, and says when it opens.
+    struct Gate {
+        open: AtomicBool,
+        room: Notify,
+    }
+
+    impl RecordSink for Gate {
+        fn record(&self, _record: &ExchangeRecord) {}
+
+        fn has_room(&self, _record: &ExchangeRecord) -> bool {
+            self.open.load(Ordering::SeqCst)
+        }
+
+        fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
+            Some(self.room.notified())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admission_goes_on_when_a_sink_frees_room_not_at_its_next_poll() {
+        let gate = Arc::new(Gate {
+            open: AtomicBool::new(false),
+            room: Notify::new(),
+        });
+        let recorder = Arc::new(Recorder::new(vec![gate.clone()]));
+        let record =
+            ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());
+        let started = tokio::time::Instant::now();
+        let admitting = tokio::spawn({
+            let recorder = recorder.clone();
+            async move { recorder.admit(&record).await }
+        });
+        // The admission looks, finds no room and waits.
+        tokio::task::yield_now().await;
+        assert!(!admitting.is_finished());
+        gate.open.store(true, Ordering::SeqCst);
+        gate.room.notify_waiters();
+        admitting.await.unwrap().unwrap();
+        // The clock is paused: a wait ended by the 2 ms poll would have moved it.
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 }

@@ -74,6 +74,9 @@ struct Shared {
     state: Mutex<QueueState>,
     not_empty: Condvar,
     idle: Condvar,
+    /// Told when the writer takes records off the queue: admissions waiting for
+    /// room look again at once.
+    room: tokio::sync::Notify,
     written: AtomicU64,
     dropped: AtomicU64,
     failed: AtomicU64,
@@ -193,6 +196,7 @@ impl Capture {
             }),
             not_empty: Condvar::new(),
             idle: Condvar::new(),
+            room: tokio::sync::Notify::new(),
             written: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
             failed: AtomicU64::new(0),
@@ -370,6 +374,10 @@ impl RecordSink for Capture {
 
     fn has_room(&self, record: &ExchangeRecord) -> bool {
         self.room_for(record.held_bytes())
+    }
+
+    fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
+        Some(self.shared.room.notified())
     }
 
     fn flush(&self) {

@@ -101,6 +101,9 @@ impl Writer {
                     .sum::<u64>()
                     .min(state.bytes);
                 state.busy = !batch.is_empty() || self.store.outstanding > 0;
+                if !batch.is_empty() {
+                    self.shared.room.notify_waiters();
+                }
                 batch
             };
             self.collect();
