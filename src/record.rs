@@ -496,8 +496,10 @@ impl Recorder {
     /// asks every sink whether the exchange may go upstream.
     pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
-        loop {
-            // Listening before looking, so that room freed in between is not missed.
+        let full = || self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record));
+        // The usual case, room at once, allocates nothing.
+        while full() && tokio::time::Instant::now() < deadline {
+            // Listening, then looking again, so that room freed in between is not missed.
             let mut freed: Vec<_> = self
                 .sinks
                 .iter()
@@ -507,8 +509,7 @@ impl Recorder {
             for f in &mut freed {
                 f.as_mut().enable();
             }
-            let full = self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record));
-            if !full || tokio::time::Instant::now() >= deadline {
+            if !full() {
                 break;
             }
             // A sink's wake-up ends the wait at once; the pipeline's backlog (and a

@@ -467,7 +467,7 @@ mod tests {
         let (dir, capture) = small_queue("admit");
         let [first, second, third, other] = [(); 4].map(|_| exchange_of(6000));
         // Three exchanges admitted together, the queue still empty: the first two
-        // take the room there is, the third finds none and waits (the recorder polls).
+        // take the room there is, the third finds none and waits for the writer.
         for r in [&first, &second] {
             assert!(capture.has_room(r));
             capture.admit(r).unwrap();
