@@ -411,6 +411,8 @@ pub struct Recorder {
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
     backlog: Arc<Backlog>,
     admit_wait: Duration,
+    /// The line of exchanges waiting for room (tokio's mutex is handed over in order).
+    line: tokio::sync::Mutex<()>,
 }
 
 impl Recorder {
@@ -456,6 +458,7 @@ impl Recorder {
             worker: Mutex::new(worker),
             backlog,
             admit_wait: Duration::from_secs(2),
+            line: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -493,12 +496,22 @@ impl Recorder {
     }
 
     /// Waits (at most the admit wait) while the pipeline or a sink is behind, then
-    /// asks every sink whether the exchange may go upstream.
+    /// asks every sink whether the exchange may go upstream. Exchanges wait in line,
+    /// first come first served: only the first looks for room, and one that arrives
+    /// while others wait joins the line even if it sees room, so none starves.
     pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
         let full = || self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record));
-        // The usual case, room at once, allocates nothing.
-        while full() && tokio::time::Instant::now() < deadline {
+        let turn = match self.line.try_lock() {
+            // The usual case: nobody waiting and room at once; allocates nothing.
+            Ok(_) if !full() => return self.sinks.iter().try_for_each(|sink| sink.admit(record)),
+            Ok(turn) => Some(turn),
+            // Still in line at the deadline: it goes through unpromised, as below.
+            Err(_) => tokio::time::timeout_at(deadline, self.line.lock())
+                .await
+                .ok(),
+        };
+        while turn.is_some() && full() && tokio::time::Instant::now() < deadline {
             // Listening, then looking again, so that room freed in between is not missed.
             let mut freed: Vec<_> = self
                 .sinks
@@ -662,5 +675,85 @@ mod tests {
         admitting.await.unwrap().unwrap();
         // The clock is paused: a wait ended by the 2 ms poll would have moved it.
         assert_eq!(started.elapsed(), Duration::ZERO);
+    }
+
+    /// A sink with room for `slots` records; each admission keeps one.
+    #[derive(Default)]
+    struct Slots {
+        slots: std::sync::atomic::AtomicUsize,
+        room: Notify,
+        admitted: Mutex<Vec<ExchangeId>>,
+    }
+
+    impl Slots {
+        fn free(&self, n: usize) {
+            self.slots.fetch_add(n, Ordering::SeqCst);
+            self.room.notify_waiters();
+        }
+    }
+
+    impl RecordSink for Slots {
+        fn record(&self, _record: &ExchangeRecord) {}
+
+        fn has_room(&self, _record: &ExchangeRecord) -> bool {
+            self.slots.load(Ordering::SeqCst) > 0
+        }
+
+        fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
+            Some(self.room.notified())
+        }
+
+        fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+            self.slots.fetch_sub(1, Ordering::SeqCst);
+            self.admitted.lock().unwrap().push(record.id);
+            Ok(())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn exchanges_waiting_for_room_go_in_the_order_they_came() {
+        let sink = Arc::new(Slots::default());
+        let recorder = Arc::new(Recorder::new(vec![sink.clone()]));
+        let admit = |recorder: &Arc<Recorder>| {
+            let record =
+                ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());
+            let id = record.id;
+            let recorder = recorder.clone();
+            (
+                id,
+                tokio::spawn(async move { recorder.admit(&record).await }),
+            )
+        };
+        let mut waiting = Vec::new();
+        for _ in 0..3 {
+            waiting.push(admit(&recorder));
+            tokio::task::yield_now().await;
+        }
+        sink.free(1);
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(*sink.admitted.lock().unwrap(), vec![waiting[0].0]);
+        // Room for one, without a wake-up: a newcomer sees it but queues behind the
+        // two still waiting, and the first of them takes it.
+        sink.slots.fetch_add(1, Ordering::SeqCst);
+        waiting.push(admit(&recorder));
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        sink.room.notify_waiters();
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            *sink.admitted.lock().unwrap(),
+            vec![waiting[0].0, waiting[1].0]
+        );
+        let ids: Vec<ExchangeId> = waiting.iter().map(|(id, _)| *id).collect();
+        sink.free(2);
+        for (_, admitting) in waiting {
+            admitting.await.unwrap().unwrap();
+        }
+        assert_eq!(*sink.admitted.lock().unwrap(), ids);
     }
 }
