@@ -82,7 +82,8 @@ impl Default for CaptureSettings {
                 max_size: Some(1 << 30),
             },
             queue: 1024,
-            queue_bytes: 8 << 20,
+            // 200 KB at c64, everything on: VmHWM 108-109 MB at 8 MiB, 92-94 at 4 MiB.
+            queue_bytes: 4 << 20,
             queue_wait: Duration::from_secs(2),
             max_response: 16 << 20,
             secret_headers: Vec::new(),
