@@ -631,56 +631,12 @@ impl Recorder {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
-
     use super::*;
-
-    /// A sink that is full until opened, and says when it opens.
-    struct Gate {
-        open: AtomicBool,
-        room: Notify,
-    }
-
-    impl RecordSink for Gate {
-        fn record(&self, _record: &ExchangeRecord) {}
-
-        fn has_room(&self, _record: &ExchangeRecord) -> bool {
-            self.open.load(Ordering::SeqCst)
-        }
-
-        fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
-            Some(self.room.notified())
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn admission_goes_on_when_a_sink_frees_room_not_at_its_next_poll() {
-        let gate = Arc::new(Gate {
-            open: AtomicBool::new(false),
-            room: Notify::new(),
-        });
-        let recorder = Arc::new(Recorder::new(vec![gate.clone()]));
-        let record =
-            ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());
-        let started = tokio::time::Instant::now();
-        let admitting = tokio::spawn({
-            let recorder = recorder.clone();
-            async move { recorder.admit(&record).await }
-        });
-        // The admission looks, finds no room and waits.
-        tokio::task::yield_now().await;
-        assert!(!admitting.is_finished());
-        gate.open.store(true, Ordering::SeqCst);
-        gate.room.notify_waiters();
-        admitting.await.unwrap().unwrap();
-        // The clock is paused: a wait ended by the 2 ms poll would have moved it.
-        assert_eq!(started.elapsed(), Duration::ZERO);
-    }
 
     /// A sink with room for `slots` records; each admission keeps one.
     #[derive(Default)]
     struct Slots {
-        slots: std::sync::atomic::AtomicUsize,
+        slots: AtomicUsize,
         room: Notify,
         admitted: Mutex<Vec<ExchangeId>>,
     }
@@ -704,10 +660,32 @@ mod tests {
         }
 
         fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
-            self.slots.fetch_sub(1, Ordering::SeqCst);
+            let _ = self
+                .slots
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
             self.admitted.lock().unwrap().push(record.id);
             Ok(())
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn admission_goes_on_when_a_sink_frees_room_not_at_its_next_poll() {
+        let sink = Arc::new(Slots::default());
+        let recorder = Arc::new(Recorder::new(vec![sink.clone()]));
+        let record =
+            ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());
+        let started = tokio::time::Instant::now();
+        let admitting = tokio::spawn({
+            let recorder = recorder.clone();
+            async move { recorder.admit(&record).await }
+        });
+        // The admission looks, finds no room and waits.
+        tokio::task::yield_now().await;
+        assert!(!admitting.is_finished());
+        sink.free(1);
+        admitting.await.unwrap().unwrap();
+        // The clock is paused: a wait ended by the 2 ms poll would have moved it.
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]
