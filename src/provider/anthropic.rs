@@ -10,7 +10,7 @@ use http::StatusCode;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
-use super::{ResponseSummary, StreamReader, Usage, error_text};
+use super::{AnthropicUsage, ResponseSummary, StreamReader, Usage, error_text};
 
 /// Anthropic's `error.type` for a status promptgate answers with.
 pub fn error_type(status: StatusCode) -> &'static str {
@@ -41,7 +41,7 @@ struct MessageHead<'a> {
     model: Option<Cow<'a, str>>,
     #[serde(borrow)]
     stop_reason: Option<Cow<'a, str>>,
-    usage: Option<Value>,
+    usage: Option<AnthropicUsage>,
     error: Option<Value>,
 }
 
@@ -59,7 +59,7 @@ pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
         model: head.model.map(Cow::into_owned),
         response_id: head.id.map(Cow::into_owned),
         stop_reason: head.stop_reason.map(Cow::into_owned),
-        usage: head.usage.as_ref().map(Usage::from_anthropic),
+        usage: head.usage.map(|u| u.usage()),
         complete: true,
         ..ResponseSummary::default()
     })

@@ -14,6 +14,7 @@ use serde_json::json;
 
 pub use sniff::{RequestSummary, asks_to_stream, sniff};
 // The structural scanners, for reading inside JSON already known to be valid.
+pub(crate) use usage::AnthropicUsage;
 pub use usage::Usage;
 
 use serde_json::Value;
