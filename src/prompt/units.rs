@@ -217,6 +217,16 @@ impl Unit {
         })
     }
 
+    /// The digest of its span, when somebody already took it (the cache stage takes
+    /// every unit's) and the span is what was hashed. The span's bytes fix the
+    /// `stored` bytes, so a store can find the unit by it without reading them.
+    pub fn span_digest(&self) -> Option<Digest> {
+        self.hash
+            .get()
+            .copied()
+            .filter(|_| self.normalized.is_none())
+    }
+
     /// Takes `hash` as the digest, known from an earlier unit of the same bytes.
     pub fn lend_hash(&self, hash: Digest) {
         let _ = self.hash.set(hash);
