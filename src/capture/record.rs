@@ -598,8 +598,9 @@ const UNIT_CACHE_BYTES: usize = 32 << 20;
 /// Request units already redacted. An agent resends its whole conversation every
 /// turn, and the body sent upstream mostly repeats the one received: a unit seen
 /// before is found by the digest the cache stage took of it, or else by a fast hash
-/// of its bytes confirmed byte for byte, so it is redacted and hashed once. Memory only; two generations, the older
-/// dropped when the newer fills half the limit (what is still in use moves up).
+/// of its bytes confirmed byte for byte, so it is redacted and hashed once. Memory
+/// only; two generations, the older dropped when the newer fills half the limit
+/// (what is still in use moves up).
 #[derive(Debug)]
 pub struct UnitCache {
     seeds: foldhash::quality::RandomState,
