@@ -169,13 +169,7 @@ trait FromEntries: Default {
     }
 }
 
-impl Lenient for AnthropicUsage {
-    fn object<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
-        Self::read_entries(map)
-    }
-}
-
-impl Lenient for CacheSplit {
+impl<T: FromEntries> Lenient for T {
     fn object<'de, A: MapAccess<'de>>(map: A) -> Result<Self, A::Error> {
         Self::read_entries(map)
     }
