@@ -15,7 +15,8 @@
 //!
 //! With `--pid`, promptgate's CPU time (all threads, user + system, from /proc) over
 //! the measured phase is divided by the requests completed in it, once its CPU use
-//! has settled (so work queued off the request path counts). With `--store DIR`,
+//! has settled (so work queued off the request path counts), in all and by thread
+//! name. With `--store DIR`,
 //! the bytes under DIR before and after that phase, over the same requests; with
 //! `--store postgres://…`, the two tables' size as PostgreSQL reports it
 //! (`pg_total_relation_size`: rows, TOAST and indexes), and the records stored.
@@ -311,6 +312,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         }
     }
     let cpu_before = args.pid.map(cpu_ticks).transpose()?;
+    let threads_before = args.pid.map(thread_ticks).transpose()?;
     let store_before = args.store.as_deref().map(store_size).transpose()?;
     let started = Instant::now();
     measuring.store(true, Ordering::Relaxed);
@@ -328,6 +330,10 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
     let seconds = started.elapsed().as_secs_f64();
     let cpu = match (args.pid, cpu_before) {
         (Some(pid), Some(before)) => Some(settled_ticks(pid).await? - before),
+        _ => None,
+    };
+    let threads = match (args.pid, threads_before) {
+        (Some(pid), Some(before)) => Some(thread_ticks(pid)?.since(&before)),
         _ => None,
     };
     let (stored, records) = match (args.store.as_deref(), store_before) {
@@ -356,6 +362,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         "rps": tally.requests as f64 / seconds,
         // /proc counts CPU in ticks of 10 ms.
         "cpu_us_per_request": cpu.map(|t| t * 10_000 / n),
+        "cpu_us_per_request_by_thread": threads.map(|t| t.per_request(n)),
         "latency_us": {"p50": pct(0.50), "p99": pct(0.99)},
         "mean_body_bytes": tally.body_bytes / n,
         "new_bytes_per_turn": tally.new_bytes / n,
@@ -476,8 +483,59 @@ async fn send(
 }
 
 fn cpu_ticks(pid: u32) -> anyhow::Result<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .with_context(|| format!("reading /proc/{pid}/stat"))?;
+    stat_ticks(&format!("/proc/{pid}/stat"))
+}
+
+/// CPU ticks by thread name (`promptgate-work`, `capture-writer`, …), the threads of
+/// one name summed.
+struct ThreadTicks(std::collections::BTreeMap<String, u64>);
+
+fn thread_ticks(pid: u32) -> anyhow::Result<ThreadTicks> {
+    let mut by_name = std::collections::BTreeMap::new();
+    let tasks = format!("/proc/{pid}/task");
+    for task in std::fs::read_dir(&tasks).with_context(|| format!("reading {tasks}"))? {
+        let dir = task?.path();
+        // A thread that ended between the listing and the read is left out.
+        let (Ok(name), Ok(ticks)) = (
+            std::fs::read_to_string(dir.join("comm")),
+            stat_ticks(&dir.join("stat").to_string_lossy()),
+        ) else {
+            continue;
+        };
+        *by_name.entry(name.trim().to_owned()).or_insert(0) += ticks;
+    }
+    Ok(ThreadTicks(by_name))
+}
+
+impl ThreadTicks {
+    fn since(&self, before: &ThreadTicks) -> ThreadTicks {
+        ThreadTicks(
+            self.0
+                .iter()
+                .map(|(name, t)| {
+                    (
+                        name.clone(),
+                        t - before.0.get(name).copied().unwrap_or(0).min(*t),
+                    )
+                })
+                .collect(),
+        )
+    }
+
+    /// µs per request of each thread name that used any CPU.
+    fn per_request(&self, requests: u64) -> serde_json::Value {
+        self.0
+            .iter()
+            .filter(|(_, t)| **t > 0)
+            .map(|(name, t)| (name.clone(), json!(t * 10_000 / requests)))
+            .collect::<serde_json::Map<_, _>>()
+            .into()
+    }
+}
+
+/// utime + stime of a `/proc/…/stat` file, in ticks.
+fn stat_ticks(path: &str) -> anyhow::Result<u64> {
+    let stat = std::fs::read_to_string(path).with_context(|| format!("reading {path}"))?;
     // Fields after the command name, which is in parentheses and may hold spaces.
     let rest = stat.rsplit_once(')').context("a /proc stat line")?.1;
     let fields: Vec<&str> = rest.split_whitespace().collect();
