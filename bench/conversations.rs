@@ -333,7 +333,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         _ => None,
     };
     let threads = match (args.pid, threads_before) {
-        (Some(pid), Some(before)) => Some(thread_ticks(pid)?.since(&before)),
+        (Some(pid), Some(before)) => Some((thread_ticks(pid)?, before)),
         _ => None,
     };
     let (stored, records) = match (args.store.as_deref(), store_before) {
@@ -362,7 +362,7 @@ async fn run(args: Arc<Args>) -> anyhow::Result<String> {
         "rps": tally.requests as f64 / seconds,
         // /proc counts CPU in ticks of 10 ms.
         "cpu_us_per_request": cpu.map(|t| t * 10_000 / n),
-        "cpu_us_per_request_by_thread": threads.map(|t| t.per_request(n)),
+        "cpu_us_per_request_by_thread": threads.map(|(after, before)| after.per_request_since(&before, n)),
         "latency_us": {"p50": pct(0.50), "p99": pct(0.99)},
         "mean_body_bytes": tally.body_bytes / n,
         "new_bytes_per_turn": tally.new_bytes / n,
@@ -508,25 +508,17 @@ fn thread_ticks(pid: u32) -> anyhow::Result<ThreadTicks> {
 }
 
 impl ThreadTicks {
-    fn since(&self, before: &ThreadTicks) -> ThreadTicks {
-        ThreadTicks(
-            self.0
-                .iter()
-                .map(|(name, t)| {
-                    (
-                        name.clone(),
-                        t - before.0.get(name).copied().unwrap_or(0).min(*t),
-                    )
-                })
-                .collect(),
-        )
-    }
-
-    /// µs per request of each thread name that used any CPU.
-    fn per_request(&self, requests: u64) -> serde_json::Value {
+    /// µs per request of each thread name that used CPU since `before`.
+    fn per_request_since(&self, before: &ThreadTicks, requests: u64) -> serde_json::Value {
         self.0
             .iter()
-            .filter(|(_, t)| **t > 0)
+            .map(|(name, t)| {
+                (
+                    name,
+                    t.saturating_sub(before.0.get(name).copied().unwrap_or(0)),
+                )
+            })
+            .filter(|(_, t)| *t > 0)
             .map(|(name, t)| (name.clone(), json!(t * 10_000 / requests)))
             .collect::<serde_json::Map<_, _>>()
             .into()
