@@ -637,6 +637,22 @@ impl fmt::Display for BaseUrl {
     }
 }
 
+impl Config {
+    /// What an exchange needs of the configuration.
+    pub fn exchange_settings(&self) -> crate::exchange::Settings {
+        crate::exchange::Settings {
+            max_body: self.max_body,
+            body_timeout: self.body_timeout,
+            upstream_timeout: self.upstream_timeout,
+            idle_timeout: self.idle_timeout,
+            stream: self.stream,
+            max_response: self.capture.max_response,
+            upstream_anthropic: self.upstream_anthropic.clone(),
+            upstream_openai: self.upstream_openai.clone(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

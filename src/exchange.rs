@@ -12,6 +12,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -21,29 +22,48 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::{BaseUrl, Config};
+use crate::config::BaseUrl;
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
-use crate::listener::head::Malformed;
 use crate::observer::decode::{self, DecodeError};
-use crate::observer::stall::Stall;
+use crate::observer::stall::{Stall, StallSettings};
 use crate::observer::{self, BodyEnd, ObservedBody, ResponseBody, StallWatch, TapResult};
+use crate::policy::{
+    self, Block, Decision, Effects, Facts, Outgoing, Phase, Policy, PolicyRun, PolicySource,
+    ResponseHead, SharedReport,
+};
 use crate::provider::{self, Provider};
-use crate::record::{ExchangeRecord, Mode, Outcome, Recorder};
-use crate::rules::reload::LiveRules;
-use crate::rules::stream::{EventRules, StreamContext, StreamReport};
-use crate::rules::{RequestCtx, Verdict};
+use crate::record::{ExchangeRecord, InFlight, Mode, Outcome, Recorder};
 use crate::upstream::{Upstream, UpstreamBody};
+
+/// What an exchange needs of the configuration, taken from it once.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The largest request body read (`--max-body`).
+    pub max_body: u64,
+    /// The longest silence while a request body arrives (`--body-timeout`).
+    pub body_timeout: Duration,
+    /// How long the upstream may take to send a response head.
+    pub upstream_timeout: Duration,
+    /// The longest silence of a response body (`--idle-timeout`).
+    pub idle_timeout: Duration,
+    /// The stall watchdog of streamed answers.
+    pub stream: StallSettings,
+    /// The most response bytes the observer keeps (`capture.max_response`).
+    pub max_response: u64,
+    pub upstream_anthropic: BaseUrl,
+    pub upstream_openai: BaseUrl,
+}
 
 /// Everything an exchange needs, shared by all of them.
 pub struct Proxy {
-    pub config: Arc<Config>,
+    pub settings: Settings,
     pub upstream: Upstream,
     pub recorder: Arc<Recorder>,
-    /// The hook rules; each exchange takes a snapshot when it starts.
-    pub rules: Arc<LiveRules>,
-    /// What the viewer watches live.
-    pub live: Arc<crate::live::LiveFeed>,
+    /// Where each exchange takes its policies from when it begins, in load order.
+    pub policies: Vec<Arc<dyn PolicySource>>,
+    /// What watches exchanges in flight (the viewer's live feed).
+    pub live: Arc<dyn InFlight>,
     /// The token `doctor`'s probes carry (see [`crate::runtime::PROBE_HEADER`]).
     pub probe_token: Arc<str>,
 }
@@ -112,11 +132,49 @@ impl Body for ProxyBody {
 static WARNED_OPENAI_BASE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// An exchange as [`Proxy::begin`] started it: its record, and the rule set it runs.
-pub struct Begun {
+/// A head that cannot be served, and what the client is told.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Malformed {
+    pub status: StatusCode,
+    pub message: String,
+    /// The method and target, when the request line could be read.
+    pub method: Option<String>,
+    pub target: Option<String>,
+}
+
+/// One exchange in flight: every fact it has is decided once and kept here, passed
+/// `&mut` to each phase, and written into its record (emitted once, at the end).
+/// Policies see its facts, never the record.
+pub struct Exchange {
     pending: PendingRecord,
+    /// The host the client addressed (authority or `Host`).
     host: Option<String>,
-    rules: Arc<crate::rules::RuleSet>,
+    /// The listener's routing, when it decided (forward mode).
+    target: Option<Target>,
+    /// Where it goes: decided by [`Exchange::route`].
+    route: Option<provider::Route>,
+    /// Whether the received body carries a `Content-Encoding`.
+    encoded: bool,
+    /// The policies it runs, in load order, taken when it began: a request in flight
+    /// finishes with the policies it started with.
+    policies: Vec<Arc<dyn Policy>>,
+    /// What the policies did, gathered phase by phase.
+    effects: Effects,
+    runs: Vec<PolicyRun>,
+}
+
+/// Why an exchange answers the client itself, not with the provider's answer.
+enum Stop {
+    Error(ProxyError),
+    Blocked(Block),
+    /// A streamed request stalled before its head and `stream.on_stall` gave up.
+    Stalled(Duration),
+}
+
+impl From<ProxyError> for Stop {
+    fn from(e: ProxyError) -> Stop {
+        Stop::Error(e)
+    }
 }
 
 /// A record under construction. Dropped unfinished — the client went away while
@@ -162,6 +220,68 @@ impl Drop for PendingRecord {
                 started: self.started,
             };
             pending.emit(outcome, Some(error.into()));
+        }
+    }
+}
+
+impl Exchange {
+    fn record(&mut self) -> &mut ExchangeRecord {
+        self.pending.get()
+    }
+
+    /// The provider whose error shape an answer takes (Anthropic before routing).
+    fn provider(&self) -> Provider {
+        self.route
+            .as_ref()
+            .map_or(Provider::Anthropic, |r| r.provider)
+    }
+
+    /// The facts every policy reads, as decided so far.
+    fn facts<'a>(&'a self, route: &'a provider::Route, tags: &'a [String]) -> Facts<'a> {
+        let r = self.pending.record.as_ref();
+        Facts {
+            provider: route.provider,
+            api: route.api,
+            method: r.map_or(&Method::GET, |r| &r.method),
+            host: r.and_then(|r| r.host.as_deref()),
+            path: route.upstream_path.path(),
+            model: r.and_then(|r| r.model.as_deref()),
+            encoded: self.encoded,
+            tags,
+        }
+    }
+
+    /// Writes what the policies did into the record and logs their lines: the one
+    /// place their effects reach it.
+    fn take_effects(&mut self) {
+        let effects = std::mem::take(&mut self.effects);
+        let runs = std::mem::take(&mut self.runs);
+        let r = self.pending.get();
+        r.take_effects(&effects);
+        r.policy_runs.extend(runs);
+        for (who, line) in &effects.logs {
+            tracing::info!(target: "promptgate::rules", id = %r.id, rule = %who, "{line}");
+        }
+    }
+
+    /// Answers the client with promptgate's own error for `stop`, and emits the record.
+    fn answer(mut self, stop: Stop) -> Response<ProxyBody> {
+        self.take_effects();
+        let provider = self.provider();
+        match stop {
+            Stop::Error(e) => error_response(self.pending, provider, e),
+            Stop::Stalled(silence) => stall_response(self.pending, provider, silence),
+            Stop::Blocked(block) => {
+                let error = OwnError {
+                    status: block.status,
+                    error_type: block.error_type.as_deref(),
+                    code: "blocked_by_rule",
+                    message: &format!("{} (rule {:?})", block.message, block.rule),
+                    retry: false,
+                    outcome: Outcome::Blocked,
+                };
+                own_error(self.pending, provider, error)
+            }
         }
     }
 }
@@ -225,16 +345,15 @@ impl Proxy {
         request: Request<Incoming>,
         client: Option<SocketAddr>,
     ) -> Response<ProxyBody> {
-        let begun = self.begin(&request, client);
-        self.serve(begun, request).await
+        let exchange = self.begin(&request, client);
+        self.serve(exchange, request).await
     }
 
-    /// Starts an exchange's record as hyper hands its request over. Call it in the
-    /// service function itself, not its future: hyper drops that future unpolled when
-    /// the client's end arrives with the request, and the record must still be made.
-    pub fn begin(&self, request: &Request<Incoming>, client: Option<SocketAddr>) -> Begun {
+    /// Starts an exchange and its record as hyper hands its request over. Call it in
+    /// the service function itself, not its future: hyper drops that future unpolled
+    /// when the client's end arrives with the request, and the record must still be made.
+    pub fn begin(&self, request: &Request<Incoming>, client: Option<SocketAddr>) -> Exchange {
         let started = Instant::now();
-        let id = ExchangeId::new();
         let path = request.uri().path_and_query().map_or_else(
             || request.uri().path().to_owned(),
             |p| p.as_str().to_owned(),
@@ -248,56 +367,93 @@ impl Proxy {
                 h.to_str().ok().map(str::to_owned)
             });
         self.recorder.begin();
-        let mut record = ExchangeRecord::begin(id, client, request.method().clone(), path);
+        let mut record =
+            ExchangeRecord::begin(ExchangeId::new(), client, request.method().clone(), path);
         record.host = host.clone();
-        let mut pending = PendingRecord {
-            record: Some(record),
-            recorder: self.recorder.clone(),
-            started,
-        };
         // Known before the body: a request refused while reading it keeps its headers.
-        pending.get().request_headers = request.headers().clone();
-        if let Some(t) = request.extensions().get::<Target>() {
-            let r = pending.get();
-            r.mode = t.mode;
-            r.host = Some(t.host.clone());
+        record.request_headers = request.headers().clone();
+        let target = request.extensions().get::<Target>().cloned();
+        if let Some(t) = &target {
+            record.mode = t.mode;
+            record.host = Some(t.host.clone());
         }
-        Begun {
-            pending,
+        Exchange {
+            pending: PendingRecord {
+                record: Some(record),
+                recorder: self.recorder.clone(),
+                started,
+            },
             host,
-            // A request in flight finishes with the rule set it started with.
-            rules: self.rules.snapshot(),
+            target,
+            route: None,
+            encoded: false,
+            policies: self.policies.iter().map(|s| s.current()).collect(),
+            effects: Effects::default(),
+            runs: Vec::new(),
         }
     }
 
-    /// Serves a request whose exchange [`Proxy::begin`] started.
+    /// Serves a request whose exchange [`Proxy::begin`] started: the driver, one
+    /// call per phase. Each phase decides its facts on the exchange or stops it with
+    /// the answer the client gets.
     pub async fn serve(
         self: Arc<Self>,
-        begun: Begun,
+        mut ex: Exchange,
         request: Request<Incoming>,
     ) -> Response<ProxyBody> {
-        let Begun {
-            mut pending,
-            host,
-            rules,
-        } = begun;
-        let started = pending.started;
-        let target = request.extensions().get::<Target>().cloned();
-        let route = match (&target, request.uri().path_and_query()) {
+        let (mut parts, body) = request.into_parts();
+        if let Err(stop) = self.route(&mut ex, &parts) {
+            return ex.answer(stop);
+        }
+        self.take_probe(&mut ex, &mut parts.headers);
+        let body = match self.read(&mut ex, body, &parts.headers).await {
+            Ok(body) => body,
+            Err(stop) => return ex.answer(stop),
+        };
+        let uri = match self.upstream_uri(&mut ex) {
+            Ok(uri) => uri,
+            Err(stop) => return ex.answer(stop),
+        };
+        let outgoing = match request_policies(&mut ex, std::mem::take(&mut parts.headers), body) {
+            Ok(outgoing) => outgoing,
+            Err(stop) => return ex.answer(stop),
+        };
+        // A sink that must not miss a record (capture.required) may refuse here.
+        if let Err(why) = self.recorder.admit(ex.record()).await {
+            return ex.answer(ProxyError::new(ErrorKind::CaptureUnavailable, why).into());
+        }
+        self.live.started(ex.record());
+        parts.headers = outgoing.headers;
+        parts.uri = uri;
+        // ALPN decides the upstream protocol; the client's own version does not matter.
+        parts.version = Version::HTTP_11;
+        let response = match self.send(&mut ex, parts, outgoing.body).await {
+            Ok(response) => response,
+            Err(stop) => return ex.answer(stop),
+        };
+        let (head, incoming) = response_policies(&mut ex, response);
+        self.stream(ex, head, incoming)
+    }
+
+    /// Routes the request: by the listener's target (forward mode) or by its path.
+    fn route(&self, ex: &mut Exchange, parts: &http::request::Parts) -> Result<(), Stop> {
+        let route = match (&ex.target, parts.uri.path_and_query()) {
             (Some(t), Some(pq)) => Some(t.route(pq)),
             (Some(t), None) => Some(t.route(&http::uri::PathAndQuery::from_static("/"))),
             (None, pq) => pq.and_then(provider::route),
         };
         let Some(route) = route else {
-            let error = ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP);
-            return error_response(pending, Provider::Anthropic, error);
+            return Err(ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP).into());
         };
         // An OpenAI SDK pointed at …/v1 instead of …/openai/v1: say so in its own shape.
-        if target.is_none()
+        if ex.target.is_none()
             && route.provider == Provider::Anthropic
             && provider::is_openai_only(route.upstream_path.path())
         {
-            let base = format!("http://{}/openai/v1", host.as_deref().unwrap_or("<listen>"));
+            let base = format!(
+                "http://{}/openai/v1",
+                ex.host.as_deref().unwrap_or("<listen>")
+            );
             let message = format!(
                 "{} is an OpenAI path, but it came to the Anthropic route: set the OpenAI \
                  base URL to {base} (OPENAI_BASE_URL), not …/v1",
@@ -306,255 +462,325 @@ impl Proxy {
             if !WARNED_OPENAI_BASE.swap(true, std::sync::atomic::Ordering::Relaxed) {
                 tracing::warn!("{message} (said once)");
             }
-            return error_response(
-                pending,
-                Provider::OpenAi,
-                ProxyError::new(ErrorKind::NoRoute, message),
-            );
+            ex.route = Some(provider::Route {
+                provider: Provider::OpenAi,
+                ..route
+            });
+            return Err(ProxyError::new(ErrorKind::NoRoute, message).into());
         }
-        {
-            let r = pending.get();
-            r.provider = Some(route.provider);
-            r.api = Some(route.api);
-        }
+        let r = ex.record();
+        r.provider = Some(route.provider);
+        r.api = Some(route.api);
+        ex.route = Some(route);
+        Ok(())
+    }
 
-        let (mut parts, body) = request.into_parts();
-        // Never forwarded, never stored; only the right token marks a probe.
-        if let Some(token) = parts.headers.remove(crate::runtime::PROBE_HEADER) {
-            let r = pending.get();
+    /// Takes `doctor`'s probe header off: never forwarded, never stored; only the
+    /// right token marks a probe.
+    fn take_probe(&self, ex: &mut Exchange, headers: &mut HeaderMap) {
+        if let Some(token) = headers.remove(crate::runtime::PROBE_HEADER) {
+            let r = ex.record();
             r.request_headers.remove(crate::runtime::PROBE_HEADER);
             if token.as_bytes() == self.probe_token.as_bytes() {
                 r.probe = true;
                 r.tags.push("promptgate-doctor".into());
             }
         }
-        let limits = (self.config.max_body, self.config.body_timeout);
-        let body = match read_body(body, &parts.headers, limits).await {
-            Ok(body) => body,
-            Err(e) => return error_response(pending, route.provider, e),
-        };
-        pending.get().timing.body_read = Some(started.elapsed());
-        // Decoded once, before anything reads it: the sniff, rules, capture and cache
-        // analysis all read these bytes (a compressed body must not hide its model).
-        let plain = match decode::request_plain(&parts.headers, &body, self.config.max_body) {
+    }
+
+    /// Reads the body whole and decodes it once, before anything reads it: the model,
+    /// policies, capture and cache analysis all read these bytes (a compressed body
+    /// must not hide its model). Decides the body, its coding and the model.
+    async fn read(
+        &self,
+        ex: &mut Exchange,
+        body: Incoming,
+        headers: &HeaderMap,
+    ) -> Result<Bytes, Stop> {
+        let limits = (self.settings.max_body, self.settings.body_timeout);
+        let body = read_body(body, headers, limits).await?;
+        let started = ex.pending.started;
+        ex.record().timing.body_read = Some(started.elapsed());
+        ex.encoded = provider::content_coding(headers).is_some();
+        let plain = match decode::request_plain(headers, &body, self.settings.max_body) {
             Ok(plain) => plain,
             Err(e) => {
-                let r = pending.get();
+                let r = ex.record();
                 r.bytes_in = body.len() as u64;
                 r.request_body = body;
-                return error_response(
-                    pending,
-                    route.provider,
-                    undecodable(e, self.config.max_body),
-                );
+                return Err(undecodable(e, self.settings.max_body).into());
             }
         };
-        let base = match (&target, route.provider) {
+        let r = ex.record();
+        r.bytes_in = body.len() as u64;
+        if plain.first() == Some(&b'{') {
+            r.model = provider::sniff(&plain).model;
+        }
+        r.set_request_body(body.clone(), plain);
+        Ok(body)
+    }
+
+    /// The upstream URL: the target's (forward mode) or the provider's base joined
+    /// with the path.
+    fn upstream_uri(&self, ex: &mut Exchange) -> Result<http::Uri, Stop> {
+        let Some(route) = &ex.route else {
+            return Err(ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP).into());
+        };
+        let base = match (&ex.target, route.provider) {
             (Some(t), _) => &t.upstream,
-            (None, Provider::Anthropic) => &self.config.upstream_anthropic,
-            (None, Provider::OpenAi) => &self.config.upstream_openai,
+            (None, Provider::Anthropic) => &self.settings.upstream_anthropic,
+            (None, Provider::OpenAi) => &self.settings.upstream_openai,
         };
-        let uri = match base.join(&route.upstream_path) {
-            Ok(uri) => uri,
-            Err(e) => {
-                let error = ProxyError::new(ErrorKind::NoRoute, format!("bad upstream path: {e}"));
-                return error_response(pending, route.provider, error);
-            }
-        };
-        {
-            let r = pending.get();
-            r.upstream_url = Some(uri.to_string());
-            r.bytes_in = body.len() as u64;
-            if plain.first() == Some(&b'{') {
-                r.model = provider::sniff(&plain).model;
-            }
-            r.set_request_body(body.clone(), plain.clone());
-        }
+        let uri = base
+            .join(&route.upstream_path)
+            .map_err(|e| ProxyError::new(ErrorKind::NoRoute, format!("bad upstream path: {e}")))?;
+        ex.record().upstream_url = Some(uri.to_string());
+        Ok(uri)
+    }
 
-        // The record keeps the headers as received; upstream gets them minus hop-by-hop,
-        // then as the before_provider_headers / before_provider_request rules leave them.
-        let received = std::mem::take(&mut parts.headers);
-        let model = pending.get().model.clone();
-        let prompt = pending.get().prompt.clone();
-        let applied = rules.apply_request(RequestCtx {
-            provider: route.provider,
-            api: route.api,
-            method: &parts.method,
-            host: host.as_deref(),
-            path: route.upstream_path.path(),
-            model: model.as_deref(),
-            headers: forwardable(&received, true),
-            body: &body,
-            prompt: &prompt,
-        });
-        parts.headers = applied.headers;
-        let body = applied.body.as_ref().map_or(body, |p| p.body().clone());
-        {
-            let r = pending.get();
-            r.request_headers = received;
-            r.sent_headers = parts.headers.clone();
-            if let Some(changed) = applied.body {
-                r.set_sent(changed);
-            }
-            // Rules read the provider's (last) model of a repeated key.
-            if applied.keys.repeated().is_some() {
-                r.model = applied.model;
-            }
-            applied.effects.record_into(r);
-        }
-        if let Verdict::Respond(block) = applied.verdict {
-            let error = OwnError {
-                status: block.status,
-                error_type: block.error_type.as_deref(),
-                code: "blocked_by_rule",
-                message: &format!("{} (rule {:?})", block.message, block.rule),
-                retry: false,
-                outcome: Outcome::Blocked,
-            };
-            return own_error(pending, route.provider, error);
-        }
-        parts.uri = uri;
-        // ALPN decides the upstream protocol; the client's own version does not matter.
-        parts.version = Version::HTTP_11;
+    /// Sends the request upstream and waits for the response head (the stall
+    /// watchdog watching a streamed one).
+    async fn send(
+        &self,
+        ex: &mut Exchange,
+        parts: http::request::Parts,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, Stop> {
+        let started = ex.pending.started;
         let asked = Arc::new(std::sync::OnceLock::new());
-        let upstream_request =
+        let request =
             Request::from_parts(parts, UpstreamBody::from(body).noting_start(asked.clone()));
-
-        // A sink that must not miss a record (capture.required) may refuse here.
-        if let Err(why) = self.recorder.admit(pending.get()).await {
-            let error = ProxyError::new(ErrorKind::CaptureUnavailable, why);
-            return error_response(pending, route.provider, error);
-        }
-        self.live.started(pending.get());
-
         let sending = Instant::now();
-        let waited = self
-            .await_head(upstream_request, sending, started, &plain, pending.get())
-            .await;
-        let response = match waited {
-            HeadWait::Head(Ok(response)) => response,
-            HeadWait::Head(Err(e)) => return error_response(pending, route.provider, e),
+        let plain = ex.record().request_plain.clone();
+        let response = match self
+            .await_head(request, sending, started, &plain, ex.record())
+            .await
+        {
+            HeadWait::Head(head) => head?,
             HeadWait::TimedOut => {
-                let error = ProxyError::new(
+                return Err(ProxyError::new(
                     ErrorKind::UpstreamTimeout,
                     format!(
                         "upstream sent no response within {}s",
-                        self.config.upstream_timeout.as_secs()
+                        self.settings.upstream_timeout.as_secs()
                     ),
-                );
-                return error_response(pending, route.provider, error);
+                )
+                .into());
             }
-            HeadWait::Stalled(silence) => return stall_response(pending, route.provider, silence),
+            HeadWait::Stalled(silence) => return Err(Stop::Stalled(silence)),
         };
-
         let head_in = Instant::now();
-        if let Some(stall) = pending.get().stall.as_mut() {
+        let r = ex.record();
+        if let Some(stall) = r.stall.as_mut() {
             stall.longest_ms = (head_in - sending).as_millis() as u64;
         }
-        let (mut head, incoming) = response.into_parts();
-        head.headers = forwardable(&head.headers, false);
-        {
-            let r = pending.get();
-            let effects = rules.apply_response(
-                route.provider,
-                route.api,
-                &r.method,
-                r.host.as_deref(),
-                route.upstream_path.path(),
-                r.model.as_deref(),
-                &r.sent_headers,
-                head.status,
-                &mut head.headers,
-            );
-            effects.record_into(r);
-            r.status = Some(head.status);
-            r.response_headers = head.headers.clone();
-            r.timing.upstream_headers = Some(head_in - started);
-            // A body-less request may never be asked for its body: then it went when sent.
-            let went = asked.get().copied().unwrap_or(sending);
-            r.timing.sent_upstream = Some(went.saturating_duration_since(started));
-        }
-        self.recorder.response_began(pending.get());
+        r.timing.upstream_headers = Some(head_in - started);
+        // A body-less request may never be asked for its body: then it went when sent.
+        let went = asked.get().copied().unwrap_or(sending);
+        r.timing.sent_upstream = Some(went.saturating_duration_since(started));
+        Ok(response)
+    }
+
+    /// Hands the response head to the client and its body through the observer
+    /// (and the stream policies, when they act on this answer's events); the record
+    /// is emitted when the body ends.
+    fn stream(
+        &self,
+        mut ex: Exchange,
+        mut head: http::response::Parts,
+        incoming: Incoming,
+    ) -> Response<ProxyBody> {
+        let Some(route) = ex.route.clone() else {
+            return ex.answer(ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP).into());
+        };
+        self.recorder.response_began(ex.record());
         let is_sse = head
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
-        let can_append_error = is_sse
-            && !head.headers.contains_key(header::CONTENT_LENGTH)
-            && !head.headers.contains_key(header::CONTENT_ENCODING);
+        let encoded = head.headers.contains_key(header::CONTENT_ENCODING);
+        let can_append_error =
+            is_sse && !head.headers.contains_key(header::CONTENT_LENGTH) && !encoded;
         let error_event = can_append_error.then_some((route.provider, route.api));
-        let (provider, api) = (route.provider, route.api);
-        // Per-event rules read plain SSE only (a compressed stream passes unread); the
-        // context is built only when such rules are loaded.
-        let events = if is_sse
-            && !head.headers.contains_key(header::CONTENT_ENCODING)
-            && rules.has_rules(crate::rules::Phase::ProviderStreamEvent)
-        {
-            let r = pending.get();
-            EventRules::new(
-                rules.clone(),
-                StreamContext {
-                    provider,
-                    api,
-                    method: r.method.clone(),
-                    host: r.host.clone(),
-                    path: route.upstream_path.path().to_owned(),
-                    model: r.model.clone(),
-                    request_headers: r.sent_headers.clone(),
-                    status: head.status,
-                    response_headers: head.headers.clone(),
-                    tags: r.tags.clone(),
-                },
-            )
-        } else {
-            None
-        };
-        let (inner, report) = match events {
-            Some(events) => {
-                if events.may_change() {
+        // Per-event policies read plain SSE only (a compressed stream passes unread).
+        let events = (is_sse && !encoded)
+            .then(|| stream_policies(&ex, &route, &mut head))
+            .flatten();
+        let (inner, reports) = match events {
+            Some((engine, reports)) => {
+                if engine.may_change() {
                     // Masks and drops change the length; hyper frames it instead.
                     head.headers.remove(header::CONTENT_LENGTH);
                 }
-                let report = events.report();
-                (ResponseBody::with_rules(incoming, events), Some(report))
+                (ResponseBody::with_rules(incoming, engine), reports)
             }
-            None => (ResponseBody::Plain(incoming), None),
+            None => (ResponseBody::Plain(incoming), Vec::new()),
         };
-        let headers_for_observer = head.headers.clone();
-        let limit = self.config.capture.max_response;
-        let message = self.recorder.reads_message();
-        pending.get().timing.head_to_client = Some(started.elapsed());
+        ex.take_effects();
+        let started = ex.pending.started;
+        let read = Observed {
+            provider: route.provider,
+            api: route.api,
+            headers: head.headers.clone(),
+            limit: self.settings.max_response,
+            message: self.recorder.reads_message(),
+            reports,
+        };
+        ex.record().timing.head_to_client = Some(started.elapsed());
         // Streamed answers only: a JSON answer may take minutes (--upstream-timeout).
         let watch = is_sse.then(|| StallWatch {
-            settings: self.config.stream,
+            settings: self.settings.stream,
             started,
-            id: pending.get().id,
-            model: pending.get().model.clone(),
+            id: ex.pending.get().id,
+            model: ex.pending.get().model.clone(),
         });
-        let live = self.live.tap(pending.get(), is_sse);
+        let live = self.live.tap(ex.record(), is_sse);
+        let pending = ex.pending;
         let body = ObservedBody::new(
             inner,
-            self.config.idle_timeout,
-            usize::try_from(limit).unwrap_or(usize::MAX),
+            self.settings.idle_timeout,
+            usize::try_from(read.limit).unwrap_or(usize::MAX),
             error_event,
             self.recorder.grace_over(),
             watch,
-            move |tap: TapResult| {
-                let read = Observed {
-                    provider,
-                    api,
-                    headers: headers_for_observer,
-                    limit,
-                    message,
-                    report,
-                };
-                finish_observed(pending, read, tap)
-            },
+            move |tap: TapResult| finish_observed(pending, read, tap),
         )
         .with_live(live);
         Response::from_parts(head, ProxyBody::Upstream(body))
     }
+}
+
+/// Runs the request phases' policies in load order; each sees the headers and the
+/// payload as the previous one left them. Returns what goes upstream.
+fn request_policies(ex: &mut Exchange, received: HeaderMap, body: Bytes) -> Result<Outgoing, Stop> {
+    let prompt = ex.record().prompt.clone();
+    let mut outgoing = Outgoing {
+        headers: forwardable(&received, true),
+        body,
+        prompt,
+        replaced: false,
+    };
+    let route = ex.route.clone();
+    let policies = std::mem::take(&mut ex.policies);
+    let mut decision = Decision::Continue;
+    if let Some(route) = &route
+        && policies
+            .iter()
+            .any(|p| p.runs(Phase::BeforeProviderHeaders) || p.runs(Phase::BeforeProviderRequest))
+    {
+        let tags = ex.record().tags.clone();
+        let mut effects = std::mem::take(&mut ex.effects);
+        let mut runs = std::mem::take(&mut ex.runs);
+        let facts = ex.facts(route, &tags);
+        for phase in [Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest] {
+            decision = policy::run_request_phase(
+                &policies,
+                phase,
+                &facts,
+                &mut outgoing,
+                &mut effects,
+                &mut runs,
+            );
+            if decision != Decision::Continue {
+                break;
+            }
+        }
+        ex.effects = effects;
+        ex.runs = runs;
+    }
+    ex.policies = policies;
+    let r = ex.record();
+    // The record keeps the headers as received; upstream gets them as policies left them.
+    r.request_headers = received;
+    r.sent_headers = outgoing.headers.clone();
+    if outgoing.replaced && decision == Decision::Continue {
+        r.set_sent_cell(outgoing.prompt.clone());
+    }
+    // The model the provider reads: the last of a repeated key, when a policy read the body.
+    if let Some(prompt) = r.prompt.if_read()
+        && prompt.keys().repeated().is_some()
+    {
+        r.model = prompt.model();
+    }
+    match decision {
+        Decision::Continue => Ok(outgoing),
+        Decision::Respond(block) => Err(Stop::Blocked(block)),
+    }
+}
+
+/// Runs after_provider_response's policies on the response head (hop-by-hop
+/// headers removed) and writes the head into the record.
+fn response_policies(
+    ex: &mut Exchange,
+    response: Response<Incoming>,
+) -> (http::response::Parts, Incoming) {
+    let (mut head, incoming) = response.into_parts();
+    head.headers = forwardable(&head.headers, false);
+    if let Some(route) = ex.route.clone()
+        && ex
+            .policies
+            .iter()
+            .any(|p| p.runs(Phase::AfterProviderResponse))
+    {
+        let policies = std::mem::take(&mut ex.policies);
+        let tags = ex.record().tags.clone();
+        let sent = ex.record().sent_headers.clone();
+        let mut effects = std::mem::take(&mut ex.effects);
+        let mut runs = std::mem::take(&mut ex.runs);
+        let facts = ex.facts(&route, &tags);
+        let mut response_head = ResponseHead {
+            status: head.status,
+            headers: &mut head.headers,
+            request_headers: &sent,
+        };
+        // A block is not an answer here: the provider's head has come.
+        let _ = policy::run_response_phase(
+            &policies,
+            &facts,
+            &mut response_head,
+            &mut effects,
+            &mut runs,
+        );
+        ex.effects = effects;
+        ex.runs = runs;
+        ex.policies = policies;
+    }
+    let r = ex.record();
+    r.status = Some(head.status);
+    r.response_headers = head.headers.clone();
+    (head, incoming)
+}
+
+/// The stream engine of the policies that act on this answer's events, with the
+/// reports they fill; `None` when none does.
+fn stream_policies(
+    ex: &Exchange,
+    route: &provider::Route,
+    head: &mut http::response::Parts,
+) -> Option<(Box<dyn policy::EventPolicy>, Vec<SharedReport>)> {
+    if !ex
+        .policies
+        .iter()
+        .any(|p| p.runs(Phase::ProviderStreamEvent))
+    {
+        return None;
+    }
+    let r = ex.pending.record.as_ref()?;
+    // Tags of the request phases count, though not yet written to the record.
+    let mut tags = r.tags.clone();
+    for t in &ex.effects.tags {
+        if !tags.contains(t) {
+            tags.push(t.clone());
+        }
+    }
+    let facts = ex.facts(route, &tags);
+    let response_head = ResponseHead {
+        status: head.status,
+        headers: &mut head.headers,
+        request_headers: &r.sent_headers,
+    };
+    policy::stream_phase(&ex.policies, &facts, &response_head)
 }
 
 /// How waiting for the upstream's response head ended.
@@ -578,8 +804,9 @@ impl Proxy {
         plain: &Bytes,
         record: &mut ExchangeRecord,
     ) -> HeadWait {
-        let settings = self.config.stream;
-        let send = tokio::time::timeout(self.config.upstream_timeout, self.upstream.send(request));
+        let settings = self.settings.stream;
+        let send =
+            tokio::time::timeout(self.settings.upstream_timeout, self.upstream.send(request));
         tokio::pin!(send);
         let mut stall_at = Some(sending + settings.stall_after);
         let mut abort_at: Option<Instant> = None;
@@ -797,8 +1024,8 @@ struct Observed {
     limit: u64,
     /// Whether a sink reads a stream's reassembled message.
     message: bool,
-    /// What per-event rules did, when they ran.
-    report: Option<Arc<std::sync::Mutex<StreamReport>>>,
+    /// What per-event policies did, when they ran.
+    reports: Vec<SharedReport>,
 }
 
 fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
@@ -808,7 +1035,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         headers,
         limit,
         message,
-        report,
+        reports,
     } = read;
     let recorder = pending.recorder.clone();
     let cut_outcome = recorder.cut_outcome();
@@ -833,10 +1060,13 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         record.timing.total = tap.ended - started;
         let stream_error = observation.summary.provider_error.clone();
         record.observation = Some(observation);
-        if let Some(report) = report {
+        for report in reports {
             // The body has ended: nothing fills the report any more.
             let report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
-            report.record_into(&mut record);
+            for (rule, line) in &report.logs {
+                tracing::info!(target: "promptgate::rules", id = %record.id, rule = %rule, "{line}");
+            }
+            record.take_stream_report(report);
         }
         let (outcome, error) = match tap.end {
             BodyEnd::Complete => {

@@ -67,6 +67,7 @@ pub mod live;
 pub mod logging;
 pub mod metrics;
 pub mod observer;
+pub mod policy;
 pub mod prompt;
 pub mod provider;
 pub mod record;

@@ -159,9 +159,8 @@ pub struct LiveTap {
     stalled: Option<Duration>,
 }
 
-impl LiveTap {
-    /// A body chunk passed to the client.
-    pub fn chunk(&mut self, data: &[u8]) {
+impl crate::observer::Progress for LiveTap {
+    fn chunk(&mut self, data: &[u8]) {
         let now = Instant::now();
         self.stalled = None;
         self.bytes += data.len() as u64;
@@ -185,18 +184,18 @@ impl LiveTap {
         }
     }
 
-    /// The body ended.
-    pub fn end(&mut self) {
+    fn end(&mut self) {
         self.send(true, Instant::now());
     }
 
-    /// The stream has been silent past `stream.stall_after` for `silence`: the page
-    /// shows it as stalled until data comes again.
-    pub fn stalled(&mut self, silence: Duration) {
+    // The page shows it as stalled until data comes again.
+    fn stalled(&mut self, silence: Duration) {
         self.stalled = Some(silence);
         self.send(false, Instant::now());
     }
+}
 
+impl LiveTap {
     fn send(&mut self, done: bool, now: Instant) {
         self.sent = Some(now);
         if !self.feed.watched() {
@@ -229,5 +228,20 @@ impl LiveTap {
                 "stalled_ms": self.stalled.map(|s| s.as_millis() as u64),
             }),
         );
+    }
+}
+
+impl crate::record::InFlight for Arc<LiveFeed> {
+    fn started(&self, record: &ExchangeRecord) {
+        LiveFeed::started(self, record);
+    }
+
+    fn tap(
+        &self,
+        record: &ExchangeRecord,
+        stream: bool,
+    ) -> Option<Box<dyn crate::observer::Progress>> {
+        LiveFeed::tap(self, record, stream)
+            .map(|t| Box::new(t) as Box<dyn crate::observer::Progress>)
     }
 }

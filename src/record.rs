@@ -166,7 +166,9 @@ pub struct ExchangeRecord {
     /// JSON pointers of the body nodes rules changed, in order.
     pub body_diff: Vec<String>,
     /// Events per-event rules changed, dropped or stopped at, in stream order.
-    pub stream_edits: Vec<crate::rules::stream::EventEdit>,
+    pub stream_edits: Vec<crate::policy::EventEdit>,
+    /// Each policy's turn at each phase, in order: its decision and its time.
+    pub policy_runs: Vec<crate::policy::PolicyRun>,
     /// Whether the capture store should keep this exchange (a rule may turn it off).
     pub capture: bool,
     /// Extra secret patterns (from rules) the capture redacts in this exchange's bodies.
@@ -193,6 +195,47 @@ pub struct ExchangeRecord {
 }
 
 impl ExchangeRecord {
+    /// Writes what the policies of the request and response phases did, as the
+    /// exchange gathered it: the one place their effects reach the record.
+    pub fn take_effects(&mut self, effects: &crate::policy::Effects) {
+        self.rules_fired.extend(effects.fired.iter().cloned());
+        for t in &effects.tags {
+            if !self.tags.contains(t) {
+                self.tags.push(t.clone());
+            }
+        }
+        for p in &effects.body_diff {
+            if !self.body_diff.contains(p) {
+                self.body_diff.push(p.clone());
+            }
+        }
+        if effects.capture == Some(false) {
+            self.capture = false;
+        }
+        self.extra_redactions
+            .extend(effects.redactions.iter().cloned());
+        for h in &effects.secret_headers {
+            if !self.secret_headers.contains(h) {
+                self.secret_headers.push(h.clone());
+            }
+        }
+    }
+
+    /// Writes what per-event policies did to the stream, once it ended.
+    pub fn take_stream_report(&mut self, report: crate::policy::StreamReport) {
+        for f in report.fired {
+            if !self.rules_fired.contains(&f) {
+                self.rules_fired.push(f);
+            }
+        }
+        for t in report.tags {
+            if !self.tags.contains(&t) {
+                self.tags.push(t);
+            }
+        }
+        self.stream_edits.extend(report.edits);
+    }
+
     /// The body bytes it holds (received, sent when rules changed it, response): what
     /// a queue of records is bounded by. A sent body sharing the received one's memory
     /// counts once; comparing their bytes would read them all.
@@ -225,6 +268,12 @@ impl ExchangeRecord {
     pub fn set_sent(&mut self, changed: Prompt) {
         self.sent_body = changed.body().clone();
         self.sent_prompt = PromptCell::of(changed);
+    }
+
+    /// Sets the body policies replaced the received one with, as its shared model.
+    pub fn set_sent_cell(&mut self, changed: PromptCell) {
+        self.sent_body = changed.body().clone();
+        self.sent_prompt = changed;
     }
 
     /// Whether the body went upstream as it was received (no bytes compared).
@@ -271,6 +320,7 @@ impl ExchangeRecord {
             tags: Vec::new(),
             body_diff: Vec::new(),
             stream_edits: Vec::new(),
+            policy_runs: Vec::new(),
             capture: true,
             extra_redactions: Vec::new(),
             secret_headers: Vec::new(),
@@ -364,6 +414,20 @@ const PIPELINE_BYTES: usize = 16 << 20;
 /// How long the pipeline thread, its queue empty, waits before it sleeps until woken
 /// (20 KB pass-through at c16: 99 → 90 µs of CPU per request, fewer wake-ups).
 const PIPELINE_LINGER: Duration = Duration::from_micros(200);
+
+/// What watches exchanges while they are in flight (the live feed): told when one
+/// is sent upstream, and given a look at its response body as it passes. The
+/// exchange calls it; the feed implements it; neither imports the other.
+pub trait InFlight: Send + Sync {
+    /// The exchange was admitted and goes upstream.
+    fn started(&self, record: &ExchangeRecord);
+    /// A watcher of this exchange's response body, while anybody watches.
+    fn tap(
+        &self,
+        record: &ExchangeRecord,
+        stream: bool,
+    ) -> Option<Box<dyn crate::observer::Progress>>;
+}
 
 /// A unit of record work for the pipeline thread.
 pub type Job = Box<dyn FnOnce() + Send>;

@@ -27,7 +27,7 @@ use crate::id::ExchangeId;
 use crate::prompt::Format;
 use crate::prompt::PromptCell;
 use crate::provider::{self, Api, Provider, Usage};
-use crate::rules::{LIMITS_FIXER, RequestCtx, RuleSet, Verdict};
+use crate::rules::{Decision, LIMITS_FIXER, RequestCtx, RuleSet};
 
 /// How many blocked requests and changed requests the report lists by id.
 const LISTED: usize = 20;
@@ -475,13 +475,13 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
         prompt: &prompt,
     });
     let blocked = match result.verdict {
-        Verdict::Respond(b) => Some(Blocked {
+        Decision::Respond(b) => Some(Blocked {
             id: record.id.clone(),
             rule: b.rule,
             status: b.status.as_u16(),
             message: b.message,
         }),
-        Verdict::Continue => None,
+        Decision::Continue => None,
     };
     Outcome {
         fired: result.effects.fired,

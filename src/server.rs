@@ -21,6 +21,8 @@ use crate::exchange::Proxy;
 use crate::listener::Workers;
 use crate::logging::ExchangeLog;
 use crate::metrics::{Metrics, Sources};
+use crate::policy::PolicySource;
+use crate::record::InFlight;
 use crate::record::{RecordSink, Recorder};
 use crate::rules::reload::LiveRules;
 use crate::runtime::Running;
@@ -143,27 +145,27 @@ pub async fn serve(
         n => n,
     };
     let config = Arc::new(config);
-    let mut proxies = vec![Arc::new(Proxy {
-        config: config.clone(),
-        upstream,
-        recorder: recorder.clone(),
-        rules: rules.clone(),
-        live: live.clone(),
-        probe_token: probe_token.clone(),
-    })];
+    // The policies, in load order: the rules are the first.
+    let policies: Vec<Arc<dyn PolicySource>> = vec![rules.clone()];
+    let in_flight: Arc<dyn InFlight> = Arc::new(live.clone());
+    let proxy = |upstream| {
+        Arc::new(Proxy {
+            settings: config.exchange_settings(),
+            upstream,
+            recorder: recorder.clone(),
+            policies: policies.clone(),
+            live: in_flight.clone(),
+            probe_token: probe_token.clone(),
+        })
+    };
+    let mut proxies = vec![proxy(upstream)];
     for _ in 1..workers {
         // Each worker pools its own upstream connections, on its own thread.
         let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
-        proxies.push(Arc::new(Proxy {
-            config: config.clone(),
-            upstream,
-            recorder: recorder.clone(),
-            rules: rules.clone(),
-            live: live.clone(),
-            probe_token: probe_token.clone(),
-        }));
+        proxies.push(proxy(upstream));
     }
-    let workers = Workers::start(proxies, leaves.clone(), local).context("starting the workers")?;
+    let workers = Workers::start(config.clone(), proxies, leaves.clone(), local)
+        .context("starting the workers")?;
     if announce {
         start_line(&config, local, admin_addr, &rules);
     }

@@ -30,7 +30,7 @@ use promptgate::observer::decode::{self, DecodeError};
 use promptgate::provider::json;
 use promptgate::provider::{Api, Provider};
 use promptgate::record::ExchangeRecord;
-use promptgate::rules::{RequestCtx, RuleSet, Verdict};
+use promptgate::rules::{Decision, RequestCtx, RuleSet};
 
 // ===================================================================== setup
 
@@ -841,7 +841,7 @@ fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
         body: &body,
         prompt: &prompt,
     });
-    matches!(result.verdict, Verdict::Respond(_))
+    matches!(result.verdict, Decision::Respond(_))
 }
 
 fn has_null(v: &Value) -> bool {

@@ -302,7 +302,7 @@ impl CaptureRecord {
         } else {
             digest::content_hex(sent_body)
         };
-        let received_coding = crate::observer::decode::content_coding(&r.request_headers);
+        let received_coding = crate::provider::content_coding(&r.request_headers);
         // The key is read from what the client sent, then redacted like any text.
         // Claude Code's header names the conversation: no need to read the body for it.
         let conversation = {
@@ -979,8 +979,8 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         });
         let derived = applied.body.expect("the rules change the body");
         let mut afresh = r.clone();
-        afresh.set_sent(Prompt::read(derived.body().clone(), derived.format()));
-        r.set_sent(derived);
+        afresh.set_sent(Prompt::read(derived.body().clone(), derived.get().format()));
+        r.set_sent_cell(derived);
         let mut cache = UnitCache::default();
         let lent = CaptureRecord::redacted_with(&r, &redactor, &keys, &mut cache);
         let read = CaptureRecord::redacted(&afresh, &redactor, &keys);

@@ -15,7 +15,7 @@ use crate::config::Config;
 use crate::observer::EventSplitter;
 use crate::rules::reload::{self, LiveRules};
 use crate::rules::stream::{EventRules, StreamContext};
-use crate::rules::{LoadError, RequestCtx, RuleSet, Verdict, read_dir};
+use crate::rules::{Decision, LoadError, RequestCtx, RuleSet, read_dir};
 
 /// `promptgate rules …`
 #[derive(Debug, Args)]
@@ -398,9 +398,9 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         println!("header: {line}");
     }
     match &result.verdict {
-        Verdict::Continue => println!("verdict: continue (sent upstream)"),
+        Decision::Continue => println!("verdict: continue (sent upstream)"),
         // The type the client gets: the rule's, else the one its status implies.
-        Verdict::Respond(b) => println!(
+        Decision::Respond(b) => println!(
             "verdict: block {} {}: {} (rule {:?})",
             b.status.as_u16(),
             b.error_type
@@ -429,7 +429,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             }
         }
     }
-    if let (Some(status), Verdict::Continue) = (args.status, &result.verdict) {
+    if let (Some(status), Decision::Continue) = (args.status, &result.verdict) {
         let status = http::StatusCode::from_u16(status)
             .with_context(|| format!("invalid status {status}"))?;
         let mut response = match args.response_headers {
@@ -437,17 +437,17 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             None => HeaderMap::new(),
         };
         let before = response.clone();
-        let effects = set.apply_response(
-            route.provider,
-            route.api,
-            &method,
-            None,
-            route.upstream_path.path(),
-            model.as_deref(),
-            &result.headers,
-            status,
-            &mut response,
-        );
+        let facts = crate::policy::Facts {
+            provider: route.provider,
+            api: route.api,
+            method: &method,
+            host: None,
+            path: route.upstream_path.path(),
+            model: model.as_deref(),
+            encoded: false,
+            tags: &result.effects.tags,
+        };
+        let effects = set.apply_response(&facts, status, &result.headers, &mut response);
         println!("response: {}", status.as_u16());
         if effects.fired.is_empty() {
             println!("fired: none");

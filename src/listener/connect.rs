@@ -45,7 +45,7 @@ pub(super) async fn tunnel(
     request: Request<Incoming>,
     peer: SocketAddr,
 ) -> Response<ProxyBody> {
-    let config = &front.proxy.config;
+    let config = &front.config;
     let Some(authority) = request.uri().authority().cloned() else {
         return refuse(
             peer,
@@ -130,7 +130,7 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
             "promptgate has no usable CA, so it cannot intercept (see its log)".into(),
         );
     };
-    let upstream = match front.proxy.config.upstream_for(&host, port, "https") {
+    let upstream = match front.config.upstream_for(&host, port, "https") {
         Ok(url) => url,
         Err(e) => return refuse(peer, authority.as_str(), StatusCode::BAD_REQUEST, e),
     };
@@ -187,7 +187,7 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
             let begun = proxy.begin(&request, Some(peer));
             async move { Ok::<_, std::convert::Infallible>(proxy.serve(begun, request).await) }
         });
-        let builder = connection_builder(front.proxy.config.header_timeout);
+        let builder = connection_builder(front.config.header_timeout);
         let connection = builder.serve_connection(TokioIo::new(tls), service);
         tokio::pin!(connection);
         let mut draining = front.draining.clone();
@@ -240,7 +240,7 @@ async fn blind(front: Arc<Front>, connect: Connect) -> Response<ProxyBody> {
         ..
     } = connect;
     let (host, port) = (connect.host, connect.port);
-    let config = &front.proxy.config;
+    let config = &front.config;
     let addresses = match tokio::net::lookup_host((host.as_str(), port)).await {
         Ok(found) => found.collect::<Vec<SocketAddr>>(),
         Err(e) => {
@@ -447,7 +447,7 @@ pub(super) fn absolute_form(
             "no host in the request URI".into(),
         )));
     };
-    let config = &front.proxy.config;
+    let config = &front.config;
     let Some(provider) = config.intercept.provider_for(&host) else {
         return Err(Box::new(refuse(
             peer,

@@ -24,15 +24,7 @@ pub(crate) const MAX_HEAD: usize = 8192 + 4096 * 100;
 /// The most header fields in one head (hyper's default too).
 pub(crate) const MAX_HEADERS: usize = 100;
 
-/// A head that cannot be served, and what the client is told.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Malformed {
-    pub status: StatusCode,
-    pub message: String,
-    /// The method and target, when the request line could be read.
-    pub method: Option<String>,
-    pub target: Option<String>,
-}
+pub(crate) use crate::exchange::Malformed;
 
 /// What [`check`] found in the bytes so far.
 #[derive(Debug, PartialEq, Eq)]

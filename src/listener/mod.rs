@@ -33,7 +33,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::exchange::{Begun, Proxy, ProxyBody};
+use crate::config::Config;
+use crate::exchange::{Exchange, Proxy, ProxyBody};
 use crate::record::Recorder;
 use crate::tls::Interception;
 
@@ -72,6 +73,7 @@ impl ConnectionCounts {
 
 /// What every connection's requests are dispatched with.
 struct Front {
+    config: Arc<Config>,
     proxy: Arc<Proxy>,
     /// Leaf certificates for intercepted hosts; `None` when there is no usable CA.
     leaves: Option<Arc<Interception>>,
@@ -222,16 +224,13 @@ impl Workers {
     /// Starts `proxies.len()` worker threads, one per proxy (each with its own
     /// upstream client). `leaves` enables TLS interception of CONNECT tunnels.
     pub fn start(
+        config: Arc<Config>,
         proxies: Vec<Arc<Proxy>>,
         leaves: Option<Arc<Interception>>,
         local: SocketAddr,
     ) -> std::io::Result<Workers> {
         let (stop, stop_rx) = watch::channel(false);
         let (draining, draining_rx) = watch::channel(false);
-        let config = proxies
-            .first()
-            .map(|p| p.config.clone())
-            .unwrap_or_default();
         let mut workers = Workers {
             senders: Vec::new(),
             done: Vec::new(),
@@ -249,6 +248,7 @@ impl Workers {
             let (tx, rx) = mpsc::unbounded_channel();
             let (done_tx, done_rx) = oneshot::channel();
             let front = Arc::new(Front {
+                config: config.clone(),
                 proxy,
                 leaves: leaves.clone(),
                 local,
@@ -382,7 +382,7 @@ async fn work(
     front: Arc<Front>,
     mut stop: watch::Receiver<bool>,
 ) {
-    let header_timeout = front.proxy.config.header_timeout;
+    let header_timeout = front.config.header_timeout;
     let builder = connection_builder(header_timeout);
     let graceful = GracefulShutdown::new();
     while let Some((stream, peer, slot)) = incoming.recv().await {
@@ -435,14 +435,14 @@ enum Way {
     Refused(Box<Response<ProxyBody>>),
     Connect(Request<Incoming>),
     /// A request to proxy (reverse mode, or absolute-form forward), its exchange begun.
-    Proxied(Box<Begun>, Request<Incoming>),
+    Proxied(Box<Exchange>, Request<Incoming>),
 }
 
 impl Front {
     /// Checks proxy credentials and chooses the path the request's form asks for; a
     /// request for the proxy itself has its exchange begun at once.
     fn way(&self, mut request: Request<Incoming>, peer: SocketAddr) -> Way {
-        if let Some(credentials) = &self.proxy.config.proxy_auth {
+        if let Some(credentials) = &self.config.proxy_auth {
             if !credentials.accepts(request.headers()) {
                 tracing::warn!(
                     client = %peer,

@@ -94,15 +94,6 @@ fn decode_capped(
     Ok((data, cut))
 }
 
-/// A body's `Content-Encoding` when it is not plain bytes (absent, empty and
-/// `identity` are plain); a value that is not text is returned as `(not text)`.
-pub fn content_coding(headers: &http::HeaderMap) -> Option<&str> {
-    headers
-        .get(http::header::CONTENT_ENCODING)
-        .map(|v| v.to_str().unwrap_or("(not text)").trim())
-        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
-}
-
 /// A request body as its readers read it: decoded through its `Content-Encoding`
 /// (capped at `limit` bytes), or the same bytes when it has none.
 pub fn request_plain(
@@ -110,7 +101,7 @@ pub fn request_plain(
     body: &Bytes,
     limit: u64,
 ) -> Result<Bytes, DecodeError> {
-    match content_coding(headers) {
+    match crate::provider::content_coding(headers) {
         Some(coding) => decode(coding, body.clone(), limit),
         None => Ok(body.clone()),
     }

@@ -8,7 +8,6 @@
 
 pub mod decode;
 mod rewrite;
-mod sse;
 pub mod stall;
 mod tee;
 
@@ -19,9 +18,9 @@ use serde::Serialize;
 
 use crate::provider::{self, Api, Provider, ResponseSummary};
 
+pub use crate::provider::{EventSplitter, SseDecoder};
 pub use rewrite::{ResponseBody, StreamError};
-pub use sse::{EventSplitter, SseDecoder};
-pub use tee::{BodyEnd, ObservedBody, StallWatch, TapResult};
+pub use tee::{BodyEnd, ObservedBody, Progress, StallWatch, TapResult};
 
 /// How the response body was framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

@@ -1,5 +1,6 @@
 //! The upstream's response body as the tee reads it: straight through, or, when
-//! per-event rules are loaded for an SSE answer, through [`EventRules`].
+//! per-event rules are loaded for an SSE answer, through the stream engine of the
+//! policies that act on its events ([`EventPolicy`]).
 //!
 //! Rules that only observe (`tag`, `log`) see each event while its bytes pass
 //! unchanged and unheld. Rules that may change events (`mask`, `drop_event`,
@@ -17,8 +18,7 @@ use hyper::body::Incoming;
 use tokio::time::{Instant, Sleep};
 
 use super::EventSplitter;
-use crate::rules::Block;
-use crate::rules::stream::EventRules;
+use crate::policy::{Block, EventPolicy};
 
 /// Why the body the tee reads failed.
 #[derive(Debug, thiserror::Error)]
@@ -38,7 +38,7 @@ pub enum ResponseBody {
 
 impl ResponseBody {
     /// `rules` applied to `inner`'s events.
-    pub fn with_rules(inner: Incoming, rules: EventRules) -> ResponseBody {
+    pub fn with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
         ResponseBody::Events(Box::new(EventBody {
             hold: rules.may_change(),
             inner,
@@ -56,7 +56,7 @@ impl ResponseBody {
 /// An SSE body under per-event rules. See the module docs.
 pub struct EventBody {
     inner: Incoming,
-    rules: EventRules,
+    rules: Box<dyn EventPolicy>,
     /// Rules may change events: they go out whole, when the rules release them.
     hold: bool,
     splitter: EventSplitter,

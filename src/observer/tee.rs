@@ -20,6 +20,17 @@ use crate::provider::{self, Api, Provider};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
+/// Who watches a response body pass, chunk by chunk (the live feed): told of each
+/// chunk the client got, a stall, and the end. It must not block.
+pub trait Progress: Send {
+    /// A body chunk passed to the client.
+    fn chunk(&mut self, data: &[u8]);
+    /// The stream has been silent past `stream.stall_after` for `silence`.
+    fn stalled(&mut self, silence: std::time::Duration);
+    /// The body ended.
+    fn end(&mut self);
+}
+
 /// How a response body ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BodyEnd {
@@ -147,7 +158,7 @@ pub struct ObservedBody<B: Body> {
     /// Ending incomplete: after this pause, the error that cuts the connection.
     cutting: Option<Box<(Pin<Box<Sleep>>, String)>>,
     /// The live viewer's tap, while somebody watches.
-    live: Option<Box<crate::live::LiveTap>>,
+    live: Option<Box<dyn Progress>>,
     done: bool,
 }
 
@@ -210,8 +221,8 @@ where
     }
 
     /// Shows the body to the live viewer as it passes.
-    pub fn with_live(mut self, live: Option<crate::live::LiveTap>) -> Self {
-        self.live = live.map(Box::new);
+    pub fn with_live(mut self, live: Option<Box<dyn Progress>>) -> Self {
+        self.live = live;
         self
     }
 

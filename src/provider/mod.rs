@@ -7,10 +7,12 @@ pub mod anthropic;
 pub mod json;
 pub mod openai;
 mod sniff;
+mod sse;
 mod usage;
 
 use http::uri::PathAndQuery;
 use serde_json::json;
+pub use sse::{EventSplitter, SseDecoder};
 
 pub use sniff::{RequestSummary, asks_to_stream, sniff};
 // The structural scanners, for reading inside JSON already known to be valid.
@@ -322,6 +324,15 @@ pub fn stream_error_event(
         }
     };
     text.into_bytes()
+}
+
+/// A body's `Content-Encoding` when it is not plain bytes (absent, empty and
+/// `identity` are plain); a value that is not text is returned as `(not text)`.
+pub fn content_coding(headers: &http::HeaderMap) -> Option<&str> {
+    headers
+        .get(http::header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("(not text)").trim())
+        .filter(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
 }
 
 #[cfg(test)]

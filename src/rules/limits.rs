@@ -302,7 +302,7 @@ mod tests {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, &store);
         markers(lazy.root().expect("a JSON object"))
             .into_iter()
             .map(|m| (m.block, m.ttl, m.ineligible))
@@ -339,7 +339,7 @@ mod tests {
         let bytes = Bytes::from(format!(r#"{body},"x":[1}}}}"#));
         let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, &store);
         let e = lazy.root().map(|_| ()).unwrap_err();
         assert!(e.contains("malformed at byte"), "{e}");
     }

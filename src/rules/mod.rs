@@ -16,10 +16,10 @@ mod shape;
 pub mod stream;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, header};
-use serde::{Deserialize, Serialize};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 
 pub use action::{ACTIONS, ActionSpec};
 pub use load::LoadError;
@@ -30,53 +30,11 @@ use action::CompiledAction;
 use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
+pub use crate::policy::{Block, Decision, Effects, Phase};
+use crate::policy::{Facts, Outgoing, Policy, ResponseHead, SharedReport};
+use crate::prompt::KeyCheck;
 use crate::prompt::PromptCell;
-use crate::prompt::{KeyCheck, Prompt};
 use crate::provider::{Api, Provider};
-use crate::record::ExchangeRecord;
-
-/// The four hooks, named as in the agent extension-event model. The names are the
-/// `on` values of rules, used as written in TOML, logs and docs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Phase {
-    /// Runs first, once the request body is read and the model sniffed: sees the
-    /// outgoing headers (hop-by-hop removed), may set or remove them, block, tag, log.
-    BeforeProviderHeaders,
-    /// Runs next, right before the upstream request is built: sees the payload as
-    /// earlier rules left it, may rewrite it (JSON, system, cache_control, tools,
-    /// model), block, tag, log. The final payload is what is sent.
-    BeforeProviderRequest,
-    /// Runs when the upstream's status and headers arrive, before the body streams:
-    /// may set or remove response headers, tag, log. Never touches the body.
-    AfterProviderResponse,
-    /// Runs on each event of an SSE answer as it arrives: may mask text in what the
-    /// client receives, drop the event, end the stream (`block`), tag, log.
-    ProviderStreamEvent,
-}
-
-impl Phase {
-    pub const ALL: [Phase; 4] = [
-        Phase::BeforeProviderHeaders,
-        Phase::BeforeProviderRequest,
-        Phase::AfterProviderResponse,
-        Phase::ProviderStreamEvent,
-    ];
-
-    /// The name used in rule files and logs.
-    pub fn name(self) -> &'static str {
-        match self {
-            Phase::BeforeProviderHeaders => "before_provider_headers",
-            Phase::BeforeProviderRequest => "before_provider_request",
-            Phase::AfterProviderResponse => "after_provider_response",
-            Phase::ProviderStreamEvent => "provider_stream_event",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Phase> {
-        Phase::ALL.into_iter().find(|p| p.name() == name)
-    }
-}
 
 /// One compiled rule.
 #[derive(Debug)]
@@ -128,93 +86,9 @@ pub struct RuleSet {
 /// authenticate", and a 400 or 422 is sent 6 times in a second.
 pub(crate) const BLOCK_STATUS: StatusCode = StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS;
 
-/// What a blocked request is answered with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Block {
-    pub status: StatusCode,
-    /// The provider error type (`permission_error`, …); by default it follows the status.
-    pub error_type: Option<String>,
-    pub message: String,
-    /// The rule that blocked.
-    pub rule: String,
-}
-
-/// What the request phases decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// Send the request upstream.
-    Continue,
-    /// Answer the client with this error; the upstream is never contacted.
-    Respond(Block),
-}
-
-/// What rules did to one exchange, for the record and the log.
-#[derive(Debug, Default)]
-pub struct Effects {
-    /// Rule names that fired, in order.
-    pub fired: Vec<String>,
-    pub tags: Vec<String>,
-    /// Log lines (`log` actions, fail-open errors, cache_control fix-ups), each with its rule.
-    pub logs: Vec<(String, String)>,
-    /// JSON pointers changed in the body, in the order changed.
-    pub body_diff: Vec<String>,
-    /// `Some(false)` when a rule turned capture off.
-    pub capture: Option<bool>,
-    pub redactions: Vec<regex::Regex>,
-    /// Headers whose values came from the environment.
-    pub secret_headers: Vec<HeaderName>,
-    /// The breakpoint limit rules asked for (default 4).
-    pub max_breakpoints: Option<usize>,
-    /// Who changed what, in order: (rule, JSON pointer of a body node, or
-    /// `header NAME`). The breakpoint-limit fix-ups are under [`LIMITS_FIXER`].
-    pub edits: Vec<(String, String)>,
-}
-
 /// The name the cache_control policy's breakpoint-limit fix-ups go under in
 /// [`Effects::edits`] and the log.
 pub const LIMITS_FIXER: &str = "cache_control policy";
-
-impl Effects {
-    /// Adds what rules did to the exchange's record, and writes their log lines
-    /// (target `promptgate::rules`, with the exchange id).
-    pub fn record_into(&self, record: &mut ExchangeRecord) {
-        record.rules_fired.extend(self.fired.iter().cloned());
-        for t in &self.tags {
-            if !record.tags.contains(t) {
-                record.tags.push(t.clone());
-            }
-        }
-        for p in &self.body_diff {
-            if !record.body_diff.contains(p) {
-                record.body_diff.push(p.clone());
-            }
-        }
-        if self.capture == Some(false) {
-            record.capture = false;
-        }
-        record
-            .extra_redactions
-            .extend(self.redactions.iter().cloned());
-        for h in &self.secret_headers {
-            if !record.secret_headers.contains(h) {
-                record.secret_headers.push(h.clone());
-            }
-        }
-        for (rule, line) in &self.logs {
-            tracing::info!(target: "promptgate::rules", id = %record.id, rule = %rule, "{line}");
-        }
-    }
-
-    fn note(&mut self, rule: &str, line: impl Into<String>) {
-        self.logs.push((rule.to_owned(), line.into()));
-    }
-
-    fn changed(&mut self, pointer: String) {
-        if !self.body_diff.contains(&pointer) {
-            self.body_diff.push(pointer);
-        }
-    }
-}
 
 /// The request as rules see it: what was asked, the outgoing headers, the body.
 #[derive(Debug)]
@@ -240,12 +114,12 @@ pub struct RequestCtx<'a> {
 /// What the request phases did.
 #[derive(Debug)]
 pub struct RequestResult {
-    pub verdict: Verdict,
+    pub verdict: Decision,
     /// The headers to send (content-length and content-encoding fixed when the body changed).
     pub headers: HeaderMap,
     /// The new body and its model when rules changed it (identity-encoded), else
     /// `None`: send the original.
-    pub body: Option<Prompt>,
+    pub body: Option<PromptCell>,
     pub effects: Effects,
     /// Whether the body was parsed (for the no-parse guarantee's tests).
     pub body_parsed: bool,
@@ -264,6 +138,18 @@ pub(crate) struct Info<'a> {
     pub(crate) method: &'a Method,
     pub(crate) host: Option<&'a str>,
     pub(crate) path: &'a str,
+}
+
+impl<'a> Info<'a> {
+    fn of(facts: &Facts<'a>) -> Info<'a> {
+        Info {
+            provider: facts.provider,
+            api: facts.api,
+            method: facts.method,
+            host: facts.host,
+            path: facts.path,
+        }
+    }
 }
 
 /// The working state of one phase run: what matchers read and actions change.
@@ -348,67 +234,201 @@ impl RuleSet {
             .filter(move |r| r.enabled && r.phase == phase)
     }
 
-    /// Runs before_provider_headers then before_provider_request on a request.
+    /// Runs before_provider_headers then before_provider_request on a request, as
+    /// the exchange's driver runs them with the rules as the only policy (for
+    /// `rules test`, replay and tests).
     pub fn apply_request(&self, req: RequestCtx<'_>) -> RequestResult {
-        let mut headers = req.headers;
-        let mut effects = Effects::default();
-        if self.active(Phase::BeforeProviderHeaders).next().is_none()
-            && self.active(Phase::BeforeProviderRequest).next().is_none()
-        {
-            return RequestResult {
-                verdict: Verdict::Continue,
-                headers,
-                body: None,
-                effects,
-                body_parsed: false,
-                keys: KeyCheck::NotChecked,
-                model: req.model.map(str::to_owned),
-            };
-        }
-        let encoded = crate::observer::decode::content_coding(&headers).is_some();
-        let store = BodyStore::default();
-        let mut body = LazyBody::new(req.body, req.prompt, encoded, &store);
-        let info = Info {
+        let encoded = crate::provider::content_coding(&req.headers).is_some();
+        let model = req.model.map(str::to_owned);
+        let facts = Facts {
             provider: req.provider,
             api: req.api,
             method: req.method,
             host: req.host,
             path: req.path,
+            model: req.model,
+            encoded,
+            tags: &[],
         };
-        let mut verdict = Verdict::Continue;
-        let mut model = req.model.map(str::to_owned);
-        // A repeated key reads one way here and another upstream (a last-wins parser
-        // takes the later value): refused under enforce, else read as upstream reads it.
-        let keys = body.key_check();
-        if let Some(pointer) = keys.repeated() {
-            if let Some(strict) = self.rules.iter().find(|r| r.enabled && r.enforce) {
-                verdict = Verdict::Respond(ambiguous(strict, pointer));
-            } else if let Ok(root) = body.root() {
-                model = root.str_field("model");
-            }
-        }
-        let received_model = model.clone();
+        let mut out = Outgoing {
+            headers: req.headers,
+            body: req.body.clone(),
+            prompt: req.prompt.clone(),
+            replaced: false,
+        };
+        let mut effects = Effects::default();
+        let mut verdict = Decision::Continue;
         for phase in [Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest] {
-            let mut st = State {
-                info,
-                model: model.take(),
-                headers: &mut headers,
-                request_headers: None,
-                status: None,
-                body: Some(&mut body),
-                effects: &mut effects,
-                rule: String::new(),
-                secrets: &self.secret_headers,
-                event: None,
-                decision: None,
+            if !self.runs(phase) {
+                continue;
+            }
+            verdict = match phase {
+                Phase::BeforeProviderHeaders => self.headers_phase(&facts, &mut out, &mut effects),
+                _ => self.request_phase(&facts, &mut out, &mut effects),
             };
-            if verdict != Verdict::Continue {
+            if verdict != Decision::Continue {
                 break;
             }
-            verdict = self.run(phase, &mut st);
-            model = st.model.take();
         }
-        if verdict == Verdict::Continue
+        let keys = if self.runs(Phase::BeforeProviderHeaders) {
+            req.prompt
+                .if_read()
+                .map_or(KeyCheck::NotChecked, |p| p.keys().clone())
+        } else {
+            KeyCheck::NotChecked
+        };
+        let body_parsed = effects.parsed_body;
+        let body = match verdict {
+            Decision::Continue if out.replaced => Some(out.prompt),
+            _ => None,
+        };
+        RequestResult {
+            verdict,
+            headers: out.headers,
+            body,
+            effects,
+            body_parsed,
+            keys,
+            model,
+        }
+    }
+
+    /// Runs after_provider_response on a response head: may change `response_headers`.
+    pub fn apply_response(
+        &self,
+        facts: &Facts<'_>,
+        status: StatusCode,
+        request_headers: &HeaderMap,
+        response_headers: &mut HeaderMap,
+    ) -> Effects {
+        let mut effects = Effects::default();
+        let mut head = ResponseHead {
+            status,
+            headers: response_headers,
+            request_headers,
+        };
+        let _ = self.response_phase(facts, &mut head, &mut effects);
+        effects
+    }
+
+    /// The model as rules read it: the last `model` when the body repeats a key
+    /// (as the provider reads it), else the exchange's.
+    fn model_of(facts: &Facts<'_>, body: &mut LazyBody<'_>) -> Option<String> {
+        if body.key_check().repeated().is_some()
+            && let Ok(root) = body.root()
+        {
+            return root.str_field("model");
+        }
+        facts.model.map(str::to_owned)
+    }
+
+    /// Runs the rules of one phase in order; each sees what the previous ones left.
+    fn run(&self, phase: Phase, st: &mut State<'_, '_>) -> Decision {
+        for rule in self.active(phase) {
+            st.rule.clone_from(&rule.name);
+            match rule.when.eval(st) {
+                Tri::Yes => {}
+                Tri::No => continue,
+                Tri::Unknown(why) if rule.enforce => {
+                    st.effects.fired.push(rule.name.clone());
+                    return Decision::Respond(unevaluable(rule, &why));
+                }
+                Tri::Unknown(why) => {
+                    st.log(format!("not applied (fails open): {why}"));
+                    continue;
+                }
+            }
+            st.effects.fired.push(rule.name.clone());
+            for a in &rule.actions {
+                match a.action.apply(st) {
+                    Ok(None) => {}
+                    Ok(Some(block)) => return Decision::Respond(block),
+                    Err(why) if rule.enforce => {
+                        return Decision::Respond(unevaluable(rule, &format!("{}: {why}", a.key)));
+                    }
+                    Err(why) => st.log(format!("{} not applied (fails open): {why}", a.key)),
+                }
+            }
+        }
+        Decision::Continue
+    }
+}
+
+/// The request and response phases, as the [`Policy`] impl runs them.
+impl RuleSet {
+    /// Whether it does anything in `phase`.
+    pub fn runs(&self, phase: Phase) -> bool {
+        match phase {
+            // The repeated-key check runs here whenever the request has rules.
+            Phase::BeforeProviderHeaders => {
+                self.has_rules(phase) || self.has_rules(Phase::BeforeProviderRequest)
+            }
+            _ => self.has_rules(phase),
+        }
+    }
+
+    fn headers_phase(
+        &self,
+        facts: &Facts<'_>,
+        request: &mut Outgoing,
+        effects: &mut Effects,
+    ) -> Decision {
+        let store = BodyStore::default();
+        let mut body = LazyBody::new(&request.body, &request.prompt, &store);
+        // A repeated key reads one way here and another upstream (a last-wins parser
+        // takes the later value): refused under enforce, else read as upstream reads it.
+        if let Some(pointer) = body.key_check().repeated()
+            && let Some(strict) = self.rules.iter().find(|r| r.enabled && r.enforce)
+        {
+            return Decision::Respond(ambiguous(strict, pointer));
+        }
+        if !self.has_rules(Phase::BeforeProviderHeaders) {
+            return Decision::Continue;
+        }
+        let model = Self::model_of(facts, &mut body);
+        let mut st = State {
+            info: Info::of(facts),
+            model,
+            headers: &mut request.headers,
+            request_headers: None,
+            status: None,
+            body: Some(&mut body),
+            effects,
+            rule: String::new(),
+            secrets: &self.secret_headers,
+            event: None,
+            decision: None,
+        };
+        let decision = self.run(Phase::BeforeProviderHeaders, &mut st);
+        effects.parsed_body |= body.was_parsed();
+        decision
+    }
+
+    fn request_phase(
+        &self,
+        facts: &Facts<'_>,
+        request: &mut Outgoing,
+        effects: &mut Effects,
+    ) -> Decision {
+        let store = BodyStore::default();
+        let mut body = LazyBody::new(&request.body, &request.prompt, &store);
+        let model = Self::model_of(facts, &mut body);
+        let mut headers = std::mem::take(&mut request.headers);
+        let mut st = State {
+            info: Info::of(facts),
+            model,
+            headers: &mut headers,
+            request_headers: None,
+            status: None,
+            body: Some(&mut body),
+            effects,
+            rule: String::new(),
+            secrets: &self.secret_headers,
+            event: None,
+            decision: None,
+        };
+        let decision = self.run(Phase::BeforeProviderRequest, &mut st);
+        if decision == Decision::Continue
             && (body.root_if_parsed().is_some_and(|r| r.is_dirty())
                 || effects.max_breakpoints.is_some())
             && let Ok(root) = body.root()
@@ -422,60 +442,32 @@ impl RuleSet {
                 effects.note(LIMITS_FIXER, fix.to_string());
             }
         }
-        let body_parsed = body.was_parsed();
-        let changed = match verdict {
-            Verdict::Continue => body.changed(),
-            Verdict::Respond(_) => None,
+        effects.parsed_body |= body.was_parsed();
+        let changed = match decision {
+            Decision::Continue => body.changed(),
+            Decision::Respond(_) => None,
         };
-        if let Some(new) = &changed {
-            if body.was_encoded() {
-                headers.remove(header::CONTENT_ENCODING);
-            }
-            headers.insert(header::CONTENT_LENGTH, HeaderValue::from(new.body().len()));
+        request.headers = headers;
+        if let Some(new) = changed {
+            request.replace(new);
         }
-        RequestResult {
-            verdict,
-            headers,
-            body: changed,
-            effects,
-            body_parsed,
-            keys,
-            model: received_model,
-        }
+        decision
     }
 
-    /// Runs after_provider_response on a response head: may change `response_headers`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn apply_response(
+    fn response_phase(
         &self,
-        provider: Provider,
-        api: Api,
-        method: &Method,
-        host: Option<&str>,
-        path: &str,
-        model: Option<&str>,
-        request_headers: &HeaderMap,
-        status: StatusCode,
-        response_headers: &mut HeaderMap,
-    ) -> Effects {
-        let mut effects = Effects::default();
-        if self.active(Phase::AfterProviderResponse).next().is_none() {
-            return effects;
-        }
+        facts: &Facts<'_>,
+        head: &mut ResponseHead<'_>,
+        effects: &mut Effects,
+    ) -> Decision {
         let mut st = State {
-            info: Info {
-                provider,
-                api,
-                method,
-                host,
-                path,
-            },
-            model: model.map(str::to_owned),
-            headers: response_headers,
-            request_headers: Some(request_headers),
-            status: Some(status),
+            info: Info::of(facts),
+            model: facts.model.map(str::to_owned),
+            headers: head.headers,
+            request_headers: Some(head.request_headers),
+            status: Some(head.status),
             body: None,
-            effects: &mut effects,
+            effects,
             rule: String::new(),
             secrets: &self.secret_headers,
             event: None,
@@ -483,38 +475,69 @@ impl RuleSet {
         };
         // Blocks are not allowed in this phase (the loader refuses them).
         let _ = self.run(Phase::AfterProviderResponse, &mut st);
-        effects
+        Decision::Continue
+    }
+}
+
+/// The rules are a policy: the first implementation of the phase contract.
+impl Policy for Arc<RuleSet> {
+    fn name(&self) -> &str {
+        "rules"
     }
 
-    /// Runs the rules of one phase in order; each sees what the previous ones left.
-    fn run(&self, phase: Phase, st: &mut State<'_, '_>) -> Verdict {
-        for rule in self.active(phase) {
-            st.rule.clone_from(&rule.name);
-            match rule.when.eval(st) {
-                Tri::Yes => {}
-                Tri::No => continue,
-                Tri::Unknown(why) if rule.enforce => {
-                    st.effects.fired.push(rule.name.clone());
-                    return Verdict::Respond(unevaluable(rule, &why));
-                }
-                Tri::Unknown(why) => {
-                    st.log(format!("not applied (fails open): {why}"));
-                    continue;
-                }
-            }
-            st.effects.fired.push(rule.name.clone());
-            for a in &rule.actions {
-                match a.action.apply(st) {
-                    Ok(None) => {}
-                    Ok(Some(block)) => return Verdict::Respond(block),
-                    Err(why) if rule.enforce => {
-                        return Verdict::Respond(unevaluable(rule, &format!("{}: {why}", a.key)));
-                    }
-                    Err(why) => st.log(format!("{} not applied (fails open): {why}", a.key)),
-                }
-            }
-        }
-        Verdict::Continue
+    fn runs(&self, phase: Phase) -> bool {
+        RuleSet::runs(self, phase)
+    }
+
+    fn before_provider_headers(
+        &self,
+        facts: &Facts<'_>,
+        request: &mut Outgoing,
+        effects: &mut Effects,
+    ) -> Decision {
+        self.headers_phase(facts, request, effects)
+    }
+
+    fn before_provider_request(
+        &self,
+        facts: &Facts<'_>,
+        request: &mut Outgoing,
+        effects: &mut Effects,
+    ) -> Decision {
+        self.request_phase(facts, request, effects)
+    }
+
+    fn after_provider_response(
+        &self,
+        facts: &Facts<'_>,
+        head: &mut ResponseHead<'_>,
+        effects: &mut Effects,
+    ) -> Decision {
+        self.response_phase(facts, head, effects)
+    }
+
+    fn provider_stream_event(
+        &self,
+        facts: &Facts<'_>,
+        head: &ResponseHead<'_>,
+    ) -> Option<(Box<dyn crate::policy::EventPolicy>, SharedReport)> {
+        let engine = stream::EventRules::new(
+            self.clone(),
+            stream::StreamContext {
+                provider: facts.provider,
+                api: facts.api,
+                method: facts.method.clone(),
+                host: facts.host.map(str::to_owned),
+                path: facts.path.to_owned(),
+                model: facts.model.map(str::to_owned),
+                request_headers: head.request_headers.clone(),
+                status: head.status,
+                response_headers: head.headers.clone(),
+                tags: facts.tags.to_vec(),
+            },
+        )?;
+        let report = engine.report();
+        Some((Box::new(engine), report))
     }
 }
 

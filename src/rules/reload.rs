@@ -253,3 +253,9 @@ fn is_relevant(dir: &Path, event: &notify::Result<notify::Event>) -> bool {
                     .is_some_and(|n| n.to_string_lossy().starts_with("..")))
     })
 }
+/// Each exchange runs the rule set live when it began.
+impl crate::policy::PolicySource for LiveRules {
+    fn current(&self) -> Arc<dyn crate::policy::Policy> {
+        Arc::new(self.snapshot())
+    }
+}

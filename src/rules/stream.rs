@@ -19,12 +19,13 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
 use regex::Regex;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio::time::Instant;
 
-use super::{Block, Effects, Info, Phase, RuleSet, State, Verdict};
-use crate::observer::SseDecoder;
+use super::{Block, Decision, Effects, Info, Phase, RuleSet, State};
+use crate::policy::EventPolicy;
+pub use crate::policy::{EventEdit, StreamReport};
+use crate::provider::SseDecoder;
 use crate::provider::{Api, Provider};
 
 /// A `mask` action, compiled: what it replaces and how long it may hold events.
@@ -59,51 +60,6 @@ pub(crate) struct EventDecision {
     pub(crate) drop: bool,
     /// Mask rules that fired, with the rule's name.
     pub(crate) masks: Vec<(String, Arc<Mask>)>,
-}
-
-/// A change made to one event, for the record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct EventEdit {
-    /// The event's place in the stream, from 0.
-    pub index: u32,
-    pub event: String,
-    pub rule: String,
-    /// `mask`, `drop_event` or `block`.
-    pub action: String,
-    /// The event's data as the client received it, when it was rewritten.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sent: Option<String>,
-}
-
-/// What per-event rules did to one stream, shared with the exchange's record.
-#[derive(Debug, Default, Clone)]
-pub struct StreamReport {
-    pub fired: Vec<String>,
-    pub tags: Vec<String>,
-    pub logs: Vec<(String, String)>,
-    pub edits: Vec<EventEdit>,
-    pub blocked: Option<Block>,
-}
-
-impl StreamReport {
-    /// Adds what per-event rules did to the exchange's record, and writes their
-    /// log lines (target `promptgate::rules`).
-    pub fn record_into(self, record: &mut crate::record::ExchangeRecord) {
-        for f in self.fired {
-            if !record.rules_fired.contains(&f) {
-                record.rules_fired.push(f);
-            }
-        }
-        for t in self.tags {
-            if !record.tags.contains(&t) {
-                record.tags.push(t);
-            }
-        }
-        for (rule, line) in &self.logs {
-            tracing::info!(target: "promptgate::rules", id = %record.id, rule = %rule, "{line}");
-        }
-        record.stream_edits = self.edits;
-    }
 }
 
 /// The request and response an answer belongs to, as per-event matchers see them.
@@ -408,7 +364,7 @@ impl EventRules {
                 self.seen_masks.push(m.clone());
             }
         }
-        if let Verdict::Respond(block) = verdict {
+        if let Decision::Respond(block) = verdict {
             self.stopped = true;
             self.end_block(out);
             let mut report = self.report_mut();
@@ -614,7 +570,7 @@ impl EventRules {
     }
 
     /// Runs the phase's rules on one event.
-    fn run(&mut self, name: &str, data: Option<&Value>) -> (Verdict, EventDecision, Effects) {
+    fn run(&mut self, name: &str, data: Option<&Value>) -> (Decision, EventDecision, Effects) {
         let mut effects = Effects::default();
         let mut decision = EventDecision::default();
         let (cx, block) = (&mut self.cx, &self.block);
@@ -738,6 +694,28 @@ fn event_bytes(name: &str, data: &str) -> Bytes {
         _ => format!("event: {name}\ndata: {data}\n\n"),
     };
     Bytes::from(text)
+}
+
+impl EventPolicy for EventRules {
+    fn may_change(&self) -> bool {
+        EventRules::may_change(self)
+    }
+
+    fn push(&mut self, raw: Bytes, now: Instant, out: &mut Vec<Bytes>) -> Option<Block> {
+        EventRules::push(self, raw, now, out)
+    }
+
+    fn release_due(&mut self, now: Instant, out: &mut Vec<Bytes>) {
+        EventRules::release_due(self, now, out);
+    }
+
+    fn next_release(&self) -> Option<Instant> {
+        EventRules::next_release(self)
+    }
+
+    fn finish(&mut self, out: &mut Vec<Bytes>) {
+        EventRules::finish(self, out);
+    }
 }
 
 #[cfg(test)]

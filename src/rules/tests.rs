@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 
 use super::body::{BodyStore, LazyBody, Node};
 use super::*;
+use crate::policy::Facts;
 
 #[path = "../../tests/support/shapes.rs"]
 mod shapes;
@@ -172,7 +173,7 @@ fn parse_and_serialise_of_agent_bodies_gives_the_same_bytes() {
         let bytes = Bytes::from(body);
         let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, &store);
         touch_all(lazy.root().unwrap());
         let out = lazy.changed().expect("everything was touched");
         assert_eq!(out.body().len(), bytes.len());
@@ -259,14 +260,18 @@ actions = [ { tag = "rate-limited" }, { log = "retry-after={header.retry-after} 
     response.insert("x-drop", HeaderValue::from_static("1"));
     let run = |status: u16, response: &mut HeaderMap| {
         rules.apply_response(
-            Provider::Anthropic,
-            Api::Messages,
-            &Method::POST,
-            None,
-            "/v1/messages",
-            Some("m"),
-            &request_headers,
+            &Facts {
+                provider: Provider::Anthropic,
+                api: Api::Messages,
+                method: &Method::POST,
+                host: None,
+                path: "/v1/messages",
+                model: Some("m"),
+                encoded: false,
+                tags: &[],
+            },
             StatusCode::from_u16(status).unwrap(),
+            &request_headers,
             response,
         )
     };
@@ -554,7 +559,7 @@ actions = [ { tag = "mapped" } ]
         "[[rule]]\nname = \"a\"\non = \"before_provider_request\"\nactions = [ { tools.allow = [\"read\", \"e*\"] }, { model.allow = \"claude-opus-*\" } ]\n",
     );
     let r = pi().run(&allow);
-    let Verdict::Respond(b) = r.verdict else {
+    let Decision::Respond(b) = r.verdict else {
         panic!("model.allow blocks")
     };
     assert_eq!(b.status, StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS);
@@ -597,14 +602,14 @@ actions = [ { block = { status = 403, message = "Opus is not allowed for team ba
     let r = cc().header("x-team", "batch").run(&rules);
     assert_eq!(
         r.verdict,
-        Verdict::Respond(Block {
+        Decision::Respond(Block {
             status: StatusCode::FORBIDDEN,
             error_type: None,
             message: "Opus is not allowed for team batch".into(),
             rule: "no-opus-for-batch".into()
         })
     );
-    assert_eq!(cc().run(&rules).verdict, Verdict::Continue);
+    assert_eq!(cc().run(&rules).verdict, Decision::Continue);
 
     let enforce = set(r#"
 [[rule]]
@@ -621,7 +626,7 @@ actions = [ { tag = "never" } ]
 "#);
     let not_json = Req::bytes(b"model=claude".to_vec());
     let r = not_json.run(&enforce);
-    let Verdict::Respond(b) = r.verdict else {
+    let Decision::Respond(b) = r.verdict else {
         panic!("fails closed")
     };
     assert_eq!(b.status, StatusCode::BAD_REQUEST);
@@ -630,7 +635,7 @@ actions = [ { tag = "never" } ]
         "[[rule]]\nname = \"open\"\non = \"before_provider_request\"\nwhen = { tool = \"x\" }\nactions = [ { tag = \"never\" } ]\n",
     );
     let r = not_json.run(&fail_open);
-    assert_eq!(r.verdict, Verdict::Continue);
+    assert_eq!(r.verdict, Decision::Continue);
     assert!(r.effects.fired.is_empty());
     assert!(r.effects.logs[0].1.contains("fails open"));
 }
@@ -1068,18 +1073,18 @@ fn example_org_policy_leads_the_system_prompt() {
 #[test]
 fn example_block_opus_for_batch() {
     let rules = example("20-block-opus-for-batch.toml");
-    let Verdict::Respond(b) = cc().header("x-team", "batch").run(&rules).verdict else {
+    let Decision::Respond(b) = cc().header("x-team", "batch").run(&rules).verdict else {
         panic!("Claude Code's Opus request is blocked")
     };
     assert_eq!(b.status, StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS);
     assert_eq!(
         pi().header("x-team", "batch").run(&rules).verdict,
-        Verdict::Continue,
+        Decision::Continue,
         "pi asks for Sonnet"
     );
     assert_eq!(
         cc().run(&rules).verdict,
-        Verdict::Continue,
+        Decision::Continue,
         "other teams pass"
     );
 }
@@ -1158,14 +1163,18 @@ fn example_note_429() {
     let mut response = HeaderMap::new();
     response.insert("retry-after", HeaderValue::from_static("30"));
     let e = rules.apply_response(
-        Provider::Anthropic,
-        Api::Messages,
-        &Method::POST,
-        None,
-        "/v1/messages",
-        Some("claude-opus-5-5"),
-        &HeaderMap::new(),
+        &Facts {
+            provider: Provider::Anthropic,
+            api: Api::Messages,
+            method: &Method::POST,
+            host: None,
+            path: "/v1/messages",
+            model: Some("claude-opus-5-5"),
+            encoded: false,
+            tags: &[],
+        },
         StatusCode::TOO_MANY_REQUESTS,
+        &HeaderMap::new(),
         &mut response,
     );
     assert_eq!(e.tags, ["rate-limited"]);
@@ -1208,7 +1217,7 @@ actions = [ { capture = false }, { redact = ["ACME-[0-9]{6}", "secret-\\w+"] }, 
         Method::POST,
         "/v1/messages".into(),
     );
-    r.effects.record_into(&mut record);
+    record.take_effects(&r.effects);
     assert!(!record.capture, "off wins over a later on");
     assert_eq!(record.extra_redactions.len(), 2);
     assert!(record.extra_redactions[0].is_match("id ACME-123456"));

@@ -26,26 +26,18 @@ pub(crate) struct LazyBody<'a> {
     pub(super) plain: &'a Bytes,
     /// The model of `plain`, read on first use.
     pub(super) prompt: &'a PromptCell,
-    /// Whether `sent` came compressed (a changed body then goes on as identity).
-    pub(super) encoded: bool,
     pub(super) store: &'a BodyStore<'a>,
     pub(super) root: Option<Result<Node<'a>, String>>,
 }
 
 impl<'a> LazyBody<'a> {
-    /// `sent` as received, `prompt` the model of its decoded bytes; `encoded`
-    /// whether it came compressed.
-    pub(crate) fn new(
-        sent: &'a Bytes,
-        prompt: &'a PromptCell,
-        encoded: bool,
-        store: &'a BodyStore<'a>,
-    ) -> Self {
+    /// `sent` as received, `prompt` the model of its decoded bytes (a changed body
+    /// goes on as identity: [`crate::policy::Outgoing::replace`]).
+    pub(crate) fn new(sent: &'a Bytes, prompt: &'a PromptCell, store: &'a BodyStore<'a>) -> Self {
         LazyBody {
             sent,
             plain: prompt.body(),
             prompt,
-            encoded,
             store,
             root: None,
         }
@@ -113,11 +105,6 @@ impl<'a> LazyBody<'a> {
             }
             _ => None,
         }
-    }
-
-    /// Whether the received body was compressed (a changed body goes on as identity).
-    pub(crate) fn was_encoded(&self) -> bool {
-        self.encoded
     }
 }
 

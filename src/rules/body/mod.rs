@@ -371,7 +371,7 @@ mod tests {
         let bytes = Bytes::copy_from_slice(body.as_bytes());
         let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, &store);
         f(lazy.root().unwrap());
         match lazy.changed() {
             Some(b) => String::from_utf8(b.body().to_vec()).unwrap(),
@@ -468,7 +468,7 @@ mod tests {
         let bytes = Bytes::from_static(b"not json");
         let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, &store);
         assert!(lazy.root().unwrap_err().contains("not a JSON object"));
         for bad in [
             &b"[1]"[..],
@@ -482,7 +482,7 @@ mod tests {
             let bytes = Bytes::copy_from_slice(bad);
             let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
             let store = BodyStore::default();
-            let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+            let mut lazy = LazyBody::new(&bytes, &cell, &store);
             let e = lazy.root().unwrap_err();
             assert!(e.starts_with("the body is not a JSON object"), "{e}");
             assert!(lazy.changed().is_none());
@@ -505,7 +505,7 @@ mod tests {
         let bytes = Bytes::from(body.clone());
         let cell = crate::prompt::PromptCell::new(bytes.clone(), None);
         let store = BodyStore::default();
-        let mut lazy = LazyBody::new(&bytes, &cell, false, &store);
+        let mut lazy = LazyBody::new(&bytes, &cell, &store);
         let root = lazy.root().unwrap();
         let cc = root
             .at_mut(&ptr!["messages", 1, "content", 0, "cache_control"])
