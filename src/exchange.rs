@@ -513,9 +513,8 @@ impl Proxy {
         };
         let r = ex.record();
         r.bytes_in = body.len() as u64;
-        if plain.first() == Some(&b'{') {
-            r.model = provider::sniff(&plain).model;
-        }
+        // Whatever the first byte: whitespace or a byte order mark may precede the `{`.
+        r.model = provider::sniff(&plain).model;
         r.set_request_body(body.clone(), plain);
         Ok(body)
     }

@@ -459,9 +459,7 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
         Provider::Anthropic => path,
     };
     let body = record.request.body.bytes.clone();
-    let model = (body.first() == Some(&b'{'))
-        .then(|| provider::sniff(&body).model)
-        .flatten();
+    let model = provider::sniff(&body).model;
     let prompt = PromptCell::new(body.clone(), Some(format));
     let result = rules.apply_request(RequestCtx {
         provider,

@@ -747,9 +747,10 @@ fn first_repeat(
 /// The structure pass against serde_json on any bytes: never a panic; a body
 /// serde_json reads is taped, every span slicing back to the value serde_json
 /// reads there; a body it refuses is refused too, or differs only inside a leaf
-/// (which the tape does not validate) or by nesting past serde_json's limit.
+/// (which the tape does not validate) or by nesting past serde_json's limit. A
+/// leading byte order mark is read past, as the providers' parsers do.
 fn check_json(body: &[u8]) {
-    let serde = serde_json::from_slice::<Value>(body);
+    let serde = serde_json::from_slice::<Value>(&body[json::skip_bom(body)..]);
     let tape = json::tape(body);
     let Ok(toks) = tape else {
         assert!(
@@ -1838,6 +1839,21 @@ fn corpus_seeds_say_what_they_are_for() {
     assert!(
         blocks(&probe_rules("/model", last), &dup),
         "rules read the last model"
+    );
+
+    // Issue 48: a byte order mark first and a key spelt with an escape hid the model.
+    let bom = std::fs::read(corpus_dir("json").join("bom-escaped-model.json")).unwrap();
+    assert!(bom.starts_with(b"\xEF\xBB\xBF{\"mod\\u0065l\""));
+    let opus: toml::Table = [("equals".to_owned(), toml::Value::from("claude-opus-4-1"))]
+        .into_iter()
+        .collect();
+    assert!(
+        blocks(&probe_rules("/model", opus), &bom),
+        "rules read the model"
+    );
+    assert_eq!(
+        promptgate::provider::sniff(&bom).model.as_deref(),
+        Some("claude-opus-4-1")
     );
 
     // Found by `sse_valid_streams_give_their_events_however_split`: a BOM hid the first field.

@@ -1,6 +1,6 @@
-//! Regression tests for policy bypasses, through the real binary: a compressed body
-//! must not hide its model, and a key written twice must not read one way to the
-//! rules and another to the provider.
+//! Regression tests for policy bypasses, through the real binary: a compressed body,
+//! a key spelt with escapes or a byte order mark must not hide its model, and a key
+//! written twice must not read one way to the rules and another to the provider.
 
 mod support;
 
@@ -110,6 +110,61 @@ async fn compressed_bodies_show_their_model_to_model_rules() {
         }
     }
     assert_eq!(blocked, 4);
+}
+
+/// A UTF-8 byte order mark.
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+#[tokio::test]
+async fn escaped_keys_and_a_leading_bom_show_their_model_to_model_rules() {
+    let fake = support::fake_answering_ok().await;
+    let dir = support::example_rules(&["20-block-opus-for-batch.toml"]);
+    let proxy = start(&fake, &dir, &[]);
+    let plain = String::from_utf8(opus_body()).unwrap();
+    // What Python, JavaScript and Go read as `"model"`, and the provider serves.
+    let escaped = plain.replacen(r#""model""#, r#""mod\u0065l""#, 1);
+    let bodies = [
+        escaped.clone().into_bytes(),
+        plain
+            .replacen(r#""model""#, r#""\u006dodel""#, 1)
+            .into_bytes(),
+        [BOM, plain.as_bytes()].concat(),
+        [BOM, escaped.as_bytes()].concat(),
+        format!(" \r\n{plain}").into_bytes(),
+    ];
+    for body in &bodies {
+        let response = post(&proxy, body, &[("x-team", "batch")]).await;
+        let shown = String::from_utf8_lossy(body);
+        assert_eq!(response.status, 451, "{shown}: {}", response.text());
+        assert!(response.text().contains("Opus is not allowed"), "{shown}");
+    }
+    // Sonnet so spelt passes, and goes on byte for byte, mark and escape included.
+    let sonnet = [
+        BOM,
+        escaped
+            .replace("claude-opus-4-1", "claude-sonnet-4-5")
+            .as_bytes(),
+    ]
+    .concat();
+    let response = post(&proxy, &sonnet, &[("x-team", "batch")]).await;
+    assert_eq!(response.status, 200, "{}", response.text());
+    let got = &fake.wait_requests(1, WAIT).await[0];
+    assert_eq!(got.body, sonnet, "an unchanged body goes on as it came");
+    assert_eq!(fake.requests().len(), 1, "blocked requests never reach it");
+
+    let records = records(&proxy, bodies.len() + 1).await;
+    let mut blocked = 0;
+    for r in &records {
+        match r["outcome"].as_str() {
+            Some("blocked") => {
+                blocked += 1;
+                assert_eq!(r["model"], "claude-opus-4-1", "the decoded name: {r}");
+            }
+            Some("ok") => assert_eq!(r["model"], "claude-sonnet-4-5", "{r}"),
+            other => panic!("unexpected outcome {other:?}: {r}"),
+        }
+    }
+    assert_eq!(blocked, bodies.len());
 }
 
 #[tokio::test]

@@ -139,10 +139,11 @@ impl std::fmt::Debug for Prompt {
 
 impl Prompt {
     /// Reads `body` (already decoded when it came compressed) as a request of
-    /// `format` (`None`: structure only, no units).
+    /// `format` (`None`: structure only, no units). A leading UTF-8 byte order mark
+    /// is read past, as the provider's parser does; spans stay offsets into `body`.
     pub fn read(body: Bytes, format: Option<Format>) -> Prompt {
         let mut cache_control_keys = Vec::new();
-        let object = body.get(json::skip_ws(&body, 0)) == Some(&b'{');
+        let object = body.get(json::skip_ws(&body, json::skip_bom(&body))) == Some(&b'{');
         let tape = if body.is_empty() {
             Err(ScanError(0))
         } else {

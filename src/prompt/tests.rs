@@ -72,6 +72,32 @@ fn a_repeated_key_reads_its_last_value_everywhere() {
 }
 
 #[test]
+fn keys_spelt_with_escapes_and_a_leading_bom_read_as_the_provider_reads_them() {
+    let body = concat!(
+        "\u{feff}",
+        r#"{"\u006dodel":"claude-opus-4-1","sy\u0073tem":[{"type":"text","text":"s","c\u0061che_control":{"type":"ephemeral"}}],"#,
+        r#""me\u0073sages":[{"role":"user","cont\u0065nt":"hi"}],"str\u0065am":true}"#
+    );
+    let p = read(body, Format::AnthropicMessages);
+    assert!(matches!(p.shape(), Shape::Object(_)));
+    assert_eq!(*p.keys(), KeyCheck::Unique);
+    assert_eq!(p.model().as_deref(), Some("claude-opus-4-1"));
+    let paths: Vec<String> = p.units().iter().map(|u| u.path.to_string()).collect();
+    assert_eq!(paths, ["system[0]", "messages[0].content"]);
+    assert!(
+        p.units()[0].marker.is_some(),
+        "an escaped cache_control is a breakpoint"
+    );
+    assert_eq!(
+        p.root().unwrap().get("stream").map(|v| v.bytes()),
+        Some(&b"true"[..])
+    );
+    // Spans are offsets into the body as received, mark included.
+    let span = p.units()[1].span;
+    assert_eq!(span.of(p.body()), br#""hi""#);
+}
+
+#[test]
 fn pointers_walk_the_tape() {
     let p = read(r#"{"a":{"b/c":[10,{"d~":"x"}]}}"#, Format::OpenAiChat);
     let root = p.root().unwrap();

@@ -28,6 +28,16 @@ impl Span {
 #[error("malformed JSON at byte {0}")]
 pub struct ScanError(pub usize);
 
+/// The UTF-8 byte order mark.
+pub const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// Where a body's JSON text may start: past a leading UTF-8 byte order mark (3),
+/// else 0. RFC 8259 lets a parser ignore one, and lenient parsers (the provider's,
+/// Python's `json.loads` of bytes) do: every reader must, or a BOM hides the body.
+pub fn skip_bom(b: &[u8]) -> usize {
+    if b.starts_with(BOM) { BOM.len() } else { 0 }
+}
+
 /// Index of the first non-whitespace byte at or after `i`.
 pub fn skip_ws(b: &[u8], mut i: usize) -> usize {
     while let Some(b' ' | b'\t' | b'\n' | b'\r') = b.get(i) {
@@ -131,7 +141,7 @@ impl Tok {
 /// its index + 1 up to its `next` (for an object: key, value, key, value…). Works
 /// without recursion, so nesting depth costs no stack. It checks the structure at
 /// every level, not what it skips (string contents are decoded where read); a body
-/// of 4 GiB or more is refused.
+/// of 4 GiB or more is refused. A leading byte order mark is read past ([`skip_bom`]).
 pub fn tape(body: &[u8]) -> Result<Vec<Tok>, ScanError> {
     tape_noting(body, |_| false, &mut Vec::new())
 }
@@ -152,7 +162,7 @@ pub fn tape_noting(
     let mut toks: Vec<Tok> = Vec::with_capacity(body.len() / 64 + 8);
     // The open containers: their token index, and whether each is an object.
     let mut open: Vec<(usize, bool)> = Vec::new();
-    let mut i = skip_ws(body, 0);
+    let mut i = skip_ws(body, skip_bom(body));
     'value: loop {
         // `i` is at a value.
         let start = i;
@@ -557,6 +567,26 @@ mod tests {
             assert!(tape(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
         assert!(tape(b"[]").is_ok() && tape(b"{}").is_ok());
+    }
+
+    #[test]
+    fn a_leading_byte_order_mark_is_read_past_and_only_there() {
+        let body = b"\xEF\xBB\xBF {\"mod\\u0065l\":\"a\",\"model\":\"b\"}";
+        let toks = tape(body).unwrap();
+        assert_eq!(
+            toks[0].start, 4,
+            "the object starts past the mark and the space"
+        );
+        assert_eq!(toks[1].of(body), br#""mod\u0065l""#);
+        assert_eq!(duplicate_key(body, &toks).as_deref(), Some("/model"));
+        for bad in [
+            &b" \xEF\xBB\xBF{}"[..],
+            b"\xEF\xBB\xBF\xEF\xBB\xBF{}",
+            b"\xEF\xBB{}",
+            b"\xEF\xBB\xBF",
+        ] {
+            assert!(tape(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
     }
 
     #[test]

@@ -3,9 +3,12 @@
 //! Agents send bodies of hundreds of KB; the log line and the record only need
 //! the model. It walks top-level keys, skips values by structure (`provider::json`),
 //! and stops at `model`. It never validates the body: malformed JSON
-//! yields an empty summary, never an error or a panic.
+//! yields an empty summary, never an error or a panic. Keys compare as decoded
+//! (`"mod\u0065l"` is `model` to the provider) and a leading byte order mark is
+//! read past, as the provider's parser does.
 
-use super::json::{decode_str, skip_string, skip_value, skip_ws};
+use super::json::{decode_str, skip_bom, skip_string, skip_value, skip_ws};
+use crate::prompt::key_is;
 
 /// What the top level of a request body says about itself.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -17,7 +20,7 @@ pub struct RequestSummary {
 /// Scans `body` for its top-level `"model"` string.
 pub fn sniff(body: &[u8]) -> RequestSummary {
     RequestSummary {
-        model: top_level(body, b"model")
+        model: top_level(body, "model")
             .and_then(decode_str)
             .map(|s| s.into_owned()),
     }
@@ -26,12 +29,12 @@ pub fn sniff(body: &[u8]) -> RequestSummary {
 /// Whether the top level says `"stream": true` (a whole walk of the top level:
 /// asked only when a request has gone quiet, never on the request path).
 pub fn asks_to_stream(body: &[u8]) -> bool {
-    top_level(body, b"stream") == Some(b"true")
+    top_level(body, "stream") == Some(b"true")
 }
 
-/// The raw value of the first top-level `wanted` key.
-fn top_level<'b>(body: &'b [u8], wanted: &[u8]) -> Option<&'b [u8]> {
-    let mut i = skip_ws(body, 0);
+/// The raw value of the first top-level key that decodes to `wanted`.
+fn top_level<'b>(body: &'b [u8], wanted: &str) -> Option<&'b [u8]> {
+    let mut i = skip_ws(body, skip_bom(body));
     if body.get(i) != Some(&b'{') {
         return None;
     }
@@ -42,14 +45,15 @@ fn top_level<'b>(body: &'b [u8], wanted: &[u8]) -> Option<&'b [u8]> {
             return None; // `}` (end) or malformed
         }
         let key_end = skip_string(body, i)?;
-        let key = &body[i + 1..key_end - 1];
+        // With its quotes: decoded only when it holds an escape (no allocation else).
+        let key = &body[i..key_end];
         i = skip_ws(body, key_end);
         if body.get(i) != Some(&b':') {
             return None;
         }
         i = skip_ws(body, i + 1);
         let value_end = skip_value(body, i)?;
-        if key == wanted {
+        if key_is(key, wanted) == Some(true) {
             return Some(&body[i..value_end]);
         }
         i = skip_ws(body, value_end);
@@ -86,6 +90,31 @@ mod tests {
                 .as_deref(),
             Some("outer\u{e9}")
         );
+    }
+
+    #[test]
+    fn escaped_keys_and_a_leading_bom_hide_nothing() {
+        for body in [
+            r#"{"mod\u0065l":"claude-opus-4-1","max_tokens":64}"#,
+            r#"{"max_tokens":64,"\u006dodel":"claude-opus-4-1"}"#,
+            r#"{"\u006d\u006f\u0064\u0065\u006c":"claude-opus-4-1"}"#,
+            "\u{feff}{\"model\":\"claude-opus-4-1\"}",
+            "\u{feff} {\"mod\\u0065l\":\"claude-opus-4-1\"}",
+        ] {
+            assert_eq!(model(body).as_deref(), Some("claude-opus-4-1"), "{body}");
+        }
+        // Other keys that hold escapes, a bad escape, a BOM not first: no model.
+        for body in [
+            r#"{"mod\u0065l2":"x","models":"y"}"#,
+            r#"{"mod\x65l":"x"}"#,
+            r#"{"mod\u00"#,
+            " \u{feff}{\"model\":\"x\"}",
+            "\u{feff}\u{feff}{\"model\":\"x\"}",
+        ] {
+            assert_eq!(model(body), None, "{body}");
+        }
+        assert!(asks_to_stream(b"\xEF\xBB\xBF{\"str\\u0065am\":true}"));
+        assert!(!asks_to_stream(br#"{"str\u0065am":false}"#));
     }
 
     #[test]
@@ -145,15 +174,24 @@ mod tests {
                 top.insert(format!("k{k}"), value(0, &mut next));
             }
             if next() % 3 > 0 {
-                top.insert("model".into(), format!("m-\"{}\"", next() % 100).into());
+                top.insert("MODEL_KEY".into(), format!("m-\"{}\"", next() % 100).into());
             }
             for k in 5..5 + next() % 3 {
                 top.insert(format!("k{k}"), value(0, &mut next));
             }
-            let text = serde_json::Value::Object(top.clone()).to_string();
-            let expected = top.get("model").and_then(|m| m.as_str()).map(String::from);
+            // The top-level key as written: plain, or with escapes serde_json decodes.
+            let spelt = ["\"model\"", r#""mod\u0065l""#, r#""\u006dodel""#][next() as usize % 3];
+            let text = serde_json::Value::Object(top.clone())
+                .to_string()
+                .replace("\"MODEL_KEY\"", spelt);
+            let read: serde_json::Map<String, serde_json::Value> =
+                serde_json::from_str(&text).unwrap();
+            let expected = read.get("model").and_then(|m| m.as_str()).map(String::from);
             assert_eq!(model(&text), expected, "{text}");
-            let pretty = serde_json::to_string_pretty(&top).unwrap();
+            assert_eq!(model(&format!("\u{feff}{text}")), expected, "BOM {text}");
+            let pretty = serde_json::to_string_pretty(&top)
+                .unwrap()
+                .replace("\"MODEL_KEY\"", spelt);
             assert_eq!(model(&pretty), expected, "{pretty}");
         }
     }

@@ -14,18 +14,11 @@
 //! Each fix is returned, and recorded on the exchange (log line and body diff).
 
 use std::fmt;
-use std::sync::LazyLock;
-
-use memchr::memmem::Finder;
 
 use serde_json::Value;
 
 use super::action::Ttl;
 use super::body::{Node, Peek, Pointer, ptr};
-
-/// Finds the key's text in a raw value (built once: a finder costs more to build than to run).
-pub(crate) static CACHE_CONTROL: LazyLock<Finder<'static>> =
-    LazyLock::new(|| Finder::new("cache_control"));
 
 /// The provider's limit on breakpoints per request.
 pub(crate) const MAX_BREAKPOINTS: usize = 4;
@@ -90,11 +83,8 @@ fn marker_at(
     if !node.may_hold_cache_control() {
         return None;
     }
+    // Keys compare decoded: `cache\u005fcontrol` is a breakpoint to the provider.
     let cc = node.child("cache_control")?;
-    // A key spelled with escapes (`cache\u005fcontrol`) was never counted: keep it so.
-    if !node.may_contain(&CACHE_CONTROL) {
-        return None;
-    }
     let ttl = cc
         .child("ttl")
         .and_then(|t| t.as_str().map(|s| s.into_owned()));
@@ -320,7 +310,8 @@ mod tests {
             "cache_control":{"type":"ephemeral"}"#;
         let want = vec![
             (Vec::from(ptr!["tools", 1]), None, None),
-            // An escaped key counts only where the block's text also holds the name.
+            // Spelt with an escape, the key is a marker all the same.
+            (Vec::from(ptr!["system", 0]), None, None),
             (Vec::from(ptr!["system", 1]), Some("1h".into()), None),
             (
                 Vec::from(ptr!["messages", 1, "content", 0]),

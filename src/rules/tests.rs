@@ -567,6 +567,64 @@ actions = [ { tag = "mapped" } ]
     assert!(r.body.is_none(), "a blocked request sends nothing");
 }
 
+// === keys spelt with escapes, a byte order mark first (issue 48) ===
+
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+#[test]
+fn keys_spelt_with_escapes_or_after_a_bom_read_as_the_provider_reads_them() {
+    let block = set(include_str!(
+        "../../rules/examples/20-block-opus-for-batch.toml"
+    ));
+    let opus = r#"{"mod\u0065l":"claude-opus-4-1","max_tokens":64,"messages":[{"role":"user","content":"ping"}]}"#;
+    let bodies = [
+        opus.as_bytes().to_vec(),
+        opus.replace(r#""mod\u0065l""#, r#""\u006dodel""#)
+            .into_bytes(),
+        [
+            BOM,
+            opus.replace(r#""mod\u0065l""#, r#""model""#).as_bytes(),
+        ]
+        .concat(),
+        [BOM, opus.as_bytes()].concat(),
+    ];
+    for body in bodies {
+        let r = Req::bytes(body.clone())
+            .header("x-team", "batch")
+            .run(&block);
+        let Decision::Respond(b) = r.verdict else {
+            panic!("not blocked: {}", String::from_utf8_lossy(&body));
+        };
+        assert_eq!(b.status, StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS);
+    }
+    // Actions find the keys, replace them where they are, and keep the mark.
+    let edits = set(r#"
+[[rule]]
+name = "e"
+on = "before_provider_request"
+actions = [
+  { json.set = { pointer = "/temperature", value = 0 } },
+  { json.remove = "/metadata" },
+  { tools.remove = "Bash" },
+  { model.map = { "claude-opus-*" = "claude-sonnet-4-5" } },
+]
+[[rule]]
+name = "after-map"
+on = "before_provider_request"
+when = { model = "claude-sonnet-*" }
+actions = [ { tag = "mapped" } ]
+"#);
+    let body = r#"{"mod\u0065l":"claude-opus-4-1","temper\u0061ture":1,"met\u0061data":{"user_id":"u"},"tools":[{"n\u0061me":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}],"max_tokens":64,"messages":[{"role":"user","content":"ping"}]}"#;
+    let r = Req::bytes([BOM, body.as_bytes()].concat()).run(&edits);
+    assert_eq!(r.effects.fired, ["e", "after-map"]);
+    let out = r.body.as_ref().expect("changed").body();
+    assert!(out.starts_with(BOM), "the byte order mark stays");
+    assert_eq!(
+        std::str::from_utf8(&out[BOM.len()..]).unwrap(),
+        r#"{"model":"claude-sonnet-4-5","temperature":0,"tools":[{"name":"Read","input_schema":{}}],"max_tokens":64,"messages":[{"role":"user","content":"ping"}]}"#
+    );
+}
+
 #[test]
 fn headers_from_env_are_secret() {
     let rules = set(r#"

@@ -4,7 +4,6 @@ use globset::GlobSet;
 
 use super::Action;
 use crate::rules::body::{Node, ptr};
-use crate::rules::limits::CACHE_CONTROL;
 use crate::rules::load::{Cx, Val};
 use crate::rules::shape;
 use crate::rules::{Block, State};
@@ -30,7 +29,7 @@ impl Action for Tools {
             n = i + 1;
             let name = shape::tool_name(tool).unwrap_or_default();
             if self.globs.is_match(name.as_ref()) != self.keep_matches {
-                if tool.may_contain(&CACHE_CONTROL) {
+                if tool.may_hold_cache_control() {
                     last_marker = tool.child("cache_control").map(|c| c.to_value());
                 }
                 drop.push(i);

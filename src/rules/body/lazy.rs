@@ -8,7 +8,7 @@ use bytes::Bytes;
 use super::{BodyWriter, Entries, Index, Node};
 use crate::prompt::PromptCell;
 use crate::prompt::{KeyCheck, Prompt, Shape};
-use crate::provider::json::skip_ws;
+use crate::provider::json::{skip_bom, skip_ws};
 
 // === the body of one request, parsed on first use ===
 
@@ -48,7 +48,7 @@ impl<'a> LazyBody<'a> {
     /// from then on every reader takes a repeated key's last value.
     pub(crate) fn key_check(&self) -> KeyCheck {
         let b: &'a [u8] = self.plain;
-        if b.get(skip_ws(b, 0)) != Some(&b'{') {
+        if b.get(skip_ws(b, skip_bom(b))) != Some(&b'{') {
             return KeyCheck::NotChecked;
         }
         match self
@@ -94,11 +94,14 @@ impl<'a> LazyBody<'a> {
     }
 
     /// The body to send, with its model, when rules changed it (identity-encoded),
-    /// else `None`.
+    /// else `None`. A leading byte order mark is kept; whitespace around the
+    /// top-level object is not.
     pub(crate) fn changed(&self) -> Option<Prompt> {
         match (&self.root, self.store.index.get()) {
             (Some(Ok(node)), Some(Some(index))) if node.is_dirty() => {
                 let mut out = BodyWriter::new(index, self.plain.len() + 256);
+                // A byte order mark the client sent stays: the provider read past it before.
+                out.prefix(&self.plain[..skip_bom(self.plain)]);
                 node.write(&mut out);
                 let prompt = self.prompt.get();
                 Some(out.finish(prompt.format(), prompt.keys()))

@@ -455,6 +455,22 @@ mod tests {
     }
 
     #[test]
+    fn pointers_find_keys_spelt_with_escapes_and_a_bom_stays() {
+        let body = "\u{feff}{\"mod\\u0065l\":\"a\",\"met\\u0061data\":{\"user_id\":\"u\"},\"n\":1}";
+        let out = with_root(body, |root| {
+            assert_eq!(root.at(&ptr!["model"]).unwrap().as_str().unwrap(), "a");
+            assert_eq!(root.peek().child("model").unwrap().as_str().unwrap(), "a");
+            set(root, &ptr!["model"], json!("b")).unwrap();
+            assert!(remove(root, &ptr!["metadata"]).unwrap());
+            assert!(!remove(root, &ptr!["metadata"]).unwrap());
+        });
+        // Replaced where it was (no second `model` beside it), the mark kept.
+        assert_eq!(out, "\u{feff}{\"model\":\"b\",\"n\":1}");
+        // Unchanged, the body is left as sent, mark and escapes included.
+        assert_eq!(with_root(body, |root| assert!(root.has("metadata"))), body);
+    }
+
+    #[test]
     fn values_written_by_rules_can_be_reached_into() {
         let out = with_root(r#"{"a":1}"#, |root| {
             set(root, &ptr!["meta"], json!({"x": {"y": 1}})).unwrap();

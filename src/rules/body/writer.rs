@@ -44,6 +44,11 @@ impl<'o> BodyWriter<'o> {
         }
     }
 
+    /// Bytes before the top-level value that make no token (a byte order mark).
+    pub(super) fn prefix(&mut self, bytes: &[u8]) {
+        self.out.extend_from_slice(bytes);
+    }
+
     /// The value at token `t` of the received body, as it was sent, with its tokens.
     pub(super) fn original(&mut self, t: u32) {
         let t = t as usize;
