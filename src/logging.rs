@@ -20,7 +20,7 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
 
-use crate::capture::redact::{Redactor, Summary};
+use crate::capture::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
 use crate::record::{ExchangeRecord, RecordSink};
 
 /// Log line format.
@@ -249,6 +249,10 @@ pub struct ExchangeLog {
 
 impl RecordSink for ExchangeLog {
     fn record(&self, r: &ExchangeRecord) {
+        // Client-chosen text is redacted and cut: a line stays a line whatever was sent.
+        let name = |t: Option<&str>| t.map(|t| self.redactor.bounded(t, &[], NAME_MAX));
+        let text = |t: Option<&str>| t.map(|t| self.redactor.bounded(t, &[], TEXT_MAX));
+        let path = self.redactor.path(&r.path, &mut Summary::new());
         let usage = r
             .observation
             .as_ref()
@@ -258,10 +262,10 @@ impl RecordSink for ExchangeLog {
             id = %r.id,
             mode = r.mode.name(),
             method = %r.method,
-            host = r.host.as_deref(),
-            path = %self.redactor.path(&r.path, &mut Summary::new()),
+            host = name(r.host.as_deref()),
+            path = %cut(&path, TEXT_MAX),
             provider = r.provider.map(|p| p.name()),
-            model = r.model.as_deref(),
+            model = name(r.model.as_deref()),
             status = r.status.map(|s| s.as_u16()),
             outcome = r.outcome.name(),
             first_byte_ms = r.timing.first_byte.map(|d| d.as_millis() as u64),
@@ -274,10 +278,10 @@ impl RecordSink for ExchangeLog {
             out_tokens = usage.map(|u| u.output_tokens),
             rules = (!r.rules_fired.is_empty()).then(|| r.rules_fired.join(",")),
             tags = (!r.tags.is_empty()).then(|| r.tags.join(",")),
-            cache = r.cache.as_ref().map(|c| c.log_field()),
+            cache = text(r.cache.as_ref().map(|c| c.log_field()).as_deref()),
             stall_ms = r.stall.map(|s| s.longest_ms),
-            error = r.error.as_deref(),
-            parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
+            error = text(r.error.as_deref()),
+            parse_error = text(r.observation.as_ref().and_then(|o| o.parse_error.as_deref())),
             "exchange"
         );
     }

@@ -8,7 +8,8 @@
 //!   the parts that already count them, at scrape time ([`Sources`]).
 //!
 //! Label values are closed sets, except models (the first `metrics.max_models`
-//! names, then `other`) and rules (names from the loaded set).
+//! names, then `other`; each redacted and cut to [`NAME_MAX`] bytes) and rules
+//! (names from the loaded set).
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -30,6 +31,7 @@ use serde::Deserialize;
 
 use crate::cache::cost::{Price, Table};
 use crate::capture::Capture;
+use crate::capture::redact::{NAME_MAX, Redactor};
 use crate::listener::ConnectionCounts;
 use crate::record::{ExchangeRecord, Outcome, RecordSink, Recorder};
 use crate::rules::reload::LiveRules;
@@ -141,9 +143,13 @@ pub struct Metrics {
     names: Mutex<Names>,
     prices: Table<Price>,
     rules: Arc<LiveRules>,
+    /// A model name is a client's text: redacted and cut before it is a label.
+    redactor: Arc<Redactor>,
 }
 
-/// Label values seen so far, shared so that a known one costs no allocation.
+/// Label values seen so far, shared so that a known one costs no allocation. Models
+/// are keyed by their label (redacted, at most [`NAME_MAX`] bytes), so the map
+/// holds at most `max_models` short names whatever clients send.
 struct Names {
     models: HashMap<String, Arc<str>>,
     max_models: usize,
@@ -192,8 +198,14 @@ impl Metrics {
         self.rule_fires.get(&labels).map_or(0, |c| c.get())
     }
 
-    /// The series, empty; `prices` price the tokens, `rules` name the rules' phases.
-    pub fn new(settings: &MetricsSettings, prices: Table<Price>, rules: Arc<LiveRules>) -> Metrics {
+    /// The series, empty; `prices` price the tokens, `rules` name the rules' phases,
+    /// `redactor` cleans the model names before they are labels.
+    pub fn new(
+        settings: &MetricsSettings,
+        prices: Table<Price>,
+        rules: Arc<LiveRules>,
+        redactor: Arc<Redactor>,
+    ) -> Metrics {
         let mut m = Metrics {
             registry: Registry::default(),
             exchanges: Family::default(),
@@ -220,6 +232,7 @@ impl Metrics {
             }),
             prices,
             rules,
+            redactor,
         };
         let r = &mut m.registry;
         r.register(
@@ -293,9 +306,15 @@ impl Metrics {
 
     /// Counts one finished exchange.
     pub fn count(&self, record: &ExchangeRecord) {
+        // Redacted and cut before the lock: the label, never the raw name, is kept.
+        let label = record
+            .model
+            .as_deref()
+            .filter(|m| !m.is_empty())
+            .map(|m| self.redactor.bounded(m, &record.extra_redactions, NAME_MAX));
         let mut names = self.names.lock().unwrap_or_else(|p| p.into_inner());
         let provider = record.provider.map_or(NONE, |p| p.name());
-        let model = names.model(record.model.as_deref());
+        let model = names.model(label.as_deref());
         self.exchanges
             .get_or_create(&ExchangeLabels {
                 provider,
@@ -728,6 +747,7 @@ mod tests {
             &MetricsSettings { max_models },
             crate::cache::cost::prices(Vec::new()),
             rules,
+            Arc::new(Redactor::new(&[], &[]).unwrap()),
         )
     }
 

@@ -99,7 +99,8 @@ pub async fn serve(
         None
     };
     let grace = config.shutdown_grace;
-    let mut cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock);
+    let mut cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock)
+        .redacting(redactor.clone());
     // Turns of one conversation may reach any replica sharing a PostgreSQL store.
     if let (Some(_), store @ StoreLocation::Postgres(_)) = (&capture, &config.capture.store) {
         cache = cache.sharing(store.clone());
@@ -116,6 +117,7 @@ pub async fn serve(
             &config.metrics,
             config.cache.prices.clone(),
             rules.clone(),
+            redactor.clone(),
         ))
     });
     if let Some(m) = &metrics {

@@ -722,3 +722,148 @@ async fn healthz_says_what_runs_and_readyz_fails_while_draining() {
     assert_eq!(stream.await.unwrap().status, 200);
     assert!(proxy.wait_exit(WAIT).await.success());
 }
+
+/// The longest label value or log field a client-chosen name may become: the
+/// bound (`NAME_MAX`, 128 bytes) plus the mark saying how long it was.
+const NAME_BOUND: usize = 128 + "…(cut, 18446744073709551615 bytes)".len();
+
+/// The longest run of `c` in `text`.
+fn longest_run(text: &str, c: char) -> usize {
+    text.split(|x| x != c).map(str::len).max().unwrap_or(0)
+}
+
+#[tokio::test]
+async fn long_model_names_are_cut_in_metrics_and_the_log_and_the_sets_stay_capped() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--no-capture"]);
+    let admin = proxy.admin_addr();
+    // 200 distinct unpriced names of 64 KiB each: past metrics.max_models (50) and
+    // past the 64 unpriced models warned about by name.
+    let n = 200;
+    let long = 64 << 10;
+    let addr = proxy.addr;
+    let mut senders = Vec::new();
+    for lane in 0..4 {
+        senders.push(tokio::spawn(async move {
+            for i in (lane..n).step_by(4) {
+                let mut body = shapes::claude_code_body(1, shapes::CC_SESSION);
+                body["model"] = json!(format!("m{i:03}-{}", "q".repeat(long)));
+                let r = client::post(addr, "/v1/messages", &shapes::to_bytes(&body)).await;
+                assert_eq!(r.status, 200);
+            }
+        }));
+    }
+    for s in senders {
+        s.await.unwrap();
+    }
+    proxy.wait_exchanges(n, WAIT).await;
+
+    let scraped = scrape(admin, "text/plain").await;
+    assert_eq!(scraped.status, 200);
+    let text = scraped.text();
+    // 51 model labels (50 and `other`) of at most NAME_BOUND bytes, 10 series each.
+    assert!(text.len() < 256 << 10, "/metrics is {} bytes", text.len());
+    let labels: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split("model=\"").nth(1)?.split('"').next())
+        .collect();
+    assert!(
+        labels
+            .iter()
+            .any(|l| l.ends_with(&format!("…(cut, {} bytes)", long + 5)))
+    );
+    assert!(labels.contains(&"other"), "past max_models");
+    for label in &labels {
+        assert!(
+            label.len() <= NAME_BOUND,
+            "a label of {} bytes",
+            label.len()
+        );
+    }
+
+    // No log line holds a name longer than the bound; the cut says so.
+    let log = proxy.log();
+    assert!(
+        longest_run(&log, 'q') <= 128,
+        "{} bytes",
+        longest_run(&log, 'q')
+    );
+    assert!(log.contains(&format!("…(cut, {} bytes)", long + 5)));
+    for line in log.lines() {
+        assert!(line.len() < 8 << 10, "a log line of {} bytes", line.len());
+    }
+    // 64 unpriced models named, then one line for the rest.
+    assert_eq!(log.matches("no price for model").count(), 64, "{log}");
+    assert_eq!(log.matches("no price for more than 64 models").count(), 1);
+}
+
+const MODEL_CANARY: &str = "sk-ant-api03-CANARYmodel7c1f3de9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3e2";
+const SESSION_CANARY: &str = "sk-ant-api03-CANARYsession1f3de9a8b7c6d5e4f3a2b1c0d9e8f7a6b5c4d3";
+
+#[tokio::test]
+async fn a_key_sent_as_the_model_or_session_reaches_no_label_and_no_span() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    // The spans are checked where the OTLP receiver can run; the metrics always.
+    let receiver = Receiver::start();
+    let endpoint = receiver
+        .as_ref()
+        .map(|r| format!("http://127.0.0.1:{}", r.port));
+    let upstream = fake.url();
+    let mut args = vec!["--upstream-anthropic", upstream.as_str()];
+    if let Some(e) = &endpoint {
+        args.extend(["--otlp-endpoint", e.as_str()]);
+    }
+    let proxy = Proxy::start(&args);
+    let admin = proxy.admin_addr();
+    // No session header: the conversation id is read from metadata.user_id.
+    let mut body = shapes::claude_code_body(1, SESSION_CANARY);
+    body["model"] = json!(MODEL_CANARY);
+    let r = client::post(proxy.addr, "/v1/messages", &shapes::to_bytes(&body)).await;
+    assert_eq!(r.status, 200);
+    proxy.wait_exchanges(1, WAIT).await;
+
+    // Every place a canary shows, so that one run names them all.
+    let mut leaks = Vec::new();
+    let mut check = |haystack: &[u8], what: &str| {
+        for canary in [MODEL_CANARY, SESSION_CANARY] {
+            if haystack
+                .windows(canary.len())
+                .any(|w| w == canary.as_bytes())
+            {
+                leaks.push(format!("{canary} in {what}"));
+            }
+        }
+    };
+    let text = scrape(admin, "text/plain").await.text();
+    check(text.as_bytes(), "/metrics");
+    check(proxy.log().as_bytes(), "the log");
+    let span = match &receiver {
+        Some(receiver) => {
+            let spans = receiver.spans(1).await;
+            check(&std::fs::read(&receiver.out).unwrap(), "the spans");
+            spans.into_iter().next()
+        }
+        None => None,
+    };
+    assert!(leaks.is_empty(), "the canaries leaked: {leaks:#?}");
+    // The fingerprint stands in for the key: it still groups, and says what it was.
+    if let Some(span) = span {
+        let conversation = attr(&span, "gen_ai.conversation.id").unwrap();
+        assert!(
+            conversation
+                .as_str()
+                .unwrap()
+                .starts_with("session:[REDACTED:anthropic:"),
+            "{conversation}"
+        );
+        let model = attr(&span, "gen_ai.request.model").unwrap();
+        assert!(
+            model.as_str().unwrap().starts_with("[REDACTED:anthropic:"),
+            "{model}"
+        );
+    }
+    assert!(
+        text.contains("model=\"[REDACTED:anthropic:"),
+        "the label is the key's fingerprint:\n{text}"
+    );
+}

@@ -176,7 +176,7 @@ async fn answer<B>(state: &Arc<AdminState>, request: &Request<B>) -> AdminRespon
                 .headers()
                 .get(header::ACCEPT)
                 .and_then(|v| v.to_str().ok());
-            return scrape(state, accept);
+            return scrape(state, accept).await;
         }
         "/api/rules" => return reply(StatusCode::OK, &api::rules(state)),
         _ => {}
@@ -267,20 +267,27 @@ fn readiness(state: &AdminState) -> AdminResponse {
 }
 
 /// `/metrics`: the Prometheus text format, or OpenMetrics when the scraper prefers it.
-fn scrape(state: &AdminState, accept: Option<&str>) -> AdminResponse {
+/// Rendered on a blocking thread: the admin API shares its runtime with the proxy's
+/// accept loop, and a scrape (series, the store's size on disk) must not hold it.
+async fn scrape(state: &AdminState, accept: Option<&str>) -> AdminResponse {
     let Some((metrics, sources)) = &state.metrics else {
         return reply(StatusCode::NOT_FOUND, &json!({"error": "metrics are off"}));
     };
     let open = crate::metrics::wants_openmetrics(accept);
-    match metrics.render(sources, open) {
-        Ok(text) => typed(
+    let (metrics, sources) = (metrics.clone(), sources.clone());
+    match tokio::task::spawn_blocking(move || metrics.render(&sources, open)).await {
+        Ok(Ok(text)) => typed(
             StatusCode::OK,
             crate::metrics::content_type(open),
             Bytes::from(text),
         ),
-        Err(e) => reply(
+        Ok(Err(e)) => reply(
             StatusCode::INTERNAL_SERVER_ERROR,
             &json!({"error": format!("encoding the metrics: {e}")}),
+        ),
+        Err(e) => reply(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &json!({"error": format!("rendering the metrics: {e}")}),
         ),
     }
 }

@@ -20,6 +20,7 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
+use crate::capture::redact::{NAME_MAX, Redactor};
 use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
 use crate::prompt::{Format, PromptCell, Region, Ttl};
@@ -315,7 +316,49 @@ struct State {
     pending: HashMap<ExchangeId, Pending>,
     history: History,
     /// Models already warned about for having no price.
-    unpriced: std::collections::HashSet<String>,
+    unpriced: Unpriced,
+}
+
+/// The most unpriced models warned about by name. A model name is whatever a client
+/// sends: past this many, one more line says the rest go unnamed, so the set (and
+/// the log) cannot grow with what clients invent. Real deployments use a handful.
+const UNPRICED_WARNED_MAX: usize = 64;
+
+/// The models warned about for having no price: at most [`UNPRICED_WARNED_MAX`],
+/// each redacted and cut to [`NAME_MAX`] bytes.
+#[derive(Default)]
+struct Unpriced {
+    names: std::collections::HashSet<String>,
+    /// The line saying the rest go unnamed was written.
+    full: bool,
+}
+
+/// What to log about a model with no price.
+#[derive(Debug, PartialEq, Eq)]
+enum UnpricedWarning {
+    /// A model new to the set: its name, redacted and cut.
+    Model(String),
+    /// The set is full: said once.
+    Full,
+}
+
+impl Unpriced {
+    /// What to warn about `model`, which has no price: its name the first time it is
+    /// seen, then nothing; past the cap once that the rest go unnamed.
+    fn note(&mut self, model: &str, redactor: Option<&Redactor>) -> Option<UnpricedWarning> {
+        let name = match redactor {
+            Some(r) => r.bounded(model, &[], NAME_MAX),
+            None => crate::capture::redact::cut(model, NAME_MAX).into_owned(),
+        };
+        if self.names.contains(&name) {
+            return None;
+        }
+        if self.names.len() >= UNPRICED_WARNED_MAX {
+            return (!std::mem::replace(&mut self.full, true)).then_some(UnpricedWarning::Full);
+        }
+        self.names.insert(name.clone());
+        Some(UnpricedWarning::Model(name))
+    }
 }
 
 /// The record stage that analyses prompt caching.
@@ -334,6 +377,8 @@ pub struct CacheStage {
     state: Mutex<State>,
     /// A store other replicas write too (PostgreSQL): turns they took are read from it.
     shared: Option<SharedStore>,
+    /// Cleans the model names it warns about (else they are only cut).
+    redactor: Option<Arc<Redactor>>,
 }
 
 /// How far back a conversation new to this replica is looked for in the shared
@@ -460,7 +505,14 @@ impl CacheStage {
                 unpriced: Default::default(),
             }),
             shared: None,
+            redactor: None,
         }
+    }
+
+    /// Redacts the client-chosen names it logs with `redactor`, as the logs do.
+    pub fn redacting(mut self, redactor: Arc<Redactor>) -> CacheStage {
+        self.redactor = Some(redactor);
+        self
     }
 
     /// Reads the turns other replicas took from `store`, which they write too: a
@@ -717,14 +769,22 @@ impl CacheStage {
                 .is_some_and(|m| m.ttl == Ttl::OneHour)
         });
         let price = self.settings.prices.find(&model);
-        if price.is_none() && !model.is_empty() && state.unpriced.insert(model.clone()) {
+        let warning = (price.is_none() && !model.is_empty())
+            .then(|| state.unpriced.note(&model, self.redactor.as_deref()))
+            .flatten();
+        match warning {
             // Once per model: its cost is unknown, never $0.
-            tracing::warn!(
+            Some(UnpricedWarning::Model(model)) => tracing::warn!(
                 "no price for model {model:?}: its cache cost shows as unknown; add one to the \
                  config file:\n[cache.prices.\"{model}\"]\ninput = 1.25        # $ per million input tokens\n\
                  output = 10.0\ncache_read = 0.1    # share of the input price (OpenAI's cached input)\n\
                  cache_write_5m = 1.0"
-            );
+            ),
+            Some(UnpricedWarning::Full) => tracing::warn!(
+                "no price for more than {UNPRICED_WARNED_MAX} models: the next ones are not named \
+                 (their cache cost shows as unknown)"
+            ),
+            None => {}
         }
         let cost = price.as_ref().map(|(pattern, price)| CostView {
             price: (*pattern).to_owned(),
@@ -979,6 +1039,41 @@ mod tests {
 
     fn layer(text: &str) -> CacheConfigLayer {
         toml::from_str(text).unwrap()
+    }
+
+    #[test]
+    fn the_unpriced_models_warned_about_are_capped_cut_and_redacted() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let mut set = Unpriced::default();
+        let long = |i: usize| format!("model-{i}-{}", "x".repeat(1 << 20));
+        let first = set.note(&long(0), Some(&redactor));
+        let Some(UnpricedWarning::Model(name)) = &first else {
+            panic!("{first:?}");
+        };
+        assert!(name.len() < NAME_MAX + 32, "{} bytes", name.len());
+        assert!(name.ends_with(&format!("…(cut, {} bytes)", long(0).len())));
+        assert_eq!(set.note(&long(0), Some(&redactor)), None, "once per model");
+        for i in 1..UNPRICED_WARNED_MAX {
+            assert!(matches!(
+                set.note(&long(i), Some(&redactor)),
+                Some(UnpricedWarning::Model(_))
+            ));
+        }
+        // Past the cap: said once, then nothing, and the set stays as it was.
+        for i in 0..1000 {
+            let said = set.note(&long(UNPRICED_WARNED_MAX + i), Some(&redactor));
+            assert_eq!(said, (i == 0).then_some(UnpricedWarning::Full));
+        }
+        assert_eq!(set.names.len(), UNPRICED_WARNED_MAX);
+        assert!(set.names.iter().all(|n| n.len() < NAME_MAX + 32));
+        // A key pasted as the model is never kept nor named.
+        let mut set = Unpriced::default();
+        let key = "sk-ant-api03-CANARYunpriced0123456789abcdefABCDEF";
+        let said = set.note(key, Some(&redactor));
+        assert!(
+            matches!(&said, Some(UnpricedWarning::Model(n)) if n.starts_with("[REDACTED:anthropic:")),
+            "{said:?}"
+        );
     }
 
     #[test]

@@ -236,6 +236,52 @@ fn is_placeholder(value: &[u8]) -> bool {
         .any(|p| value.eq_ignore_ascii_case(p))
 }
 
+/// The most bytes of a client-chosen name (a model, a conversation id, a host) that
+/// is kept, logged, labelled or exported: real ones are under 100 (a Bedrock
+/// inference-profile ARN is the longest seen), and 50 metrics labels of this size
+/// are a few KiB per series.
+pub const NAME_MAX: usize = 128;
+
+/// The most bytes of a client-chosen text (a path, an error, a cache reason) put
+/// into a log line or a span name.
+pub const TEXT_MAX: usize = 2048;
+
+/// How far past the kept bytes a value is scanned before it is cut: the widest
+/// token shape's window, so a secret that starts in the kept bytes is seen whole
+/// (a PEM key longer than that is caught by its cut-short shape).
+const SCAN_PAST: usize = 512;
+
+/// `text` whole when it fits in `max` bytes; else its first `max` bytes (at a
+/// character boundary) and `…(cut, N bytes)`, N its whole length. The one way a
+/// client-chosen string is bounded before it is kept, logged or labelled: cut
+/// after redaction ([`Redactor::bounded`]), never before, so a cut cannot leave a
+/// piece of a secret too short to recognise.
+pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
+    cut_as(text, max, text.len())
+}
+
+/// [`cut`], saying `whole` bytes in its mark (the length before a prefix was taken).
+fn cut_as(text: &str, max: usize, whole: usize) -> Cow<'_, str> {
+    if text.len() <= max && whole <= max {
+        return Cow::Borrowed(text);
+    }
+    let kept = prefix(text, max);
+    let whole = whole.max(text.len());
+    Cow::Owned(format!("{kept}…(cut, {whole} bytes)"))
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends at a character boundary.
+fn prefix(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
 /// A compiled set of secret shapes plus the configured extra patterns.
 pub struct Redactor {
     triggers: AhoCorasick,
@@ -420,6 +466,19 @@ impl Redactor {
             Cow::Borrowed(_) => text.to_owned(),
             Cow::Owned(v) => String::from_utf8(v)
                 .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()),
+        }
+    }
+
+    /// A client-chosen value on its way out of the process (a metrics label, a span
+    /// attribute, a log field, a warned-once key): redacted, then [`cut`] to `max`
+    /// bytes. Only the bytes that can show are scanned, so a huge value costs no
+    /// more than a short one.
+    pub fn bounded(&self, text: &str, per_record: &[regex::Regex], max: usize) -> String {
+        let scanned = prefix(text, max.saturating_add(SCAN_PAST));
+        let clean = self.redact_text(scanned, per_record, &mut Summary::new());
+        match cut_as(&clean, max, text.len()) {
+            Cow::Borrowed(_) => clean,
+            Cow::Owned(c) => c,
         }
     }
 
@@ -772,6 +831,37 @@ mod tests {
             &["x-gateway-token".into()],
         )
         .unwrap()
+    }
+
+    #[test]
+    fn bounded_values_are_redacted_before_they_are_cut() {
+        let r = redactor();
+        assert_eq!(cut("claude-opus-5-5", NAME_MAX), "claude-opus-5-5");
+        // At a character boundary, with the whole length.
+        let long = format!("{}é{}", "a".repeat(NAME_MAX - 1), "b".repeat(1000));
+        let short = cut(&long, NAME_MAX);
+        assert_eq!(
+            short,
+            format!("{}…(cut, {} bytes)", "a".repeat(NAME_MAX - 1), long.len())
+        );
+        // A key straddling the cut is a marker, never a piece too short to recognise.
+        let key = "sk-ant-api03-CANARYcut0123456789abcdefABCDEF0123456789";
+        let value = format!(
+            "{} {key} {}",
+            "m".repeat(NAME_MAX - 20),
+            "z".repeat(1 << 20)
+        );
+        let out = r.bounded(&value, &[], NAME_MAX);
+        assert!(!out.contains("CANARY"), "{out}");
+        assert!(out.contains("[REDACTED:anthro"), "{out}");
+        assert!(
+            out.ends_with(&format!("…(cut, {} bytes)", value.len())),
+            "{out}"
+        );
+        assert_eq!(
+            r.bounded(key, &[], NAME_MAX),
+            marker("anthropic", None, key.as_bytes())
+        );
     }
 
     /// The env-secret shape's verdict at the start of `text`, read with its regex:

@@ -326,7 +326,10 @@ where
             w.warned = true;
             tracing::warn!(
                 id = %w.spec.id,
-                model = w.spec.model.as_deref().unwrap_or("-"),
+                model = %crate::capture::redact::cut(
+                    w.spec.model.as_deref().unwrap_or("-"),
+                    crate::capture::redact::NAME_MAX
+                ),
                 bytes,
                 last_event = last_event.as_deref().unwrap_or("-"),
                 on_stall = w.spec.settings.on_stall.name(),

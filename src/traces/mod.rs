@@ -17,7 +17,7 @@ use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use crate::capture::redact::{Redactor, Summary};
+use crate::capture::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
 use crate::conversation::{KeySource, conversation_key};
 use crate::prompt::{Prompt, Region};
 use crate::provider::json::decode_str;
@@ -137,6 +137,9 @@ fn parse_url(text: &str, base: bool) -> Result<Uri, String> {
         .map_err(|e| format!("{joined:?} is not a URL: {e}"))
 }
 
+/// The longest `tracestate` passed on (W3C Trace Context: 512 characters).
+const TRACESTATE_MAX: usize = 512;
+
 /// What a span needs beyond its record.
 pub struct SpanContext<'a> {
     pub redactor: &'a Redactor,
@@ -229,20 +232,25 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
         // The exchange id is unique and 80 of its bits are random: a valid trace id.
         None => (id.to_vec(), Vec::new(), 1),
     };
+    // A client's text, and every attribute naming something: redacted, then cut.
+    let bounded = |s: &str, max: usize| cx.redactor.bounded(s, &record.extra_redactions, max);
+    // Passed on only as sent and within W3C's 512 characters: a cut or redacted
+    // tracestate would be a wrong one.
     let trace_state = record
         .request_headers
         .get("tracestate")
         .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= TRACESTATE_MAX && bounded(v, TRACESTATE_MAX) == *v)
         .map(str::to_owned)
         .unwrap_or_default();
     let op = operation(record.api);
-    let model = record.model.as_deref();
-    let name = match (op, model) {
+    let model = record.model.as_deref().map(|m| bounded(m, NAME_MAX));
+    let name = match (op, &model) {
         (Some(op), Some(model)) => format!("{op} {model}"),
         (Some(op), None) => op.to_owned(),
         _ => {
             let path = record.path.split('?').next().unwrap_or("");
-            format!("{} {}", record.method, redact(path))
+            format!("{} {}", record.method, cut(&redact(path), TEXT_MAX))
         }
     };
     let start = nanos(record.started_at);
@@ -284,13 +292,16 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
     let summary_of = record.observation.as_ref().map(|o| &o.summary);
     if let Some(s) = summary_of {
         if let Some(m) = &s.model {
-            attributes.push(text(GEN_AI_RESPONSE_MODEL, m.clone()));
+            attributes.push(text(GEN_AI_RESPONSE_MODEL, bounded(m, NAME_MAX)));
         }
         if let Some(id) = &s.response_id {
-            attributes.push(text(GEN_AI_RESPONSE_ID, id.clone()));
+            attributes.push(text(GEN_AI_RESPONSE_ID, bounded(id, NAME_MAX)));
         }
         if let Some(reason) = &s.stop_reason {
-            attributes.push(texts(GEN_AI_RESPONSE_FINISH_REASONS, [reason.clone()]));
+            attributes.push(texts(
+                GEN_AI_RESPONSE_FINISH_REASONS,
+                [bounded(reason, NAME_MAX)],
+            ));
         }
         if let Some(u) = &s.usage {
             attributes.push(int(GEN_AI_USAGE_INPUT_TOKENS, u.total_input()));
@@ -317,7 +328,7 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
         }),
     };
     if let Some(c) = conversation {
-        attributes.push(text(GEN_AI_CONVERSATION_ID, c));
+        attributes.push(text(GEN_AI_CONVERSATION_ID, bounded(&c, NAME_MAX)));
     }
     if let Some(cache) = &record.cache {
         attributes.push(text(PROMPTGATE_CACHE_VERDICT, cache.verdict.name()));
@@ -329,7 +340,10 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
             _ => cache.stable.as_ref().and_then(|s| s.changed_at.clone()),
         };
         if let Some(unit) = changed {
-            attributes.push(text(PROMPTGATE_CACHE_FIRST_CHANGED_UNIT, unit));
+            attributes.push(text(
+                PROMPTGATE_CACHE_FIRST_CHANGED_UNIT,
+                bounded(&unit, TEXT_MAX),
+            ));
         }
         if let Some(cost) = &cache.cost {
             attributes.push(float(PROMPTGATE_CACHE_LOST_DOLLARS, cost.usd.lost_usd));
@@ -381,7 +395,7 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
             .error
             .as_deref()
             .filter(|_| failed)
-            .map(&mut redact)
+            .map(|e| cut(&redact(e), TEXT_MAX).into_owned())
             .unwrap_or_default(),
     };
     Span {
