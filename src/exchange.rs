@@ -837,7 +837,10 @@ impl Proxy {
                 });
                 tracing::warn!(
                     id = %record.id,
-                    model = record.model.as_deref().unwrap_or("-"),
+                    model = %crate::capture::redact::cut(
+                        record.model.as_deref().unwrap_or("-"),
+                        crate::capture::redact::NAME_MAX
+                    ),
                     bytes = 0,
                     last_event = "-",
                     on_stall = settings.on_stall.name(),
