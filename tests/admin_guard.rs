@@ -134,3 +134,21 @@ async fn beyond_loopback_the_admin_api_asks_for_basic_credentials() {
         "the promptgate log",
     );
 }
+
+#[tokio::test]
+async fn a_request_with_two_host_headers_is_refused() {
+    let proxy = Proxy::start(&["--upstream-anthropic", "http://127.0.0.1:9"]);
+    let admin = proxy.admin_addr();
+    let own = admin.to_string();
+    let other = "rebind.example".to_owned();
+    for (first, second) in [(&own, &other), (&other, &own), (&own, &own)] {
+        let r = get(
+            admin,
+            "/api/captures",
+            &[("Host", first.clone()), ("Host", second.clone())],
+        )
+        .await;
+        assert_eq!(r.status, 400, "Host {first}, Host {second}: {}", r.text());
+        assert!(r.text().contains("more than one Host"), "{}", r.text());
+    }
+}
