@@ -310,6 +310,73 @@ async fn a_stalled_stream_shows_as_stalled_while_it_is_silent() {
     assert!(last["stalled_ms"].is_null(), "data came again: {last}");
 }
 
+/// A key that the live feed's 64 KiB text limit cuts through never shows, not even
+/// its tail: the text is redacted before it is cut, and cut at whitespace.
+#[tokio::test]
+async fn a_key_across_the_live_text_cut_never_shows_in_part() {
+    const KEY: &str = "sk-ant-api03-STRADDLEstraddle0123456789STRADDLEtailXY";
+    // Past 64 KiB the text keeps its last 32 KiB: the last piece takes it to
+    // 65,636 bytes, so the cut falls at byte 32,868, eight bytes into the key.
+    let words = |n: usize| "lorem ipsum dolor sit amet ".repeat(n / 27 + 1)[..n].to_owned();
+    let before = words(32_859);
+    let after = format!("{} THE END.", words(32_722 - 9));
+    let (head, tail) = KEY.split_at(20);
+    let mut pieces: Vec<String> = before
+        .as_bytes()
+        .chunks(4096)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    pieces.extend([format!(" {head}"), format!("{tail} ")]);
+    let (most, last) = after.split_at(after.len() - 200);
+    pieces.extend(
+        most.as_bytes()
+            .chunks(4096)
+            .map(|c| String::from_utf8(c.to_vec()).unwrap()),
+    );
+    pieces.push(last.to_owned());
+    let text: String = pieces.concat();
+    assert_eq!(text.len(), 65_636);
+    assert_eq!(text.find(KEY), Some(32_860));
+    let events = {
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        shapes::anthropic_events("claude-opus-5-5", &pieces, (12, 100, 2000, 7))
+    };
+    let fake = FakeProvider::start(move |_| {
+        support::Action::Respond(Reply::sse(events.clone(), Duration::from_millis(5)))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let mut feed = Feed::open(proxy.admin_addr(), None).await;
+    feed.until("hello").await;
+    let request = stream_request(&proxy, &shapes::claude_code_body(0, shapes::CC_SESSION));
+    let addr = proxy.addr;
+    let sent = tokio::spawn(async move { client::send(addr, &request).await });
+    let events = feed.until("recorded").await;
+    assert_eq!(sent.await.unwrap().status, 200);
+    for e in &events {
+        let data = e.data.to_string();
+        for piece in ["sk-ant-", "STRADDLE", "straddle", "0123456789", "tailXY"] {
+            assert!(
+                !data.contains(piece),
+                "a piece of the key ({piece}) reached the live feed: {data:.300}"
+            );
+        }
+    }
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e.name == "progress")
+        .expect("progress events");
+    assert_eq!(last.data["done"], true);
+    let shown = last.data["text"].as_str().unwrap();
+    assert!(shown.ends_with(" THE END."), "{:.200}", shown);
+    assert!(
+        shown.len() < 40_000 && shown.len() > 30_000,
+        "the text was cut to its last half: {}",
+        shown.len()
+    );
+}
+
 /// The admin address's GET `path`, with `headers` besides Host.
 async fn get(admin: SocketAddr, path: &str, headers: &[(&str, String)]) -> client::RawResponse {
     let mut all = vec![("Host", admin.to_string())];
