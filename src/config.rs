@@ -57,6 +57,12 @@ pub struct ConfigLayer {
     pub admin_allowed_hosts: Option<Vec<String>>,
     /// `user:password` for the admin API; from the file or `PROMPTGATE_ADMIN_AUTH`.
     pub admin_auth: Option<String>,
+    /// Connections the admin API holds open at once.
+    pub admin_max_connections: Option<usize>,
+    /// Viewers of the admin API's live feed at once.
+    pub admin_live_max_viewers: Option<usize>,
+    /// Bytes one live-feed viewer may have waiting before it is dropped.
+    pub admin_live_backlog: Option<Scalar>,
     /// A request header naming the conversation (after Claude Code's own ids).
     pub conversation_header: Option<String>,
     /// A JSON pointer into the request body naming the conversation.
@@ -130,6 +136,15 @@ pub struct Config {
     pub admin_allowed_hosts: Vec<String>,
     /// Credentials the admin API asks for (`Authorization: Basic`).
     pub admin_auth: Option<ProxyCredentials>,
+    /// Connections the admin API holds open at once (default 128: a few browser tabs
+    /// and scrapers); past it a new one gets a 503 and is closed, so idle admin
+    /// sockets cannot use up the file descriptors the proxy port needs.
+    pub admin_max_connections: usize,
+    /// Viewers of `/api/live` at once (default 32); past it a new one gets a 503.
+    pub admin_live_max_viewers: usize,
+    /// Bytes of events one live-feed viewer may have waiting (default 4 MiB); a
+    /// viewer that takes none of them for a while is sent `reload` and dropped.
+    pub admin_live_backlog: usize,
     /// Extra sources of conversation keys.
     pub conversation: KeySource,
     pub capture: CaptureSettings,
@@ -173,6 +188,9 @@ impl Default for Config {
             admin: Some(SocketAddr::from(([127, 0, 0, 1], 8788))),
             admin_allowed_hosts: Vec::new(),
             admin_auth: None,
+            admin_max_connections: 128,
+            admin_live_max_viewers: 32,
+            admin_live_backlog: 4 << 20,
             conversation: KeySource::default(),
             capture: CaptureSettings::default(),
             metrics: crate::metrics::MetricsSettings::default(),
@@ -458,6 +476,42 @@ impl Config {
         }
         for (setting, value, slot) in [
             (
+                "admin-max-connections",
+                layer.admin_max_connections,
+                &mut self.admin_max_connections,
+            ),
+            (
+                "admin-live-max-viewers",
+                layer.admin_live_max_viewers,
+                &mut self.admin_live_max_viewers,
+            ),
+        ] {
+            match value {
+                Some(0) => {
+                    return Err(ConfigError::Invalid {
+                        setting,
+                        message: "expected at least 1".into(),
+                    });
+                }
+                Some(v) => *slot = v,
+                None => {}
+            }
+        }
+        if let Some(v) = layer.admin_live_backlog {
+            let setting = "admin-live-backlog";
+            let bytes =
+                parse_size(&v).map_err(|message| ConfigError::Invalid { setting, message })?;
+            // Below one progress event (64 KiB of text) a busy stream would drop every viewer.
+            if bytes < 64 << 10 {
+                return Err(ConfigError::Invalid {
+                    setting,
+                    message: format!("{bytes} bytes is below the least, 64KiB"),
+                });
+            }
+            self.admin_live_backlog = usize::try_from(bytes).unwrap_or(usize::MAX);
+        }
+        for (setting, value, slot) in [
+            (
                 "connect-timeout",
                 layer.connect_timeout,
                 &mut self.connect_timeout,
@@ -676,6 +730,41 @@ mod tests {
             Ok(Duration::from_secs(7))
         );
         assert!(parse_duration(&"soon".to_owned().into()).is_err());
+    }
+
+    #[test]
+    fn the_admin_listener_bounds_have_defaults_and_a_floor() {
+        let c = Config::load(None, ConfigLayer::default()).unwrap();
+        assert_eq!(
+            (
+                c.admin_max_connections,
+                c.admin_live_max_viewers,
+                c.admin_live_backlog
+            ),
+            (128, 32, 4 << 20)
+        );
+        let layer = parse_layer(
+            "admin_max_connections = 8\nadmin_live_max_viewers = 2\nadmin_live_backlog = \"1MiB\"\n",
+            "p.toml",
+        )
+        .unwrap();
+        let c = Config::load(None, layer).unwrap();
+        assert_eq!(
+            (
+                c.admin_max_connections,
+                c.admin_live_max_viewers,
+                c.admin_live_backlog
+            ),
+            (8, 2, 1 << 20)
+        );
+        for bad in [
+            "admin_max_connections = 0\n",
+            "admin_live_max_viewers = 0\n",
+            "admin_live_backlog = \"1KiB\"\n",
+        ] {
+            let layer = parse_layer(bad, "p.toml").unwrap();
+            assert!(Config::load(None, layer).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -27,7 +27,8 @@ const BACKLOG: usize = 1024;
 /// text as it arrives without an event per delta.
 const PROGRESS_EVERY: Duration = Duration::from_millis(100);
 
-/// Streamed text kept per exchange for the page; past it the page shows the tail.
+/// Streamed text kept per exchange for the page; past it the page shows the last
+/// half of it (see [`LiveTap::trim`]).
 const TEXT_LIMIT: usize = 64 * 1024;
 
 /// One server-sent event, framed once for every viewer.
@@ -135,6 +136,7 @@ impl LiveFeed {
             extra: record.extra_redactions.clone(),
             splitter: EventSplitter::default(),
             text: String::new(),
+            skipping: false,
             bytes: 0,
             sent: None,
             stalled: None,
@@ -153,6 +155,8 @@ pub struct LiveTap {
     extra: Vec<regex::Regex>,
     splitter: EventSplitter,
     text: String,
+    /// The word arriving was too long to keep whole: its rest is dropped too.
+    skipping: bool,
     bytes: u64,
     sent: Option<Instant>,
     /// Silent past the stall threshold this long, until data comes again.
@@ -167,16 +171,21 @@ impl crate::observer::Progress for LiveTap {
         if let Some((Some(provider), Some(api))) = self.grammar {
             self.splitter.push(data);
             while let Some(event) = self.splitter.next_event() {
-                if let Some(piece) = crate::rules::stream::delta_text(provider, api, &event) {
-                    self.text.push_str(&piece);
+                let Some(piece) = crate::rules::stream::delta_text(provider, api, &event) else {
+                    continue;
+                };
+                let mut piece = &piece[..];
+                if self.skipping {
+                    let Some(at) = piece.find(char::is_whitespace) else {
+                        continue;
+                    };
+                    piece = &piece[at..];
+                    self.skipping = false;
                 }
+                self.text.push_str(piece);
             }
             if self.text.len() > TEXT_LIMIT {
-                let mut cut = self.text.len() - TEXT_LIMIT / 2;
-                while !self.text.is_char_boundary(cut) {
-                    cut += 1;
-                }
-                self.text.drain(..cut);
+                self.trim();
             }
         }
         if self.sent.is_none_or(|at| now - at >= PROGRESS_EVERY) {
@@ -196,6 +205,55 @@ impl crate::observer::Progress for LiveTap {
 }
 
 impl LiveTap {
+    /// Cuts the text to about half of [`TEXT_LIMIT`] without halving a secret: what
+    /// is kept is redacted first, with all its context (a key across the cut is
+    /// replaced whole), then cut at whitespace, which neither a key nor a redaction
+    /// marker holds.
+    fn trim(&mut self) {
+        let keep = TEXT_LIMIT / 2;
+        // The last word may be the first half of a key, and a secret reaching it (a
+        // PEM block) may go on: both stay as they came, to be redacted once whole.
+        let mut settled = self.text.rfind(char::is_whitespace).map_or(0, |at| {
+            at + self.text[at..].chars().next().map_or(1, char::len_utf8)
+        });
+        let spans = self.feed.redactor.spans(&self.text[..settled], &self.extra);
+        if let Some(&(start, end)) = spans.last()
+            && self
+                .text
+                .get(end..settled)
+                .is_some_and(|s| s.trim().is_empty())
+        {
+            settled = start;
+            while !self.text.is_char_boundary(settled) {
+                settled -= 1;
+            }
+        }
+        let mut uncounted = Summary::new();
+        let redacted =
+            self.feed
+                .redactor
+                .redact_text(&self.text[..settled], &self.extra, &mut uncounted);
+        let rest = &self.text[settled..];
+        // From the first whitespace in the last `keep` bytes of `text`.
+        let tail = |text: &str, keep: usize| -> usize {
+            let mut from = text.len().saturating_sub(keep);
+            while !text.is_char_boundary(from) {
+                from += 1;
+            }
+            text[from..]
+                .find(char::is_whitespace)
+                .map_or(text.len(), |at| from + at)
+        };
+        self.text = if rest.len() > keep {
+            // One word longer than what is kept: none of it is shown, not even its end.
+            self.skipping = true;
+            redacted[tail(&redacted, keep)..].to_owned()
+        } else {
+            let from = tail(&redacted, keep - rest.len());
+            format!("{}{rest}", &redacted[from..])
+        };
+    }
+
     fn send(&mut self, done: bool, now: Instant) {
         self.sent = Some(now);
         if !self.feed.watched() {

@@ -211,6 +211,7 @@ pub async fn serve(
             stopping: stopping.clone(),
             live,
             proxy: local,
+            limits: Arc::new(crate::admin::AdminLimits::new(&config)),
         });
         tokio::spawn(crate::admin::serve(admin, state));
     }

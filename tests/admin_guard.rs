@@ -3,7 +3,10 @@
 
 mod support;
 
+use std::io::Read;
+use std::net::TcpStream;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use support::Proxy;
 use support::client::{self, request_bytes};
@@ -132,5 +135,126 @@ async fn beyond_loopback_the_admin_api_asks_for_basic_credentials() {
         proxy.log().as_bytes(),
         "CANARYadminSecret",
         "the promptgate log",
+    );
+}
+
+#[tokio::test]
+async fn a_request_with_two_host_headers_is_refused() {
+    let proxy = Proxy::start(&["--upstream-anthropic", "http://127.0.0.1:9"]);
+    let admin = proxy.admin_addr();
+    let own = admin.to_string();
+    let other = "rebind.example".to_owned();
+    for (first, second) in [(&own, &other), (&other, &own), (&own, &own)] {
+        let r = get(
+            admin,
+            "/api/captures",
+            &[("Host", first.clone()), ("Host", second.clone())],
+        )
+        .await;
+        assert_eq!(r.status, 400, "Host {first}, Host {second}: {}", r.text());
+        assert!(r.text().contains("more than one Host"), "{}", r.text());
+    }
+}
+
+/// Reads until the peer closes (or `limit` passes); returns what came and when it closed.
+fn read_to_close(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, Option<Duration>) {
+    let start = Instant::now();
+    stream.set_read_timeout(Some(limit)).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return (got, Some(start.elapsed())),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+            // A reset is a close too.
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return (got, Some(start.elapsed()));
+            }
+            Err(_) => return (got, None),
+        }
+    }
+}
+
+/// The admin port's `/healthz`, once it answers 200 (within `limit`).
+async fn healthz_within(admin: std::net::SocketAddr, limit: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + limit;
+    loop {
+        let r = get(admin, "/healthz", &[("Host", admin.to_string())]).await;
+        if r.status == 200 {
+            return r.json();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the admin port never answered: {}",
+            r.status
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Silent sockets on the admin port cannot take what the proxy port needs: past
+/// `--admin-max-connections` a new one gets a 503 at once, each silent one is
+/// closed after `--header-timeout` (as on the proxy port), and the admin port then
+/// answers again.
+// Multi-threaded: the test reads with blocking sockets while promptgate's fake upstream serves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_admin_sockets_are_capped_and_timed_out_and_the_proxy_port_still_answers() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--admin-max-connections",
+        "8",
+        "--header-timeout",
+        "2s",
+    ]);
+    let admin = proxy.admin_addr();
+    let opened = Instant::now();
+    let mut silent: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(admin).unwrap()).collect();
+    for _ in 0..12 {
+        let mut extra = TcpStream::connect(admin).unwrap();
+        let (got, closed) = read_to_close(&mut extra, Duration::from_secs(1));
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+        assert!(text.contains("--admin-max-connections"), "{text}");
+        assert!(closed.is_some(), "refused at once: {text}");
+    }
+    let answered = client::post(
+        proxy.addr,
+        "/v1/messages",
+        br#"{"model":"claude-opus-5-5","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+    )
+    .await;
+    assert_eq!(
+        answered.status,
+        200,
+        "the proxy port answers: {}",
+        answered.text()
+    );
+
+    // Each silent socket is closed after the header timeout, never having been answered.
+    for socket in &mut silent {
+        let (got, closed) = read_to_close(socket, Duration::from_secs(10));
+        assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+        assert!(closed.is_some(), "a silent admin socket was never closed");
+    }
+    assert!(
+        opened.elapsed() >= Duration::from_millis(1900),
+        "{:?}",
+        opened.elapsed()
+    );
+    let health = healthz_within(admin, Duration::from_secs(5)).await;
+    assert_eq!(health["admin"]["refused"], 12, "{health}");
+
+    // A socket its client closes frees its place at once, not at the timeout.
+    let full: Vec<TcpStream> = (0..8).map(|_| TcpStream::connect(admin).unwrap()).collect();
+    std::thread::sleep(Duration::from_millis(200));
+    let freed = Instant::now();
+    drop(full);
+    healthz_within(admin, Duration::from_secs(1)).await;
+    assert!(
+        freed.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        freed.elapsed()
     );
 }

@@ -310,6 +310,237 @@ async fn a_stalled_stream_shows_as_stalled_while_it_is_silent() {
     assert!(last["stalled_ms"].is_null(), "data came again: {last}");
 }
 
+/// A key that the live feed's 64 KiB text limit cuts through never shows, not even
+/// its tail: the text is redacted before it is cut, and cut at whitespace.
+#[tokio::test]
+async fn a_key_across_the_live_text_cut_never_shows_in_part() {
+    const KEY: &str = "sk-ant-api03-STRADDLEstraddle0123456789STRADDLEtailXY";
+    // Past 64 KiB the text keeps its last 32 KiB: the last piece takes it to
+    // 65,636 bytes, so the cut falls at byte 32,868, eight bytes into the key.
+    let words = |n: usize| "lorem ipsum dolor sit amet ".repeat(n / 27 + 1)[..n].to_owned();
+    let before = words(32_859);
+    let after = format!("{} THE END.", words(32_722 - 9));
+    let (head, tail) = KEY.split_at(20);
+    let mut pieces: Vec<String> = before
+        .as_bytes()
+        .chunks(4096)
+        .map(|c| String::from_utf8(c.to_vec()).unwrap())
+        .collect();
+    pieces.extend([format!(" {head}"), format!("{tail} ")]);
+    let (most, last) = after.split_at(after.len() - 200);
+    pieces.extend(
+        most.as_bytes()
+            .chunks(4096)
+            .map(|c| String::from_utf8(c.to_vec()).unwrap()),
+    );
+    pieces.push(last.to_owned());
+    let text: String = pieces.concat();
+    assert_eq!(text.len(), 65_636);
+    assert_eq!(text.find(KEY), Some(32_860));
+    let events = {
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        shapes::anthropic_events("claude-opus-5-5", &pieces, (12, 100, 2000, 7))
+    };
+    let fake = FakeProvider::start(move |_| {
+        support::Action::Respond(Reply::sse(events.clone(), Duration::from_millis(5)))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let mut feed = Feed::open(proxy.admin_addr(), None).await;
+    feed.until("hello").await;
+    let request = stream_request(&proxy, &shapes::claude_code_body(0, shapes::CC_SESSION));
+    let addr = proxy.addr;
+    let sent = tokio::spawn(async move { client::send(addr, &request).await });
+    let events = feed.until("recorded").await;
+    assert_eq!(sent.await.unwrap().status, 200);
+    for e in &events {
+        let data = e.data.to_string();
+        for piece in ["sk-ant-", "STRADDLE", "straddle", "0123456789", "tailXY"] {
+            assert!(
+                !data.contains(piece),
+                "a piece of the key ({piece}) reached the live feed: {data:.300}"
+            );
+        }
+    }
+    let last = events
+        .iter()
+        .rev()
+        .find(|e| e.name == "progress")
+        .expect("progress events");
+    assert_eq!(last.data["done"], true);
+    let shown = last.data["text"].as_str().unwrap();
+    assert!(shown.ends_with(" THE END."), "{:.200}", shown);
+    assert!(
+        shown.len() < 40_000 && shown.len() > 30_000,
+        "the text was cut to its last half: {}",
+        shown.len()
+    );
+}
+
+/// A live-feed viewer on `admin` that reads nothing after its request: its socket's
+/// receive buffer is small, so what it does not take piles up in promptgate.
+async fn stalled_viewer(admin: SocketAddr) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(admin).await.unwrap();
+    let head = format!("GET /api/live HTTP/1.0\r\nHost: {admin}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+/// The admin listener's `/healthz` counts (`admin`).
+async fn admin_counts(admin: SocketAddr) -> Value {
+    let (status, health) = client::get_json(admin, "/healthz").await;
+    assert_eq!(status, 200);
+    health["admin"].clone()
+}
+
+/// Live-feed viewers are capped, and one that stops reading holds a bounded
+/// backlog: it is sent `reload` and dropped, and its connection is cut if it does
+/// not take even that, while a viewer that reads keeps its stream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_viewer_that_stops_reading_is_dropped_and_viewers_are_capped() {
+    // A long stream of words: every progress event carries up to 64 KiB of text.
+    let piece = "lorem ipsum dolor sit amet ".repeat(38);
+    let pieces: Vec<&str> = (0..100).map(|_| piece.as_str()).collect();
+    let events = shapes::anthropic_events("claude-opus-5-5", &pieces, (12, 100, 2000, 7));
+    let fake = FakeProvider::start(move |_| {
+        support::Action::Respond(Reply::sse(events.clone(), Duration::from_millis(10)))
+    })
+    .await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--admin-live-max-viewers",
+        "3",
+        "--admin-live-backlog",
+        "64KiB",
+    ]);
+    let admin = proxy.admin_addr();
+    // A viewer that reads everything, all along.
+    let mut reader = Feed::open(admin, None).await;
+    reader.until("hello").await;
+    let read = Arc::new(Mutex::new((0usize, Vec::<u8>::new())));
+    let tally = read.clone();
+    let reading = tokio::spawn(async move {
+        let mut chunk = vec![0u8; 65536];
+        loop {
+            match reader.stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    let mut t = tally.lock().unwrap();
+                    t.0 += n;
+                    // Only the last bytes are kept: enough to tell a reload.
+                    t.1.extend_from_slice(&chunk[..n]);
+                    let excess = t.1.len().saturating_sub(4096);
+                    t.1.drain(..excess);
+                    assert!(
+                        !String::from_utf8_lossy(&t.1).contains("event: reload"),
+                        "the viewer that reads was dropped"
+                    );
+                }
+            }
+        }
+    });
+    let mut late = stalled_viewer(admin).await;
+    let never = stalled_viewer(admin).await;
+    // Past the cap a viewer is told so at once.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while admin_counts(admin).await["live"]["viewers"] != 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the viewers never all came"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let fourth = get(admin, "/api/live", &[]).await;
+    assert_eq!(fourth.status, 503, "{}", fourth.text());
+    assert!(
+        fourth.text().contains("--admin-live-max-viewers"),
+        "{}",
+        fourth.text()
+    );
+
+    // Streams until both stalled viewers have been dropped.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        let counts = admin_counts(admin).await;
+        if counts["live"]["dropped"] == 2 {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never dropped: {counts}"
+        );
+        let rounds: Vec<_> = (0..3)
+            .map(|i| {
+                let request =
+                    stream_request(&proxy, &shapes::claude_code_body(i, shapes::CC_SESSION));
+                let addr = proxy.addr;
+                tokio::spawn(async move { client::send(addr, &request).await.status })
+            })
+            .collect();
+        for r in rounds {
+            assert_eq!(r.await.unwrap(), 200);
+        }
+    }
+    let published = read.lock().unwrap().0;
+    // The one that reads now gets what was left for it, the reload last, then the end.
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(WAIT, late.read_to_end(&mut got)).await;
+    assert!(ended.is_ok(), "the dropped viewer's stream never ended");
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+        "{:.200}",
+        text
+    );
+    assert!(
+        text.trim_end()
+            .rsplit("\n\n")
+            .next()
+            .unwrap_or("")
+            .starts_with("event: reload"),
+        "the last event is reload: {}",
+        &text[text.len().saturating_sub(300)..]
+    );
+    // What it was left: the backlog (64 KiB), hyper's write buffer (~400 KiB) and
+    // what the kernel's send buffer holds at most.
+    let send_buffer = std::fs::read_to_string("/proc/sys/net/ipv4/tcp_wmem")
+        .ok()
+        .and_then(|t| t.split_whitespace().last()?.parse::<usize>().ok())
+        .unwrap_or(4 << 20);
+    assert!(
+        got.len() < send_buffer + (1 << 20) && got.len() < published,
+        "a stalled viewer holds a bounded backlog: it got {} bytes of the {published} the feed sent",
+        got.len()
+    );
+    // The one that never reads is cut once it has not taken its reload in time.
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let counts = admin_counts(admin).await;
+        // The reader's and this request's own.
+        if counts["connections"] == 2 {
+            assert_eq!(counts["live"]["viewers"], 1, "{counts}");
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never cut: {counts}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(never);
+    // The places are free again: a new viewer comes in.
+    let mut again = Feed::open(admin, None).await;
+    again.until("hello").await;
+    assert!(
+        !reading.is_finished(),
+        "the reading viewer's stream is still open"
+    );
+    reading.abort();
+}
+
 /// The admin address's GET `path`, with `headers` besides Host.
 async fn get(admin: SocketAddr, path: &str, headers: &[(&str, String)]) -> client::RawResponse {
     let mut all = vec![("Host", admin.to_string())];

@@ -60,13 +60,20 @@ impl AdminGuard {
         AdminGuard { hosts, credentials }
     }
 
-    /// Serves the request, or says why not: 403 for a wrong `Host` or `Origin`,
-    /// 401 for missing or wrong credentials.
+    /// Serves the request, or says why not: 400 for more than one `Host`, 403 for a
+    /// wrong `Host` or `Origin`, 401 for missing or wrong credentials.
     pub fn check(&self, headers: &http::HeaderMap, uri: &http::Uri) -> Result<(), Refusal> {
         let forbidden = |message: String| Refusal {
             status: StatusCode::FORBIDDEN,
             message,
         };
+        // Which of two a proxy in front would route by is anyone's guess (RFC 9112 §3.2).
+        if headers.get_all(header::HOST).iter().nth(1).is_some() {
+            return Err(Refusal {
+                status: StatusCode::BAD_REQUEST,
+                message: "the request has more than one Host header".into(),
+            });
+        }
         // HTTP/2 names the host in :authority, HTTP/1.1 in Host.
         let host = uri
             .authority()
@@ -173,6 +180,15 @@ mod tests {
             assert_eq!(status(&guard, &[("host", bad)]), Some(403), "{bad}");
         }
         assert_eq!(status(&guard, &[]), Some(403), "no host at all");
+        let own = ("host", "127.0.0.1:8788");
+        let other = ("host", "rebind.example");
+        assert_eq!(status(&guard, &[own, other]), Some(400), "two hosts");
+        assert_eq!(status(&guard, &[other, own]), Some(400), "two hosts");
+        assert_eq!(
+            status(&guard, &[own, own]),
+            Some(400),
+            "the same host twice"
+        );
         let host = ("host", "127.0.0.1:8788");
         assert_eq!(
             status(&guard, &[host, ("origin", "http://127.0.0.1:8788")]),

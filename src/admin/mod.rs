@@ -9,25 +9,30 @@ mod live;
 mod viewer;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body::{Body, Frame};
 use http_body_util::Full;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, Semaphore};
 
 use crate::capture::Capture;
+use crate::config::Config;
+use crate::listener::head::{HeadCheck, check as check_head};
 use crate::live::LiveFeed;
 use crate::metrics::{Metrics, Sources};
 
@@ -58,12 +63,51 @@ pub struct AdminState {
     pub live: Arc<LiveFeed>,
     /// The proxy's own address, for the viewer's `curl` command.
     pub proxy: SocketAddr,
+    /// What this listener holds at most: connections, live viewers, their backlogs.
+    pub limits: Arc<AdminLimits>,
+}
+
+/// The admin listener's bounds, so that it cannot take what the proxy port needs:
+/// each request head within `--header-timeout` (as on the proxy port), at most
+/// `--admin-max-connections` connections, and the live feed's own caps.
+#[derive(Debug)]
+pub struct AdminLimits {
+    header_timeout: Duration,
+    max_connections: usize,
+    connections: Arc<Semaphore>,
+    /// Connections refused past the cap, since start.
+    refused: AtomicU64,
+    live: live::Viewers,
+}
+
+impl AdminLimits {
+    /// The bounds `config` sets.
+    pub fn new(config: &Config) -> AdminLimits {
+        AdminLimits {
+            header_timeout: config.header_timeout,
+            max_connections: config.admin_max_connections,
+            connections: Arc::new(Semaphore::new(config.admin_max_connections)),
+            refused: AtomicU64::new(0),
+            live: live::Viewers::new(config.admin_live_max_viewers, config.admin_live_backlog),
+        }
+    }
+
+    /// For `/healthz`: connections open and refused, and the live feed's viewers.
+    fn counts(&self) -> Value {
+        let open = self.max_connections - self.connections.available_permits();
+        json!({
+            "connections": open,
+            "max_connections": self.max_connections,
+            "refused": self.refused.load(Ordering::Relaxed),
+            "live": self.live.counts(),
+        })
+    }
 }
 
 /// A body of the admin listener: a whole answer, or the live feed's events.
 pub enum AdminBody {
     Full(Full<Bytes>),
-    Live(mpsc::Receiver<Bytes>),
+    Live(live::LiveBody),
 }
 
 impl Body for AdminBody {
@@ -76,7 +120,7 @@ impl Body for AdminBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         match self.get_mut() {
             AdminBody::Full(full) => Pin::new(full).poll_frame(cx),
-            AdminBody::Live(rx) => rx.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
+            AdminBody::Live(live) => live.poll_next(cx).map(|b| b.map(|b| Ok(Frame::data(b)))),
         }
     }
 
@@ -100,30 +144,127 @@ type AdminResponse = Response<AdminBody>;
 
 /// Serves the admin API on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let limits = &state.limits;
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        // Each next head on a kept-alive connection; the first is FirstHead's.
+        .header_read_timeout(limits.header_timeout);
+    builder.http2().timer(TokioTimer::new());
+    let mut refused = crate::listener::Throttled::new("refused an admin connection");
     loop {
         let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let state = state.clone();
+        let Ok(slot) = limits.connections.clone().try_acquire_owned() else {
+            limits.refused.fetch_add(1, Ordering::Relaxed);
+            let why = format!(
+                "{} admin connections are open, the most allowed (--admin-max-connections)",
+                limits.max_connections
+            );
+            refused.warn(&why);
+            tokio::spawn(async move { crate::listener::refuse_connection(stream, &why).await });
+            continue;
+        };
+        // Fired by a live viewer that fell behind and would not take its `reload`.
+        let cut = Arc::new(Notify::new());
+        let service_state = state.clone();
+        let service_cut = cut.clone();
         let service = service_fn(move |request: Request<hyper::body::Incoming>| {
-            let state = state.clone();
+            let state = service_state.clone();
+            let cut = service_cut.clone();
             async move {
                 let mut response = match state.guard.check(request.headers(), request.uri()) {
                     Err(refused) => refusal(refused),
-                    Ok(()) => answer(&state, &request).await,
+                    Ok(()) => answer(&state, &request, &cut).await,
                 };
                 secure(response.headers_mut());
                 Ok::<_, Infallible>(response)
             }
         });
+        let stream = FirstHead::new(stream, limits.header_timeout);
         let connection = builder
             .serve_connection(TokioIo::new(stream), service)
             .into_owned();
         tokio::spawn(async move {
-            let _ = connection.await;
+            tokio::select! {
+                _ = connection => {}
+                () = cut.notified() => {}
+            }
+            drop(slot);
         });
+    }
+}
+
+/// An admin socket whose first request head must be whole within the header
+/// timeout of it opening: hyper's own header timeout starts only once it has told
+/// HTTP/1 from HTTP/2, so a socket that sends nothing would be held for ever.
+struct FirstHead<S> {
+    inner: S,
+    /// The first head's bytes so far; `None` once it is whole (or hyper's to refuse).
+    head: Option<Vec<u8>>,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<S> FirstHead<S> {
+    fn new(inner: S, limit: Duration) -> Self {
+        FirstHead {
+            inner,
+            head: Some(Vec::new()),
+            deadline: Box::pin(tokio::time::sleep(limit)),
+        }
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for FirstHead<S> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        out: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let Some(head) = &mut this.head else {
+            return Pin::new(&mut this.inner).poll_read(cx, out);
+        };
+        let before = out.filled().len();
+        match Pin::new(&mut this.inner).poll_read(cx, out) {
+            Poll::Ready(Ok(())) => {
+                head.extend_from_slice(&out.filled()[before..]);
+                // A malformed or oversized head is hyper's to answer; bounded either way.
+                if !matches!(check_head(head), HeadCheck::Incomplete) {
+                    this.head = None;
+                }
+                Poll::Ready(Ok(()))
+            }
+            Poll::Pending => match this.deadline.as_mut().poll(cx) {
+                Poll::Ready(()) => Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no whole request head within the header timeout",
+                ))),
+                Poll::Pending => Poll::Pending,
+            },
+            Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for FirstHead<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -155,7 +296,11 @@ fn secure(headers: &mut http::HeaderMap) {
     }
 }
 
-async fn answer<B>(state: &Arc<AdminState>, request: &Request<B>) -> AdminResponse {
+async fn answer<B>(
+    state: &Arc<AdminState>,
+    request: &Request<B>,
+    cut: &Arc<Notify>,
+) -> AdminResponse {
     let (method, uri) = (request.method(), request.uri());
     if method != Method::GET && method != Method::HEAD {
         return reply(
@@ -188,7 +333,7 @@ async fn answer<B>(state: &Arc<AdminState>, request: &Request<B>) -> AdminRespon
         );
     };
     if path == "/api/live" {
-        return live::stream(state, dir, request.headers(), &query);
+        return live::stream(state, dir, request.headers(), &query, cut);
     }
     let state = state.clone();
     let work = move || api::route(&dir, &path, &query, &state);
@@ -244,6 +389,7 @@ fn health(state: &AdminState) -> Value {
         "capture": capture,
         "rules": rules,
         "traces": traces,
+        "admin": state.limits.counts(),
     })
 }
 

@@ -482,6 +482,15 @@ impl Redactor {
         }
     }
 
+    /// Where the secrets in `text` are, as byte ranges in order: to cut text where
+    /// no secret is cut.
+    pub(crate) fn spans(&self, text: &str, per_record: &[regex::Regex]) -> Vec<(usize, usize)> {
+        self.find(text.as_bytes(), per_record)
+            .into_iter()
+            .map(|(start, end, _)| (start, end))
+            .collect()
+    }
+
     /// The secrets in `input`, as (kind, secret bytes), each once.
     pub fn secrets(&self, input: &[u8], per_record: &[regex::Regex]) -> Vec<(String, Vec<u8>)> {
         let mut out: Vec<(String, Vec<u8>)> = Vec::new();

@@ -101,6 +101,15 @@ pub struct ServeArgs {
     /// Another Host the admin API answers to, HOST or HOST:PORT (e.g. its DNS name); repeatable.
     #[arg(long = "admin-allowed-host", value_name = "HOST")]
     admin_allowed_hosts: Vec<String>,
+    /// Admin API connections open at once; past it new ones get a 503 [default: 128].
+    #[arg(long, value_name = "N")]
+    admin_max_connections: Option<usize>,
+    /// Viewers of the live feed (/api/live) at once; past it new ones get a 503 [default: 32].
+    #[arg(long, value_name = "N")]
+    admin_live_max_viewers: Option<usize>,
+    /// Bytes of events one live-feed viewer may have waiting before it is sent `reload` and dropped [default: 4MiB].
+    #[arg(long, value_name = "BYTES")]
+    admin_live_backlog: Option<String>,
     /// A request header that names the conversation (after Claude Code's session ids).
     #[arg(long, value_name = "NAME")]
     conversation_header: Option<String>,
@@ -198,6 +207,9 @@ impl ServeArgs {
             admin_auth: std::env::var("PROMPTGATE_ADMIN_AUTH")
                 .ok()
                 .filter(|v| !v.is_empty()),
+            admin_max_connections: self.admin_max_connections,
+            admin_live_max_viewers: self.admin_live_max_viewers,
+            admin_live_backlog: self.admin_live_backlog.map(Into::into),
             conversation_header: self.conversation_header,
             conversation_pointer: self.conversation_pointer,
             capture: Some(CaptureLayer {

@@ -155,14 +155,14 @@ impl Drop for ConnectionSlot {
 
 /// A warning that may repeat thousands of times a second (a full fd table, a
 /// flood of refused connections): logged at most once a second, with a count.
-struct Throttled {
+pub(crate) struct Throttled {
     what: &'static str,
     last: Option<Instant>,
     since: u64,
 }
 
 impl Throttled {
-    fn new(what: &'static str) -> Throttled {
+    pub(crate) fn new(what: &'static str) -> Throttled {
         Throttled {
             what,
             last: None,
@@ -170,7 +170,7 @@ impl Throttled {
         }
     }
 
-    fn warn(&mut self, detail: &str) {
+    pub(crate) fn warn(&mut self, detail: &str) {
         self.since += 1;
         let now = Instant::now();
         if self.last.is_some_and(|t| now - t < Duration::from_secs(1)) {
@@ -183,7 +183,7 @@ impl Throttled {
 }
 
 /// What a connection past a cap is told before it is closed.
-async fn refuse_connection(mut stream: tokio::net::TcpStream, why: &str) {
+pub(crate) async fn refuse_connection(mut stream: tokio::net::TcpStream, why: &str) {
     let body = format!("promptgate: too many connections: {why}\n");
     let head = format!(
         "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain; charset=utf-8\r\n\
