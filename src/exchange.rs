@@ -1070,72 +1070,81 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
             }
             record.take_stream_report(report);
         }
-        let (outcome, error) = match tap.end {
-            BodyEnd::Complete => {
-                let failed = record
-                    .status
-                    .is_some_and(|s| s.is_client_error() || s.is_server_error());
-                match (failed, stream_error) {
-                    (false, None) => (Outcome::Ok, None),
-                    (_, error) => (Outcome::ProviderError, error),
-                }
-            }
-            BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
-            BodyEnd::Blocked(block) => (
-                Outcome::Blocked,
-                Some(format!(
-                    "rule {:?} ended the stream: {}; the client got an SSE error event, then \
-                     an incomplete ending",
-                    block.rule, block.message
-                )),
-            ),
-            BodyEnd::Shutdown => (
-                Outcome::Shutdown,
-                Some(
-                    "promptgate shut down mid-response (--shutdown-grace); a stream's client \
-                     got an error event"
-                        .into(),
-                ),
-            ),
-            BodyEnd::StallAborted { silence, event } => (
-                Outcome::StallAborted,
-                Some(format!(
-                    "the stream stalled: no data from upstream for {}s; stream.on_stall ended it: \
-                     the client got {}",
-                    silence.as_secs(),
-                    if event {
-                        "an SSE error event (overloaded_error), then an incomplete ending"
-                    } else {
-                        "an incomplete ending (the connection cut)"
-                    }
-                )),
-            ),
-            BodyEnd::IdleTimeout(d) => (
-                Outcome::UpstreamError,
-                Some(format!(
-                    "no data from upstream for {}s (--idle-timeout)",
-                    d.as_secs()
-                )),
-            ),
-            BodyEnd::ClientGone => match cut_outcome {
-                Outcome::Shutdown => (
-                    Outcome::Shutdown,
-                    Some("promptgate shut down mid-response (--shutdown-grace)".into()),
-                ),
-                outcome => (
-                    outcome,
-                    Some(
-                        "the client went away mid-response; the upstream request was cancelled"
-                            .into(),
-                    ),
-                ),
-            },
-        };
+        let failed = record
+            .status
+            .is_some_and(|s| s.is_client_error() || s.is_server_error());
+        let (outcome, error) = ending(tap.end, failed, stream_error, cut_outcome);
         record.outcome = outcome;
         record.error = error;
         recorder.emit(&mut record);
     };
     pending.recorder.submit(Box::new(job), bytes);
+}
+
+/// The outcome of an exchange whose response body ended as `end`, and what went
+/// wrong: `failed` when the provider's status was an error, `stream_error` an error
+/// event in the stream, `cut_outcome` what a cut connection counts as now.
+fn ending(
+    end: BodyEnd,
+    failed: bool,
+    stream_error: Option<String>,
+    cut_outcome: Outcome,
+) -> (Outcome, Option<String>) {
+    match end {
+        BodyEnd::Complete => match (failed, stream_error) {
+            (false, None) => (Outcome::Ok, None),
+            (_, error) => (Outcome::ProviderError, error),
+        },
+        BodyEnd::UpstreamError(e) => (Outcome::UpstreamError, Some(e)),
+        BodyEnd::Blocked(block) => (
+            Outcome::Blocked,
+            Some(format!(
+                "rule {:?} ended the stream: {}; the client got an SSE error event, then \
+                 an incomplete ending",
+                block.rule, block.message
+            )),
+        ),
+        BodyEnd::Shutdown => (
+            Outcome::Shutdown,
+            Some(
+                "promptgate shut down mid-response (--shutdown-grace); a stream's client \
+                 got an error event"
+                    .into(),
+            ),
+        ),
+        BodyEnd::StallAborted { silence, event } => (
+            Outcome::StallAborted,
+            Some(format!(
+                "the stream stalled: no data from upstream for {}s; stream.on_stall ended it: \
+                 the client got {}",
+                silence.as_secs(),
+                if event {
+                    "an SSE error event (overloaded_error), then an incomplete ending"
+                } else {
+                    "an incomplete ending (the connection cut)"
+                }
+            )),
+        ),
+        BodyEnd::IdleTimeout(d) => (
+            Outcome::UpstreamError,
+            Some(format!(
+                "no data from upstream for {}s (--idle-timeout)",
+                d.as_secs()
+            )),
+        ),
+        BodyEnd::ClientGone => match cut_outcome {
+            Outcome::Shutdown => (
+                Outcome::Shutdown,
+                Some("promptgate shut down mid-response (--shutdown-grace)".into()),
+            ),
+            outcome => (
+                outcome,
+                Some(
+                    "the client went away mid-response; the upstream request was cancelled".into(),
+                ),
+            ),
+        },
+    }
 }
 
 /// Answers with promptgate's own error in the provider's shape, and emits the record.

@@ -92,6 +92,22 @@ pub enum Ttl {
 }
 
 impl Ttl {
+    /// The ttl as the provider spells it in a `cache_control` marker.
+    pub fn text(self) -> &'static str {
+        match self {
+            Ttl::FiveMinutes => "5m",
+            Ttl::OneHour => "1h",
+        }
+    }
+
+    /// The ttl of a marker's `ttl` text (only these two exist).
+    pub fn from_text(text: &str) -> Option<Ttl> {
+        [Ttl::FiveMinutes, Ttl::OneHour]
+            .into_iter()
+            .find(|t| t.text() == text)
+    }
+
+    /// How long it lives, in seconds.
     pub fn secs(self) -> u64 {
         match self {
             Ttl::FiveMinutes => 300,
@@ -102,10 +118,7 @@ impl Ttl {
 
 impl fmt::Display for Ttl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Ttl::FiveMinutes => "5m",
-            Ttl::OneHour => "1h",
-        })
+        f.write_str(self.text())
     }
 }
 

@@ -12,21 +12,7 @@ use crate::rules::load::{Cx, Val};
 use crate::rules::{Block, State};
 use toml::de::DeValue;
 
-/// A cache ttl (PROTOCOL.md §B.1: only these two exist).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ttl {
-    FiveMinutes,
-    OneHour,
-}
-
-impl Ttl {
-    pub(crate) fn text(self) -> &'static str {
-        match self {
-            Ttl::FiveMinutes => "5m",
-            Ttl::OneHour => "1h",
-        }
-    }
-}
+pub(crate) use crate::prompt::Ttl;
 
 /// A `cache_control` marker: `{"type":"ephemeral"}` plus the ttl, if one is given.
 pub(crate) fn marker(ttl: Option<Ttl>) -> Value {
@@ -38,8 +24,7 @@ pub(crate) fn marker(ttl: Option<Ttl>) -> Value {
 
 pub(crate) fn compile_ttl_text(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Ttl> {
     match cx.str(v, "ttl")? {
-        "5m" => Some(Ttl::FiveMinutes),
-        "1h" => Some(Ttl::OneHour),
+        text if Ttl::from_text(text).is_some() => Ttl::from_text(text),
         other => {
             cx.error(
                 v.span(),
