@@ -961,6 +961,16 @@ async fn capture_required_refuses_with_503_when_no_record_could_be_kept() {
     assert_eq!(client::get_json(admin, "/readyz").await.0, 200);
 }
 
+/// The SQLite store: a model or session id holding NUL is stored and read back as
+/// sent, and the listing's filters find it (SQLite's string functions stop at a NUL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_the_model_or_session_id_is_stored_as_sent_and_refuses_nobody() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--capture-required"]);
+    let store = proxy.captures.display().to_string();
+    captures::nul_values_are_stored_as_sent(&proxy, &store).await;
+}
+
 // === shutdown ===
 
 #[tokio::test]

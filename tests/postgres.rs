@@ -243,7 +243,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(proxy);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        3
+        4
     );
     // A second start finds the schema current and keeps what is there.
     let again = replica(&fake, &url, &[]);
@@ -251,7 +251,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
 
     // A schema-1 database (before the prefix index and the units' used mark) is
-    // brought to 3, keeping its records.
+    // brought to 4, keeping its records.
     pg.execute("schema", "DROP TABLE cache_prefixes");
     pg.execute("schema", "ALTER TABLE units DROP COLUMN used_ms");
     pg.execute("schema", "UPDATE promptgate_schema SET version = 1");
@@ -261,7 +261,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(upgraded);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        3
+        4
     );
     assert!(pg.count("schema", "SELECT COUNT(*) FROM cache_prefixes") > 0);
     assert!(pg.count("schema", "SELECT COUNT(*) FROM units WHERE used_ms > 0") > 0);
@@ -270,12 +270,99 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
     assert_ne!(code, 0);
     assert!(
-        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 3)"),
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 4)"),
         "{stderr}"
     );
     let read = captures::cli(url.as_str(), &["list"]);
     assert_eq!(read.code, 2);
     assert!(read.stderr.contains("schema 99"), "{}", read.stderr);
+}
+
+/// PostgreSQL's `text` refuses U+0000: a model or session id holding one was a record
+/// the store failed on, and with `capture.required` the next, innocent request got
+/// 503. Now both are answered and stored, and the NUL values read back exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_the_model_or_session_id_is_stored_as_sent_and_refuses_nobody() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("nul");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("nul-home");
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &url,
+            "--capture-required",
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    captures::nul_values_are_stored_as_sent(&proxy, &url).await;
+}
+
+/// A record PostgreSQL refuses on its own data (here a constraint the test adds)
+/// fails alone: the records beside it and after it are stored, it is counted and
+/// kept in the spool's `rejected/` store, and under `capture.required` the store
+/// stays healthy, so the next request is not refused for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_store_refuses_fails_alone_and_refuses_no_later_request() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("refused");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("refused-home");
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &url,
+            "--capture-required",
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    pg.execute(
+        "refused",
+        "ALTER TABLE records ADD CONSTRAINT poison CHECK (model IS DISTINCT FROM 'poison')",
+    );
+    let body = |model: &str| {
+        serde_json::json!({"model": model, "max_tokens": 8,
+            "messages": [{"role": "user", "content": format!("from {model}")}]})
+    };
+    let (poison, beside) = (body("poison"), body("claude-beside"));
+    let (poison, beside) = tokio::join!(
+        captures::post_messages(&proxy, &poison),
+        captures::post_messages(&proxy, &beside),
+    );
+    assert_eq!((poison, beside), (200, 200));
+    let deadline = Instant::now() + WAIT;
+    let health = loop {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        if health["capture"]["failed"] == 1 && health["capture"]["written"] == 1 {
+            break health;
+        }
+        assert!(Instant::now() < deadline, "{health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(health["capture"]["healthy"], true, "{health}");
+    let after = captures::post_messages(&proxy, &body("claude-after")).await;
+    assert_eq!(
+        after, 200,
+        "the next request is not refused for the refused record"
+    );
+    let stored = captures::wait_records(url.as_str(), 2, WAIT).await;
+    let mut models: Vec<&str> = stored.iter().filter_map(|r| r["model"].as_str()).collect();
+    models.sort_unstable();
+    assert_eq!(models, ["claude-after", "claude-beside"]);
+    let rejected = home.path().join("spool").join("rejected");
+    let kept = captures::export(&rejected);
+    assert_eq!(kept.len(), 1, "{}", proxy.log());
+    assert_eq!(kept[0]["model"], "poison");
+    let id = kept[0]["id"].as_str().unwrap_or_default().to_owned();
+    let log = proxy.log();
+    let refused = log.lines().filter(|l| l.contains("refused the record"));
+    let lines: Vec<&str> = refused.collect();
+    assert_eq!(lines.len(), 1, "logged once: {log}");
+    assert!(lines[0].contains(&id), "with its id: {}", lines[0]);
 }
 
 #[tokio::test]
@@ -749,7 +836,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     // The schema was made when the database first answered, and the bodies are whole.
     assert_eq!(
         pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
-        3
+        4
     );
     let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
     assert_eq!(

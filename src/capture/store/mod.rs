@@ -144,6 +144,10 @@ pub enum StoreError {
     Sqlite(#[from] rusqlite::Error),
     #[error("postgres: {0}")]
     Postgres(String),
+    /// PostgreSQL refused one record's own data (a value out of range, a constraint):
+    /// the store is well, and other records still go.
+    #[error("postgres refused the data: {0}")]
+    Rejected(String),
     #[error("cannot reach PostgreSQL at {0}")]
     Unreachable(String),
     #[error("TLS to PostgreSQL: {0}")]
@@ -156,6 +160,22 @@ pub enum StoreError {
     ReadOnly,
     #[error("zstd: {0}")]
     Zstd(std::io::Error),
+}
+
+impl StoreError {
+    /// The database refused a record's own data, not the store being away or broken:
+    /// that record fails alone (see the writer), the store stays healthy.
+    pub(crate) fn is_record_error(&self) -> bool {
+        use rusqlite::ErrorCode::{ConstraintViolation, TooBig, TypeMismatch};
+        match self {
+            StoreError::Rejected(_) => true,
+            StoreError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(ConstraintViolation | TooBig | TypeMismatch)
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// How long and how much to keep.
@@ -1522,6 +1542,35 @@ mod tests {
             .map(|r| r.cache)
             .collect();
         assert_eq!(cells, [None, Some("MISS ttl".to_owned())]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn text_stored_before_the_nul_escape_reads_back_as_it_was_given() {
+        let d = dir("escape");
+        let mut store = Store::open(&at(&d)).unwrap();
+        store.insert(&[record("01A", 1, "{}")]).unwrap();
+        drop(store);
+        // As a schema-5 promptgate stored them: NUL and the escape character as given.
+        let raw = rusqlite::Connection::open(d.join(DB_FILE)).unwrap();
+        raw.execute(
+            "UPDATE records SET model = ?1, conversation = ?2",
+            ["a\0b", "c\u{1}0"],
+        )
+        .unwrap();
+        raw.pragma_update(None, "user_version", 5).unwrap();
+        drop(raw);
+        let store = Store::open(&at(&d)).unwrap();
+        let rows = store.list(&Filter::default()).unwrap();
+        assert_eq!(rows[0].model.as_deref(), Some("a\0b"));
+        assert_eq!(rows[0].conversation.as_deref(), Some("c\u{1}0"));
+        let by = |model: &str, conversation: &str| Filter {
+            model: Some(model.into()),
+            conversation: Some(conversation.into()),
+            ..Filter::default()
+        };
+        assert_eq!(store.count(&by("a\0b", "c\u{1}0")).unwrap(), 1);
+        assert_eq!(store.count(&by("a\0c", "c")).unwrap(), 0);
         let _ = std::fs::remove_dir_all(&d);
     }
 
