@@ -971,6 +971,36 @@ async fn a_nul_in_the_model_or_session_id_is_stored_as_sent_and_refuses_nobody()
     captures::nul_values_are_stored_as_sent(&proxy, &store).await;
 }
 
+/// A damaged unit size (`UPDATE units SET size = 1 << 50`) is an error for its
+/// record: the admin API answers one naming the record and the proxy lives on, and
+/// the CLI says which record. Both used to allocate the size and abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_unit_size_is_an_error_for_its_record_and_the_process_lives() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "a unit to damage"}]});
+    assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+    let records = captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let id = records[0]["id"].as_str().unwrap_or_default().to_owned();
+    let db = rusqlite::Connection::open(proxy.captures.join("promptgate.db")).unwrap();
+    db.execute("UPDATE units SET size = 1 << 50", []).unwrap();
+    drop(db);
+    let admin = proxy.admin_addr();
+    let (status, answer) = client::get_json(admin, &format!("/api/captures/{id}")).await;
+    assert_eq!(status, 500, "{answer}");
+    let why = answer["error"].as_str().unwrap_or_default();
+    assert!(why.contains(&id) && why.contains("size"), "{why}");
+    assert_eq!(
+        client::get_json(admin, "/healthz").await.0,
+        200,
+        "the proxy lives"
+    );
+    let shown = captures::cli(&proxy.captures, &["show", &id]);
+    assert!(shown.code > 0, "an error exit, not a signal: {shown:?}");
+    assert!(shown.stderr.contains(&id), "{}", shown.stderr);
+}
+
 // === shutdown ===
 
 #[tokio::test]

@@ -43,6 +43,9 @@ const ZSTD_LEVEL: i32 = 1;
 /// Unit hashes remembered in memory to skip a lookup (about 3 MB at most; the
 /// lookup they save is one index probe).
 const KNOWN_UNITS: usize = 50_000;
+/// Bytes reserved up front for a unit being read back: its stored size, up to this
+/// (a larger one grows as it decompresses). A damaged size allocates no more.
+const UNIT_PREALLOC: usize = 16 << 20;
 /// Units deleted per transaction by retention, so writers wait for one batch at most.
 const DELETE_BATCH: usize = 500;
 /// How long the index of cached prefixes keeps a row: past the longest cache ttl
@@ -744,7 +747,13 @@ impl Store {
         let algorithm = record.digest;
         for (body, layout) in record.bodies_mut().into_iter().zip(layouts) {
             if let (Some(body), Some(layout)) = (body, layout) {
-                self.fill(&id, body, &layout, algorithm)?;
+                self.fill(&id, body, &layout, algorithm)
+                    .map_err(|e| match e {
+                        StoreError::Corrupt(why) if !why.starts_with("record ") => {
+                            StoreError::Corrupt(format!("record {id}: {why}"))
+                        }
+                        e => e,
+                    })?;
             }
         }
         Ok(record)
@@ -792,8 +801,31 @@ impl Store {
             )?
             .ok_or_else(|| StoreError::Corrupt(format!("unit {id} is missing")))?;
         let (size, data) = (row.int(0)?, row.blob(1)?);
-        zstd::bulk::decompress(&data, size.max(0) as usize)
-            .map_err(|e| StoreError::Corrupt(format!("unit {id}: {e}")))
+        let damaged = |why: String| StoreError::Corrupt(format!("unit {id}: {why}"));
+        let size = u64::try_from(size).map_err(|_| damaged(format!("size {size}")))?;
+        // Never allocated from the stored size: the bytes grow as the data really
+        // decompresses, and reading stops one past the size.
+        let mut bytes =
+            Vec::with_capacity(usize::try_from(size).map_or(0, |s| s.min(UNIT_PREALLOC)));
+        let decoder = zstd::stream::read::Decoder::with_buffer(data.as_slice())
+            .map_err(|e| damaged(e.to_string()))?;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(decoder, size.saturating_add(1)),
+            &mut bytes,
+        )
+        .map_err(|e| damaged(e.to_string()))?;
+        if bytes.len() as u64 != size {
+            return Err(damaged(format!(
+                "its size says {size} bytes, its data holds {}{}",
+                bytes.len(),
+                if bytes.len() as u64 > size {
+                    " or more"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Ok(bytes)
     }
 
     /// How many records the column filters of `filter` select (no grep, no paging).
