@@ -365,6 +365,31 @@ async fn a_record_the_store_refuses_fails_alone_and_refuses_no_later_request() {
     assert!(lines[0].contains(&id), "with its id: {}", lines[0]);
 }
 
+/// `@--1` is no reference: a 400 that says so, not PostgreSQL's words in a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_back_reference_is_a_client_error_without_sql_in_it() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("backref");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("backref-home");
+    let proxy = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url(), "--captures", &url],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    turn(&proxy, 0).await;
+    captures::wait_records(url.as_str(), 1, WAIT).await;
+    for reference in ["@--1", "@-x"] {
+        let path = format!("/api/captures/{reference}");
+        let (status, answer) = client::get_json(proxy.admin_addr(), &path).await;
+        assert_eq!(status, 400, "{reference}: {answer}");
+        let why = answer["error"].as_str().unwrap_or_default();
+        assert!(why.contains("is not a capture reference"), "{why}");
+        assert!(!why.contains("OFFSET") && !why.contains("ERROR"), "{why}");
+    }
+    let (status, _) = client::get_json(proxy.admin_addr(), "/api/captures/@-0").await;
+    assert_eq!(status, 200);
+}
+
 #[tokio::test]
 async fn retention_removes_old_exchanges_and_the_units_no_exchange_uses() {
     let Some(pg) = postgres() else { return };

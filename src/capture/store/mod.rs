@@ -141,6 +141,10 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0:?} matches {1} captures; give more of the id")]
     Ambiguous(String, usize),
+    #[error(
+        "{0:?} is not a capture reference: `@-N` takes a whole number N >= 0 (`@-1` is the one before `last`)"
+    )]
+    BadReference(String),
     #[error("capture store is damaged: {0}")]
     Corrupt(String),
     #[error("sqlite: {0}")]
@@ -691,7 +695,15 @@ impl Store {
         // `last` is the newest record, `@-1` the one before it, `@-2` the one before that.
         let back = match prefix.trim() {
             "last" => Some(0),
-            p => p.strip_prefix("@-").and_then(|n| n.parse::<i64>().ok()),
+            p => match p.strip_prefix("@-") {
+                // Checked here: a negative OFFSET is an error in PostgreSQL's words.
+                Some(n) => Some(
+                    n.parse::<u32>()
+                        .map_err(|_| StoreError::BadReference(prefix.to_owned()))?
+                        .into(),
+                ),
+                None => None,
+            },
         };
         if let Some(back) = back {
             return self
