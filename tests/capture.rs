@@ -1001,6 +1001,45 @@ async fn a_damaged_unit_size_is_an_error_for_its_record_and_the_process_lives() 
     assert!(shown.stderr.contains(&id), "{}", shown.stderr);
 }
 
+/// The store holds prompts and answers: its directory is 0700 and its database,
+/// write-ahead log and shared-memory index 0600, also for a store an older
+/// promptgate left readable by all.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capture_store_is_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("modes");
+    let store = home.path().join("old-store");
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "private"}]});
+    for round in 1..=2 {
+        let proxy = Proxy::start(&[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            store.to_str().unwrap(),
+        ]);
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+        captures::wait_records(&store, round, WAIT).await;
+        assert_eq!(mode(&store), 0o700, "round {round}");
+        for suffix in ["", "-wal", "-shm"] {
+            let file = store.join(format!("promptgate.db{suffix}"));
+            assert!(file.exists(), "{}", file.display());
+            assert_eq!(mode(&file), 0o600, "{} in round {round}", file.display());
+        }
+        // As an older promptgate left it: readable by all. The next start mends it.
+        drop(proxy);
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            store.join("promptgate.db"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+    }
+}
+
 // === shutdown ===
 
 #[tokio::test]

@@ -21,11 +21,11 @@ pub(super) struct Sqlite {
 impl Sqlite {
     /// Opens (creating and migrating if needed) the store in `dir` for writing.
     pub(super) fn open(dir: &Path) -> Result<Sqlite, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+        let path = dir.join(DB_FILE);
+        owners_only(dir, &path).map_err(|source| StoreError::Io {
             path: dir.display().to_string(),
             source,
         })?;
-        let path = dir.join(DB_FILE);
         let conn = rusqlite::Connection::open(&path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.set_prepared_statement_cache_capacity(64);
@@ -105,6 +105,40 @@ impl Sqlite {
         }
         Ok(())
     }
+}
+
+/// Makes the store's directory (0700) and database (0600) its owner's alone, also
+/// when an older promptgate made them readable by all: they hold prompts and
+/// answers. SQLite gives the `-wal` and `-shm` files the database's mode; ones left
+/// by an older run are set too.
+fn owners_only(dir: &Path, db: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(db)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let file = db.with_file_name(format!("{DB_FILE}{suffix}"));
+            match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = db;
+        std::fs::create_dir_all(dir)?;
+    }
+    Ok(())
 }
 
 fn bind(args: &[Value]) -> impl Iterator<Item = Lite> + '_ {
