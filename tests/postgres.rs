@@ -390,6 +390,78 @@ async fn a_negative_back_reference_is_a_client_error_without_sql_in_it() {
     assert_eq!(status, 200);
 }
 
+/// A spool that filled while PostgreSQL was away marks the capture failing, with
+/// why; once the database is back and the spool drained, `/healthz` says healthy
+/// again and no longer shows the old error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_healthy_again_once_a_full_spool_has_drained() {
+    let Some(mut pg) = postgres() else { return };
+    let url = pg.create_db("drained");
+    pg.stop_server();
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("drained-home");
+    let config = home.path().join("promptgate.toml");
+    std::fs::write(&config, "[capture]\nspool_max_size = \"256KiB\"\n").unwrap();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &url,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    let health =
+        || async { client::get_json(proxy.admin_addr(), "/healthz").await.1["capture"].clone() };
+    // Text that does not compress away, different in each request.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut unique = || -> String {
+        (0..20_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (b'a' + (x % 26) as u8) as char
+            })
+            .collect()
+    };
+    let mut sent = 0;
+    while health().await["healthy"] == true {
+        assert!(sent < 200, "the spool never filled: {}", health().await);
+        let body = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+            "messages": [{"role": "user", "content": unique()}]});
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let full = health().await;
+    assert!(
+        full["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spool"),
+        "{full}"
+    );
+    pg.start_server();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while spooled(&proxy).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the spool never drained: {}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = health().await;
+    assert_eq!(
+        (&after["healthy"], &after["last_error"]),
+        (&serde_json::json!(true), &serde_json::Value::Null),
+        "{after}"
+    );
+}
+
 #[tokio::test]
 async fn retention_removes_old_exchanges_and_the_units_no_exchange_uses() {
     let Some(pg) = postgres() else { return };

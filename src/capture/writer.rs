@@ -263,7 +263,16 @@ impl Writer {
                 }
                 self.shared.spooled.store(spool.held(), Ordering::SeqCst);
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
+                // The store took them and the spool has room again: a full spool had
+                // marked the capture failing.
+                self.shared.healthy.store(true, Ordering::SeqCst);
                 if spool.held() == 0 {
+                    // What went wrong is over: /healthz no longer shows it.
+                    *self
+                        .shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = None;
                     tracing::info!("capture store is back: the spool is drained");
                 }
             }
