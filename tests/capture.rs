@@ -961,6 +961,85 @@ async fn capture_required_refuses_with_503_when_no_record_could_be_kept() {
     assert_eq!(client::get_json(admin, "/readyz").await.0, 200);
 }
 
+/// The SQLite store: a model or session id holding NUL is stored and read back as
+/// sent, and the listing's filters find it (SQLite's string functions stop at a NUL).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_the_model_or_session_id_is_stored_as_sent_and_refuses_nobody() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url(), "--capture-required"]);
+    let store = proxy.captures.display().to_string();
+    captures::nul_values_are_stored_as_sent(&proxy, &store).await;
+}
+
+/// A damaged unit size (`UPDATE units SET size = 1 << 50`) is an error for its
+/// record: the admin API answers one naming the record and the proxy lives on, and
+/// the CLI says which record. Both used to allocate the size and abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_unit_size_is_an_error_for_its_record_and_the_process_lives() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "a unit to damage"}]});
+    assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+    let records = captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let id = records[0]["id"].as_str().unwrap_or_default().to_owned();
+    let db = rusqlite::Connection::open(proxy.captures.join("promptgate.db")).unwrap();
+    db.execute("UPDATE units SET size = 1 << 50", []).unwrap();
+    drop(db);
+    let admin = proxy.admin_addr();
+    let (status, answer) = client::get_json(admin, &format!("/api/captures/{id}")).await;
+    assert_eq!(status, 500, "{answer}");
+    let why = answer["error"].as_str().unwrap_or_default();
+    assert!(why.contains(&id) && why.contains("size"), "{why}");
+    assert_eq!(
+        client::get_json(admin, "/healthz").await.0,
+        200,
+        "the proxy lives"
+    );
+    let shown = captures::cli(&proxy.captures, &["show", &id]);
+    assert!(shown.code > 0, "an error exit, not a signal: {shown:?}");
+    assert!(shown.stderr.contains(&id), "{}", shown.stderr);
+}
+
+/// The store holds prompts and answers: its directory is 0700 and its database,
+/// write-ahead log and shared-memory index 0600, also for a store an older
+/// promptgate left readable by all.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capture_store_is_its_owners_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("modes");
+    let store = home.path().join("old-store");
+    let body = json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+        "messages": [{"role": "user", "content": "private"}]});
+    for round in 1..=2 {
+        let proxy = Proxy::start(&[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            store.to_str().unwrap(),
+        ]);
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+        captures::wait_records(&store, round, WAIT).await;
+        assert_eq!(mode(&store), 0o700, "round {round}");
+        for suffix in ["", "-wal", "-shm"] {
+            let file = store.join(format!("promptgate.db{suffix}"));
+            assert!(file.exists(), "{}", file.display());
+            assert_eq!(mode(&file), 0o600, "{} in round {round}", file.display());
+        }
+        // As an older promptgate left it: readable by all. The next start mends it.
+        drop(proxy);
+        std::fs::set_permissions(&store, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(
+            store.join("promptgate.db"),
+            std::fs::Permissions::from_mode(0o644),
+        )
+        .unwrap();
+    }
+}
+
 // === shutdown ===
 
 #[tokio::test]

@@ -243,7 +243,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(proxy);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        3
+        4
     );
     // A second start finds the schema current and keeps what is there.
     let again = replica(&fake, &url, &[]);
@@ -251,7 +251,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
 
     // A schema-1 database (before the prefix index and the units' used mark) is
-    // brought to 3, keeping its records.
+    // brought to 4, keeping its records.
     pg.execute("schema", "DROP TABLE cache_prefixes");
     pg.execute("schema", "ALTER TABLE units DROP COLUMN used_ms");
     pg.execute("schema", "UPDATE promptgate_schema SET version = 1");
@@ -261,7 +261,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(upgraded);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        3
+        4
     );
     assert!(pg.count("schema", "SELECT COUNT(*) FROM cache_prefixes") > 0);
     assert!(pg.count("schema", "SELECT COUNT(*) FROM units WHERE used_ms > 0") > 0);
@@ -270,12 +270,196 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
     assert_ne!(code, 0);
     assert!(
-        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 3)"),
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 4)"),
         "{stderr}"
     );
     let read = captures::cli(url.as_str(), &["list"]);
     assert_eq!(read.code, 2);
     assert!(read.stderr.contains("schema 99"), "{}", read.stderr);
+}
+
+/// PostgreSQL's `text` refuses U+0000: a model or session id holding one was a record
+/// the store failed on, and with `capture.required` the next, innocent request got
+/// 503. Now both are answered and stored, and the NUL values read back exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nul_in_the_model_or_session_id_is_stored_as_sent_and_refuses_nobody() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("nul");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("nul-home");
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &url,
+            "--capture-required",
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    captures::nul_values_are_stored_as_sent(&proxy, &url).await;
+}
+
+/// A record PostgreSQL refuses on its own data (here a constraint the test adds)
+/// fails alone: the records beside it and after it are stored, it is counted and
+/// kept in the spool's `rejected/` store, and under `capture.required` the store
+/// stays healthy, so the next request is not refused for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_the_store_refuses_fails_alone_and_refuses_no_later_request() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("refused");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("refused-home");
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &url,
+            "--capture-required",
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    pg.execute(
+        "refused",
+        "ALTER TABLE records ADD CONSTRAINT poison CHECK (model IS DISTINCT FROM 'poison')",
+    );
+    let body = |model: &str| {
+        serde_json::json!({"model": model, "max_tokens": 8,
+            "messages": [{"role": "user", "content": format!("from {model}")}]})
+    };
+    let (poison, beside) = (body("poison"), body("claude-beside"));
+    let (poison, beside) = tokio::join!(
+        captures::post_messages(&proxy, &poison),
+        captures::post_messages(&proxy, &beside),
+    );
+    assert_eq!((poison, beside), (200, 200));
+    let deadline = Instant::now() + WAIT;
+    let health = loop {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        if health["capture"]["failed"] == 1 && health["capture"]["written"] == 1 {
+            break health;
+        }
+        assert!(Instant::now() < deadline, "{health}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(health["capture"]["healthy"], true, "{health}");
+    let after = captures::post_messages(&proxy, &body("claude-after")).await;
+    assert_eq!(
+        after, 200,
+        "the next request is not refused for the refused record"
+    );
+    let stored = captures::wait_records(url.as_str(), 2, WAIT).await;
+    let mut models: Vec<&str> = stored.iter().filter_map(|r| r["model"].as_str()).collect();
+    models.sort_unstable();
+    assert_eq!(models, ["claude-after", "claude-beside"]);
+    let rejected = home.path().join("spool").join("rejected");
+    let kept = captures::export(&rejected);
+    assert_eq!(kept.len(), 1, "{}", proxy.log());
+    assert_eq!(kept[0]["model"], "poison");
+    let id = kept[0]["id"].as_str().unwrap_or_default().to_owned();
+    let log = proxy.log();
+    let refused = log.lines().filter(|l| l.contains("refused the record"));
+    let lines: Vec<&str> = refused.collect();
+    assert_eq!(lines.len(), 1, "logged once: {log}");
+    assert!(lines[0].contains(&id), "with its id: {}", lines[0]);
+}
+
+/// `@--1` is no reference: a 400 that says so, not PostgreSQL's words in a 500.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_negative_back_reference_is_a_client_error_without_sql_in_it() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("backref");
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("backref-home");
+    let proxy = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url(), "--captures", &url],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    turn(&proxy, 0).await;
+    captures::wait_records(url.as_str(), 1, WAIT).await;
+    for reference in ["@--1", "@-x"] {
+        let path = format!("/api/captures/{reference}");
+        let (status, answer) = client::get_json(proxy.admin_addr(), &path).await;
+        assert_eq!(status, 400, "{reference}: {answer}");
+        let why = answer["error"].as_str().unwrap_or_default();
+        assert!(why.contains("is not a capture reference"), "{why}");
+        assert!(!why.contains("OFFSET") && !why.contains("ERROR"), "{why}");
+    }
+    let (status, _) = client::get_json(proxy.admin_addr(), "/api/captures/@-0").await;
+    assert_eq!(status, 200);
+}
+
+/// A spool that filled while PostgreSQL was away marks the capture failing, with
+/// why; once the database is back and the spool drained, `/healthz` says healthy
+/// again and no longer shows the old error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_is_healthy_again_once_a_full_spool_has_drained() {
+    let Some(mut pg) = postgres() else { return };
+    let url = pg.create_db("drained");
+    pg.stop_server();
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("drained-home");
+    let config = home.path().join("promptgate.toml");
+    std::fs::write(&config, "[capture]\nspool_max_size = \"256KiB\"\n").unwrap();
+    let proxy = Proxy::start_with_env(
+        &[
+            "--upstream-anthropic",
+            &fake.url(),
+            "--captures",
+            &url,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[("PROMPTGATE_HOME", home.path().to_str().unwrap())],
+    );
+    let health =
+        || async { client::get_json(proxy.admin_addr(), "/healthz").await.1["capture"].clone() };
+    // Text that does not compress away, different in each request.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut unique = || -> String {
+        (0..20_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (b'a' + (x % 26) as u8) as char
+            })
+            .collect()
+    };
+    let mut sent = 0;
+    while health().await["healthy"] == true {
+        assert!(sent < 200, "the spool never filled: {}", health().await);
+        let body = serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+            "messages": [{"role": "user", "content": unique()}]});
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+        sent += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let full = health().await;
+    assert!(
+        full["last_error"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("spool"),
+        "{full}"
+    );
+    pg.start_server();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while spooled(&proxy).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the spool never drained: {}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let after = health().await;
+    assert_eq!(
+        (&after["healthy"], &after["last_error"]),
+        (&serde_json::json!(true), &serde_json::Value::Null),
+        "{after}"
+    );
 }
 
 #[tokio::test]
@@ -749,7 +933,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     // The schema was made when the database first answered, and the bodies are whole.
     assert_eq!(
         pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
-        3
+        4
     );
     let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
     assert_eq!(

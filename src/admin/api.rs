@@ -231,7 +231,7 @@ pub(super) fn rules(state: &AdminState) -> Value {
 fn store_error(e: StoreError) -> (StatusCode, String) {
     let status = match e {
         StoreError::NotFound(_) | StoreError::Missing(_) => StatusCode::NOT_FOUND,
-        StoreError::Ambiguous(..) => StatusCode::BAD_REQUEST,
+        StoreError::Ambiguous(..) | StoreError::BadReference(_) => StatusCode::BAD_REQUEST,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
     (status, e.to_string())

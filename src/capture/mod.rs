@@ -349,6 +349,10 @@ impl RecordSink for Capture {
         }
     }
 
+    /// Admission knows the store's health and the queue's room, not whether this
+    /// record will be written (that happens after the answer): a record the store
+    /// refuses on its own data fails alone and leaves the store healthy (README,
+    /// `capture.required`).
     fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let required = self.settings.required;
         if required && !self.shared.healthy.load(Ordering::SeqCst) {

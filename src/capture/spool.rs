@@ -27,6 +27,8 @@ pub(super) struct Spool {
     /// The wait after the next failed try: doubled each time, up to
     /// [`MOST_BETWEEN_TRIES`]; back to the first once a drain succeeds.
     backoff: Option<Duration>,
+    /// Where records the store refused on their own data are kept (opened on first use).
+    rejected: Option<Store>,
 }
 
 impl Spool {
@@ -41,6 +43,7 @@ impl Spool {
             held,
             next_try: Instant::now(),
             backoff: None,
+            rejected: None,
         })
     }
 
@@ -67,6 +70,23 @@ impl Spool {
         self.store.insert(records)?;
         self.held += records.len() as u64;
         Ok(())
+    }
+
+    /// Keeps a record the store refused on its own data in `rejected/` beside the
+    /// spool, where it stays (`promptgate captures list --captures <that dir>` reads
+    /// it); refuses once that store is past the spool's size. Its directory.
+    pub(super) fn reject(&mut self, record: &CaptureRecord) -> Result<PathBuf, StoreError> {
+        let dir = self.dir.join("rejected");
+        let store = match &mut self.rejected {
+            Some(store) => store,
+            empty => empty.insert(Store::open(&StoreLocation::Dir(dir.clone()))?),
+        };
+        let used = store.stats()?.used_bytes;
+        if used >= self.max_bytes {
+            return Err(StoreError::SpoolFull(dir.display().to_string(), used));
+        }
+        store.insert(std::slice::from_ref(record))?;
+        Ok(dir)
     }
 
     /// The oldest records, a batch, with their ids; taken out by [`Spool::moved`]

@@ -241,8 +241,20 @@ impl Writer {
     fn handle(&mut self, done: Done) {
         self.store.outstanding = self.store.outstanding.saturating_sub(1);
         match done {
-            Done::Inserted { n, spooled } if spooled.is_empty() => self.stored(n),
-            Done::Inserted { n, spooled } => {
+            Done::Inserted {
+                n,
+                spooled,
+                rejected,
+            } if spooled.is_empty() => {
+                self.rejected(rejected);
+                self.stored(n);
+            }
+            Done::Inserted {
+                n,
+                spooled,
+                rejected,
+            } => {
+                self.rejected(rejected);
                 let Some(spool) = self.spool.as_mut() else {
                     return;
                 };
@@ -251,7 +263,16 @@ impl Writer {
                 }
                 self.shared.spooled.store(spool.held(), Ordering::SeqCst);
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
+                // The store took them and the spool has room again: a full spool had
+                // marked the capture failing.
+                self.shared.healthy.store(true, Ordering::SeqCst);
                 if spool.held() == 0 {
+                    // What went wrong is over: /healthz no longer shows it.
+                    *self
+                        .shared
+                        .last_error
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner()) = None;
                     tracing::info!("capture store is back: the spool is drained");
                 }
             }
@@ -285,6 +306,36 @@ impl Writer {
             Done::Pruned(Ok(_)) => {}
             Done::Checkpointed(Err(e)) => tracing::warn!("capture checkpoint failed: {e}"),
             Done::Checkpointed(Ok(())) => {}
+        }
+    }
+
+    /// Records the store refused on their own data (see
+    /// [`StoreError::is_record_error`]): each counted as failed and logged once with
+    /// its id; with a spool, kept in its `rejected/` store, never moved again. The
+    /// store is not marked failing: the next record (and, with `capture.required`, the
+    /// next request) is not refused for this one.
+    fn rejected(&mut self, rejected: Vec<(CaptureRecord, StoreError)>) {
+        for (record, error) in rejected {
+            let failed = self.shared.failed.fetch_add(1, Ordering::SeqCst) + 1;
+            let kept = self.spool.as_mut().map(|s| s.reject(&record));
+            match kept {
+                Some(Ok(dir)) => tracing::error!(
+                    id = %record.id,
+                    failed_total = failed,
+                    "capture store refused the record ({error}); kept in {}",
+                    dir.display()
+                ),
+                Some(Err(e)) => tracing::error!(
+                    id = %record.id,
+                    failed_total = failed,
+                    "capture store refused the record ({error}), and so did the spool ({e}); record lost"
+                ),
+                None => tracing::error!(
+                    id = %record.id,
+                    failed_total = failed,
+                    "capture store refused the record ({error}); record lost"
+                ),
+            }
         }
     }
 
@@ -362,6 +413,8 @@ pub(super) enum Done {
     Inserted {
         n: u64,
         spooled: Vec<String>,
+        /// Records the store refused on their own data, with why; the others are stored.
+        rejected: Vec<(CaptureRecord, StoreError)>,
     },
     /// The store did not take them: they come back, with why.
     NotInserted {
@@ -401,15 +454,22 @@ impl StoreThread {
             .spawn(move || {
                 for job in inbox {
                     let answer = match job {
-                        Job::Insert { records, spooled } => {
+                        Job::Insert {
+                            mut records,
+                            spooled,
+                        } => {
                             match slot
                                 .get()
-                                .and_then(|s| insert_announced(s, live.as_deref(), &records))
+                                .and_then(|s| insert_each(s, live.as_deref(), &records))
                             {
-                                Ok(()) => Done::Inserted {
-                                    n: records.len() as u64,
-                                    spooled,
-                                },
+                                Ok(refused) => {
+                                    let rejected = take_refused(&mut records, refused);
+                                    Done::Inserted {
+                                        n: records.len() as u64,
+                                        spooled,
+                                        rejected,
+                                    }
+                                }
                                 Err(error) => Done::NotInserted {
                                     records,
                                     spooled,
@@ -515,6 +575,44 @@ impl BlockedRepeats {
             }
         }
     }
+}
+
+/// Inserts `records`; when the batch fails on one record's own data, each is tried
+/// alone, so that one record cannot keep the others out. The places of the records
+/// the store refused, with why; any other failure is the store's, for all of them
+/// (a retry skips those already stored: an id is stored once).
+fn insert_each(
+    store: &mut Store,
+    live: Option<&crate::live::LiveFeed>,
+    records: &[CaptureRecord],
+) -> Result<Vec<(usize, StoreError)>, StoreError> {
+    match insert_announced(store, live, records) {
+        Ok(()) => return Ok(Vec::new()),
+        Err(e) if !e.is_record_error() => return Err(e),
+        Err(_) => {}
+    }
+    let mut refused = Vec::new();
+    for (i, record) in records.iter().enumerate() {
+        match insert_announced(store, live, std::slice::from_ref(record)) {
+            Ok(()) => {}
+            Err(e) if e.is_record_error() => refused.push((i, e)),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(refused)
+}
+
+/// Moves the refused records (by place, ascending) out of `records`.
+fn take_refused(
+    records: &mut Vec<CaptureRecord>,
+    refused: Vec<(usize, StoreError)>,
+) -> Vec<(CaptureRecord, StoreError)> {
+    refused
+        .into_iter()
+        .rev()
+        .map(|(i, e)| (records.remove(i), e))
+        .rev()
+        .collect()
 }
 
 /// Inserts `records`; while somebody watches the live feed, the rows they became

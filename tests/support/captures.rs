@@ -199,3 +199,107 @@ pub async fn golden_conversation(
         .map(|r| r["id"].as_str().unwrap().to_owned())
         .collect()
 }
+
+/// A model and a `metadata.user_id` session id that hold NUL (PostgreSQL's `text`
+/// refuses U+0000), then an innocent request, through `proxy`, which captures into
+/// `store` with `capture.required`: both are answered 200 and stored, the store stays
+/// healthy, and the NUL values read back exactly from the export, the admin API's
+/// listing and its `model` and `conversation` filters, and the full record.
+pub async fn nul_values_are_stored_as_sent(proxy: &super::Proxy, store: &str) {
+    const MODEL: &str = "claude-\u{0}x";
+    const CONVERSATION: &str = "session:s-\u{0}-1";
+    let admin = proxy.admin_addr();
+    let capture =
+        || async { super::client::get_json(admin, "/healthz").await.1["capture"].clone() };
+    let nul = serde_json::json!({
+        "model": MODEL, "max_tokens": 16,
+        "metadata": {"user_id": serde_json::json!({"session_id": "s-\u{0}-1"}).to_string()},
+        "messages": [{"role": "user", "content": "hello"}],
+    });
+    assert_eq!(post_messages(proxy, &nul).await, 200);
+    // The first record is handled (written or failed) before the next request asks.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while capture().await["written"].as_u64().unwrap_or(0)
+        + capture().await["failed"].as_u64().unwrap_or(0)
+        == 0
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the first record was never handled"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let innocent = serde_json::json!({
+        "model": "claude-sonnet-4-5", "max_tokens": 16,
+        "messages": [{"role": "user", "content": "hello again"}],
+    });
+    assert_eq!(
+        post_messages(proxy, &innocent).await,
+        200,
+        "the next request is not refused: {}",
+        capture().await
+    );
+    let records = wait_records(store, 2, Duration::from_secs(20)).await;
+    let health = capture().await;
+    assert_eq!(
+        (health["healthy"].as_bool(), health["failed"].as_u64()),
+        (Some(true), Some(0)),
+        "{health}"
+    );
+    let stored = records
+        .iter()
+        .find(|r| r["model"] == MODEL)
+        .unwrap_or_else(|| panic!("no record of model {MODEL:?}: {records:?}"));
+    assert_eq!(stored["conversation"], CONVERSATION);
+    let id = stored["id"].as_str().unwrap_or_default();
+    for query in [
+        "model=claude-%00x",
+        "conversation=session:s-%00",
+        "model=claude-%00*",
+    ] {
+        let (status, listed) =
+            super::client::get_json(admin, &format!("/api/captures?{query}")).await;
+        assert_eq!(status, 200, "{query}: {listed}");
+        let rows = listed["captures"].as_array().cloned().unwrap_or_default();
+        assert_eq!(rows.len(), 1, "{query}: {listed}");
+        assert_eq!(
+            (&rows[0]["id"], &rows[0]["model"], &rows[0]["conversation"]),
+            (
+                &stored["id"],
+                &Value::from(MODEL),
+                &Value::from(CONVERSATION)
+            ),
+            "{query}"
+        );
+    }
+    // What follows the NUL counts: SQLite's LIKE stopped at it.
+    for query in [
+        "model=claude-x",
+        "model=claude-%00y",
+        "conversation=session:s-%00-2",
+    ] {
+        let (status, listed) =
+            super::client::get_json(admin, &format!("/api/captures?{query}")).await;
+        let rows = listed["captures"].as_array().map(Vec::len);
+        assert_eq!((status, rows), (200, Some(0)), "{query}: {listed}");
+    }
+    let (status, full) = super::client::get_json(admin, &format!("/api/captures/{id}")).await;
+    assert_eq!(status, 200, "{full}");
+    assert_eq!(
+        (&full["model"], &full["conversation"]),
+        (&Value::from(MODEL), &Value::from(CONVERSATION))
+    );
+}
+
+/// `POST /v1/messages` of `body` through `proxy`; the status.
+pub async fn post_messages(proxy: &super::Proxy, body: &Value) -> u16 {
+    let body = super::shapes::to_bytes(body);
+    let headers = [
+        ("Host", proxy.addr.to_string()),
+        ("content-type", "application/json".to_owned()),
+        ("anthropic-version", "2023-06-01".to_owned()),
+        ("x-api-key", "sk-ant-api03-nul-0123456789abcdef".to_owned()),
+    ];
+    let request = super::client::request_bytes("POST", "/v1/messages", &headers, &body);
+    super::client::send(proxy.addr, &request).await.status
+}

@@ -43,6 +43,9 @@ const ZSTD_LEVEL: i32 = 1;
 /// Unit hashes remembered in memory to skip a lookup (about 3 MB at most; the
 /// lookup they save is one index probe).
 const KNOWN_UNITS: usize = 50_000;
+/// Bytes reserved up front for a unit being read back: its stored size, up to this
+/// (a larger one grows as it decompresses). A damaged size allocates no more.
+const UNIT_PREALLOC: usize = 16 << 20;
 /// Units deleted per transaction by retention, so writers wait for one batch at most.
 const DELETE_BATCH: usize = 500;
 /// How long the index of cached prefixes keeps a row: past the longest cache ttl
@@ -138,12 +141,20 @@ pub enum StoreError {
     NotFound(String),
     #[error("{0:?} matches {1} captures; give more of the id")]
     Ambiguous(String, usize),
+    #[error(
+        "{0:?} is not a capture reference: `@-N` takes a whole number N >= 0 (`@-1` is the one before `last`)"
+    )]
+    BadReference(String),
     #[error("capture store is damaged: {0}")]
     Corrupt(String),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
     #[error("postgres: {0}")]
     Postgres(String),
+    /// PostgreSQL refused one record's own data (a value out of range, a constraint):
+    /// the store is well, and other records still go.
+    #[error("postgres refused the data: {0}")]
+    Rejected(String),
     #[error("cannot reach PostgreSQL at {0}")]
     Unreachable(String),
     #[error("TLS to PostgreSQL: {0}")]
@@ -156,6 +167,22 @@ pub enum StoreError {
     ReadOnly,
     #[error("zstd: {0}")]
     Zstd(std::io::Error),
+}
+
+impl StoreError {
+    /// The database refused a record's own data, not the store being away or broken:
+    /// that record fails alone (see the writer), the store stays healthy.
+    pub(crate) fn is_record_error(&self) -> bool {
+        use rusqlite::ErrorCode::{ConstraintViolation, TooBig, TypeMismatch};
+        match self {
+            StoreError::Rejected(_) => true,
+            StoreError::Sqlite(e) => matches!(
+                e.sqlite_error_code(),
+                Some(ConstraintViolation | TooBig | TypeMismatch)
+            ),
+            _ => false,
+        }
+    }
 }
 
 /// How long and how much to keep.
@@ -668,7 +695,15 @@ impl Store {
         // `last` is the newest record, `@-1` the one before it, `@-2` the one before that.
         let back = match prefix.trim() {
             "last" => Some(0),
-            p => p.strip_prefix("@-").and_then(|n| n.parse::<i64>().ok()),
+            p => match p.strip_prefix("@-") {
+                // Checked here: a negative OFFSET is an error in PostgreSQL's words.
+                Some(n) => Some(
+                    n.parse::<u32>()
+                        .map_err(|_| StoreError::BadReference(prefix.to_owned()))?
+                        .into(),
+                ),
+                None => None,
+            },
         };
         if let Some(back) = back {
             return self
@@ -724,7 +759,13 @@ impl Store {
         let algorithm = record.digest;
         for (body, layout) in record.bodies_mut().into_iter().zip(layouts) {
             if let (Some(body), Some(layout)) = (body, layout) {
-                self.fill(&id, body, &layout, algorithm)?;
+                self.fill(&id, body, &layout, algorithm)
+                    .map_err(|e| match e {
+                        StoreError::Corrupt(why) if !why.starts_with("record ") => {
+                            StoreError::Corrupt(format!("record {id}: {why}"))
+                        }
+                        e => e,
+                    })?;
             }
         }
         Ok(record)
@@ -772,8 +813,31 @@ impl Store {
             )?
             .ok_or_else(|| StoreError::Corrupt(format!("unit {id} is missing")))?;
         let (size, data) = (row.int(0)?, row.blob(1)?);
-        zstd::bulk::decompress(&data, size.max(0) as usize)
-            .map_err(|e| StoreError::Corrupt(format!("unit {id}: {e}")))
+        let damaged = |why: String| StoreError::Corrupt(format!("unit {id}: {why}"));
+        let size = u64::try_from(size).map_err(|_| damaged(format!("size {size}")))?;
+        // Never allocated from the stored size: the bytes grow as the data really
+        // decompresses, and reading stops one past the size.
+        let mut bytes =
+            Vec::with_capacity(usize::try_from(size).map_or(0, |s| s.min(UNIT_PREALLOC)));
+        let decoder = zstd::stream::read::Decoder::with_buffer(data.as_slice())
+            .map_err(|e| damaged(e.to_string()))?;
+        std::io::Read::read_to_end(
+            &mut std::io::Read::take(decoder, size.saturating_add(1)),
+            &mut bytes,
+        )
+        .map_err(|e| damaged(e.to_string()))?;
+        if bytes.len() as u64 != size {
+            return Err(damaged(format!(
+                "its size says {size} bytes, its data holds {}{}",
+                bytes.len(),
+                if bytes.len() as u64 > size {
+                    " or more"
+                } else {
+                    ""
+                }
+            )));
+        }
+        Ok(bytes)
     }
 
     /// How many records the column filters of `filter` select (no grep, no paging).
@@ -1522,6 +1586,35 @@ mod tests {
             .map(|r| r.cache)
             .collect();
         assert_eq!(cells, [None, Some("MISS ttl".to_owned())]);
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    #[test]
+    fn text_stored_before_the_nul_escape_reads_back_as_it_was_given() {
+        let d = dir("escape");
+        let mut store = Store::open(&at(&d)).unwrap();
+        store.insert(&[record("01A", 1, "{}")]).unwrap();
+        drop(store);
+        // As a schema-5 promptgate stored them: NUL and the escape character as given.
+        let raw = rusqlite::Connection::open(d.join(DB_FILE)).unwrap();
+        raw.execute(
+            "UPDATE records SET model = ?1, conversation = ?2",
+            ["a\0b", "c\u{1}0"],
+        )
+        .unwrap();
+        raw.pragma_update(None, "user_version", 5).unwrap();
+        drop(raw);
+        let store = Store::open(&at(&d)).unwrap();
+        let rows = store.list(&Filter::default()).unwrap();
+        assert_eq!(rows[0].model.as_deref(), Some("a\0b"));
+        assert_eq!(rows[0].conversation.as_deref(), Some("c\u{1}0"));
+        let by = |model: &str, conversation: &str| Filter {
+            model: Some(model.into()),
+            conversation: Some(conversation.into()),
+            ..Filter::default()
+        };
+        assert_eq!(store.count(&by("a\0b", "c\u{1}0")).unwrap(), 1);
+        assert_eq!(store.count(&by("a\0c", "c")).unwrap(), 0);
         let _ = std::fs::remove_dir_all(&d);
     }
 

@@ -16,10 +16,12 @@ use tokio_postgres::types::{FromSql, IsNull, ToSql, Type, to_sql_checked};
 
 use super::StoreError;
 use super::pg_tls::PgTls;
-use super::sql::{Connection, Dialect, SqlRow, Value, dollar_placeholders};
+use super::sql::{
+    Connection, Dialect, SqlRow, Value, dollar_placeholders, escape_text, unescape_text,
+};
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 /// Idle read connections kept per process (the admin API and the live feed open a
 /// store per request).
 const IDLE_READERS: usize = 4;
@@ -360,11 +362,20 @@ impl From<tokio_postgres::Error> for StoreError {
             let code = c.code();
             code.starts_with("08") || code.starts_with("57P") || code == "57014"
         }) || e.source().is_some_and(|s| s.is::<std::io::Error>());
+        // Data exceptions (22), integrity constraints (23) and program limits (54, a
+        // value too large) are one record's own: the store is well.
+        let record = e.code().is_some_and(|c| {
+            ["22", "23", "54"]
+                .iter()
+                .any(|class| c.code().starts_with(class))
+        });
         if e.is_closed() || away {
             StoreError::Unreachable(format!(
                 "the server closed the connection: {}",
                 describe(&e)
             ))
+        } else if record {
+            StoreError::Rejected(describe(&e))
         } else {
             StoreError::Postgres(describe(&e))
         }
@@ -472,6 +483,7 @@ impl Postgres {
                     0 => self.batch(SCHEMA_1)?,
                     1 => self.batch(super::sql::PREFIX_INDEX)?,
                     2 => self.batch(super::sql::UNIT_USED)?,
+                    3 => self.batch(&escape_existing())?,
                     _ => unreachable!("one migration per schema step"),
                 }
                 self.execute(
@@ -593,7 +605,7 @@ impl ToSql for Value {
                 _ => v.to_sql(ty, out),
             },
             Value::Bool(b) => b.to_sql(ty, out),
-            Value::Text(t) => t.to_sql(ty, out),
+            Value::Text(t) => escape_text(t).as_ref().to_sql(ty, out),
             Value::Blob(b) => b.to_sql(ty, out),
         }
     }
@@ -626,7 +638,7 @@ impl<'a> FromSql<'a> for Cell {
             Type::INT8 => Value::Int(i64::from_sql(ty, raw)?),
             Type::BOOL => Value::Bool(bool::from_sql(ty, raw)?),
             Type::BYTEA => Value::Blob(<Vec<u8>>::from_sql(ty, raw)?),
-            _ => Value::Text(String::from_sql(ty, raw)?),
+            _ => Value::Text(unescape_text(String::from_sql(ty, raw)?)),
         }))
     }
 
@@ -775,6 +787,30 @@ impl Connection for Postgres {
     fn checkpoint(&self) -> Result<(), StoreError> {
         Ok(())
     }
+}
+
+/// Schema 4: text stored before the NUL escape (`sql::TEXT_ESCAPE`) that holds the
+/// escape character is rewritten escaped (PostgreSQL never took a NUL), so that it
+/// reads back unchanged.
+fn escape_existing() -> String {
+    super::sql::ESCAPED_COLUMNS
+        .iter()
+        .map(|(table, columns)| {
+            let sets: Vec<String> = columns
+                .iter()
+                .map(|c| format!("{c} = replace({c}, chr(1), chr(1) || '1')"))
+                .collect();
+            let holds: Vec<String> = columns
+                .iter()
+                .map(|c| format!("strpos({c}, chr(1)) > 0"))
+                .collect();
+            format!(
+                "UPDATE {table} SET {} WHERE {};",
+                sets.join(", "),
+                holds.join(" OR ")
+            )
+        })
+        .collect()
 }
 
 /// Schema 1: the tables of SQLite's schema 3, with the fleet's indexes.

@@ -4,6 +4,53 @@
 
 use super::StoreError;
 
+/// The escape that keeps NUL out of every text the store binds or reads: PostgreSQL's
+/// `text` refuses U+0000 and SQLite's string functions stop at it. NUL is stored as
+/// [`TEXT_ESCAPE`] `0` and the escape itself as [`TEXT_ESCAPE`] `1`; any other text is
+/// stored as it is. Applied to every bound text and every text read, so filters,
+/// joins and equality compare the same form (SQLite schema 6, PostgreSQL schema 4).
+pub(crate) const TEXT_ESCAPE: char = '\u{1}';
+
+/// `text` as stored: see [`TEXT_ESCAPE`]. Borrowed when it holds neither character.
+pub(crate) fn escape_text(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.contains(['\0', TEXT_ESCAPE]) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 4);
+    for c in text.chars() {
+        match c {
+            '\0' => out.extend([TEXT_ESCAPE, '0']),
+            TEXT_ESCAPE => out.extend([TEXT_ESCAPE, '1']),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// Stored text back as it was given: [`escape_text`] undone. An escape followed by
+/// anything else (written by nobody) stays as it is.
+pub(crate) fn unescape_text(stored: String) -> String {
+    if !stored.contains(TEXT_ESCAPE) {
+        return stored;
+    }
+    let mut out = String::with_capacity(stored.len());
+    let mut chars = stored.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, chars.peek()) {
+            (TEXT_ESCAPE, Some('0')) => {
+                chars.next();
+                out.push('\0');
+            }
+            (TEXT_ESCAPE, Some('1')) => {
+                chars.next();
+                out.push(TEXT_ESCAPE);
+            }
+            (c, _) => out.push(c),
+        }
+    }
+    out
+}
+
 /// A value bound to, or read from, a statement.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Value {
@@ -226,6 +273,27 @@ pub(crate) fn dollar_placeholders(sql: &str) -> String {
     out
 }
 
+/// The text columns whose values come from outside (a model, a conversation key, a
+/// tag, a path): those stored before [`TEXT_ESCAPE`] that hold NUL or the escape are
+/// rewritten in the escaped form by SQLite's schema 6 and PostgreSQL's schema 4.
+pub(super) const ESCAPED_COLUMNS: [(&str, &[&str]); 2] = [
+    (
+        "records",
+        &[
+            "conversation",
+            "model",
+            "provider",
+            "outcome",
+            "rules",
+            "cache",
+            "tags",
+            "path",
+            "mode",
+        ],
+    ),
+    ("cache_prefixes", &["prefix", "workspace"]),
+];
+
 /// When a unit was last marked used by a writer, which garbage collection reads:
 /// SQLite's schema 5 and PostgreSQL's schema 3. Units stored before have 0.
 pub(super) const UNIT_USED: &str =
@@ -254,5 +322,27 @@ mod tests {
             dollar_placeholders("a = ?1 AND strpos(p || '?1', '?') > ?12"),
             "a = $1 AND strpos(p || '?1', '?') > $12"
         );
+    }
+
+    #[test]
+    fn text_with_nul_or_the_escape_round_trips_and_other_text_is_kept_as_it_is() {
+        for text in [
+            "",
+            "claude-x",
+            "claude-\0x",
+            "\0",
+            "\u{1}",
+            "\u{1}0",
+            "a\u{1}1\0\0b\u{1}",
+        ] {
+            let stored = escape_text(text);
+            assert!(!stored.contains('\0'), "{stored:?}");
+            assert_eq!(unescape_text(stored.into_owned()), text);
+        }
+        assert!(matches!(
+            escape_text("claude-x"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(escape_text("a\0b"), "a\u{1}0b");
     }
 }

@@ -7,11 +7,11 @@ use std::time::Duration;
 use rusqlite::types::{Value as Lite, ValueRef};
 use rusqlite::{OpenFlags, Transaction, params};
 
-use super::sql::{Connection, Dialect, SqlRow, Value};
+use super::sql::{Connection, Dialect, SqlRow, Value, escape_text, unescape_text};
 use super::{DB_FILE, StoreError, decode_meta};
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i64 = 5;
+pub(super) const SCHEMA_VERSION: i64 = 6;
 
 /// An open SQLite store.
 pub(super) struct Sqlite {
@@ -21,11 +21,11 @@ pub(super) struct Sqlite {
 impl Sqlite {
     /// Opens (creating and migrating if needed) the store in `dir` for writing.
     pub(super) fn open(dir: &Path) -> Result<Sqlite, StoreError> {
-        std::fs::create_dir_all(dir).map_err(|source| StoreError::Io {
+        let path = dir.join(DB_FILE);
+        owners_only(dir, &path).map_err(|source| StoreError::Io {
             path: dir.display().to_string(),
             source,
         })?;
-        let path = dir.join(DB_FILE);
         let conn = rusqlite::Connection::open(&path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         conn.set_prepared_statement_cache_capacity(64);
@@ -97,6 +97,7 @@ impl Sqlite {
                 2 => migrate_2_to_3(&tx)?,
                 3 => migrate_3_to_4(&tx)?,
                 4 => tx.execute_batch(super::sql::UNIT_USED)?,
+                5 => migrate_5_to_6(&tx)?,
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
@@ -106,12 +107,46 @@ impl Sqlite {
     }
 }
 
+/// Makes the store's directory (0700) and database (0600) its owner's alone, also
+/// when an older promptgate made them readable by all: they hold prompts and
+/// answers. SQLite gives the `-wal` and `-shm` files the database's mode; ones left
+/// by an older run are set too.
+fn owners_only(dir: &Path, db: &Path) -> std::io::Result<()> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .mode(0o600)
+            .open(db)?;
+        for suffix in ["", "-wal", "-shm"] {
+            let file = db.with_file_name(format!("{DB_FILE}{suffix}"));
+            match std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = db;
+        std::fs::create_dir_all(dir)?;
+    }
+    Ok(())
+}
+
 fn bind(args: &[Value]) -> impl Iterator<Item = Lite> + '_ {
     args.iter().map(|v| match v {
         Value::Null => Lite::Null,
         Value::Int(i) => Lite::Integer(*i),
         Value::Bool(b) => Lite::Integer(i64::from(*b)),
-        Value::Text(t) => Lite::Text(t.clone()),
+        Value::Text(t) => Lite::Text(escape_text(t).into_owned()),
         Value::Blob(b) => Lite::Blob(b.clone()),
     })
 }
@@ -123,7 +158,9 @@ fn read(row: &rusqlite::Row<'_>, columns: usize) -> Result<SqlRow, StoreError> {
                 ValueRef::Null => Value::Null,
                 ValueRef::Integer(v) => Value::Int(v),
                 ValueRef::Real(v) => Value::Int(v as i64),
-                ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                ValueRef::Text(t) => {
+                    Value::Text(unescape_text(String::from_utf8_lossy(t).into_owned()))
+                }
                 ValueRef::Blob(b) => Value::Blob(b.to_vec()),
             })
         })
@@ -260,5 +297,52 @@ fn migrate_2_to_3(tx: &Transaction<'_>) -> Result<(), StoreError> {
 /// of conversations that read another one's prefix. Rows older than two hours go.
 fn migrate_3_to_4(tx: &Transaction<'_>) -> Result<(), StoreError> {
     tx.execute_batch(super::sql::PREFIX_INDEX)?;
+    Ok(())
+}
+
+/// Text stored before the NUL escape (`sql::TEXT_ESCAPE`), as it was given: the
+/// values holding NUL or the escape are rewritten escaped, so that they read back
+/// unchanged and filters compare the same form. Found as bytes: SQLite's string
+/// functions stop at a NUL.
+fn migrate_5_to_6(tx: &Transaction<'_>) -> Result<(), StoreError> {
+    for (table, columns) in super::sql::ESCAPED_COLUMNS {
+        let holds = columns
+            .iter()
+            .map(|c| {
+                format!(
+                    "instr(CAST({c} AS BLOB), x'00') > 0 OR instr(CAST({c} AS BLOB), x'01') > 0"
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(" OR ");
+        let rows: Vec<(i64, Vec<Option<String>>)> = {
+            let mut stmt = tx.prepare(&format!(
+                "SELECT rowid, {} FROM {table} WHERE {holds}",
+                columns.join(", ")
+            ))?;
+            stmt.query_map([], |r| {
+                let values = (1..=columns.len())
+                    .map(|i| r.get::<_, Option<String>>(i))
+                    .collect::<Result<_, _>>()?;
+                Ok((r.get(0)?, values))
+            })?
+            .collect::<Result<_, _>>()?
+        };
+        let sets: Vec<String> = (0..columns.len())
+            .map(|i| format!("{} = ?{}", columns[i], i + 2))
+            .collect();
+        let mut update = tx.prepare(&format!(
+            "UPDATE {table} SET {} WHERE rowid = ?1",
+            sets.join(", ")
+        ))?;
+        for (rowid, values) in rows {
+            let mut args = vec![Lite::Integer(rowid)];
+            args.extend(values.iter().map(|v| match v {
+                Some(text) => Lite::Text(super::sql::escape_text(text).into_owned()),
+                None => Lite::Null,
+            }));
+            update.execute(rusqlite::params_from_iter(args))?;
+        }
+    }
     Ok(())
 }
