@@ -2,53 +2,44 @@
 //!
 //! # Layout
 //!
-//! A request flows through the modules in this order:
+//! A request flows: [`listener`] accepts it → [`exchange::Proxy::begin`] makes its
+//! [`exchange::Exchange`] → the driver ([`exchange::Proxy::serve`]) routes, reads and
+//! decodes it (each fact decided once, kept on the exchange), runs the policies of
+//! each phase in load order ([`policy`]: `before_provider_headers`,
+//! `before_provider_request`, then `after_provider_response` on the response head and
+//! `provider_stream_event` on each event), admits it, sends it ([`upstream`]) and
+//! hands the response body to the client through the [`observer`] → when the body
+//! ends, the exchange becomes one [`record::ExchangeRecord`], which the record
+//! stage ([`cache`] analysis) annotates and the sinks read.
 //!
-//! - [`listener`]: accepts client connections and hands each request to an exchange;
-//!   answers CONNECT (forward-proxy mode: TLS terminated with a leaf from [`tls`], or a
-//!   blind tunnel); stops accepting and drains on shutdown.
-//! - [`exchange`]: one request/response pair, from the client's first byte to the
-//!   record that says what happened. It reads the body once, routes it, sends it
-//!   upstream and wraps the response for the observer.
-//! - [`prompt`]: the one model of a request body, read once (on first use) and
-//!   shared by rules, capture and cache analysis: one structural pass, repeated
-//!   keys, the units in cache order with their spans, `cache_control` markers and
-//!   digests. The exchange keeps it in a [`prompt::PromptCell`]; the model of a body
-//!   rules changed is derived from the received one as they write it.
-//! - [`rules`]: the hook rules from the rules directory, run by the exchange in three
-//!   phases (`before_provider_headers`, `before_provider_request` on the request,
-//!   `after_provider_response` on the response head); loaded, checked and hot-reloaded.
-//! - [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
-//!   stream grammars and usage fields.
-//! - [`upstream`]: the pooled HTTP/1.1 + HTTP/2 client to the providers, its trust
-//!   roots and timeouts.
-//! - [`observer`]: reads a copy of every response body (never delaying the client)
-//!   and turns it into an [`observer::Observation`]: model, usage, the reassembled
-//!   message (when a sink reads it), stream errors.
-//! - [`record`]: the [`record::ExchangeRecord`] every exchange ends as, the stages
-//!   that annotate it and the sinks that receive it: the exchange log line and the
-//!   capture.
-//! - [`cache`]: prompt-cache analysis, a record stage (the adapter lives in
-//!   [`record`]; the analysis knows nothing of records): per request the prefix
-//!   chain over the model's units, the prediction, the verdict against `usage`, the
-//!   cost; and `cache report`, built from the stored records.
-//! - [`capture`]: redaction, the stored record, the store (SQLite, or PostgreSQL
-//!   for a fleet, with a local spool while it is away; each distinct unit of the
-//!   model kept once, a body as its skeleton and units), exports; redacted on the
-//!   capture writer's thread and written on the store's own, off the request path.
-//! - [`metrics`] and [`traces`]: record sinks too: the Prometheus series served at
-//!   `/metrics`, and a span per exchange sent to an OTLP collector.
-//! - [`admin`]: the read-only local HTTP API over the captures, `/metrics`,
-//!   `/healthz` and `/readyz`.
+//! The modules, in layers from the top; a module imports only from its own layer
+//! or below, sinks never import each other, and `tests/layers.rs` fails on an
+//! import that breaks either:
 //!
-//! Around them: [`server`] (one promptgate assembled from its config and served:
-//! what `serve` runs, and tests start in-process), [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
-//! [`setting`] (a setting's value as typed and its parsers, the leaf every module's settings share),
-//! [`conversation`] (which agent conversation an exchange belongs to),
-//! [`tls`] (the local CA and its leaf certificates), [`logging`], [`digest`] (the
-//! content digests: BLAKE3, and SHA-256 for fingerprints), [`id`] (sortable exchange
-//! ids) and [`error`] (what can go wrong in one exchange, and how it is told to the
-//! client).
+//! 1. [`cli`]: the command line (argument parsing and the verbs).
+//! 2. [`server`]: one promptgate assembled from its config and served (what `serve`
+//!    runs; tests start it in-process): it wires policies, stages and sinks.
+//! 3. [`admin`] (the local API, `/metrics`, the live feed, the viewer),
+//!    [`listener`] (connections, CONNECT, shutdown), [`replay`], [`config`] (flags,
+//!    environment and `promptgate.toml` merged into one `Config`).
+//! 4. The sinks, which read the finished record: [`capture`] (the store, exports),
+//!    [`metrics`], [`traces`] (OTLP), [`live`] (the viewer's feed).
+//! 5. [`exchange`]: the `Exchange` value and the driver of its phases.
+//! 6. [`record`]: the record every exchange ends as, the stage and sink contracts,
+//!    the in-flight watcher contract (`record::InFlight`) the live feed implements.
+//! 7. [`cache`]: prompt-cache analysis over the prompt model's units.
+//! 8. [`upstream`] (the pooled client to the providers), [`observer`] (a copy of
+//!    each response: usage, the message, stalls).
+//! 9. [`policy`]: the phase contract every policy implements; [`rules`] (the TOML
+//!    rules, its first implementation).
+//! 10. [`prompt`]: the one model of a request body (units in cache order, markers,
+//!     digests), read once on first use and shared.
+//! 11. [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
+//!     the SSE grammar, usage, the model sniff.
+//! 12. Leaves: [`conversation`] (which conversation an exchange belongs to), [`tls`]
+//!     (the local CA and leaves), [`logging`], [`runtime`] (the data directory and the
+//!     running instance), [`setting`] (a setting's value and its parsers), [`digest`],
+//!     [`id`], [`error`] (what can go wrong in one exchange, and its client answer).
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
