@@ -5,6 +5,7 @@
 //! otherwise; PROTOCOL.md §B.8). Also the per-model minimum cacheable lengths (§B.5):
 //! both tables change with model releases, so both are config with defaults here.
 
+use globset::{Glob, GlobMatcher};
 use serde::{Deserialize, Serialize};
 
 use crate::provider::Usage;
@@ -103,12 +104,12 @@ const DEFAULT_MIN_TOKENS: &[(&str, u64)] = &[
 /// Used for a model no entry matches.
 pub const FALLBACK_MIN_TOKENS: u64 = 1024;
 
-/// A table of model patterns (`*` matches any run of characters): configured
-/// entries first, then the defaults.
+/// A table of model patterns (globs, as in rules: `*` matches any run of
+/// characters): configured entries first, then the defaults.
 #[derive(Debug, Clone)]
 pub struct Table<T> {
-    configured: Vec<(String, T)>,
-    defaults: Vec<(String, T)>,
+    configured: Vec<(String, Option<GlobMatcher>, T)>,
+    defaults: Vec<(String, Option<GlobMatcher>, T)>,
 }
 
 impl<T: Copy> Table<T> {
@@ -118,9 +119,9 @@ impl<T: Copy> Table<T> {
         for list in [&self.configured, &self.defaults] {
             let best = list
                 .iter()
-                .filter(|(p, _)| glob(p, model))
-                .max_by_key(|(p, _)| p.len());
-            if let Some((p, v)) = best {
+                .filter(|(_, g, _)| g.as_ref().is_some_and(|g| g.is_match(model)))
+                .max_by_key(|(p, _, _)| p.len());
+            if let Some((p, _, v)) = best {
                 return Some((p.as_str(), *v));
             }
         }
@@ -129,12 +130,10 @@ impl<T: Copy> Table<T> {
 
     /// A table of `configured` entries over `defaults`.
     pub fn new(configured: Vec<(String, T)>, defaults: &[(&str, T)]) -> Table<T> {
+        let entry = |p: &str, v: T| (p.to_owned(), glob(p), v);
         Table {
-            configured,
-            defaults: defaults
-                .iter()
-                .map(|(p, v)| ((*p).to_owned(), *v))
-                .collect(),
+            configured: configured.into_iter().map(|(p, v)| entry(&p, v)).collect(),
+            defaults: defaults.iter().map(|(p, v)| entry(p, *v)).collect(),
         }
     }
 }
@@ -149,24 +148,13 @@ pub fn min_tokens(configured: Vec<(String, u64)>) -> Table<u64> {
     Table::new(configured, DEFAULT_MIN_TOKENS)
 }
 
-/// `*` matches any run of characters; everything else matches itself.
-fn glob(pattern: &str, text: &str) -> bool {
-    let mut parts = pattern.split('*');
-    let first = parts.next().unwrap_or("");
-    let Some(mut rest) = text.strip_prefix(first) else {
-        return false;
-    };
-    let parts: Vec<&str> = parts.collect();
-    let Some((last, middle)) = parts.split_last() else {
-        return rest.is_empty();
-    };
-    for part in middle {
-        match rest.find(part) {
-            Some(i) => rest = &rest[i + part.len()..],
-            None => return false,
-        }
-    }
-    rest.len() >= last.len() && rest.ends_with(last)
+/// The matcher of a model pattern, with the glob syntax rules use; a pattern that is
+/// no valid glob matches itself only (its escaped form always compiles).
+fn glob(pattern: &str) -> Option<GlobMatcher> {
+    Glob::new(pattern)
+        .or_else(|_| Glob::new(&globset::escape(pattern)))
+        .ok()
+        .map(|g| g.compile_matcher())
 }
 
 /// Dollars of one exchange's input, by what caching did.
@@ -220,6 +208,10 @@ pub fn cost(price: &Price, usage: &Usage, lost_tokens: u64, one_hour_hint: bool)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn glob(pattern: &str, text: &str) -> bool {
+        super::glob(pattern).is_some_and(|g| g.is_match(text))
+    }
 
     #[test]
     fn globs() {
