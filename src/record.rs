@@ -55,6 +55,22 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// Every outcome, in the order the viewer offers them.
+    pub const ALL: [Outcome; 11] = [
+        Outcome::Ok,
+        Outcome::ProviderError,
+        Outcome::Blocked,
+        Outcome::UpstreamError,
+        Outcome::ClientCancelled,
+        Outcome::StallAborted,
+        Outcome::TooLarge,
+        Outcome::BadRequest,
+        Outcome::NoRoute,
+        Outcome::CaptureUnavailable,
+        Outcome::Shutdown,
+    ];
+
+    /// The snake_case name the record, the log and the API use.
     pub fn name(self) -> &'static str {
         match self {
             Outcome::Ok => "ok",
@@ -696,6 +712,35 @@ impl Recorder {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn outcome_all_names_every_outcome_once() {
+        use Outcome::*;
+        let every = [
+            Ok,
+            ProviderError,
+            Blocked,
+            NoRoute,
+            TooLarge,
+            BadRequest,
+            UpstreamError,
+            ClientCancelled,
+            Shutdown,
+            CaptureUnavailable,
+            StallAborted,
+        ];
+        for o in every {
+            // A new variant fails to compile here: add it to `every` and to ALL.
+            match o {
+                Ok | ProviderError | Blocked | NoRoute | TooLarge | BadRequest | UpstreamError
+                | ClientCancelled | Shutdown | CaptureUnavailable | StallAborted => {
+                    assert!(Outcome::ALL.contains(&o), "{o:?} is not in ALL")
+                }
+            }
+        }
+        let names: std::collections::HashSet<_> = Outcome::ALL.iter().map(|o| o.name()).collect();
+        assert_eq!(names.len(), every.len());
+    }
 
     /// A sink with room for `slots` records; each admission keeps one.
     #[derive(Default)]

@@ -1084,6 +1084,16 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
             WAIT,
         )
         .await;
+    // The outcome and cache choices come from the server's enums (/api/vocabulary).
+    browser
+        .wait_for(
+            "the outcome choices from the server",
+            "[...document.querySelectorAll('#filter-outcome option')].map(o => o.value).join(',') === \
+             ',ok,provider_error,blocked,upstream_error,client_cancelled,stall_aborted,too_large,bad_request,no_route,capture_unavailable,shutdown' \
+             && document.querySelectorAll('#filter-verdict option').length === 7",
+            WAIT,
+        )
+        .await;
     browser.type_into("#filter-model", "gpt-*\u{E007}").await;
     browser
         .wait_for(

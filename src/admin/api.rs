@@ -37,6 +37,16 @@ fn json_bytes(value: &impl serde::Serialize) -> Routed {
         .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
+/// The names the viewer filters by, from the enums that define them: the viewer
+/// never restates them.
+pub(super) fn vocabulary() -> serde_json::Value {
+    use crate::provider::Provider;
+    let providers = [Provider::Anthropic, Provider::OpenAi].map(Provider::name);
+    let outcomes = crate::record::Outcome::ALL.map(crate::record::Outcome::name);
+    let verdicts = crate::cache::explain::Verdict::ALL.map(crate::cache::explain::Verdict::name);
+    json!({"providers": providers, "outcomes": outcomes, "verdicts": verdicts})
+}
+
 pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminState) -> Routed {
     let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
     let store = Store::open_read_only(dir).map_err(store_error)?;

@@ -324,6 +324,7 @@ async fn answer<B>(
             return scrape(state, accept).await;
         }
         "/api/rules" => return reply(StatusCode::OK, &api::rules(state)),
+        "/api/vocabulary" => return reply(StatusCode::OK, &api::vocabulary()),
         _ => {}
     }
     let Some(dir) = state.captures.clone() else {

@@ -72,6 +72,16 @@ pub enum Verdict {
 }
 
 impl Verdict {
+    /// Every verdict, in the order the viewer offers them.
+    pub const ALL: [Verdict; 6] = [
+        Verdict::Hit,
+        Verdict::Partial,
+        Verdict::Miss,
+        Verdict::Write,
+        Verdict::None,
+        Verdict::Unexplained,
+    ];
+
     /// The snake_case name of the verdict.
     pub fn name(self) -> &'static str {
         match self {

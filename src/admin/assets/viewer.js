@@ -6,6 +6,7 @@ const ROW = 28; // px, the list's row height (viewer.css --row)
 const PAGE = 5000; // rows per list request
 
 const state = {
+  vocabulary: null, // the names filters offer, from /api/vocabulary
   rows: new Map(), // id -> row, stored exchanges
   order: [], // ids, newest first
   inflight: new Map(), // id -> {started, progress}
@@ -73,6 +74,7 @@ function navActive(name) {
 
 async function loadRows() {
   state.rows.clear();
+  if (!state.vocabulary) state.vocabulary = await api("/api/vocabulary");
   let offset = 0;
   for (;;) {
     const page = await api(`/api/captures?all=1&limit=${PAGE}&offset=${offset}`);
@@ -167,15 +169,17 @@ function updateStats() {
 
 // ---------------------------------------------------------------- list
 
+// Choices of a filter named in state.vocabulary come from the server's enums
+// (/api/vocabulary), never restated here.
 const FILTERS = [
   ["conversation", "conversation"],
-  ["provider", "provider", ["", "anthropic", "openai"]],
+  ["provider", "provider", "providers"],
   ["model", "model"],
-  ["outcome", "outcome", ["", "ok", "provider_error", "blocked", "upstream_error", "client_cancelled", "stall_aborted", "too_large", "bad_request", "no_route", "capture_unavailable", "shutdown"]],
+  ["outcome", "outcome", "outcomes"],
   ["status", "status", ["", "2xx", "4xx", "5xx", "none"]],
   ["tag", "tag"],
   ["rule", "rule fired"],
-  ["verdict", "cache", ["", "hit", "partial", "miss", "write", "none", "unexplained"]],
+  ["verdict", "cache", "verdicts"],
   ["since", "since"],
   ["until", "until"],
 ];
@@ -217,7 +221,8 @@ function timeBound(text) {
 
 function filterBar() {
   const bar = el("div", { id: "filters" });
-  for (const [key, label, options] of FILTERS) {
+  for (const [key, label, choices] of FILTERS) {
+    const options = typeof choices === "string" ? ["", ...((state.vocabulary || {})[choices] || [])] : choices;
     const value = state.filters[key] || "";
     const onchange = (e) => {
       state.filters[key] = e.target.value.trim();
