@@ -616,7 +616,6 @@ impl Proxy {
             }
             None => (ResponseBody::Plain(incoming), Vec::new()),
         };
-        ex.take_effects();
         let started = ex.pending.started;
         let read = Observed {
             provider: route.provider,
@@ -689,6 +688,8 @@ fn request_policies(ex: &mut Exchange, received: HeaderMap, body: Bytes) -> Resu
         ex.runs = runs;
     }
     ex.policies = policies;
+    // Admission, the live feed and the cache stage read what the policies decided.
+    ex.take_effects();
     let r = ex.record();
     // The record keeps the headers as received; upstream gets them as policies left them.
     r.request_headers = received;
@@ -744,6 +745,7 @@ fn response_policies(
         ex.effects = effects;
         ex.runs = runs;
         ex.policies = policies;
+        ex.take_effects();
     }
     let r = ex.record();
     r.status = Some(head.status);
@@ -766,14 +768,7 @@ fn stream_policies(
         return None;
     }
     let r = ex.pending.record.as_ref()?;
-    // Tags of the request phases count, though not yet written to the record.
-    let mut tags = r.tags.clone();
-    for t in &ex.effects.tags {
-        if !tags.contains(t) {
-            tags.push(t.clone());
-        }
-    }
-    let facts = ex.facts(route, &tags);
+    let facts = ex.facts(route, &r.tags);
     let response_head = ResponseHead {
         status: head.status,
         headers: &mut head.headers,
