@@ -977,6 +977,28 @@ async fn repeated_blocked_requests_are_each_recorded_and_linked_to_the_first() {
         fake.requests().is_empty(),
         "the provider was never contacted"
     );
+    // The driver wrote each policy's turn: the rules continued at the headers phase
+    // and answered at the request phase.
+    let runs = records[0]["policies"].as_array().expect("policy runs");
+    let turns: Vec<(&str, &str, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["policy"].as_str().unwrap(),
+                r["phase"].as_str().unwrap(),
+                r["decision"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        turns,
+        [
+            ("rules", "before_provider_headers", "continue"),
+            ("rules", "before_provider_request", "respond"),
+        ],
+        "{runs:?}"
+    );
+    assert!(runs.iter().all(|r| r["took_us"].is_u64()));
     let shown = support::captures::cli(
         &proxy.captures,
         &["show", records[2]["id"].as_str().unwrap()],

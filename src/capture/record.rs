@@ -206,6 +206,9 @@ pub struct CaptureRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate_key: Option<String>,
     pub rules_fired: Vec<String>,
+    /// Each policy's turn at each phase: its decision and its time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub policies: Vec<crate::policy::PolicyRun>,
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed.
     pub body_diff: Vec<String>,
@@ -360,6 +363,7 @@ impl CaptureRecord {
             conversation,
             duplicate_key,
             rules_fired: r.rules_fired.clone(),
+            policies: r.policy_runs.clone(),
             tags: r.tags.clone(),
             body_diff: r.body_diff.clone(),
             request: RequestPart::default(),
