@@ -92,7 +92,7 @@ impl ErrorKind {
     }
 
     /// The `x-should-retry` hint: only failures a retry can cure say yes
-    /// (PROTOCOL.md §C.7: SDKs obey it before looking at the status).
+    /// (the official SDKs obey it before looking at the status).
     pub fn should_retry(self) -> bool {
         match self {
             ErrorKind::NoRoute => false,

@@ -2,7 +2,7 @@
 //!
 //! Prices are per million tokens; cache writes and reads are multipliers of the
 //! input price (5m writes 1.25×, 1h writes 2×, reads 0.1× unless an entry says
-//! otherwise; PROTOCOL.md §B.8). Also the per-model minimum cacheable lengths (§B.5):
+//! otherwise; Anthropic's pricing page). Also the per-model minimum cacheable lengths (Anthropic's documented minimums):
 //! both tables change with model releases, so both are config with defaults here.
 
 use globset::{Glob, GlobMatcher};
@@ -76,7 +76,7 @@ const DEFAULT_PRICES: &[(&str, Price)] = &[
     ("claude-3-haiku*", price(0.25, 1.25, 0.1)),
 ];
 
-/// Default minimum cacheable prompt lengths in tokens (§B.5, 2026 snapshot; the 5.5
+/// Default minimum cacheable prompt lengths in tokens (2026 snapshot; the 5.5
 /// models are not in it and are given their family's number).
 const DEFAULT_MIN_TOKENS: &[(&str, u64)] = &[
     ("claude-fable-5*", 512),

@@ -1,6 +1,6 @@
 //! The prediction before the response and the verdict after it.
 //!
-//! Prediction (PROTOCOL.md §B.4, §B.10): from each breakpoint, walk back at most 20
+//! Prediction (Anthropic's documented prompt caching): from each breakpoint, walk back at most 20
 //! lookback positions for the longest prefix an earlier request wrote or read that is
 //! still alive for this request; the deepest breakpoint that reaches the model's
 //! minimum length is written. Verdict: set the provider's `usage` beside it — a hit,
@@ -17,7 +17,7 @@ use crate::id::ExchangeId;
 use crate::prompt::{Region, Ttl};
 use crate::provider::Usage;
 
-/// Lookback positions per breakpoint, the breakpoint itself counted first (§B.4).
+/// Lookback positions per breakpoint, the breakpoint itself counted first.
 pub const LOOKBACK: u32 = 20;
 
 /// The request being explained.
@@ -123,7 +123,7 @@ pub enum Reason {
         before: String,
         after: String,
     },
-    /// A request-level input rendered into the prompt changed (§B.6): tool_choice,
+    /// A request-level input rendered into the prompt changed: tool_choice,
     /// thinking, effort, speed or images.
     SettingChanged {
         setting: String,
@@ -549,7 +549,7 @@ pub fn predict(req: Request<'_>, conv: Option<&Conversation>, min_tokens: u64) -
     {
         p.write_tokens = tokens.at(last).saturating_sub(read);
         p.write_through = Some(segs.units[last].path.to_string());
-        // Billing with mixed ttls (§B.7): 1h up to the last 1h marker after the hit.
+        // Billing with mixed ttls: 1h up to the last 1h marker after the hit.
         let one_hour = p
             .written
             .iter()
@@ -568,7 +568,7 @@ pub fn predict(req: Request<'_>, conv: Option<&Conversation>, min_tokens: u64) -
     p
 }
 
-/// Automatic caching (OpenAI, §D.5): how much of the previous request's prefix
+/// Automatic caching (OpenAI): how much of the previous request's prefix
 /// stayed, set beside the provider's cached tokens. OpenAI's cache is best effort
 /// (routing, eviction), so a stable prefix that was not reused is `unexplained`.
 pub fn explain_automatic(

@@ -5,7 +5,7 @@
 //! test-only offset. A cache entry is keyed by its prefix hash (which already holds
 //! the model and the tool set). It is usable from the moment the writer's response
 //! began, and lives for its ttl from the start of the last request that wrote or read
-//! it (PROTOCOL.md §B.4). Nothing here predicts; `explain` asks.
+//! it (the prefix in cache order). Nothing here predicts; `explain` asks.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

@@ -927,7 +927,7 @@ fn record_usage(
         conv.uncache(id);
         return;
     }
-    // read + write = tokens through the last breakpoint (§B.7).
+    // read + write = tokens through the last breakpoint.
     if let Some(&last) = segs.breakpoints.last() {
         let prefix = segs.units[last].prefix;
         let known = conv

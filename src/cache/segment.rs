@@ -1,7 +1,7 @@
 //! A request cut into cache units, in the provider's cache order, with a running
 //! prefix hash after every unit.
 //!
-//! Anthropic caches the prefix tools → system → messages (PROTOCOL.md §B.4). A unit is
+//! Anthropic caches the prefix tools → system → messages. A unit is
 //! one tool definition, one system block or one message content block, normalised as
 //! the provider sees it: string content is one text block, `cache_control` is left
 //! out, every other byte is as sent. OpenAI requests are cut the same way (tools,
@@ -43,7 +43,7 @@ pub struct Unit {
     /// request-level inputs rendered into the prompt (model, settings, message roles).
     pub prefix: Hash,
     /// Lookback position: a run of consecutive `tool_use` (or `tool_result`) blocks
-    /// shares one position (PROTOCOL.md §B.4).
+    /// shares one position in the prefix.
     pub position: u32,
     /// Estimated tokens (see `estimate`).
     pub tokens: u32,
@@ -113,7 +113,7 @@ pub struct IgnoreRule {
 impl IgnoreRule {
     /// Claude Code's `x-anthropic-billing-header` system block, which differs per
     /// conversation (and per request in first-party mode) yet evidently does not
-    /// break Anthropic's cache (CLIENTS.md §4, PROTOCOL.md §E.3).
+    /// break Anthropic's cache (Claude Code puts its environment and the date there).
     pub fn billing_header() -> IgnoreRule {
         IgnoreRule {
             region: Region::System,
@@ -261,7 +261,7 @@ impl<'p> Chain<'p> {
         }
     }
 
-    /// `speed` changes the system and messages caches, not the tools cache (§B.6).
+    /// `speed` changes the system and messages caches, not the tools cache.
     fn mix_speed(&mut self) {
         if !self.speed_mixed {
             self.speed_mixed = true;
@@ -273,7 +273,7 @@ impl<'p> Chain<'p> {
     }
 
     /// tool_choice, thinking and effort (and images, see `finish`) change only the
-    /// messages cache (§B.6).
+    /// messages cache.
     fn mix_settings(&mut self) {
         self.mix_speed();
         let s = &self.settings;
@@ -396,7 +396,7 @@ impl<'p> Chain<'p> {
                 prev = Some(u.prefix);
             }
         }
-        // Top-level automatic caching puts a breakpoint on the last cacheable block (§B.2).
+        // Top-level automatic caching puts a breakpoint on the last cacheable block.
         if self.format == Format::AnthropicMessages
             && let Some(auto) = self.prompt.automatic_marker()
             && let Some(last) = self.units.iter_mut().rev().find(|u| u.cacheable)
@@ -491,7 +491,7 @@ mod tests {
 
     #[test]
     fn string_content_and_cache_control_do_not_change_the_prefix() {
-        // CLIENTS.md §5: turn 1's units are all unchanged in turn 2, in cache order.
+        // As Claude Code sends them: turn 1's units are all unchanged in turn 2, in cache order.
         let a = cut(TURN1);
         let b = cut(TURN2);
         assert_eq!(a.units.len(), 5);

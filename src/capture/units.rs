@@ -1,7 +1,7 @@
 //! The unit view of a request in the provider's cache order (tools → system →
-//! messages, PROTOCOL.md §B.4) and the structural diff of two requests, normalised as
+//! messages, Anthropic's cache order) and the structural diff of two requests, normalised as
 //! the cache sees them: a string equals one text block, `cache_control` is ignored
-//! (CLIENTS.md §5). `captures diff` and the cache analysis read requests through
+//! (as Claude Code changes them between turns). `captures diff` and the cache analysis read requests through
 //! [`cache_order`]; nothing here touches the store.
 
 use serde::Serialize;

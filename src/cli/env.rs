@@ -1,6 +1,6 @@
 //! `promptgate env`: prints exactly what to set so agents use promptgate, for one
 //! shell, as lines to `eval`. Forward mode makes sure the CA and the client bundle
-//! exist first (PROTOCOL.md §E has the facts per client).
+//! exist first (each client's own documentation says which).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

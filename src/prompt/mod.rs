@@ -97,7 +97,7 @@ pub enum Shape<'p> {
     Object(Value<'p>),
 }
 
-/// The request-level inputs rendered into the prompt (PROTOCOL.md §B.6, §B.10).
+/// The request-level inputs rendered into the prompt (the settings Anthropic renders into the cached prefix).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Settings {
     pub model: String,

@@ -1,5 +1,5 @@
 //! A request's units in the provider's cache order: tools → system → messages
-//! (PROTOCOL.md §B.4), or tools → instructions → input for OpenAI Responses. A
+//! (Anthropic's order), or tools → instructions → input for OpenAI Responses. A
 //! unit is one tool definition, one system block, one message content block or
 //! one OpenAI input item; string content is one unit of its own.
 
@@ -209,7 +209,7 @@ pub struct Unit {
     /// Whether it carries a `cache_control` key at all (left out when normalised).
     pub has_cache_control: bool,
     /// It is an image, or a tool result holding one (images change the messages
-    /// cache, PROTOCOL.md §B.6).
+    /// cache).
     pub image: bool,
     /// The bytes the provider caches, when they differ from the span: string
     /// content as one text block, a block less its `cache_control`.

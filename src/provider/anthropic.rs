@@ -1,6 +1,6 @@
 //! The Anthropic Messages API: error types, and reading responses (JSON and SSE).
 //!
-//! The stream is reassembled the way the official SDK does it (PROTOCOL.md §C.4–C.5):
+//! The stream is reassembled the way the official SDK does it (the streaming Messages API's event order):
 //! `message_start` gives the snapshot, block events fill `content`, `message_delta`
 //! carries the stop reason and cumulative usage.
 

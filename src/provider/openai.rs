@@ -3,7 +3,7 @@
 //! Chat streams are `data:`-only chunks ending in `[DONE]`, with usage in a last
 //! chunk when `stream_options.include_usage` was asked for. Responses streams are
 //! typed events; the terminal one carries the whole response and its usage
-//! (PROTOCOL.md §D.3–D.5).
+//! (OpenAI's chat and Responses stream events).
 
 use std::borrow::Cow;
 

@@ -1,5 +1,5 @@
 //! The cache_control policy: whatever rules ask, the body sent is one the provider
-//! accepts (PROTOCOL.md §B.2–B.3).
+//! accepts (at most 4 breakpoints; a 1h entry before a 5m one).
 //!
 //! Runs after the request rules whenever they changed the body. In processing order
 //! (tools → system → messages, then top-level automatic caching, which uses a slot):
@@ -246,7 +246,7 @@ pub(crate) fn enforce(root: &mut Node<'_>, max: usize) -> Vec<Fix> {
         }
     }
     // Automatic caching lands on the last cacheable block: an explicit marker there
-    // with another ttl is refused (§B.2). Automatic caching always counts as a slot.
+    // with another ttl is refused. Automatic caching always counts as a slot.
     if let Some(top) = kept.iter().find(|m| m.section == Section::Top).cloned()
         && let Some(last) = last_cacheable(root)
         && let Some(at) = kept.iter().position(|m| m.block == last)

@@ -2,7 +2,7 @@
 //! content blocks, tools. Matchers and actions find their targets through here.
 //!
 //! Anthropic: `system` is a string or text blocks; `role:"system"` messages also hold
-//! system text (Claude Code puts its environment there, CLIENTS.md §4). OpenAI chat:
+//! system text (Claude Code puts its environment there). OpenAI chat:
 //! the system prompt is a `role:"system"` (or `"developer"`) message.
 
 use std::borrow::Cow;

@@ -1,4 +1,4 @@
-//! A prompt cache that follows Anthropic's documented rules (PROTOCOL.md §B), for the
+//! A prompt cache that follows Anthropic's documented prompt-caching rules, for the
 //! fake provider to answer with the usage it computes.
 //!
 //! Written apart from promptgate's own analysis (on `serde_json::Value`, with its own

@@ -111,7 +111,7 @@ pub const CC_SESSION: &str = "54c1eb09-7a1e-4c55-9d2f-0f3b5e8a9c41";
 
 /// A Claude Code request body (custom base URL shape, Claude 5 models): turn 1 holds
 /// a user message and the `role:"system"` environment message; each further turn
-/// adds an assistant `tool_use` and a user `tool_result` (CLIENTS.md §4–5).
+/// adds an assistant `tool_use` and a user `tool_result` (as Claude Code sends them).
 pub fn claude_code_body(rounds: usize, session: &str) -> Value {
     let user0 = json!({"role": "user", "content": [
         {"type": "text", "text": reminder("claudeMd", 1, 390)},
@@ -188,7 +188,7 @@ pub fn to_bytes(v: &Value) -> Vec<u8> {
     serde_json::to_vec(v).unwrap()
 }
 
-/// Claude Code's request headers in wire order (CLIENTS.md §3), with `Host` and
+/// Claude Code's request headers in wire order (as captured), with `Host` and
 /// `Content-Length` for the given target and body.
 pub fn claude_code_headers(
     host: &str,
@@ -222,7 +222,7 @@ pub fn claude_code_headers(
 
 /// A pi coding agent request (Anthropic provider): one cached system block, 4 tools
 /// with the breakpoint on the last, key order `model, messages, max_tokens, stream,
-/// system, tools, thinking` (CLIENTS.md §8).
+/// system, tools, thinking` (as captured).
 pub fn pi_body(turns: usize) -> Value {
     let mut messages =
         vec![json!({"role": "user", "content": [{"type": "text", "text": "Say hello"}]})];

@@ -1,5 +1,5 @@
 //! `block`: answer the client with an error in the provider's shape; the upstream
-//! is never contacted (PROTOCOL.md §C.7).
+//! is never contacted (the provider's error shape).
 
 use http::StatusCode;
 use toml::de::DeValue;

@@ -1,5 +1,5 @@
 //! `cache_control.*`: strip, place and re-time prompt-cache breakpoints
-//! (PROTOCOL.md §B). Whatever they do, the limits policy (`limits.rs`) runs after
+//! (Anthropic's prompt caching). Whatever they do, the limits policy (`limits.rs`) runs after
 //! the request rules, so the body sent is one the provider accepts.
 
 use regex::Regex;

@@ -1,5 +1,5 @@
 //! `reminder.*`: remove or rewrite `<system-reminder>` text blocks in user messages
-//! (where Claude Code puts CLAUDE.md, git status and the date, PROTOCOL.md §E.3).
+//! (where Claude Code puts CLAUDE.md, git status and the date).
 
 use std::sync::LazyLock;
 
