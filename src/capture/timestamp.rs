@@ -1,6 +1,6 @@
 //! UTC timestamps as text (RFC 3339) and back, for records, `--since` and HAR.
 //!
-//! Civil-date arithmetic from Howard Hinnant's `days_from_civil`; no time zones.
+//! The calendar is the `time` crate's; no time zones.
 
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
@@ -11,14 +11,17 @@ pub fn now_ms() -> u64 {
 
 /// `2026-11-29T17:56:52.123Z` for milliseconds since the Unix epoch.
 pub fn rfc3339(ms: u64) -> String {
-    let secs = ms / 1000;
-    let (y, m, d) = civil_from_days((secs / 86_400) as i64);
-    let rem = secs % 86_400;
+    let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
+    let at =
+        time::OffsetDateTime::from_unix_timestamp(secs).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
     format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+        at.year(),
+        u8::from(at.month()),
+        at.day(),
+        at.hour(),
+        at.minute(),
+        at.second(),
         ms % 1000
     )
 }
@@ -75,39 +78,22 @@ pub fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
             frac_ms = format!("{digits:0<3}").parse().map_err(|_| bad(t))?;
         }
     }
-    let days = days_from_civil(y, m as u32, d as u32);
-    if days < 0 {
-        return Err(bad(t));
-    }
-    Ok((days as u64 * 86_400 + secs) * 1000 + frac_ms)
+    let month = u8::try_from(m)
+        .ok()
+        .and_then(|m| time::Month::try_from(m).ok())
+        .ok_or_else(|| bad(t))?;
+    let year = i32::try_from(y).map_err(|_| bad(t))?;
+    let day = u8::try_from(d).map_err(|_| bad(t))?;
+    let date = time::Date::from_calendar_date(year, month, day).map_err(|_| bad(t))?;
+    let midnight = date.midnight().assume_utc().unix_timestamp();
+    let days_secs = u64::try_from(midnight).map_err(|_| bad(t))?;
+    Ok((days_secs + secs) * 1000 + frac_ms)
 }
 
 fn bad(text: &str) -> String {
     format!(
         "{text:?} is not a time (expected e.g. \"2h\", \"7d\", \"2026-11-29\" or \"2026-11-29T14:00Z\")"
     )
-}
-
-fn days_from_civil(y: i64, m: u32, d: u32) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (i64::from(m) + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + i64::from(d) - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
 }
 
 #[cfg(test)]
