@@ -462,6 +462,243 @@ async fn healthz_is_healthy_again_once_a_full_spool_has_drained() {
     );
 }
 
+/// Set in the run of the full-disk test inside its own mount namespace.
+const IN_MOUNT_NAMESPACE: &str = "PROMPTGATE_TEST_IN_MOUNT_NAMESPACE";
+
+/// Why a test cannot mount a tmpfs in a mount namespace of its own (it needs root).
+fn no_private_tmpfs() -> Option<String> {
+    let probe = std::env::temp_dir();
+    let probe = probe.to_str().expect("a UTF-8 temp dir");
+    support::missing_command(
+        "unshare",
+        &["--mount", "--", "mount", "-t", "tmpfs", "tmpfs", probe],
+    )
+    .map(|why| format!("no private tmpfs: {why} (needs root)"))
+}
+
+/// CPU time the proxy's capture threads (`capture-writer`, `capture-store`) used so
+/// far, from `/proc/PID/task/*/stat`.
+fn capture_cpu(pid: u32) -> Duration {
+    let tick: u64 = Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .unwrap_or(100);
+    let mut ticks = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
+        if !comm.starts_with("capture-") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
+        // After the name's parenthesis the fields start at the 3rd: utime is the
+        // 14th, stime the 15th.
+        let fields: Vec<u64> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect();
+        ticks += fields.get(11).unwrap_or(&0) + fields.get(12).unwrap_or(&0);
+    }
+    Duration::from_millis(ticks * 1000 / tick)
+}
+
+/// Writes `path` until its file system is full.
+fn fill_disk(path: &Path) {
+    use std::io::Write as _;
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0xa5u8; 4096];
+    loop {
+        match file.write_all(&chunk) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::StorageFull => return,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+}
+
+/// The spool's disk fills while PostgreSQL is away, then PostgreSQL comes back:
+/// the writer waits between tries instead of spinning (a bounded share of a core,
+/// a bounded number of log lines), loses none of the records the spool holds, and
+/// once there is room again drains the spool and is healthy, without the old
+/// error. The spool is a small tmpfs in a mount namespace of the test's own.
+#[test]
+fn a_full_spool_disk_is_retried_calmly_and_loses_nothing_it_held() {
+    if std::env::var_os(IN_MOUNT_NAMESPACE).is_none() {
+        if !support::can_run(pg_server::missing().or_else(no_private_tmpfs)) {
+            return;
+        }
+        let status = Command::new("unshare")
+            .args(["--mount", "--"])
+            .arg(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "a_full_spool_disk_is_retried_calmly_and_loses_nothing_it_held",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env(IN_MOUNT_NAMESPACE, "1")
+            .status()
+            .expect("unshare runs (util-linux)");
+        assert!(
+            status.success(),
+            "the test failed in its mount namespace ({status})"
+        );
+        return;
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(full_spool_disk());
+}
+
+async fn full_spool_disk() {
+    let mut pg = Postgres::start();
+    let url = pg.create_db("diskfull");
+    pg.stop_server();
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("diskfull-home");
+    let spool = home.path().join("spool");
+    std::fs::create_dir(&spool).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=4m,mode=0700", "tmpfs"])
+        .arg(&spool)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let proxy = spooling_replica(&fake, &url, &home);
+    let health =
+        || async { client::get_json(proxy.admin_addr(), "/healthz").await.1["capture"].clone() };
+    let message = |text: String| {
+        serde_json::json!({"model": "claude-sonnet-4-5", "max_tokens": 8,
+            "messages": [{"role": "user", "content": text}]})
+    };
+    const HELD: u64 = 20;
+    for n in 0..HELD {
+        let body = message(format!("spooled {n}"));
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+    }
+    let deadline = Instant::now() + WAIT;
+    while spooled(&proxy).await < HELD {
+        assert!(Instant::now() < deadline, "{}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let held: Vec<String> = proxy
+        .exchanges()
+        .iter()
+        .filter_map(|e| e["id"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(held.len(), HELD as usize);
+    // The disk is full: a record now has nowhere to go and is counted failed.
+    let ballast = spool.join("ballast");
+    fill_disk(&ballast);
+    for n in 0..3 {
+        let body = message(format!("nowhere {n}"));
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+    }
+    let deadline = Instant::now() + WAIT;
+    while health().await["failed"].as_u64() < Some(3) {
+        assert!(Instant::now() < deadline, "{}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // PostgreSQL is back while the disk stays full: the spool's records reach it,
+    // but the spool cannot delete them. Watched for 3 s, with a request now and
+    // then, which goes to PostgreSQL directly.
+    pg.start_server();
+    // The schema is made when the database first answers.
+    let stored = || {
+        let made = pg.count(
+            "diskfull",
+            "SELECT COUNT(*) FROM pg_tables WHERE tablename = 'records'",
+        );
+        match made {
+            0 => 0,
+            _ => pg.count("diskfull", "SELECT COUNT(*) FROM records"),
+        }
+    };
+    let deadline = Instant::now() + WAIT;
+    while stored() < HELD as i64 {
+        assert!(
+            Instant::now() < deadline,
+            "the spool never moved: {}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let lines_before = proxy.log().lines().count();
+    let cpu_before = capture_cpu(proxy.pid());
+    let started = Instant::now();
+    let mut sent_meanwhile = 0;
+    while started.elapsed() < Duration::from_secs(3) {
+        let body = message(format!("meanwhile {sent_meanwhile}"));
+        assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+        sent_meanwhile += 1;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let cpu = capture_cpu(proxy.pid()) - cpu_before;
+    let watched = started.elapsed();
+    let log = proxy.log();
+    let logged: Vec<&str> = log
+        .lines()
+        .skip(lines_before)
+        .filter(|l| !l.contains("\"message\":\"exchange\""))
+        .collect();
+    eprintln!("with the spool's disk full, the capture threads used {cpu:?} of {watched:?}");
+    assert!(
+        cpu < watched / 10,
+        "the capture threads used {cpu:?} of {watched:?} while the disk was full"
+    );
+    assert!(
+        logged.len() <= 10,
+        "{} lines in {watched:?}:\n{}",
+        logged.len(),
+        logged.join("\n")
+    );
+    // Room again: everything the spool held is in PostgreSQL, the spool is empty,
+    // and the capture is healthy without the old error.
+    std::fs::remove_file(&ballast).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while spooled(&proxy).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the spool never drained: {}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = message("after".into());
+    assert_eq!(captures::post_messages(&proxy, &body).await, 200);
+    let total = HELD as usize + sent_meanwhile + 1;
+    captures::wait_records(url.as_str(), total, WAIT).await;
+    assert_eq!(stored(), total as i64, "each record once: {}", proxy.log());
+    let listed = captures::ok(url.as_str(), &["list", "--limit", "1000"]);
+    for id in &held {
+        assert!(listed.contains(id.as_str()), "{id} is not in the store");
+    }
+    let log = proxy.log();
+    assert_eq!(log.matches("cannot be written").count(), 1, "{log}");
+    assert!(log.contains("can be written again"), "{log}");
+    let after = health().await;
+    assert_eq!(
+        (&after["healthy"], &after["last_error"], &after["spooled"]),
+        (
+            &serde_json::json!(true),
+            &serde_json::Value::Null,
+            &serde_json::json!(0)
+        ),
+        "{after}"
+    );
+    assert_eq!(after["failed"], 3, "{after}");
+}
+
 #[tokio::test]
 async fn retention_removes_old_exchanges_and_the_units_no_exchange_uses() {
     let Some(pg) = postgres() else { return };
@@ -983,6 +1220,7 @@ async fn a_store_too_slow_to_answer_spools_and_then_catches_up() {
     assert!(proxy.log().contains("statement timeout"), "{}", proxy.log());
 }
 
+/// A paused server holds neither the writer nor a core: records spool meanwhile.
 #[tokio::test]
 async fn a_paused_server_does_not_hold_the_writer() {
     let Some(pg) = postgres() else { return };
@@ -1004,6 +1242,16 @@ async fn a_paused_server_does_not_hold_the_writer() {
         "{:?}",
         started.elapsed()
     );
+    // Past the writer's patience (1 s) records spool; while the call is still
+    // outstanding (5.5 s), the writer waits for it, not in a loop.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (cpu_before, watch) = (capture_cpu(proxy.pid()), Instant::now());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (cpu, watched) = (capture_cpu(proxy.pid()) - cpu_before, watch.elapsed());
+    if cpu >= watched / 10 {
+        pg.signal_all("-CONT");
+        panic!("the capture threads used {cpu:?} of {watched:?} while the server was paused");
+    }
     let deadline = Instant::now() + WAIT;
     while spooled(&proxy).await < 5 {
         if Instant::now() > deadline {

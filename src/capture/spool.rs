@@ -14,6 +14,12 @@ const DRAIN_BATCH: usize = 64;
 /// The longest wait between tries of a store that keeps failing: a try against a
 /// server that answers nothing holds the writer for the connect limit.
 const MOST_BETWEEN_TRIES: Duration = Duration::from_secs(30);
+/// The first wait after the spool's own disk refused a write (full, say): doubled
+/// after each failure, up to [`MOST_BETWEEN_OWN_TRIES`], so a full disk is not
+/// retried in a hot loop, and room coming back is noticed within seconds.
+const OWN_RETRY: Duration = Duration::from_millis(50);
+/// The longest wait between tries of a spool whose own writes keep failing.
+const MOST_BETWEEN_OWN_TRIES: Duration = Duration::from_secs(5);
 
 /// The local store records wait in.
 pub(super) struct Spool {
@@ -29,6 +35,12 @@ pub(super) struct Spool {
     backoff: Option<Duration>,
     /// Where records the store refused on their own data are kept (opened on first use).
     rejected: Option<Store>,
+    /// Records the store took that the spool could not delete yet (its disk full):
+    /// deleted before anything else is moved, never sent again.
+    unremoved: Vec<String>,
+    /// Why the spool's own writes fail, while they do: said once when it starts
+    /// and once when it ends, not on every try.
+    failing: Option<String>,
 }
 
 impl Spool {
@@ -44,6 +56,8 @@ impl Spool {
             next_try: Instant::now(),
             backoff: None,
             rejected: None,
+            unremoved: Vec::new(),
+            failing: None,
         })
     }
 
@@ -61,13 +75,27 @@ impl Spool {
         self.held > 0 && Instant::now() >= self.next_try
     }
 
+    /// How long until [`Spool::due`] may hold.
+    pub(super) fn until_due(&self) -> Duration {
+        self.next_try.saturating_duration_since(Instant::now())
+    }
+
+    /// The spool's own writes fail now (its disk is full, say).
+    pub(super) fn failing(&self) -> bool {
+        self.failing.is_some()
+    }
+
     /// Keeps `records` until the store is back; refuses once the spool is full.
     pub(super) fn keep(&mut self, records: &[CaptureRecord]) -> Result<(), StoreError> {
         let used = self.store.stats()?.used_bytes;
         if used >= self.max_bytes {
             return Err(StoreError::SpoolFull(self.dir.display().to_string(), used));
         }
-        self.store.insert(records)?;
+        if let Err(e) = self.store.insert(records) {
+            self.write_failed(&e);
+            return Err(e);
+        }
+        self.write_ok();
         self.held += records.len() as u64;
         Ok(())
     }
@@ -103,19 +131,80 @@ impl Spool {
         Ok((ids, records))
     }
 
-    /// The store took the records `ids`: they leave the spool.
-    pub(super) fn moved(&mut self, ids: &[String]) -> Result<(), StoreError> {
-        self.backoff = None;
-        self.store.remove(ids)?;
-        self.held = self.held.saturating_sub(ids.len() as u64);
-        Ok(())
+    /// The store took the records `ids`: they leave the spool. When the spool cannot
+    /// delete them (its disk full), they are remembered and deleted by a later
+    /// [`Spool::forget_moved`], never moved again; tries wait, longer each time.
+    pub(super) fn moved(&mut self, ids: &[String]) {
+        self.unremoved.extend_from_slice(ids);
+        self.forget_moved();
+    }
+
+    /// Deletes the records the store took and the spool still holds; whether none
+    /// is left. A failure waits before the next try (see [`OWN_RETRY`]).
+    pub(super) fn forget_moved(&mut self) -> bool {
+        if self.unremoved.is_empty() {
+            return true;
+        }
+        match self.store.remove(&self.unremoved) {
+            Ok(()) => {
+                self.held = self.held.saturating_sub(self.unremoved.len() as u64);
+                self.unremoved.clear();
+                self.backoff = None;
+                self.write_ok();
+                true
+            }
+            Err(e) => {
+                self.write_failed(&e);
+                self.tried_within(OWN_RETRY, MOST_BETWEEN_OWN_TRIES);
+                false
+            }
+        }
+    }
+
+    /// The store took records sent to it directly: it is back, so what waits here
+    /// moves now, unless the spool's own disk is what holds it up.
+    pub(super) fn store_answers(&mut self) {
+        if self.held > 0 && self.unremoved.is_empty() {
+            self.backoff = None;
+            self.next_try = Instant::now();
+        }
     }
 
     /// A try of the store failed: none before `retry` has passed, twice that after a
     /// second failure, and so on.
     pub(super) fn tried(&mut self, retry: Duration) {
-        let wait = self.backoff.unwrap_or(retry);
+        self.tried_within(retry, MOST_BETWEEN_TRIES);
+    }
+
+    /// A try failed: the next waits `first`, or twice the last wait, at most `most`.
+    fn tried_within(&mut self, first: Duration, most: Duration) {
+        let wait = self.backoff.unwrap_or(first).min(most);
         self.next_try = Instant::now() + wait;
-        self.backoff = Some((wait * 2).min(MOST_BETWEEN_TRIES));
+        self.backoff = Some((wait * 2).min(most));
+    }
+
+    /// A write to the spool failed: logged when the failing starts or its reason
+    /// changes, not on every try.
+    fn write_failed(&mut self, e: &StoreError) {
+        let why = e.to_string();
+        if self.failing.as_ref() != Some(&why) {
+            tracing::warn!(
+                "capture spool at {} cannot be written ({why}); its {} record(s) are kept, tried again at most every {} s until it can",
+                self.dir.display(),
+                self.held,
+                MOST_BETWEEN_OWN_TRIES.as_secs()
+            );
+            self.failing = Some(why);
+        }
+    }
+
+    /// A write to the spool succeeded: a failing that was logged is over.
+    fn write_ok(&mut self) {
+        if self.failing.take().is_some() {
+            tracing::info!(
+                "capture spool at {} can be written again",
+                self.dir.display()
+            );
+        }
     }
 }

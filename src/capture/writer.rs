@@ -57,14 +57,21 @@ impl Writer {
                 let mut state = self.shared.lock();
                 let mut waited = false;
                 while state.items.is_empty() && !state.closed {
-                    if self.spool.as_ref().is_some_and(spool::Spool::due) {
+                    // A drain is due only once the store is free: with a call still
+                    // outstanding, breaking here would spin until it answers.
+                    if self.store.outstanding == 0
+                        && self.spool.as_ref().is_some_and(spool::Spool::due)
+                    {
                         break;
                     }
                     let wait = if self.store.outstanding > 0 {
                         POLL
                     } else {
                         match &self.spool {
-                            Some(s) if s.held() > 0 => DRAIN_RETRY,
+                            // Until the next try is due (sooner after a spool write failed).
+                            Some(s) if s.held() > 0 => {
+                                s.until_due().clamp(Duration::from_millis(1), DRAIN_RETRY)
+                            }
                             _ => PRUNE_EVERY,
                         }
                     };
@@ -168,11 +175,15 @@ impl Writer {
                 }
             }
         }
-        if self.spool.is_some()
-            && (self.store.outstanding > 0 || self.spool.as_ref().is_some_and(|s| s.held() > 0))
+        if self
+            .spool
+            .as_ref()
+            .is_some_and(|s| self.store.outstanding > 0 || (s.held() > 0 && !s.failing()))
         {
             // Behind what already waits (or while the store has not answered), so
-            // the store gets records in order and the writer never waits on it.
+            // the store gets records in order and the writer never waits on it. A
+            // spool that cannot be written (its disk full) is passed by: the store,
+            // if it answers, is the only place left for them.
             self.spool_records(records);
             return;
         }
@@ -246,6 +257,10 @@ impl Writer {
                 spooled,
                 rejected,
             } if spooled.is_empty() => {
+                self.store.away = false;
+                if let Some(spool) = self.spool.as_mut() {
+                    spool.store_answers();
+                }
                 self.rejected(rejected);
                 self.stored(n);
             }
@@ -254,33 +269,23 @@ impl Writer {
                 spooled,
                 rejected,
             } => {
+                self.store.away = false;
                 self.rejected(rejected);
                 let Some(spool) = self.spool.as_mut() else {
                     return;
                 };
-                if let Err(e) = spool.moved(&spooled) {
-                    tracing::warn!("capture spool could not forget moved records: {e}");
-                }
-                self.shared.spooled.store(spool.held(), Ordering::SeqCst);
+                // Kept to be deleted later if the spool cannot delete them now.
+                spool.moved(&spooled);
                 self.shared.written.fetch_add(n, Ordering::SeqCst);
-                // The store took them and the spool has room again: a full spool had
-                // marked the capture failing.
-                self.shared.healthy.store(true, Ordering::SeqCst);
-                if spool.held() == 0 {
-                    // What went wrong is over: /healthz no longer shows it.
-                    *self
-                        .shared
-                        .last_error
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner()) = None;
-                    tracing::info!("capture store is back: the spool is drained");
-                }
+                self.spool_shrank();
             }
             Done::NotInserted { spooled, error, .. } if !spooled.is_empty() => {
                 if let Some(spool) = self.spool.as_mut() {
                     spool.tried(DRAIN_RETRY);
                 }
-                if !matches!(error, StoreError::Unreachable(_) | StoreError::Tls(_)) {
+                if matches!(error, StoreError::Unreachable(_) | StoreError::Tls(_)) {
+                    self.store.away = true;
+                } else {
                     tracing::warn!("capture spool could not drain: {error}");
                 }
             }
@@ -291,11 +296,13 @@ impl Writer {
                 error: StoreError::Unreachable(why) | StoreError::Tls(why),
                 ..
             } if self.spool.is_some() => {
-                let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());
-                tracing::warn!(
-                    "capture store unreachable ({why}); records wait in the spool at {} until it is back",
-                    dir.unwrap_or_default()
-                );
+                if !std::mem::replace(&mut self.store.away, true) {
+                    let dir = self.spool.as_ref().map(|s| s.dir().display().to_string());
+                    tracing::warn!(
+                        "capture store unreachable ({why}); records wait in the spool at {} until it is back",
+                        dir.unwrap_or_default()
+                    );
+                }
                 if let Some(spool) = self.spool.as_mut() {
                     spool.tried(DRAIN_RETRY);
                 }
@@ -339,23 +346,62 @@ impl Writer {
         }
     }
 
-    fn stored(&self, n: u64) {
-        self.shared.written.fetch_add(n, Ordering::SeqCst);
-        self.shared.healthy.store(true, Ordering::SeqCst);
+    /// Records left the spool for the store: the store took them, and the spool has
+    /// room again (a full spool had marked the capture failing); once it is empty,
+    /// what went wrong is over and /healthz no longer shows it.
+    fn spool_shrank(&mut self) {
+        let Some(spool) = self.spool.as_ref() else {
+            return;
+        };
+        self.shared.spooled.store(spool.held(), Ordering::SeqCst);
+        self.healthy();
+        if spool.held() == 0 {
+            *self
+                .shared
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner()) = None;
+            tracing::info!("capture store is back: the spool is drained");
+        }
     }
 
+    fn stored(&self, n: u64) {
+        self.shared.written.fetch_add(n, Ordering::SeqCst);
+        self.healthy();
+    }
+
+    /// A write succeeded: a failing capture is well again, said once.
+    fn healthy(&self) {
+        if !self.shared.healthy.swap(true, Ordering::SeqCst) {
+            tracing::info!(
+                failed_total = self.shared.failed.load(Ordering::SeqCst),
+                "capture writes again"
+            );
+        }
+    }
+
+    /// Records counted failed; logged when the capture starts failing or the reason
+    /// changes, not for every batch (the count is in /healthz and /metrics).
     fn failed(&self, n: u64, e: StoreError) {
         let failed = self.shared.failed.fetch_add(n, Ordering::SeqCst) + n;
-        self.shared.healthy.store(false, Ordering::SeqCst);
-        *self
-            .shared
-            .last_error
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(e.to_string());
-        tracing::error!(
-            failed_total = failed,
-            "capture store failed to write {n} record(s): {e}"
-        );
+        let was_healthy = self.shared.healthy.swap(false, Ordering::SeqCst);
+        let why = e.to_string();
+        let changed = {
+            let mut last = self
+                .shared
+                .last_error
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            let changed = last.as_deref() != Some(why.as_str());
+            *last = Some(why);
+            changed
+        };
+        if was_healthy || changed {
+            tracing::error!(
+                failed_total = failed,
+                "capture store failed to write {n} record(s): {e}; later failures are counted, not logged, until it writes again"
+            );
+        }
     }
 
     /// Into the spool: a record there counts as kept, so `capture.required` admits
@@ -367,7 +413,7 @@ impl Writer {
         let kept = spool.keep(&records);
         self.shared.spooled.store(spool.held(), Ordering::SeqCst);
         match kept {
-            Ok(()) => self.shared.healthy.store(true, Ordering::SeqCst),
+            Ok(()) => self.healthy(),
             Err(e) => self.failed(records.len() as u64, e),
         }
     }
@@ -380,6 +426,15 @@ impl Writer {
             let Some(spool) = self.spool.as_mut().filter(|s| s.due()) else {
                 return;
             };
+            // What the store already took is deleted first; until it is, nothing moves.
+            let before = spool.held();
+            if !spool.forget_moved() {
+                return;
+            }
+            if spool.held() < before {
+                self.spool_shrank();
+                continue;
+            }
             let (spooled, records) = match spool.oldest() {
                 Ok(batch) => batch,
                 Err(e) => {
@@ -432,6 +487,8 @@ pub(super) struct StoreThread {
     done: mpsc::Receiver<Done>,
     /// Jobs sent and not answered yet.
     outstanding: usize,
+    /// The store's last answer was that it is away: said once, not per batch.
+    away: bool,
 }
 
 impl StoreThread {
@@ -498,6 +555,7 @@ impl StoreThread {
             jobs,
             done,
             outstanding: 0,
+            away: false,
         })
     }
 
