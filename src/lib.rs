@@ -32,7 +32,7 @@
 //!   [`record`]; the analysis knows nothing of records): per request the prefix
 //!   chain over the model's units, the prediction, the verdict against `usage`, the
 //!   cost; and `cache report`, built from the stored records.
-//! - [`capture`]: redaction, the stored record, the store (SQLite, or PostgreSQL
+//! - [`capture`]: the stored record, the store (SQLite, or PostgreSQL
 //!   for a fleet, with a local spool while it is away; each distinct unit of the
 //!   model kept once, a body as its skeleton and units), exports; redacted on the
 //!   capture writer's thread and written on the store's own, off the request path.
@@ -45,7 +45,8 @@
 //! what `serve` runs, and tests start in-process), [`cli`] (the command line), [`config`] (flags + `promptgate.toml`),
 //! [`setting`] (a setting's value as typed and its parsers, the leaf every module's settings share),
 //! [`conversation`] (which agent conversation an exchange belongs to),
-//! [`tls`] (the local CA and its leaf certificates), [`logging`], [`digest`] (the
+//! [`tls`] (the local CA and its leaf certificates), [`logging`],
+//! [`redact`] (the one redactor everything leaving the process goes through), [`digest`] (the
 //! content digests: BLAKE3, and SHA-256 for fingerprints), [`id`] (sortable exchange
 //! ids) and [`error`] (what can go wrong in one exchange, and how it is told to the
 //! client).
@@ -70,6 +71,7 @@ pub mod observer;
 pub mod prompt;
 pub mod provider;
 pub mod record;
+pub mod redact;
 pub mod replay;
 pub mod rules;
 pub mod runtime;

@@ -13,12 +13,12 @@ use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-use crate::capture::redact::{Redactor, Summary};
 use crate::capture::store::Row;
 use crate::id::ExchangeId;
 use crate::observer::EventSplitter;
 use crate::provider::{Api, Provider};
 use crate::record::ExchangeRecord;
+use crate::redact::{Redactor, Summary};
 
 /// Events a slow viewer may fall behind by before it is told to fill the gap.
 const BACKLOG: usize = 1024;

@@ -20,8 +20,8 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
 
-use crate::capture::redact::{Redactor, Summary};
 use crate::record::{ExchangeRecord, RecordSink};
+use crate::redact::{Redactor, Summary};
 
 /// Log line format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -14,7 +14,6 @@ use tokio::net::TcpListener;
 
 use crate::admin::{AdminGuard, AdminState};
 use crate::cache::{CacheStage, Clock};
-use crate::capture::redact::Redactor;
 use crate::capture::{Capture, StoreLocation};
 use crate::config::Config;
 use crate::exchange::Proxy;
@@ -22,6 +21,7 @@ use crate::listener::Workers;
 use crate::logging::ExchangeLog;
 use crate::metrics::{Metrics, Sources};
 use crate::record::{RecordSink, Recorder};
+use crate::redact::Redactor;
 use crate::rules::reload::LiveRules;
 use crate::runtime::Running;
 use crate::tls;

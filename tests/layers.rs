@@ -28,6 +28,7 @@ const LAYERS: &[&[&str]] = &[
         "conversation",
         "tls",
         "logging",
+        "redact",
         "runtime",
         "setting",
         "digest",

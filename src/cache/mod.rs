@@ -801,7 +801,7 @@ fn credential(headers: &HeaderMap) -> Option<(&'static str, http::HeaderValue)> 
 fn workspace((name, value): &(&'static str, http::HeaderValue)) -> String {
     format!(
         "ws:{}",
-        crate::capture::redact::credential_id(name, value.as_bytes())
+        crate::redact::credential_id(name, value.as_bytes())
     )
 }
 

@@ -9,7 +9,6 @@ pub mod analysis;
 pub mod export;
 pub mod layout;
 pub mod record;
-pub mod redact;
 pub mod settings;
 mod spool;
 pub mod store;
@@ -26,9 +25,9 @@ use std::time::{Duration, Instant};
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
 use crate::record::{ExchangeRecord, RecordSink};
+use crate::redact::Redactor;
 
 pub use record::CaptureRecord;
-pub use redact::Redactor;
 pub use settings::{CaptureLayer, CaptureSettings};
 pub use store::{Store, StoreError, StoreLocation};
 

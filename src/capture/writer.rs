@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use super::record::{self, CaptureRecord};
 use super::spool;
 use super::store::{self, Store, StoreError, StoreLocation};
-use super::{BATCH, Redactor, Shared, timestamp};
+use super::{BATCH, Shared, timestamp};
 use crate::conversation::KeySource;
 use crate::record::ExchangeRecord;
+use crate::redact::Redactor;
 
 /// How often the writer applies the retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
