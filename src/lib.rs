@@ -31,10 +31,11 @@
 //! - [`cache`]: prompt-cache analysis, a record stage (the adapter lives in
 //!   [`record`]; the analysis knows nothing of records): per request the prefix
 //!   chain over the model's units, the prediction, the verdict against `usage`, the
-//!   cost; and `cache report`, built from the stored records.
+//!   cost; the fleet's shared history comes through a trait capture's store implements.
 //! - [`capture`]: the stored record, the store (SQLite, or PostgreSQL
 //!   for a fleet, with a local spool while it is away; each distinct unit of the
-//!   model kept once, a body as its skeleton and units), exports; redacted on the
+//!   model kept once, a body as its skeleton and units), exports, `cache report`
+//!   (built from the stored records); redacted on the
 //!   capture writer's thread and written on the store's own, off the request path.
 //! - [`metrics`] and [`traces`]: record sinks too: the Prometheus series served at
 //!   `/metrics`, and a span per exchange sent to an OTLP collector.

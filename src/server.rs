@@ -100,7 +100,9 @@ pub async fn serve(
     let mut cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock);
     // Turns of one conversation may reach any replica sharing a PostgreSQL store.
     if let (Some(_), store @ StoreLocation::Postgres(_)) = (&capture, &config.capture.store) {
-        cache = cache.sharing(store.clone());
+        cache = cache.sharing(Arc::new(crate::capture::fleet::FleetStore::new(
+            store.clone(),
+        )));
     }
     let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
         redactor: redactor.clone(),

@@ -6,7 +6,9 @@
 //! refused). It never holds a stream's bytes back.
 
 pub mod analysis;
+pub mod cache_report;
 pub mod export;
+pub mod fleet;
 pub mod layout;
 pub mod record;
 pub mod settings;
