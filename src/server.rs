@@ -174,7 +174,10 @@ pub async fn serve(
         pid: std::process::id(),
         listen: local,
         admin: admin_addr,
-        captures: config.capture.enabled.then(|| config.capture.store.clone()),
+        captures: config
+            .capture
+            .enabled
+            .then(|| config.capture.store.to_string()),
         certs: config.certs.clone(),
         started_ms: crate::capture::timestamp::now_ms(),
         probe_token: Some(probe_token.to_string()),
