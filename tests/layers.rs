@@ -22,10 +22,11 @@ const LAYERS: &[&[&str]] = &[
     &["cache"],
     &["upstream", "observer"],
     &["policy", "rules"],
+    // which conversation an exchange belongs to: read from the prompt model
+    &["conversation"],
     &["prompt"],
     &["provider"],
     &[
-        "conversation",
         "tls",
         "logging",
         "redact",
