@@ -918,7 +918,7 @@ fn error_response(
         code: error.kind.code(),
         message: &error.message,
         retry: error.kind.should_retry(),
-        outcome: error.kind.outcome(),
+        outcome: error.kind.into(),
     };
     own_error(pending, provider, own)
 }

@@ -16,6 +16,7 @@ use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use crate::error::ErrorKind;
 use crate::id::ExchangeId;
 use crate::observer::Observation;
 use crate::prompt::{Format, Prompt, PromptCell};
@@ -68,6 +69,24 @@ impl Outcome {
             Outcome::Shutdown => "shutdown",
             Outcome::CaptureUnavailable => "capture_unavailable",
             Outcome::StallAborted => "stall_aborted",
+        }
+    }
+}
+
+impl From<ErrorKind> for Outcome {
+    /// The outcome recorded for an exchange that ended with an error of `kind`.
+    fn from(kind: ErrorKind) -> Outcome {
+        match kind {
+            ErrorKind::NoRoute => Outcome::NoRoute,
+            ErrorKind::BodyTooLarge => Outcome::TooLarge,
+            ErrorKind::BadRequestBody => Outcome::BadRequest,
+            ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
+            ErrorKind::BodyTimeout => Outcome::BadRequest,
+            ErrorKind::UpstreamConnect => Outcome::UpstreamError,
+            ErrorKind::UpstreamTls => Outcome::UpstreamError,
+            ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
+            ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
+            ErrorKind::CaptureUnavailable => Outcome::CaptureUnavailable,
         }
     }
 }
