@@ -37,6 +37,7 @@
 //!   model kept once, a body as its skeleton and units), exports, `cache report`
 //!   (built from the stored records); redacted on the
 //!   capture writer's thread and written on the store's own, off the request path.
+//! - [`exchange_log`]: a record sink: the one log line every exchange writes.
 //! - [`metrics`] and [`traces`]: record sinks too: the Prometheus series served at
 //!   `/metrics`, and a span per exchange sent to an OTLP collector.
 //! - [`admin`]: the read-only local HTTP API over the captures, `/metrics`,
@@ -63,6 +64,7 @@ pub mod conversation;
 pub mod digest;
 pub mod error;
 pub mod exchange;
+pub mod exchange_log;
 pub mod id;
 pub mod listener;
 pub mod live;

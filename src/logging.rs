@@ -1,4 +1,4 @@
-//! Log setup, and the one line every exchange writes.
+//! Log setup (the one line every exchange writes is `exchange_log`'s).
 //!
 //! Logs go to stderr as text or JSON (`--log-format`). The level comes from
 //! `PROMPTGATE_LOG` (default `info`). Libraries that can print header values at
@@ -20,7 +20,6 @@ use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 use tracing_subscriber::{Layer, fmt};
 
-use crate::record::{ExchangeRecord, RecordSink};
 use crate::redact::{Redactor, Summary};
 
 /// Log line format.
@@ -240,49 +239,6 @@ impl Write for RedactedLine<'_> {
     }
 }
 
-/// Writes one log line per exchange.
-#[derive(Debug)]
-pub struct ExchangeLog {
-    /// The capture's redactor: the path is shown as the record stores it.
-    pub redactor: Arc<Redactor>,
-}
-
-impl RecordSink for ExchangeLog {
-    fn record(&self, r: &ExchangeRecord) {
-        let usage = r
-            .observation
-            .as_ref()
-            .and_then(|o| o.summary.usage.as_ref());
-        tracing::info!(
-            target: "promptgate::exchange",
-            id = %r.id,
-            mode = r.mode.name(),
-            method = %r.method,
-            host = r.host.as_deref(),
-            path = %self.redactor.path(&r.path, &mut Summary::new()),
-            provider = r.provider.map(|p| p.name()),
-            model = r.model.as_deref(),
-            status = r.status.map(|s| s.as_u16()),
-            outcome = r.outcome.name(),
-            first_byte_ms = r.timing.first_byte.map(|d| d.as_millis() as u64),
-            total_ms = r.timing.total.as_millis() as u64,
-            bytes_in = r.bytes_in,
-            bytes_out = r.bytes_out,
-            in_tokens = usage.map(|u| u.input_tokens),
-            cache_read = usage.map(|u| u.cache_read_tokens),
-            cache_write = usage.map(|u| u.cache_write_tokens),
-            out_tokens = usage.map(|u| u.output_tokens),
-            rules = (!r.rules_fired.is_empty()).then(|| r.rules_fired.join(",")),
-            tags = (!r.tags.is_empty()).then(|| r.tags.join(",")),
-            cache = r.cache.as_ref().map(|c| c.log_field()),
-            stall_ms = r.stall.map(|s| s.longest_ms),
-            error = r.error.as_deref(),
-            parse_error = r.observation.as_ref().and_then(|o| o.parse_error.as_deref()),
-            "exchange"
-        );
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Mutex;
@@ -291,9 +247,11 @@ mod tests {
     use http::{Method, StatusCode};
 
     use super::*;
+    use crate::exchange_log::ExchangeLog;
     use crate::id::ExchangeId;
     use crate::observer::{BodyFormat, Observation};
     use crate::provider::{Provider, ResponseSummary, Usage};
+    use crate::record::{ExchangeRecord, RecordSink};
 
     /// What a subscriber wrote.
     #[derive(Clone, Default)]
