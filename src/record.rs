@@ -307,6 +307,16 @@ impl ExchangeRecord {
     }
 }
 
+/// Told of each record once the capture stored it (the live feed, wired by the
+/// server): a sink that stores tells whoever shows stored records, through this.
+pub trait StoredNotice: Send + Sync {
+    /// Whether anybody listens now: stored rows are read back only then.
+    fn watched(&self) -> bool;
+
+    /// A record was stored: its place in storing order and its listing row as JSON.
+    fn stored(&self, seq: i64, row: &[u8]);
+}
+
 /// Receives every finished record.
 pub trait RecordSink: Send + Sync {
     /// Takes a finished record. Must not block: a sink that is full drops the record,

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
-use crate::record::{ExchangeRecord, RecordSink};
+use crate::record::{ExchangeRecord, RecordSink, StoredNotice};
 use crate::redact::Redactor;
 
 pub use record::CaptureRecord;
@@ -153,7 +153,7 @@ impl Capture {
         settings: &CaptureSettings,
         keys: KeySource,
         redactor: Arc<Redactor>,
-        live: Option<Arc<crate::live::LiveFeed>>,
+        live: Option<Arc<dyn StoredNotice>>,
     ) -> Result<Arc<Capture>, StoreError> {
         let mut store = match Store::open(&settings.store) {
             Ok(store) => Some(store),

@@ -14,7 +14,7 @@ use super::spool;
 use super::store::{self, Store, StoreError, StoreLocation};
 use super::{BATCH, Shared, timestamp};
 use crate::conversation::KeySource;
-use crate::record::ExchangeRecord;
+use crate::record::{ExchangeRecord, StoredNotice};
 use crate::redact::Redactor;
 
 /// How often the writer applies the retention.
@@ -388,7 +388,7 @@ impl StoreThread {
     pub(super) fn start(
         store: Option<Store>,
         location: StoreLocation,
-        live: Option<Arc<crate::live::LiveFeed>>,
+        live: Option<Arc<dyn StoredNotice>>,
     ) -> Result<StoreThread, StoreError> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (outbox, done) = mpsc::channel::<Done>();
@@ -522,7 +522,7 @@ impl BlockedRepeats {
 /// are read back and announced.
 fn insert_announced(
     store: &mut Store,
-    live: Option<&crate::live::LiveFeed>,
+    live: Option<&dyn StoredNotice>,
     records: &[CaptureRecord],
 ) -> Result<(), StoreError> {
     let watched = live.filter(|l| l.watched());
@@ -536,7 +536,9 @@ fn insert_announced(
         match store.list(&after) {
             Ok(mut rows) => {
                 rows.sort_by_key(|r| r.seq);
-                live.stored(&rows);
+                for row in &rows {
+                    live.stored(row.seq, &serde_json::to_vec(row).unwrap_or_default());
+                }
             }
             Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
         }
