@@ -19,7 +19,7 @@ use crate::config::Config;
 use crate::exchange::Proxy;
 use crate::exchange_log::ExchangeLog;
 use crate::listener::Workers;
-use crate::metrics::{Metrics, Sources};
+use crate::metrics::{CaptureState, Metrics, Read, Sources, SpanCounts};
 use crate::record::{RecordSink, Recorder};
 use crate::redact::Redactor;
 use crate::rules::reload::LiveRules;
@@ -186,18 +186,29 @@ pub async fn serve(
     let stopping = Arc::new(AtomicBool::new(false));
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
+        let connections = workers.counts();
         let sources = Sources {
             recorder: recorder.clone(),
-            capture: capture.clone(),
-            capture_dir: config
+            capture: capture
+                .clone()
+                .map(|c| -> Read<CaptureState> { Arc::new(move || capture_state(&c)) }),
+            capture_store_bytes: config
                 .capture
                 .enabled
                 .then(|| config.capture.store.dir().map(Path::to_path_buf))
-                .flatten(),
+                .flatten()
+                .map(|dir| -> Read<u64> {
+                    Arc::new(move || crate::capture::store::size_on_disk(&dir))
+                }),
             rules: rules.clone(),
             leaves,
-            connections: workers.counts(),
-            export: export_counts,
+            connections: Arc::new(move || connections.snapshot()),
+            export: export_counts.map(|counts| -> Read<SpanCounts> {
+                Arc::new(move || SpanCounts {
+                    exported: counts.exported.load(Ordering::Relaxed),
+                    dropped: counts.dropped.load(Ordering::Relaxed),
+                })
+            }),
             started: std::time::Instant::now(),
         };
         let state = Arc::new(AdminState {
@@ -231,6 +242,18 @@ pub async fn serve(
     .await
     .context("closing the record pipeline")?;
     Ok(())
+}
+
+/// The capture pipeline as the metrics show it.
+fn capture_state(capture: &Capture) -> CaptureState {
+    let counts = capture.counters();
+    CaptureState {
+        queued_bytes: counts.queued_bytes,
+        spooled: capture.spool_dir().is_some().then_some(counts.spooled),
+        written: counts.written,
+        dropped: counts.dropped,
+        failed: counts.failed,
+    }
 }
 
 /// The one line promptgate prints when it serves: where, the rules in force, and

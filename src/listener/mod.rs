@@ -34,6 +34,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::exchange::{Begun, Proxy, ProxyBody};
+use crate::metrics::Connections;
 use crate::record::Recorder;
 use crate::tls::Interception;
 
@@ -46,22 +47,9 @@ pub struct ConnectionCounts {
     tunnelled: AtomicU64,
 }
 
-/// [`ConnectionCounts`] read at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConnectionCount {
-    /// TCP connections admitted.
-    pub accepted: u64,
-    /// TCP connections refused past a cap.
-    pub refused: u64,
-    /// CONNECT tunnels whose TLS promptgate terminated.
-    pub intercepted: u64,
-    /// CONNECT tunnels relayed blind.
-    pub tunnelled: u64,
-}
-
 impl ConnectionCounts {
-    pub fn snapshot(&self) -> ConnectionCount {
-        ConnectionCount {
+    pub fn snapshot(&self) -> Connections {
+        Connections {
             accepted: self.accepted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             intercepted: self.intercepted.load(Ordering::Relaxed),
