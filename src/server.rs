@@ -22,7 +22,8 @@ use crate::listener::Workers;
 use crate::metrics::{CaptureState, Metrics, Read, Sources, SpanCounts};
 use crate::record::{RecordSink, Recorder};
 use crate::redact::Redactor;
-use crate::rules::reload::LiveRules;
+use crate::rules::reload::{self, LiveRules};
+use crate::rules::{LoadError, RuleSet, read_dir};
 use crate::runtime::Running;
 use crate::tls;
 use crate::traces::export::SpanExporter;
@@ -59,7 +60,7 @@ pub async fn serve(
         announce,
     } = options;
     // Everything that can refuse to start does so before the store is created.
-    let rules = crate::cli::rules::load_for_serve(&config)?;
+    let rules = load_rules(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let leaves = load_ca(&config)?;
     let local = listener
@@ -242,6 +243,49 @@ pub async fn serve(
     .await
     .context("closing the record pipeline")?;
     Ok(())
+}
+
+/// The live rules for `serve`, watched for changes. A missing default directory
+/// means no rules until it appears; a missing explicit one, or one that does not
+/// compile, is an error.
+fn load_rules(config: &Config) -> anyhow::Result<Arc<LiveRules>> {
+    let dir = &config.rules_dir;
+    let (live, loaded) = if dir.is_dir() {
+        let sources = read_dir(dir);
+        let set = sources
+            .compile(dir, &|name| std::env::var(name).ok())
+            .map_err(|errors| anyhow::anyhow!("{}", errors_text(&errors)))?;
+        tracing::info!(
+            target: "promptgate::rules",
+            rules = set.rules().len(),
+            files = set.files.len(),
+            dir = %dir.display(),
+            "rules loaded"
+        );
+        reload::log_warnings(&set);
+        (LiveRules::new(set), Some(sources))
+    } else if config.rules_explicit {
+        anyhow::bail!("rules directory {} does not exist (--rules)", dir.display());
+    } else {
+        tracing::info!(
+            target: "promptgate::rules",
+            dir = %dir.display(),
+            "no rules directory yet; no rules apply until it appears, then it is loaded"
+        );
+        (LiveRules::new(RuleSet::default()), None)
+    };
+    let live = Arc::new(live);
+    reload::watch(live.clone(), dir.clone(), loaded)
+        .with_context(|| format!("watching {} for changes", dir.display()))?;
+    Ok(live)
+}
+
+fn errors_text(errors: &[LoadError]) -> String {
+    let mut text = format!("{} error(s) in the rules:", errors.len());
+    for e in errors {
+        text.push_str(&format!("\n{e}"));
+    }
+    text
 }
 
 /// The capture pipeline as the metrics show it.
