@@ -21,7 +21,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::{BaseUrl, Config};
+use crate::config::Config;
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
 use crate::listener::head::Malformed;
@@ -33,6 +33,7 @@ use crate::record::{ExchangeRecord, Mode, Outcome, Recorder};
 use crate::rules::reload::LiveRules;
 use crate::rules::stream::{EventRules, StreamContext, StreamReport};
 use crate::rules::{RequestCtx, Verdict};
+use crate::setting::BaseUrl;
 use crate::upstream::{Upstream, UpstreamBody};
 
 /// Everything an exchange needs, shared by all of them.
