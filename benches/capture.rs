@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 use timing::time;
 
 use bytes::Bytes;
-use promptgate::capture::{CaptureRecord, Redactor, Store, StoreLocation};
+use promptgate::capture::{CaptureRecord, Store, StoreLocation};
 use promptgate::conversation::KeySource;
 use promptgate::id::ExchangeId;
 use promptgate::record::ExchangeRecord;
+use promptgate::redact::Redactor;
 
 fn main() {
     let redactor = Redactor::new(&[], &[]).expect("built-in patterns compile");

@@ -5,13 +5,10 @@
 //! every value is validated in one place and a bad one is reported the same way
 //! whichever layer it came from — with `file:line:col` when it came from the file.
 
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use http::Uri;
-use http::uri::{Authority, PathAndQuery, Scheme};
 use serde::Deserialize;
 
 use crate::capture::{CaptureLayer, CaptureSettings};
@@ -19,7 +16,7 @@ use crate::conversation::KeySource;
 use crate::listener::auth::ProxyCredentials;
 use crate::listener::intercept::InterceptList;
 use crate::logging::LogFormat;
-use crate::setting::{ConfigError, Scalar, nearest, parse_duration, parse_size};
+use crate::setting::{BaseUrl, ConfigError, Scalar, line_col, nearest, parse_duration, parse_size};
 
 /// Raw settings as written in the config file or given as flags.
 #[derive(Debug, Default, Clone, Deserialize)]
@@ -617,80 +614,6 @@ fn unknown_key(message: &str) -> Option<String> {
     Some(out)
 }
 
-/// 1-based line and column (in characters) of a byte offset.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, col)
-}
-
-/// An upstream origin with an optional base path: `https://api.anthropic.com`,
-/// `http://127.0.0.1:9000/prefix`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BaseUrl {
-    scheme: Scheme,
-    authority: Authority,
-    /// Without a trailing slash; empty for none.
-    base_path: String,
-}
-
-impl BaseUrl {
-    pub fn parse(text: &str) -> Result<BaseUrl, String> {
-        let uri: Uri = text.parse().map_err(|e| {
-            format!("{text:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")")
-        })?;
-        let scheme = uri.scheme().cloned().ok_or_else(|| {
-            format!("{text:?} has no scheme (expected e.g. \"https://api.anthropic.com\")")
-        })?;
-        if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
-            return Err(format!("{text:?}: the scheme must be http or https"));
-        }
-        let authority = uri
-            .authority()
-            .cloned()
-            .ok_or_else(|| format!("{text:?} has no host"))?;
-        if authority.as_str().contains('@') {
-            return Err(format!(
-                "{text:?}: credentials do not belong in the upstream URL"
-            ));
-        }
-        if uri.query().is_some() {
-            return Err(format!("{text:?}: an upstream URL takes no query string"));
-        }
-        Ok(BaseUrl {
-            scheme,
-            authority,
-            base_path: uri.path().trim_end_matches('/').to_owned(),
-        })
-    }
-
-    /// The upstream URI for a routed path and query.
-    pub fn join(&self, path: &PathAndQuery) -> Result<Uri, http::Error> {
-        let pq = if self.base_path.is_empty() {
-            path.clone()
-        } else {
-            PathAndQuery::try_from(format!("{}{}", self.base_path, path.as_str()))?
-        };
-        Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
-            .path_and_query(pq)
-            .build()
-    }
-
-    /// The host (and port, if given) requests go to.
-    pub fn authority(&self) -> &str {
-        self.authority.as_str()
-    }
-}
-
-impl fmt::Display for BaseUrl {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}{}", self.scheme, self.authority, self.base_path)
-    }
-}
-
 impl Config {
     /// What an exchange needs of the configuration.
     pub fn exchange_settings(&self) -> crate::exchange::Settings {
@@ -765,24 +688,6 @@ mod tests {
             let layer = parse_layer(bad, "p.toml").unwrap();
             assert!(Config::load(None, layer).is_err(), "{bad}");
         }
-    }
-
-    #[test]
-    fn base_urls_join_paths() {
-        let b = BaseUrl::parse("http://127.0.0.1:9000/").unwrap();
-        let p = PathAndQuery::from_static("/v1/messages?beta=true");
-        assert_eq!(
-            b.join(&p).unwrap().to_string(),
-            "http://127.0.0.1:9000/v1/messages?beta=true"
-        );
-        let b = BaseUrl::parse("https://gw.example/anthropic").unwrap();
-        assert_eq!(
-            b.join(&p).unwrap().to_string(),
-            "https://gw.example/anthropic/v1/messages?beta=true"
-        );
-        assert!(BaseUrl::parse("ftp://x").is_err());
-        assert!(BaseUrl::parse("api.anthropic.com").is_err());
-        assert!(BaseUrl::parse("https://user:pw@x").is_err());
     }
 
     #[test]

@@ -2,12 +2,10 @@
 //!
 //! Every [`ProxyError`] becomes a response in the provider's own error shape (see
 //! [`crate::provider::error_body`]), so agents print a readable message. The status,
-//! the machine code, the retry hint and the record outcome of each kind sit in one
-//! exhaustive match below.
+//! the machine code and the retry hint of each kind sit in one exhaustive match
+//! below (the record outcome of each kind is `record::Outcome`'s `From<ErrorKind>`).
 
 use http::StatusCode;
-
-use crate::record::Outcome;
 
 /// A failure that ends an exchange before a response from upstream reaches the client.
 /// An error and its causes on one line, without repeating a level.
@@ -105,22 +103,6 @@ impl ErrorKind {
             ErrorKind::UpstreamTimeout => true,
             ErrorKind::UpstreamProtocol => true,
             ErrorKind::CaptureUnavailable => true,
-        }
-    }
-
-    /// The outcome recorded for the exchange.
-    pub fn outcome(self) -> Outcome {
-        match self {
-            ErrorKind::NoRoute => Outcome::NoRoute,
-            ErrorKind::BodyTooLarge => Outcome::TooLarge,
-            ErrorKind::BadRequestBody => Outcome::BadRequest,
-            ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
-            ErrorKind::BodyTimeout => Outcome::BadRequest,
-            ErrorKind::UpstreamConnect => Outcome::UpstreamError,
-            ErrorKind::UpstreamTls => Outcome::UpstreamError,
-            ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
-            ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
-            ErrorKind::CaptureUnavailable => Outcome::CaptureUnavailable,
         }
     }
 }

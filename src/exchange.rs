@@ -22,7 +22,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::config::BaseUrl;
+use crate::setting::BaseUrl;
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
 use crate::observer::decode::{self, DecodeError};
@@ -832,9 +832,9 @@ impl Proxy {
                 });
                 tracing::warn!(
                     id = %record.id,
-                    model = %crate::capture::redact::cut(
+                    model = %crate::redact::cut(
                         record.model.as_deref().unwrap_or("-"),
-                        crate::capture::redact::NAME_MAX
+                        crate::redact::NAME_MAX
                     ),
                     bytes = 0,
                     last_event = "-",
@@ -1154,7 +1154,7 @@ fn error_response(
         code: error.kind.code(),
         message: &error.message,
         retry: error.kind.should_retry(),
-        outcome: error.kind.outcome(),
+        outcome: error.kind.into(),
     };
     own_error(pending, provider, own)
 }

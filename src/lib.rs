@@ -22,12 +22,14 @@
 //! 3. [`admin`] (the local API, `/metrics`, the live feed, the viewer),
 //!    [`listener`] (connections, CONNECT, shutdown), [`replay`], [`config`] (flags,
 //!    environment and `promptgate.toml` merged into one `Config`).
-//! 4. The sinks, which read the finished record: [`capture`] (the store, exports),
-//!    [`metrics`], [`traces`] (OTLP), [`live`] (the viewer's feed).
+//! 4. The sinks, which read the finished record: [`capture`] (the store, exports,
+//!    `cache report`), [`exchange_log`] (the one log line per exchange), [`metrics`],
+//!    [`traces`] (OTLP), [`live`] (the viewer's feed).
 //! 5. [`exchange`]: the `Exchange` value and the driver of its phases.
 //! 6. [`record`]: the record every exchange ends as, the stage and sink contracts,
 //!    the in-flight watcher contract (`record::InFlight`) the live feed implements.
-//! 7. [`cache`]: prompt-cache analysis over the prompt model's units.
+//! 7. [`cache`]: prompt-cache analysis over the prompt model's units (the fleet's
+//!    shared history comes through a trait capture's store implements).
 //! 8. [`upstream`] (the pooled client to the providers), [`observer`] (a copy of
 //!    each response: usage, the message, stalls).
 //! 9. [`policy`]: the phase contract every policy implements; [`rules`] (the TOML
@@ -36,7 +38,9 @@
 //!     digests), read once on first use and shared.
 //! 11. [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
 //!     the SSE grammar, usage, the model sniff.
-//! 12. Leaves: [`conversation`] (which conversation an exchange belongs to), [`tls`]
+//! 12. [`conversation`]: which agent conversation an exchange belongs to.
+//! 13. Leaves: [`redact`] (the one redactor everything leaving the process goes
+//!     through), [`tls`]
 //!     (the local CA and leaves), [`logging`], [`runtime`] (the data directory and the
 //!     running instance), [`setting`] (a setting's value and its parsers), [`digest`],
 //!     [`id`], [`error`] (what can go wrong in one exchange, and its client answer).
@@ -52,6 +56,7 @@ pub mod conversation;
 pub mod digest;
 pub mod error;
 pub mod exchange;
+pub mod exchange_log;
 pub mod id;
 pub mod listener;
 pub mod live;
@@ -62,6 +67,7 @@ pub mod policy;
 pub mod prompt;
 pub mod provider;
 pub mod record;
+pub mod redact;
 pub mod replay;
 pub mod rules;
 pub mod runtime;

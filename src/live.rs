@@ -13,12 +13,11 @@ use bytes::Bytes;
 use serde_json::json;
 use tokio::sync::broadcast;
 
-use crate::capture::redact::{Redactor, Summary};
-use crate::capture::store::Row;
 use crate::id::ExchangeId;
 use crate::observer::EventSplitter;
 use crate::provider::{Api, Provider};
-use crate::record::ExchangeRecord;
+use crate::record::{ExchangeRecord, StoredNotice};
+use crate::redact::{Redactor, Summary};
 
 /// Events a slow viewer may fall behind by before it is told to fill the gap.
 const BACKLOG: usize = 1024;
@@ -83,7 +82,12 @@ impl LiveFeed {
 
     fn publish(&self, name: &'static str, seq: Option<i64>, data: &impl serde::Serialize) {
         let data = serde_json::to_vec(data).unwrap_or_default();
-        let frame = sse_frame(name, seq, &data);
+        self.publish_json(name, seq, &data);
+    }
+
+    /// [`publish`](Self::publish) of data already written as JSON.
+    fn publish_json(&self, name: &'static str, seq: Option<i64>, data: &[u8]) {
+        let frame = sse_frame(name, seq, data);
         // An error only says nobody watches.
         let _ = self.tx.send(LiveEvent { seq, frame });
     }
@@ -116,13 +120,6 @@ impl LiveFeed {
         );
     }
 
-    /// Records were stored: `rows`, in storing order.
-    pub fn stored(&self, rows: &[Row]) {
-        for row in rows {
-            self.publish("recorded", Some(row.seq), row);
-        }
-    }
-
     /// A tap on a response body, when somebody watches and the record keeps bodies.
     pub fn tap(self: &Arc<Self>, record: &ExchangeRecord, stream: bool) -> Option<LiveTap> {
         if !self.watched() || !record.capture {
@@ -141,6 +138,17 @@ impl LiveFeed {
             sent: None,
             stalled: None,
         })
+    }
+}
+
+impl StoredNotice for LiveFeed {
+    fn watched(&self) -> bool {
+        LiveFeed::watched(self)
+    }
+
+    /// Records were stored: each announced as `recorded`, in storing order.
+    fn stored(&self, seq: i64, row: &[u8]) {
+        self.publish_json("recorded", Some(seq), row);
     }
 }
 

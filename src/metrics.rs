@@ -12,7 +12,6 @@
 //! (names from the loaded set).
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -30,10 +29,8 @@ use prometheus_client::registry::Registry;
 use serde::Deserialize;
 
 use crate::cache::cost::{Price, Table};
-use crate::capture::Capture;
-use crate::capture::redact::{NAME_MAX, Redactor};
-use crate::listener::ConnectionCounts;
 use crate::record::{ExchangeRecord, Outcome, RecordSink, Recorder};
+use crate::redact::{NAME_MAX, Redactor};
 use crate::rules::reload::LiveRules;
 
 /// `[metrics]` in the config file, as written.
@@ -478,18 +475,59 @@ fn status_class(status: Option<http::StatusCode>) -> &'static str {
     }
 }
 
+/// Reads one part's state at scrape time; the server wires each to the part that
+/// counts it (the listener, the capture, the exporter), which metrics does not import.
+pub type Read<T> = Arc<dyn Fn() -> T + Send + Sync>;
+
+/// Client connections counted since start, read at one moment (the listener fills it).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Connections {
+    /// TCP connections admitted.
+    pub accepted: u64,
+    /// TCP connections refused past a cap.
+    pub refused: u64,
+    /// CONNECT tunnels whose TLS promptgate terminated.
+    pub intercepted: u64,
+    /// CONNECT tunnels relayed blind.
+    pub tunnelled: u64,
+}
+
+/// The capture pipeline now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CaptureState {
+    /// Bytes of records waiting for the capture writer.
+    pub queued_bytes: u64,
+    /// Records waiting in the local spool, when the store has one (PostgreSQL).
+    pub spooled: Option<u64>,
+    pub written: u64,
+    /// Records dropped because the queue stayed full.
+    pub dropped: u64,
+    /// Records the store failed to write.
+    pub failed: u64,
+}
+
+/// Spans handed to the OTLP exporter.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpanCounts {
+    pub exported: u64,
+    /// Dropped: the queue was full, or the collector failed or refused them.
+    pub dropped: u64,
+}
+
 /// What the state series are read from, at scrape time.
 #[derive(Clone)]
 pub struct Sources {
     pub recorder: Arc<Recorder>,
-    pub capture: Option<Arc<Capture>>,
-    /// The capture store's directory, for its size on disk.
-    pub capture_dir: Option<PathBuf>,
+    /// The capture pipeline, when capture is on.
+    pub capture: Option<Read<CaptureState>>,
+    /// The capture store's size on disk (database and write-ahead log), for a
+    /// store in a directory.
+    pub capture_store_bytes: Option<Read<u64>>,
     pub rules: Arc<LiveRules>,
     pub leaves: Option<Arc<crate::tls::Interception>>,
-    pub connections: Arc<ConnectionCounts>,
+    pub connections: Read<Connections>,
     /// The OTLP exporter's counts, when export is on.
-    pub export: Option<Arc<crate::traces::export::ExportCounts>>,
+    pub export: Option<Read<SpanCounts>>,
     pub started: Instant,
 }
 
@@ -552,7 +590,7 @@ impl Collector for Sources {
             "Exchanges begun and not yet recorded",
             as_i64(self.recorder.in_flight() as u64),
         )?;
-        let c = self.connections.snapshot();
+        let c = (self.connections)();
         family(
             e,
             "promptgate_connections",
@@ -602,19 +640,19 @@ impl Collector for Sources {
             as_i64(self.rules.snapshot().rules().len() as u64),
         )?;
         if let Some(capture) = &self.capture {
-            let counts = capture.counters();
+            let counts = capture();
             gauge(
                 e,
                 "promptgate_capture_queue_bytes",
                 "Bytes of records waiting for the capture writer",
                 as_i64(counts.queued_bytes),
             )?;
-            if capture.spool_dir().is_some() {
+            if let Some(spooled) = counts.spooled {
                 gauge(
                     e,
                     "promptgate_capture_spool_records",
                     "Records waiting in the local spool for the PostgreSQL store to come back",
-                    as_i64(counts.spooled),
+                    as_i64(spooled),
                 )?;
             }
             family(
@@ -638,16 +676,16 @@ impl Collector for Sources {
                 ],
             )?;
         }
-        if let Some(dir) = &self.capture_dir {
+        if let Some(store_bytes) = &self.capture_store_bytes {
             gauge(
                 e,
                 "promptgate_capture_store_bytes",
                 "Size of the capture store on disk (database and write-ahead log)",
-                as_i64(crate::capture::store::size_on_disk(dir)),
+                as_i64(store_bytes()),
             )?;
         }
         if let Some(export) = &self.export {
-            use std::sync::atomic::Ordering::Relaxed;
+            let export = export();
             family(
                 e,
                 "promptgate_otlp_spans",
@@ -656,11 +694,11 @@ impl Collector for Sources {
                 &[
                     (
                         ResultLabels { result: "exported" },
-                        ConstCounter::new(export.exported.load(Relaxed)),
+                        ConstCounter::new(export.exported),
                     ),
                     (
                         ResultLabels { result: "dropped" },
-                        ConstCounter::new(export.dropped.load(Relaxed)),
+                        ConstCounter::new(export.dropped),
                     ),
                 ],
             )?;

@@ -16,6 +16,7 @@ use http::{HeaderMap, Method, StatusCode};
 use serde::Serialize;
 use tokio::sync::Notify;
 
+use crate::error::ErrorKind;
 use crate::id::ExchangeId;
 use crate::observer::Observation;
 use crate::prompt::{Format, Prompt, PromptCell};
@@ -84,6 +85,24 @@ impl Outcome {
             Outcome::Shutdown => "shutdown",
             Outcome::CaptureUnavailable => "capture_unavailable",
             Outcome::StallAborted => "stall_aborted",
+        }
+    }
+}
+
+impl From<ErrorKind> for Outcome {
+    /// The outcome recorded for an exchange that ended with an error of `kind`.
+    fn from(kind: ErrorKind) -> Outcome {
+        match kind {
+            ErrorKind::NoRoute => Outcome::NoRoute,
+            ErrorKind::BodyTooLarge => Outcome::TooLarge,
+            ErrorKind::BadRequestBody => Outcome::BadRequest,
+            ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
+            ErrorKind::BodyTimeout => Outcome::BadRequest,
+            ErrorKind::UpstreamConnect => Outcome::UpstreamError,
+            ErrorKind::UpstreamTls => Outcome::UpstreamError,
+            ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
+            ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
+            ErrorKind::CaptureUnavailable => Outcome::CaptureUnavailable,
         }
     }
 }
@@ -352,6 +371,16 @@ impl ExchangeRecord {
             stall: None,
         }
     }
+}
+
+/// Told of each record once the capture stored it (the live feed, wired by the
+/// server): a sink that stores tells whoever shows stored records, through this.
+pub trait StoredNotice: Send + Sync {
+    /// Whether anybody listens now: stored rows are read back only then.
+    fn watched(&self) -> bool;
+
+    /// A record was stored: its place in storing order and its listing row as JSON.
+    fn stored(&self, seq: i64, row: &[u8]);
 }
 
 /// Receives every finished record.

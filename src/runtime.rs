@@ -50,8 +50,9 @@ pub struct Running {
     pub pid: u32,
     pub listen: std::net::SocketAddr,
     pub admin: Option<std::net::SocketAddr>,
-    /// The capture store, when capture is on.
-    pub captures: Option<crate::capture::StoreLocation>,
+    /// The capture store's location as written (a directory or a PostgreSQL URL;
+    /// `capture::StoreLocation` parses it), when capture is on.
+    pub captures: Option<String>,
     pub certs: PathBuf,
     pub started_ms: u64,
     /// The token `doctor` marks its probe requests with ([`PROBE_HEADER`]): only this

@@ -14,17 +14,18 @@ use tokio::net::TcpListener;
 
 use crate::admin::{AdminGuard, AdminState};
 use crate::cache::{CacheStage, Clock};
-use crate::capture::redact::Redactor;
 use crate::capture::{Capture, StoreLocation};
 use crate::config::Config;
 use crate::exchange::Proxy;
+use crate::exchange_log::ExchangeLog;
 use crate::listener::Workers;
-use crate::logging::ExchangeLog;
-use crate::metrics::{Metrics, Sources};
+use crate::metrics::{CaptureState, Metrics, Read, Sources, SpanCounts};
 use crate::policy::PolicySource;
 use crate::record::InFlight;
 use crate::record::{RecordSink, Recorder};
-use crate::rules::reload::LiveRules;
+use crate::redact::Redactor;
+use crate::rules::reload::{self, LiveRules};
+use crate::rules::{LoadError, RuleSet, read_dir};
 use crate::runtime::Running;
 use crate::tls;
 use crate::traces::export::SpanExporter;
@@ -61,7 +62,7 @@ pub async fn serve(
         announce,
     } = options;
     // Everything that can refuse to start does so before the store is created.
-    let rules = crate::cli::rules::load_for_serve(&config)?;
+    let rules = load_rules(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
     let leaves = load_ca(&config)?;
     let local = listener
@@ -103,7 +104,9 @@ pub async fn serve(
         .redacting(redactor.clone());
     // Turns of one conversation may reach any replica sharing a PostgreSQL store.
     if let (Some(_), store @ StoreLocation::Postgres(_)) = (&capture, &config.capture.store) {
-        cache = cache.sharing(store.clone());
+        cache = cache.sharing(Arc::new(crate::capture::fleet::FleetStore::new(
+            store.clone(),
+        )));
     }
     let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
         redactor: redactor.clone(),
@@ -176,7 +179,10 @@ pub async fn serve(
         pid: std::process::id(),
         listen: local,
         admin: admin_addr,
-        captures: config.capture.enabled.then(|| config.capture.store.clone()),
+        captures: config
+            .capture
+            .enabled
+            .then(|| config.capture.store.to_string()),
         certs: config.certs.clone(),
         started_ms: crate::capture::timestamp::now_ms(),
         probe_token: Some(probe_token.to_string()),
@@ -185,18 +191,29 @@ pub async fn serve(
     let stopping = Arc::new(AtomicBool::new(false));
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
+        let connections = workers.counts();
         let sources = Sources {
             recorder: recorder.clone(),
-            capture: capture.clone(),
-            capture_dir: config
+            capture: capture
+                .clone()
+                .map(|c| -> Read<CaptureState> { Arc::new(move || capture_state(&c)) }),
+            capture_store_bytes: config
                 .capture
                 .enabled
                 .then(|| config.capture.store.dir().map(Path::to_path_buf))
-                .flatten(),
+                .flatten()
+                .map(|dir| -> Read<u64> {
+                    Arc::new(move || crate::capture::store::size_on_disk(&dir))
+                }),
             rules: rules.clone(),
             leaves,
-            connections: workers.counts(),
-            export: export_counts,
+            connections: Arc::new(move || connections.snapshot()),
+            export: export_counts.map(|counts| -> Read<SpanCounts> {
+                Arc::new(move || SpanCounts {
+                    exported: counts.exported.load(Ordering::Relaxed),
+                    dropped: counts.dropped.load(Ordering::Relaxed),
+                })
+            }),
             started: std::time::Instant::now(),
         };
         let state = Arc::new(AdminState {
@@ -231,6 +248,61 @@ pub async fn serve(
     .await
     .context("closing the record pipeline")?;
     Ok(())
+}
+
+/// The live rules for `serve`, watched for changes. A missing default directory
+/// means no rules until it appears; a missing explicit one, or one that does not
+/// compile, is an error.
+fn load_rules(config: &Config) -> anyhow::Result<Arc<LiveRules>> {
+    let dir = &config.rules_dir;
+    let (live, loaded) = if dir.is_dir() {
+        let sources = read_dir(dir);
+        let set = sources
+            .compile(dir, &|name| std::env::var(name).ok())
+            .map_err(|errors| anyhow::anyhow!("{}", errors_text(&errors)))?;
+        tracing::info!(
+            target: "promptgate::rules",
+            rules = set.rules().len(),
+            files = set.files.len(),
+            dir = %dir.display(),
+            "rules loaded"
+        );
+        reload::log_warnings(&set);
+        (LiveRules::new(set), Some(sources))
+    } else if config.rules_explicit {
+        anyhow::bail!("rules directory {} does not exist (--rules)", dir.display());
+    } else {
+        tracing::info!(
+            target: "promptgate::rules",
+            dir = %dir.display(),
+            "no rules directory yet; no rules apply until it appears, then it is loaded"
+        );
+        (LiveRules::new(RuleSet::default()), None)
+    };
+    let live = Arc::new(live);
+    reload::watch(live.clone(), dir.clone(), loaded)
+        .with_context(|| format!("watching {} for changes", dir.display()))?;
+    Ok(live)
+}
+
+fn errors_text(errors: &[LoadError]) -> String {
+    let mut text = format!("{} error(s) in the rules:", errors.len());
+    for e in errors {
+        text.push_str(&format!("\n{e}"));
+    }
+    text
+}
+
+/// The capture pipeline as the metrics show it.
+fn capture_state(capture: &Capture) -> CaptureState {
+    let counts = capture.counters();
+    CaptureState {
+        queued_bytes: counts.queued_bytes,
+        spooled: capture.spool_dir().is_some().then_some(counts.spooled),
+        written: counts.written,
+        dropped: counts.dropped,
+        failed: counts.failed,
+    }
 }
 
 /// The one line promptgate prints when it serves: where, the rules in force, and

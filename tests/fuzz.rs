@@ -22,7 +22,6 @@ use proptest::test_runner::FileFailurePersistence;
 use serde_json::Value;
 
 use promptgate::capture::record::CaptureRecord;
-use promptgate::capture::redact::{Redactor, Summary};
 use promptgate::conversation::KeySource;
 use promptgate::id::ExchangeId;
 use promptgate::observer::SseDecoder;
@@ -30,6 +29,7 @@ use promptgate::observer::decode::{self, DecodeError};
 use promptgate::provider::json;
 use promptgate::provider::{Api, Provider};
 use promptgate::record::ExchangeRecord;
+use promptgate::redact::{Redactor, Summary};
 use promptgate::rules::{Decision, RequestCtx, RuleSet};
 
 // ===================================================================== setup

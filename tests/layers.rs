@@ -15,30 +15,25 @@ const LAYERS: &[&[&str]] = &[
     &["server"],
     &["admin", "listener", "replay", "config"],
     // the sinks: they read the finished record, and never each other (see SINKS)
-    &["capture", "metrics", "traces", "live"],
+    &["capture", "metrics", "traces", "live", "exchange_log"],
     &["exchange"],
     &["record"],
     // the analysis the record stage runs; history comes through a trait the store implements
     &["cache"],
     &["upstream", "observer"],
     &["policy", "rules"],
+    // which conversation an exchange belongs to: read from the prompt model
+    &["conversation"],
     &["prompt"],
     &["provider"],
     &[
-        "conversation",
-        "tls",
-        "logging",
-        "runtime",
-        "setting",
-        "digest",
-        "id",
-        "error",
+        "tls", "logging", "redact", "runtime", "setting", "digest", "id", "error",
     ],
 ];
 
 /// Modules of one row that must not import each other: sinks read the record, not
 /// one another.
-const SINKS: &[&str] = &["capture", "metrics", "traces", "live"];
+const SINKS: &[&str] = &["capture", "metrics", "traces", "live", "exchange_log"];
 
 /// Submodules that sit below their parent: settings that the leaf `config` merges,
 /// kept beside the module they configure.

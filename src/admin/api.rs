@@ -134,7 +134,7 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
                     "the cache report takes only conversation and since".into(),
                 ));
             }
-            let report = crate::cache::report::build(&store, &f, &state.cache_ignore)
+            let report = crate::capture::cache_report::build(&store, &f, &state.cache_ignore)
                 .map_err(store_error)?;
             json_bytes(&report)
         }

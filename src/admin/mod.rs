@@ -377,10 +377,11 @@ fn health(state: &AdminState) -> Value {
         .metrics
         .as_ref()
         .and_then(|(_, s)| s.export.as_ref())
-        .map(|e| {
+        .map(|read| {
+            let e = read();
             json!({
-                "exported": e.exported.load(Ordering::Relaxed),
-                "dropped": e.dropped.load(Ordering::Relaxed),
+                "exported": e.exported,
+                "dropped": e.dropped,
             })
         });
     json!({

@@ -11,7 +11,6 @@ pub mod cost;
 pub mod estimate;
 pub mod explain;
 pub mod history;
-pub mod report;
 pub mod segment;
 
 use std::collections::{BTreeMap, HashMap};
@@ -20,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use crate::capture::redact::{NAME_MAX, Redactor};
+use crate::redact::{NAME_MAX, Redactor};
 use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
 use crate::prompt::{Format, PromptCell, Region, Ttl};
@@ -348,7 +347,7 @@ impl Unpriced {
     fn note(&mut self, model: &str, redactor: Option<&Redactor>) -> Option<UnpricedWarning> {
         let name = match redactor {
             Some(r) => r.bounded(model, &[], NAME_MAX),
-            None => crate::capture::redact::cut(model, NAME_MAX).into_owned(),
+            None => crate::redact::cut(model, NAME_MAX).into_owned(),
         };
         if self.names.contains(&name) {
             return None;
@@ -392,16 +391,78 @@ const CATCH_UP_MOST: usize = 8;
 const SHARED_STORE_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long one read of the shared store may take on the record pipeline.
-const SHARED_STORE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+pub const SHARED_STORE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// The capture store the fleet shares, opened for reading when first needed.
+/// The store the fleet's replicas share (capture's, in PostgreSQL), as the analysis
+/// reads it: the turns other replicas took. Capture implements it.
+pub trait SharedHistory: Send + Sync {
+    /// The stored turns of `conversation` that started at or after `since` and
+    /// before `before`, the newest `most`, oldest first; only those `known` does not
+    /// name are read whole (the others are left out).
+    fn turns(
+        &self,
+        conversation: &str,
+        since: Millis,
+        before: ExchangeId,
+        most: usize,
+        known: &dyn Fn(ExchangeId) -> bool,
+    ) -> Result<Vec<SharedTurn>, SharedHistoryError>;
+
+    /// Who cached which of `prefixes` (the first 8 bytes of a prefix hash, in hex)
+    /// in `workspace`: `(prefix, conversation)` of the turns that started at or
+    /// after `since` and before `before`, newest first.
+    fn prefix_writers(
+        &self,
+        workspace: &str,
+        prefixes: &[String],
+        since: Millis,
+        before: ExchangeId,
+    ) -> Result<Vec<(String, String)>, SharedHistoryError>;
+}
+
+/// Why the shared store gave no answer (its own error, as text for the log).
+pub type SharedHistoryError = Box<dyn std::error::Error + Send + Sync>;
+
+/// A turn another replica took, as the shared store keeps it.
+#[derive(Debug, Clone)]
+pub struct SharedTurn {
+    pub id: ExchangeId,
+    /// The request's format, when it is one promptgate cuts.
+    pub format: Option<Format>,
+    /// The provider's answer status, when one came.
+    pub status: Option<u16>,
+    /// The provider's `usage`, when it told one.
+    pub usage: Option<Usage>,
+    /// When it started (ms since the epoch).
+    pub start: Millis,
+    /// When the provider's headers came, in ms after `start`.
+    pub upstream_headers_ms: Option<f64>,
+    /// The request headers as sent upstream (credentials as their stored fingerprints).
+    pub headers: HeaderMap,
+    /// The request body as sent upstream.
+    pub body: bytes::Bytes,
+}
+
+/// The fleet's shared history, left alone for a while after it fails.
 struct SharedStore {
-    location: crate::capture::StoreLocation,
-    /// The open store, or until when it is left alone after a failure.
-    store: Mutex<Result<Option<crate::capture::Store>, std::time::Instant>>,
+    history: Arc<dyn SharedHistory>,
+    /// Until when it is left alone after a failure.
+    paused_until: Mutex<Option<std::time::Instant>>,
 }
 
 impl SharedStore {
+    /// Whether a failure a moment ago still keeps it from being asked.
+    fn paused(&self) -> bool {
+        let until = self.paused_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    /// Leaves it alone for [`SHARED_STORE_PAUSE`].
+    fn pause(&self) {
+        *self.paused_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now() + SHARED_STORE_PAUSE);
+    }
+
     /// The stored turns of `conversation` that started at or after `since` and
     /// before `before`, the newest [`CATCH_UP_MOST`], oldest first; only those
     /// `known` does not name are read whole.
@@ -411,34 +472,15 @@ impl SharedStore {
         since: Millis,
         before: ExchangeId,
         known: impl Fn(ExchangeId) -> bool,
-    ) -> Result<Vec<(ExchangeId, crate::capture::CaptureRecord)>, crate::capture::StoreError> {
-        let mut slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        match &*slot {
-            Err(until) if std::time::Instant::now() < *until => return Ok(Vec::new()),
-            Ok(Some(_)) => {}
-            _ => match crate::capture::Store::open_for_lookups(&self.location, SHARED_STORE_WITHIN)
-            {
-                Ok(store) => *slot = Ok(Some(store)),
-                Err(e) => {
-                    *slot = Err(std::time::Instant::now() + SHARED_STORE_PAUSE);
-                    return Err(e);
-                }
-            },
-        }
-        let Ok(Some(store)) = &*slot else {
+    ) -> Result<Vec<SharedTurn>, SharedHistoryError> {
+        if self.paused() {
             return Ok(Vec::new());
-        };
-        let result = store
-            .turns(conversation, since, &before.to_string(), CATCH_UP_MOST)
-            .and_then(|ids| {
-                ids.iter()
-                    .filter_map(|id| ExchangeId::parse(id).filter(|&id| !known(id)))
-                    .map(|id| Ok((id, store.load(&id.to_string())?)))
-                    .collect()
-            });
+        }
+        let result = self
+            .history
+            .turns(conversation, since, before, CATCH_UP_MOST, &known);
         if result.is_err() {
-            // Opened again after the pause: the connection may be what failed.
-            *slot = Err(std::time::Instant::now() + SHARED_STORE_PAUSE);
+            self.pause();
         }
         result
     }
@@ -452,23 +494,22 @@ impl SharedStore {
         prefixes: &[segment::Hash],
         since: Millis,
         before: ExchangeId,
-    ) -> Result<Option<String>, crate::capture::StoreError> {
+    ) -> Result<Option<String>, SharedHistoryError> {
         let wanted: Vec<String> = prefixes
             .iter()
             .map(|p| crate::digest::hex(&p[..8]))
             .collect();
-        let slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
-        // Opened by `turns`, which the same request asked first.
-        let Ok(Some(store)) = &*slot else {
+        // Asked after `turns`, which the same request asked first.
+        if self.paused() {
             return Ok(None);
-        };
-        let writers = store.prefix_writers(workspace, &wanted, since, &before.to_string());
-        let writers = match writers {
+        }
+        let writers = match self
+            .history
+            .prefix_writers(workspace, &wanted, since, before)
+        {
             Ok(w) => w,
             Err(e) => {
-                drop(slot);
-                *self.store.lock().unwrap_or_else(|p| p.into_inner()) =
-                    Err(std::time::Instant::now() + SHARED_STORE_PAUSE);
+                self.pause();
                 return Err(e);
             }
         };
@@ -517,10 +558,10 @@ impl CacheStage {
 
     /// Reads the turns other replicas took from `store`, which they write too: a
     /// conversation's turns may reach any replica.
-    pub fn sharing(mut self, store: crate::capture::StoreLocation) -> CacheStage {
+    pub fn sharing(mut self, history: Arc<dyn SharedHistory>) -> CacheStage {
         self.shared = Some(SharedStore {
-            location: store,
-            store: Mutex::new(Ok(None)),
+            history,
+            paused_until: Mutex::new(None),
         });
         self
     }
@@ -587,24 +628,24 @@ impl CacheStage {
                 return;
             }
         };
-        for (id, r) in records {
-            let (Some(format), Some(usage)) = (r.request_format(), r.usage) else {
+        for r in records {
+            let (Some(format), Some(usage)) = (r.format, r.usage) else {
                 continue;
             };
-            if !r.response.status.is_some_and(|s| (200..300).contains(&s)) {
+            if !r.status.is_some_and(|s| (200..300).contains(&s)) {
                 continue;
             }
-            let body = r.request.sent_body.as_ref().unwrap_or(&r.request.body);
-            let start = r.times.started_ms;
+            let id = r.id;
+            let start = r.start;
             let began = Began {
                 id,
                 start,
-                began: start + r.times.upstream_headers_ms.map_or(0, |ms| ms as Millis),
+                began: start + r.upstream_headers_ms.map_or(0, |ms| ms as Millis),
                 format,
                 key: Ok(key.to_owned()),
                 // The stored fingerprint names the same workspace as the credential.
-                credential: credential(&r.sent_headers()),
-                prompt: PromptCell::new(body.bytes.clone(), Some(format)),
+                credential: credential(&r.headers),
+                prompt: PromptCell::new(r.body, Some(format)),
             };
             self.prepare_keyed(state, began, key.to_owned(), None);
             let _ = self.judge(state, id, &usage);
@@ -861,7 +902,7 @@ fn credential(headers: &HeaderMap) -> Option<(&'static str, http::HeaderValue)> 
 fn workspace((name, value): &(&'static str, http::HeaderValue)) -> String {
     format!(
         "ws:{}",
-        crate::capture::redact::credential_id(name, value.as_bytes())
+        crate::redact::credential_id(name, value.as_bytes())
     )
 }
 

@@ -4,9 +4,9 @@
 //! recompute them from the stored (already redacted) bodies. Keys, tool names and
 //! setting values are redacted like any other text.
 
-use super::redact::{Redactor, Summary};
 use crate::cache::CacheReport;
 use crate::cache::explain::Reason;
+use crate::redact::{Redactor, Summary};
 
 /// `report` ready to store: excerpts dropped, free text redacted. Redactions here are
 /// not counted in the record's summary: the same text is counted where it came from.

@@ -6,10 +6,11 @@
 //! refused). It never holds a stream's bytes back.
 
 pub mod analysis;
+pub mod cache_report;
 pub mod export;
+pub mod fleet;
 pub mod layout;
 pub mod record;
-pub mod redact;
 pub mod settings;
 mod spool;
 pub mod store;
@@ -25,10 +26,10 @@ use std::time::{Duration, Instant};
 
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
-use crate::record::{ExchangeRecord, RecordSink};
+use crate::record::{ExchangeRecord, RecordSink, StoredNotice};
+use crate::redact::Redactor;
 
 pub use record::CaptureRecord;
-pub use redact::Redactor;
 pub use settings::{CaptureLayer, CaptureSettings};
 pub use store::{Store, StoreError, StoreLocation};
 
@@ -152,7 +153,7 @@ impl Capture {
         settings: &CaptureSettings,
         keys: KeySource,
         redactor: Arc<Redactor>,
-        live: Option<Arc<crate::live::LiveFeed>>,
+        live: Option<Arc<dyn StoredNotice>>,
     ) -> Result<Arc<Capture>, StoreError> {
         let mut store = match Store::open(&settings.store) {
             Ok(store) => Some(store),

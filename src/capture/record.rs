@@ -14,7 +14,6 @@ use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 
 use super::layout::{self, Parts};
-use super::redact::{Redactor, Summary};
 use super::timestamp;
 use crate::conversation::{KeySource, conversation_key};
 use crate::digest::{self, Algorithm};
@@ -24,6 +23,7 @@ use crate::prompt::Prompt;
 use crate::provider::json::Span;
 use crate::provider::{Api, Usage};
 use crate::record::ExchangeRecord;
+use crate::redact::{Redactor, Summary};
 
 /// One body as stored: what it is, and (when loaded) its bytes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

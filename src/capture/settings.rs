@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::redact::Redactor;
 use super::store::{Retention, StoreLocation};
+use crate::redact::Redactor;
 use crate::setting::{ConfigError, Scalar, parse_duration, parse_size};
 
 /// Raw `[capture]` settings, from the config file or flags.
@@ -95,7 +95,7 @@ impl Default for CaptureSettings {
 impl CaptureSettings {
     /// The redactor these settings describe: the built-in shapes, the extra patterns
     /// and the extra secret headers. The process builds one, for captures and logs.
-    pub fn redactor(&self) -> Result<Redactor, super::redact::PatternError> {
+    pub fn redactor(&self) -> Result<Redactor, crate::redact::PatternError> {
         Redactor::new(&self.redact, &self.secret_headers)
     }
 

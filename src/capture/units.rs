@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_json::{Map, Value};
 
 pub use crate::prompt::Region as Section;
-use crate::prompt::{Prompt, Value as Tree};
+use crate::prompt::{Prompt, Value as Tree, display_text};
 
 /// One unit of a request: a tool, a system block or a message.
 #[derive(Debug, Clone)]
@@ -151,41 +151,6 @@ fn message_label(m: &Value) -> String {
         Some(other) => vec![other.to_string().chars().take(40).collect()],
     };
     format!("{role}: {}", blocks.join("; "))
-}
-
-/// Readable text of a unit: text blocks as their text, other blocks as JSON.
-pub fn display_text(v: &Value) -> String {
-    match v {
-        Value::String(s) => s.clone(),
-        Value::Array(items) => items
-            .iter()
-            .map(display_text)
-            .collect::<Vec<_>>()
-            .join("\n"),
-        Value::Object(map) => {
-            let kind = map.get("type").and_then(Value::as_str);
-            match kind {
-                Some("text") => map.get("text").map(display_text).unwrap_or_default(),
-                Some("tool_result") => format!(
-                    "[tool_result {}]\n{}",
-                    map.get("tool_use_id").and_then(Value::as_str).unwrap_or(""),
-                    map.get("content").map(display_text).unwrap_or_default()
-                ),
-                Some("tool_use") => format!(
-                    "[tool_use {}] {}",
-                    map.get("name").and_then(Value::as_str).unwrap_or("?"),
-                    map.get("input").map(Value::to_string).unwrap_or_default()
-                ),
-                _ if map.contains_key("role") => {
-                    let role = map.get("role").and_then(Value::as_str).unwrap_or("?");
-                    let content = map.get("content").map(display_text).unwrap_or_default();
-                    format!("[{role}]\n{content}")
-                }
-                _ => serde_json::to_string_pretty(v).unwrap_or_default(),
-            }
-        }
-        other => other.to_string(),
-    }
 }
 
 /// How a unit differs between two requests.

@@ -12,9 +12,10 @@ use std::time::{Duration, Instant};
 use super::record::{self, CaptureRecord};
 use super::spool;
 use super::store::{self, Store, StoreError, StoreLocation};
-use super::{BATCH, Redactor, Shared, timestamp};
+use super::{BATCH, Shared, timestamp};
 use crate::conversation::KeySource;
-use crate::record::ExchangeRecord;
+use crate::record::{ExchangeRecord, StoredNotice};
+use crate::redact::Redactor;
 
 /// How often the writer applies the retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(600);
@@ -497,7 +498,7 @@ impl StoreThread {
     pub(super) fn start(
         store: Option<Store>,
         location: StoreLocation,
-        live: Option<Arc<crate::live::LiveFeed>>,
+        live: Option<Arc<dyn StoredNotice>>,
     ) -> Result<StoreThread, StoreError> {
         let (jobs, inbox) = mpsc::channel::<Job>();
         let (outbox, done) = mpsc::channel::<Done>();
@@ -641,7 +642,7 @@ impl BlockedRepeats {
 /// (a retry skips those already stored: an id is stored once).
 fn insert_each(
     store: &mut Store,
-    live: Option<&crate::live::LiveFeed>,
+    live: Option<&dyn crate::record::StoredNotice>,
     records: &[CaptureRecord],
 ) -> Result<Vec<(usize, StoreError)>, StoreError> {
     match insert_announced(store, live, records) {
@@ -677,7 +678,7 @@ fn take_refused(
 /// are read back and announced.
 fn insert_announced(
     store: &mut Store,
-    live: Option<&crate::live::LiveFeed>,
+    live: Option<&dyn StoredNotice>,
     records: &[CaptureRecord],
 ) -> Result<(), StoreError> {
     let watched = live.filter(|l| l.watched());
@@ -691,7 +692,9 @@ fn insert_announced(
         match store.list(&after) {
             Ok(mut rows) => {
                 rows.sort_by_key(|r| r.seq);
-                live.stored(&rows);
+                for row in &rows {
+                    live.stored(row.seq, &serde_json::to_vec(row).unwrap_or_default());
+                }
             }
             Err(e) => tracing::warn!("reading stored rows for the viewer: {e}"),
         }

@@ -1,5 +1,5 @@
 //! `promptgate cache report`: per conversation, the timeline of cache verdicts and a
-//! summary, read from the capture store alone (see `cache::report`).
+//! summary, read from the capture store alone (see `capture::cache_report`).
 
 use std::fmt::Write as _;
 use std::path::PathBuf;
@@ -8,8 +8,8 @@ use clap::{Args, Subcommand, ValueEnum};
 
 use super::output::{print, render_table, store_config};
 use crate::cache::explain::{Reason, Verdict, kilo};
-use crate::cache::report::{self, ConversationReport, Entry, Report};
 use crate::capture::StoreLocation;
+use crate::capture::cache_report::{self, ConversationReport, Entry, Report};
 use crate::capture::store::Filter;
 use crate::capture::{Store, timestamp};
 
@@ -70,7 +70,7 @@ pub fn run(args: CacheArgs) -> anyhow::Result<()> {
         ..Filter::default()
     };
     let store = Store::open_read_only(&dir)?;
-    let report = report::build(&store, &filter, &config.cache.ignore)?;
+    let report = cache_report::build(&store, &filter, &config.cache.ignore)?;
     let out = match args.format {
         Format::Json => {
             let mut text = serde_json::to_string_pretty(&report)?;
@@ -187,7 +187,7 @@ fn row(e: &Entry) -> Vec<String> {
 }
 
 /// The hit rate, the dollars and the losses by reason.
-fn totals(s: &crate::cache::report::Summary, out: &mut String) {
+fn totals(s: &crate::capture::cache_report::Summary, out: &mut String) {
     let prompt = s.read_tokens + s.write_tokens + s.uncached_tokens;
     let _ = writeln!(
         out,
@@ -315,7 +315,7 @@ pub(super) fn show_lines(store: &Store, record: &crate::capture::CaptureRecord, 
     if let Some(b) = &r.baseline {
         let _ = writeln!(out, "{pad}compared with {b}");
     }
-    let entry = report::entry(store, record);
+    let entry = cache_report::entry(store, record);
     if let Some(Reason::PrefixChanged { before, after, .. }) =
         entry.as_ref().and_then(|e| e.reason.as_ref())
     {

@@ -861,7 +861,7 @@ fn block_kind(v: &Value) -> String {
         ),
         "tool_result" => format!(
             "tool_result, {} chars{}",
-            units::display_text(v.get("content").unwrap_or(&Value::Null))
+            crate::prompt::display_text(v.get("content").unwrap_or(&Value::Null))
                 .chars()
                 .count(),
             if v.get("is_error") == Some(&Value::Bool(true)) {

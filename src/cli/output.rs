@@ -45,7 +45,8 @@ pub(super) fn store_config(
         None => Config::default(),
     };
     // No flag, no file: the running serve's store, else the default.
-    let running = || crate::runtime::Running::find().and_then(|r| r.captures);
+    let running =
+        || crate::runtime::Running::find().and_then(|r| r.captures?.parse::<StoreLocation>().ok());
     let store = match (captures, config_given) {
         (Some(store), _) => store,
         (None, true) => config.capture.store.clone(),

@@ -11,11 +11,9 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 
 use super::{Colour, paint};
 use crate::capture::StoreLocation;
-use crate::config::Config;
 use crate::observer::EventSplitter;
-use crate::rules::reload::{self, LiveRules};
 use crate::rules::stream::{EventRules, StreamContext};
-use crate::rules::{Decision, LoadError, RequestCtx, RuleSet, read_dir};
+use crate::rules::{Decision, RequestCtx, RuleSet};
 
 /// `promptgate rules …`
 #[derive(Debug, Args)]
@@ -104,49 +102,6 @@ pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
             response: response.as_deref(),
         }),
     }
-}
-
-/// The live rules for `serve`, watched for changes. A missing default directory
-/// means no rules until it appears; a missing explicit one, or one that does not
-/// compile, is an error.
-pub(crate) fn load_for_serve(config: &Config) -> anyhow::Result<Arc<LiveRules>> {
-    let dir = &config.rules_dir;
-    let (live, loaded) = if dir.is_dir() {
-        let sources = read_dir(dir);
-        let set = sources
-            .compile(dir, &|name| std::env::var(name).ok())
-            .map_err(|errors| anyhow::anyhow!("{}", errors_text(&errors)))?;
-        tracing::info!(
-            target: "promptgate::rules",
-            rules = set.rules().len(),
-            files = set.files.len(),
-            dir = %dir.display(),
-            "rules loaded"
-        );
-        reload::log_warnings(&set);
-        (LiveRules::new(set), Some(sources))
-    } else if config.rules_explicit {
-        bail!("rules directory {} does not exist (--rules)", dir.display());
-    } else {
-        tracing::info!(
-            target: "promptgate::rules",
-            dir = %dir.display(),
-            "no rules directory yet; no rules apply until it appears, then it is loaded"
-        );
-        (LiveRules::new(RuleSet::default()), None)
-    };
-    let live = Arc::new(live);
-    reload::watch(live.clone(), dir.clone(), loaded)
-        .with_context(|| format!("watching {} for changes", dir.display()))?;
-    Ok(live)
-}
-
-fn errors_text(errors: &[LoadError]) -> String {
-    let mut text = format!("{} error(s) in the rules:", errors.len());
-    for e in errors {
-        text.push_str(&format!("\n{e}"));
-    }
-    text
 }
 
 fn check(dir: &Path) -> ExitCode {

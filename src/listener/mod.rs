@@ -35,6 +35,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::config::Config;
 use crate::exchange::{Exchange, Proxy, ProxyBody};
+use crate::metrics::Connections;
 use crate::record::Recorder;
 use crate::tls::Interception;
 
@@ -47,22 +48,9 @@ pub struct ConnectionCounts {
     tunnelled: AtomicU64,
 }
 
-/// [`ConnectionCounts`] read at one moment.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ConnectionCount {
-    /// TCP connections admitted.
-    pub accepted: u64,
-    /// TCP connections refused past a cap.
-    pub refused: u64,
-    /// CONNECT tunnels whose TLS promptgate terminated.
-    pub intercepted: u64,
-    /// CONNECT tunnels relayed blind.
-    pub tunnelled: u64,
-}
-
 impl ConnectionCounts {
-    pub fn snapshot(&self) -> ConnectionCount {
-        ConnectionCount {
+    pub fn snapshot(&self) -> Connections {
+        Connections {
             accepted: self.accepted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
             intercepted: self.intercepted.load(Ordering::Relaxed),

@@ -326,9 +326,9 @@ where
             w.warned = true;
             tracing::warn!(
                 id = %w.spec.id,
-                model = %crate::capture::redact::cut(
+                model = %crate::redact::cut(
                     w.spec.model.as_deref().unwrap_or("-"),
-                    crate::capture::redact::NAME_MAX
+                    crate::redact::NAME_MAX
                 ),
                 bytes,
                 last_event = last_event.as_deref().unwrap_or("-"),

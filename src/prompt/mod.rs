@@ -21,7 +21,7 @@ pub use cell::PromptCell;
 pub use tree::Value;
 pub(crate) use tree::{key_is, may_spell_cache_control};
 pub use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
-pub use view::{PromptView, UnitView};
+pub use view::{PromptView, UnitView, display_text};
 
 use crate::provider::json::{self, ScanError, Span, Tok};
 use crate::provider::{Api, Provider};

@@ -97,7 +97,7 @@ impl PromptView {
             let text = unit.content.map(|span| {
                 let raw = &body[span.start..span.end];
                 serde_json::from_slice::<Json>(raw)
-                    .map(|v| crate::capture::units::display_text(&v))
+                    .map(|v| display_text(&v))
                     .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
             });
             let path = unit.path.to_string();
@@ -144,5 +144,40 @@ impl PromptView {
             units,
             automatic: prompt.automatic_marker().map(|m| m.ttl.to_string()),
         }
+    }
+}
+
+/// Readable text of a unit: text blocks as their text, other blocks as JSON.
+pub fn display_text(v: &Json) -> String {
+    match v {
+        Json::String(s) => s.clone(),
+        Json::Array(items) => items
+            .iter()
+            .map(display_text)
+            .collect::<Vec<_>>()
+            .join("\n"),
+        Json::Object(map) => {
+            let kind = map.get("type").and_then(Json::as_str);
+            match kind {
+                Some("text") => map.get("text").map(display_text).unwrap_or_default(),
+                Some("tool_result") => format!(
+                    "[tool_result {}]\n{}",
+                    map.get("tool_use_id").and_then(Json::as_str).unwrap_or(""),
+                    map.get("content").map(display_text).unwrap_or_default()
+                ),
+                Some("tool_use") => format!(
+                    "[tool_use {}] {}",
+                    map.get("name").and_then(Json::as_str).unwrap_or("?"),
+                    map.get("input").map(Json::to_string).unwrap_or_default()
+                ),
+                _ if map.contains_key("role") => {
+                    let role = map.get("role").and_then(Json::as_str).unwrap_or("?");
+                    let content = map.get("content").map(display_text).unwrap_or_default();
+                    format!("[{role}]\n{content}")
+                }
+                _ => serde_json::to_string_pretty(v).unwrap_or_default(),
+            }
+        }
+        other => other.to_string(),
     }
 }

@@ -18,7 +18,7 @@ use toml::de::{DeTable, DeValue};
 use super::action;
 use super::matcher::Matcher;
 use super::{Phase, Rule, RuleSet};
-use crate::config::line_col;
+use crate::setting::line_col;
 use crate::setting::nearest;
 
 /// A TOML value with its position.

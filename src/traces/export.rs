@@ -24,9 +24,9 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use super::{SpanContext, TracesSettings, semconv, span_of, text};
-use crate::capture::redact::Redactor;
 use crate::conversation::KeySource;
 use crate::record::{ExchangeRecord, RecordSink};
+use crate::redact::Redactor;
 use crate::upstream::{Upstream, UpstreamBody};
 
 /// Spans per request to the collector at most.

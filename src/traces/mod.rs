@@ -17,12 +17,12 @@ use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use crate::capture::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
 use crate::conversation::{KeySource, conversation_key};
 use crate::prompt::{Prompt, Region};
 use crate::provider::json::decode_str;
 use crate::provider::{Api, Provider};
 use crate::record::{ExchangeRecord, Outcome};
+use crate::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
 use semconv::*;
 
 /// `[traces]` in the config file, as written; the flags and `OTEL_*` fill it too.

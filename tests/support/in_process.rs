@@ -170,7 +170,7 @@ fn log_buffer() -> &'static Mutex<Vec<u8>> {
         promptgate::logging::init_to(
             promptgate::logging::LogFormat::Json,
             tracing_subscriber::EnvFilter::new("info,promptgate::cache=debug"),
-            Arc::new(promptgate::capture::redact::Redactor::new(&[], &[]).unwrap()),
+            Arc::new(promptgate::redact::Redactor::new(&[], &[]).unwrap()),
             Arc::new(move |line: &[u8]| sink.lock().unwrap().extend_from_slice(line)),
         );
         buffer

@@ -10,11 +10,11 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use super::explain::{Reason, Verdict, excerpt};
-use super::segment::{self, IgnoreRule, Segments};
-use super::{CostView, StablePrefix};
-use crate::capture::CaptureRecord;
-use crate::capture::store::{Filter, Store, StoreError};
+use super::CaptureRecord;
+use super::store::{Filter, Store, StoreError};
+use crate::cache::explain::{Reason, Verdict, excerpt};
+use crate::cache::segment::{self, IgnoreRule, Segments};
+use crate::cache::{CostView, StablePrefix};
 use crate::prompt::Ttl;
 
 /// The report: one entry per conversation, in order of first request.

@@ -1,0 +1,84 @@
+//! The store the fleet shares (PostgreSQL), as the cache analysis reads it: the
+//! turns other replicas took, opened for lookups when first needed.
+
+use std::sync::Mutex;
+
+use super::store::{Store, StoreLocation};
+use crate::cache::{SHARED_STORE_WITHIN, SharedHistory, SharedHistoryError, SharedTurn};
+use crate::id::ExchangeId;
+
+/// The fleet's capture store, opened for reading when first asked; after a failure
+/// the connection is dropped and opened again on the next question.
+pub struct FleetStore {
+    location: StoreLocation,
+    store: Mutex<Option<Store>>,
+}
+
+impl FleetStore {
+    /// The store at `location`, not opened yet.
+    pub fn new(location: StoreLocation) -> FleetStore {
+        FleetStore {
+            location,
+            store: Mutex::new(None),
+        }
+    }
+
+    /// Runs `ask` on the open store (opening it first when needed); a failure
+    /// drops the connection, which may be what failed.
+    fn ask<T>(
+        &self,
+        ask: impl FnOnce(&Store) -> Result<T, super::StoreError>,
+    ) -> Result<T, SharedHistoryError> {
+        let mut slot = self.store.lock().unwrap_or_else(|p| p.into_inner());
+        let store = match slot.take() {
+            Some(store) => store,
+            None => Store::open_for_lookups(&self.location, SHARED_STORE_WITHIN)?,
+        };
+        let answer = ask(&store)?;
+        *slot = Some(store);
+        Ok(answer)
+    }
+}
+
+impl SharedHistory for FleetStore {
+    fn turns(
+        &self,
+        conversation: &str,
+        since: u64,
+        before: ExchangeId,
+        most: usize,
+        known: &dyn Fn(ExchangeId) -> bool,
+    ) -> Result<Vec<SharedTurn>, SharedHistoryError> {
+        self.ask(|store| {
+            store
+                .turns(conversation, since, &before.to_string(), most)?
+                .iter()
+                .filter_map(|id| ExchangeId::parse(id).filter(|&id| !known(id)))
+                .map(|id| {
+                    let r = store.load(&id.to_string())?;
+                    let body = r.request.sent_body.as_ref().unwrap_or(&r.request.body);
+                    Ok(SharedTurn {
+                        id,
+                        format: r.request_format(),
+                        status: r.response.status,
+                        usage: r.usage,
+                        start: r.times.started_ms,
+                        upstream_headers_ms: r.times.upstream_headers_ms,
+                        headers: r.sent_headers(),
+                        body: body.bytes.clone(),
+                    })
+                })
+                .collect()
+        })
+    }
+
+    fn prefix_writers(
+        &self,
+        workspace: &str,
+        prefixes: &[String],
+        since: u64,
+        before: ExchangeId,
+    ) -> Result<Vec<(String, String)>, SharedHistoryError> {
+        self.ask(|store| store.prefix_writers(workspace, prefixes, since, &before.to_string()))
+    }
+}
