@@ -22,7 +22,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
-use crate::setting::BaseUrl;
 use crate::error::{ErrorKind, ProxyError};
 use crate::id::ExchangeId;
 use crate::observer::decode::{self, DecodeError};
@@ -34,6 +33,7 @@ use crate::policy::{
 };
 use crate::provider::{self, Provider};
 use crate::record::{ExchangeRecord, InFlight, Mode, Outcome, Recorder};
+use crate::setting::BaseUrl;
 use crate::upstream::{Upstream, UpstreamBody};
 
 /// What an exchange needs of the configuration, taken from it once.

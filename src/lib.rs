@@ -20,30 +20,31 @@
 //! 2. [`server`]: one promptgate assembled from its config and served (what `serve`
 //!    runs; tests start it in-process): it wires policies, stages and sinks.
 //! 3. [`admin`] (the local API, `/metrics`, the live feed, the viewer),
-//!    [`listener`] (connections, CONNECT, shutdown), [`replay`], [`config`] (flags,
-//!    environment and `promptgate.toml` merged into one `Config`).
-//! 4. The sinks, which read the finished record: [`capture`] (the store, exports,
-//!    `cache report`), [`exchange_log`] (the one log line per exchange), [`metrics`],
-//!    [`traces`] (OTLP), [`live`] (the viewer's feed).
-//! 5. [`exchange`]: the `Exchange` value and the driver of its phases.
-//! 6. [`record`]: the record every exchange ends as, the stage and sink contracts,
-//!    the in-flight watcher contract (`record::InFlight`) the live feed implements.
-//! 7. [`cache`]: prompt-cache analysis over the prompt model's units (the fleet's
+//!    [`listener`] (connections, CONNECT, shutdown), [`replay`].
+//! 4. [`config`]: flags, environment and `promptgate.toml` merged into one `Config`,
+//!    with the proxy credentials and the interception list it parses.
+//! 5. The sinks, which read the finished record and never each other: [`capture`]
+//!    (the store, exports, `cache report`), [`exchange_log`] (the one log line per
+//!    exchange), [`metrics`], [`traces`] (OTLP), [`live`] (the viewer's feed).
+//! 6. [`exchange`]: the `Exchange` value and the driver of its phases.
+//! 7. [`record`]: the record every exchange ends as; the stage and sink contracts and
+//!    the in-flight and stored-notice contracts the live feed implements.
+//! 8. [`cache`]: prompt-cache analysis over the prompt model's units (the fleet's
 //!    shared history comes through a trait capture's store implements).
-//! 8. [`upstream`] (the pooled client to the providers), [`observer`] (a copy of
+//! 9. [`upstream`] (the pooled client to the providers), [`observer`] (a copy of
 //!    each response: usage, the message, stalls).
-//! 9. [`policy`]: the phase contract every policy implements; [`rules`] (the TOML
-//!    rules, its first implementation).
-//! 10. [`prompt`]: the one model of a request body (units in cache order, markers,
+//! 10. [`policy`]: the phase contract every policy implements; [`rules`] (the TOML
+//!     rules, its first implementation).
+//! 11. [`conversation`]: which agent conversation an exchange belongs to.
+//! 12. [`prompt`]: the one model of a request body (units in cache order, markers,
 //!     digests), read once on first use and shared.
-//! 11. [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
-//!     the SSE grammar, usage, the model sniff.
-//! 12. [`conversation`]: which agent conversation an exchange belongs to.
-//! 13. Leaves: [`redact`] (the one redactor everything leaving the process goes
-//!     through), [`tls`]
-//!     (the local CA and leaves), [`logging`], [`runtime`] (the data directory and the
-//!     running instance), [`setting`] (a setting's value and its parsers), [`digest`],
-//!     [`id`], [`error`] (what can go wrong in one exchange, and its client answer).
+//! 13. [`provider`]: what differs between Anthropic and OpenAI: routes, error shapes,
+//!     the SSE grammar, usage, the model sniff, JSON scanning.
+//! 14. Leaves: [`redact`] (the one redactor everything leaving the process goes
+//!     through), [`tls`] (the local CA and leaves), [`logging`], [`runtime`] (the data
+//!     directory and the running instance), [`setting`] (a setting's value and its
+//!     parsers), [`digest`], [`id`], [`error`] (what can go wrong in one exchange, and
+//!     its client answer).
 #![forbid(unsafe_code)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 

@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[&[&str]] = &[
     &["cli"],
     &["server"],
-    &["admin", "listener", "replay", "config"],
+    &["admin", "listener", "replay"],
+    // flags, environment and the config file merged: it reads every module's settings
+    &["config"],
     // the sinks: they read the finished record, and never each other (see SINKS)
     &["capture", "metrics", "traces", "live", "exchange_log"],
     &["exchange"],

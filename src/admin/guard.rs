@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use http::{StatusCode, header};
 
 use crate::config::Config;
-use crate::listener::auth::ProxyCredentials;
+use crate::config::ProxyCredentials;
 
 /// Who may read the admin API: every route (the API, and what else is served on
 /// this listener) goes through [`AdminGuard::check`] first. It holds every

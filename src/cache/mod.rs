@@ -19,11 +19,11 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use crate::redact::{NAME_MAX, Redactor};
 use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
 use crate::prompt::{Format, PromptCell, Region, Ttl};
 use crate::provider::Usage;
+use crate::redact::{NAME_MAX, Redactor};
 use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 pub use history::Clock;

@@ -8,10 +8,8 @@
 //! exchanges within the grace period (idle keep-alive connections close at once),
 //! and it waits for the last records to be emitted.
 
-pub mod auth;
 mod connect;
 pub(crate) mod head;
-pub mod intercept;
 
 use std::collections::HashMap;
 use std::convert::Infallible;

@@ -17,9 +17,10 @@ mod view;
 use bytes::Bytes;
 use serde::Serialize;
 
+pub(crate) use crate::provider::json::key_is;
 pub use cell::PromptCell;
 pub use tree::Value;
-pub(crate) use tree::{key_is, may_spell_cache_control};
+pub(crate) use tree::may_spell_cache_control;
 pub use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
 pub use view::{PromptView, UnitView, display_text};
 

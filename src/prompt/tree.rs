@@ -3,7 +3,7 @@
 
 use std::borrow::Cow;
 
-use crate::provider::json::{self, Span, Tok};
+use crate::provider::json::{self, Span, Tok, key_is};
 
 /// One JSON value of a [`Prompt`](super::Prompt)'s body.
 #[derive(Clone, Copy)]
@@ -153,20 +153,6 @@ impl<'p> Value<'p> {
         let raw = self.bytes();
         raw.len() == want.len() + 2 && raw[0] == b'"' && &raw[1..raw.len() - 1] == want.as_bytes()
     }
-}
-
-/// Whether a key (with its quotes) spells `want`; `None` when it does not decode.
-pub(crate) fn key_is(key: &[u8], want: &str) -> Option<bool> {
-    let inner = &key[1..key.len() - 1];
-    // An escape is longer than the character it spells: a key spelled with escapes
-    // is longer than its text, so only a longer key needs decoding.
-    if inner.len() <= want.len() {
-        return Some(inner == want.as_bytes() && !inner.contains(&b'\\'));
-    }
-    if !inner.contains(&b'\\') {
-        return Some(false);
-    }
-    Some(json::decode_str(key)? == want)
 }
 
 /// Whether a key (with its quotes) may spell `cache_control`: as it is, or with

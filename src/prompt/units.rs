@@ -11,9 +11,10 @@ use std::sync::OnceLock;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use super::tree::{Value, key_is};
+use super::tree::Value;
 use crate::digest::{self, Digest};
 use crate::provider::json::Span;
+use crate::provider::json::key_is;
 
 /// Which part of the prompt a unit belongs to, in cache order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]

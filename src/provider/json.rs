@@ -464,6 +464,20 @@ fn has_byte(word: u64, b: u8) -> u64 {
     x.wrapping_sub(ONES) & !x & HIGHS
 }
 
+/// Whether a key (with its quotes) spells `want`; `None` when it does not decode.
+pub(crate) fn key_is(key: &[u8], want: &str) -> Option<bool> {
+    let inner = &key[1..key.len() - 1];
+    // An escape is longer than the character it spells: a key spelled with escapes
+    // is longer than its text, so only a longer key needs decoding.
+    if inner.len() <= want.len() {
+        return Some(inner == want.as_bytes() && !inner.contains(&b'\\'));
+    }
+    if !inner.contains(&b'\\') {
+        return Some(false);
+    }
+    Some(decode_str(key)? == want)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,8 +7,8 @@
 //! (`"mod\u0065l"` is `model` to the provider) and a leading byte order mark is
 //! read past, as the provider's parser does.
 
+use super::json::key_is;
 use super::json::{decode_str, skip_bom, skip_string, skip_value, skip_ws};
-use crate::prompt::key_is;
 
 /// What the top level of a request body says about itself.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]

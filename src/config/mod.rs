@@ -5,6 +5,12 @@
 //! every value is validated in one place and a bad one is reported the same way
 //! whichever layer it came from — with `file:line:col` when it came from the file.
 
+pub mod auth;
+pub mod intercept;
+
+pub use auth::ProxyCredentials;
+pub use intercept::InterceptList;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -13,8 +19,6 @@ use serde::Deserialize;
 
 use crate::capture::{CaptureLayer, CaptureSettings};
 use crate::conversation::KeySource;
-use crate::listener::auth::ProxyCredentials;
-use crate::listener::intercept::InterceptList;
 use crate::logging::LogFormat;
 use crate::setting::{BaseUrl, ConfigError, Scalar, line_col, nearest, parse_duration, parse_size};
 
