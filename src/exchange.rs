@@ -634,6 +634,11 @@ impl Proxy {
             model: ex.pending.get().model.clone(),
         });
         let live = self.live.tap(ex.record(), is_sse);
+        // Events nobody reads are counted, not kept (plain SSE only).
+        let unread = match is_sse && !encoded {
+            true => provider::unread_events(route.provider, read.message),
+            false => &[],
+        };
         let pending = ex.pending;
         let body = ObservedBody::new(
             inner,
@@ -644,7 +649,8 @@ impl Proxy {
             watch,
             move |tap: TapResult| finish_observed(pending, read, tap),
         )
-        .with_live(live);
+        .with_live(live)
+        .skipping(unread);
         Response::from_parts(head, ProxyBody::Upstream(body))
     }
 }
@@ -1042,7 +1048,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
     let started = pending.started;
     let bytes = record.held_bytes() + tap.chunks.iter().map(|c| c.len() as u64).sum::<u64>();
     let job = move || {
-        let observation = observer::observe(
+        let mut observation = observer::observe(
             provider,
             api,
             &headers,
@@ -1051,6 +1057,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
             limit,
             message,
         );
+        observation.summary.events += tap.skipped_events;
         record.bytes_out = tap.bytes;
         record.stall = Stall::max(record.stall, tap.stall);
         record.timing.first_byte = tap.first_byte.map(|t| t - started);

@@ -638,6 +638,78 @@ async fn a_dead_collector_costs_no_exchange_anything() {
     assert_eq!(warnings, 1, "{}", proxy.log());
 }
 
+/// A collector that takes connections and what is posted, and never answers.
+async fn hung_collector() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                use tokio::io::AsyncReadExt;
+                let mut buf = vec![0u8; 64 << 10];
+                while matches!(socket.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hung_collector_holds_spans_up_to_the_byte_bound_and_the_rest_are_dropped() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let collector = hung_collector().await;
+    let dir = TempDir::new("otlp-bound");
+    let config = dir.path().join("promptgate.toml");
+    std::fs::write(&config, "[traces]\nqueue_bytes = \"4MiB\"\n").unwrap();
+    let endpoint = format!("http://{collector}");
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--no-capture",
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-content",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    let admin = proxy.admin_addr();
+    let before = proxy.peak_rss();
+    // 96 prompts of 1 MiB each: with their content, ~96 MiB of spans for a collector
+    // that takes none of them (a post waits 10 s before it is given up). Unbounded,
+    // 64 of them took promptgate from 28 to 131 MiB; with a 4 MiB bound, to 73.
+    let n = 96;
+    for i in 0..n {
+        let text = format!("{i} {}", "prompt text ".repeat((1 << 20) / 12));
+        // One conversation (the same first turn), so that cache analysis keeps one prompt.
+        let body = json!({"model": "claude-opus-5-5", "max_tokens": 16,
+            "messages": [{"role": "user", "content": "Read the notes."},
+                {"role": "assistant", "content": "Ready."},
+                {"role": "user", "content": text}]});
+        let r = client::post(proxy.addr, "/v1/messages", &shapes::to_bytes(&body)).await;
+        assert_eq!(r.status, 200);
+    }
+    proxy.wait_exchanges(n, WAIT).await;
+    let text = scrape(admin, "text/plain").await.text();
+    let dropped = sample(&text, "promptgate_otlp_spans_total{result=\"dropped\"}").unwrap_or(0.0);
+    assert!(
+        dropped >= (n / 2) as f64,
+        "past 4 MiB the newest spans are dropped: {dropped}\n{text}"
+    );
+    let peak = proxy.peak_rss();
+    // The bound, the batch's encoded copy and what building a span allocates.
+    assert!(
+        peak < before + (80 << 20),
+        "the spans held are bounded in bytes: peak {} MiB, {} MiB at start",
+        peak >> 20,
+        before >> 20
+    );
+    assert!(
+        proxy.log().contains("traces.queue_bytes"),
+        "the drop is logged: {}",
+        proxy.log()
+    );
+}
+
 #[tokio::test]
 async fn healthz_says_what_runs_and_readyz_fails_while_draining() {
     // A slow stream keeps the drain going while /readyz is asked.

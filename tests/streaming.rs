@@ -409,3 +409,87 @@ async fn a_slow_client_holds_back_the_upstream_and_memory_stays_bounded() {
         before >> 20
     );
 }
+
+/// A provider on loopback that answers one request with `chunks`, each its own
+/// chunk of the HTTP body, written on its own with a short pause after it, so that
+/// promptgate reads each one separately (as a slow token stream comes).
+fn drip_upstream(chunks: Vec<String>) -> (String, std::thread::JoinHandle<()>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let serve = std::thread::spawn(move || {
+        let (mut socket, _) = listener.accept().unwrap();
+        socket.set_nodelay(true).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 16 << 10];
+        let head_end = loop {
+            let n = socket.read(&mut buf).unwrap();
+            assert!(n > 0, "the request came whole");
+            got.extend_from_slice(&buf[..n]);
+            if let Some(at) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break at + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while got.len() < head_end + length {
+            let n = socket.read(&mut buf).unwrap();
+            assert!(n > 0, "the request body came whole");
+            got.extend_from_slice(&buf[..n]);
+        }
+        socket
+            .write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n\
+                  transfer-encoding: chunked\r\n\r\n",
+            )
+            .unwrap();
+        for chunk in chunks {
+            let framed = format!("{:x}\r\n{chunk}\r\n", chunk.len());
+            socket.write_all(framed.as_bytes()).unwrap();
+            std::thread::sleep(Duration::from_micros(40));
+        }
+        socket.write_all(b"0\r\n\r\n").unwrap();
+    });
+    (url, serve)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn twenty_thousand_small_reads_cost_what_is_kept_not_a_buffer_each() {
+    // 20,000 one-token deltas (~2.3 MB), each read by promptgate on its own: a
+    // copy kept by reference pinned hyper's read buffer, ~4 KB a read (88 MB here).
+    let pieces = vec!["x"; 20_000];
+    let events = shapes::anthropic_events("claude-sonnet-4-5", &pieces, (5, 0, 0, 20_000));
+    let total: usize = events.iter().map(String::len).sum();
+    let (url, serve) = drip_upstream(events.clone());
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &url,
+        "--capture-max-response",
+        "4MiB",
+    ]);
+    let before = proxy.peak_rss();
+    let response = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert!(response.body.complete);
+    assert_eq!(
+        response.body.bytes.len(),
+        total,
+        "the client got every byte"
+    );
+    serve.join().expect("the upstream sent every chunk");
+    let record = support::captures::only_record(&proxy.captures, Duration::from_secs(30)).await;
+    assert_eq!(record["outcome"], "ok");
+    assert_eq!(record["response"]["event_count"], events.len());
+    assert_eq!(record["usage"]["output_tokens"], 20_000);
+    assert_eq!(record["response"]["truncated"], false);
+    let peak = proxy.peak_rss();
+    // The record keeps 2.3 MB; the bound leaves room for its copies on the way to disk.
+    assert!(
+        peak < before + (24 << 20),
+        "memory follows the bytes kept, not the reads: peak {} MiB, {} MiB at start",
+        peak >> 20,
+        before >> 20
+    );
+}

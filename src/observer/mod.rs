@@ -1,7 +1,7 @@
 //! Reads a copy of every response body and says what it held.
 //!
 //! [`ObservedBody`] forwards each upstream chunk to the client as it arrives and
-//! keeps a reference-counted copy (no byte copy). When the body ends — completed,
+//! keeps a copy, in one buffer up to the retention limit. When the body ends — completed,
 //! broken, timed out or abandoned by the client — [`observe`] reads the copy by the
 //! provider's grammar, off the client's path. A body that cannot be read is noted
 //! on the [`Observation`]; it never fails the exchange.

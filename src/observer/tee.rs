@@ -1,5 +1,5 @@
 //! The response body the client reads: upstream frames pass straight through while
-//! a reference to each chunk is kept for the observer.
+//! a copy of them is kept for the observer (see [`Kept`]).
 //!
 //! It also owns the two things only the body can see: the idle timeout (no byte
 //! from upstream for too long; a live stream is never cut) and how the body ended.
@@ -54,10 +54,13 @@ pub enum BodyEnd {
 /// What the tap saw, handed over once when the body ends.
 #[derive(Debug)]
 pub struct TapResult {
-    /// The chunks as the client received them (up to the retention limit).
+    /// The body as the client received it, in one buffer (up to the retention limit),
+    /// less the events skipped unread (see [`ObservedBody::skipping`]).
     pub chunks: Vec<Bytes>,
     /// More bytes passed than were retained.
     pub truncated: bool,
+    /// Events passed but not kept because their reader skips them unread.
+    pub skipped_events: u32,
     /// Bytes forwarded to the client.
     pub bytes: u64,
     /// When the first body byte arrived from upstream.
@@ -71,11 +74,195 @@ pub struct TapResult {
 
 type OnEnd = Box<dyn FnOnce(TapResult) + Send>;
 
-struct Tap {
-    chunks: Vec<Bytes>,
-    retained: usize,
+/// The bytes of a body kept for the observer, copied into one buffer: memory then
+/// follows the bytes kept, not how many reads brought them (a chunk sliced from
+/// hyper's read buffer pins that whole buffer while it is held). A prefix: past
+/// `limit` nothing more is kept. The buffer at most doubles, so its capacity stays
+/// under twice the bytes kept (and never past `limit`).
+#[derive(Debug)]
+pub(crate) struct Kept {
+    buf: Vec<u8>,
     limit: usize,
+    /// Some bytes did not fit: the rest of the body is not kept.
     truncated: bool,
+}
+
+impl Kept {
+    pub(crate) fn new(limit: usize) -> Self {
+        Kept {
+            buf: Vec::new(),
+            limit,
+            truncated: false,
+        }
+    }
+
+    /// Keeps `data` whole if it fits under the limit; else keeps nothing more from
+    /// here on (so what is kept stays a prefix of the body, with no gap).
+    pub(crate) fn push(&mut self, data: &[u8]) {
+        if data.is_empty() || self.truncated {
+            self.truncated |= !data.is_empty();
+            return;
+        }
+        let need = self.buf.len() + data.len();
+        if need > self.limit {
+            self.truncated = true;
+            return;
+        }
+        if need > self.buf.capacity() {
+            let want = (self.buf.capacity() * 2).max(need).min(self.limit);
+            self.buf.reserve_exact(want - self.buf.len());
+        }
+        self.buf.extend_from_slice(data);
+    }
+
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The bytes kept, as one shared buffer (no copy), and whether some were not.
+    pub(crate) fn finish(self) -> (Bytes, bool) {
+        (Bytes::from(self.buf), self.truncated)
+    }
+}
+
+/// Where a [`Skipper`] stands in the stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum At {
+    /// Between events: no line of the next one yet.
+    Between,
+    /// Inside an event's first line, read into `head` to know its name.
+    Head,
+    /// Inside an event that is kept.
+    Keep,
+    /// Inside an event that is skipped.
+    Skip,
+}
+
+/// The longest first line a skipped event can have (`event: content_block_delta`).
+const HEAD_MAX: usize = 40;
+
+/// For a stream whose message nobody reads: counts, instead of keeping, the events
+/// whose reader skips them unread by name (an Anthropic stream's text deltas and
+/// pings, most of its bytes). An event is known by its first line, `event: <name>`,
+/// as the providers send them; anything else is kept as it came.
+#[derive(Debug)]
+struct Skipper {
+    names: &'static [&'static str],
+    at: At,
+    /// The event's first line so far, while `at` is `Head` (at most `HEAD_MAX`).
+    head: Vec<u8>,
+    /// No byte of the current line yet.
+    line_start: bool,
+    /// The last byte was a `\r`: a `\n` right after it ends the same line.
+    after_cr: bool,
+    skipped: u32,
+    /// The name of the event skipped last, when no event was kept after it.
+    last_skipped: Option<&'static str>,
+}
+
+impl Skipper {
+    fn new(names: &'static [&'static str]) -> Self {
+        Skipper {
+            names,
+            at: At::Between,
+            head: Vec::new(),
+            line_start: true,
+            after_cr: false,
+            skipped: 0,
+            last_skipped: None,
+        }
+    }
+
+    /// The skipped event a first line names, if it names one.
+    fn skipped_name(&self, line: &[u8]) -> Option<&'static str> {
+        let value = line.strip_prefix(b"event:")?;
+        let value = value.strip_prefix(b" ").unwrap_or(value);
+        self.names.iter().copied().find(|n| n.as_bytes() == value)
+    }
+
+    /// Passes `data` on: what is kept goes to `kept`.
+    fn feed(&mut self, data: &[u8], kept: &mut Kept) {
+        // Bytes from `run` up to the current position go to `kept` when kept.
+        let mut run = 0;
+        let mut i = 0;
+        while i < data.len() {
+            let b = data[i];
+            if std::mem::take(&mut self.after_cr) && b == b'\n' {
+                i += 1;
+                continue;
+            }
+            let line_end = b == b'\n' || b == b'\r';
+            match (self.at, line_end) {
+                (At::Between, false) => {
+                    kept.push(&data[run..i]);
+                    self.at = At::Head;
+                    self.head.clear();
+                    self.head.push(b);
+                    run = i + 1;
+                }
+                (At::Head, false) => {
+                    self.head.push(b);
+                    run = i + 1;
+                    if self.head.len() > HEAD_MAX {
+                        kept.push(&self.head);
+                        self.at = At::Keep;
+                    }
+                }
+                (At::Head, true) => {
+                    let name = self.skipped_name(&self.head);
+                    self.at = if name.is_some() { At::Skip } else { At::Keep };
+                    if let Some(name) = name {
+                        self.last_skipped = Some(name);
+                    } else {
+                        kept.push(&self.head);
+                        self.last_skipped = None;
+                    }
+                    run = i;
+                }
+                (At::Keep | At::Skip, true) if self.line_start => {
+                    // A blank line: the event ends with it.
+                    if self.at == At::Skip {
+                        self.skipped += 1;
+                        run = i + 1;
+                    }
+                    self.at = At::Between;
+                }
+                (At::Skip, _) => run = i + 1,
+                _ => {}
+            }
+            self.line_start = line_end;
+            self.after_cr = b == b'\r';
+            // Within a kept or skipped event only line ends matter: jump to the next.
+            i += 1;
+            if matches!(self.at, At::Keep | At::Skip) && !line_end {
+                let to = memchr::memchr2(b'\n', b'\r', &data[i..]).map_or(data.len(), |n| i + n);
+                if self.at == At::Skip {
+                    run = to;
+                }
+                if to > i {
+                    self.line_start = false;
+                    self.after_cr = false;
+                }
+                i = to;
+            }
+        }
+        if self.at != At::Skip && self.at != At::Head {
+            kept.push(&data[run..]);
+        }
+    }
+
+    /// The stream ended: an unfinished first line is kept as it came.
+    fn finish(&mut self, kept: &mut Kept) {
+        if self.at == At::Head {
+            kept.push(&self.head);
+        }
+    }
+}
+
+struct Tap {
+    kept: Kept,
+    /// Set for a stream whose skipped events are counted, not kept.
+    skipper: Option<Box<Skipper>>,
     bytes: u64,
     first_byte: Option<Instant>,
     /// The last bytes forwarded, to know whether the stream stands at an event boundary.
@@ -87,11 +274,9 @@ impl Tap {
     fn record(&mut self, data: &Bytes, now: Instant) {
         self.first_byte.get_or_insert(now);
         self.bytes += data.len() as u64;
-        if self.retained + data.len() <= self.limit {
-            self.retained += data.len();
-            self.chunks.push(data.clone());
-        } else {
-            self.truncated = true;
+        match self.skipper.as_mut() {
+            Some(skipper) => skipper.feed(data, &mut self.kept),
+            None => self.kept.push(data),
         }
         let n = data.len().min(4);
         self.tail.rotate_left(n);
@@ -100,12 +285,14 @@ impl Tap {
 
     /// The type of the last SSE event forwarded (from the bytes kept), for the stall warning.
     fn last_event(&self) -> Option<String> {
-        self.chunks.iter().rev().find_map(|c| {
-            let at = memchr::memmem::rfind(c, b"event: ")?;
-            let rest = &c[at + 7..];
-            let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
-            Some(String::from_utf8_lossy(&rest[..end]).into_owned())
-        })
+        if let Some(name) = self.skipper.as_ref().and_then(|s| s.last_skipped) {
+            return Some(name.to_owned());
+        }
+        let c = self.kept.bytes();
+        let at = memchr::memmem::rfind(c, b"event: ")?;
+        let rest = &c[at + 7..];
+        let end = memchr::memchr2(b'\n', b'\r', rest).unwrap_or(rest.len());
+        Some(String::from_utf8_lossy(&rest[..end]).into_owned())
     }
 
     fn at_event_boundary(&self) -> bool {
@@ -113,6 +300,33 @@ impl Tap {
             || self.tail.ends_with(b"\n\n")
             || self.tail.ends_with(b"\r\r")
             || self.tail == *b"\r\n\r\n"
+    }
+
+    /// What it saw, once the body ended with `end`.
+    fn result(mut self, end: BodyEnd, stall: Option<Stall>) -> (OnEnd, TapResult) {
+        let skipped_events = match self.skipper.as_mut() {
+            Some(s) => {
+                s.finish(&mut self.kept);
+                s.skipped
+            }
+            None => 0,
+        };
+        let (body, truncated) = self.kept.finish();
+        let result = TapResult {
+            chunks: if body.is_empty() {
+                Vec::new()
+            } else {
+                vec![body]
+            },
+            truncated,
+            skipped_events,
+            bytes: self.bytes,
+            first_byte: self.first_byte,
+            ended: Instant::now(),
+            end,
+            stall,
+        };
+        (self.on_end, result)
     }
 }
 
@@ -190,10 +404,8 @@ where
             idle: Box::pin(tokio::time::sleep_until(now + first_wake)),
             last_activity: now,
             tap: Some(Tap {
-                chunks: Vec::new(),
-                retained: 0,
-                limit: retain_limit,
-                truncated: false,
+                kept: Kept::new(retain_limit),
+                skipper: None,
                 bytes: 0,
                 first_byte: None,
                 tail: [0; 4],
@@ -226,21 +438,26 @@ where
         self
     }
 
+    /// Counts, instead of keeping, the SSE events named `names` (events whose reader
+    /// skips them unread: see `provider::unread_events`); none: everything is kept.
+    pub fn skipping(mut self, names: &'static [&'static str]) -> Self {
+        if let Some(tap) = self.tap.as_mut()
+            && !names.is_empty()
+            && tap.bytes == 0
+        {
+            tap.skipper = Some(Box::new(Skipper::new(names)));
+        }
+        self
+    }
+
     fn finish(&mut self, end: BodyEnd) {
         if let Some(mut live) = self.live.take() {
             live.end();
         }
         let stall = self.watch.as_ref().and_then(|w| w.found);
         if let Some(tap) = self.tap.take() {
-            (tap.on_end)(TapResult {
-                chunks: tap.chunks,
-                truncated: tap.truncated,
-                bytes: tap.bytes,
-                first_byte: tap.first_byte,
-                ended: Instant::now(),
-                end,
-                stall,
-            });
+            let (on_end, result) = tap.result(end, stall);
+            on_end(result);
         }
     }
 
@@ -480,15 +697,8 @@ impl<B: Body> Drop for ObservedBody<B> {
             } else {
                 BodyEnd::ClientGone
             };
-            (tap.on_end)(TapResult {
-                chunks: tap.chunks,
-                truncated: tap.truncated,
-                bytes: tap.bytes,
-                first_byte: tap.first_byte,
-                ended: Instant::now(),
-                end,
-                stall: self.watch.as_ref().and_then(|w| w.found),
-            });
+            let (on_end, result) = tap.result(end, self.watch.as_ref().and_then(|w| w.found));
+            on_end(result);
         }
     }
 }
@@ -605,7 +815,110 @@ mod tests {
         let r = seen.lock().unwrap().take().unwrap();
         assert_eq!(r.end, BodyEnd::Complete);
         assert_eq!(r.bytes, 3);
-        assert_eq!(r.chunks.len(), 2);
+        assert_eq!(
+            r.chunks,
+            vec![Bytes::from_static(b"abc")],
+            "kept in one buffer"
+        );
+    }
+
+    #[test]
+    fn the_kept_copy_is_one_buffer_under_twice_its_bytes_and_a_prefix_under_the_cap() {
+        // 20,000 small reads, as an SSE stream of small deltas comes: memory follows
+        // the bytes kept, never the number of reads.
+        let limit = 256 << 10;
+        let mut kept = Kept::new(limit);
+        let mut sent = Vec::new();
+        for i in 0..20_000u32 {
+            let chunk = format!("data: {{\"i\":{i}}}\n\n").repeat(1 + (i % 3) as usize);
+            sent.extend_from_slice(chunk.as_bytes());
+            kept.push(chunk.as_bytes());
+            let (len, cap) = (kept.buf.len(), kept.buf.capacity());
+            assert!(cap <= 2 * len, "capacity {cap} for {len} bytes kept");
+            assert!(cap <= limit, "capacity {cap} past the cap");
+        }
+        let (body, truncated) = kept.finish();
+        assert!(truncated && sent.len() > limit);
+        assert!(
+            body.len() <= limit && body.len() > limit - 100,
+            "{}",
+            body.len()
+        );
+        assert_eq!(body, sent[..body.len()], "a prefix, with no gap");
+    }
+
+    /// An Anthropic stream with text deltas and pings, its lines ended by `eol`.
+    fn anthropic_stream(eol: &str) -> String {
+        let mut events = vec![
+            "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"model\":\"claude-x\",\"content\":[],\"usage\":{\"input_tokens\":5,\"output_tokens\":1}}}\n\n".to_owned(),
+            "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n".to_owned(),
+            ": a comment\n\nevent: ping\ndata: {\"type\": \"ping\"}\n\n".to_owned(),
+        ];
+        for i in 0..50 {
+            events.push(format!("event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"w{i} \"}}}}\n\n"));
+        }
+        events.push(
+            "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+                .to_owned(),
+        );
+        events.push("event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":50}}\n\n".to_owned());
+        events.push("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_owned());
+        events.concat().replace('\n', eol)
+    }
+
+    #[test]
+    fn skipped_events_are_counted_and_the_summary_is_the_same() {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        let names = crate::provider::unread_events(Provider::Anthropic, false);
+        for eol in ["\n", "\r\n", "\r"] {
+            let text = anthropic_stream(eol);
+            let whole = crate::observer::observe(
+                Provider::Anthropic,
+                Api::Messages,
+                &headers,
+                &[Bytes::from(text.clone())],
+                false,
+                1 << 20,
+                false,
+            );
+            assert_eq!(whole.summary.events, 56, "{eol:?}");
+            for size in [1, 2, 3, 7, 26, 27, 64, 1000, text.len()] {
+                let mut kept = Kept::new(1 << 20);
+                let mut skipper = Skipper::new(names);
+                for piece in text.as_bytes().chunks(size) {
+                    skipper.feed(piece, &mut kept);
+                }
+                skipper.finish(&mut kept);
+                let (body, _) = kept.finish();
+                let mut seen = crate::observer::observe(
+                    Provider::Anthropic,
+                    Api::Messages,
+                    &headers,
+                    std::slice::from_ref(&body),
+                    false,
+                    1 << 20,
+                    false,
+                );
+                seen.summary.events += skipper.skipped;
+                assert_eq!(skipper.skipped, 51, "{eol:?} in pieces of {size}");
+                assert_eq!(seen.summary, whole.summary, "{eol:?} in pieces of {size}");
+                let body = String::from_utf8(body.to_vec()).unwrap();
+                assert!(
+                    !body.contains("content_block_delta") && !body.contains("ping"),
+                    "{body}"
+                );
+                assert!(
+                    body.len() < text.len() / 3,
+                    "{} of {}",
+                    body.len(),
+                    text.len()
+                );
+            }
+        }
     }
 
     #[tokio::test]

@@ -64,6 +64,16 @@ pub fn stream_reader(provider: Provider, api: Api, message: bool) -> Box<dyn Str
     }
 }
 
+/// The SSE events [`stream_reader`]'s reader skips unread by their `event:` name
+/// when nobody reads the message (`message` false): a tap may count them instead of
+/// keeping them. They are only counted (`ResponseSummary::events`).
+pub fn unread_events(provider: Provider, message: bool) -> &'static [&'static str] {
+    match (provider, message) {
+        (Provider::Anthropic, false) => &["content_block_delta", "ping"],
+        _ => &[],
+    }
+}
+
 /// Reads a whole JSON response body of one provider API.
 pub fn read_json(provider: Provider, body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
     match provider {

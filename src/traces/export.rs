@@ -1,7 +1,7 @@
 //! The OTLP/HTTP exporter: spans go into a bounded queue, a task on the runtime
-//! batches them and posts them as protobuf. Nothing waits on it: past the queue,
-//! or when the collector is down or slow, spans are dropped and counted, with one
-//! warning a minute.
+//! batches them and posts them as protobuf. Nothing waits on it: past the queue
+//! (in spans, or in bytes: `traces.queue_bytes`), or when the collector is down or
+//! slow, spans are dropped and counted, with one warning a minute.
 //!
 //! Not the `opentelemetry_sdk` batch processor: spans here are built after the
 //! fact from finished records (with their own start and end times), not by a
@@ -9,7 +9,7 @@
 //! a blocking executor, which the hyper client (a tokio one) does not run on. The
 //! messages are the official ones (`opentelemetry-proto`).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -62,14 +62,40 @@ impl ExportCounts {
 }
 
 enum Item {
-    Span(Box<Span>),
+    /// A span and its encoded size, counted in [`Held`] until its batch is posted.
+    Span(Box<Span>, usize),
     /// Post what is queued, then say so.
     Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// The bytes of spans the exporter holds: queued, batched, or in a post under way.
+#[derive(Debug)]
+struct Held {
+    bytes: AtomicUsize,
+    max: usize,
+}
+
+impl Held {
+    /// Takes room for `size` bytes, if it fits under the bound (or nothing is held:
+    /// one span larger than the bound still goes).
+    fn take(&self, size: usize) -> bool {
+        let before = self.bytes.fetch_add(size, Ordering::SeqCst);
+        if before > 0 && before.saturating_add(size) > self.max {
+            self.bytes.fetch_sub(size, Ordering::SeqCst);
+            return false;
+        }
+        true
+    }
+
+    fn give_back(&self, size: usize) {
+        self.bytes.fetch_sub(size, Ordering::SeqCst);
+    }
 }
 
 /// The record sink that turns each record into a span and queues it.
 pub struct SpanExporter {
     queue: mpsc::Sender<Item>,
+    held: Arc<Held>,
     redactor: Arc<Redactor>,
     conversation: KeySource,
     content: bool,
@@ -88,6 +114,10 @@ impl SpanExporter {
         let url = settings.url.clone()?;
         let (tx, rx) = mpsc::channel(settings.queue);
         let counts = Arc::new(ExportCounts::default());
+        let held = Arc::new(Held {
+            bytes: AtomicUsize::new(0),
+            max: settings.queue_bytes,
+        });
         let resource = Resource {
             attributes: vec![
                 text(semconv::SERVICE_NAME, settings.service_name.clone()),
@@ -97,6 +127,7 @@ impl SpanExporter {
         };
         let task = post_batches(
             rx,
+            held.clone(),
             Collector {
                 url,
                 client,
@@ -106,6 +137,7 @@ impl SpanExporter {
         );
         let sink = SpanExporter {
             queue: tx,
+            held,
             redactor,
             conversation,
             content: settings.content,
@@ -131,7 +163,22 @@ impl RecordSink for SpanExporter {
             content: self.content,
         };
         let span = span_of(record, &cx);
-        if self.queue.try_send(Item::Span(Box::new(span))).is_err() {
+        // The newest span is the one dropped: the older ones are already in a batch
+        // on its way, and a full queue is only known when a span comes.
+        let size = span.encoded_len();
+        if !self.held.take(size) {
+            self.counts.drop_spans(
+                1,
+                "the export queue holds traces.queue_bytes of spans (the collector is slow or down)",
+            );
+            return;
+        }
+        if self
+            .queue
+            .try_send(Item::Span(Box::new(span), size))
+            .is_err()
+        {
+            self.held.give_back(size);
             self.counts.drop_spans(
                 1,
                 "the export queue is full (the collector is slow or down)",
@@ -155,9 +202,15 @@ struct Collector {
     counts: Arc<ExportCounts>,
 }
 
-/// Takes spans off the queue and posts them in batches until the queue closes.
-async fn post_batches(mut queue: mpsc::Receiver<Item>, collector: Collector) {
+/// Takes spans off the queue and posts them in batches until the queue closes; a
+/// batch's bytes are given back to `held` once its post is over.
+async fn post_batches(mut queue: mpsc::Receiver<Item>, held: Arc<Held>, collector: Collector) {
     let mut batch: Vec<Span> = Vec::with_capacity(BATCH);
+    let mut batch_bytes = 0;
+    let post = async |batch: &mut Vec<Span>, bytes: &mut usize| {
+        collector.post(std::mem::take(batch)).await;
+        held.give_back(std::mem::take(bytes));
+    };
     loop {
         let next = if batch.is_empty() {
             queue.recv().await
@@ -165,24 +218,25 @@ async fn post_batches(mut queue: mpsc::Receiver<Item>, collector: Collector) {
             match tokio::time::timeout(LINGER, queue.recv()).await {
                 Ok(item) => item,
                 Err(_) => {
-                    collector.post(std::mem::take(&mut batch)).await;
+                    post(&mut batch, &mut batch_bytes).await;
                     continue;
                 }
             }
         };
         match next {
             None => {
-                collector.post(batch).await;
+                post(&mut batch, &mut batch_bytes).await;
                 return;
             }
-            Some(Item::Span(span)) => {
+            Some(Item::Span(span, size)) => {
                 batch.push(*span);
+                batch_bytes += size;
                 if batch.len() >= BATCH {
-                    collector.post(std::mem::take(&mut batch)).await;
+                    post(&mut batch, &mut batch_bytes).await;
                 }
             }
             Some(Item::Flush(done)) => {
-                collector.post(std::mem::take(&mut batch)).await;
+                post(&mut batch, &mut batch_bytes).await;
                 let _ = done.send(());
             }
         }

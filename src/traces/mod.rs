@@ -23,6 +23,7 @@ use crate::provider::json::decode_str;
 use crate::provider::{Api, Provider};
 use crate::record::{ExchangeRecord, Outcome};
 use crate::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
+use crate::setting::{Scalar, parse_size};
 use semconv::*;
 
 /// `[traces]` in the config file, as written; the flags and `OTEL_*` fill it too.
@@ -39,6 +40,9 @@ pub struct TracesLayer {
     pub service_name: Option<String>,
     /// Spans waiting to be sent at most; past it new ones are dropped and counted.
     pub queue: Option<usize>,
+    /// Bytes of spans the exporter may hold (queued or being posted); past it new
+    /// ones are dropped and counted [default: 64MiB].
+    pub queue_bytes: Option<Scalar>,
 }
 
 impl TracesLayer {
@@ -63,6 +67,7 @@ impl TracesLayer {
             content: content.then_some(true),
             service_name: env("OTEL_SERVICE_NAME"),
             queue: None,
+            queue_bytes: None,
         }
     }
 }
@@ -75,7 +80,14 @@ pub struct TracesSettings {
     pub content: bool,
     pub service_name: String,
     pub queue: usize,
+    /// The most bytes of spans held at once (queued, batched or being posted), by
+    /// their encoded size: with `content` a span carries the whole prompt, so a
+    /// count alone lets a hung collector cost gigabytes.
+    pub queue_bytes: usize,
 }
+
+/// The default of [`TracesSettings::queue_bytes`].
+pub const QUEUE_BYTES: usize = 64 << 20;
 
 impl Default for TracesSettings {
     fn default() -> Self {
@@ -84,6 +96,7 @@ impl Default for TracesSettings {
             content: false,
             service_name: "promptgate".into(),
             queue: 2048,
+            queue_bytes: QUEUE_BYTES,
         }
     }
 }
@@ -107,6 +120,13 @@ impl TracesSettings {
                 return Err("queue: expected at least 1 (e.g. 2048)".into());
             }
             self.queue = q;
+        }
+        if let Some(v) = layer.queue_bytes {
+            let bytes = parse_size(&v).map_err(|e| format!("queue_bytes: {e}"))?;
+            if bytes == 0 {
+                return Err("queue_bytes: expected at least 1 byte (e.g. \"64MiB\")".into());
+            }
+            self.queue_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
         Ok(())
     }
