@@ -440,55 +440,99 @@ pub(crate) fn load_dir_with(
 }
 
 /// What a rules directory holds: its `*.toml` files as (name, text), in name order,
-/// and the ones that could not be read. Two reads compare equal when nothing changed.
+/// the ones that could not be read, and the ones skipped for not being regular files.
+/// Two reads compare equal when nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DirSources {
     pub files: Vec<(String, String)>,
     pub errors: Vec<LoadError>,
+    /// `*.toml` entries that are not regular files (FIFOs, devices, directories,
+    /// symlink loops): never opened, so never blocked on or read without end.
+    pub warnings: Vec<LoadError>,
 }
 
 /// Reads the rule files of `dir` (following symlinks, as a ConfigMap mounts them).
+/// Only regular files are read; any other `*.toml` entry is skipped with a warning.
 pub(crate) fn read_dir(dir: &Path) -> DirSources {
     let shown = dir.display().to_string();
+    let at_top = |file: String, message: String| LoadError {
+        file,
+        line: 1,
+        col: 1,
+        message,
+        offset: 0,
+    };
+    let mut read = DirSources {
+        files: Vec::new(),
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) => {
-            return DirSources {
-                files: Vec::new(),
-                errors: vec![LoadError {
-                    file: shown,
-                    line: 1,
-                    col: 1,
-                    message: format!("cannot read the rules directory: {e}"),
-                    offset: 0,
-                }],
-            };
+            read.errors.push(at_top(
+                shown,
+                format!("cannot read the rules directory: {e}"),
+            ));
+            return read;
         }
     };
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
     paths.sort();
-    let mut read = DirSources {
-        files: Vec::new(),
-        errors: Vec::new(),
-    };
     for path in paths {
         let name = path.display().to_string();
+        // `metadata` follows symlinks and never opens the file: a FIFO cannot block it.
+        let kind = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => None,
+            Ok(meta) => Some(file_kind(&meta.file_type()).to_owned()),
+            Err(e) if path.is_symlink() && e.kind() == std::io::ErrorKind::NotFound => {
+                Some("a symlink to nothing".to_owned())
+            }
+            Err(e) if path.is_symlink() => Some(format!("a symlink that cannot be followed: {e}")),
+            Err(e) => {
+                read.errors.push(at_top(name, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        if let Some(kind) = kind {
+            read.warnings.push(at_top(
+                name,
+                format!("skipped: not a regular file ({kind})"),
+            ));
+            continue;
+        }
         match std::fs::read_to_string(&path) {
             Ok(text) => read.files.push((name, text)),
-            Err(e) => read.errors.push(LoadError {
-                file: name,
-                line: 1,
-                col: 1,
-                message: format!("cannot read: {e}"),
-                offset: 0,
-            }),
+            Err(e) => read.errors.push(at_top(name, format!("cannot read: {e}"))),
         }
     }
     read
+}
+
+/// What a directory entry that is not a regular file is, in words.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else {
+        "neither a file nor a directory"
+    }
 }
 
 impl DirSources {
@@ -510,6 +554,10 @@ impl DirSources {
             return Err(errors);
         }
         set.dir = Some(dir.to_owned());
+        // What was skipped comes first: it is about the directory, not a rule.
+        let mut warnings = self.warnings.clone();
+        warnings.append(&mut set.warnings);
+        set.warnings = warnings;
         Ok(set)
     }
 }
