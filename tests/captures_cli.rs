@@ -531,3 +531,55 @@ async fn the_command_line_finds_the_running_proxy_without_flags() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Captured text is the client's and the provider's: an ESC or CSI in a model name,
+/// a prompt or an answer is printed spelt out (`\x1b`, `\u{9b}`), never raw, so it
+/// cannot recolour, move or retitle the terminal of whoever reads the captures.
+#[tokio::test]
+async fn control_characters_in_captured_text_are_printed_escaped() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message(
+                "claude-opus-5-5",
+                "ok \u{1b}[2J\u{9b}2J done",
+                (9, 0, 0, 1),
+            ),
+        ))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let body = serde_json::json!({
+        "model": "claude-\u{1b}[31mred",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi \u{1b}]0;pwned\u{7} \u{9b}31m there"}],
+    });
+    let body = serde_json::to_vec(&body).unwrap();
+    let h = vec![
+        ("Host", proxy.addr.to_string()),
+        ("content-type", "application/json".to_owned()),
+        ("x-api-key", "sk-ant-api03-controls-0123456789".to_owned()),
+    ];
+    let r = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages", &h, &body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let records = captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let id = records[0]["id"].as_str().unwrap().to_owned();
+    let dir = &proxy.captures;
+    let raw_controls = |text: &str| {
+        text.chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t')
+    };
+    let list = captures::ok(dir, &["list"]);
+    assert!(!raw_controls(&list), "{list:?}");
+    assert!(list.contains("claude-\\x1b[31mred"), "{list}");
+    let show = captures::ok(dir, &["show", &id]);
+    assert!(!raw_controls(&show), "{show:?}");
+    assert!(show.contains("\\x1b]0;pwned\\x07 \\u{9b}31m"), "{show}");
+    let report = captures::cache_report(dir, &[]);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    assert!(!raw_controls(&report.stdout), "{:?}", report.stdout);
+}

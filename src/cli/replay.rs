@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::captures::{FilterArgs, diff_lines};
-use super::output::{print, render_table, store_config};
+use super::output::{print, print_text, render_table, store_config};
 use crate::capture::Store;
 use crate::capture::StoreLocation;
 use crate::replay::{self, Condition, ReplaySettings, Report};
@@ -91,7 +91,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             let _ = writeln!(out, "--fail-on {c}: {verdict}");
         }
     }
-    print(out.as_bytes())?;
+    if args.format == "json" {
+        print(out.as_bytes())?;
+    } else {
+        print_text(&out)?;
+    }
     Ok(if held.is_empty() {
         ExitCode::SUCCESS
     } else {
