@@ -583,3 +583,73 @@ async fn control_characters_in_captured_text_are_printed_escaped() {
     assert_eq!(report.code, 0, "{}", report.stderr);
     assert!(!raw_controls(&report.stdout), "{:?}", report.stdout);
 }
+
+/// One damaged record (its metadata no longer zstd JSON) does not stop the verbs
+/// that read many: `replay`, `captures export` and `cache report` name it on stderr,
+/// process the others and exit 0.
+#[tokio::test]
+async fn a_damaged_record_is_skipped_named_and_the_others_read() {
+    let (_fake, proxy, ids) = start().await;
+    let dir = &proxy.captures;
+    let before = captures::export(dir).len();
+    assert!(before >= 4, "{before}");
+    let bad = &ids[1];
+    let db = rusqlite::Connection::open(dir.join("promptgate.db")).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE records SET meta = X'00112233' WHERE id = ?1",
+            [bad.as_str()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let named = |stderr: &str| {
+        assert!(
+            stderr.contains(&format!(
+                "warning: skipped record {bad}: capture store is damaged"
+            )),
+            "{stderr}"
+        );
+    };
+
+    let export = captures::cli(dir, &["export", "--format", "jsonl"]);
+    assert_eq!(export.code, 0, "{}", export.stderr);
+    named(&export.stderr);
+    let exported: Vec<String> = export
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].to_string())
+        .collect();
+    assert_eq!(exported.len(), before - 1, "{exported:?}");
+    assert!(!exported.contains(&format!("{bad:?}")), "{exported:?}");
+    assert!(exported.contains(&format!("{:?}", ids[2])), "{exported:?}");
+
+    let report = captures::cache_report(dir, &["--format", "json"]);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    named(&report.stderr);
+    let json: Value = serde_json::from_str(&report.stdout).unwrap();
+    assert_eq!(json["damaged"][0]["id"], bad.as_str(), "{json}");
+    assert!(json["total"]["requests"].as_u64().unwrap() >= 3, "{json}");
+
+    let rules = support::TempDir::new("damaged-replay");
+    std::fs::write(
+        rules.path().join("tag.toml"),
+        "[[rule]]\nname = \"t\"\non = \"before_provider_request\"\nactions = [ { tag = \"x\" } ]\n",
+    )
+    .unwrap();
+    let replay = captures::replay(dir, &["--rules", rules.path().to_str().unwrap()]);
+    assert_eq!(replay.code, 0, "{}", replay.stderr);
+    named(&replay.stderr);
+    assert!(
+        replay
+            .stdout
+            .contains("skipped 1: damaged: the record could not be read"),
+        "{}",
+        replay.stdout
+    );
+    assert!(
+        replay.stdout.contains("model requests replayed"),
+        "{}",
+        replay.stdout
+    );
+}

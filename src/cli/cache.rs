@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::output::{print, print_text, render_table, store_config};
+use super::output::{print, print_text, render_table, store_config, warn_damaged};
 use crate::cache::explain::{Reason, Verdict, kilo};
 use crate::cache::report::{self, ConversationReport, Entry, Report};
 use crate::capture::StoreLocation;
@@ -71,6 +71,7 @@ pub fn run(args: CacheArgs) -> anyhow::Result<()> {
     };
     let store = Store::open_read_only(&dir)?;
     let report = report::build(&store, &filter, &config.cache.ignore)?;
+    warn_damaged(&report.damaged);
     match args.format {
         Format::Json => {
             let mut text = serde_json::to_string_pretty(&report)?;

@@ -15,7 +15,7 @@ use crate::capture::units::{self, Change, DiffEntry};
 use crate::capture::{Store, timestamp};
 use crate::prompt::{Prompt, PromptView, UnitView};
 
-use super::output::{page_text, print, print_text, render_table, store_config};
+use super::output::{page_text, print, print_text, render_table, store_config, warn_damaged};
 
 /// `promptgate captures` and its verbs.
 #[derive(Debug, Args)]
@@ -1007,7 +1007,9 @@ fn range(first: &DiffEntry, last: &DiffEntry) -> String {
 // === export ===
 
 fn export(store: &Store, args: &ExportArgs) -> anyhow::Result<()> {
-    let records = store.records(&args.filter.filter()?)?;
+    let mut damaged = Vec::new();
+    let records = store.records(&args.filter.filter()?, &mut damaged)?;
+    warn_damaged(&damaged);
     let mut bytes = Vec::new();
     match args.format.as_str() {
         "jsonl" => crate::capture::export::jsonl(records, &mut bytes)?,

@@ -90,6 +90,18 @@ pub(super) fn page_text(text: &str) -> anyhow::Result<()> {
     page(escape_controls(text).as_bytes())
 }
 
+/// Names on stderr each record a verb left out because it could not be read; the
+/// verb goes on with the others and exits 0 (the output says what it covers).
+pub(super) fn warn_damaged(damaged: &[crate::capture::store::Damaged]) {
+    for d in damaged {
+        eprintln!(
+            "warning: skipped record {}: {}",
+            d.id,
+            escape_controls(&d.reason)
+        );
+    }
+}
+
 pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
