@@ -637,6 +637,24 @@ impl Collector for Sources {
                     ),
                 ],
             )?;
+            family(
+                e,
+                "promptgate_capture_dropped_records",
+                "Records the capture dropped, by why: queue_full (raise capture.queue_bytes), closed (ended after shutdown began)",
+                MetricType::Counter,
+                &[
+                    (
+                        ReasonLabels {
+                            reason: "queue_full",
+                        },
+                        ConstCounter::new(counts.dropped_queue_full),
+                    ),
+                    (
+                        ReasonLabels { reason: "closed" },
+                        ConstCounter::new(counts.dropped_closed),
+                    ),
+                ],
+            )?;
         }
         if let Some(dir) = &self.capture_dir {
             gauge(
