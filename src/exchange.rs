@@ -43,6 +43,8 @@ pub struct Settings {
     pub max_body: u64,
     /// The longest silence while a request body arrives (`--body-timeout`).
     pub body_timeout: Duration,
+    /// The longest a whole request body may take to arrive (`--body-total-timeout`).
+    pub body_total_timeout: Duration,
     /// How long the upstream may take to send a response head.
     pub upstream_timeout: Duration,
     /// The longest silence of a response body (`--idle-timeout`).
@@ -497,7 +499,11 @@ impl Proxy {
         body: Incoming,
         headers: &HeaderMap,
     ) -> Result<Bytes, Stop> {
-        let limits = (self.settings.max_body, self.settings.body_timeout);
+        let limits = (
+            self.settings.max_body,
+            self.settings.body_timeout,
+            self.settings.body_total_timeout,
+        );
         let body = read_body(body, headers, limits).await?;
         let started = ex.pending.started;
         ex.record().timing.body_read = Some(started.elapsed());
@@ -894,12 +900,13 @@ fn stall_response(
     own_error(pending, provider, error)
 }
 
-/// Reads the request body whole, refusing it past `max` bytes or after `silence`
-/// without a byte.
+/// Reads the request body whole, refusing it past `max` bytes, after `silence`
+/// without a byte, or when it has not all arrived within `whole` (a trickle of a
+/// byte now and then is never silent long enough for `silence` to cut it).
 async fn read_body(
     mut body: Incoming,
     headers: &HeaderMap,
-    (max, silence): (u64, std::time::Duration),
+    (max, silence, whole): (u64, std::time::Duration, std::time::Duration),
 ) -> Result<Bytes, ProxyError> {
     let too_large = |n: u64| {
         ProxyError::new(
@@ -920,16 +927,25 @@ async fn read_body(
     let mut first: Option<Bytes> = None;
     let mut joined: Option<BytesMut> = None;
     let mut total: u64 = 0;
+    let deadline = tokio::time::Instant::now() + whole;
     loop {
-        let Ok(frame) = tokio::time::timeout(silence, body.frame()).await else {
-            return Err(ProxyError::new(
-                ErrorKind::BodyTimeout,
+        let quiet_until = tokio::time::Instant::now() + silence;
+        let waited = tokio::time::timeout_at(quiet_until.min(deadline), body.frame()).await;
+        let Ok(frame) = waited else {
+            let message = if quiet_until < deadline {
                 format!(
                     "the request body stopped arriving: nothing for {}s after {total} bytes \
                      (--body-timeout)",
                     silence.as_secs()
-                ),
-            ));
+                )
+            } else {
+                format!(
+                    "the request body took too long: {total} bytes in {}s, and not all of it \
+                     (--body-total-timeout)",
+                    whole.as_secs()
+                )
+            };
+            return Err(ProxyError::new(ErrorKind::BodyTimeout, message));
         };
         let Some(frame) = frame else { break };
         let frame = frame.map_err(|e| {

@@ -502,6 +502,10 @@ pub struct CaptureState {
     pub written: u64,
     /// Records dropped because the queue stayed full.
     pub dropped: u64,
+    /// Of those, dropped because the queue stayed full past `capture.queue_wait`.
+    pub dropped_queue_full: u64,
+    /// Of those, dropped because the capture had closed (shutdown).
+    pub dropped_closed: u64,
     /// Records the store failed to write.
     pub failed: u64,
 }
@@ -672,6 +676,24 @@ impl Collector for Sources {
                     (
                         ResultLabels { result: "failed" },
                         ConstCounter::new(counts.failed),
+                    ),
+                ],
+            )?;
+            family(
+                e,
+                "promptgate_capture_dropped_records",
+                "Records the capture dropped, by why: queue_full (raise capture.queue_bytes), closed (ended after shutdown began)",
+                MetricType::Counter,
+                &[
+                    (
+                        ReasonLabels {
+                            reason: "queue_full",
+                        },
+                        ConstCounter::new(counts.dropped_queue_full),
+                    ),
+                    (
+                        ReasonLabels { reason: "closed" },
+                        ConstCounter::new(counts.dropped_closed),
                     ),
                 ],
             )?;

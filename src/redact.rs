@@ -282,6 +282,24 @@ fn prefix(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
+/// `text` (a URL as a user wrote it) with any password in its authority shown as
+/// `***` (`http://user:***@host`); a user part without a password is hidden whole,
+/// since a token is often passed there. For messages that refuse such a URL.
+pub fn url_without_password(text: &str) -> Cow<'_, str> {
+    let start = text.find("://").map_or(0, |i| i + 3);
+    let end = text[start..]
+        .find(['/', '?', '#'])
+        .map_or(text.len(), |i| start + i);
+    let Some(at) = text[start..end].rfind('@').map(|i| start + i) else {
+        return Cow::Borrowed(text);
+    };
+    let user = match text[start..at].find(':') {
+        Some(colon) => &text[start..start + colon + 1],
+        None => "",
+    };
+    Cow::Owned(format!("{}{user}***{}", &text[..start], &text[at..]))
+}
+
 /// A compiled set of secret shapes plus the configured extra patterns.
 pub struct Redactor {
     triggers: AhoCorasick,
@@ -833,6 +851,23 @@ fn marker(kind: &str, shown: Option<&str>, secret: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn urls_are_shown_without_their_password() {
+        for (url, shown) in [
+            (
+                "http://user:pw@host:4318/v1",
+                "http://user:***@host:4318/v1",
+            ),
+            ("https://tok@host", "https://***@host"),
+            ("http://a:b@c@host/p@q", "http://a:***@host/p@q"),
+            ("user:pw@host", "user:***@host"),
+            ("http://host:4318/x@y", "http://host:4318/x@y"),
+            ("c:4318", "c:4318"),
+        ] {
+            assert_eq!(url_without_password(url), shown, "{url}");
+        }
+    }
 
     fn redactor() -> Redactor {
         Redactor::new(

@@ -20,7 +20,7 @@ use crate::cache::cost::{self, Price};
 use crate::cache::{CacheSettings, CacheStage, Clock, Predicted};
 use crate::capture::Store;
 use crate::capture::record::CaptureRecord;
-use crate::capture::store::{Filter, StoreError};
+use crate::capture::store::{Damaged, Filter, StoreError};
 use crate::capture::units::{self, DiffEntry};
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
@@ -161,6 +161,9 @@ pub struct Report {
     pub cache_excluded: usize,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub each: Vec<Each>,
+    /// Records left out because they could not be read (counted in `skipped` too).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<Damaged>,
 }
 
 /// What a replay needs beyond the rules.
@@ -242,7 +245,13 @@ pub fn replay(
     let mut conversations: BTreeMap<String, ConversationImpact> = BTreeMap::new();
     let mut diverged: HashMap<String, bool> = HashMap::new();
     for row in rows {
-        let record = store.load(&row.id)?;
+        let Some(record) = Damaged::sift(&row.id, store.load(&row.id), &mut report.damaged)? else {
+            *report
+                .skipped
+                .entry("damaged: the record could not be read".into())
+                .or_default() += 1;
+            continue;
+        };
         let Some(format) = record.request_format() else {
             *report
                 .skipped

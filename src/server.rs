@@ -301,6 +301,8 @@ fn capture_state(capture: &Capture) -> CaptureState {
         spooled: capture.spool_dir().is_some().then_some(counts.spooled),
         written: counts.written,
         dropped: counts.dropped,
+        dropped_queue_full: counts.dropped_queue_full,
+        dropped_closed: counts.dropped_closed,
         failed: counts.failed,
     }
 }

@@ -170,26 +170,28 @@ pub struct BaseUrl {
 
 impl BaseUrl {
     pub fn parse(text: &str) -> Result<BaseUrl, String> {
+        // Messages show the URL without its password: they reach the terminal and logs.
+        let shown = crate::redact::url_without_password(text);
         let uri: Uri = text.parse().map_err(|e| {
-            format!("{text:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")")
+            format!("{shown:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")")
         })?;
         let scheme = uri.scheme().cloned().ok_or_else(|| {
-            format!("{text:?} has no scheme (expected e.g. \"https://api.anthropic.com\")")
+            format!("{shown:?} has no scheme (expected e.g. \"https://api.anthropic.com\")")
         })?;
         if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
-            return Err(format!("{text:?}: the scheme must be http or https"));
+            return Err(format!("{shown:?}: the scheme must be http or https"));
         }
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("{text:?} has no host"))?;
+            .ok_or_else(|| format!("{shown:?} has no host"))?;
         if authority.as_str().contains('@') {
             return Err(format!(
-                "{text:?}: credentials do not belong in the upstream URL"
+                "{shown:?}: credentials do not belong in the upstream URL"
             ));
         }
         if uri.query().is_some() {
-            return Err(format!("{text:?}: an upstream URL takes no query string"));
+            return Err(format!("{shown:?}: an upstream URL takes no query string"));
         }
         Ok(BaseUrl {
             scheme,

@@ -1322,3 +1322,83 @@ async fn stored_bodies_are_served_as_stored_and_export_lines_parse_anywhere() {
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "3");
 }
+
+/// A burst of large uploads past a small queue drops records: `/metrics` counts
+/// them by why (`reason="queue_full"`) and the log says so once per burst, naming
+/// the setting to raise, not once per record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_dropped_by_a_full_queue_are_counted_by_reason_and_logged_once_per_burst() {
+    let fake = FakeProvider::start(outcome_handler).await;
+    let dir = TempDir::new("queue-full");
+    let config = dir.path().join("promptgate.toml");
+    std::fs::write(
+        &config,
+        "[capture]\nqueue_bytes = \"64KiB\"\nqueue_wait = \"10ms\"\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    // 24 uploads of 1 MiB at once: the queue holds one record at a time.
+    let text = "lorem ipsum ".repeat((1 << 20) / 12);
+    let body = shapes::to_bytes(&json!({"model": "claude-opus-5-5", "max_tokens": 8,
+        "messages": [{"role": "user", "content": text}]}));
+    let request = messages_request(&proxy, "json", &body);
+    // A store that cannot write for a while (another process holds its write lock),
+    // as a slow disk would: the writer falls behind and the queue fills.
+    let db = rusqlite::Connection::open(proxy.captures.join("promptgate.db")).unwrap();
+    db.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let sends = (0..24).map(|_| {
+        let (addr, request) = (proxy.addr, request.clone());
+        tokio::spawn(async move { client::send(addr, &request).await.status })
+    });
+    for send in sends.collect::<Vec<_>>() {
+        assert_eq!(
+            send.await.unwrap(),
+            200,
+            "the request itself is never refused"
+        );
+    }
+    // The records reach the capture after their answers: wait for the drops.
+    let deadline = std::time::Instant::now() + WAIT;
+    let dropped = loop {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        let c = &health["capture"];
+        let seen = ["queued", "written", "dropped", "failed"]
+            .map(|k| c[k].as_u64().unwrap())
+            .iter()
+            .sum::<u64>();
+        if seen >= 23 || std::time::Instant::now() > deadline {
+            break c["dropped_queue_full"].as_u64().unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    db.execute_batch("COMMIT").unwrap();
+    drop(db);
+    assert!(dropped > 0, "{}", proxy.log());
+    let admin = proxy.admin_addr();
+    let metrics = client::send(
+        admin,
+        &request_bytes("GET", "/metrics", &[("Host", admin.to_string())], b""),
+    )
+    .await
+    .text();
+    let series = "promptgate_capture_dropped_records_total{reason=\"queue_full\"} ";
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with(series))
+        .unwrap_or_else(|| panic!("no {series}: {metrics}"));
+    assert_eq!(line[series.len()..].trim().parse::<u64>().unwrap(), dropped);
+    let log = proxy.log();
+    let lines = log
+        .matches("record dropped: raise capture.queue_bytes")
+        .count();
+    assert!(lines >= 1, "{log}");
+    assert!(
+        (lines as u64) < dropped || dropped == 1,
+        "one line per burst, not per record: {lines} lines for {dropped} drops"
+    );
+}

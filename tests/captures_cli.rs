@@ -531,3 +531,125 @@ async fn the_command_line_finds_the_running_proxy_without_flags() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// Captured text is the client's and the provider's: an ESC or CSI in a model name,
+/// a prompt or an answer is printed spelt out (`\x1b`, `\u{9b}`), never raw, so it
+/// cannot recolour, move or retitle the terminal of whoever reads the captures.
+#[tokio::test]
+async fn control_characters_in_captured_text_are_printed_escaped() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message(
+                "claude-opus-5-5",
+                "ok \u{1b}[2J\u{9b}2J done",
+                (9, 0, 0, 1),
+            ),
+        ))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let body = serde_json::json!({
+        "model": "claude-\u{1b}[31mred",
+        "max_tokens": 8,
+        "messages": [{"role": "user", "content": "hi \u{1b}]0;pwned\u{7} \u{9b}31m there"}],
+    });
+    let body = serde_json::to_vec(&body).unwrap();
+    let h = vec![
+        ("Host", proxy.addr.to_string()),
+        ("content-type", "application/json".to_owned()),
+        ("x-api-key", "sk-ant-api03-controls-0123456789".to_owned()),
+    ];
+    let r = client::send(
+        proxy.addr,
+        &request_bytes("POST", "/v1/messages", &h, &body),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let records = captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let id = records[0]["id"].as_str().unwrap().to_owned();
+    let dir = &proxy.captures;
+    let raw_controls = |text: &str| {
+        text.chars()
+            .any(|c| c.is_control() && c != '\n' && c != '\t')
+    };
+    let list = captures::ok(dir, &["list"]);
+    assert!(!raw_controls(&list), "{list:?}");
+    assert!(list.contains("claude-\\x1b[31mred"), "{list}");
+    let show = captures::ok(dir, &["show", &id]);
+    assert!(!raw_controls(&show), "{show:?}");
+    assert!(show.contains("\\x1b]0;pwned\\x07 \\u{9b}31m"), "{show}");
+    let report = captures::cache_report(dir, &[]);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    assert!(!raw_controls(&report.stdout), "{:?}", report.stdout);
+}
+
+/// One damaged record (its metadata no longer zstd JSON) does not stop the verbs
+/// that read many: `replay`, `captures export` and `cache report` name it on stderr,
+/// process the others and exit 0.
+#[tokio::test]
+async fn a_damaged_record_is_skipped_named_and_the_others_read() {
+    let (_fake, proxy, ids) = start().await;
+    let dir = &proxy.captures;
+    let before = captures::export(dir).len();
+    assert!(before >= 4, "{before}");
+    let bad = &ids[1];
+    let db = rusqlite::Connection::open(dir.join("promptgate.db")).unwrap();
+    let changed = db
+        .execute(
+            "UPDATE records SET meta = X'00112233' WHERE id = ?1",
+            [bad.as_str()],
+        )
+        .unwrap();
+    assert_eq!(changed, 1);
+    drop(db);
+    let named = |stderr: &str| {
+        assert!(
+            stderr.contains(&format!(
+                "warning: skipped record {bad}: capture store is damaged"
+            )),
+            "{stderr}"
+        );
+    };
+
+    let export = captures::cli(dir, &["export", "--format", "jsonl"]);
+    assert_eq!(export.code, 0, "{}", export.stderr);
+    named(&export.stderr);
+    let exported: Vec<String> = export
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["id"].to_string())
+        .collect();
+    assert_eq!(exported.len(), before - 1, "{exported:?}");
+    assert!(!exported.contains(&format!("{bad:?}")), "{exported:?}");
+    assert!(exported.contains(&format!("{:?}", ids[2])), "{exported:?}");
+
+    let report = captures::cache_report(dir, &["--format", "json"]);
+    assert_eq!(report.code, 0, "{}", report.stderr);
+    named(&report.stderr);
+    let json: Value = serde_json::from_str(&report.stdout).unwrap();
+    assert_eq!(json["damaged"][0]["id"], bad.as_str(), "{json}");
+    assert!(json["total"]["requests"].as_u64().unwrap() >= 3, "{json}");
+
+    let rules = support::TempDir::new("damaged-replay");
+    std::fs::write(
+        rules.path().join("tag.toml"),
+        "[[rule]]\nname = \"t\"\non = \"before_provider_request\"\nactions = [ { tag = \"x\" } ]\n",
+    )
+    .unwrap();
+    let replay = captures::replay(dir, &["--rules", rules.path().to_str().unwrap()]);
+    assert_eq!(replay.code, 0, "{}", replay.stderr);
+    named(&replay.stderr);
+    assert!(
+        replay
+            .stdout
+            .contains("skipped 1: damaged: the record could not be read"),
+        "{}",
+        replay.stdout
+    );
+    assert!(
+        replay.stdout.contains("model requests replayed"),
+        "{}",
+        replay.stdout
+    );
+}

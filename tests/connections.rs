@@ -105,6 +105,57 @@ async fn a_stalled_request_body_gets_a_408_and_one_record() {
     assert_eq!(records[0]["outcome"], "bad_request", "{}", records[0]);
 }
 
+/// A body trickled a byte at a time is never silent for `--body-timeout`, so
+/// `--body-total-timeout` bounds the whole read: a 408 in the provider's shape and
+/// one record, at the total bound and not after the body would have ended.
+#[tokio::test]
+async fn a_trickled_request_body_is_cut_at_the_total_bound_with_a_408_and_one_record() {
+    let fake = support::fake_answering_ok().await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--body-timeout",
+        "1s",
+        "--body-total-timeout",
+        "2s",
+    ]);
+    let body = shapes::to_bytes(&shapes::pi_body(0));
+    let request = post_bytes(&proxy, &body);
+    let mut stream = TcpStream::connect(proxy.addr).unwrap();
+    let head = request.len() - body.len();
+    stream.write_all(&request[..head]).unwrap();
+    let mut writer = stream.try_clone().unwrap();
+    let started = Instant::now();
+    // One byte every 200 ms: the body would take minutes, never silent for 1 s.
+    let trickle = std::thread::spawn(move || {
+        for byte in &request[head..] {
+            std::thread::sleep(Duration::from_millis(200));
+            if writer.write_all(std::slice::from_ref(byte)).is_err() {
+                return;
+            }
+        }
+    });
+    let (got, _) = read_to_close(&mut stream, Duration::from_secs(8));
+    let took = started.elapsed();
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.starts_with("HTTP/1.1 408"), "after {took:?}: {text}");
+    assert!(
+        text.contains("\"type\":\"error\""),
+        "in the provider's shape: {text}"
+    );
+    assert!(text.contains("--body-total-timeout"), "{text}");
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(6),
+        "cut at the total bound: {took:?}"
+    );
+    drop(stream);
+    let _ = trickle.join();
+    assert!(fake.requests().is_empty(), "nothing went upstream");
+    let records = captures::wait_records(&proxy.captures, 1, WAIT).await;
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0]["outcome"], "bad_request", "{}", records[0]);
+}
+
 #[tokio::test]
 async fn connections_past_the_caps_get_a_503() {
     let fake = support::fake_answering_ok().await;

@@ -572,6 +572,44 @@ async fn spans_reach_an_otlp_receiver_decoded_with_the_official_definitions() {
     support::assert_absent(&all, "sk-ant-api03-test", "the spans");
 }
 
+/// A collector or upstream URL with credentials is refused, and the refusal shows
+/// the URL with its password as `***`: it reaches the terminal and any log of it.
+#[test]
+fn a_url_with_credentials_is_refused_without_printing_the_password() {
+    let secret = "pw-canary-5f1e";
+    for args in [
+        vec![
+            "--otlp-endpoint".to_owned(),
+            format!("http://ops:{secret}@127.0.0.1:4318"),
+        ],
+        vec![
+            "--upstream-anthropic".to_owned(),
+            format!("https://ops:{secret}@127.0.0.1:9"),
+        ],
+        vec![
+            "--otlp-endpoint".to_owned(),
+            format!("http://{secret}@127.0.0.1:4318"),
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--no-capture"])
+            .args(&args)
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .env_remove("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert_ne!(out.status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(stderr.contains("credentials"), "{args:?}: {stderr}");
+        assert!(stderr.contains("***@127.0.0.1"), "{args:?}: {stderr}");
+        assert!(
+            !stderr.contains(secret) && !stdout.contains(secret),
+            "{args:?}: {stderr}{stdout}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn without_otlp_content_no_prompt_text_leaves() {
     let Some(receiver) = Receiver::start() else {

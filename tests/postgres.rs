@@ -1280,10 +1280,10 @@ async fn a_hung_server_loses_no_record_however_many_arrive() {
     turn(&proxy, 0).await;
     captures::wait_records(url.as_str(), 1, WAIT).await;
     pg.signal_all("-STOP");
-    // ~13 MB over ~4 s while the server is frozen: more than the queue's 4 MiB,
+    // ~22 MB over ~6 s while the server is frozen: more than the queue's 16 MiB,
     // far sooner than the 15 s a call to it is given. A writer that waited on the
     // call would drop what the queue cannot hold.
-    const SENT: usize = 240;
+    const SENT: usize = 400;
     let body = shapes::claude_code_body(1, shapes::CC_SESSION);
     let started = Instant::now();
     for _ in 0..SENT / 8 {

@@ -613,6 +613,56 @@ async fn actions_after_a_block_are_warned_about_by_check_and_serve() {
     );
 }
 
+/// A FIFO, a symlink loop and a link to /dev/zero named `*.toml` are never opened
+/// (a FIFO would block the load, /dev/zero never ends): each is named as skipped,
+/// by `rules check` and in the serve log, and the regular file beside them loads.
+#[tokio::test]
+async fn toml_entries_that_are_not_regular_files_are_skipped_and_named() {
+    let dir = rules_dir(&[(
+        "10-tag.toml",
+        "[[rule]]\nname = \"t\"\non = \"before_provider_headers\"\nactions = [ { tag = \"x\" } ]\n",
+    )]);
+    let fifo = dir.path().join("20-fifo.toml");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    std::os::unix::fs::symlink("31-loop.toml", dir.path().join("30-loop.toml")).unwrap();
+    std::os::unix::fs::symlink("30-loop.toml", dir.path().join("31-loop.toml")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("40-zero.toml")).unwrap();
+    let text = checked_with_warnings(dir.path());
+    assert!(text.contains("10-tag.toml: 1 rule"), "{text}");
+    let skipped = |name: &str, kind: &str| {
+        format!(
+            "warning: {}:1:1: skipped: not a regular file ({kind}",
+            dir.path().join(name).display()
+        )
+    };
+    for (name, kind) in [
+        ("20-fifo.toml", "a FIFO)"),
+        ("30-loop.toml", "a symlink that cannot be followed"),
+        ("31-loop.toml", "a symlink that cannot be followed"),
+        ("40-zero.toml", "a device)"),
+    ] {
+        assert!(text.contains(&skipped(name, kind)), "{name}: {text}");
+    }
+    let fake = fake_ok().await;
+    let proxy = start(&fake, &dir);
+    let log = proxy.log();
+    for name in ["20-fifo.toml", "30-loop.toml", "40-zero.toml"] {
+        assert!(
+            log.contains(&format!(
+                "{}:1:1: skipped: not a regular file",
+                dir.path().join(name).display()
+            )),
+            "{name}: {log}"
+        );
+    }
+    assert!(
+        proxy.start_line.contains("rules: 1 rule live"),
+        "{}",
+        proxy.start_line
+    );
+}
+
 #[tokio::test]
 async fn broken_or_missing_rules_stop_serve_with_every_error() {
     let dir = rules_dir(&[(

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::CaptureRecord;
-use super::store::{Filter, Store, StoreError};
+use super::store::{Damaged, Filter, Store, StoreError};
 use crate::cache::explain::{Reason, Verdict, excerpt};
 use crate::cache::segment::{self, IgnoreRule, Segments};
 use crate::cache::{CostView, StablePrefix};
@@ -24,6 +24,9 @@ pub struct Report {
     /// Every conversation's exchanges together: hit rate, dollars, and the miss
     /// reasons by what they cost (no unit changes: those are per conversation).
     pub total: Summary,
+    /// Records left out because they could not be read.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub damaged: Vec<Damaged>,
 }
 
 /// One conversation's timeline and summary.
@@ -166,11 +169,14 @@ pub fn build(store: &Store, filter: &Filter, ignore: &[IgnoreRule]) -> Result<Re
         }
     }
     let mut conversations = Vec::with_capacity(groups.len());
+    let mut damaged = Vec::new();
     for (conversation, ids) in groups {
-        let records = ids
-            .iter()
-            .map(|id| store.load(id))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut records = Vec::with_capacity(ids.len());
+        for id in &ids {
+            if let Some(record) = Damaged::sift(id, store.load(id), &mut damaged)? {
+                records.push(record);
+            }
+        }
         let mut units = UnitViews {
             store,
             ignore,
@@ -189,6 +195,7 @@ pub fn build(store: &Store, filter: &Filter, ignore: &[IgnoreRule]) -> Result<Re
     Ok(Report {
         conversations,
         total,
+        damaged,
     })
 }
 

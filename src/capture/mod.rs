@@ -48,8 +48,12 @@ pub struct Counters {
     /// The last write succeeded.
     pub healthy: bool,
     pub written: u64,
-    /// Records dropped because the queue stayed full.
+    /// Records dropped: `dropped_queue_full` + `dropped_closed`.
     pub dropped: u64,
+    /// Dropped because the queue stayed full (no place kept, none free at the end).
+    pub dropped_queue_full: u64,
+    /// Dropped because they ended after the capture closed (at shutdown).
+    pub dropped_closed: u64,
     /// Records the store failed to write.
     pub failed: u64,
     /// Records waiting in the spool for a PostgreSQL store to come back.
@@ -80,6 +84,10 @@ struct Shared {
     room: tokio::sync::Notify,
     written: AtomicU64,
     dropped: AtomicU64,
+    dropped_queue_full: AtomicU64,
+    dropped_closed: AtomicU64,
+    /// When a drop was last logged, and the drops since: a burst logs once a second.
+    drop_log: Mutex<(Option<Instant>, u64)>,
     failed: AtomicU64,
     spooled: AtomicU64,
     /// The last write succeeded (what `capture.required` admits on).
@@ -89,6 +97,20 @@ struct Shared {
 }
 
 impl Shared {
+    /// Counts a drop; says how many to report when this one should be logged (the
+    /// first of a burst, then at most once a second with the count since), else `None`.
+    fn drop_due(&self) -> Option<u64> {
+        let mut log = self.drop_log.lock().unwrap_or_else(|p| p.into_inner());
+        log.1 += 1;
+        let now = Instant::now();
+        if log.0.is_some_and(|t| now - t < Duration::from_secs(1)) {
+            return None;
+        }
+        let count = log.1;
+        *log = (Some(now), 0);
+        Some(count)
+    }
+
     fn lock(&self) -> MutexGuard<'_, QueueState> {
         // A writer that panicked leaves a consistent queue behind: keep using it.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
@@ -200,6 +222,9 @@ impl Capture {
             room: tokio::sync::Notify::new(),
             written: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
+            dropped_queue_full: AtomicU64::new(0),
+            dropped_closed: AtomicU64::new(0),
+            drop_log: Mutex::new((None, 0)),
             failed: AtomicU64::new(0),
             spooled: AtomicU64::new(spool.as_ref().map_or(0, spool::Spool::held)),
             healthy: AtomicBool::new(true),
@@ -242,6 +267,8 @@ impl Capture {
             healthy: self.shared.healthy.load(Ordering::SeqCst),
             written: self.shared.written.load(Ordering::SeqCst),
             dropped: self.shared.dropped.load(Ordering::SeqCst),
+            dropped_queue_full: self.shared.dropped_queue_full.load(Ordering::SeqCst),
+            dropped_closed: self.shared.dropped_closed.load(Ordering::SeqCst),
             failed: self.shared.failed.load(Ordering::SeqCst),
             spooled: self.shared.spooled.load(Ordering::SeqCst),
         }
@@ -316,7 +343,8 @@ impl RecordSink for Capture {
         let mut state = self.shared.lock();
         if state.closed {
             self.shared.dropped.fetch_add(1, Ordering::SeqCst);
-            tracing::warn!(id = %record.id, "capture is closed; record dropped");
+            self.shared.dropped_closed.fetch_add(1, Ordering::SeqCst);
+            tracing::warn!(id = %record.id, reason = "closed", "capture is closed; record dropped");
             return;
         }
         // Admission already waited (up to queue_wait) for room; a record that got none
@@ -332,13 +360,28 @@ impl RecordSink for Capture {
             let (queued, bytes) = (state.items.len(), state.bytes);
             drop(state);
             let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
+            self.shared
+                .dropped_queue_full
+                .fetch_add(1, Ordering::SeqCst);
             // No place was kept for it: admission waited queue_wait in vain, or the
             // exchange ended before it got that far (a client that gave up waiting).
-            tracing::warn!(
-                id = %record.id,
-                dropped_total = dropped,
-                "capture queue full ({queued} records, {bytes} bytes waiting); record dropped"
-            );
+            if let Some(count) = self.shared.drop_due() {
+                let s = &self.settings;
+                let limit = if queued >= s.queue {
+                    format!("capture.queue ({} records now)", s.queue)
+                } else {
+                    format!("capture.queue_bytes ({} bytes now)", s.queue_bytes)
+                };
+                tracing::warn!(
+                    id = %record.id,
+                    reason = "queue_full",
+                    count,
+                    dropped_total = dropped,
+                    "capture queue full ({queued} records, {bytes} bytes waiting); record dropped: \
+                     raise {limit} or capture.queue_wait ({}ms now) to keep bursts like this",
+                    s.queue_wait.as_millis()
+                );
+            }
             return;
         }
         state.bytes += size;

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Subcommand, ValueEnum};
 
-use super::output::{print, render_table, store_config};
+use super::output::{print, print_text, render_table, store_config, warn_damaged};
 use crate::cache::explain::{Reason, Verdict, kilo};
 use crate::capture::StoreLocation;
 use crate::capture::cache_report::{self, ConversationReport, Entry, Report};
@@ -71,15 +71,15 @@ pub fn run(args: CacheArgs) -> anyhow::Result<()> {
     };
     let store = Store::open_read_only(&dir)?;
     let report = cache_report::build(&store, &filter, &config.cache.ignore)?;
-    let out = match args.format {
+    warn_damaged(&report.damaged);
+    match args.format {
         Format::Json => {
             let mut text = serde_json::to_string_pretty(&report)?;
             text.push('\n');
-            text
+            print(text.as_bytes())
         }
-        Format::Text => text(&report),
-    };
-    print(out.as_bytes())
+        Format::Text => print_text(&text(&report)),
+    }
 }
 
 /// The report as tables and summaries, one block per conversation.

@@ -15,7 +15,7 @@ use crate::capture::units::{self, Change, DiffEntry};
 use crate::capture::{Store, timestamp};
 use crate::prompt::{Prompt, PromptView, UnitView};
 
-use super::output::{page, print, render_table, store_config};
+use super::output::{page_text, print, print_text, render_table, store_config, warn_damaged};
 
 /// `promptgate captures` and its verbs.
 #[derive(Debug, Args)]
@@ -201,7 +201,7 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
                 return raw(record, &s);
             }
             show(&store, &record, &s, &mut out);
-            return page(out.as_bytes());
+            return page_text(&out);
         }
         Verb::Diff(d) => {
             let (a, b) = match &d.b {
@@ -222,7 +222,7 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
         Verb::Export(e) => return export(&store, &e),
         Verb::Conversations(f) => conversations(&store, &f.filter()?, &mut out)?,
     }
-    print(out.as_bytes())
+    print_text(&out)
 }
 
 // === list, conversations ===
@@ -285,7 +285,7 @@ fn tail(store: &Store, filter: Filter) -> anyhow::Result<()> {
         text.trim_end().to_owned() + "\n"
     };
     let head = LIST_COLUMNS.map(str::to_owned).to_vec();
-    print(line(&head).as_bytes())?;
+    print_text(&line(&head))?;
     let first = Filter {
         limit: Some(filter.limit.unwrap_or(10)),
         ..filter.clone()
@@ -295,7 +295,7 @@ fn tail(store: &Store, filter: Filter) -> anyhow::Result<()> {
     loop {
         rows.sort_by_key(|r| r.seq);
         for r in &rows {
-            print(line(&row_cells(r)).as_bytes())?;
+            print_text(&line(&row_cells(r)))?;
             after = Some(r.seq);
         }
         std::thread::sleep(TAIL_POLL);
@@ -1007,7 +1007,9 @@ fn range(first: &DiffEntry, last: &DiffEntry) -> String {
 // === export ===
 
 fn export(store: &Store, args: &ExportArgs) -> anyhow::Result<()> {
-    let records = store.records(&args.filter.filter()?)?;
+    let mut damaged = Vec::new();
+    let records = store.records(&args.filter.filter()?, &mut damaged)?;
+    warn_damaged(&damaged);
     let mut bytes = Vec::new();
     match args.format.as_str() {
         "jsonl" => crate::capture::export::jsonl(records, &mut bytes)?,

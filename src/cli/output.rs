@@ -1,6 +1,8 @@
 //! What the read-only verbs (`captures`, `cache`) share: the store they open, the
 //! tables they print, and stdout.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::PathBuf;
 
@@ -55,6 +57,52 @@ pub(super) fn store_config(
     Ok((store, config))
 }
 
+/// `text` with every control character but `\n` and `\t` spelt out: C0 and DEL as
+/// `\x1b`, C1 as `\u{9b}`. Captured text is the client's or the provider's: printed
+/// raw, an ESC or CSI in it would drive the terminal (colours, cursor moves, titles).
+pub(super) fn escape_controls(text: &str) -> Cow<'_, str> {
+    let is_escaped = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.contains(is_escaped) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        match c {
+            c if !is_escaped(c) => out.push(c),
+            c if (c as u32) < 0x80 => {
+                let _ = write!(out, "\\x{:02x}", c as u32);
+            }
+            c => {
+                let _ = write!(out, "\\u{{{:x}}}", c as u32);
+            }
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// Prints text for a reader (tables, `show`, reports), its control characters
+/// escaped ([`escape_controls`]). Machine output (JSON, raw bytes) goes through [`print`].
+pub(super) fn print_text(text: &str) -> anyhow::Result<()> {
+    print(escape_controls(text).as_bytes())
+}
+
+/// Pages text for a reader ([`page`]), its control characters escaped.
+pub(super) fn page_text(text: &str) -> anyhow::Result<()> {
+    page(escape_controls(text).as_bytes())
+}
+
+/// Names on stderr each record a verb left out because it could not be read; the
+/// verb goes on with the others and exits 0 (the output says what it covers).
+pub(super) fn warn_damaged(damaged: &[crate::capture::store::Damaged]) {
+    for d in damaged {
+        eprintln!(
+            "warning: skipped record {}: {}",
+            d.id,
+            escape_controls(&d.reason)
+        );
+    }
+}
+
 pub(super) fn print(bytes: &[u8]) -> anyhow::Result<()> {
     let mut stdout = std::io::stdout().lock();
     match stdout.write_all(bytes).and_then(|()| stdout.flush()) {
@@ -90,13 +138,18 @@ pub(super) fn page(bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Columns padded to their widest cell; `right` aligns numbers.
+/// Columns padded to their widest cell; `right` aligns numbers. Cells are escaped
+/// ([`escape_controls`]) before they are measured, so the columns line up as printed.
 pub(super) fn render_table(rows: &[Vec<String>], right: &[bool], out: &mut String) {
+    let rows: Vec<Vec<Cow<'_, str>>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| escape_controls(c)).collect())
+        .collect();
     let cols = rows.first().map_or(0, Vec::len);
     let widths: Vec<usize> = (0..cols)
         .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
         .collect();
-    for row in rows {
+    for row in &rows {
         let mut line = String::new();
         for (c, cell) in row.iter().enumerate() {
             let pad = widths[c] - cell.chars().count();

@@ -9,7 +9,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 
 use super::captures::{FilterArgs, diff_lines};
-use super::output::{print, render_table, store_config};
+use super::output::{print, print_text, render_table, store_config, warn_damaged};
 use crate::capture::Store;
 use crate::capture::StoreLocation;
 use crate::replay::{self, Condition, ReplaySettings, Report};
@@ -72,6 +72,7 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         each: args.each,
     };
     let report = replay::replay(&store, &args.filter.filter()?, &rules, &settings)?;
+    warn_damaged(&report.damaged);
     let mut out = String::new();
     if args.format == "json" {
         out = serde_json::to_string_pretty(&report)?;
@@ -91,7 +92,11 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
             let _ = writeln!(out, "--fail-on {c}: {verdict}");
         }
     }
-    print(out.as_bytes())?;
+    if args.format == "json" {
+        print(out.as_bytes())?;
+    } else {
+        print_text(&out)?;
+    }
     Ok(if held.is_empty() {
         ExitCode::SUCCESS
     } else {

@@ -53,6 +53,9 @@ pub struct ServeArgs {
     /// Longest silence allowed while a request body arrives; then 408 [default: 30s].
     #[arg(long, value_name = "DURATION")]
     body_timeout: Option<String>,
+    /// Longest a whole request body may take to arrive, however steadily it trickles; then 408 [default: 5m].
+    #[arg(long, value_name = "DURATION")]
+    body_total_timeout: Option<String>,
     /// Client connections open at once; past it new ones get a 503 [default: 4096].
     #[arg(long, value_name = "N")]
     max_connections: Option<usize>,
@@ -196,6 +199,7 @@ impl ServeArgs {
             idle_timeout: self.idle_timeout.map(Into::into),
             header_timeout: self.header_timeout.map(Into::into),
             body_timeout: self.body_timeout.map(Into::into),
+            body_total_timeout: self.body_total_timeout.map(Into::into),
             max_connections: self.max_connections,
             max_connections_per_client: self.max_connections_per_client,
             shutdown_grace: self.shutdown_grace.map(Into::into),

@@ -37,6 +37,7 @@ pub struct ConfigLayer {
     pub idle_timeout: Option<Scalar>,
     pub header_timeout: Option<Scalar>,
     pub body_timeout: Option<Scalar>,
+    pub body_total_timeout: Option<Scalar>,
     pub max_connections: Option<usize>,
     pub max_connections_per_client: Option<usize>,
     pub shutdown_grace: Option<Scalar>,
@@ -102,6 +103,8 @@ pub struct Config {
     pub header_timeout: Duration,
     /// Longest silence allowed while a request body arrives.
     pub body_timeout: Duration,
+    /// Longest a whole request body may take to arrive, however steadily it trickles.
+    pub body_total_timeout: Duration,
     /// Client connections open at once, in all; past it new ones get a 503.
     pub max_connections: usize,
     /// Client connections open at once from one address; 0 = no such cap (behind
@@ -172,6 +175,8 @@ impl Default for Config {
             idle_timeout: Duration::from_secs(600),
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
+            // A --max-body (32 MiB) body over a slow 1 Mbit/s uplink takes ~270 s.
+            body_total_timeout: Duration::from_secs(300),
             max_connections: 4096,
             max_connections_per_client: 512,
             shutdown_grace: Duration::from_secs(30),
@@ -530,6 +535,11 @@ impl Config {
             ),
             ("body-timeout", layer.body_timeout, &mut self.body_timeout),
             (
+                "body-total-timeout",
+                layer.body_total_timeout,
+                &mut self.body_total_timeout,
+            ),
+            (
                 "shutdown-grace",
                 layer.shutdown_grace,
                 &mut self.shutdown_grace,
@@ -624,6 +634,7 @@ impl Config {
         crate::exchange::Settings {
             max_body: self.max_body,
             body_timeout: self.body_timeout,
+            body_total_timeout: self.body_total_timeout,
             upstream_timeout: self.upstream_timeout,
             idle_timeout: self.idle_timeout,
             stream: self.stream,

@@ -5,6 +5,7 @@
 //! wrong; unknown keys list the known ones and suggest the nearest. Regexes, globs,
 //! JSON pointers and templates are compiled here, never on the request path.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -18,7 +19,6 @@ use toml::de::{DeTable, DeValue};
 use super::action;
 use super::matcher::Matcher;
 use super::{Phase, Rule, RuleSet};
-use crate::setting::line_col;
 use crate::setting::nearest;
 
 /// A TOML value with its position.
@@ -51,6 +51,9 @@ impl std::error::Error for LoadError {}
 pub(crate) struct Cx<'s> {
     pub(crate) file: &'s str,
     text: &'s str,
+    /// Where each line of `text` starts: positions by binary search, not a rescan
+    /// from the top for every rule (that made a file of n rules load in O(n²)).
+    line_starts: Vec<usize>,
     pub(crate) errors: Vec<LoadError>,
     /// What loads but is almost surely a mistake (an action after a `block`).
     pub(crate) warnings: Vec<LoadError>,
@@ -61,9 +64,39 @@ pub(crate) struct Cx<'s> {
 }
 
 impl<'s> Cx<'s> {
+    /// A context for compiling `text`, read from `file`.
+    fn new(file: &'s str, text: &'s str, env: &'s dyn Fn(&str) -> Option<String>) -> Self {
+        let line_starts = std::iter::once(0)
+            .chain(text.match_indices('\n').map(|(i, _)| i + 1))
+            .collect();
+        Cx {
+            file,
+            text,
+            line_starts,
+            errors: Vec::new(),
+            warnings: Vec::new(),
+            secret_headers: Vec::new(),
+            env,
+        }
+    }
+
+    /// The 1-based line and column (in chars) of byte `offset`, as `line_col` gives.
+    fn line_col(&self, offset: usize) -> (usize, usize) {
+        let offset = offset.min(self.text.len());
+        // The number of line starts at or before `offset` is the line number.
+        let line = self.line_starts.partition_point(|&start| start <= offset);
+        let start = self.line_starts[line - 1];
+        let col = self
+            .text
+            .get(start..offset)
+            .map_or(0, |l| l.chars().count())
+            + 1;
+        (line, col)
+    }
+
     /// A rule that loads but likely does not do what it says (`rules check` prints it).
     pub(crate) fn warn(&mut self, span: Range<usize>, message: impl Into<String>) {
-        let (line, col) = line_col(self.text, span.start);
+        let (line, col) = self.line_col(span.start);
         self.warnings.push(LoadError {
             file: self.file.to_owned(),
             line,
@@ -74,7 +107,7 @@ impl<'s> Cx<'s> {
     }
 
     pub(crate) fn error(&mut self, span: Range<usize>, message: impl Into<String>) {
-        let (line, col) = line_col(self.text, span.start);
+        let (line, col) = self.line_col(span.start);
         self.errors.push(LoadError {
             file: self.file.to_owned(),
             line,
@@ -86,7 +119,7 @@ impl<'s> Cx<'s> {
 
     /// The position `span` starts at, as `file:line:col`.
     pub(crate) fn position(&self, span: Range<usize>) -> (usize, usize) {
-        line_col(self.text, span.start)
+        self.line_col(span.start)
     }
 
     fn wrong_type(&mut self, v: &Val<'_>, what: &str, expected: &str) {
@@ -407,55 +440,99 @@ pub(crate) fn load_dir_with(
 }
 
 /// What a rules directory holds: its `*.toml` files as (name, text), in name order,
-/// and the ones that could not be read. Two reads compare equal when nothing changed.
+/// the ones that could not be read, and the ones skipped for not being regular files.
+/// Two reads compare equal when nothing changed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct DirSources {
     pub files: Vec<(String, String)>,
     pub errors: Vec<LoadError>,
+    /// `*.toml` entries that are not regular files (FIFOs, devices, directories,
+    /// symlink loops): never opened, so never blocked on or read without end.
+    pub warnings: Vec<LoadError>,
 }
 
 /// Reads the rule files of `dir` (following symlinks, as a ConfigMap mounts them).
+/// Only regular files are read; any other `*.toml` entry is skipped with a warning.
 pub(crate) fn read_dir(dir: &Path) -> DirSources {
     let shown = dir.display().to_string();
+    let at_top = |file: String, message: String| LoadError {
+        file,
+        line: 1,
+        col: 1,
+        message,
+        offset: 0,
+    };
+    let mut read = DirSources {
+        files: Vec::new(),
+        errors: Vec::new(),
+        warnings: Vec::new(),
+    };
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
         Err(e) => {
-            return DirSources {
-                files: Vec::new(),
-                errors: vec![LoadError {
-                    file: shown,
-                    line: 1,
-                    col: 1,
-                    message: format!("cannot read the rules directory: {e}"),
-                    offset: 0,
-                }],
-            };
+            read.errors.push(at_top(
+                shown,
+                format!("cannot read the rules directory: {e}"),
+            ));
+            return read;
         }
     };
     let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok())
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "toml") && p.is_file())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
         .collect();
     paths.sort();
-    let mut read = DirSources {
-        files: Vec::new(),
-        errors: Vec::new(),
-    };
     for path in paths {
         let name = path.display().to_string();
+        // `metadata` follows symlinks and never opens the file: a FIFO cannot block it.
+        let kind = match std::fs::metadata(&path) {
+            Ok(meta) if meta.is_file() => None,
+            Ok(meta) => Some(file_kind(&meta.file_type()).to_owned()),
+            Err(e) if path.is_symlink() && e.kind() == std::io::ErrorKind::NotFound => {
+                Some("a symlink to nothing".to_owned())
+            }
+            Err(e) if path.is_symlink() => Some(format!("a symlink that cannot be followed: {e}")),
+            Err(e) => {
+                read.errors.push(at_top(name, format!("cannot read: {e}")));
+                continue;
+            }
+        };
+        if let Some(kind) = kind {
+            read.warnings.push(at_top(
+                name,
+                format!("skipped: not a regular file ({kind})"),
+            ));
+            continue;
+        }
         match std::fs::read_to_string(&path) {
             Ok(text) => read.files.push((name, text)),
-            Err(e) => read.errors.push(LoadError {
-                file: name,
-                line: 1,
-                col: 1,
-                message: format!("cannot read: {e}"),
-                offset: 0,
-            }),
+            Err(e) => read.errors.push(at_top(name, format!("cannot read: {e}"))),
         }
     }
     read
+}
+
+/// What a directory entry that is not a regular file is, in words.
+fn file_kind(kind: &std::fs::FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if kind.is_fifo() {
+            return "a FIFO";
+        }
+        if kind.is_char_device() || kind.is_block_device() {
+            return "a device";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else {
+        "neither a file nor a directory"
+    }
 }
 
 impl DirSources {
@@ -477,6 +554,10 @@ impl DirSources {
             return Err(errors);
         }
         set.dir = Some(dir.to_owned());
+        // What was skipped comes first: it is about the directory, not a rule.
+        let mut warnings = self.warnings.clone();
+        warnings.append(&mut set.warnings);
+        set.warnings = warnings;
         Ok(set)
     }
 }
@@ -488,16 +569,9 @@ pub(crate) fn compile_sources(
 ) -> Result<RuleSet, Vec<LoadError>> {
     let mut set = RuleSet::default();
     let mut errors = Vec::new();
-    let mut seen: Vec<(String, String)> = Vec::new(); // rule name → where first defined
+    let mut seen: HashMap<String, String> = HashMap::new(); // rule name → where first defined
     for (file, text) in sources {
-        let mut cx = Cx {
-            file,
-            text,
-            errors: Vec::new(),
-            warnings: Vec::new(),
-            secret_headers: Vec::new(),
-            env,
-        };
+        let mut cx = Cx::new(file, text, env);
         let rules = compile_file(&mut cx, text, &mut seen);
         set.files.push((file.clone(), rules.len()));
         set.rules.extend(rules);
@@ -513,7 +587,7 @@ pub(crate) fn compile_sources(
     }
 }
 
-fn compile_file(cx: &mut Cx<'_>, text: &str, seen: &mut Vec<(String, String)>) -> Vec<Rule> {
+fn compile_file(cx: &mut Cx<'_>, text: &str, seen: &mut HashMap<String, String>) -> Vec<Rule> {
     let (doc, parse_errors) = DeTable::parse_recoverable(text);
     if !parse_errors.is_empty() {
         for e in parse_errors {
@@ -541,7 +615,11 @@ fn compile_file(cx: &mut Cx<'_>, text: &str, seen: &mut Vec<(String, String)>) -
     rules
 }
 
-fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)>) -> Option<Rule> {
+fn compile_rule(
+    cx: &mut Cx<'_>,
+    item: &Val<'_>,
+    seen: &mut HashMap<String, String>,
+) -> Option<Rule> {
     let errors_before = cx.errors.len();
     let table = cx.table(item, "a rule", RULE_KEYS)?;
     let (line, _) = cx.position(item.span());
@@ -559,11 +637,11 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
         let (l, c) = cx.position(span.clone());
         if name.is_empty() {
             cx.error(span.clone(), "a rule name must not be empty");
-        } else if let Some((_, at)) = seen.iter().find(|(n, _)| n == name) {
+        } else if let Some(at) = seen.get(name) {
             let message = format!("duplicate rule name {name:?} (first defined at {at})");
             cx.error(span.clone(), message);
         } else {
-            seen.push((name.clone(), format!("{}:{l}:{c}", cx.file)));
+            seen.insert(name.clone(), format!("{}:{l}:{c}", cx.file));
         }
     }
     let phase = match table.get("on") {
@@ -612,7 +690,7 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
                 let mut warned = false;
                 for entry in items.iter() {
                     if let (Some(at), false) = (block_line, warned) {
-                        let (line, col) = line_col(cx.text, entry.span().start);
+                        let (line, col) = cx.line_col(entry.span().start);
                         cx.warnings.push(LoadError {
                             file: cx.file.to_owned(),
                             line,
@@ -626,7 +704,7 @@ fn compile_rule(cx: &mut Cx<'_>, item: &Val<'_>, seen: &mut Vec<(String, String)
                     }
                     if let Some(a) = action::compile(cx, entry, phase) {
                         if a.key == "block" && block_line.is_none() {
-                            block_line = Some(line_col(cx.text, entry.span().start).0);
+                            block_line = Some(cx.line_col(entry.span().start).0);
                         }
                         actions.push(a);
                     }

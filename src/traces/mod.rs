@@ -22,7 +22,7 @@ use crate::prompt::{Prompt, Region};
 use crate::provider::json::decode_str;
 use crate::provider::{Api, Provider};
 use crate::record::{ExchangeRecord, Outcome};
-use crate::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
+use crate::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut, url_without_password};
 use crate::setting::{Scalar, parse_size};
 use semconv::*;
 
@@ -135,17 +135,19 @@ impl TracesSettings {
 /// An http(s) URL; a base gets `/v1/traces` unless it already ends so.
 fn parse_url(text: &str, base: bool) -> Result<Uri, String> {
     let text = text.trim();
+    // Messages show the URL without its password: they reach the terminal and logs.
+    let shown = url_without_password(text);
     let uri: Uri = text.parse().map_err(|e| {
-        format!("{text:?} is not a URL: {e} (expected e.g. \"http://127.0.0.1:4318\")")
+        format!("{shown:?} is not a URL: {e} (expected e.g. \"http://127.0.0.1:4318\")")
     })?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
         return Err(format!(
-            "{text:?} is not an http:// or https:// URL (expected e.g. \"http://127.0.0.1:4318\")"
+            "{shown:?} is not an http:// or https:// URL (expected e.g. \"http://127.0.0.1:4318\")"
         ));
     }
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
         return Err(format!(
-            "{text:?} has credentials in it; a collector that needs them belongs behind a local agent"
+            "{shown:?} has credentials in it; a collector that needs them belongs behind a local agent"
         ));
     }
     if !base || uri.path().ends_with("/v1/traces") {

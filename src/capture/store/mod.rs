@@ -185,6 +185,37 @@ impl StoreError {
     }
 }
 
+/// A record that could not be read whole (its metadata, a body or a unit of it is
+/// damaged): verbs that read many records leave it out, name it, and go on.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Damaged {
+    pub id: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+impl Damaged {
+    /// `loaded` (the record `id`) as `Some`, or `None` with its damage noted in
+    /// `into`; any other error (the store itself failing) is passed on.
+    pub fn sift(
+        id: &str,
+        loaded: Result<CaptureRecord, StoreError>,
+        into: &mut Vec<Damaged>,
+    ) -> Result<Option<CaptureRecord>, StoreError> {
+        match loaded {
+            Ok(record) => Ok(Some(record)),
+            Err(e @ StoreError::Corrupt(_)) => {
+                into.push(Damaged {
+                    id: id.to_owned(),
+                    reason: e.to_string(),
+                });
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// How long and how much to keep.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Retention {
@@ -966,12 +997,20 @@ impl Store {
         Ok(false)
     }
 
-    /// Records matching `filter`, loaded in full, oldest first.
-    pub fn records(&self, filter: &Filter) -> Result<Vec<CaptureRecord>, StoreError> {
-        self.list(filter)?
-            .into_iter()
-            .map(|row| self.load(&row.id))
-            .collect()
+    /// Records matching `filter`, loaded in full, oldest first; a damaged one is left
+    /// out and named in `damaged`.
+    pub fn records(
+        &self,
+        filter: &Filter,
+        damaged: &mut Vec<Damaged>,
+    ) -> Result<Vec<CaptureRecord>, StoreError> {
+        let mut out = Vec::new();
+        for row in self.list(filter)? {
+            if let Some(record) = Damaged::sift(&row.id, self.load(&row.id), damaged)? {
+                out.push(record);
+            }
+        }
+        Ok(out)
     }
 
     /// One row per conversation among the records matching `filter`, by first time.
