@@ -101,7 +101,17 @@ impl Fault {
 /// Planted in every request, in a header and in the body; none may be stored or logged.
 const CANARY_KEY: &str = "sk-ant-api03-SoakCanaryK3y9Zq7Xw5Vt3Rr1Pp";
 const CANARY_BODY: &str = "ghp_SoakCanaryB0dy4Mn6Bv8Cx0Zl2Kj4Hg6Fd";
-const CANARY_FRAGMENTS: [&str; 2] = ["SoakCanaryK3y9", "SoakCanaryB0dy4"];
+/// Sent as the model and as the session id (`metadata.user_id`) of every seventh
+/// request: client-chosen values that reach metrics labels, span attributes and the
+/// live feed, where the redactor must catch them too.
+const CANARY_MODEL: &str = "sk-ant-api03-SoakModelC4nary8Qw2Er4Ty6Ui8Op0As";
+const CANARY_SESSION: &str = "sk-ant-api03-SoakSess1onC4nary3Df5Gh7Jk9Lz1Xc";
+const CANARY_FRAGMENTS: [&str; 4] = [
+    "SoakCanaryK3y9",
+    "SoakCanaryB0dy4",
+    "SoakModelC4nary",
+    "SoakSess1onC4nary",
+];
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
@@ -117,6 +127,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let upstream_addr = upstream.local_addr()?;
     tokio::spawn(serve_upstream(upstream));
 
+    // What leaves the process besides the store and the log: spans (a collector that
+    // keeps every byte posted to it), the live feed and /metrics (read below).
+    let collector = TcpListener::bind("127.0.0.1:0").await?;
+    let collector_addr = collector.local_addr()?;
+    let spans: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
+    tokio::spawn(serve_collector(collector, spans.clone()));
+
     let captures = args.dir.join("captures");
     let _ = std::fs::remove_dir_all(&captures);
     let log_path = args.dir.join("promptgate.log");
@@ -126,12 +143,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
             "--listen",
             "127.0.0.1:0",
             "--admin",
-            "off",
+            "127.0.0.1:0",
             "--log-format",
             "json",
         ])
         .arg("--upstream-anthropic")
         .arg(format!("http://{upstream_addr}"))
+        .arg("--otlp-endpoint")
+        .arg(format!("http://{collector_addr}"))
         .arg("--captures")
         .arg(&captures)
         .arg("--certs")
@@ -157,6 +176,14 @@ async fn run(args: Args) -> anyhow::Result<()> {
         .and_then(|rest| rest.split_whitespace().next())
         .and_then(|a| a.parse().ok())
         .with_context(|| format!("no address in {start_line:?}"))?;
+    let admin: SocketAddr = start_line
+        .split("viewer: http://")
+        .nth(1)
+        .and_then(|rest| rest.split(['/', ')', ';']).next())
+        .and_then(|a| a.parse().ok())
+        .with_context(|| format!("no viewer address in {start_line:?}"))?;
+    let live: Arc<std::sync::Mutex<Vec<u8>>> = Arc::default();
+    tokio::spawn(watch_live(admin, live.clone()));
     // One request of each fault first, so that what opens on first use (the workers'
     // runtimes, the store's WAL) is in the baseline; they count as requests too.
     let mut seen: BTreeMap<(Fault, String), u64> = BTreeMap::new();
@@ -209,6 +236,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
     let at_end = Footprint::of(pid, upstream_addr.port())?;
+    let metrics = http_get(admin, "/metrics").await.unwrap_or_default();
 
     // SIGTERM: promptgate drains and writes every record before it exits.
     Command::new("kill")
@@ -235,9 +263,24 @@ async fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let mut canaries = 0usize;
+    // The exporter sends what it holds at shutdown; the feed's last events came too.
+    let spans = std::mem::take(&mut *spans.lock().unwrap_or_else(|p| p.into_inner()));
+    let live = std::mem::take(&mut *live.lock().unwrap_or_else(|p| p.into_inner()));
+    println!(
+        "looked at: /metrics {} bytes, OTLP posts {} bytes, live feed {} bytes",
+        metrics.len(),
+        spans.len(),
+        live.len()
+    );
+    if metrics.is_empty() || spans.is_empty() || live.is_empty() {
+        bail!("a sink to look in was empty: /metrics, the OTLP posts or the live feed");
+    }
     let mut haystacks: Vec<(String, Vec<u8>)> = vec![
         ("the log".into(), log.clone()),
         ("the JSONL export".into(), export.stdout),
+        ("/metrics".into(), metrics),
+        ("the OTLP spans".into(), spans),
+        ("the live feed".into(), live),
     ];
     for entry in std::fs::read_dir(&captures)? {
         let path = entry?.path();
@@ -459,9 +502,16 @@ async fn one(addr: SocketAddr, fault: Fault, i: u64) -> anyhow::Result<String> {
             | Fault::FinMidEvent
             | Fault::ClientLeaves
     );
+    let (model, user_id) = if i % 7 == 3 {
+        (
+            CANARY_MODEL.to_owned(),
+            format!(r#"{{\"device_id\":\"soak\",\"session_id\":\"{CANARY_SESSION}\"}}"#),
+        )
+    } else {
+        ("claude-sonnet-4-5".to_owned(), format!("soak-{}", i % 97))
+    };
     let body = format!(
-        r#"{{"model":"claude-sonnet-4-5","max_tokens":16,"stream":{stream},"metadata":{{"user_id":"soak-{}"}},"messages":[{{"role":"user","content":"request {i}: the deploy key is {CANARY_BODY}, keep it"}}]}}"#,
-        i % 97
+        r#"{{"model":"{model}","max_tokens":16,"stream":{stream},"metadata":{{"user_id":"{user_id}"}},"messages":[{{"role":"user","content":"request {i}: the deploy key is {CANARY_BODY}, keep it"}}]}}"#
     );
     let head = |extra: &str| {
         format!(
@@ -568,6 +618,76 @@ async fn read_answer(s: &mut TcpStream) -> anyhow::Result<String> {
 }
 
 /// The fake provider: answers by the request's `x-soak` fault.
+/// An OTLP/HTTP collector that keeps every byte posted to it and answers 200.
+async fn serve_collector(listener: TcpListener, kept: Arc<std::sync::Mutex<Vec<u8>>>) {
+    loop {
+        let Ok((mut s, _)) = listener.accept().await else {
+            continue;
+        };
+        let kept = kept.clone();
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 16384];
+            loop {
+                let Some(head_end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                    continue;
+                };
+                let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+                let length = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                while buf.len() < head_end + 4 + length {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let body = buf[head_end + 4..head_end + 4 + length].to_vec();
+                buf.drain(..head_end + 4 + length);
+                kept.lock().unwrap_or_else(|p| p.into_inner()).extend(body);
+                let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/x-protobuf\r\ncontent-length: 0\r\n\r\n";
+                if s.write_all(answer).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+/// Reads the admin API's live feed for the whole run, keeping every byte.
+async fn watch_live(admin: SocketAddr, kept: Arc<std::sync::Mutex<Vec<u8>>>) {
+    let Ok(mut s) = TcpStream::connect(admin).await else {
+        return;
+    };
+    let request = format!("GET /api/live HTTP/1.1\r\nHost: {admin}\r\naccept: text/event-stream\r\n\r\n");
+    if s.write_all(request.as_bytes()).await.is_err() {
+        return;
+    }
+    let mut chunk = [0u8; 16384];
+    while let Ok(n) = s.read(&mut chunk).await {
+        if n == 0 {
+            return;
+        }
+        kept.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// One GET to the admin API, its whole answer (head and body).
+async fn http_get(admin: SocketAddr, path: &str) -> anyhow::Result<Vec<u8>> {
+    let mut s = TcpStream::connect(admin).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {admin}\r\nconnection: close\r\n\r\n");
+    s.write_all(request.as_bytes()).await?;
+    let mut out = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut out)).await??;
+    Ok(out)
+}
+
 async fn serve_upstream(listener: TcpListener) {
     loop {
         let Ok((s, _)) = listener.accept().await else {
