@@ -250,3 +250,40 @@ actions = [ { block = { message = "the answer said a forbidden word" } } ]
     let lines = proxy.wait_exchanges(calls.len(), WAIT).await;
     assert!(lines.iter().all(|l| l["outcome"] == "blocked"), "{lines:?}");
 }
+
+#[tokio::test]
+async fn a_key_in_five_deltas_250ms_apart_reaches_the_client_as_the_marker_only() {
+    let secret = "Q7f2Lm9XwB4kT1vR8nZc3YhP6sDj0GaEu5KoNi2W";
+    let key = format!("sk-ant-api03-{secret}");
+    // Five deltas each ending inside the key, slower than any time-based hold.
+    let pieces = [
+        format!("Here it is: {}", &key[..9]),
+        key[9..20].to_owned(),
+        key[20..31].to_owned(),
+        key[31..42].to_owned(),
+        format!("{} and that is all.", &key[42..]),
+    ];
+    let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+    let events = shapes::anthropic_events("claude-opus-5-5", &pieces, (10, 0, 0, 9));
+    let mut reply = Reply::sse(events, Duration::from_millis(1));
+    // Chunks 0-2 are message_start, content_block_start and ping; deltas 2-5 come after a pause.
+    reply.pauses = (4..8).map(|i| (i, Duration::from_millis(250))).collect();
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let rules = examples(&["80-mask-keys-in-output.toml"]);
+    let proxy = start(&fake, &rules);
+    let r = client::send(proxy.addr, &stream_request(&proxy)).await;
+    assert_eq!(r.status, 200);
+    let body = String::from_utf8_lossy(&r.body.bytes).into_owned();
+    let text = delta_text(&r.body.bytes);
+    assert_eq!(text, "Here it is: [key removed] and that is all.", "{body}");
+    assert!(!body.contains(&secret[20..]), "{body}");
+    for w in secret.as_bytes().windows(8) {
+        let w = std::str::from_utf8(w).unwrap();
+        assert!(
+            !body.contains(w),
+            "{w:?} of the key reached the client: {body}"
+        );
+    }
+    let record = captures::only_record(&proxy.captures, WAIT).await;
+    assert_eq!(record["outcome"], "ok");
+}

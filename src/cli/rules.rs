@@ -448,8 +448,8 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
 }
 
 /// Runs provider_stream_event over a recorded stream and prints what the client
-/// would receive. Held events are released by text and at block ends; a dry run
-/// has no clock, so `hold_back.time` never releases one early.
+/// would receive. Held events are released by text and at block ends, as in the
+/// proxy (no rule holds by time).
 fn print_stream(set: Arc<RuleSet>, cx: StreamContext, sse: &[u8]) {
     let Some(mut rules) = EventRules::new(set, cx) else {
         println!("stream: no provider_stream_event rules; the events go out as they came");

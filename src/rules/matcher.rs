@@ -14,6 +14,7 @@ use toml::de::DeValue;
 use super::body::Pointer;
 use super::load::{Cx, Val};
 use super::shape::{self, Scope};
+use super::stream::scan::Tail;
 use super::{Phase, State};
 use crate::provider::Provider;
 
@@ -150,7 +151,7 @@ pub static MATCHERS: &[MatcherSpec] = &[
     MatcherSpec {
         key: "text",
         phases: EVENT,
-        doc: "The text of the current content block so far (text deltas, and a tool call's input JSON as it streams), tested like a header: `contains`, `regex`, …",
+        doc: "The text of the current content block so far (text deltas, and a tool call's input JSON as it streams), tested like a header: `contains`, `regex`, … Each event scans only its new text and a tail: a `regex` finds matches of at most 1 KiB (its longest match when shorter) that lie in one run of characters it can match.",
         example: "text = { regex = \"rm -rf /\" }",
     },
     MatcherSpec {
@@ -202,7 +203,8 @@ pub(crate) enum Matcher {
     Data(Pointer, ValueTest),
     BlockType(Vec<String>),
     ToolName(GlobSet),
-    Text(TextTest),
+    /// With how a regex is rescanned as the block grows.
+    Text(TextTest, Option<Tail>),
     Tag(Vec<String>),
 }
 
@@ -338,7 +340,7 @@ impl Matcher {
             Matcher::Data(..) => "data",
             Matcher::BlockType(_) => "block_type",
             Matcher::ToolName(_) => "tool_name",
-            Matcher::Text(_) => "text",
+            Matcher::Text(..) => "text",
             Matcher::Tag(_) => "tag",
         }
     }
@@ -419,7 +421,15 @@ impl Matcher {
             Matcher::ToolName(g) => {
                 Tri::of(st.event.and_then(|e| e.tool).is_some_and(|t| g.is_match(t)))
             }
-            Matcher::Text(test) => Tri::of(st.event.is_some_and(|e| test.test(e.text))),
+            Matcher::Text(test, tail) => Tri::of(st.event.is_some_and(|e| {
+                // Incremental: each event scans its new text and a bounded tail.
+                let key = std::ptr::from_ref(self) as usize;
+                match (test, tail) {
+                    (TextTest::Contains(s), _) => e.scans.contains(key, s, e.text),
+                    (TextTest::Regex(r), Some(tail)) => e.scans.regex(key, r, tail, e.text),
+                    _ => test.test(e.text),
+                }
+            })),
             Matcher::Tag(tags) => Tri::of(st.event.is_some_and(|e| {
                 tags.iter()
                     .any(|t| e.tags.contains(t) || st.effects.tags.contains(t))
@@ -547,7 +557,14 @@ fn compile_one(
                 _ => Matcher::Tag(names),
             })
         }
-        "text" => one(Matcher::Text(text_test(cx, v, "text")?)),
+        "text" => {
+            let test = text_test(cx, v, "text")?;
+            let tail = match &test {
+                TextTest::Regex(r) => Some(Tail::of(r)),
+                _ => None,
+            };
+            one(Matcher::Text(test, tail))
+        }
         "stream" => one(Matcher::Stream(cx.bool(v, "stream")?)),
         "header" | "response_header" => {
             let DeValue::Table(t) = v.get_ref() else {

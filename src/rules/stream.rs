@@ -8,13 +8,14 @@
 //! that came unless a rule changed it; a changed event is re-serialised compactly,
 //! its keys in their order.
 //!
-//! Masking holds whole events of a content block back, up to the rule's
-//! `hold_back` bytes of later text or its time, whichever comes first, so a secret
-//! split across deltas is seen whole before any part of it leaves.
+//! Masking holds whole events of a content block back while their text ends in a
+//! token that may still become or grow a match (see [`scan::Holdback`]), so a secret
+//! split across deltas is seen whole before any part of it leaves, however slowly
+//! the deltas come. The `text` matcher rescans only a block's tail per event
+//! ([`scan::TextScans`]).
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method, StatusCode};
@@ -28,13 +29,16 @@ pub use crate::policy::{EventEdit, StreamReport};
 use crate::provider::SseDecoder;
 use crate::provider::{Api, Provider};
 
-/// A `mask` action, compiled: what it replaces and how long it may hold events.
+/// A `mask` action, compiled: what it replaces and how much text it may hold.
 #[derive(Debug)]
 pub(crate) struct Mask {
     pub(crate) regex: Regex,
     pub(crate) with: String,
+    /// The hold's cap ([`scan::Holdback`]): a token longer than twice this goes out
+    /// up to this many bytes before its end.
     pub(crate) hold_bytes: usize,
-    pub(crate) hold_time: Duration,
+    /// The characters a match can contain.
+    pub(crate) class: scan::TokenClass,
 }
 
 /// One event as per-event matchers read it.
@@ -52,6 +56,8 @@ pub(crate) struct EventView<'a> {
     pub(crate) text: &'a str,
     /// Tags set so far: by the request rules and by earlier events.
     pub(crate) tags: &'a [String],
+    /// Where the `text` tests stand in this block.
+    pub(crate) scans: &'a scan::TextScans,
 }
 
 /// What actions decided about the event being matched.
@@ -234,7 +240,6 @@ struct Held {
     raw: Bytes,
     index: u32,
     name: String,
-    arrived: Instant,
     /// A delta of the masked block: its data and where its text lies in the block's.
     piece: Option<HeldPiece>,
 }
@@ -256,6 +261,9 @@ struct CurrentBlock {
     text: String,
     /// Mask rules that fired on this block's events.
     masks: Vec<(String, Arc<Mask>)>,
+    /// How far the block's text may go under its masks; set when the first fires.
+    hold: Option<scan::Holdback>,
+    scans: scan::TextScans,
 }
 
 /// Per-event rules for one streamed answer. See the module docs.
@@ -314,7 +322,7 @@ impl EventRules {
     /// Takes one raw event (as [`crate::observer::EventSplitter`] cut it); what may go
     /// out now is appended to `out`. `Some(block)`: a rule ended the stream; what was
     /// held is released first, and nothing more is taken.
-    pub fn push(&mut self, raw: Bytes, now: Instant, out: &mut Vec<Bytes>) -> Option<Block> {
+    pub fn push(&mut self, raw: Bytes, _now: Instant, out: &mut Vec<Bytes>) -> Option<Block> {
         if self.stopped {
             return None;
         }
@@ -324,7 +332,7 @@ impl EventRules {
         });
         let Some((name, data_text)) = parsed else {
             // Blank lines or comments only: nothing to match.
-            self.queue(raw, String::new(), None, now, out);
+            self.queue(raw, String::new(), None, out);
             return None;
         };
         let index = self.events;
@@ -359,10 +367,23 @@ impl EventRules {
         for m in &decision.masks {
             if !self.block.masks.iter().any(|(r, _)| r == &m.0) {
                 self.block.masks.push(m.clone());
+                let b = &mut self.block;
+                match &mut b.hold {
+                    Some(h) => h.widen(&m.1.class, m.1.hold_bytes, &b.text),
+                    None => {
+                        // This event's piece is held; what came before has gone.
+                        let at = piece_at.map_or(b.text.len(), |(start, _)| start);
+                        let h = scan::Holdback::new(m.1.class.clone(), m.1.hold_bytes, at);
+                        b.hold = Some(h);
+                    }
+                }
             }
             if !self.seen_masks.iter().any(|(r, _)| r == &m.0) {
                 self.seen_masks.push(m.clone());
             }
+        }
+        if let Some(h) = &mut self.block.hold {
+            h.push(&self.block.text);
         }
         if let Decision::Respond(block) = verdict {
             self.stopped = true;
@@ -403,7 +424,7 @@ impl EventRules {
             }),
             _ => None,
         };
-        self.queue(raw, name, piece, now, out);
+        self.queue(raw, name, piece, out);
         if g.closes {
             self.end_block(out);
             // Events after a block's end belong to none.
@@ -412,15 +433,16 @@ impl EventRules {
         None
     }
 
-    /// Releases what waited its full time by `now`.
-    pub fn release_due(&mut self, now: Instant, out: &mut Vec<Bytes>) {
-        self.release(now, false, out);
+    /// Releases what may go by now. Held text goes by text, never by time: nothing
+    /// is due.
+    pub fn release_due(&mut self, _now: Instant, out: &mut Vec<Bytes>) {
+        self.release(false, out);
     }
 
-    /// When the oldest held event must go out at the latest.
+    /// When a held event must go out at the latest: never by the clock (a token
+    /// that may be a key waits for its end, the block's, or the byte cap).
     pub fn next_release(&self) -> Option<Instant> {
-        let time = self.block.masks.iter().map(|(_, m)| m.hold_time).max()?;
-        self.held.front().map(|h| h.arrived + time)
+        None
     }
 
     /// The stream ended: everything held goes out.
@@ -429,18 +451,12 @@ impl EventRules {
     }
 
     fn end_block(&mut self, out: &mut Vec<Bytes>) {
-        self.release(Instant::now(), true, out);
+        self.release(true, out);
         self.block.masks.clear();
+        self.block.hold = None;
     }
 
-    fn queue(
-        &mut self,
-        raw: Bytes,
-        name: String,
-        piece: Option<HeldPiece>,
-        now: Instant,
-        out: &mut Vec<Bytes>,
-    ) {
+    fn queue(&mut self, raw: Bytes, name: String, piece: Option<HeldPiece>, out: &mut Vec<Bytes>) {
         if self.held.is_empty() && piece.is_none() {
             out.push(raw);
             return;
@@ -449,93 +465,82 @@ impl EventRules {
             raw,
             index: self.events.saturating_sub(1),
             name,
-            arrived: now,
             piece,
         });
-        self.release(now, false, out);
+        self.release(false, out);
     }
 
-    /// Sends held events from the front while they can no longer be part of a
-    /// match still to come (or waited long enough, or `all`).
-    fn release(&mut self, now: Instant, all: bool, out: &mut Vec<Bytes>) {
-        let bytes = self.block.masks.iter().map(|(_, m)| m.hold_bytes).max();
-        let time = self.block.masks.iter().map(|(_, m)| m.hold_time).max();
-        while let Some(front) = self.held.front() {
-            let ready = all
-                || match (&front.piece, bytes, time) {
-                    (None, _, _) => true,
-                    (Some(p), Some(b), Some(t)) => {
-                        self.block.text.len() - p.end >= b || now >= front.arrived + t
-                    }
-                    _ => true,
-                };
-            if !ready {
-                return;
+    /// Sends held events from the front whose text the hold lets go (all of them
+    /// when `all`: the block ended), masked.
+    fn release(&mut self, all: bool, out: &mut Vec<Bytes>) {
+        let b = &mut self.block;
+        if all && let Some(h) = &mut b.hold {
+            h.close();
+        }
+        let limit = b.hold.as_ref().map_or(usize::MAX, scan::Holdback::limit);
+        // The events that may go, and how far their text reaches.
+        let (mut n, mut to) = (0, None);
+        for held in &self.held {
+            match &held.piece {
+                Some(p) if p.end > limit => break,
+                Some(p) => to = Some(p.end),
+                None => {}
             }
+            n += 1;
+        }
+        let hits = match (to, &mut b.hold) {
+            (Some(to), Some(h)) => {
+                let regexes: Vec<&Regex> = b.masks.iter().map(|(_, m)| &m.regex).collect();
+                h.take(&b.text, to, &regexes)
+            }
+            _ => Vec::new(),
+        };
+        for _ in 0..n {
             let Some(held) = self.held.pop_front() else {
                 return;
             };
             let bytes = match held.piece {
-                Some(piece) => self.masked(held.raw, held.index, &held.name, piece),
+                Some(piece) => self.masked(held.raw, held.index, &held.name, piece, &hits),
                 None => held.raw,
             };
             out.push(bytes);
         }
     }
 
-    /// The event with mask matches in its piece replaced, or its bytes as they came.
-    fn masked(&self, raw: Bytes, index: u32, name: &str, mut piece: HeldPiece) -> Bytes {
+    /// The event with the `hits` in its piece replaced, or its bytes as they came.
+    fn masked(
+        &self,
+        raw: Bytes,
+        index: u32,
+        name: &str,
+        mut piece: HeldPiece,
+        hits: &[scan::Hit],
+    ) -> Bytes {
         let text = &self.block.text;
-        let window = self
-            .block
-            .masks
-            .iter()
-            .map(|(_, m)| m.hold_bytes)
-            .max()
-            .unwrap_or(0);
-        let mut scan = piece.start.saturating_sub(window);
-        while !text.is_char_boundary(scan) {
-            scan -= 1;
-        }
-        // (start, end, rule, marker) of every match that touches the piece.
-        let mut hits: Vec<(usize, usize, &str, &str)> = Vec::new();
-        for (rule, mask) in &self.block.masks {
-            for m in mask.regex.find_iter(&text[scan..]) {
-                let (s, e) = (scan + m.start(), scan + m.end());
-                if e > piece.start && s < piece.end && s < e {
-                    hits.push((s, e, rule, &mask.with));
-                }
-            }
-        }
-        if hits.is_empty() {
-            return raw;
-        }
-        hits.sort_by_key(|h| h.0);
         let mut new = String::new();
         let mut at = piece.start;
         let mut rules: Vec<&str> = Vec::new();
-        for (s, e, rule, with) in hits {
-            if e <= at {
+        for hit in hits
+            .iter()
+            .filter(|h| h.end > piece.start && h.start < piece.end)
+        {
+            let Some((rule, mask)) = self.block.masks.get(hit.mask) else {
                 continue;
-            }
-            if s > at {
-                new.push_str(&text[at..s.min(piece.end)]);
-            }
+            };
+            new.push_str(&text[at..hit.start.max(at)]);
             // The marker goes where the match starts; its other parts go.
-            if s >= piece.start && s >= at {
-                new.push_str(with);
+            if hit.marker && hit.start >= piece.start {
+                new.push_str(&mask.with);
             }
-            at = e.min(piece.end);
-            if !rules.contains(&rule) {
+            at = hit.end.min(piece.end);
+            if !rules.contains(&rule.as_str()) {
                 rules.push(rule);
             }
-            if at >= piece.end {
-                break;
-            }
         }
-        if at < piece.end {
-            new.push_str(&text[at..piece.end]);
+        if rules.is_empty() {
+            return raw;
         }
+        new.push_str(&text[at..piece.end]);
         set_at(&mut piece.data, &piece.path, Value::String(new));
         self.masked_event(index, name, &piece.data, &rules)
     }
@@ -581,6 +586,7 @@ impl EventRules {
             tool: block.tool.as_deref(),
             text: &block.text,
             tags: &cx.tags,
+            scans: &block.scans,
         };
         let mut st = State {
             info: Info {
@@ -717,6 +723,8 @@ impl EventPolicy for EventRules {
         EventRules::finish(self, out);
     }
 }
+
+pub(crate) mod scan;
 
 #[cfg(test)]
 mod tests;

@@ -264,8 +264,8 @@ pub static ACTIONS: &[ActionSpec] = &[
     ActionSpec {
         key: "mask",
         phases: EVENT,
-        doc: "Replaces `regex` matches in text and tool-input deltas with `with` (default \"[masked]\") in what the client receives; the capture keeps what the provider sent. Whole events of the block are held up to `hold_back` (default 64 bytes of later text or 200ms, whichever comes first) so a secret split across deltas is caught; an event with no match goes out as it came.",
-        example: "{ mask = { regex = \"sk-ant-[A-Za-z0-9_-]{20,}\", with = \"[key removed]\", hold_back = { bytes = 64, time = \"200ms\" } } }",
+        doc: "Replaces `regex` matches in text and tool-input deltas with `with` (default \"[masked]\") in what the client receives; the capture keeps what the provider sent. A secret split across deltas is caught however slowly they come: an event whose text ends inside a token that may still be (or grow) a match waits until that token ends or the block does, whatever the time; a token longer than twice `hold_back.bytes` (default 64) goes out up to that many bytes before its end, the rest of a match in it masked too. An event with no match goes out as it came.",
+        example: "{ mask = { regex = \"sk-ant-[A-Za-z0-9_-]{20,}\", with = \"[key removed]\", hold_back = { bytes = 64 } } }",
         compile: stream::compile_mask,
     },
     ActionSpec {

@@ -9,6 +9,7 @@ use toml::de::DeValue;
 use super::Action;
 use crate::rules::load::{Cx, Val};
 use crate::rules::stream::Mask;
+use crate::rules::stream::scan::TokenClass;
 use crate::rules::{Block, State};
 use crate::setting::{Scalar, parse_duration};
 
@@ -16,6 +17,8 @@ use crate::setting::{Scalar, parse_duration};
 const MARKER: &str = "[masked]";
 /// The largest window a mask may hold: more would hold a whole answer back.
 const MAX_HOLD_BYTES: u64 = 64 << 10;
+/// `hold_back.time` is still read (older rule files name it) but holds nothing:
+/// text that cannot be part of a match goes at once, a token that may be waits.
 const MAX_HOLD_TIME: Duration = Duration::from_secs(10);
 
 #[derive(Debug)]
@@ -47,7 +50,7 @@ pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
         Some(w) => cx.str(w, "with")?.to_owned(),
         None => MARKER.to_owned(),
     };
-    let (mut hold_bytes, mut hold_time) = (64usize, Duration::from_millis(200));
+    let mut hold_bytes = 64usize;
     if let Some(h) = t.get("hold_back") {
         let h = cx.table(h, "hold_back", &["bytes", "time"])?;
         if let Some(b) = h.get("bytes") {
@@ -65,7 +68,7 @@ pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
                 }
             };
             match parse_duration(&scalar) {
-                Ok(d) if d <= MAX_HOLD_TIME => hold_time = d,
+                Ok(d) if d <= MAX_HOLD_TIME => {}
                 Ok(_) => {
                     cx.error(time.span(), "hold_back.time must be at most 10s");
                     return None;
@@ -78,10 +81,10 @@ pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
         }
     }
     Some(Box::new(MaskAction(Arc::new(Mask {
+        class: TokenClass::of(&regex),
         regex,
         with,
         hold_bytes,
-        hold_time,
     }))))
 }
 

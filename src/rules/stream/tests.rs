@@ -1,5 +1,6 @@
 use super::*;
 use proptest::prelude::*;
+use std::time::Duration;
 
 fn rules(toml: &str) -> Arc<RuleSet> {
     Arc::new(RuleSet::compile(&[("t.toml".into(), toml.into())]).expect("rules compile"))
@@ -125,27 +126,29 @@ fn a_stream_no_rule_changes_is_byte_identical() {
 }
 
 #[test]
-fn held_events_go_out_once_enough_text_follows_and_never_before() {
+fn a_token_waits_for_its_end_not_the_clock_and_a_long_one_goes_up_to_the_cap() {
     let set = rules(MASK);
     let mut engine = EventRules::new(set, context(Provider::Anthropic, Api::Messages)).unwrap();
-    let events = text_stream(&["a".repeat(10).as_str(), "b".repeat(70).as_str(), "c"]);
+    let (a, b, c) = ("a".repeat(10), "b".repeat(70), "c".repeat(60));
+    let events = text_stream(&[&a, &b, &c, " done"]);
     let now = Instant::now();
     let mut out = Vec::new();
-    for e in &events[..3] {
+    for e in &events[..4] {
         assert!(engine.push(Bytes::from(e.clone()), now, &mut out).is_none());
     }
-    // The first delta waits: less than 64 bytes of text follow it.
+    // 80 bytes of one token: it may still become a key, so it waits, whatever the time.
     assert_eq!(out.concat(), (events[0].clone() + &events[1]).as_bytes());
-    engine.push(Bytes::from(events[3].clone()), now, &mut out);
-    // 70 bytes follow the first delta now: it goes; the second still waits.
-    assert_eq!(out.len(), 3);
-    assert_eq!(
-        engine.next_release(),
-        Some(now + Duration::from_millis(200))
-    );
-    // Time releases the rest.
-    engine.release_due(now + Duration::from_millis(200), &mut out);
-    assert_eq!(out.concat(), events[..4].concat().as_bytes());
+    assert_eq!(engine.next_release(), None);
+    engine.release_due(now + Duration::from_secs(60), &mut out);
+    assert_eq!(out.len(), 2);
+    // 140 bytes: past twice the cap (64), the token goes up to 64 bytes before its end.
+    engine.push(Bytes::from(events[4].clone()), now, &mut out);
+    assert_eq!(out.concat(), events[..3].concat().as_bytes());
+    // A space ends the token: all of it goes; the new token ("done") waits.
+    engine.push(Bytes::from(events[5].clone()), now, &mut out);
+    assert_eq!(out.concat(), events[..5].concat().as_bytes());
+    engine.finish(&mut out);
+    assert_eq!(out.concat(), events[..6].concat().as_bytes());
 }
 
 #[test]
@@ -319,4 +322,142 @@ proptest! {
         prop_assert!(!String::from_utf8_lossy(&out).contains(&secret_tail[..10]));
         prop_assert_eq!(got, format!("{before}[masked] {after}"));
     }
+
+    /// The shipped rule, keys of every length up to well past its cap (64 bytes) in
+    /// random deltas: the marker alone reaches the client, and the text around it.
+    #[test]
+    fn the_shipped_rule_lets_no_part_of_a_key_through(
+        before in "[a-z]{0,8}( [a-z]{1,8}){0,4} ",
+        after in "[ .,][a-z ]{0,30}",
+        secret in "[A-Za-z0-9]{20,200}",
+        cuts in proptest::collection::vec(0usize..400, 0..12),
+    ) {
+        let text = format!("{before}sk-ant-api03-{secret}{after}");
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c % (text.len() + 1)).collect();
+        cuts.sort();
+        cuts.dedup();
+        let mut pieces = Vec::new();
+        let mut at = 0;
+        for c in cuts.into_iter().chain([text.len()]) {
+            if c > at {
+                pieces.push(&text[at..c]);
+                at = c;
+            }
+        }
+        let events = text_stream(&pieces);
+        let set = example("80-mask-keys-in-output.toml");
+        let mut engine = EventRules::new(set, context(Provider::Anthropic, Api::Messages)).unwrap();
+        let (out, _) = run(&mut engine, &events);
+        let raw = String::from_utf8_lossy(&out).into_owned();
+        for w in secret.as_bytes().windows(8) {
+            prop_assert!(!raw.contains(std::str::from_utf8(w).unwrap()), "{}", raw);
+        }
+        prop_assert_eq!(delta_text(&out), format!("{before}[key removed]{after}"));
+    }
+}
+
+/// The shipped example rule file's text.
+fn example(name: &str) -> Arc<RuleSet> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("rules/examples")
+        .join(name);
+    let text = std::fs::read_to_string(&path).expect("example rule file");
+    Arc::new(RuleSet::compile(&[(name.into(), text)]).expect("rules compile"))
+}
+
+#[test]
+fn a_key_in_deltas_250ms_apart_never_reaches_the_client_in_part() {
+    let secret = "Q7f2Lm9XwB4kT1vR8nZc3YhP6sDj0GaEu5KoNi2W";
+    let key = format!("sk-ant-api03-{secret}");
+    let text = format!("Here it is: {key} and that is all.");
+    // Five deltas: the key's pieces each end mid-token.
+    let cuts = [0, 17, 27, 37, 47, text.len()];
+    let pieces: Vec<&str> = cuts.windows(2).map(|w| &text[w[0]..w[1]]).collect();
+    let events = text_stream(&pieces);
+    let set = example("80-mask-keys-in-output.toml");
+    let mut engine = EventRules::new(set, context(Provider::Anthropic, Api::Messages)).unwrap();
+    let mut out = Vec::new();
+    let mut now = Instant::now();
+    for e in &events {
+        // The proxy's timer fires whenever something waits its time; deltas come 250 ms apart.
+        now += Duration::from_millis(250);
+        while let Some(at) = engine.next_release() {
+            if at > now {
+                break;
+            }
+            engine.release_due(at, &mut out);
+        }
+        engine.push(Bytes::from(e.clone()), now, &mut out);
+    }
+    engine.finish(&mut out);
+    let got = delta_text(&out.concat());
+    assert_eq!(got, "Here it is: [key removed] and that is all.");
+    let raw = String::from_utf8_lossy(&out.concat()).into_owned();
+    for w in secret.as_bytes().windows(8) {
+        let w = std::str::from_utf8(w).unwrap();
+        assert!(
+            !raw.contains(w),
+            "{w:?} of the key reached the client: {raw}"
+        );
+    }
+}
+
+#[test]
+fn the_text_matcher_scans_each_delta_once_not_the_whole_block_again() {
+    let set = example("82-tag-internal-hosts.toml");
+    let mut engine = EventRules::new(set, context(Provider::Anthropic, Api::Messages)).unwrap();
+    let report = engine.report();
+    let mut text = String::new();
+    while text.len() < 100_000 {
+        text.push_str("the build logs are kept on the usual host, see run-42 for details. ");
+    }
+    let host = "ci-runner-7.build.corp.example.com";
+    let mut events = text_stream(&[]);
+    let tail = events.split_off(2);
+    let delta = |c: char| {
+        let d = serde_json::json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":c.to_string()}});
+        Bytes::from(event("content_block_delta", &d.to_string()))
+    };
+    let mut out = Vec::new();
+    let now = Instant::now();
+    for e in events {
+        engine.push(Bytes::from(e), now, &mut out);
+    }
+    // Built beforehand: the time is the engine's.
+    let deltas: Vec<Bytes> = text.chars().map(delta).collect();
+    scan::SCANNED.with(|c| c.set(0));
+    let started = std::time::Instant::now();
+    for d in deltas {
+        engine.push(d, now, &mut out);
+    }
+    assert!(report.lock().unwrap().tags.is_empty(), "no host yet");
+    // The host spans 34 deltas; the tag comes with the one that completes it.
+    let (head, last) = host.split_at(host.len() - 1);
+    for c in head.chars() {
+        engine.push(delta(c), now, &mut out);
+    }
+    assert!(
+        report.lock().unwrap().tags.is_empty(),
+        "not before the host's end"
+    );
+    engine.push(delta(last.chars().next().unwrap_or('m')), now, &mut out);
+    let took = started.elapsed();
+    assert_eq!(
+        report.lock().unwrap().tags,
+        vec!["mentions-internal-host".to_string()]
+    );
+    for e in tail {
+        engine.push(Bytes::from(e), now, &mut out);
+    }
+    let total = text.len() + host.len();
+    let scanned = scan::SCANNED.with(std::cell::Cell::get);
+    assert!(
+        scanned < 50 * total,
+        "{scanned} bytes scanned for {total} bytes of text"
+    );
+    // Debug build on a shared machine: generous (the whole-block rescan took minutes).
+    assert!(
+        took < Duration::from_secs(5),
+        "{total} one-byte deltas took {took:?}"
+    );
 }
