@@ -198,7 +198,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
         *seen.entry((*fault, what)).or_default() += 1;
     }
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let at_start = Footprint::of(pid, upstream_addr.port())?;
+    let at_start = Footprint::of(pid, &[upstream_addr.port(), collector_addr.port()])?;
 
     let next = Arc::new(AtomicU64::new(FAULTS.len() as u64));
     let deadline = Instant::now() + Duration::from_secs(args.seconds);
@@ -235,7 +235,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let sent: u64 = seen.values().sum();
     let took = started.elapsed();
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let at_end = Footprint::of(pid, upstream_addr.port())?;
+    let at_end = Footprint::of(pid, &[upstream_addr.port(), collector_addr.port()])?;
     let metrics = http_get(admin, "/metrics").await.unwrap_or_default();
 
     // SIGTERM: promptgate drains and writes every record before it exits.
@@ -311,7 +311,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     println!("| | start (after one request of each fault) | end |\n|---|---|---|");
     println!("| open fds | {} | {} |", at_start.fds, at_end.fds);
     println!(
-        "| open fds, less idle pooled upstream connections | {} | {} |",
+        "| open fds, less idle pooled upstream and collector connections | {} | {} |",
         at_start.fds - at_start.pooled,
         at_end.fds - at_end.pooled
     );
@@ -427,7 +427,9 @@ struct Footprint {
 }
 
 impl Footprint {
-    fn of(pid: u32, upstream_port: u16) -> anyhow::Result<Footprint> {
+    /// `pooled_ports`: the upstream's and the collector's, whose idle keep-alive
+    /// connections the process may hold at any time.
+    fn of(pid: u32, pooled_ports: &[u16]) -> anyhow::Result<Footprint> {
         let mut inodes = Vec::new();
         for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))? {
             let target = std::fs::read_link(fd?.path()).unwrap_or_default();
@@ -436,13 +438,13 @@ impl Footprint {
         let fds = inodes.len() as u64;
         // /proc/net/tcp: "sl local rem st ... inode"; rem is HEX_IP:HEX_PORT.
         let table = std::fs::read_to_string(format!("/proc/{pid}/net/tcp")).unwrap_or_default();
-        let port = format!(":{upstream_port:04X}");
+        let ports: Vec<String> = pooled_ports.iter().map(|p| format!(":{p:04X}")).collect();
         let pooled = table
             .lines()
             .skip(1)
             .filter_map(|l| {
                 let cols: Vec<&str> = l.split_whitespace().collect();
-                (cols.len() > 9 && cols[2].ends_with(&port))
+                (cols.len() > 9 && ports.iter().any(|p| cols[2].ends_with(p.as_str())))
                     .then(|| format!("socket:[{}]", cols[9]))
             })
             .filter(|inode| inodes.contains(inode))
@@ -665,7 +667,8 @@ async fn watch_live(admin: SocketAddr, kept: Arc<std::sync::Mutex<Vec<u8>>>) {
     let Ok(mut s) = TcpStream::connect(admin).await else {
         return;
     };
-    let request = format!("GET /api/live HTTP/1.1\r\nHost: {admin}\r\naccept: text/event-stream\r\n\r\n");
+    let request =
+        format!("GET /api/live HTTP/1.1\r\nHost: {admin}\r\naccept: text/event-stream\r\n\r\n");
     if s.write_all(request.as_bytes()).await.is_err() {
         return;
     }
@@ -674,7 +677,9 @@ async fn watch_live(admin: SocketAddr, kept: Arc<std::sync::Mutex<Vec<u8>>>) {
         if n == 0 {
             return;
         }
-        kept.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&chunk[..n]);
+        kept.lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(&chunk[..n]);
     }
 }
 

@@ -335,24 +335,16 @@ pub fn run_request_phase(
     effects: &mut Effects,
     runs: &mut Vec<PolicyRun>,
 ) -> Decision {
-    for policy in policies.iter().filter(|p| p.runs(phase)) {
-        let began = std::time::Instant::now();
-        let edits_before = effects.edits.len();
-        let decision = match phase {
+    run_phase(
+        policies,
+        phase,
+        effects,
+        runs,
+        |policy, effects| match phase {
             Phase::BeforeProviderHeaders => policy.before_provider_headers(facts, request, effects),
             _ => policy.before_provider_request(facts, request, effects),
-        };
-        runs.push(PolicyRun {
-            policy: policy.name().to_owned(),
-            phase,
-            decision: decision_name(&decision, effects.edits.len() > edits_before).into(),
-            took_us: micros(began.elapsed()),
-        });
-        if decision != Decision::Continue {
-            return decision;
-        }
-    }
-    Decision::Continue
+        },
+    )
 }
 
 /// Runs `after_provider_response` for every policy that acts in it, in order.
@@ -363,11 +355,28 @@ pub fn run_response_phase(
     effects: &mut Effects,
     runs: &mut Vec<PolicyRun>,
 ) -> Decision {
-    let phase = Phase::AfterProviderResponse;
+    run_phase(
+        policies,
+        Phase::AfterProviderResponse,
+        effects,
+        runs,
+        |policy, effects| policy.after_provider_response(facts, head, effects),
+    )
+}
+
+/// Gives each policy that acts in `phase` its turn (`turn`), in load order, timing
+/// each and noting its decision, until one answers.
+fn run_phase(
+    policies: &[Arc<dyn Policy>],
+    phase: Phase,
+    effects: &mut Effects,
+    runs: &mut Vec<PolicyRun>,
+    mut turn: impl FnMut(&dyn Policy, &mut Effects) -> Decision,
+) -> Decision {
     for policy in policies.iter().filter(|p| p.runs(phase)) {
         let began = std::time::Instant::now();
         let edits_before = effects.edits.len();
-        let decision = policy.after_provider_response(facts, head, effects);
+        let decision = turn(policy.as_ref(), effects);
         runs.push(PolicyRun {
             policy: policy.name().to_owned(),
             phase,
