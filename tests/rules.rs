@@ -1055,4 +1055,9 @@ async fn repeated_blocked_requests_are_each_recorded_and_linked_to_the_first() {
     )
     .stdout;
     assert!(shown.contains(&format!("repeat of     {first}")), "{shown}");
+    assert!(
+        shown.contains("policies      rules before_provider_headers continue ")
+            && shown.contains(", rules before_provider_request respond "),
+        "{shown}"
+    );
 }

@@ -453,6 +453,23 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
         }
     };
     let _ = writeln!(out, "  rules         {}", list(&r.rules_fired));
+    // Each policy's turn, as the exchange's driver ran them: who, where, what, how long.
+    if !r.policies.is_empty() {
+        let turns: Vec<String> = r
+            .policies
+            .iter()
+            .map(|t| {
+                format!(
+                    "{} {} {} {}µs",
+                    t.policy,
+                    t.phase.name(),
+                    t.decision,
+                    t.took_us
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "  policies      {}", turns.join(", "));
+    }
     let _ = writeln!(out, "  tags          {}", list(&r.tags));
     let _ = writeln!(out, "  rule edits    {}", list(&r.body_diff));
     let redactions: Vec<String> = r
