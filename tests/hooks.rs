@@ -563,3 +563,47 @@ async fn an_http_service_decides_and_its_failures_follow_on_error() {
     let _ = svc.kill();
     let _ = svc.wait();
 }
+
+#[tokio::test]
+async fn the_example_hooks_run() {
+    let fake = fake_ok().await;
+    let dir = TempDir::new("hook-examples");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/examples/hooks");
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let proxy = start(&fake, &dir, &[]);
+    let send = |user: &str, model: &str, text: &str| {
+        let body = serde_json::json!({
+            "model": model, "max_tokens": 10, "metadata": {"user_id": user},
+            "messages": [{"role": "user", "content": text}]
+        });
+        let addr = proxy.addr;
+        let bytes = serde_json::to_vec(&body).unwrap();
+        async move { client::post(addr, "/v1/messages", &bytes).await }
+    };
+    assert_eq!(send("alice", "claude-sonnet-4-5", "hi").await.status, 200);
+    assert_eq!(send("bob", "claude-haiku-4-5", "hi").await.status, 200);
+    let r = send("bob", "claude-sonnet-4-5", "hi").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("bob has no entitlement to claude-sonnet-4-5"),
+        "{}",
+        r.text()
+    );
+    let r = send("alice", "claude-sonnet-4-5", "tell me about Project-Falcon").await;
+    assert_eq!(r.status, 451, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("requests about project-falcon are not allowed"),
+        "{}",
+        r.text()
+    );
+    assert_eq!(
+        fake.requests().len(),
+        2,
+        "blocked requests never reach the provider"
+    );
+}
