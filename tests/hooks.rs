@@ -488,8 +488,18 @@ on_error = "allow"
     );
 }
 
+/// The fixture policy service, killed when dropped (a failing test leaves none).
+struct Service(std::process::Child);
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts the fixture policy service; returns it and its port.
-fn service(dir: &TempDir) -> (std::process::Child, u16) {
+fn service(dir: &TempDir) -> (Service, u16) {
     use std::io::BufRead;
     let mut child = std::process::Command::new("python3")
         .arg(dir.path().join("service.py"))
@@ -500,14 +510,15 @@ fn service(dir: &TempDir) -> (std::process::Child, u16) {
     std::io::BufReader::new(child.stdout.take().unwrap())
         .read_line(&mut line)
         .unwrap();
-    (child, line.trim().parse().unwrap())
+    let port = line.trim().parse().unwrap();
+    (Service(child), port)
 }
 
 #[tokio::test]
 async fn an_http_service_decides_and_its_failures_follow_on_error() {
     let fake = fake_ok().await;
     let scratch = rules_dir("");
-    let (mut svc, port) = service(&scratch);
+    let (_svc, port) = service(&scratch);
     // A port nothing listens on: bind one, then let it go.
     let down = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -560,8 +571,6 @@ async fn an_http_service_decides_and_its_failures_follow_on_error() {
         hooks.starts_with("down@before_provider_request=error:") && hooks.ends_with("(allowed)"),
         "{hooks}"
     );
-    let _ = svc.kill();
-    let _ = svc.wait();
 }
 
 #[tokio::test]
