@@ -242,6 +242,7 @@ impl Exchange {
     fn facts<'a>(&'a self, route: &'a provider::Route, tags: &'a [String]) -> Facts<'a> {
         let r = self.pending.record.as_ref();
         Facts {
+            id: r.map(|r| r.id),
             provider: route.provider,
             api: route.api,
             method: r.map_or(&Method::GET, |r| &r.method),
@@ -389,7 +390,7 @@ impl Proxy {
             target,
             route: None,
             encoded: false,
-            policies: self.policies.iter().map(|s| s.current()).collect(),
+            policies: self.policies.iter().flat_map(|s| s.current()).collect(),
             effects: Effects::default(),
             runs: Vec::new(),
         }
@@ -416,10 +417,11 @@ impl Proxy {
             Ok(uri) => uri,
             Err(stop) => return ex.answer(stop),
         };
-        let outgoing = match request_policies(&mut ex, std::mem::take(&mut parts.headers), body) {
-            Ok(outgoing) => outgoing,
-            Err(stop) => return ex.answer(stop),
-        };
+        let outgoing =
+            match request_policies(&mut ex, std::mem::take(&mut parts.headers), body).await {
+                Ok(outgoing) => outgoing,
+                Err(stop) => return ex.answer(stop),
+            };
         // A sink that must not miss a record (capture.required) may refuse here.
         if let Err(why) = self.recorder.admit(ex.record()).await {
             return ex.answer(ProxyError::new(ErrorKind::CaptureUnavailable, why).into());
@@ -433,7 +435,7 @@ impl Proxy {
             Ok(response) => response,
             Err(stop) => return ex.answer(stop),
         };
-        let (head, incoming) = response_policies(&mut ex, response);
+        let (head, incoming) = response_policies(&mut ex, response).await;
         self.stream(ex, head, incoming)
     }
 
@@ -663,7 +665,11 @@ impl Proxy {
 
 /// Runs the request phases' policies in load order; each sees the headers and the
 /// payload as the previous one left them. Returns what goes upstream.
-fn request_policies(ex: &mut Exchange, received: HeaderMap, body: Bytes) -> Result<Outgoing, Stop> {
+async fn request_policies(
+    ex: &mut Exchange,
+    received: HeaderMap,
+    body: Bytes,
+) -> Result<Outgoing, Stop> {
     let prompt = ex.record().prompt.clone();
     let mut outgoing = Outgoing {
         headers: forwardable(&received, true),
@@ -691,7 +697,8 @@ fn request_policies(ex: &mut Exchange, received: HeaderMap, body: Bytes) -> Resu
                 &mut outgoing,
                 &mut effects,
                 &mut runs,
-            );
+            )
+            .await;
             if decision != Decision::Continue {
                 break;
             }
@@ -723,7 +730,7 @@ fn request_policies(ex: &mut Exchange, received: HeaderMap, body: Bytes) -> Resu
 
 /// Runs after_provider_response's policies on the response head (hop-by-hop
 /// headers removed) and writes the head into the record.
-fn response_policies(
+async fn response_policies(
     ex: &mut Exchange,
     response: Response<Incoming>,
 ) -> (http::response::Parts, Incoming) {
@@ -753,7 +760,8 @@ fn response_policies(
             &mut response_head,
             &mut effects,
             &mut runs,
-        );
+        )
+        .await;
         ex.effects = effects;
         ex.runs = runs;
         ex.policies = policies;

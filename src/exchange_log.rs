@@ -44,6 +44,7 @@ impl RecordSink for ExchangeLog {
             out_tokens = usage.map(|u| u.output_tokens),
             rules = (!r.rules_fired.is_empty()).then(|| r.rules_fired.join(",")),
             tags = (!r.tags.is_empty()).then(|| r.tags.join(",")),
+            hooks = text(hook_runs(r).as_deref()),
             cache = text(r.cache.as_ref().map(|c| c.log_field()).as_deref()),
             stall_ms = r.stall.map(|s| s.longest_ms),
             error = text(r.error.as_deref()),
@@ -51,4 +52,17 @@ impl RecordSink for ExchangeLog {
             "exchange"
         );
     }
+}
+
+/// What hooks decided, as `name@phase=decision` joined with "; " (rules, which
+/// the `rules` field names, and hooks whose `when` did not match are left out);
+/// `None` when no hook ran.
+fn hook_runs(r: &ExchangeRecord) -> Option<String> {
+    let runs: Vec<String> = r
+        .policy_runs
+        .iter()
+        .filter(|p| p.policy != "rules" && p.decision != "skipped")
+        .map(|p| format!("{}@{}={}", p.policy, p.phase.name(), p.decision))
+        .collect();
+    (!runs.is_empty()).then(|| runs.join("; "))
 }

@@ -11,8 +11,9 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use http::HeaderMap;
 use regex::bytes::Regex;
 
-/// Headers whose whole value is a credential, whatever it looks like.
-const CREDENTIAL_HEADERS: &[&str] = &[
+/// Headers whose whole value is a credential, whatever it looks like (also what a
+/// hook's event redacts unless the hook is declared with `secrets = true`).
+pub const CREDENTIAL_HEADERS: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "x-api-key",

@@ -393,6 +393,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         };
         let before = response.clone();
         let facts = crate::policy::Facts {
+            id: None,
             provider: route.provider,
             api: route.api,
             method: &method,

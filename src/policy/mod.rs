@@ -9,6 +9,8 @@
 
 mod chain;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +21,7 @@ use tokio::time::Instant;
 
 pub(crate) use chain::EventChain;
 
+use crate::id::ExchangeId;
 use crate::prompt::{Prompt, PromptCell};
 use crate::provider::{Api, Provider};
 
@@ -91,6 +94,8 @@ pub enum Decision {
 /// The facts of an exchange every phase reads, each decided once by the exchange.
 #[derive(Debug, Clone, Copy)]
 pub struct Facts<'a> {
+    /// The exchange's id (`None` outside an exchange: `rules test`, unit tests).
+    pub id: Option<ExchangeId>,
     pub provider: Provider,
     pub api: Api,
     pub method: &'a Method,
@@ -123,13 +128,18 @@ impl Outgoing {
     /// Replaces the payload for later policies and for the actual request, fixing
     /// the framing headers (the new body is identity-encoded).
     pub fn replace(&mut self, payload: Prompt) {
+        self.replace_cell(PromptCell::of(payload));
+    }
+
+    /// [`Outgoing::replace`] with a payload already in a cell.
+    pub fn replace_cell(&mut self, payload: PromptCell) {
         self.headers.remove(http::header::CONTENT_ENCODING);
         self.headers.insert(
             http::header::CONTENT_LENGTH,
             http::HeaderValue::from(payload.body().len()),
         );
         self.body = payload.body().clone();
-        self.prompt = PromptCell::of(payload);
+        self.prompt = payload;
         self.replaced = true;
     }
 }
@@ -168,6 +178,9 @@ pub struct Effects {
     pub edits: Vec<(String, String)>,
     /// Whether a policy parsed the body (the no-parse guarantee's tests read it).
     pub parsed_body: bool,
+    /// What the current turn's [`PolicyRun::decision`] says instead of its default
+    /// (a hook's `error: timeout after 1000 ms (allowed)`); the driver takes it.
+    pub outcome: Option<String>,
 }
 
 impl Effects {
@@ -317,17 +330,50 @@ pub trait Policy: Send + Sync {
     ) -> Option<(Box<dyn EventPolicy>, SharedReport)> {
         None
     }
+
+    /// Whether its turn at `phase` waits on IO (a hook): the driver then awaits
+    /// [`Policy::request_waiting`] or [`Policy::response_waiting`] instead of the
+    /// synchronous method, so a slow policy never blocks the worker's runtime.
+    fn waits(&self, _phase: Phase) -> bool {
+        false
+    }
+
+    /// The request phases of a policy that [`Policy::waits`]: as the synchronous
+    /// methods, as a future.
+    fn request_waiting<'a>(
+        &'a self,
+        _phase: Phase,
+        _facts: Facts<'a>,
+        _request: &'a mut Outgoing,
+        _effects: &'a mut Effects,
+    ) -> PolicyFuture<'a> {
+        Box::pin(std::future::ready(Decision::Continue))
+    }
+
+    /// `after_provider_response` of a policy that [`Policy::waits`].
+    fn response_waiting<'a, 'h: 'a>(
+        &'a self,
+        _facts: Facts<'a>,
+        _head: &'a mut ResponseHead<'h>,
+        _effects: &'a mut Effects,
+    ) -> PolicyFuture<'a> {
+        Box::pin(std::future::ready(Decision::Continue))
+    }
 }
 
-/// Where an exchange takes a policy from when it begins: its current version (the
-/// rules as last reloaded), which the exchange keeps until it ends.
+/// The turn of a policy that waits on IO (see [`Policy::waits`]).
+pub type PolicyFuture<'a> = Pin<Box<dyn Future<Output = Decision> + Send + 'a>>;
+
+/// Where an exchange takes its policies from when it begins: their current version
+/// (the rules and hooks as last reloaded, in load order), which the exchange keeps
+/// until it ends.
 pub trait PolicySource: Send + Sync {
-    fn current(&self) -> Arc<dyn Policy>;
+    fn current(&self) -> Vec<Arc<dyn Policy>>;
 }
 
 /// Runs `phase` for every policy that acts in it, in order, stopping at the first
 /// that answers. Each policy's effects join `effects`; each turn is timed into `runs`.
-pub fn run_request_phase(
+pub async fn run_request_phase(
     policies: &[Arc<dyn Policy>],
     phase: Phase,
     facts: &Facts<'_>,
@@ -335,59 +381,82 @@ pub fn run_request_phase(
     effects: &mut Effects,
     runs: &mut Vec<PolicyRun>,
 ) -> Decision {
-    run_phase(
-        policies,
-        phase,
-        effects,
-        runs,
-        |policy, effects| match phase {
+    for policy in policies.iter().filter(|p| p.runs(phase)) {
+        let turn = Turn::begin(effects);
+        let decision = match phase {
+            _ if policy.waits(phase) => {
+                policy
+                    .request_waiting(phase, *facts, request, effects)
+                    .await
+            }
             Phase::BeforeProviderHeaders => policy.before_provider_headers(facts, request, effects),
             _ => policy.before_provider_request(facts, request, effects),
-        },
-    )
+        };
+        if turn.end(policy.as_ref(), phase, decision.clone(), effects, runs) {
+            return decision;
+        }
+    }
+    Decision::Continue
 }
 
 /// Runs `after_provider_response` for every policy that acts in it, in order.
-pub fn run_response_phase(
+pub async fn run_response_phase(
     policies: &[Arc<dyn Policy>],
     facts: &Facts<'_>,
     head: &mut ResponseHead<'_>,
     effects: &mut Effects,
     runs: &mut Vec<PolicyRun>,
 ) -> Decision {
-    run_phase(
-        policies,
-        Phase::AfterProviderResponse,
-        effects,
-        runs,
-        |policy, effects| policy.after_provider_response(facts, head, effects),
-    )
-}
-
-/// Gives each policy that acts in `phase` its turn (`turn`), in load order, timing
-/// each and noting its decision, until one answers.
-fn run_phase(
-    policies: &[Arc<dyn Policy>],
-    phase: Phase,
-    effects: &mut Effects,
-    runs: &mut Vec<PolicyRun>,
-    mut turn: impl FnMut(&dyn Policy, &mut Effects) -> Decision,
-) -> Decision {
+    let phase = Phase::AfterProviderResponse;
     for policy in policies.iter().filter(|p| p.runs(phase)) {
-        let began = std::time::Instant::now();
-        let edits_before = effects.edits.len();
-        let decision = turn(policy.as_ref(), effects);
-        runs.push(PolicyRun {
-            policy: policy.name().to_owned(),
-            phase,
-            decision: decision_name(&decision, effects.edits.len() > edits_before).into(),
-            took_us: micros(began.elapsed()),
-        });
-        if decision != Decision::Continue {
+        let turn = Turn::begin(effects);
+        let decision = if policy.waits(phase) {
+            policy.response_waiting(*facts, head, effects).await
+        } else {
+            policy.after_provider_response(facts, head, effects)
+        };
+        if turn.end(policy.as_ref(), phase, decision.clone(), effects, runs) {
             return decision;
         }
     }
     Decision::Continue
+}
+
+/// One policy's turn being timed: when it began and how many edits there were.
+struct Turn {
+    began: std::time::Instant,
+    edits_before: usize,
+}
+
+impl Turn {
+    fn begin(effects: &Effects) -> Turn {
+        Turn {
+            began: std::time::Instant::now(),
+            edits_before: effects.edits.len(),
+        }
+    }
+
+    /// Notes the turn in `runs`; true when the policy answered (the phase stops).
+    fn end(
+        self,
+        policy: &dyn Policy,
+        phase: Phase,
+        decision: Decision,
+        effects: &mut Effects,
+        runs: &mut Vec<PolicyRun>,
+    ) -> bool {
+        let changed = effects.edits.len() > self.edits_before;
+        runs.push(PolicyRun {
+            policy: policy.name().to_owned(),
+            phase,
+            decision: effects
+                .outcome
+                .take()
+                .unwrap_or_else(|| decision_name(&decision, changed).into()),
+            took_us: micros(self.began.elapsed()),
+        });
+        decision != Decision::Continue
+    }
 }
 
 /// The stream engines of every policy that acts on this answer's events, chained in

@@ -572,9 +572,10 @@ pub(crate) fn compile_sources(
     let mut seen: HashMap<String, String> = HashMap::new(); // rule name → where first defined
     for (file, text) in sources {
         let mut cx = Cx::new(file, text, env);
-        let rules = compile_file(&mut cx, text, &mut seen);
+        let (rules, hooks) = compile_file(&mut cx, text, &mut seen, set.rules.len());
         set.files.push((file.clone(), rules.len()));
         set.rules.extend(rules);
+        set.hooks.extend(hooks);
         set.secret_headers.append(&mut cx.secret_headers);
         set.warnings.append(&mut cx.warnings);
         errors.append(&mut cx.errors);
@@ -587,32 +588,52 @@ pub(crate) fn compile_sources(
     }
 }
 
-fn compile_file(cx: &mut Cx<'_>, text: &str, seen: &mut HashMap<String, String>) -> Vec<Rule> {
+/// A file's rules and hooks (`before`: the rules loaded from earlier files).
+fn compile_file(
+    cx: &mut Cx<'_>,
+    text: &str,
+    seen: &mut HashMap<String, String>,
+    before: usize,
+) -> (Vec<Rule>, Vec<super::hook::Hook>) {
     let (doc, parse_errors) = DeTable::parse_recoverable(text);
     if !parse_errors.is_empty() {
         for e in parse_errors {
             let span = e.span().unwrap_or(0..0);
             cx.error(span, e.message().trim_end().to_owned());
         }
-        return Vec::new();
+        return (Vec::new(), Vec::new());
     }
-    let mut rules = Vec::new();
+    // Rules and hooks in the order written: `[[rule]]` and `[[hook]]` tables may
+    // interleave, so their entries are taken by position in the text.
+    let mut entries: Vec<(bool, &Val<'_>)> = Vec::new();
     for (key, value) in doc.get_ref().iter() {
-        if key.get_ref() != "rule" {
-            cx.unknown(key, "a rule file", &["rule"]);
+        let kind = key.get_ref().as_ref();
+        if kind != "rule" && kind != "hook" {
+            cx.unknown(key, "a rule file", &["rule", "hook"]);
             continue;
         }
         let DeValue::Array(items) = value.get_ref() else {
-            cx.error(value.span(), "rules are written as [[rule]] tables");
+            cx.error(
+                value.span(),
+                format!("{kind}s are written as [[{kind}]] tables"),
+            );
             continue;
         };
-        for item in items.iter() {
-            if let Some(rule) = compile_rule(cx, item, seen) {
-                rules.push(rule);
+        entries.extend(items.iter().map(|item| (kind == "hook", item)));
+    }
+    entries.sort_by_key(|(_, item)| item.span().start);
+    let mut rules = Vec::new();
+    let mut hooks = Vec::new();
+    for (is_hook, item) in entries {
+        if is_hook {
+            if let Some(hook) = super::hook::compile(cx, item, before + rules.len(), seen) {
+                hooks.push(hook);
             }
+        } else if let Some(rule) = compile_rule(cx, item, seen) {
+            rules.push(rule);
         }
     }
-    rules
+    (rules, hooks)
 }
 
 fn compile_rule(

@@ -8,6 +8,7 @@
 
 pub(crate) mod action;
 mod body;
+pub mod hook;
 mod limits;
 mod load;
 mod matcher;
@@ -15,6 +16,7 @@ pub mod reload;
 mod shape;
 pub mod stream;
 
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -70,6 +72,8 @@ impl Rule {
 #[derive(Debug, Default)]
 pub struct RuleSet {
     rules: Vec<Rule>,
+    /// The hooks, in load order (each knows how many rules precede it).
+    hooks: Vec<hook::Hook>,
     /// Each file read, with its number of rules.
     pub files: Vec<(String, usize)>,
     /// The directory it was loaded from.
@@ -229,9 +233,37 @@ impl RuleSet {
     }
 
     fn active(&self, phase: Phase) -> impl Iterator<Item = &Rule> {
+        self.active_in(phase, 0..self.rules.len())
+    }
+
+    /// The enabled rules of `phase` among those at `slice` in load order.
+    fn active_in(&self, phase: Phase, slice: Range<usize>) -> impl Iterator<Item = &Rule> {
         self.rules
+            .get(slice)
+            .unwrap_or_default()
             .iter()
             .filter(move |r| r.enabled && r.phase == phase)
+    }
+
+    /// The hooks, in load order.
+    pub fn hooks(&self) -> &[hook::Hook] {
+        &self.hooks
+    }
+
+    /// Starts what hooks need running before their first event (co-processes).
+    pub fn start_hooks(&self) {
+        for h in &self.hooks {
+            h.start();
+        }
+    }
+
+    /// The set as policies in load order: itself when it has no hooks, else the
+    /// slices of rules between hooks, and the hooks (see [`hook`]).
+    pub fn policies(self: &Arc<Self>) -> Vec<Arc<dyn Policy>> {
+        if self.hooks.is_empty() {
+            return vec![Arc::new(self.clone())];
+        }
+        hook::policies(self)
     }
 
     /// Runs before_provider_headers then before_provider_request on a request, as
@@ -241,6 +273,7 @@ impl RuleSet {
         let encoded = crate::provider::content_coding(&req.headers).is_some();
         let model = req.model.map(str::to_owned);
         let facts = Facts {
+            id: None,
             provider: req.provider,
             api: req.api,
             method: req.method,
@@ -263,8 +296,10 @@ impl RuleSet {
                 continue;
             }
             verdict = match phase {
-                Phase::BeforeProviderHeaders => self.headers_phase(&facts, &mut out, &mut effects),
-                _ => self.request_phase(&facts, &mut out, &mut effects),
+                Phase::BeforeProviderHeaders => {
+                    self.headers_phase(&facts, &mut out, &mut effects, self.all(), true)
+                }
+                _ => self.request_phase(&facts, &mut out, &mut effects, self.all()),
             };
             if verdict != Decision::Continue {
                 break;
@@ -307,7 +342,7 @@ impl RuleSet {
             headers: response_headers,
             request_headers,
         };
-        let _ = self.response_phase(facts, &mut head, &mut effects);
+        let _ = self.response_phase(facts, &mut head, &mut effects, self.all());
         effects
     }
 
@@ -324,7 +359,17 @@ impl RuleSet {
 
     /// Runs the rules of one phase in order; each sees what the previous ones left.
     fn run(&self, phase: Phase, st: &mut State<'_, '_>) -> Decision {
-        for rule in self.active(phase) {
+        self.run_in(phase, self.all(), st)
+    }
+
+    /// Every rule's place in load order.
+    fn all(&self) -> Range<usize> {
+        0..self.rules.len()
+    }
+
+    /// Runs the rules of one phase at `slice` in load order.
+    fn run_in(&self, phase: Phase, slice: Range<usize>, st: &mut State<'_, '_>) -> Decision {
+        for rule in self.active_in(phase, slice) {
             st.rule.clone_from(&rule.name);
             match rule.when.eval(st) {
                 Tri::Yes => {}
@@ -367,22 +412,31 @@ impl RuleSet {
         }
     }
 
+    /// `slice`: the rules that run (all, or those between two hooks); `first`:
+    /// whether this run makes the repeated-key check (once per exchange).
     fn headers_phase(
         &self,
         facts: &Facts<'_>,
         request: &mut Outgoing,
         effects: &mut Effects,
+        slice: Range<usize>,
+        first: bool,
     ) -> Decision {
         let store = BodyStore::default();
         let mut body = LazyBody::new(&request.body, &request.prompt, &store);
         // A repeated key reads one way here and another upstream (a last-wins parser
         // takes the later value): refused under enforce, else read as upstream reads it.
-        if let Some(pointer) = body.key_check().repeated()
-            && let Some(strict) = self.rules.iter().find(|r| r.enabled && r.enforce)
+        if first
+            && let Some(pointer) = body.key_check().repeated()
+            && let Some(strict) = self.strict()
         {
             return Decision::Respond(ambiguous(strict, pointer));
         }
-        if !self.has_rules(Phase::BeforeProviderHeaders) {
+        if self
+            .active_in(Phase::BeforeProviderHeaders, slice.clone())
+            .next()
+            .is_none()
+        {
             return Decision::Continue;
         }
         let model = Self::model_of(facts, &mut body);
@@ -399,7 +453,7 @@ impl RuleSet {
             event: None,
             decision: None,
         };
-        let decision = self.run(Phase::BeforeProviderHeaders, &mut st);
+        let decision = self.run_in(Phase::BeforeProviderHeaders, slice, &mut st);
         effects.parsed_body |= body.was_parsed();
         decision
     }
@@ -409,6 +463,7 @@ impl RuleSet {
         facts: &Facts<'_>,
         request: &mut Outgoing,
         effects: &mut Effects,
+        slice: Range<usize>,
     ) -> Decision {
         let store = BodyStore::default();
         let mut body = LazyBody::new(&request.body, &request.prompt, &store);
@@ -427,7 +482,7 @@ impl RuleSet {
             event: None,
             decision: None,
         };
-        let decision = self.run(Phase::BeforeProviderRequest, &mut st);
+        let decision = self.run_in(Phase::BeforeProviderRequest, slice, &mut st);
         if decision == Decision::Continue
             && (body.root_if_parsed().is_some_and(|r| r.is_dirty())
                 || effects.max_breakpoints.is_some())
@@ -459,6 +514,7 @@ impl RuleSet {
         facts: &Facts<'_>,
         head: &mut ResponseHead<'_>,
         effects: &mut Effects,
+        slice: Range<usize>,
     ) -> Decision {
         let mut st = State {
             info: Info::of(facts),
@@ -474,7 +530,7 @@ impl RuleSet {
             decision: None,
         };
         // Blocks are not allowed in this phase (the loader refuses them).
-        let _ = self.run(Phase::AfterProviderResponse, &mut st);
+        let _ = self.run_in(Phase::AfterProviderResponse, slice, &mut st);
         Decision::Continue
     }
 }
@@ -495,7 +551,7 @@ impl Policy for Arc<RuleSet> {
         request: &mut Outgoing,
         effects: &mut Effects,
     ) -> Decision {
-        self.headers_phase(facts, request, effects)
+        self.headers_phase(facts, request, effects, self.all(), true)
     }
 
     fn before_provider_request(
@@ -504,7 +560,7 @@ impl Policy for Arc<RuleSet> {
         request: &mut Outgoing,
         effects: &mut Effects,
     ) -> Decision {
-        self.request_phase(facts, request, effects)
+        self.request_phase(facts, request, effects, self.all())
     }
 
     fn after_provider_response(
@@ -513,7 +569,7 @@ impl Policy for Arc<RuleSet> {
         head: &mut ResponseHead<'_>,
         effects: &mut Effects,
     ) -> Decision {
-        self.response_phase(facts, head, effects)
+        self.response_phase(facts, head, effects, self.all())
     }
 
     fn provider_stream_event(
@@ -541,9 +597,26 @@ impl Policy for Arc<RuleSet> {
     }
 }
 
-/// The refusal of a body with a repeated key while `strict`, an `enforce` rule, is
-/// loaded: the status and type of a default `block`.
-fn ambiguous(strict: &Rule, pointer: &str) -> Block {
+impl RuleSet {
+    /// The first `enforce` rule or hook, by name: while one is loaded, a body with
+    /// a repeated key is refused.
+    fn strict(&self) -> Option<&str> {
+        self.rules
+            .iter()
+            .find(|r| r.enabled && r.enforce)
+            .map(|r| r.name.as_str())
+            .or_else(|| {
+                self.hooks
+                    .iter()
+                    .find(|h| h.enforce)
+                    .map(|h| h.name.as_str())
+            })
+    }
+}
+
+/// The refusal of a body with a repeated key while `strict`, an `enforce` rule or
+/// hook, is loaded: the status and type of a default `block`.
+fn ambiguous(strict: &str, pointer: &str) -> Block {
     Block {
         status: BLOCK_STATUS,
         error_type: None,
@@ -552,7 +625,7 @@ fn ambiguous(strict: &Rule, pointer: &str) -> Block {
              differently to different JSON parsers; promptgate refuses such bodies \
              while enforce rules are loaded"
         ),
-        rule: strict.name.clone(),
+        rule: strict.to_owned(),
     }
 }
 

@@ -51,6 +51,7 @@ pub struct LastReload {
 
 impl LiveRules {
     pub fn new(set: RuleSet) -> Self {
+        set.start_hooks();
         LiveRules {
             current: ArcSwap::from_pointee(set),
             reloaded: AtomicU64::new(0),
@@ -113,6 +114,7 @@ impl LiveRules {
 
     /// Makes `set` live for exchanges that start from now on.
     pub fn replace(&self, set: RuleSet) {
+        set.start_hooks();
         self.current.store(Arc::new(set));
     }
 
@@ -255,7 +257,7 @@ fn is_relevant(dir: &Path, event: &notify::Result<notify::Event>) -> bool {
 }
 /// Each exchange runs the rule set live when it began.
 impl crate::policy::PolicySource for LiveRules {
-    fn current(&self) -> Arc<dyn crate::policy::Policy> {
-        Arc::new(self.snapshot())
+    fn current(&self) -> Vec<Arc<dyn crate::policy::Policy>> {
+        self.snapshot().policies()
     }
 }

@@ -261,6 +261,7 @@ actions = [ { tag = "rate-limited" }, { log = "retry-after={header.retry-after} 
     let run = |status: u16, response: &mut HeaderMap| {
         rules.apply_response(
             &Facts {
+                id: None,
                 provider: Provider::Anthropic,
                 api: Api::Messages,
                 method: &Method::POST,
@@ -1222,6 +1223,7 @@ fn example_note_429() {
     response.insert("retry-after", HeaderValue::from_static("30"));
     let e = rules.apply_response(
         &Facts {
+            id: None,
             provider: Provider::Anthropic,
             api: Api::Messages,
             method: &Method::POST,

@@ -1,0 +1,437 @@
+//! How a hook's event reaches its program and its decision comes back: a command
+//! per event, a long-lived co-process speaking JSON lines, or an HTTP POST.
+//!
+//! All hook IO runs on one runtime of its own (a thread, `promptgate-hooks`): the
+//! listener's workers are current-thread runtimes, and a co-process or a pooled
+//! HTTP connection shared by every worker must live somewhere that outlives none
+//! of them. An exchange awaits its call from its own worker, so a slow hook holds
+//! that exchange only, never the worker.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, oneshot};
+
+/// The largest answer a hook may give (a decision with a replaced payload): 32 MiB,
+/// well above the largest request body a provider takes, so a runaway hook cannot
+/// make promptgate hold unbounded memory.
+pub const MAX_ANSWER: usize = 32 << 20;
+
+/// The most stderr kept from a command (the block message or the error's reason).
+const MAX_STDERR: usize = 8 << 10;
+
+/// Why a hook gave no answer.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CallError {
+    #[error("cannot start {program:?}: {source}")]
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("exited with {status}{}", stderr_tail(.stderr))]
+    Exit { status: String, stderr: String },
+    #[error("answered more than {MAX_ANSWER} bytes")]
+    TooLarge,
+    #[error("the co-process is not running ({0})")]
+    NotRunning(String),
+    #[error("HTTP {0}")]
+    Status(u16),
+    #[error("{0}")]
+    Http(String),
+}
+
+fn stderr_tail(stderr: &str) -> String {
+    match stderr.trim().lines().last() {
+        Some(line) => format!(": {line}"),
+        None => String::new(),
+    }
+}
+
+/// What a program answered.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// The decision JSON (maybe empty: continue unchanged).
+    Decision(Bytes),
+    /// A command exited 2: block, with stderr as the reason.
+    Block(String),
+}
+
+/// The runtime every hook's IO runs on, started on first use.
+pub(crate) fn runtime() -> &'static tokio::runtime::Handle {
+    static HANDLE: OnceLock<tokio::runtime::Handle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("promptgate-hooks".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => {
+                        let _ = tx.send(Some(rt.handle().clone()));
+                        rt.block_on(std::future::pending::<()>());
+                    }
+                    Err(e) => {
+                        tracing::error!(target: "promptgate::hooks", "cannot start the hooks runtime: {e}");
+                        let _ = tx.send(None);
+                    }
+                }
+            });
+        let handle = spawned.ok().and_then(|_| rx.recv().ok().flatten());
+        // Without its own thread, hooks run on the caller's runtime (still async).
+        handle.unwrap_or_else(tokio::runtime::Handle::current)
+    })
+}
+
+/// The environment a hook program gets: a fixed few, then its allow-list.
+pub(crate) fn environment(allow: &[String]) -> Vec<(String, String)> {
+    ["PATH", "HOME", "LANG"]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .chain(allow.iter().cloned())
+        .filter_map(|name| std::env::var(&name).ok().map(|v| (name, v)))
+        .collect()
+}
+
+/// A program run per event: the event on stdin, the decision on stdout.
+#[derive(Debug)]
+pub(crate) struct Command {
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: Vec<String>,
+    /// Where it runs: the directory of the rules file that declares it.
+    pub(crate) dir: Option<PathBuf>,
+}
+
+impl Command {
+    pub(crate) async fn call(&self, event: Bytes) -> Result<Answer, CallError> {
+        let program = self.argv.first().cloned().unwrap_or_default();
+        let mut cmd = tokio::process::Command::new(&program);
+        cmd.args(&self.argv[1..])
+            .env_clear()
+            .envs(environment(&self.env))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            // A call that timed out is dropped: its program must not outlive it.
+            .kill_on_drop(true);
+        if let Some(dir) = &self.dir {
+            cmd.current_dir(dir);
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(|source| CallError::Spawn { program, source })?;
+        let (Some(mut stdin), Some(stdout), Some(stderr)) =
+            (child.stdin.take(), child.stdout.take(), child.stderr.take())
+        else {
+            return Err(CallError::Io(std::io::Error::other("no pipes")));
+        };
+        // Written while stdout is read: a large event must not deadlock on full pipes.
+        let write = async move {
+            // A program that does not read its stdin may exit first: not an error.
+            let _ = stdin.write_all(&event).await;
+            let _ = stdin.shutdown().await;
+        };
+        let mut out = Vec::new();
+        let mut err = Vec::new();
+        let read_out = async {
+            let n = stdout
+                .take(MAX_ANSWER as u64 + 1)
+                .read_to_end(&mut out)
+                .await?;
+            Ok::<usize, std::io::Error>(n)
+        };
+        let read_err = async {
+            let mut limited = stderr.take(MAX_STDERR as u64);
+            limited.read_to_end(&mut err).await
+        };
+        let ((), read, _) = tokio::join!(write, read_out, read_err);
+        if read? > MAX_ANSWER {
+            return Err(CallError::TooLarge);
+        }
+        let status = child.wait().await?;
+        let stderr = String::from_utf8_lossy(&err).trim().to_owned();
+        match status.code() {
+            Some(0) => Ok(Answer::Decision(Bytes::from(out))),
+            Some(2) => Ok(Answer::Block(stderr)),
+            Some(code) => Err(CallError::Exit {
+                status: format!("status {code}"),
+                stderr,
+            }),
+            None => Err(CallError::Exit {
+                status: "a signal".into(),
+                stderr,
+            }),
+        }
+    }
+}
+
+/// The first wait before restarting a co-process that died; doubled per quick
+/// death up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+/// The longest wait between restarts of a co-process that keeps dying.
+const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+type Waiters = Arc<Mutex<HashMap<String, oneshot::Sender<Bytes>>>>;
+
+/// A long-lived co-process: one event per line on its stdin, one decision per line
+/// on its stdout, matched by `id`. Started at load, restarted with backoff when it
+/// dies, stopped when the rule set that declared it is dropped (reload, shutdown).
+#[derive(Debug)]
+pub(crate) struct Process {
+    argv: Vec<String>,
+    env: Vec<String>,
+    dir: Option<PathBuf>,
+    name: String,
+    /// The line writer of the running supervisor; `None` until started.
+    lines: OnceLock<mpsc::UnboundedSender<(String, Bytes, oneshot::Sender<Bytes>)>>,
+}
+
+/// Event ids for co-processes: unique for the life of the process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Process {
+    pub(crate) fn new(
+        name: String,
+        argv: Vec<String>,
+        env: Vec<String>,
+        dir: Option<PathBuf>,
+    ) -> Self {
+        Process {
+            argv,
+            env,
+            dir,
+            name,
+            lines: OnceLock::new(),
+        }
+    }
+
+    /// Starts the supervisor if it is not running.
+    pub(crate) fn start(&self) {
+        self.lines.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            let (name, argv, env, dir) = (
+                self.name.clone(),
+                self.argv.clone(),
+                self.env.clone(),
+                self.dir.clone(),
+            );
+            runtime().spawn(supervise(name, argv, env, dir, rx));
+            tx
+        });
+    }
+
+    /// A fresh event id.
+    pub(crate) fn next_id() -> String {
+        format!("e{}", NEXT_ID.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Sends one event line (`id` is in it) and waits for the line with its id.
+    pub(crate) async fn call(&self, id: String, line: Bytes) -> Result<Answer, CallError> {
+        self.start();
+        let (tx, rx) = oneshot::channel();
+        let sender = self
+            .lines
+            .get()
+            .ok_or_else(|| CallError::NotRunning("not started".into()))?;
+        sender
+            .send((id, line, tx))
+            .map_err(|_| CallError::NotRunning("its supervisor ended".into()))?;
+        match rx.await {
+            Ok(answer) => Ok(Answer::Decision(answer)),
+            Err(_) => Err(CallError::NotRunning("it exited before answering".into())),
+        }
+    }
+}
+
+/// Runs the co-process, restarting it when it dies, until every sender is gone.
+async fn supervise(
+    name: String,
+    argv: Vec<String>,
+    env: Vec<String>,
+    dir: Option<PathBuf>,
+    mut rx: mpsc::UnboundedReceiver<(String, Bytes, oneshot::Sender<Bytes>)>,
+) {
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        let began = tokio::time::Instant::now();
+        let mut cmd = tokio::process::Command::new(argv.first().map_or("", String::as_str));
+        cmd.args(argv.iter().skip(1))
+            .env_clear()
+            .envs(environment(&env))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        if let Some(dir) = &dir {
+            cmd.current_dir(dir);
+        }
+        match cmd.spawn() {
+            Ok(mut child) => {
+                if run_child(&name, &mut child, &mut rx).await {
+                    return; // the rule set is gone: the child is killed on drop
+                }
+                let status = child
+                    .wait()
+                    .await
+                    .map_or_else(|e| e.to_string(), |s| s.to_string());
+                tracing::warn!(target: "promptgate::hooks", hook = %name, "co-process exited ({status}); restarting in {} ms", backoff.as_millis());
+            }
+            Err(e) => {
+                tracing::warn!(target: "promptgate::hooks", hook = %name, "cannot start the co-process: {e}; retrying in {} ms", backoff.as_millis());
+            }
+        }
+        // Events that arrive while it is down fail at once (on_error decides).
+        let wait = tokio::time::sleep(backoff);
+        tokio::pin!(wait);
+        loop {
+            tokio::select! {
+                () = &mut wait => break,
+                got = rx.recv() => match got {
+                    Some((_, _, reply)) => drop(reply),
+                    None => return,
+                },
+            }
+        }
+        backoff = if began.elapsed() > MAX_BACKOFF * 2 {
+            FIRST_BACKOFF
+        } else {
+            (backoff * 2).min(MAX_BACKOFF)
+        };
+    }
+}
+
+/// Pumps events into `child` and answers back until it dies (`false`) or the
+/// senders are gone (`true`).
+async fn run_child(
+    name: &str,
+    child: &mut tokio::process::Child,
+    rx: &mut mpsc::UnboundedReceiver<(String, Bytes, oneshot::Sender<Bytes>)>,
+) -> bool {
+    let (Some(mut stdin), Some(stdout), Some(stderr)) =
+        (child.stdin.take(), child.stdout.take(), child.stderr.take())
+    else {
+        return false;
+    };
+    let waiters: Waiters = Arc::default();
+    let log_name = name.to_owned();
+    let stderr_task = tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        while let Ok(Some(line)) = lines.next_line().await {
+            tracing::info!(target: "promptgate::hooks", hook = %log_name, "stderr: {line}");
+        }
+    });
+    let reader_waiters = waiters.clone();
+    let reader_name = name.to_owned();
+    let mut reader = tokio::spawn(async move {
+        let mut out = BufReader::new(stdout);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match (&mut out)
+                .take(MAX_ANSWER as u64)
+                .read_until(b'\n', &mut line)
+                .await
+            {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+            let id = serde_json::from_slice::<serde_json::Value>(&line)
+                .ok()
+                .and_then(|v| v.get("id").and_then(|i| i.as_str()).map(str::to_owned));
+            let Some(id) = id else {
+                tracing::warn!(target: "promptgate::hooks", hook = %reader_name, "co-process wrote a line without a string \"id\"; ignored");
+                continue;
+            };
+            let waiter = reader_waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
+            if let Some(w) = waiter {
+                let _ = w.send(Bytes::copy_from_slice(&line));
+            }
+        }
+    });
+    let gone = loop {
+        tokio::select! {
+            _ = &mut reader => break false,
+            got = rx.recv() => {
+                let Some((id, line, reply)) = got else { break true };
+                waiters.lock().unwrap_or_else(|p| p.into_inner()).insert(id, reply);
+                let written = async {
+                    stdin.write_all(&line).await?;
+                    stdin.write_all(b"\n").await?;
+                    stdin.flush().await
+                };
+                if written.await.is_err() {
+                    break false;
+                }
+            }
+        }
+    };
+    reader.abort();
+    stderr_task.abort();
+    // Whoever still waits learns it died (their senders drop).
+    waiters.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    gone
+}
+
+/// An HTTP policy service: the event POSTed, the decision in the 2xx response.
+#[derive(Debug)]
+pub(crate) struct Http {
+    pub(crate) url: http::Uri,
+}
+
+type HookClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// The pooled keep-alive client every HTTP hook shares (built on the hooks runtime).
+fn client() -> &'static HookClient {
+    static CLIENT: OnceLock<HookClient> = OnceLock::new();
+    CLIENT.get_or_init(|| {
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        http.set_nodelay(true);
+        http.set_connect_timeout(Some(Duration::from_secs(5)));
+        let tls = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_webpki_roots()
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Client::builder(TokioExecutor::new()).build(tls)
+    })
+}
+
+impl Http {
+    pub(crate) async fn call(&self, event: Bytes) -> Result<Answer, CallError> {
+        let request = http::Request::post(self.url.clone())
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(event))
+            .map_err(|e| CallError::Http(e.to_string()))?;
+        let response = client()
+            .request(request)
+            .await
+            .map_err(|e| CallError::Http(crate::error::error_chain(&e)))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+            .map_err(|e| CallError::Http(format!("reading the answer: {e}")))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(CallError::Status(status.as_u16()));
+        }
+        Ok(Answer::Decision(body))
+    }
+}
