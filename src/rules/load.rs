@@ -636,6 +636,39 @@ fn compile_file(
     (rules, hooks)
 }
 
+/// The `name` of a rule or hook table (`kind`, with an example name), checked: there,
+/// not empty, and not used by an earlier rule or hook (`seen`: name → where).
+pub(crate) fn entry_name(
+    cx: &mut Cx<'_>,
+    item: &Val<'_>,
+    table: &DeTable<'_>,
+    (kind, example): (&str, &str),
+    seen: &mut HashMap<String, String>,
+) -> Option<(String, Range<usize>)> {
+    let name = match table.get("name") {
+        Some(v) => cx.str(v, "name").map(|n| (n.to_owned(), v.span())),
+        None => {
+            cx.error(
+                item.span(),
+                format!("a {kind} needs a name (e.g. name = {example:?})"),
+            );
+            None
+        }
+    };
+    if let Some((name, span)) = &name {
+        let (l, c) = cx.position(span.clone());
+        if name.is_empty() {
+            cx.error(span.clone(), format!("a {kind} name must not be empty"));
+        } else if let Some(at) = seen.get(name) {
+            let message = format!("duplicate {kind} name {name:?} (first defined at {at})");
+            cx.error(span.clone(), message);
+        } else {
+            seen.insert(name.clone(), format!("{}:{l}:{c}", cx.file));
+        }
+    }
+    name
+}
+
 fn compile_rule(
     cx: &mut Cx<'_>,
     item: &Val<'_>,
@@ -644,27 +677,7 @@ fn compile_rule(
     let errors_before = cx.errors.len();
     let table = cx.table(item, "a rule", RULE_KEYS)?;
     let (line, _) = cx.position(item.span());
-    let name = match table.get("name") {
-        Some(v) => cx.str(v, "name").map(|n| (n.to_owned(), v.span())),
-        None => {
-            cx.error(
-                item.span(),
-                "a rule needs a name (e.g. name = \"org-policy\")",
-            );
-            None
-        }
-    };
-    if let Some((name, span)) = &name {
-        let (l, c) = cx.position(span.clone());
-        if name.is_empty() {
-            cx.error(span.clone(), "a rule name must not be empty");
-        } else if let Some(at) = seen.get(name) {
-            let message = format!("duplicate rule name {name:?} (first defined at {at})");
-            cx.error(span.clone(), message);
-        } else {
-            seen.insert(name.clone(), format!("{}:{l}:{c}", cx.file));
-        }
-    }
+    let name = entry_name(cx, item, &table, ("rule", "org-policy"), seen);
     let phase = match table.get("on") {
         Some(v) => cx
             .str(v, "on")

@@ -102,27 +102,7 @@ pub(crate) fn compile(
     let errors_before = cx.errors.len();
     let table = cx.table(item, "a hook", HOOK_KEYS)?;
     let (line, _) = cx.position(item.span());
-    let name = match table.get("name") {
-        Some(v) => cx.str(v, "name").map(|n| (n.to_owned(), v.span())),
-        None => {
-            cx.error(
-                item.span(),
-                "a hook needs a name (e.g. name = \"entitlement\")",
-            );
-            None
-        }
-    };
-    if let Some((name, span)) = &name {
-        let (l, c) = cx.position(span.clone());
-        if name.is_empty() {
-            cx.error(span.clone(), "a hook name must not be empty");
-        } else if let Some(at) = seen.get(name) {
-            let message = format!("duplicate name {name:?} (first defined at {at})");
-            cx.error(span.clone(), message);
-        } else {
-            seen.insert(name.clone(), format!("{}:{l}:{c}", cx.file));
-        }
-    }
+    let name = super::load::entry_name(cx, item, &table, ("hook", "entitlement"), seen);
     let mut phases = Vec::new();
     match table.get("on") {
         Some(v) => {
