@@ -247,6 +247,9 @@ async fn bad_configuration_exits_2_with_a_location() {
             "/nonexistent/ca.pem",
             "--listen",
             "127.0.0.1:0",
+            // Not the default admin port, which another promptgate may hold.
+            "--admin",
+            "127.0.0.1:0",
         ])
         .output()
         .unwrap();

@@ -410,6 +410,54 @@ async fn a_slow_client_holds_back_the_upstream_and_memory_stays_bounded() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread")]
+async fn large_streams_give_their_memory_back_once_recorded() {
+    // 4 concurrent 24 MiB streams, 8 MiB of each kept: glibc's moving mmap threshold
+    // kept the freed copies resident (315 MB idle after 8 x 64 MB at 16 MiB kept).
+    let reply = Reply::large_sse(24);
+    let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--capture-max-response",
+        "8MiB",
+    ]);
+    let before = proxy.rss();
+    let sends = (0..4).map(|_| {
+        let request = stream_request(&proxy);
+        let addr = proxy.addr;
+        tokio::spawn(async move { client::send(addr, &request).await })
+    });
+    for send in sends {
+        assert!(send.await.unwrap().body.complete);
+    }
+    proxy.wait_exchanges(4, WAIT).await;
+    let records = support::captures::wait_records(&proxy.captures, 4, 3 * WAIT).await;
+    assert!(records.iter().all(|r| r["response"]["truncated"] == true));
+    let peak = proxy.peak_rss();
+    // What is kept is 4 x 8 MiB; the copies on the way to disk are made one record
+    // at a time.
+    assert!(
+        peak < before + (4 * 8 << 20) * 3,
+        "memory follows the bytes kept: peak {} MiB, {} MiB at start",
+        peak >> 20,
+        before >> 20
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut now = proxy.rss();
+    while now > before + (16 << 20) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        now = proxy.rss();
+    }
+    assert!(
+        now < before + (16 << 20),
+        "idle again, the memory goes back: {} MiB resident, {} MiB at start (peak {} MiB)",
+        now >> 20,
+        before >> 20,
+        peak >> 20
+    );
+}
+
 /// A provider on loopback that answers one request with `chunks`, each its own
 /// chunk of the HTTP body, written on its own with a short pause after it, so that
 /// promptgate reads each one separately (as a slow token stream comes).

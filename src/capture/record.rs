@@ -436,21 +436,22 @@ impl CaptureRecord {
                 *seen = (*seen).max(n);
             }
             if let Some(o) = observation {
-                let mut body = redactor.redact(&o.body, extra, &mut summary).into_owned();
+                // Shared, not copied, when there was nothing to redact: a response
+                // copy may be `capture.max_response` bytes, several at once.
+                let mut body = owned_or(redactor.redact(&o.body, extra, &mut summary), &o.body);
                 if o.format == BodyFormat::Sse
                     && let Some(message) = &o.summary.message
                 {
-                    let text = message.to_string();
+                    let text = Bytes::from(message.to_string());
                     // Secrets the stream split across events show whole only here.
-                    let secrets = redactor.secrets(text.as_bytes(), extra);
+                    let secrets = redactor.secrets(&text, extra);
                     if !secrets.is_empty() {
-                        body = redactor.scrub_fragments(&body, &secrets).into_owned();
+                        body = owned_or(redactor.scrub_fragments(&body, &secrets), &body);
                     }
-                    let text = redactor.redact(text.as_bytes(), extra, &mut summary);
-                    record.response.message =
-                        Some(BodyInfo::of_response(Bytes::from(text.into_owned())));
+                    let text = owned_or(redactor.redact(&text, extra, &mut summary), &text);
+                    record.response.message = Some(BodyInfo::of_response(text));
                 }
-                record.response.body = BodyInfo::of_response(Bytes::from(body));
+                record.response.body = BodyInfo::of_response(body);
             }
             record.response.edits = r
                 .stream_edits
@@ -506,6 +507,15 @@ impl CaptureRecord {
         if self.response.format.as_deref() == Some("sse") {
             self.response.events = Some(sse_events(&self.response.body.bytes));
         }
+    }
+}
+
+/// A redactor's answer as bytes: its own when it changed something, else `input`
+/// shared (no copy).
+fn owned_or(redacted: std::borrow::Cow<'_, [u8]>, input: &Bytes) -> Bytes {
+    match redacted {
+        std::borrow::Cow::Borrowed(_) => input.clone(),
+        std::borrow::Cow::Owned(v) => Bytes::from(v),
     }
 }
 
@@ -713,10 +723,7 @@ impl UnitCache {
         summary: &mut Summary,
     ) -> Redacted {
         let whole = |summary: &mut Summary| {
-            Redacted::Whole(match redactor.redact(body, extra, summary) {
-                std::borrow::Cow::Borrowed(_) => body.clone(),
-                std::borrow::Cow::Owned(v) => Bytes::from(v),
-            })
+            Redacted::Whole(owned_or(redactor.redact(body, extra, summary), body))
         };
         if !extra.is_empty() || split.units.is_empty() {
             return whole(summary);

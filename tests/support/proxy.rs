@@ -172,13 +172,21 @@ impl Proxy {
 
     /// Its peak resident memory so far, in bytes (Linux `VmHWM`).
     pub fn peak_rss(&self) -> u64 {
+        self.status_kb("VmHWM:") * 1024
+    }
+
+    /// Its resident memory now, in bytes (Linux `VmRSS`).
+    pub fn rss(&self) -> u64 {
+        self.status_kb("VmRSS:") * 1024
+    }
+
+    fn status_kb(&self, field: &str) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
-        let kb: u64 = status
+        status
             .lines()
-            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap();
-        kb * 1024
+            .unwrap()
     }
 
     /// Everything promptgate wrote to stderr so far.
