@@ -677,7 +677,7 @@ fn compile_rule(
     let errors_before = cx.errors.len();
     let table = cx.table(item, "a rule", RULE_KEYS)?;
     let (line, _) = cx.position(item.span());
-    let name = entry_name(cx, item, &table, ("rule", "org-policy"), seen);
+    let name = entry_name(cx, item, table, ("rule", "org-policy"), seen);
     let phase = match table.get("on") {
         Some(v) => cx
             .str(v, "on")

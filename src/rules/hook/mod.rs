@@ -102,7 +102,7 @@ pub(crate) fn compile(
     let errors_before = cx.errors.len();
     let table = cx.table(item, "a hook", HOOK_KEYS)?;
     let (line, _) = cx.position(item.span());
-    let name = super::load::entry_name(cx, item, &table, ("hook", "entitlement"), seen);
+    let name = super::load::entry_name(cx, item, table, ("hook", "entitlement"), seen);
     let mut phases = Vec::new();
     match table.get("on") {
         Some(v) => {
