@@ -70,6 +70,21 @@ impl Rig {
         self.send_raw_as(body, shapes::CC_SESSION, "sk-ant-api03-test")
             .await;
     }
+
+    /// As [`Rig::send`], with the body's bytes as given.
+    async fn send_bytes(&self, bytes: &[u8]) -> Turn {
+        *self.sent.lock().unwrap() += 1;
+        let headers = shapes::claude_code_headers(
+            &self.server.addr.to_string(),
+            bytes.len(),
+            "sk-ant-api03-test",
+        );
+        let request = client::request_bytes("POST", "/v1/messages?beta=true", &headers, bytes);
+        let response = client::send(self.server.addr, &request).await;
+        assert_eq!(response.status, 200, "{}", response.text());
+        let n = *self.sent.lock().unwrap();
+        self.turn(n).await
+    }
     /// As [`Rig::send`], from another Claude Code session and with key `key`.
     async fn send_as(&self, body: &Value, session: &str, key: &str) -> Turn {
         self.send_raw_as(body, session, key).await;
@@ -247,6 +262,45 @@ async fn a_date_changed_inside_a_system_block() {
     // The analysis that is logged never carries prompt text: no excerpt of the changed date.
     assert!(!t.analysis.to_string().contains("2026-11-30."));
     assert!(t.analysis["cost"]["lost_usd"].as_f64().unwrap() > 0.0);
+}
+
+#[tokio::test]
+async fn a_turn_in_other_bytes_with_the_same_values_still_reads() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    // Turn 2 as another serialiser writes it: spaced out, non-ASCII escaped, and
+    // every object of the first message with its keys in the other order.
+    let mut body = cc(2);
+    reverse_keys(&mut body["messages"][0]);
+    let mut spaced = serde_json::to_string_pretty(&body).unwrap();
+    spaced = spaced.replace('\u{e9}', "\\u00e9");
+    let t = rig.send_bytes(spaced.as_bytes()).await;
+    assert_eq!(t.verdict(), "hit", "{}", t.analysis);
+    assert_eq!(t.reason(), "");
+    assert!(t.actual().0 > 0, "the emulator read the prefix");
+    assert_close(t.predicted().0, t.actual().0, "predicted what was read");
+    // Every unit is spaced out: the first eight are named.
+    assert_eq!(
+        t.analysis["respelled"][0], "tools[0]",
+        "the byte-level difference is noted: {}",
+        t.analysis
+    );
+    assert_eq!(t.analysis["respelled"].as_array().unwrap().len(), 8);
+}
+
+/// Puts every object's keys in `v` in the reverse order.
+fn reverse_keys(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            let entries: Vec<(String, Value)> = std::mem::take(o).into_iter().rev().collect();
+            for (k, mut child) in entries {
+                reverse_keys(&mut child);
+                o.insert(k, child);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(reverse_keys),
+        _ => {}
+    }
 }
 
 #[tokio::test]

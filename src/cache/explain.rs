@@ -110,7 +110,7 @@ pub enum Reason {
         #[serde(skip_serializing_if = "Option::is_none")]
         after: Option<String>,
         /// The bytes differ, the JSON value does not (key order, escapes, spacing):
-        /// the provider's match is on bytes.
+        /// the provider caches the rendered prompt, so this alone does not miss.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         spelling_only: bool,
     },
@@ -243,8 +243,9 @@ impl Reason {
                 spelling_only: true,
                 ..
             } => format!(
-                "{unit} is the same JSON spelled differently (key order, escapes or spacing): the \
-                 provider matches bytes, so send it byte for byte as before"
+                "{unit} is the same JSON value in other bytes (key order, escapes or spacing), \
+                 which the provider reads as the same prompt: the miss has another cause, such \
+                 as an eviction on the provider's side"
             ),
             Reason::PrefixChanged { unit, before, after, .. } if date(before) || date(after) => {
                 format!(
@@ -891,9 +892,7 @@ fn changed(now: &Segments, before: &Segments, d: usize) -> Reason {
         b.map_or(&empty, |u| &u.bytes),
     );
     let offset = x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count();
-    // Values compare by content, objects regardless of key order.
-    let value = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
-    let spelling_only = a.is_some() && b.is_some() && value(x).is_some() && value(x) == value(y);
+    let spelling_only = a.is_some() && b.is_some() && super::segment::same_value(x, y);
     Reason::PrefixChanged {
         unit: path,
         offset,
@@ -957,7 +956,7 @@ fn tools_changed(before: &Segments, now: &Segments) -> Reason {
 mod tests {
     use super::*;
     use crate::cache::history::Snapshot;
-    use crate::cache::segment::{IgnoreRule, segment};
+    use crate::cache::segment::{IgnoreRule, segment_after};
     use crate::prompt::Format;
     use bytes::Bytes;
     use std::sync::Arc;
@@ -965,11 +964,16 @@ mod tests {
     const MIN: u64 = 100;
 
     fn segs(body: &str) -> Segments {
+        segs_after(body, None)
+    }
+
+    /// Cut as the stage cuts a turn: after the conversation's last one.
+    fn segs_after(body: &str, previous: Option<&Segments>) -> Segments {
         let prompt = crate::prompt::Prompt::read(
             Bytes::copy_from_slice(body.as_bytes()),
             Some(Format::AnthropicMessages),
         );
-        segment(&prompt, &[IgnoreRule::billing_header()]).unwrap()
+        segment_after(&prompt, &[IgnoreRule::billing_header()], previous).unwrap()
     }
 
     fn text(n: usize, seed: &str) -> String {
@@ -1003,8 +1007,10 @@ mod tests {
     fn run(bodies: &[(String, Millis)]) -> Vec<(Verdict, Option<Reason>, Prediction)> {
         let mut conv = Conversation::default();
         let mut out = Vec::new();
+        let mut previous: Option<Arc<Segments>> = None;
         for (body, at) in bodies {
-            let s = Arc::new(segs(body));
+            let s = Arc::new(segs_after(body, previous.as_deref()));
+            previous = Some(s.clone());
             let id = ExchangeId::new();
             let req = Request {
                 id,
@@ -1086,28 +1092,53 @@ mod tests {
     }
 
     #[test]
-    fn a_unit_respelled_but_equal_in_value_says_so() {
+    fn a_unit_respelled_but_equal_in_value_still_reads() {
         let sys = text(150, "rules");
         let a = body(&sys, 1);
-        // The same system block with its keys in the other order.
+        // The same system block with its keys in the other order and an escape.
         let b = body(&sys, 2).replacen(
             &format!(r#"{{"type":"text","text":"{sys}""#),
-            &format!(r#"{{"text":"{sys}","type":"text""#),
+            &format!(r#"{{ "text": "{sys}", "type": "te\u0078t""#),
             1,
         );
         assert_ne!(b, body(&sys, 2), "the body was respelled");
-        let r = run(&[(a, 0), (b, 10_000)]);
-        let reason = r[1].1.clone().unwrap();
+        let r = run(&[(a.clone(), 0), (b.clone(), 10_000)]);
+        // The provider caches the prompt the JSON renders: the prefix still reads.
+        assert_eq!(r[1].0, Verdict::Hit, "{:?}", r[1]);
+        assert!(r[1].2.read_tokens > 0, "{:?}", r[1].2);
+        let first = segs(&a);
+        let second = segs_after(&b, Some(&first));
+        let unit = second
+            .units
+            .iter()
+            .find(|u| u.path.to_string() == "system[0]")
+            .unwrap();
+        assert!(
+            unit.respelled,
+            "the byte-level difference is kept as a note"
+        );
+        assert!(
+            !second
+                .units
+                .iter()
+                .any(|u| u.respelled && u.path.to_string() != "system[0]")
+        );
+        // Against a cut that knew no earlier turn, the bytes decide: a real change.
+        assert_ne!(
+            segs(&b).units.last().unwrap().prefix,
+            first.units.last().unwrap().prefix
+        );
+        let at = first
+            .units
+            .iter()
+            .position(|u| u.path.to_string() == "system[0]")
+            .unwrap();
+        let reason = super::changed(&segs(&b), &first, at);
         assert!(
             matches!(&reason, Reason::PrefixChanged { unit, spelling_only: true, .. } if unit == "system[0]"),
             "{reason:?}"
         );
-        assert!(
-            reason
-                .to_string()
-                .ends_with("in spelling only (the same JSON value in other bytes)")
-        );
-        assert!(reason.fix(0, None).unwrap().contains("byte for byte"));
+        assert!(reason.fix(0, None).unwrap().contains("another cause"));
     }
 
     #[test]

@@ -237,7 +237,14 @@ pub struct CacheReport {
     /// What would have let this request read the cache (see [`Reason::fix`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// Units sent in other bytes than the earlier turn's, with the same JSON value
+    /// (the first [`RESPELLED_SHOWN`]): compared as values, as the provider does.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub respelled: Vec<String>,
 }
+
+/// How many re-spelled units a report names.
+pub const RESPELLED_SHOWN: usize = 8;
 
 impl CacheReport {
     /// The `cache=` value of the exchange log line: `hit 48.2k/50.1k`,
@@ -884,6 +891,13 @@ impl CacheStage {
             cost,
             stable,
             fix,
+            respelled: segs
+                .units
+                .iter()
+                .filter(|u| u.respelled)
+                .take(RESPELLED_SHOWN)
+                .map(|u| u.path.to_string())
+                .collect(),
         })
     }
 }

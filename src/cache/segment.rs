@@ -8,6 +8,8 @@
 //! instructions, messages or input items) for the stable-prefix view. This module
 //! only describes one request; comparing requests is `explain`'s job.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use regex::Regex;
 
@@ -52,6 +54,10 @@ pub struct Unit {
     pub cacheable: bool,
     /// Left out of the prefix hash by configuration (e.g. the billing header block).
     pub ignored: bool,
+    /// Sent in other bytes than the earlier turn's unit at its place, with the same
+    /// JSON value: it takes that unit's digest, since the provider caches the prompt
+    /// the JSON renders, not the JSON text.
+    pub respelled: bool,
 }
 
 /// A request as cache units.
@@ -247,13 +253,23 @@ impl<'p> Chain<'p> {
         for m in self.prompt.messages() {
             self.pending.extend_from_slice(b"\0message{");
             if let Some(message) = self.prompt.value(m.tok) {
-                for (k, v) in message.entries() {
-                    if crate::prompt::key_is(k.bytes(), "content") != Some(true) {
-                        self.pending.extend_from_slice(k.bytes());
-                        self.pending.push(b':');
-                        self.pending.extend_from_slice(v.bytes());
-                        self.pending.push(b',');
-                    }
+                // As the provider reads them: keys decoded and in order, values canonical.
+                let mut fields: Vec<(Cow<'_, str>, Cow<'_, str>)> = message
+                    .entries()
+                    .filter(|(k, _)| crate::prompt::key_is(k.bytes(), "content") != Some(true))
+                    .map(|(k, v)| {
+                        let key = k
+                            .str()
+                            .unwrap_or_else(|| String::from_utf8_lossy(k.bytes()));
+                        (key, crate::prompt::canonical(v.bytes()))
+                    })
+                    .collect();
+                fields.sort_unstable();
+                for (k, v) in fields {
+                    self.pending.extend_from_slice(k.as_bytes());
+                    self.pending.push(b':');
+                    self.pending.extend_from_slice(v.as_bytes());
+                    self.pending.push(b',');
                 }
             }
             self.pending.push(b'}');
@@ -293,24 +309,46 @@ impl<'p> Chain<'p> {
 
     /// The digest, token estimate and ignore verdict: the earlier turn's when the
     /// same place held the same bytes (a memcmp is far cheaper than hashing,
-    /// counting and decoding; the ignore rules are the stage's, fixed for its life).
+    /// counting and decoding; the ignore rules are the stage's, fixed for its life),
+    /// or the same JSON value in other bytes (then `respelled`).
     fn measure(
         &self,
         unit: &crate::prompt::Unit,
         bytes: &[u8],
         counted: &[u8],
         text: Option<&[u8]>,
-    ) -> (Hash, u32, bool) {
+    ) -> Measured {
         if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
             && prev.path == unit.path
-            && prev.bytes[..] == *bytes
         {
-            unit.lend_hash(prev.hash);
-            return (prev.hash, prev.tokens, prev.ignored);
+            if prev.bytes[..] == *bytes {
+                unit.lend_hash(prev.hash);
+                return Measured {
+                    hash: prev.hash,
+                    tokens: prev.tokens,
+                    ignored: prev.ignored,
+                    respelled: false,
+                };
+            }
+            // Only units that differ from the earlier turn's at their place are
+            // parsed, a few a turn; the digest is not lent: it names other bytes.
+            if same_value(&prev.bytes, bytes) {
+                return Measured {
+                    hash: prev.hash,
+                    tokens: prev.tokens,
+                    ignored: prev.ignored,
+                    respelled: true,
+                };
+            }
         }
         let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
         let ignored = text.is_some_and(|t| self.is_ignored(unit.path.region, t));
-        (unit.hash(self.prompt.body()), tokens, ignored)
+        Measured {
+            hash: unit.hash(self.prompt.body()),
+            tokens,
+            ignored,
+            respelled: false,
+        }
     }
 
     fn is_ignored(&self, region: Region, text: &[u8]) -> bool {
@@ -332,7 +370,12 @@ impl<'p> Chain<'p> {
         let bytes = unit.bytes(body);
         let text = unit.text.map(|t| t.of(body));
         let counted = unit.content.map_or(&bytes[..], |c| c.of(body));
-        let (hash, tokens, ignored) = self.measure(unit, &bytes, counted, text);
+        let Measured {
+            hash,
+            tokens,
+            ignored,
+            respelled,
+        } = self.measure(unit, &bytes, counted, text);
         let cacheable = match &*unit.kind {
             "thinking" | "redacted_thinking" => false,
             "text" => text.is_some_and(|t| t.len() > 2),
@@ -368,6 +411,7 @@ impl<'p> Chain<'p> {
             breakpoint,
             cacheable,
             ignored,
+            respelled,
         });
     }
 
@@ -423,6 +467,21 @@ impl<'p> Chain<'p> {
             tools_hash: self.tools.finish(),
         }
     }
+}
+
+/// What [`Chain::measure`] found for one unit.
+struct Measured {
+    hash: Hash,
+    tokens: u32,
+    ignored: bool,
+    respelled: bool,
+}
+
+/// Whether two units are the same JSON value: key order, escapes and spacing
+/// aside (objects compare as maps), values and their order the same.
+pub fn same_value(a: &[u8], b: &[u8]) -> bool {
+    let value = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
+    matches!((value(a), value(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// Block types whose consecutive runs count as one lookback position.

@@ -86,6 +86,7 @@ mod tests {
             cost: None,
             stable: None,
             fix: None,
+            respelled: Vec::new(),
         }
     }
 

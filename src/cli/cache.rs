@@ -329,6 +329,13 @@ pub(super) fn show_lines(store: &Store, record: &crate::capture::CaptureRecord, 
     if let Some(fix) = &r.fix {
         let _ = writeln!(out, "{pad}fix: {fix}");
     }
+    if !r.respelled.is_empty() {
+        let _ = writeln!(
+            out,
+            "{pad}re-spelled {} (other bytes, the same JSON value: compared as values, as the provider does)",
+            r.respelled.join(", ")
+        );
+    }
     if let Some(c) = &r.cost {
         let _ = writeln!(
             out,

@@ -291,14 +291,11 @@ impl Prompt {
         let Some(root) = self.root() else {
             return Settings::default();
         };
-        let raw = |k: &str| {
-            root.get(k)
-                .map(|v| String::from_utf8_lossy(v.bytes()).into_owned())
-        };
+        let raw = |k: &str| root.get(k).map(|v| canonical(v.bytes()).into_owned());
         let effort = root
             .get("output_config")
             .and_then(|o| o.get("effort"))
-            .map(|v| String::from_utf8_lossy(v.bytes()).into_owned());
+            .map(|v| canonical(v.bytes()).into_owned());
         let images = self
             .units()
             .iter()
@@ -316,6 +313,37 @@ impl Prompt {
     /// Top-level automatic caching (`cache_control` beside `messages`), when it is an object.
     pub fn automatic_marker(&self) -> Option<Marker> {
         Marker::of(self.root()?.get("cache_control")?)
+    }
+}
+
+/// A JSON value's text as the provider reads it: keys sorted, no spacing, strings
+/// escaped the one way serde_json writes them; `json` itself when it is a plain
+/// string or a literal (most are). Text that is not JSON is given back as it is.
+pub fn canonical(json: &[u8]) -> std::borrow::Cow<'_, str> {
+    let plain = json.first().is_some_and(|&c| c != b'{' && c != b'[')
+        && !json
+            .iter()
+            .any(|&c| matches!(c, b'\\' | b' ' | b'\n' | b'\r' | b'\t') || c >= 0x80);
+    if plain && let Ok(text) = std::str::from_utf8(json) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    match serde_json::from_slice::<serde_json::Value>(json) {
+        Ok(v) => std::borrow::Cow::Owned(sorted(v).to_string()),
+        Err(_) => String::from_utf8_lossy(json),
+    }
+}
+
+/// `v` with every object's keys in sorted order (the map keeps insertion order).
+fn sorted(v: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::Object(o) => {
+            let mut entries: Vec<(String, Value)> = o.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sorted).collect()),
+        other => other,
     }
 }
 

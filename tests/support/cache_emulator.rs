@@ -191,6 +191,23 @@ fn hash_of(parts: &[&str]) -> u64 {
     h.finish()
 }
 
+/// `v` with every object's keys in sorted order.
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(o) => {
+            let mut keys: Vec<&String> = o.keys().collect();
+            keys.sort();
+            Value::Object(
+                keys.into_iter()
+                    .map(|k| (k.clone(), sorted(&o[k])))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
 fn ttl_of(block: &Value) -> Option<u64> {
     let cc = block.get("cache_control")?;
     Some(if cc["ttl"] == "1h" {
@@ -210,7 +227,9 @@ fn units(request: &Value) -> Vec<Unit> {
         if let Some(o) = clean.as_object_mut() {
             o.remove("cache_control");
         }
-        let text = clean.to_string();
+        // The provider caches the prompt the JSON renders: key order, escapes and
+        // spacing do not reach it.
+        let text = sorted(&clean).to_string();
         let shown = if ignored { "ignored" } else { text.as_str() };
         prefix = hash_of(&[&prefix.to_string(), &mix, shown]);
         let tokens = match kind {
@@ -252,7 +271,7 @@ fn units(request: &Value) -> Vec<Unit> {
         request["tool_choice"], request["thinking"], request["output_config"]["effort"]
     ));
     for message in request["messages"].as_array().into_iter().flatten() {
-        let mut header = message.clone();
+        let mut header = sorted(message);
         if let Some(o) = header.as_object_mut() {
             o.remove("content");
         }
