@@ -401,6 +401,31 @@ async fn the_model_switched() {
 }
 
 #[tokio::test]
+async fn a_turn_back_on_the_first_model_reads_its_older_entry() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    let mut other = cc(2);
+    other["model"] = json!("claude-sonnet-5-5");
+    rig.send(&other).await;
+    let back = rig.send(&cc(3)).await;
+    // The provider reads turn 1's entry of the first model: what turn 2 added was
+    // cached for the other model only.
+    assert!(back.actual().0 > 0, "the emulator read the older entry");
+    assert_close(back.predicted().0, back.actual().0, "predicted that read");
+    assert_eq!(back.verdict(), "partial", "{}", back.analysis);
+    assert_eq!(back.reason(), "model_changed");
+    assert_eq!(back.analysis["reason"]["before"], "claude-sonnet-5-5");
+    assert_eq!(back.analysis["reason"]["after"], "claude-opus-5-5");
+    assert!(back.analysis["lost_tokens"].as_u64().unwrap() > 0);
+    assert_eq!(
+        back.field().split_once(' ').map(|(v, _)| v),
+        Some("partial"),
+        "{}",
+        back.field()
+    );
+}
+
+#[tokio::test]
 async fn below_the_minimum_length() {
     let rig = Rig::start().await;
     let small = |turns: usize| {

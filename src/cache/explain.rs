@@ -734,7 +734,14 @@ pub fn explain(
             };
             out.reason = Some(reason);
         }
-        None if usage.cache_read_tokens > 0 => out.verdict = Verdict::Hit,
+        None if usage.cache_read_tokens > 0 => {
+            out.verdict = Verdict::Hit;
+            if let Some(conv) = conv
+                && let Some((reason, lost)) = returned_to_model(req, conv, usage)
+            {
+                (out.verdict, out.reason, out.lost_tokens) = (Verdict::Partial, Some(reason), lost);
+            }
+        }
         None if usage.cache_write_tokens > 0 => out.verdict = Verdict::Write,
         None => {
             out.verdict = Verdict::None;
@@ -742,6 +749,39 @@ pub fn explain(
         }
     }
     out
+}
+
+/// A turn back on a model after a turn on another reads this model's older entry
+/// (each model has a cache of its own): short of what the conversation had cached
+/// on the other model. The reason is that switch, and the tokens it cost.
+fn returned_to_model(
+    req: Request<'_>,
+    conv: &Conversation,
+    usage: &Usage,
+) -> Option<(Reason, u64)> {
+    let last = conv.previous(req.id, req.start)?;
+    let model = &req.segments.settings.model;
+    if last.segments.settings.model == *model {
+        return None;
+    }
+    let &target = last.cached.last()?;
+    // The same conversation went on there: its units through that entry are this
+    // request's (a side request on a small model shares none of them).
+    let now = &req.segments.units;
+    let shared = last.segments.units.get(..=target)?.iter().zip(now.iter());
+    if now.len() <= target || shared.into_iter().any(|(a, b)| a.hash != b.hash) {
+        return None;
+    }
+    let reachable = Tokens::new(&last.segments, Some(conv)).at(target);
+    (reachable > usage.cache_read_tokens).then(|| {
+        (
+            Reason::ModelChanged {
+                before: last.segments.settings.model.clone(),
+                after: model.clone(),
+            },
+            reachable - usage.cache_read_tokens,
+        )
+    })
 }
 
 /// Whether a predicted count matches the provider's: both zero or both not, and
@@ -1199,11 +1239,19 @@ mod tests {
         let r = run(&[(body(&sys, 1), 0), (other.clone(), 10_000)]);
         assert_eq!(r[1].0, Verdict::Miss);
         assert!(matches!(&r[1].1, Some(Reason::ModelChanged { .. })));
-        // Switching back reads the first model's cache: a hit on its last turn.
+        // Switching back reads the first model's older entry: short of what the
+        // other model's turn cached, because of that switch.
         let back = run(&[(body(&sys, 1), 0), (other, 10_000), (body(&sys, 2), 20_000)]);
+        assert_eq!(back[2].2.read_through.as_deref(), Some("messages[0].content[0]"));
         assert_eq!(
             (back[2].0, &back[2].1),
-            (Verdict::Hit, &None),
+            (
+                Verdict::Partial,
+                &Some(Reason::ModelChanged {
+                    before: "claude-other".into(),
+                    after: "claude-test".into()
+                })
+            ),
             "{:?}",
             back[2]
         );

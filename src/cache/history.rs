@@ -170,15 +170,21 @@ impl Conversation {
     /// The latest of `model` when one is kept: each model has a cache of its own, so
     /// a conversation that switches back compares with that model's last turn.
     pub fn baseline(&self, id: ExchangeId, start: Millis, model: &str) -> Option<Arc<Snapshot>> {
-        let earlier = || {
-            self.snapshots
-                .iter()
-                .rev()
-                .filter(move |s| s.id != id && (s.start, s.id) < (start, id))
-        };
-        earlier()
+        self.snapshots
+            .iter()
+            .rev()
+            .filter(|s| s.id != id && (s.start, s.id) < (start, id))
             .find(|s| s.segments.settings.model == model)
-            .or_else(|| earlier().next())
+            .cloned()
+            .or_else(|| self.previous(id, start))
+    }
+
+    /// The request just before `id` (started at `start`), whatever its model.
+    pub fn previous(&self, id: ExchangeId, start: Millis) -> Option<Arc<Snapshot>> {
+        self.snapshots
+            .iter()
+            .rev()
+            .find(|s| s.id != id && (s.start, s.id) < (start, id))
             .cloned()
     }
 
