@@ -698,6 +698,49 @@ async fn openai_cached_tokens_beside_the_stable_prefix() {
     assert_eq!(json["total"]["priced"], false);
 }
 
+#[tokio::test]
+async fn an_openai_model_switch_is_named_as_one() {
+    // OpenAI's cache is per model too: the switched turn reads nothing.
+    let fake = FakeProvider::start(|req| {
+        let body: Value = serde_json::from_slice(&req.body).unwrap();
+        let model = body["model"].as_str().unwrap().to_owned();
+        let turns = body["messages"].as_array().unwrap().len();
+        let cached = if turns > 2 && model == "gpt-5.6" {
+            1920
+        } else {
+            0
+        };
+        Action::Respond(Reply::sse(
+            shapes::openai_chat_events(&model, &["hi"], (2100, cached, 5)),
+            Duration::ZERO,
+        ))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
+    let first = shapes::openai_chat_body(true);
+    let mut second = first.clone();
+    second["messages"].as_array_mut().unwrap().extend([
+        json!({"role": "assistant", "content": "Hello!"}),
+        json!({"role": "user", "content": "more"}),
+    ]);
+    second["model"] = json!("gpt-5.5");
+    for body in [&first, &second] {
+        let r = client::post(
+            proxy.addr,
+            "/openai/v1/chat/completions",
+            &shapes::to_bytes(body),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    assert_eq!(
+        lines[1]["cache"], "MISS model changed (gpt-5.6 -> gpt-5.5)",
+        "{}",
+        lines[1]
+    );
+}
+
 // === the stored analysis and `cache report` ===
 
 /// Six turns of one Claude Code conversation: a write, a hit, a date changed in

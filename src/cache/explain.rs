@@ -893,6 +893,13 @@ fn gap(
 
 /// What changed at unit `d`, the first whose prefix differs.
 fn changed(now: &Segments, before: &Segments, d: usize) -> Reason {
+    // The model keys every cache: every unit's prefix differs, the tools first.
+    if now.settings.model != before.settings.model {
+        return Reason::ModelChanged {
+            before: before.settings.model.clone(),
+            after: now.settings.model.clone(),
+        };
+    }
     let (a, b) = (before.units.get(d), now.units.get(d));
     let in_tools = |u: Option<&Unit>| u.is_some_and(|u| u.path.region == Region::Tools);
     if in_tools(a) || in_tools(b) {
@@ -1242,7 +1249,10 @@ mod tests {
         // Switching back reads the first model's older entry: short of what the
         // other model's turn cached, because of that switch.
         let back = run(&[(body(&sys, 1), 0), (other, 10_000), (body(&sys, 2), 20_000)]);
-        assert_eq!(back[2].2.read_through.as_deref(), Some("messages[0].content[0]"));
+        assert_eq!(
+            back[2].2.read_through.as_deref(),
+            Some("messages[0].content[0]")
+        );
         assert_eq!(
             (back[2].0, &back[2].1),
             (
