@@ -200,6 +200,8 @@ pub struct ExchangeRecord {
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed, in order.
     pub body_diff: Vec<String>,
+    /// Who changed what: (policy, JSON pointer of a body node or `header NAME`).
+    pub edits: Vec<(String, String)>,
     /// Events per-event rules changed, dropped or stopped at, in stream order.
     pub stream_edits: Vec<crate::policy::EventEdit>,
     /// Each policy's turn at each phase, in order: its decision and its time.
@@ -244,6 +246,7 @@ impl ExchangeRecord {
                 self.body_diff.push(p.clone());
             }
         }
+        self.edits.extend(effects.edits.iter().cloned());
         if effects.capture == Some(false) {
             self.capture = false;
         }
@@ -354,6 +357,7 @@ impl ExchangeRecord {
             rules_fired: Vec::new(),
             tags: Vec::new(),
             body_diff: Vec::new(),
+            edits: Vec::new(),
             stream_edits: Vec::new(),
             policy_runs: Vec::new(),
             capture: true,
@@ -445,6 +449,9 @@ impl RecordStage for crate::cache::CacheStage {
     fn apply(&self, record: &mut ExchangeRecord) {
         let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
         record.cache = self.judge_exchange(record.id, usage.as_ref());
+        if let Some(report) = &mut record.cache {
+            report.name_writer(&record.edits);
+        }
     }
 }
 

@@ -426,6 +426,52 @@ async fn a_turn_back_on_the_first_model_reads_its_older_entry() {
 }
 
 #[tokio::test]
+async fn a_miss_a_rule_caused_names_the_rule() {
+    let rig = Rig::start().await;
+    let policy = |version: u32| {
+        std::fs::write(
+            rig.server.rules.join("org.toml"),
+            format!(
+                "[[rule]]\nname = \"org-policy\"\non = \"before_provider_request\"\n\
+                 actions = [{{ system.prepend = {{ text = \"ACME policy v{version}: no customer data.\" }} }}]\n"
+            ),
+        )
+        .unwrap();
+    };
+    let reloads = || async {
+        let (_, rules) = client::get_json(rig.server.admin, "/api/rules").await;
+        rules["reloads"]["ok"].as_u64().unwrap_or(0)
+    };
+    for version in 1..=2 {
+        let before = reloads().await;
+        policy(version);
+        let deadline = std::time::Instant::now() + WAIT;
+        while reloads().await == before {
+            assert!(std::time::Instant::now() < deadline, "the rules reloaded");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        rig.send(&cc(version as usize)).await;
+    }
+    let t = rig.turn(2).await;
+    assert_eq!(t.reason(), "prefix_changed", "{}", t.analysis);
+    assert_eq!(t.analysis["reason"]["unit"], "system[0]");
+    assert_eq!(t.analysis["reason"]["by"], "org-policy");
+    assert!(
+        t.field().ends_with("(written by org-policy)"),
+        "{}",
+        t.field()
+    );
+    assert!(
+        t.analysis["fix"]
+            .as_str()
+            .unwrap()
+            .contains("written by \"org-policy\""),
+        "{}",
+        t.analysis
+    );
+}
+
+#[tokio::test]
 async fn below_the_minimum_length() {
     let rig = Rig::start().await;
     let small = |turns: usize| {

@@ -113,6 +113,9 @@ pub enum Reason {
         /// the provider caches the rendered prompt, so this alone does not miss.
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         spelling_only: bool,
+        /// The policy (rule or hook) that wrote the unit in this request, when one did.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
     },
     ToolsChanged {
         added: Vec<String>,
@@ -247,6 +250,13 @@ impl Reason {
                  which the provider reads as the same prompt: the miss has another cause, such \
                  as an eviction on the provider's side"
             ),
+            Reason::PrefixChanged {
+                unit, by: Some(by), ..
+            } => format!(
+                "{unit} is written by {by:?}, which promptgate applies: what it writes changed \
+                 (an edited rule or hook rewrites the cached prefix once); keep its output fixed \
+                 within a session, or have it write after the last breakpoint"
+            ),
             Reason::PrefixChanged { unit, before, after, .. } if date(before) || date(after) => {
                 format!(
                     "a date changed inside the cached prefix ({unit}): move it after the last breakpoint, see rules/examples/50-move-dates.toml"
@@ -308,6 +318,7 @@ impl Reason {
                 unit,
                 offset,
                 spelling_only,
+                by,
                 ..
             } => Reason::PrefixChanged {
                 unit,
@@ -315,6 +326,7 @@ impl Reason {
                 before: None,
                 after: None,
                 spelling_only,
+                by,
             },
             other => other,
         })
@@ -344,6 +356,12 @@ impl fmt::Display for Reason {
                 f,
                 "{unit} changed @{offset} in spelling only (the same JSON value in other bytes)"
             ),
+            Reason::PrefixChanged {
+                unit,
+                offset,
+                by: Some(by),
+                ..
+            } => write!(f, "{unit} changed @{offset} (written by {by})"),
             Reason::PrefixChanged { unit, offset, .. } => write!(f, "{unit} changed @{offset}"),
             Reason::ToolsChanged {
                 added,
@@ -946,6 +964,7 @@ fn changed(now: &Segments, before: &Segments, d: usize) -> Reason {
         before: a.map(|_| excerpt(x, offset)),
         after: b.map(|_| excerpt(y, offset)),
         spelling_only,
+        by: None,
     }
 }
 
@@ -1119,6 +1138,7 @@ mod tests {
             before,
             after,
             spelling_only,
+            ..
         }) = &r[1].1
         else {
             panic!("{:?}", r[1].1)
@@ -1407,6 +1427,7 @@ mod tests {
             before: Some("Today's date is 2026-11-29.".into()),
             after: Some("Today's date is 2026-11-30.".into()),
             spelling_only: false,
+            by: None,
         };
         assert!(
             date.fix(0, None)
@@ -1419,6 +1440,7 @@ mod tests {
             before: Some("You are X".into()),
             after: Some("You are Y".into()),
             spelling_only: false,
+            by: None,
         };
         assert!(!other.fix(0, None).unwrap().contains("50-move-dates"));
         let price = super::super::cost::Price {

@@ -280,12 +280,69 @@ impl CacheReport {
         }
     }
 
+    /// Names the policy that wrote the changed unit, from the exchange's edits
+    /// (policy, JSON pointer): a miss promptgate itself caused says so.
+    pub fn name_writer(&mut self, edits: &[(String, String)]) {
+        if edits.is_empty() {
+            return;
+        }
+        let within = |p: &str, of: &str| {
+            p == of || p.strip_prefix(of).is_some_and(|rest| rest.starts_with('/'))
+        };
+        let mut named = false;
+        self.reason = self.reason.take().map(|reason| {
+            reason.map(&mut |r| match r {
+                Reason::PrefixChanged {
+                    unit,
+                    offset,
+                    before,
+                    after,
+                    spelling_only,
+                    by: _,
+                } => {
+                    let at = pointer_of(&unit);
+                    let by = edits
+                        .iter()
+                        .find(|(_, p)| within(p, &at) || within(&at, p))
+                        .map(|(policy, _)| policy.clone());
+                    named |= by.is_some();
+                    Reason::PrefixChanged {
+                        unit,
+                        offset,
+                        before,
+                        after,
+                        spelling_only,
+                        by,
+                    }
+                }
+                other => other,
+            })
+        });
+        if named && self.verdict != Verdict::Hit {
+            self.fix = self
+                .reason
+                .as_ref()
+                .and_then(|r| r.fix(self.lost_tokens, None));
+        }
+    }
+
     /// The report without prompt text (excerpts), for logs.
     pub fn without_excerpts(&self) -> CacheReport {
         let mut r = self.clone();
         r.reason = r.reason.map(|x| x.without_excerpts());
         r
     }
+}
+
+/// A unit path (`messages[3].content[0]`) as the JSON pointer of its node
+/// (`/messages/3/content/0`).
+fn pointer_of(unit: &str) -> String {
+    let mut out = String::with_capacity(unit.len() + 2);
+    for part in unit.split(['.', '[']) {
+        out.push('/');
+        out.push_str(part.trim_end_matches(']'));
+    }
+    out
 }
 
 // === the stage ===

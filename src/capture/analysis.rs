@@ -99,6 +99,7 @@ mod tests {
             before: Some(format!("…key {SECRET} date 29…")),
             after: Some("…date 30…".into()),
             spelling_only: false,
+            by: None,
         };
         let tools = Reason::ToolsChanged {
             added: vec![format!("tool_{SECRET}")],

@@ -420,6 +420,7 @@ fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segment
             unit,
             offset,
             spelling_only,
+            by,
             ..
         } => {
             let key = UnitKey::parse(&unit);
@@ -441,6 +442,7 @@ fn with_excerpts(reason: Reason, before: Option<&Segments>, now: Option<&Segment
                 before: a.map(|_| excerpt(x, at)),
                 after: b.map(|_| excerpt(y, at)),
                 spelling_only,
+                by,
             }
         }
         other => other,
@@ -485,6 +487,7 @@ mod tests {
             before: None,
             after: None,
             spelling_only: false,
+            by: None,
         };
         let Reason::PrefixChanged { before, after, .. } =
             with_excerpts(reason.clone(), Some(&a), Some(&b))

@@ -26,6 +26,8 @@ pub struct InProcess {
     pub admin: SocketAddr,
     /// The captures directory.
     pub captures: PathBuf,
+    /// The rules directory (empty at start, watched).
+    pub rules: PathBuf,
     /// Milliseconds added to the cache analysis's clock.
     clock_ms: Arc<AtomicU64>,
     records: Arc<Collected>,
@@ -77,7 +79,7 @@ impl InProcess {
         let flags = ConfigLayer {
             admin: Some("off".into()),
             certs: Some(dir.path().join("certs")),
-            rules: Some(rules),
+            rules: Some(rules.clone()),
             capture: Some(CaptureLayer {
                 dir: Some(captures.clone()),
                 ..CaptureLayer::default()
@@ -112,6 +114,7 @@ impl InProcess {
             addr,
             admin,
             captures,
+            rules,
             clock_ms,
             records,
             stop: Some(stop),
