@@ -449,8 +449,13 @@ impl RecordStage for crate::cache::CacheStage {
     fn apply(&self, record: &mut ExchangeRecord) {
         let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
         record.cache = self.judge_exchange(record.id, usage.as_ref());
+        let diagnosis = record
+            .observation
+            .as_ref()
+            .and_then(|o| o.summary.diagnosis.as_ref());
         if let Some(report) = &mut record.cache {
             report.name_writer(&record.edits);
+            report.read_diagnosis(diagnosis);
         }
     }
 }

@@ -472,6 +472,69 @@ async fn a_miss_a_rule_caused_names_the_rule() {
 }
 
 #[tokio::test]
+async fn the_providers_own_diagnosis_stands_beside_promptgates() {
+    let rig = Rig::start().await;
+    // Claude Code with the diagnosis beta on: each turn names the one before.
+    let asking = |rounds: usize, model: &str| {
+        let mut body = cc(rounds);
+        body["model"] = json!(model);
+        body["diagnostics"] = json!({"previous_message_id": "msg_01XFDUDYJgAACzvnptvVoYEL"});
+        body
+    };
+    rig.send(&asking(1, "claude-opus-5-5")).await;
+    // A model switch: both say so.
+    let switched = rig.send(&asking(2, "claude-sonnet-5-5")).await;
+    assert_eq!(switched.reason(), "model_changed", "{}", switched.analysis);
+    let says = &switched.analysis["provider_says"];
+    assert_eq!(says["reason"], "model_changed", "{}", switched.analysis);
+    assert_eq!(says["agrees"], true);
+    assert!(says["missed_tokens"].as_u64().unwrap() > 0);
+    // The provider dropped its entries and blames the system prompt, which did
+    // not change: a disagreement, named.
+    {
+        let mut e = rig.emulator.lock().unwrap();
+        e.evict_all();
+        e.claim = Some("system_changed".into());
+    }
+    let evicted = rig.send(&asking(3, "claude-sonnet-5-5")).await;
+    let says = &evicted.analysis["provider_says"];
+    assert_eq!(says["reason"], "system_changed", "{}", evicted.analysis);
+    assert_eq!(says["agrees"], false);
+    assert!(
+        says["note"]
+            .as_str()
+            .unwrap()
+            .contains("promptgate saw the system unchanged"),
+        "{says}"
+    );
+    // A hit: the provider names no miss, and nothing is claimed.
+    let hit = rig.send(&asking(4, "claude-sonnet-5-5")).await;
+    assert_eq!(hit.verdict(), "hit", "{}", hit.analysis);
+    assert!(
+        hit.analysis.get("provider_says").is_none(),
+        "{}",
+        hit.analysis
+    );
+    // The agreement line in `cache report`, and each miss's line in `captures show`.
+    captures::wait_records(&rig.server.captures, 4, WAIT).await;
+    let report = captures::cache_report(&rig.server.captures, &[]);
+    assert!(
+        report
+            .stdout
+            .contains("provider says   agrees on 1 miss(es), disagrees on 1"),
+        "{}",
+        report.stdout
+    );
+    let id = evicted.line["id"].as_str().unwrap();
+    let shown = captures::ok(&rig.server.captures, &["show", id]);
+    assert!(
+        shown.contains("provider says system_changed (")
+            && shown.contains("disagrees, the provider says system_changed"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
 async fn below_the_minimum_length() {
     let rig = Rig::start().await;
     let small = |turns: usize| {

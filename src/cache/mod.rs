@@ -241,6 +241,82 @@ pub struct CacheReport {
     /// (the first [`RESPELLED_SHOWN`]): compared as values, as the provider does.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub respelled: Vec<String>,
+    /// The provider's own reason for the miss, when its answer carried one, and
+    /// whether it agrees with promptgate's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider_says: Option<ProviderSays>,
+}
+
+/// What the provider said of a miss, beside promptgate's reason.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderSays {
+    /// Its reason as it spells it (`system_changed`, `model_changed`, …).
+    pub reason: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed_tokens: Option<u64>,
+    /// Whether it names what promptgate named; `None` when it names no change
+    /// (`previous_message_not_found`, `unavailable`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agrees: Option<bool>,
+    /// What a disagreement means, in a line.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+impl ProviderSays {
+    /// The provider's diagnosis set against promptgate's `reason` (`None`: it saw
+    /// no change).
+    pub fn judge(
+        diagnosis: &crate::provider::CacheDiagnosis,
+        reason: Option<&Reason>,
+    ) -> ProviderSays {
+        let said = diagnosis.reason.as_str();
+        let part = said.strip_suffix("_changed");
+        let seen = reason.and_then(changed_part);
+        let (agrees, note) = match (part, seen) {
+            (None, _) => (None, None),
+            (Some(p), Some(s)) if p == s || (p == "input" && s == "messages") => (Some(true), None),
+            (Some(_), Some(s)) => (
+                Some(false),
+                Some(format!(
+                    "the provider says {said}; promptgate saw the first change in the {s}"
+                )),
+            ),
+            (Some(p), None) => (
+                Some(false),
+                Some(format!(
+                    "the provider says {said}; promptgate saw the {p} unchanged: a change on the \
+                     provider's side, or one promptgate does not see"
+                )),
+            ),
+        };
+        ProviderSays {
+            reason: diagnosis.reason.clone(),
+            missed_tokens: diagnosis.missed_tokens,
+            agrees,
+            note,
+        }
+    }
+}
+
+/// The part of the prompt a reason says changed, in the providers' words: `model`,
+/// `tools`, `system`, `instructions` or `messages`.
+fn changed_part(reason: &Reason) -> Option<&'static str> {
+    match reason {
+        Reason::ModelChanged { .. } => Some("model"),
+        Reason::ToolsChanged { .. } => Some("tools"),
+        Reason::SettingChanged { .. } => Some("messages"),
+        Reason::PrefixChanged { unit, .. } => {
+            Some(match unit.split(['[', '.']).next().unwrap_or_default() {
+                "tools" => "tools",
+                "system" => "system",
+                "instructions" => "instructions",
+                _ => "messages",
+            })
+        }
+        Reason::Unexplained { rules, .. } => rules.as_deref().and_then(changed_part),
+        _ => None,
+    }
 }
 
 /// How many re-spelled units a report names.
@@ -278,6 +354,11 @@ impl CacheReport {
             Some(label) if !label.is_empty() => format!("{verdict} {label}"),
             _ => verdict.to_owned(),
         }
+    }
+
+    /// Sets the provider's own diagnosis beside promptgate's reason.
+    pub fn read_diagnosis(&mut self, diagnosis: Option<&crate::provider::CacheDiagnosis>) {
+        self.provider_says = diagnosis.map(|d| ProviderSays::judge(d, self.reason.as_ref()));
     }
 
     /// Names the policy that wrote the changed unit, from the exchange's edits
@@ -948,6 +1029,7 @@ impl CacheStage {
             cost,
             stable,
             fix,
+            provider_says: None,
             respelled: segs
                 .units
                 .iter()

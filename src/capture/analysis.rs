@@ -87,6 +87,7 @@ mod tests {
             stable: None,
             fix: None,
             respelled: Vec::new(),
+            provider_says: None,
         }
     }
 

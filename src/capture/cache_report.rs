@@ -80,6 +80,9 @@ pub struct Entry {
     /// What would have let it read the cache.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fix: Option<String>,
+    /// The provider's own reason, beside promptgate's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub provider_says: Option<crate::cache::ProviderSays>,
 }
 
 /// What a conversation's caching came to.
@@ -108,6 +111,10 @@ pub struct Summary {
     pub compared: usize,
     /// Units that changed against the baseline, most often first (at most 10).
     pub changed_units: Vec<UnitChanges>,
+    /// Misses the provider diagnosed too: its reason named what promptgate named,
+    /// or not.
+    pub provider_agrees: usize,
+    pub provider_disagrees: usize,
 }
 
 /// What one miss reason cost across a conversation.
@@ -341,6 +348,7 @@ fn explained(
         estimate_error_pct: report.estimate.error_pct,
         stable: report.stable.clone(),
         fix: report.fix.clone(),
+        provider_says: report.provider_says.clone(),
     };
     Some((entry, before.zip(now)))
 }
@@ -348,6 +356,11 @@ fn explained(
 /// Adds an exchange's tokens and dollars to the summary.
 fn add(summary: &mut Summary, e: &Entry) {
     summary.analysed += 1;
+    match e.provider_says.as_ref().and_then(|p| p.agrees) {
+        Some(true) => summary.provider_agrees += 1,
+        Some(false) => summary.provider_disagrees += 1,
+        None => {}
+    }
     summary.read_tokens += e.read;
     summary.write_tokens += e.write;
     summary.uncached_tokens += e.uncached;

@@ -221,6 +221,13 @@ fn totals(s: &crate::capture::cache_report::Summary, out: &mut String) {
             }
         );
     }
+    if s.provider_agrees + s.provider_disagrees > 0 {
+        let _ = writeln!(
+            out,
+            "  provider says   agrees on {} miss(es), disagrees on {}",
+            s.provider_agrees, s.provider_disagrees
+        );
+    }
     for l in &s.lost {
         let _ = writeln!(
             out,
@@ -328,6 +335,22 @@ pub(super) fn show_lines(store: &Store, record: &crate::capture::CaptureRecord, 
     }
     if let Some(fix) = &r.fix {
         let _ = writeln!(out, "{pad}fix: {fix}");
+    }
+    if let Some(p) = &r.provider_says {
+        let tokens = p
+            .missed_tokens
+            .map(|n| format!(" ({n} tokens missed)"))
+            .unwrap_or_default();
+        let judged = match (p.agrees, &p.note) {
+            (Some(true), _) => ": agrees".to_owned(),
+            (Some(false), Some(note)) => format!(": disagrees, {note}"),
+            _ => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "{pad}provider says {}{tokens}{judged}",
+            one_line(&p.reason)
+        );
     }
     if !r.respelled.is_empty() {
         let _ = writeln!(

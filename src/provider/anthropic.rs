@@ -43,6 +43,7 @@ struct MessageHead<'a> {
     stop_reason: Option<Cow<'a, str>>,
     usage: Option<AnthropicUsage>,
     error: Option<Value>,
+    diagnostics: Option<Value>,
 }
 
 /// Reads a non-streamed Messages response (or an error body). The body itself is the
@@ -61,6 +62,10 @@ pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
         stop_reason: head.stop_reason.map(Cow::into_owned),
         usage: head.usage.map(|u| u.usage()),
         complete: true,
+        diagnosis: head
+            .diagnostics
+            .as_ref()
+            .and_then(super::CacheDiagnosis::from_anthropic),
         ..ResponseSummary::default()
     })
 }
@@ -293,6 +298,10 @@ impl StreamReader for MessageStream {
                 .and_then(Value::as_str)
                 .map(str::to_owned),
             usage: self.usage,
+            diagnosis: message
+                .as_ref()
+                .and_then(|m| m.get("diagnostics"))
+                .and_then(super::CacheDiagnosis::from_anthropic),
             message: message.filter(|_| self.reassemble).map(Value::Object),
             events: self.events,
             complete: self.stopped && self.error.is_none(),

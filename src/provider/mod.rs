@@ -42,6 +42,43 @@ pub struct ResponseSummary {
     pub complete: bool,
     /// An error the provider reported: an error body, or an error event mid-stream.
     pub provider_error: Option<String>,
+    /// The provider's own reason for a cache miss, when the answer carries one.
+    pub diagnosis: Option<CacheDiagnosis>,
+}
+
+/// A provider's own diagnosis of a cache miss: Anthropic's
+/// `diagnostics.cache_miss_reason` (beta `cache-diagnosis-2026-04-07`), OpenAI's
+/// Responses `prompt_cache_diagnostics`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CacheDiagnosis {
+    /// The provider's reason as it spells it (`system_changed`, `model_changed`, …).
+    pub reason: String,
+    /// The input tokens it says the miss cost, when it says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missed_tokens: Option<u64>,
+}
+
+impl CacheDiagnosis {
+    /// Reads Anthropic's `diagnostics` object (`null` while the check is pending).
+    pub fn from_anthropic(diagnostics: &Value) -> Option<CacheDiagnosis> {
+        let reason = diagnostics.get("cache_miss_reason")?;
+        Some(CacheDiagnosis {
+            reason: reason.get("type")?.as_str()?.to_owned(),
+            missed_tokens: reason
+                .get("cache_missed_input_tokens")
+                .and_then(Value::as_u64),
+        })
+    }
+
+    /// Reads OpenAI's `prompt_cache_diagnostics` object.
+    pub fn from_openai(diagnostics: &Value) -> Option<CacheDiagnosis> {
+        Some(CacheDiagnosis {
+            reason: diagnostics.get("reason")?.as_str()?.to_owned(),
+            missed_tokens: diagnostics
+                .get("cache_missed_tokens")
+                .and_then(Value::as_u64),
+        })
+    }
 }
 
 /// Reads a stream of SSE events of one provider API.

@@ -40,6 +40,7 @@ struct ResponseHead<'a> {
     choices: Vec<ChoiceHead<'a>>,
     usage: Option<Value>,
     error: Option<Value>,
+    prompt_cache_diagnostics: Option<Value>,
 }
 
 #[derive(Deserialize)]
@@ -80,6 +81,10 @@ pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
         stop_reason: stop_reason.map(Cow::into_owned),
         usage,
         complete: true,
+        diagnosis: head
+            .prompt_cache_diagnostics
+            .as_ref()
+            .and_then(super::CacheDiagnosis::from_openai),
         ..ResponseSummary::default()
     })
 }
@@ -248,6 +253,7 @@ impl StreamReader for ChatStream {
             events: self.events,
             complete: self.done && self.error.is_none(),
             provider_error: self.error,
+            diagnosis: None,
         }
     }
 }
@@ -324,6 +330,10 @@ impl StreamReader for ResponsesStream {
             events: self.events,
             complete: self.terminal && self.error.is_none(),
             provider_error: self.error,
+            diagnosis: response
+                .as_ref()
+                .and_then(|r| r.get("prompt_cache_diagnostics"))
+                .and_then(super::CacheDiagnosis::from_openai),
             message: response,
         }
     }
@@ -428,6 +438,25 @@ mod tests {
         assert_eq!(s.stop_reason.as_deref(), Some("completed"));
         assert_eq!(s.usage.unwrap().cache_read_tokens, 1920);
         assert_eq!(s.message.unwrap()["output"][0]["content"][0]["text"], "Hi");
+    }
+
+    #[test]
+    fn the_providers_cache_diagnosis_is_read() {
+        let body = br#"{"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6","output":[],"usage":{"input_tokens":2048,"input_tokens_details":{"cached_tokens":0},"output_tokens":3},"prompt_cache_diagnostics":{"reason":"instructions_changed","cache_missed_tokens":1920}}"#;
+        let want = Some(crate::provider::CacheDiagnosis {
+            reason: "instructions_changed".into(),
+            missed_tokens: Some(1920),
+        });
+        assert_eq!(read_json(body).unwrap().diagnosis, want);
+        let completed = format!(
+            r#"{{"type":"response.completed","response":{}}}"#,
+            std::str::from_utf8(body).unwrap()
+        );
+        let s = feed(
+            Box::new(ResponsesStream::default()),
+            &[("response.completed", &completed)],
+        );
+        assert_eq!(s.diagnosis, want);
     }
 
     #[test]

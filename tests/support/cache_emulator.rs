@@ -33,17 +33,24 @@ struct Entry {
     expires_at: u64,
 }
 
+#[derive(Clone)]
 struct Unit {
     prefix: u64,
+    /// The unit alone, without what came before it.
+    content: u64,
+    region: &'static str,
     tokens: u64,
     position: u32,
     breakpoint: Option<u64>, // ttl in ms
 }
 
 /// A request body as the emulator reads it: its model and its units in prefix order.
+#[derive(Clone)]
 pub struct Read {
     model: String,
     units: Vec<Unit>,
+    /// It carries `diagnostics` (Anthropic's cache diagnosis beta).
+    diagnosis_asked: bool,
 }
 
 impl Read {
@@ -53,6 +60,7 @@ impl Read {
         Read {
             model: request["model"].as_str().unwrap_or("").to_owned(),
             units: units(&request),
+            diagnosis_asked: request.get("diagnostics").is_some_and(Value::is_object),
         }
     }
 }
@@ -68,6 +76,14 @@ pub struct CacheEmulator {
     pub min_tokens: HashMap<String, u64>,
     /// Every request's answer, in arrival order.
     pub log: Vec<CacheUsage>,
+    /// The last request, which the next one's diagnosis compares with.
+    last: Option<(Read, CacheUsage)>,
+    /// The last answer's `diagnostics.cache_miss_reason` (when it asked for one and
+    /// missed): `(type, cache_missed_input_tokens)`.
+    pub diagnosis: Option<(String, u64)>,
+    /// A reason the next diagnosis gives whatever the requests say (a change on the
+    /// provider's side).
+    pub claim: Option<String>,
 }
 
 impl CacheEmulator {
@@ -83,6 +99,9 @@ impl CacheEmulator {
             response_delay: Duration::ZERO,
             min_tokens,
             log: Vec::new(),
+            last: None,
+            diagnosis: None,
+            claim: None,
         }
     }
 
@@ -107,6 +126,7 @@ impl CacheEmulator {
 
     /// Answers one request read beforehand (without the emulator's lock).
     pub fn respond_read(&mut self, read: &Read) -> CacheUsage {
+        let request = read;
         let now = self.now();
         let min = self.min_tokens.get(&read.model).copied().unwrap_or(1024);
         let units = &read.units;
@@ -174,7 +194,40 @@ impl CacheEmulator {
             read,
         };
         self.log.push(usage);
+        self.diagnosis = if request.diagnosis_asked {
+            self.diagnose(request, read)
+        } else {
+            None
+        };
+        self.last = Some((request.clone(), usage));
         usage
+    }
+}
+
+impl CacheEmulator {
+    /// Why `request`, which read `read` tokens, missed what the last request had
+    /// cached: the first part that differs (model, tools, system, messages), as
+    /// Anthropic's diagnosis names it; `None` when it read all of it.
+    fn diagnose(&mut self, request: &Read, read: u64) -> Option<(String, u64)> {
+        let (last, used) = self.last.as_ref()?;
+        let cached = used.read + used.write;
+        if let Some(claim) = self.claim.take() {
+            return Some((claim, cached.saturating_sub(read)));
+        }
+        if read >= cached {
+            return None;
+        }
+        let missed = cached - read;
+        if last.model != request.model {
+            return Some(("model_changed".into(), missed));
+        }
+        let region = last
+            .units
+            .iter()
+            .zip(&request.units)
+            .find(|(a, b)| a.content != b.content)
+            .map_or("messages", |(a, _)| a.region);
+        Some((format!("{region}_changed"), missed))
     }
 }
 
@@ -221,7 +274,12 @@ fn units(request: &Value) -> Vec<Unit> {
     let mut out: Vec<Unit> = Vec::new();
     let mut prefix = hash_of(&["model", request["model"].as_str().unwrap_or("")]);
     let mut last_kind = String::new();
-    let mut push = |out: &mut Vec<Unit>, mix: String, block: &Value, kind: &str, ignored: bool| {
+    let mut push = |out: &mut Vec<Unit>,
+                    mix: String,
+                    block: &Value,
+                    kind: &str,
+                    ignored: bool,
+                    region: &'static str| {
         let ttl = ttl_of(block);
         let mut clean = block.clone();
         if let Some(o) = clean.as_object_mut() {
@@ -245,13 +303,15 @@ fn units(request: &Value) -> Vec<Unit> {
         last_kind = kind.to_owned();
         out.push(Unit {
             prefix,
+            content: hash_of(&[&mix, shown]),
+            region,
             tokens,
             position,
             breakpoint: ttl,
         });
     };
     for tool in request["tools"].as_array().into_iter().flatten() {
-        push(&mut out, String::new(), tool, "tool", false);
+        push(&mut out, String::new(), tool, "tool", false, "tools");
     }
     let mut mix = format!("speed={}", request["speed"]);
     let system = match &request["system"] {
@@ -263,7 +323,14 @@ fn units(request: &Value) -> Vec<Unit> {
         let ignored = block["text"]
             .as_str()
             .is_some_and(|t| t.starts_with("x-anthropic-billing-header:"));
-        push(&mut out, std::mem::take(&mut mix), block, "text", ignored);
+        push(
+            &mut out,
+            std::mem::take(&mut mix),
+            block,
+            "text",
+            ignored,
+            "system",
+        );
     }
     let images = request.to_string().contains(r#""type":"image""#);
     mix.push_str(&format!(
@@ -283,7 +350,14 @@ fn units(request: &Value) -> Vec<Unit> {
         };
         for block in &blocks {
             let kind = block["type"].as_str().unwrap_or("").to_owned();
-            push(&mut out, std::mem::take(&mut mix), block, &kind, false);
+            push(
+                &mut out,
+                std::mem::take(&mut mix),
+                block,
+                &kind,
+                false,
+                "messages",
+            );
         }
     }
     // Top-level automatic caching: the last cacheable block.

@@ -58,20 +58,35 @@ pub struct Reply {
 /// an SSE stream (or JSON when the body says `"stream":false`) carrying the
 /// emulator's usage, sent after the emulator's response delay.
 pub fn emulated_reply(emulator: &super::cache_emulator::Shared, body: &[u8]) -> Reply {
-    let (usage, delay) = {
+    let (usage, delay, diagnosis) = {
         let mut e = emulator.lock().unwrap();
-        (e.respond(body), e.response_delay)
+        (e.respond(body), e.response_delay, e.diagnosis.clone())
     };
     let request: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
     let model = request["model"].as_str().unwrap_or("claude-opus-5-5");
     let numbers = (usage.input, usage.write, usage.read, 12);
+    // Asked for (`diagnostics` in the request), the diagnosis rides on the message.
+    let diagnostics = request.get("diagnostics").map(|_| match &diagnosis {
+        Some((kind, tokens)) => serde_json::json!({"cache_miss_reason": {
+            "type": kind, "cache_missed_input_tokens": tokens}}),
+        None => serde_json::json!({"cache_miss_reason": null}),
+    });
     let mut reply = if request["stream"] == false {
-        Reply::json(200, &super::shapes::anthropic_message(model, "ok", numbers))
+        let mut message = super::shapes::anthropic_message(model, "ok", numbers);
+        if let Some(d) = diagnostics {
+            message["diagnostics"] = d;
+        }
+        Reply::json(200, &message)
     } else {
-        Reply::sse(
-            super::shapes::anthropic_events(model, &["o", "k"], numbers),
-            Duration::ZERO,
-        )
+        let mut events = super::shapes::anthropic_events(model, &["o", "k"], numbers);
+        if let Some(d) = diagnostics {
+            events[0] = events[0].replacen(
+                r#""type":"message","#,
+                &format!(r#""type":"message","diagnostics":{d},"#),
+                1,
+            );
+        }
+        Reply::sse(events, Duration::ZERO)
     };
     reply.head_delay = delay;
     reply
