@@ -648,6 +648,37 @@ async fn a_new_conversation_reading_another_ones_prefix_is_a_shared_hit() {
     );
 }
 
+#[tokio::test]
+async fn a_fork_reads_the_conversation_prefix_the_first_session_wrote() {
+    let rig = Rig::start().await;
+    rig.send(&cc(3)).await;
+    // `--fork-session`: a new session id, the same history and one more turn. Its
+    // breakpoint is deeper than the first session's; the provider's lookback from it
+    // finds the first session's last one.
+    let fork = "2d7a3e4f-cccc-4ddd-8eee-3456789abcde";
+    let body = shapes::claude_code_body(4, fork);
+    let forked = rig.send_as(&body, fork, "sk-ant-api03-test").await;
+    assert!(
+        forked.actual().0 > 0,
+        "the emulator read the first session's prefix"
+    );
+    assert_eq!(forked.verdict(), "hit", "{}", forked.analysis);
+    assert_eq!(forked.reason(), "shared_prefix", "{}", forked.analysis);
+    assert_close(
+        forked.predicted().0,
+        forked.actual().0,
+        "the deeper prefix, not the system's",
+    );
+    assert!(
+        forked.analysis["prediction"]["read_through"]
+            .as_str()
+            .unwrap()
+            .starts_with("messages["),
+        "{}",
+        forked.analysis
+    );
+}
+
 /// An eviction: the previous turn's usage pinned the prefix's size, and the provider
 /// read none of it. That is a finding of its own (`pinned_read_less`), never a unit
 /// blamed, never a hit.

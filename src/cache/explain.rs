@@ -20,6 +20,30 @@ use crate::provider::Usage;
 /// Lookback positions per breakpoint, the breakpoint itself counted first.
 pub const LOOKBACK: u32 = 20;
 
+/// The most prefixes [`lookback_prefixes`] gives: four breakpoints' windows, with
+/// room for runs of tool blocks (a run is one position, many units).
+pub const LOOKBACK_CANDIDATES: usize = 256;
+
+/// Every prefix the provider's lookback could read for this request, deepest first:
+/// each unit within [`LOOKBACK`] positions before a breakpoint, at most
+/// [`LOOKBACK_CANDIDATES`]. Another conversation's entry at any of them is read (a
+/// fork's deeper breakpoint finds the first session's last one).
+pub fn lookback_prefixes(segs: &Segments) -> Vec<super::segment::Hash> {
+    let mut at: Vec<usize> = Vec::new();
+    for &b in &segs.breakpoints {
+        let floor = segs.units[b].position.saturating_sub(LOOKBACK - 1);
+        at.extend(
+            (0..=b)
+                .rev()
+                .take_while(|&i| segs.units[i].position >= floor),
+        );
+    }
+    at.sort_unstable_by(|x, y| y.cmp(x));
+    at.dedup();
+    at.truncate(LOOKBACK_CANDIDATES);
+    at.into_iter().map(|i| segs.units[i].prefix).collect()
+}
+
 /// The request being explained.
 #[derive(Debug, Clone, Copy)]
 pub struct Request<'a> {

@@ -833,12 +833,7 @@ impl CacheStage {
         }
         let shared = match &workspace {
             Some(w) if b.format == Format::AnthropicMessages => {
-                let deepest_first: Vec<_> = segments
-                    .breakpoints
-                    .iter()
-                    .rev()
-                    .map(|&i| segments.units[i].prefix)
-                    .collect();
+                let deepest_first = explain::lookback_prefixes(&segments);
                 let found = state.history.share(&key, w, &deepest_first, b.start, b.id);
                 let unreached = state.history.unreached(&key, &deepest_first, b.start, b.id);
                 match shared {
