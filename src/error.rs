@@ -54,6 +54,8 @@ pub enum ErrorKind {
     UpstreamProtocol,
     /// `capture.required` is set and the capture cannot take the record.
     CaptureUnavailable,
+    /// A WebSocket upgrade (Codex's Responses socket), which promptgate does not relay.
+    WebSocketUpgrade,
 }
 
 impl ErrorKind {
@@ -70,6 +72,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTimeout => StatusCode::GATEWAY_TIMEOUT,
             ErrorKind::UpstreamProtocol => StatusCode::BAD_GATEWAY,
             ErrorKind::CaptureUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::WebSocketUpgrade => StatusCode::UPGRADE_REQUIRED,
         }
     }
 
@@ -86,6 +89,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTimeout => "upstream_timeout",
             ErrorKind::UpstreamProtocol => "upstream_protocol_error",
             ErrorKind::CaptureUnavailable => "capture_unavailable",
+            ErrorKind::WebSocketUpgrade => "websocket_not_relayed",
         }
     }
 
@@ -103,6 +107,7 @@ impl ErrorKind {
             ErrorKind::UpstreamTimeout => true,
             ErrorKind::UpstreamProtocol => true,
             ErrorKind::CaptureUnavailable => true,
+            ErrorKind::WebSocketUpgrade => false,
         }
     }
 }

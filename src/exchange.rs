@@ -408,6 +408,9 @@ impl Proxy {
         if let Err(stop) = self.route(&mut ex, &parts) {
             return ex.answer(stop);
         }
+        if let Err(stop) = refuse_websocket(&parts.headers) {
+            return ex.answer(stop);
+        }
         self.take_probe(&mut ex, &mut parts.headers);
         let body = match self.read(&mut ex, body, &parts.headers).await {
             Ok(body) => body,
@@ -1257,6 +1260,28 @@ fn own_error_parts(
     }
     pending.emit(error.outcome, Some(error.message.to_owned()));
     response
+}
+
+/// Codex opens its Responses WebSocket with a GET that asks `Upgrade: websocket`.
+/// Not relayed yet: a 426 makes Codex fall back to HTTP after one try, where the
+/// upstream's 404 to a plain GET had it retry seven times (12.7 s for a two-turn task
+/// against 5.8 s).
+fn refuse_websocket(headers: &http::HeaderMap) -> Result<(), Stop> {
+    let asks = headers
+        .get_all(http::header::UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("websocket"));
+    if !asks {
+        return Ok(());
+    }
+    Err(ProxyError::new(
+        ErrorKind::WebSocketUpgrade,
+        "promptgate does not relay WebSockets yet: use HTTP (Codex falls back to it by itself; \
+         for a custom provider, leave supports_websockets off)",
+    )
+    .into())
 }
 
 #[cfg(test)]

@@ -226,6 +226,37 @@ async fn http2_upstream_over_tls_with_the_test_ca() {
 }
 
 #[tokio::test]
+async fn a_websocket_upgrade_gets_426_and_never_reaches_upstream() {
+    let fake =
+        FakeProvider::start(|_| Action::Respond(Reply::json(404, &serde_json::json!({})))).await;
+    let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
+    // What Codex sends first with its built-in OpenAI provider.
+    let headers = [
+        ("Host", proxy.addr.to_string()),
+        ("Connection", "Upgrade".to_owned()),
+        ("Upgrade", "websocket".to_owned()),
+        ("Sec-WebSocket-Version", "13".to_owned()),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==".to_owned()),
+        ("openai-beta", "responses_websockets=2026-02-06".to_owned()),
+        ("Authorization", "Bearer sk-test".to_owned()),
+    ];
+    let request = request_bytes("GET", "/openai/v1/responses", &headers, b"");
+    let response = client::send(proxy.addr, &request).await;
+    assert_eq!(response.status, 426, "{}", response.text());
+    assert_eq!(response.json()["error"]["code"], "websocket_not_relayed");
+    assert_eq!(response.header("x-should-retry"), Some("false"));
+    assert!(fake.requests().is_empty(), "nothing went upstream");
+    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert_eq!(line["outcome"], "bad_request", "{line}");
+    assert_eq!(line["status"], 426, "{line}");
+    // The plain HTTP request that follows goes through.
+    let body = serde_json::to_vec(&serde_json::json!({"model": "gpt-5.6", "input": "hi"})).unwrap();
+    let response = client::post(proxy.addr, "/openai/v1/responses", &body).await;
+    assert_eq!(response.status, 404, "the fake's own answer, relayed");
+    assert_eq!(fake.requests().len(), 1);
+}
+
+#[tokio::test]
 async fn bad_configuration_exits_2_with_a_location() {
     let dir = TempDir::new("config");
     let path = dir.path().join("promptgate.toml");
