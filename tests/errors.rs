@@ -73,7 +73,7 @@ async fn bodies_over_the_limit_get_413_without_reaching_upstream() {
 }
 
 #[tokio::test]
-async fn an_unreachable_upstream_gets_502_with_retry() {
+async fn an_unreachable_upstream_gets_502_without_retry() {
     let port = closed_port();
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
@@ -96,7 +96,7 @@ async fn an_unreachable_upstream_gets_502_with_retry() {
         message.starts_with("promptgate: could not connect to upstream http://127.0.0.1:"),
         "{message}"
     );
-    assert_eq!(response.header("x-should-retry"), Some("true"));
+    assert_eq!(response.header("x-should-retry"), Some("false"));
     assert_eq!(response.header("content-type"), Some("application/json"));
     let request_id = response.header("request-id").unwrap();
     assert_eq!(e["request_id"], request_id);
@@ -544,4 +544,55 @@ async fn the_start_line_says_where_in_text_or_json() {
             .starts_with("promptgate listening on http://")
     );
     assert!(line["rules"].as_str().is_some(), "{line}");
+}
+
+/// A dead upstream is named on the start line (text and JSON) and once in the log,
+/// not only on the first request; a live one is not.
+#[tokio::test]
+async fn the_start_line_warns_of_an_upstream_that_does_not_answer() {
+    let fake = FakeProvider::start(|_| Action::Hang).await;
+    let port = closed_port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let proxy = Proxy::start(&[
+        "--log-format",
+        "text",
+        "--upstream-anthropic",
+        &dead,
+        "--upstream-openai",
+        &fake.url(),
+    ]);
+    assert!(
+        proxy.start_line.contains(&format!(
+            "WARNING: the anthropic upstream {dead} does not answer"
+        )),
+        "{}",
+        proxy.start_line
+    );
+    assert!(
+        !proxy.start_line.contains("openai upstream"),
+        "{}",
+        proxy.start_line
+    );
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &dead,
+    ]);
+    let line: serde_json::Value = serde_json::from_str(&proxy.start_line).unwrap();
+    let warnings = line["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .starts_with("the openai upstream"),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        proxy.log().matches("does not answer").count(),
+        1,
+        "{}",
+        proxy.log()
+    );
 }
