@@ -596,3 +596,57 @@ async fn the_start_line_warns_of_an_upstream_that_does_not_answer() {
         proxy.log()
     );
 }
+
+/// A base URL ending in `/v1` doubles the prefix: a 404 in the provider's shape that
+/// names the base URL to set, never forwarded, said once in the log.
+#[tokio::test]
+async fn a_doubled_v1_prefix_gets_a_404_naming_the_base_url() {
+    let fake =
+        FakeProvider::start(|_| Action::Respond(Reply::json(200, &serde_json::json!({})))).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+    ]);
+    let body = br#"{"model":"claude-opus-5-5","messages":[]}"#;
+    for _ in 0..2 {
+        let r = client::post(proxy.addr, "/v1/v1/messages?beta=true", body).await;
+        assert_eq!(r.status, 404, "{}", r.text());
+        let e = r.json();
+        assert_eq!(e["type"], "error", "Anthropic's shape: {e}");
+        assert_eq!(e["error"]["type"], "not_found_error");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("set ANTHROPIC_BASE_URL to {}", proxy.url())),
+            "{message}"
+        );
+        assert!(!message.contains("beta=true"), "{message}");
+    }
+    let r = client::post(proxy.addr, "/openai/v1/v1/chat/completions", b"{}").await;
+    assert_eq!(r.status, 404);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "not_found", "OpenAI's shape: {e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("set OPENAI_BASE_URL to {}/openai/v1", proxy.url())),
+        "{e}"
+    );
+    // The right paths still go through.
+    let r = client::post(proxy.addr, "/v1/messages", body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "only the right path went upstream"
+    );
+    proxy.wait_exchanges(4, WAIT).await;
+    assert_eq!(
+        proxy.log().matches("(said once)").count(),
+        1,
+        "{}",
+        proxy.log()
+    );
+}
