@@ -1061,3 +1061,28 @@ async fn repeated_blocked_requests_are_each_recorded_and_linked_to_the_first() {
         "{shown}"
     );
 }
+
+/// A fail-open body rule says nothing of a body-less side request (GET /v1/models),
+/// which has nothing to read; a body it cannot read is still said.
+#[tokio::test]
+async fn body_rules_say_nothing_of_body_less_side_requests() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[(
+        "tools.toml",
+        "[[rule]]\nname = \"no-bash\"\non = \"before_provider_request\"\n\
+         when = { tool = \"Bash\" }\nactions = [ { tag = \"bash\" } ]\n",
+    )]);
+    let proxy = start(&fake, &dir);
+    for _ in 0..3 {
+        assert_eq!(client::get(proxy.addr, "/v1/models").await.status, 200);
+    }
+    let r = client::post(proxy.addr, "/v1/messages", b"model=claude").await;
+    assert_eq!(r.status, 200);
+    proxy.wait_exchanges(4, Duration::from_secs(10)).await;
+    assert_eq!(
+        proxy.log().matches("fails open").count(),
+        1,
+        "only the unreadable body: {}",
+        proxy.log()
+    );
+}
