@@ -1086,3 +1086,29 @@ async fn body_rules_say_nothing_of_body_less_side_requests() {
         proxy.log()
     );
 }
+
+/// `captures show` prints the request as sent upstream by default (what the
+/// provider read, as the viewer shows it) and says so; `--received` the client's.
+#[tokio::test]
+async fn captures_show_defaults_to_the_body_as_sent() {
+    let fake = fake_ok().await;
+    let dir = support::example_rules(&["10-org-policy.toml"]);
+    let proxy = start(&fake, &dir);
+    let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
+    assert_eq!(post_cc(&proxy, &body, &[]).await.status, 200);
+    let records = support::captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let id = records[0]["id"].as_str().unwrap();
+    let preamble = "ACME policy: never paste customer data";
+    let shown = support::captures::ok(&proxy.captures, &["show", id]);
+    assert!(
+        shown.contains("request (as sent upstream, the default; --received for the client's)"),
+        "{shown}"
+    );
+    assert!(shown.contains(preamble), "the rule's system text: {shown}");
+    let sent = support::captures::ok(&proxy.captures, &["show", id, "--sent"]);
+    assert_eq!(sent, shown);
+    let received = support::captures::ok(&proxy.captures, &["show", id, "--received"]);
+    assert!(received.contains("request (as received)"), "{received}");
+    let before_diff = received.split("what the rules changed").next().unwrap();
+    assert!(!before_diff.contains(preamble), "{received}");
+}
