@@ -1012,7 +1012,34 @@ pub(super) fn diff_lines(entries: &[DiffEntry], out: &mut String) {
         for line in &e.lines {
             let _ = writeln!(out, "      {line}");
         }
+        if e.lines.is_empty() {
+            unit_content(e, out);
+        }
         i += 1;
+    }
+}
+
+/// The readable text of an added or removed unit, not only its size: the first
+/// lines, each cut at a readable width.
+fn unit_content(e: &DiffEntry, out: &mut String) {
+    const LINES: usize = 20;
+    const WIDTH: usize = 160;
+    let (mark, text) = match e.change {
+        Change::Added => ('+', e.after.as_deref()),
+        Change::Removed => ('-', e.before.as_deref()),
+        _ => return,
+    };
+    let Some(text) = text.filter(|t| !t.is_empty()) else {
+        return;
+    };
+    let total = text.lines().count();
+    for line in text.lines().take(LINES) {
+        let cut: String = line.chars().take(WIDTH).collect();
+        let more = if cut.len() < line.len() { "…" } else { "" };
+        let _ = writeln!(out, "      {mark} {cut}{more}");
+    }
+    if total > LINES {
+        let _ = writeln!(out, "      {mark} … {} more line(s)", total - LINES);
     }
 }
 
