@@ -102,7 +102,9 @@ impl ErrorKind {
             ErrorKind::BadRequestBody => false,
             ErrorKind::UnsupportedEncoding => false,
             ErrorKind::BodyTimeout => false,
-            ErrorKind::UpstreamConnect => true,
+            // Nothing listens there: Claude Code retried a retryable 502 for two minutes
+            // (tests/claude_code.rs); with `false` it shows the message at once.
+            ErrorKind::UpstreamConnect => false,
             ErrorKind::UpstreamTls => false,
             ErrorKind::UpstreamTimeout => true,
             ErrorKind::UpstreamProtocol => true,

@@ -134,6 +134,31 @@ impl Body for ProxyBody {
 static WARNED_OPENAI_BASE: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
+/// Whether the doubled-prefix warning was logged (it is logged once).
+static WARNED_DOUBLED_PREFIX: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// A `/v1/v1/…` path (a base URL ending in `/v1`) answered with a 404 naming the
+/// base URL to set, in the provider's shape, and said once in the log: forwarded,
+/// it would skip the cache analysis, the captures list and path-scoped rules.
+fn doubled_prefix(ex: &mut Exchange, path: &str) -> Option<Stop> {
+    let (provider, var, base) = provider::doubled_prefix(path)?;
+    let base = format!("http://{}{base}", ex.host.as_deref().unwrap_or("<listen>"));
+    let message = format!(
+        "{path} repeats a prefix promptgate adds itself: set {var} to {base} (the base URL \
+         ends before the repeated part)"
+    );
+    if !WARNED_DOUBLED_PREFIX.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!("{message} (said once)");
+    }
+    ex.route = Some(provider::Route {
+        provider,
+        api: provider::Api::Other,
+        upstream_path: http::uri::PathAndQuery::from_static("/"),
+    });
+    Some(ProxyError::new(ErrorKind::NoRoute, message).into())
+}
+
 /// A head that cannot be served, and what the client is told.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Malformed {
@@ -444,6 +469,11 @@ impl Proxy {
 
     /// Routes the request: by the listener's target (forward mode) or by its path.
     fn route(&self, ex: &mut Exchange, parts: &http::request::Parts) -> Result<(), Stop> {
+        if ex.target.is_none()
+            && let Some(stop) = doubled_prefix(ex, parts.uri.path())
+        {
+            return Err(stop);
+        }
         let route = match (&ex.target, parts.uri.path_and_query()) {
             (Some(t), Some(pq)) => Some(t.route(pq)),
             (Some(t), None) => Some(t.route(&http::uri::PathAndQuery::from_static("/"))),

@@ -172,7 +172,8 @@ pub async fn serve(
     let workers = Workers::start(config.clone(), proxies, leaves.clone(), local)
         .context("starting the workers")?;
     if announce {
-        start_line(&config, local, admin_addr, &rules);
+        let unanswered = unanswered_upstreams(&config).await;
+        start_line(&config, local, admin_addr, &rules, &unanswered);
     }
     // Removed when serve returns: the command line then stops finding this one.
     let _runtime = Running {
@@ -307,15 +308,40 @@ fn capture_state(capture: &Capture) -> CaptureState {
     }
 }
 
+/// The upstreams that accept no connection now, each as a warning for the start
+/// line (and once in the log): checked together, for at most a second.
+async fn unanswered_upstreams(config: &Config) -> Vec<String> {
+    let within = config
+        .connect_timeout
+        .min(std::time::Duration::from_secs(1));
+    let (anthropic, openai) = tokio::join!(
+        crate::upstream::answers(&config.upstream_anthropic, within),
+        crate::upstream::answers(&config.upstream_openai, within),
+    );
+    let mut warnings = Vec::new();
+    for (name, base, answer) in [
+        ("anthropic", &config.upstream_anthropic, anthropic),
+        ("openai", &config.upstream_openai, openai),
+    ] {
+        if let Err(why) = answer {
+            let warning = format!("the {name} upstream {base} does not answer ({why})");
+            tracing::warn!("{warning}: its requests get a 502 until it does");
+            warnings.push(warning);
+        }
+    }
+    warnings
+}
+
 /// The one line promptgate prints when it serves: where, the rules in force, and
 /// what to paste. With `log_format = "json"` it is a JSON object too, the text in
-/// `message`.
+/// `message`. `unanswered`: the upstreams that did not answer at start.
 #[allow(clippy::print_stdout)]
 fn start_line(
     config: &Config,
     local: std::net::SocketAddr,
     admin: Option<std::net::SocketAddr>,
     rules: &LiveRules,
+    unanswered: &[String],
 ) {
     let rules = rules.state(&config.rules_dir);
     let captures = if config.capture.enabled {
@@ -333,6 +359,11 @@ fn start_line(
         config.certs.display(),
         viewer.as_deref().unwrap_or("off"),
     );
+    let text = if unanswered.is_empty() {
+        text
+    } else {
+        format!("{text}; WARNING: {}", unanswered.join("; "))
+    };
     match config.log_format {
         crate::logging::LogFormat::Text => println!("{text}"),
         crate::logging::LogFormat::Json => println!(
@@ -349,6 +380,7 @@ fn start_line(
                 "certs": config.certs.display().to_string(),
                 "anthropic_base_url": format!("http://{local}"),
                 "openai_base_url": format!("http://{local}/openai/v1"),
+                "warnings": unanswered,
             })
         ),
     }

@@ -218,6 +218,19 @@ impl BaseUrl {
     pub fn authority(&self) -> &str {
         self.authority.as_str()
     }
+
+    /// The host and the port connections go to (the scheme's when none is given).
+    pub fn host_port(&self) -> (&str, u16) {
+        let default = if self.scheme == Scheme::HTTPS {
+            443
+        } else {
+            80
+        };
+        (
+            self.authority.host(),
+            self.authority.port_u16().unwrap_or(default),
+        )
+    }
 }
 
 impl fmt::Display for BaseUrl {

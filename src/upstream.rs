@@ -271,3 +271,16 @@ fn visit_causes(
         visit_causes(next, f);
     }
 }
+
+/// Whether something accepts a TCP connection at `base` within `within`: checked once
+/// at start, so a dead upstream is named on the start line instead of on the first
+/// request. `Err` says why, for people.
+pub async fn answers(base: &crate::setting::BaseUrl, within: Duration) -> Result<(), String> {
+    let (host, port) = base.host_port();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    match tokio::time::timeout(within, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", within.as_millis())),
+    }
+}

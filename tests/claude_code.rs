@@ -718,3 +718,55 @@ async fn default_block() {
         "the provider was never contacted"
     );
 }
+
+#[test]
+fn claude_code_gives_up_on_a_dead_upstream() {
+    isolated("claude_code_gives_up_on_a_dead_upstream", dead_upstream);
+}
+
+/// An upstream that refuses connections, under Claude Code's own retry policy: the
+/// 502 reaches the user at once (a retryable one was retried for two minutes), and
+/// the message says what is wrong.
+async fn dead_upstream() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let upstream = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    let proxy = Proxy::start(&["--upstream-anthropic", &upstream]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let mut command = claude_command(
+        &["-p", "Say hello", "--output-format", "json"],
+        work.path(),
+        home.path(),
+        &[("ANTHROPIC_BASE_URL", proxy.url())],
+    );
+    command.env_remove("CLAUDE_CODE_MAX_RETRIES");
+    command
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let started = std::time::Instant::now();
+    let mut child = command.spawn().unwrap();
+    // Give up well before Claude Code's own retries would (about two minutes).
+    let limit = Duration::from_secs(25);
+    let exited = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let attempts = proxy
+        .exchanges()
+        .into_iter()
+        .filter(|l| l["status"] == 502)
+        .count();
+    eprintln!(
+        "claude -p: {exited:?} after {:?}, {attempts} attempt(s)",
+        started.elapsed()
+    );
+    assert!(exited.is_some(), "claude -p still retrying after {limit:?}");
+    assert_eq!(attempts, 1, "sent once");
+}

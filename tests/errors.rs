@@ -73,7 +73,7 @@ async fn bodies_over_the_limit_get_413_without_reaching_upstream() {
 }
 
 #[tokio::test]
-async fn an_unreachable_upstream_gets_502_with_retry() {
+async fn an_unreachable_upstream_gets_502_without_retry() {
     let port = closed_port();
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
@@ -96,7 +96,7 @@ async fn an_unreachable_upstream_gets_502_with_retry() {
         message.starts_with("promptgate: could not connect to upstream http://127.0.0.1:"),
         "{message}"
     );
-    assert_eq!(response.header("x-should-retry"), Some("true"));
+    assert_eq!(response.header("x-should-retry"), Some("false"));
     assert_eq!(response.header("content-type"), Some("application/json"));
     let request_id = response.header("request-id").unwrap();
     assert_eq!(e["request_id"], request_id);
@@ -575,4 +575,109 @@ async fn the_start_line_says_where_in_text_or_json() {
             .starts_with("promptgate listening on http://")
     );
     assert!(line["rules"].as_str().is_some(), "{line}");
+}
+
+/// A dead upstream is named on the start line (text and JSON) and once in the log,
+/// not only on the first request; a live one is not.
+#[tokio::test]
+async fn the_start_line_warns_of_an_upstream_that_does_not_answer() {
+    let fake = FakeProvider::start(|_| Action::Hang).await;
+    let port = closed_port();
+    let dead = format!("http://127.0.0.1:{port}");
+    let proxy = Proxy::start(&[
+        "--log-format",
+        "text",
+        "--upstream-anthropic",
+        &dead,
+        "--upstream-openai",
+        &fake.url(),
+    ]);
+    assert!(
+        proxy.start_line.contains(&format!(
+            "WARNING: the anthropic upstream {dead} does not answer"
+        )),
+        "{}",
+        proxy.start_line
+    );
+    assert!(
+        !proxy.start_line.contains("openai upstream"),
+        "{}",
+        proxy.start_line
+    );
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &dead,
+    ]);
+    let line: serde_json::Value = serde_json::from_str(&proxy.start_line).unwrap();
+    let warnings = line["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0]
+            .as_str()
+            .unwrap()
+            .starts_with("the openai upstream"),
+        "{warnings:?}"
+    );
+    assert_eq!(
+        proxy.log().matches("does not answer").count(),
+        1,
+        "{}",
+        proxy.log()
+    );
+}
+
+/// A base URL ending in `/v1` doubles the prefix: a 404 in the provider's shape that
+/// names the base URL to set, never forwarded, said once in the log.
+#[tokio::test]
+async fn a_doubled_v1_prefix_gets_a_404_naming_the_base_url() {
+    let fake =
+        FakeProvider::start(|_| Action::Respond(Reply::json(200, &serde_json::json!({})))).await;
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+    ]);
+    let body = br#"{"model":"claude-opus-5-5","messages":[]}"#;
+    for _ in 0..2 {
+        let r = client::post(proxy.addr, "/v1/v1/messages?beta=true", body).await;
+        assert_eq!(r.status, 404, "{}", r.text());
+        let e = r.json();
+        assert_eq!(e["type"], "error", "Anthropic's shape: {e}");
+        assert_eq!(e["error"]["type"], "not_found_error");
+        let message = e["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(&format!("set ANTHROPIC_BASE_URL to {}", proxy.url())),
+            "{message}"
+        );
+        assert!(!message.contains("beta=true"), "{message}");
+    }
+    let r = client::post(proxy.addr, "/openai/v1/v1/chat/completions", b"{}").await;
+    assert_eq!(r.status, 404);
+    let e = r.json();
+    assert_eq!(e["error"]["code"], "not_found", "OpenAI's shape: {e}");
+    assert!(
+        e["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("set OPENAI_BASE_URL to {}/openai/v1", proxy.url())),
+        "{e}"
+    );
+    // The right paths still go through.
+    let r = client::post(proxy.addr, "/v1/messages", body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(
+        fake.requests().len(),
+        1,
+        "only the right path went upstream"
+    );
+    proxy.wait_exchanges(4, WAIT).await;
+    assert_eq!(
+        proxy.log().matches("(said once)").count(),
+        1,
+        "{}",
+        proxy.log()
+    );
 }

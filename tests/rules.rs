@@ -1061,3 +1061,54 @@ async fn repeated_blocked_requests_are_each_recorded_and_linked_to_the_first() {
         "{shown}"
     );
 }
+
+/// A fail-open body rule says nothing of a body-less side request (GET /v1/models),
+/// which has nothing to read; a body it cannot read is still said.
+#[tokio::test]
+async fn body_rules_say_nothing_of_body_less_side_requests() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&[(
+        "tools.toml",
+        "[[rule]]\nname = \"no-bash\"\non = \"before_provider_request\"\n\
+         when = { tool = \"Bash\" }\nactions = [ { tag = \"bash\" } ]\n",
+    )]);
+    let proxy = start(&fake, &dir);
+    for _ in 0..3 {
+        assert_eq!(client::get(proxy.addr, "/v1/models").await.status, 200);
+    }
+    let r = client::post(proxy.addr, "/v1/messages", b"model=claude").await;
+    assert_eq!(r.status, 200);
+    proxy.wait_exchanges(4, Duration::from_secs(10)).await;
+    assert_eq!(
+        proxy.log().matches("fails open").count(),
+        1,
+        "only the unreadable body: {}",
+        proxy.log()
+    );
+}
+
+/// `captures show` prints the request as sent upstream by default (what the
+/// provider read, as the viewer shows it) and says so; `--received` the client's.
+#[tokio::test]
+async fn captures_show_defaults_to_the_body_as_sent() {
+    let fake = fake_ok().await;
+    let dir = support::example_rules(&["10-org-policy.toml"]);
+    let proxy = start(&fake, &dir);
+    let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
+    assert_eq!(post_cc(&proxy, &body, &[]).await.status, 200);
+    let records = support::captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let id = records[0]["id"].as_str().unwrap();
+    let preamble = "ACME policy: never paste customer data";
+    let shown = support::captures::ok(&proxy.captures, &["show", id]);
+    assert!(
+        shown.contains("request (as sent upstream, the default; --received for the client's)"),
+        "{shown}"
+    );
+    assert!(shown.contains(preamble), "the rule's system text: {shown}");
+    let sent = support::captures::ok(&proxy.captures, &["show", id, "--sent"]);
+    assert_eq!(sent, shown);
+    let received = support::captures::ok(&proxy.captures, &["show", id, "--received"]);
+    assert!(received.contains("request (as received)"), "{received}");
+    let before_diff = received.split("what the rules changed").next().unwrap();
+    assert!(!before_diff.contains(preamble), "{received}");
+}

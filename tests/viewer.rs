@@ -1204,3 +1204,204 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         "nothing from the admin API reached the foreign page: {answered:?}"
     );
 }
+
+/// The slips a new user met in the viewer (issue 46): a `null` under every cache
+/// verdict without a fix; the "breaks here" marker on the billing header the cache
+/// analysis ignores and on messages a cache hit only appended; a diff picker showing
+/// another exchange than the one diffed; one of several reload errors; a search
+/// that applied only on Enter.
+#[tokio::test]
+async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
+    if !support::can_run(browser_missing()) {
+        return;
+    }
+    let emulator: cache_emulator::Shared = Arc::new(Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |r| {
+        if !r.target.starts_with("/v1/messages") {
+            return support::fake_provider::like_providers(r);
+        }
+        support::Action::Respond(support::fake_provider::emulated_reply(&e, &r.body))
+    })
+    .await;
+    let rules = tagging_rules();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    let admin = proxy.admin_addr();
+    // Turn 2 only appends messages, and its billing header differs (as it does per
+    // conversation); another conversation's first turn is diffed against it below.
+    let mut second = shapes::claude_code_body(1, shapes::CC_SESSION);
+    second["system"][0]["text"] =
+        json!("x-anthropic-billing-header: cc_version=2.1.332.2d0; cc_entrypoint=sdk-cli;");
+    let bodies = [
+        shapes::claude_code_body(0, shapes::CC_SESSION),
+        second,
+        shapes::claude_code_body(0, "0b3f7e61-2c4d-4a8e-9f1a-6d5c4b3a2e10"),
+    ];
+    for body in &bodies {
+        let r = client::send(proxy.addr, &stream_request(&proxy, body)).await;
+        assert_eq!(r.status, 200);
+    }
+    let records = captures::wait_records(&proxy.captures, 3, WAIT).await;
+    let id = |i: usize| records[i]["id"].as_str().unwrap().to_owned();
+    let (first, second, other) = (id(0), id(1), id(2));
+    assert_eq!(
+        records[1]["cache"]["verdict"], "hit",
+        "{}",
+        records[1]["cache"]
+    );
+
+    let browser = support::browser::Browser::start().await;
+    browser.goto(&format!("http://{admin}/")).await;
+    browser
+        .wait_for(
+            "three rows",
+            "document.querySelectorAll('#list .row:not(.inflight)').length === 3",
+            WAIT,
+        )
+        .await;
+
+    // Search applies as one types, without Enter.
+    browser.type_into("#search", "cat src/file_0.rs").await;
+    browser
+        .wait_for(
+            "the search to apply without Enter",
+            "document.querySelectorAll('#list .row').length === 1",
+            WAIT,
+        )
+        .await;
+    browser
+        .eval("const s = document.getElementById('search'); s.value = ''; s.dispatchEvent(new Event('input')); return true", vec![])
+        .await;
+    browser
+        .wait_for(
+            "the search cleared",
+            "document.querySelectorAll('#list .row').length === 3",
+            WAIT,
+        )
+        .await;
+
+    // None shows a "null" (one without a fix did).
+    let mut without_fix = 0;
+    for id in [&first, &second, &other] {
+        browser
+            .eval(&format!("location.hash = '#/x/{id}'; return true"), vec![])
+            .await;
+        let cache = browser
+            .wait_for(
+                "the cache verdict",
+                &format!("document.querySelector('#exchange[data-id=\"{id}\"]') && (document.getElementById('cache') || {{}}).innerText"),
+                WAIT,
+            )
+            .await;
+        let cache = cache.as_str().unwrap();
+        assert!(!cache.contains("null"), "{id}: {cache}");
+        without_fix += usize::from(!cache.contains("fix:"));
+    }
+    assert!(without_fix > 0, "a verdict without a fix was shown");
+
+    // The hit appended two messages and changed only the ignored billing header:
+    // the prefix breaks nowhere.
+    browser
+        .eval(
+            &format!("location.hash = '#/d/{first}/{second}'; return true"),
+            vec![],
+        )
+        .await;
+    let picked = browser
+        .wait_for(
+            "the diff",
+            "document.querySelectorAll('#diff .entry').length > 0 && document.getElementById('diff-against').value",
+            WAIT,
+        )
+        .await;
+    assert_eq!(picked, json!(first));
+    let changes = browser
+        .eval("return [...document.querySelectorAll('#diff .entry')].filter(e => e.dataset.change !== 'same').map(e => e.dataset.section + ':' + e.dataset.change)", vec![])
+        .await;
+    assert_eq!(
+        changes,
+        json!(["system:changed", "messages:added", "messages:added"]),
+        "the billing header and the appended turn"
+    );
+    let breaks = browser
+        .eval(
+            "return document.querySelectorAll('#diff .entry.breaks, #diff .break-mark').length",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        breaks,
+        json!(0),
+        "an append and the billing header break nothing"
+    );
+
+    // Diffed against another conversation's exchange, the picker names that one.
+    browser
+        .eval(
+            &format!("location.hash = '#/d/{second}/{other}'; return true"),
+            vec![],
+        )
+        .await;
+    let picked = browser
+        .wait_for(
+            "the diff against another conversation",
+            &format!("(document.querySelector('#diff h2') || {{}}).textContent?.startsWith('diff {second}') && document.getElementById('diff-against').value"),
+            WAIT,
+        )
+        .await;
+    assert_eq!(
+        picked,
+        json!(second),
+        "the picker shows the exchange diffed"
+    );
+    let breaks = browser
+        .eval(
+            "return document.querySelectorAll('#diff .entry.breaks').length",
+            vec![],
+        )
+        .await;
+    assert_eq!(breaks, json!(1), "removed messages break the prefix");
+
+    // Every reload error, not only the first.
+    browser
+        .eval("location.hash = '#/rules'; return true", vec![])
+        .await;
+    browser
+        .wait_for(
+            "the rules view",
+            "!!document.querySelector('#rules table')",
+            WAIT,
+        )
+        .await;
+    for name in ["20-broken.toml", "30-broken.toml"] {
+        std::fs::write(
+            rules.path().join(name),
+            "[[rule]]\nname = \"broken\"\non = \"before_provider_request\"\nwhen = { model = 5 }\nactions = [{ tag = \"x\" }]\n",
+        )
+        .unwrap();
+    }
+    let error = browser
+        .wait_for(
+            "both reload errors",
+            "(() => { const t = (document.getElementById('reload-error') || {}).textContent || ''; return t.includes('20-broken.toml') && t.includes('30-broken.toml') && t; })()",
+            WAIT,
+        )
+        .await;
+    assert!(
+        error.as_str().unwrap().contains("30-broken.toml:4:"),
+        "{error}"
+    );
+
+    let errors: Vec<String> = browser
+        .console()
+        .await
+        .into_iter()
+        .filter(|l| l.contains("SEVERE") && !l.contains("favicon"))
+        .collect();
+    assert!(errors.is_empty(), "the viewer logged errors: {errors:?}");
+}

@@ -113,8 +113,7 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             let b = store.load(b).map_err(store_error)?;
             let entries = units::diff_bodies(&a.sent().bytes, &b.sent().bytes)
                 .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?;
-            // In cache order, the first unit that is not the same ends the shared prefix.
-            let breaks = entries.iter().position(|e| e.change != units::Change::Same);
+            let breaks = prefix_break(&entries, &state.cache_ignore);
             json_bytes(&json!({"a": a.id, "b": b.id, "entries": entries, "breaks_prefix": breaks}))
         }
         ["api", "conversations"] => {
@@ -236,6 +235,32 @@ pub(super) fn rules(state: &AdminState) -> Value {
         "last_reload": state.rules.last_reload(),
         "rules": rules,
     })
+}
+
+/// Where the cached prefix breaks between two requests, in cache order: the first
+/// unit that differs, except the units the cache analysis ignores (the billing
+/// header) and units only appended at the end (how a cache hit grows its prompt).
+fn prefix_break(
+    entries: &[units::DiffEntry],
+    ignore: &[crate::cache::segment::IgnoreRule],
+) -> Option<usize> {
+    let ignored = |e: &units::DiffEntry| {
+        [e.before.as_deref(), e.after.as_deref()]
+            .into_iter()
+            .flatten()
+            .any(|text| {
+                ignore
+                    .iter()
+                    .any(|r| r.region == e.section && r.text.is_match(text))
+            })
+    };
+    let at = entries
+        .iter()
+        .position(|e| e.change != units::Change::Same && !ignored(e))?;
+    let appended = entries[at..]
+        .iter()
+        .all(|e| e.change == units::Change::Added || ignored(e));
+    (!appended).then_some(at)
 }
 
 fn store_error(e: StoreError) -> (StatusCode, String) {

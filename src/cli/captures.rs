@@ -152,10 +152,10 @@ struct ShowArgs {
     /// The redacted record as JSON, bodies included; with --sent/--received, that body's bytes.
     #[arg(long)]
     raw: bool,
-    /// Show the request as sent upstream (after rules).
+    /// Show the request as sent upstream, after rules (the default, as in the viewer).
     #[arg(long, conflicts_with = "received")]
     sent: bool,
-    /// Show the request as received from the client (the default).
+    /// Show the request as received from the client, before rules.
     #[arg(long)]
     received: bool,
     /// Summarise the prompt (blocks by type and size) instead of printing it whole.
@@ -387,7 +387,8 @@ fn raw(mut record: CaptureRecord, args: &ShowArgs) -> anyhow::Result<()> {
 }
 
 fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
-    let sent = args.sent;
+    // What the provider read is what the viewer shows: the default here too.
+    let sent = !args.received;
     let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     let _ = writeln!(out, "capture {}", r.id);
     let _ = writeln!(
@@ -511,12 +512,16 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
         return;
     }
     let (which, body) = if sent {
-        ("as sent", r.sent())
+        (
+            "as sent upstream, the default; --received for the client's",
+            r.sent(),
+        )
     } else {
         ("as received", &r.request.body)
     };
     let mut line = body_line(body, None);
-    let wire = if sent { None } else { Some(r.bytes_in) };
+    // Unchanged by rules, the sent body is the received one and its wire size holds.
+    let wire = (!sent || r.request.sent_body.is_none()).then_some(r.bytes_in);
     if let Some(n) = wire.filter(|n| *n != body.size) {
         // Redaction (or a compressed body stored decoded) changes the size.
         let _ = write!(line, "; {n} bytes on the wire, stored decoded and redacted");
@@ -1007,7 +1012,34 @@ pub(super) fn diff_lines(entries: &[DiffEntry], out: &mut String) {
         for line in &e.lines {
             let _ = writeln!(out, "      {line}");
         }
+        if e.lines.is_empty() {
+            unit_content(e, out);
+        }
         i += 1;
+    }
+}
+
+/// The readable text of an added or removed unit, not only its size: the first
+/// lines, each cut at a readable width.
+fn unit_content(e: &DiffEntry, out: &mut String) {
+    const LINES: usize = 20;
+    const WIDTH: usize = 160;
+    let (mark, text) = match e.change {
+        Change::Added => ('+', e.after.as_deref()),
+        Change::Removed => ('-', e.before.as_deref()),
+        _ => return,
+    };
+    let Some(text) = text.filter(|t| !t.is_empty()) else {
+        return;
+    };
+    let total = text.lines().count();
+    for line in text.lines().take(LINES) {
+        let cut: String = line.chars().take(WIDTH).collect();
+        let more = if cut.len() < line.len() { "…" } else { "" };
+        let _ = writeln!(out, "      {mark} {cut}{more}");
+    }
+    if total > LINES {
+        let _ = writeln!(out, "      {mark} … {} more line(s)", total - LINES);
     }
 }
 

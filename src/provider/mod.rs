@@ -248,6 +248,43 @@ pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
     })
 }
 
+/// A client path whose base URL repeats a prefix promptgate adds itself (`…/v1`
+/// set where promptgate's root was meant: `/v1/v1/messages`): the provider, the
+/// variable to set, and the path to add to `http://<listen>` for its base URL.
+pub fn doubled_prefix(path: &str) -> Option<(Provider, &'static str, &'static str)> {
+    const DOUBLED: &[(&str, Provider, &str, &str)] = &[
+        ("/v1/v1/", Provider::Anthropic, "ANTHROPIC_BASE_URL", ""),
+        (
+            "/anthropic/v1/v1/",
+            Provider::Anthropic,
+            "ANTHROPIC_BASE_URL",
+            "/anthropic",
+        ),
+        (
+            "/anthropic/anthropic/",
+            Provider::Anthropic,
+            "ANTHROPIC_BASE_URL",
+            "/anthropic",
+        ),
+        (
+            "/openai/v1/v1/",
+            Provider::OpenAi,
+            "OPENAI_BASE_URL",
+            "/openai/v1",
+        ),
+        (
+            "/openai/openai/",
+            Provider::OpenAi,
+            "OPENAI_BASE_URL",
+            "/openai/v1",
+        ),
+    ];
+    DOUBLED
+        .iter()
+        .find(|(prefix, ..)| path.starts_with(prefix))
+        .map(|(_, provider, var, base)| (*provider, *var, *base))
+}
+
 /// Whether `path` (a provider's own path, no query) is one only OpenAI serves: an
 /// OpenAI SDK whose base URL lacks `/openai` sends these to the Anthropic route.
 pub fn is_openai_only(path: &str) -> bool {

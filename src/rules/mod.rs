@@ -185,6 +185,11 @@ impl<'a> State<'_, 'a> {
         }
     }
 
+    /// Whether this is a request phase of a request that has no body at all.
+    pub(crate) fn body_less(&self) -> bool {
+        self.body.as_ref().is_some_and(|b| b.size() == 0)
+    }
+
     /// Records a changed body pointer.
     pub(crate) fn changed(&mut self, pointer: String) {
         self.effects
@@ -378,6 +383,9 @@ impl RuleSet {
                     st.effects.fired.push(rule.name.clone());
                     return Decision::Respond(unevaluable(rule, &why));
                 }
+                // A side request with no body (GET /v1/models) is no mistake to log
+                // for every body rule on every such request.
+                Tri::Unknown(_) if st.body_less() => continue,
                 Tri::Unknown(why) => {
                     st.log(format!("not applied (fails open): {why}"));
                     continue;

@@ -44,9 +44,12 @@ pub struct LastReload {
     /// When, in ms since the Unix epoch.
     pub at_ms: u64,
     pub ok: bool,
-    /// The first error, when it failed (the log has them all).
+    /// The first error, when it failed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Every error, when it failed (a broken directory often has several).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
 }
 
 impl LiveRules {
@@ -73,7 +76,8 @@ impl LiveRules {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn note_reload(&self, error: Option<String>) {
+    fn note_reload(&self, errors: Vec<String>) {
+        let error = errors.first().cloned();
         let counter = if error.is_none() {
             &self.reloaded
         } else {
@@ -86,6 +90,7 @@ impl LiveRules {
                 .map_or(0, |d| d.as_millis() as u64),
             ok: error.is_none(),
             error,
+            errors,
         });
     }
 
@@ -126,12 +131,12 @@ impl LiveRules {
                 let (rules, files) = (set.rules().len(), set.files.len());
                 log_warnings(&set);
                 self.replace(set);
-                self.note_reload(None);
+                self.note_reload(Vec::new());
                 tracing::info!(target: "promptgate::rules", rules, files, dir = %dir.display(), "rules reloaded");
                 true
             }
             Err(errors) => {
-                self.note_reload(errors.first().map(ToString::to_string));
+                self.note_reload(errors.iter().map(ToString::to_string).collect());
                 for e in &errors {
                     tracing::error!(target: "promptgate::rules", "{e}");
                 }

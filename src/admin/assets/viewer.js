@@ -235,7 +235,16 @@ function filterBar() {
     bar.append(input);
   }
   const search = el("input", { id: "search", type: "search", placeholder: "search bodies (/)", value: state.filters.q || "" });
-  search.addEventListener("change", () => runSearch(search.value.trim()));
+  // Applies as one types, once the typing pauses; Enter (change) applies at once.
+  let typing = null;
+  search.addEventListener("input", () => {
+    clearTimeout(typing);
+    typing = setTimeout(() => runSearch(search.value.trim()), 300);
+  });
+  search.addEventListener("change", () => {
+    clearTimeout(typing);
+    if (search.value.trim() !== (state.filters.q || "")) runSearch(search.value.trim());
+  });
   bar.append(search);
   const side = el("input", { type: "checkbox", id: "show-side", checked: state.showSide });
   side.addEventListener("change", () => {
@@ -438,8 +447,9 @@ function cacheSection(r, told) {
         (c.prediction.read_through ? ` through ${c.prediction.read_through}` : "") +
         (c.lost_tokens ? ` · lost ${c.lost_tokens}` : "") +
         (c.cost ? ` · input ${fmtUsd(c.cost.input_usd)}, lost ${fmtUsd(c.cost.lost_usd)}` : " · cost unknown (no price for this model)") +
-        (u.output_tokens !== undefined ? ` · output ${u.output_tokens}` : "")),
-    c.fix ? el("div", { class: "fix", id: "cache-fix", text: `fix: ${c.fix}` }) : null);
+        (u.output_tokens !== undefined ? ` · output ${u.output_tokens}` : "")));
+  // DOM append writes a null as the text "null": only a fix there is appended.
+  if (c.fix) box.append(el("div", { class: "fix", id: "cache-fix", text: `fix: ${c.fix}` }));
   return box;
 }
 
@@ -608,15 +618,21 @@ async function showDiff(a, b) {
     return showError(e);
   }
   const picker = el("select", { id: "diff-against" });
-  const others = rb.conversation ? state.order.filter((id) => state.rows.get(id).conversation === rb.conversation && id !== b) : [];
-  for (const id of others) picker.append(el("option", { value: id, selected: id === diff.a, text: `${fmtTime(state.rows.get(id).started_ms)} ${id}` }));
+  const others = rb.conversation ? state.order.filter((id) => state.rows.get(id)?.conversation === rb.conversation && id !== b) : [];
+  // The exchange diffed is always offered and chosen, even when the list lacks it.
+  if (!others.includes(diff.a)) others.unshift(diff.a);
+  for (const id of others) {
+    const row = state.rows.get(id);
+    picker.append(el("option", { value: id, text: row ? `${fmtTime(row.started_ms)} ${id}` : id }));
+  }
+  picker.value = diff.a;
   picker.addEventListener("change", () => (location.hash = `#/d/${picker.value}/${b}`));
   const other = el("input", { id: "diff-other", placeholder: "or any exchange id", size: "30" });
   other.addEventListener("change", () => other.value.trim() && (location.hash = `#/d/${encodeURIComponent(other.value.trim())}/${b}`));
   const changed = diff.entries.filter((e) => e.change !== "same").length;
   page.replaceChildren(
     el("h2", {}, "diff ", el("a", { href: `#/x/${diff.a}`, class: "mono", text: diff.a }), " → ", el("a", { href: `#/x/${diff.b}`, class: "mono", text: diff.b })),
-    el("div", { class: "actions" }, others.length ? el("label", {}, "against ", picker) : null, other, el("span", { text: `${changed} of ${diff.entries.length} units differ, in cache order` })));
+    el("div", { class: "actions" }, el("label", {}, "against ", picker), other, el("span", { text: `${changed} of ${diff.entries.length} units differ, in cache order` })));
   diff.entries.forEach((e, i) => page.append(diffEntry(e, i === diff.breaks_prefix)));
 }
 
@@ -770,7 +786,7 @@ async function showRules() {
     el("h2", { text: "Rules" }),
     el("div", { text: r.state }),
     el("div", { text: `reloads: ${r.reloads.ok} ok, ${r.reloads.failed} failed${last ? ` · last ${fmtTime(last.at_ms)} ${last.ok ? "ok" : "FAILED"}` : ""}` }),
-    last && last.error ? el("pre", { class: "error", id: "reload-error", text: last.error }) : null);
+    last && last.error ? el("pre", { class: "error", id: "reload-error", text: (last.errors || [last.error]).join("\n") }) : null);
   const byFile = new Map();
   for (const rule of r.rules) {
     if (!byFile.has(rule.file)) byFile.set(rule.file, []);
