@@ -30,6 +30,10 @@ pub fn stored(report: &CacheReport, redactor: &Redactor, extra: &[regex::Regex])
                     changed: list(changed),
                 }
             }
+            Reason::ModelChanged { before, after } => Reason::ModelChanged {
+                before: text(&before),
+                after: text(&after),
+            },
             Reason::SharedPrefix { conversation, by } => Reason::SharedPrefix {
                 conversation: text(&conversation),
                 by,
@@ -46,6 +50,10 @@ pub fn stored(report: &CacheReport, redactor: &Redactor, extra: &[regex::Regex])
             other => other,
         })
     });
+    if let Some(says) = &mut r.provider_says {
+        says.reason = text(&says.reason);
+        says.note = says.note.as_deref().map(&mut text);
+    }
     r
 }
 

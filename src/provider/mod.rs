@@ -46,6 +46,11 @@ pub struct ResponseSummary {
     pub diagnosis: Option<CacheDiagnosis>,
 }
 
+/// A provider's word, kept whole only when it is word-sized: it is upstream text.
+fn short(word: &str) -> String {
+    crate::redact::cut(word, crate::redact::NAME_MAX).into_owned()
+}
+
 /// A provider's own diagnosis of a cache miss: Anthropic's
 /// `diagnostics.cache_miss_reason` (beta `cache-diagnosis-2026-04-07`), OpenAI's
 /// Responses `prompt_cache_diagnostics`.
@@ -63,7 +68,7 @@ impl CacheDiagnosis {
     pub fn from_anthropic(diagnostics: &Value) -> Option<CacheDiagnosis> {
         let reason = diagnostics.get("cache_miss_reason")?;
         Some(CacheDiagnosis {
-            reason: reason.get("type")?.as_str()?.to_owned(),
+            reason: short(reason.get("type")?.as_str()?),
             missed_tokens: reason
                 .get("cache_missed_input_tokens")
                 .and_then(Value::as_u64),
@@ -73,7 +78,7 @@ impl CacheDiagnosis {
     /// Reads OpenAI's `prompt_cache_diagnostics` object.
     pub fn from_openai(diagnostics: &Value) -> Option<CacheDiagnosis> {
         Some(CacheDiagnosis {
-            reason: diagnostics.get("reason")?.as_str()?.to_owned(),
+            reason: short(diagnostics.get("reason")?.as_str()?),
             missed_tokens: diagnostics
                 .get("cache_missed_tokens")
                 .and_then(Value::as_u64),

@@ -450,6 +450,15 @@ function cacheSection(r, told) {
         (u.output_tokens !== undefined ? ` · output ${u.output_tokens}` : "")));
   // DOM append writes a null as the text "null": only a fix there is appended.
   if (c.fix) box.append(el("div", { class: "fix", id: "cache-fix", text: `fix: ${c.fix}` }));
+  const says = c.provider_says;
+  if (says) {
+    const judged = says.agrees === true ? ": agrees" : says.agrees === false ? `: disagrees, ${says.note || ""}` : "";
+    const missed = says.missed_tokens ? ` (${says.missed_tokens} tokens missed)` : "";
+    box.append(el("div", { class: "mono", id: "cache-provider", text: `provider says ${says.reason}${missed}${judged}` }));
+  }
+  if (c.respelled && c.respelled.length) {
+    box.append(el("div", { class: "mono", id: "cache-respelled", text: `re-spelled ${c.respelled.join(", ")}: other bytes, the same JSON value (compared as values, as the provider does)` }));
+  }
   return box;
 }
 
