@@ -109,6 +109,12 @@ struct VerdictLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct AgreementLabels {
+    /// `yes`, `no`, or `none` (the provider named no change).
+    agrees: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RuleLabels {
     rule: Arc<str>,
     phase: &'static str,
@@ -129,6 +135,7 @@ pub struct Metrics {
     cost: Family<CostLabels, Dollars>,
     lost: Family<ReasonLabels, Dollars>,
     verdicts: Family<VerdictLabels, Counter>,
+    provider_diagnoses: Family<AgreementLabels, Counter>,
     upstream_head: Histogram,
     first_byte: Histogram,
     duration: Histogram,
@@ -210,6 +217,7 @@ impl Metrics {
             cost: Family::default(),
             lost: Family::default(),
             verdicts: Family::default(),
+            provider_diagnoses: Family::default(),
             upstream_head: histogram(&CALL_BUCKETS),
             first_byte: histogram(&CALL_BUCKETS),
             duration: histogram(&CALL_BUCKETS),
@@ -256,6 +264,11 @@ impl Metrics {
             "promptgate_cache_verdicts",
             "Cache analysis verdicts",
             m.verdicts.clone(),
+        );
+        r.register(
+            "promptgate_cache_provider_diagnoses",
+            "Cache misses the provider diagnosed, by whether it named what cache analysis named",
+            m.provider_diagnoses.clone(),
         );
         r.register(
             "promptgate_upstream_head_seconds",
@@ -394,6 +407,16 @@ impl Metrics {
                     verdict: cache.verdict.name(),
                 })
                 .inc();
+            if let Some(says) = &cache.provider_says {
+                let agrees = match says.agrees {
+                    Some(true) => "yes",
+                    Some(false) => "no",
+                    None => "none",
+                };
+                self.provider_diagnoses
+                    .get_or_create(&AgreementLabels { agrees })
+                    .inc();
+            }
             let lost = cache.cost.as_ref().map_or(0.0, |c| c.usd.lost_usd);
             if let Some(reason) = &cache.reason
                 && lost > 0.0

@@ -525,6 +525,11 @@ async fn the_providers_own_diagnosis_stands_beside_promptgates() {
         "{}",
         report.stdout
     );
+    let metrics = client::get(rig.server.admin, "/metrics").await.text();
+    for agrees in ["yes", "no"] {
+        let line = format!("promptgate_cache_provider_diagnoses_total{{agrees=\"{agrees}\"}} 1");
+        assert!(metrics.contains(&line), "{line} in\n{metrics}");
+    }
     let id = evicted.line["id"].as_str().unwrap();
     let shown = captures::ok(&rig.server.captures, &["show", id]);
     assert!(
