@@ -367,7 +367,6 @@ impl FakeProvider {
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 stream.set_nodelay(true).unwrap();
-                *s.connections.lock().unwrap() += 1;
                 tokio::spawn(serve_raw(stream, s.clone()));
             }
         });
@@ -394,13 +393,14 @@ impl FakeProvider {
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 stream.set_nodelay(true).unwrap();
-                *s.connections.lock().unwrap() += 1;
                 let acceptor = acceptor.clone();
                 let s = s.clone();
                 tokio::spawn(async move {
                     let Ok(tls) = acceptor.accept(stream).await else {
                         return;
                     };
+                    // A connection that only checked the port (the start line's) is not one.
+                    *s.connections.lock().unwrap() += 1;
                     let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
                     let service =
                         hyper::service::service_fn(move |req| serve_hyper(req, s.clone(), h2));
@@ -433,6 +433,7 @@ impl FakeProvider {
         self.state.log.lock().unwrap().clone()
     }
 
+    /// Connections that carried a request (or finished a TLS handshake).
     pub fn connections(&self) -> usize {
         *self.state.connections.lock().unwrap()
     }
@@ -468,11 +469,16 @@ fn arrive(state: &State, received: Received) -> Action {
 async fn serve_raw(stream: TcpStream, state: Arc<State>) {
     let (read_half, mut write_half) = stream.into_split();
     let mut reader = BufReader::new(read_half);
+    let mut first = true;
     loop {
         let head = match wire::read_head(&mut reader).await {
             Ok(Some(head)) => head,
             _ => return,
         };
+        // Counted once it carries a request: the start line's check only connects.
+        if std::mem::take(&mut first) {
+            *state.connections.lock().unwrap() += 1;
+        }
         let body = wire::read_request_body(&mut reader, &head, Duration::from_secs(30)).await;
         let mut parts = head.start_line.splitn(3, ' ');
         let method = parts.next().unwrap_or("").to_owned();
