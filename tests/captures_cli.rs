@@ -653,3 +653,47 @@ async fn a_damaged_record_is_skipped_named_and_the_others_read() {
         replay.stdout
     );
 }
+
+#[tokio::test]
+async fn anatomy_names_each_part_of_a_claude_code_prompt() {
+    let (_fake, proxy, ids) = start().await;
+    let dir = &proxy.captures;
+    let json: Value = serde_json::from_str(&captures::ok(
+        dir,
+        &["anatomy", &ids[1], "--format", "json"],
+    ))
+    .unwrap();
+    let parts = json["parts"].as_array().unwrap();
+    let named = |family: &str, name: &str| {
+        parts
+            .iter()
+            .any(|p| p["family"] == family && p["name"].as_str() == Some(name))
+    };
+    // The bench's Claude Code shape: built-in tools, its context reminders, the
+    // role:"system" environment message, tool calls and their results.
+    assert!(named("tools", "built-in Bash"), "{json}");
+    assert!(named("context", "git status"), "{json}");
+    assert!(named("context", "environment"), "{json}");
+    assert!(named("reminders", "attribution"), "{json}");
+    assert!(named("conversation", "tool call Bash"), "{json}");
+    assert!(named("conversation", "tool result of Bash"), "{json}");
+    assert!(named("conversation", "user prompt"), "{json}");
+    // Every unit is accounted for, and the parts sum to the estimate.
+    let sum: u64 = parts.iter().map(|p| p["tokens"].as_u64().unwrap()).sum();
+    assert_eq!(sum, json["estimated_tokens"].as_u64().unwrap());
+    let families: u64 = json["families"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(families, sum);
+    let text = captures::ok(dir, &["anatomy", "last"]);
+    assert!(
+        text.lines().any(|l| l.trim_start().starts_with("tools ")),
+        "{text}"
+    );
+    // A request that is no prompt says so.
+    let bad = captures::cli(dir, &["anatomy", "nonexistent-id"]);
+    assert_ne!(bad.code, 0, "{}", bad.stderr);
+}

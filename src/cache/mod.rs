@@ -7,6 +7,7 @@
 //! runs all of it when a record is emitted (before the sinks, off the client's path)
 //! and puts a [`CacheReport`] on the record. It never changes a request.
 
+pub mod anatomy;
 pub mod cost;
 pub mod estimate;
 pub mod explain;

@@ -44,6 +44,10 @@ enum Verb {
     Show(ShowArgs),
     /// What changed between two requests, in the provider's cache order.
     Diff(DiffArgs),
+    /// Each part of a request's prompt named by where it came from (system, tools by
+    /// kind and MCP server, memory files, context, reminders, conversation), with its
+    /// estimated tokens and share.
+    Anatomy(AnatomyArgs),
     /// Every matching exchange as JSONL or HAR 1.2.
     Export(ExportArgs),
     /// One line per conversation: requests, tokens, first and last time.
@@ -164,6 +168,15 @@ struct ShowArgs {
 }
 
 #[derive(Debug, Args)]
+struct AnatomyArgs {
+    /// The exchange id (or its start; unique), `last`, or `@-1`, `@-2`…
+    id: String,
+    /// text (a table) or json.
+    #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    format: String,
+}
+
+#[derive(Debug, Args)]
 struct DiffArgs {
     /// The earlier exchange (an id, its start, `last` or `@-N`); alone, the later
     /// one, compared with the request before it in its conversation.
@@ -218,6 +231,10 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
                 }
             };
             diff(&a, &b, d.received, &mut out)?;
+        }
+        Verb::Anatomy(a) => {
+            let record = store.load(&a.id)?;
+            super::anatomy::print(&record, a.format == "json", &mut out)?;
         }
         Verb::Export(e) => return export(&store, &e),
         Verb::Conversations(f) => conversations(&store, &f.filter()?, &mut out)?,

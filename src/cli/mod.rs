@@ -5,6 +5,7 @@
 //! or IO error.
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
+mod anatomy;
 mod ca;
 mod cache;
 mod captures;
