@@ -94,6 +94,7 @@ impl From<ErrorKind> for Outcome {
     fn from(kind: ErrorKind) -> Outcome {
         match kind {
             ErrorKind::NoRoute => Outcome::NoRoute,
+            ErrorKind::WrongBaseUrl => Outcome::NoRoute,
             ErrorKind::BodyTooLarge => Outcome::TooLarge,
             ErrorKind::BadRequestBody => Outcome::BadRequest,
             ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
