@@ -340,15 +340,6 @@ impl State {
     }
 }
 
-/// Counts a connection once it sends its first byte: promptgate's start-up check
-/// that the upstream answers opens one and sends nothing.
-async fn count_if_used(stream: &tokio::net::TcpStream, s: &State) {
-    let mut first = [0u8; 1];
-    if matches!(stream.peek(&mut first).await, Ok(n) if n > 0) {
-        *s.connections.lock().unwrap() += 1;
-    }
-}
-
 impl FakeProvider {
     /// Plain HTTP/1.1 on 127.0.0.1.
     pub async fn start(
@@ -361,11 +352,8 @@ impl FakeProvider {
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 stream.set_nodelay(true).unwrap();
-                let s = s.clone();
-                tokio::spawn(async move {
-                    count_if_used(&stream, &s).await;
-                    serve_raw(stream, s).await
-                });
+                *s.connections.lock().unwrap() += 1;
+                tokio::spawn(serve_raw(stream, s.clone()));
             }
         });
         FakeProvider {
@@ -391,10 +379,10 @@ impl FakeProvider {
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
                 stream.set_nodelay(true).unwrap();
+                *s.connections.lock().unwrap() += 1;
                 let acceptor = acceptor.clone();
                 let s = s.clone();
                 tokio::spawn(async move {
-                    count_if_used(&stream, &s).await;
                     let Ok(tls) = acceptor.accept(stream).await else {
                         return;
                     };
