@@ -94,7 +94,6 @@ impl From<ErrorKind> for Outcome {
     fn from(kind: ErrorKind) -> Outcome {
         match kind {
             ErrorKind::NoRoute => Outcome::NoRoute,
-            ErrorKind::WrongBaseUrl => Outcome::NoRoute,
             ErrorKind::BodyTooLarge => Outcome::TooLarge,
             ErrorKind::BadRequestBody => Outcome::BadRequest,
             ErrorKind::UnsupportedEncoding => Outcome::BadRequest,
@@ -104,6 +103,7 @@ impl From<ErrorKind> for Outcome {
             ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
             ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
             ErrorKind::CaptureUnavailable => Outcome::CaptureUnavailable,
+            ErrorKind::WrongBaseUrl => Outcome::NoRoute,
         }
     }
 }
