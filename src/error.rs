@@ -36,6 +36,9 @@ pub struct ProxyError {
 pub enum ErrorKind {
     /// The path is not one promptgate routes.
     NoRoute,
+    /// The path repeats a prefix promptgate adds itself (`/v1/v1/…`): the client's
+    /// base URL is wrong, and the message names the right one.
+    WrongBaseUrl,
     /// The request body is over `--max-body`.
     BodyTooLarge,
     /// The request body could not be read from the client, or not decoded.
@@ -63,6 +66,9 @@ impl ErrorKind {
     pub fn status(self) -> StatusCode {
         match self {
             ErrorKind::NoRoute => StatusCode::NOT_FOUND,
+            // Measured (tests/claude_code.rs): Claude Code turns any 404 into "an issue
+            // with the selected model" and retries a 400; a 451 it prints, sent once.
+            ErrorKind::WrongBaseUrl => StatusCode::UNAVAILABLE_FOR_LEGAL_REASONS,
             ErrorKind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorKind::BadRequestBody => StatusCode::BAD_REQUEST,
             ErrorKind::UnsupportedEncoding => StatusCode::UNSUPPORTED_MEDIA_TYPE,
@@ -80,6 +86,7 @@ impl ErrorKind {
     pub fn code(self) -> &'static str {
         match self {
             ErrorKind::NoRoute => "not_found",
+            ErrorKind::WrongBaseUrl => "wrong_base_url",
             ErrorKind::BodyTooLarge => "request_too_large",
             ErrorKind::BadRequestBody => "bad_request_body",
             ErrorKind::UnsupportedEncoding => "unsupported_content_encoding",
@@ -98,6 +105,7 @@ impl ErrorKind {
     pub fn should_retry(self) -> bool {
         match self {
             ErrorKind::NoRoute => false,
+            ErrorKind::WrongBaseUrl => false,
             ErrorKind::BodyTooLarge => false,
             ErrorKind::BadRequestBody => false,
             ErrorKind::UnsupportedEncoding => false,

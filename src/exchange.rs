@@ -138,7 +138,7 @@ static WARNED_OPENAI_BASE: std::sync::atomic::AtomicBool =
 static WARNED_DOUBLED_PREFIX: std::sync::atomic::AtomicBool =
     std::sync::atomic::AtomicBool::new(false);
 
-/// A `/v1/v1/…` path (a base URL ending in `/v1`) answered with a 404 naming the
+/// A `/v1/v1/…` path (a base URL ending in `/v1`) answered with an error naming the
 /// base URL to set, in the provider's shape, and said once in the log: forwarded,
 /// it would skip the cache analysis, the captures list and path-scoped rules.
 fn doubled_prefix(ex: &mut Exchange, path: &str) -> Option<Stop> {
@@ -156,7 +156,7 @@ fn doubled_prefix(ex: &mut Exchange, path: &str) -> Option<Stop> {
         api: provider::Api::Other,
         upstream_path: http::uri::PathAndQuery::from_static("/"),
     });
-    Some(ProxyError::new(ErrorKind::NoRoute, message).into())
+    Some(ProxyError::new(ErrorKind::WrongBaseUrl, message).into())
 }
 
 /// A head that cannot be served, and what the client is told.

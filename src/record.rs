@@ -104,6 +104,7 @@ impl From<ErrorKind> for Outcome {
             ErrorKind::UpstreamTimeout => Outcome::UpstreamError,
             ErrorKind::UpstreamProtocol => Outcome::UpstreamError,
             ErrorKind::CaptureUnavailable => Outcome::CaptureUnavailable,
+            ErrorKind::WrongBaseUrl => Outcome::NoRoute,
         }
     }
 }

@@ -115,16 +115,103 @@ impl Running {
     }
 
     /// The running serve the command line should talk to: of the runtime files
-    /// whose process is alive, the most recently started.
+    /// whose process is alive, the one this shell's ANTHROPIC_BASE_URL or
+    /// HTTPS_PROXY points at, else the most recently started. With several live,
+    /// it says on stderr which one it reads and why.
     pub fn find() -> Option<Running> {
-        let entries = std::fs::read_dir(runtime_dir()).ok()?;
-        entries
+        let live = Running::all();
+        let named = named_addresses();
+        let (chosen, why) = match live.iter().find(|r| named.contains(&r.client_address())) {
+            Some(r) => (
+                r.clone(),
+                "the one this shell's ANTHROPIC_BASE_URL / HTTPS_PROXY names",
+            ),
+            None => (live.first()?.clone(), "the newest"),
+        };
+        if live.len() > 1 {
+            let captures = chosen.captures.as_deref().unwrap_or("off");
+            let others: Vec<String> = live
+                .iter()
+                .filter(|r| r.pid != chosen.pid)
+                .map(|r| format!("pid {} on {}", r.pid, r.listen))
+                .collect();
+            // On stderr: stdout may be JSON or a shell script (`env`).
+            #[allow(clippy::print_stderr)]
+            {
+                eprintln!(
+                    "promptgate: {} instances live; using pid {} on {} (captures: {captures}), {why}; \
+                     also live: {} (--listen / --captures choose)",
+                    live.len(),
+                    chosen.pid,
+                    chosen.listen,
+                    others.join(", ")
+                );
+            }
+        }
+        Some(chosen)
+    }
+
+    /// Every live serve's runtime file, newest first.
+    pub fn all() -> Vec<Running> {
+        let Ok(entries) = std::fs::read_dir(runtime_dir()) else {
+            return Vec::new();
+        };
+        let mut live: Vec<Running> = entries
             .filter_map(Result::ok)
             .filter(|e| e.file_name().to_string_lossy().starts_with("serve-"))
             .filter_map(|e| serde_json::from_slice::<Running>(&std::fs::read(e.path()).ok()?).ok())
             .filter(|r| alive(r.pid))
-            .max_by_key(|r| r.started_ms)
+            .collect();
+        live.sort_by_key(|r| std::cmp::Reverse(r.started_ms));
+        live
     }
+
+    /// The live serve listening on `addr` (its proxy or its admin port), if any.
+    pub fn holding(addr: std::net::SocketAddr) -> Option<Running> {
+        let same = |a: std::net::SocketAddr| {
+            a.port() == addr.port()
+                && (a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified())
+        };
+        Running::all()
+            .into_iter()
+            .find(|r| same(r.listen) || r.admin.is_some_and(same))
+    }
+
+    /// The address clients dial: the listen address, a wildcard made loopback.
+    fn client_address(&self) -> std::net::SocketAddr {
+        if self.listen.ip().is_unspecified() {
+            std::net::SocketAddr::from(([127, 0, 0, 1], self.listen.port()))
+        } else {
+            self.listen
+        }
+    }
+}
+
+/// The addresses this shell points clients at: ANTHROPIC_BASE_URL, OPENAI_BASE_URL
+/// and HTTPS_PROXY (`localhost` read as 127.0.0.1).
+fn named_addresses() -> Vec<std::net::SocketAddr> {
+    [
+        "ANTHROPIC_BASE_URL",
+        "HTTPS_PROXY",
+        "https_proxy",
+        "OPENAI_BASE_URL",
+    ]
+    .iter()
+    .filter_map(|name| std::env::var(name).ok())
+    .filter_map(|url| url_address(&url))
+    .collect()
+}
+
+/// The IP address and port an `http://` URL names, if it names one.
+fn url_address(url: &str) -> Option<std::net::SocketAddr> {
+    let uri: http::Uri = url.parse().ok()?;
+    let authority = uri.authority()?;
+    let port = authority.port_u16().unwrap_or(80);
+    let host = match authority.host() {
+        "localhost" => "127.0.0.1",
+        h => h.trim_start_matches('[').trim_end_matches(']'),
+    };
+    Some(std::net::SocketAddr::new(host.parse().ok()?, port))
 }
 
 impl Drop for RuntimeFile {

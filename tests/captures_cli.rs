@@ -697,3 +697,115 @@ async fn anatomy_names_each_part_of_a_claude_code_prompt() {
     let bad = captures::cli(dir, &["anatomy", "nonexistent-id"]);
     assert_ne!(bad.code, 0, "{}", bad.stderr);
 }
+
+/// `cmd` beside the proxies sharing `runtime`, with the client variables cleared and
+/// `env` set: (exit code, stdout, stderr).
+fn run_among(
+    runtime: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"));
+    command
+        .args(args)
+        .env("PROMPTGATE_RUNTIME_DIR", runtime)
+        .env("PROMPTGATE_HOME", runtime.join("home"));
+    for var in support::sdk::CLIENT_VARS {
+        command.env_remove(var);
+    }
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// Two live instances: the verbs say which one (and which store) they read, prefer
+/// the one ANTHROPIC_BASE_URL or HTTPS_PROXY names over the newest, `doctor` passes
+/// for the named one, and a third on a taken port names the promptgate holding it.
+#[tokio::test(flavor = "multi_thread")]
+async fn several_instances_the_cli_says_which_and_prefers_the_named_one() {
+    let fake = FakeProvider::start(support::fake_provider::like_providers).await;
+    let runtime = support::TempDir::new("shared-runtime");
+    let shared = runtime.path().to_str().unwrap();
+    let older = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url()],
+        &[("PROMPTGATE_RUNTIME_DIR", shared)],
+    );
+    // Runtime files order by start time in ms.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let newer = Proxy::start_with_env(
+        &["--upstream-anthropic", &fake.url()],
+        &[("PROMPTGATE_RUNTIME_DIR", shared)],
+    );
+    let r = client::post(
+        older.addr,
+        "/v1/messages",
+        br#"{"model":"m","messages":[]}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    captures::wait_records(&older.captures, 1, WAIT).await;
+
+    let (code, out, err) = run_among(runtime.path(), &["captures", "list"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!(
+            "2 instances live; using pid {} on {} (captures: {}), the newest",
+            newer.pid(),
+            newer.addr,
+            newer.captures.display()
+        )),
+        "{err}"
+    );
+    assert!(out.ends_with("0 exchange(s)\n"), "{out}");
+
+    let base = older.url();
+    let (code, out, err) = run_among(
+        runtime.path(),
+        &["captures", "list"],
+        &[("ANTHROPIC_BASE_URL", &base)],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains(&format!("using pid {} on {}", older.pid(), older.addr))
+            && err.contains("ANTHROPIC_BASE_URL / HTTPS_PROXY names"),
+        "{err}"
+    );
+    assert!(out.ends_with("1 exchange(s)\n"), "{out}");
+
+    let (_, out, err) = run_among(
+        runtime.path(),
+        &["doctor", "--offline"],
+        &[("ANTHROPIC_BASE_URL", &base)],
+    );
+    assert!(
+        out.contains(&format!(
+            "ok    environment: reverse mode: ANTHROPIC_BASE_URL={base}"
+        )),
+        "{out}{err}"
+    );
+    let (_, out, _) = run_among(runtime.path(), &["env"], &[("HTTPS_PROXY", &base)]);
+    assert!(
+        out.contains(&format!("ANTHROPIC_BASE_URL=\"http://{}\"", older.addr))
+            || out.contains(&format!("ANTHROPIC_BASE_URL=http://{}", older.addr))
+            || out.contains(&format!("ANTHROPIC_BASE_URL='http://{}'", older.addr)),
+        "{out}"
+    );
+
+    let listen = older.addr.to_string();
+    let (code, _, err) = run_among(
+        runtime.path(),
+        &["serve", "--listen", &listen, "--admin", "off"],
+        &[],
+    );
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains(&format!("promptgate pid {} holds it", older.pid())),
+        "{err}"
+    );
+}

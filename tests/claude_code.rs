@@ -770,3 +770,41 @@ async fn dead_upstream() {
     assert!(exited.is_some(), "claude -p still retrying after {limit:?}");
     assert_eq!(attempts, 1, "sent once");
 }
+
+#[test]
+fn claude_code_with_a_v1_base_url_is_told_the_right_one() {
+    isolated(
+        "claude_code_with_a_v1_base_url_is_told_the_right_one",
+        v1_base_url,
+    );
+}
+
+/// `ANTHROPIC_BASE_URL=http://HOST/v1` (the common slip): Claude Code prints
+/// promptgate's 404, which names the base URL to set, and nothing reaches the provider.
+async fn v1_base_url() {
+    let fake = FakeProvider::start(answer).await;
+    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let output = run_claude(
+        &work,
+        &home,
+        vec![("ANTHROPIC_BASE_URL", format!("{}/v1", proxy.url()))],
+    )
+    .await;
+    let result = serde_json::from_slice::<Value>(&output.stdout)
+        .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    eprintln!("claude -p exited {}; it printed {result:?}", output.status);
+    assert!(!output.status.success());
+    assert!(
+        result.contains(&format!("set ANTHROPIC_BASE_URL to {}", proxy.url())),
+        "{result}"
+    );
+    assert!(messages_calls(&fake).is_empty(), "nothing was forwarded");
+    let answered = proxy
+        .exchanges()
+        .into_iter()
+        .filter(|l| l["status"] == 451)
+        .count();
+    assert_eq!(answered, 1, "sent once");
+}

@@ -628,10 +628,11 @@ async fn the_start_line_warns_of_an_upstream_that_does_not_answer() {
     );
 }
 
-/// A base URL ending in `/v1` doubles the prefix: a 404 in the provider's shape that
-/// names the base URL to set, never forwarded, said once in the log.
+/// A base URL ending in `/v1` doubles the prefix: an error in the provider's shape
+/// that names the base URL to set (451, the status Claude Code prints rather than
+/// blaming the model as it does a 404), never forwarded, said once in the log.
 #[tokio::test]
-async fn a_doubled_v1_prefix_gets_a_404_naming_the_base_url() {
+async fn a_doubled_v1_prefix_gets_an_error_naming_the_base_url() {
     let fake =
         FakeProvider::start(|_| Action::Respond(Reply::json(200, &serde_json::json!({})))).await;
     let proxy = Proxy::start(&[
@@ -643,10 +644,10 @@ async fn a_doubled_v1_prefix_gets_a_404_naming_the_base_url() {
     let body = br#"{"model":"claude-opus-5-5","messages":[]}"#;
     for _ in 0..2 {
         let r = client::post(proxy.addr, "/v1/v1/messages?beta=true", body).await;
-        assert_eq!(r.status, 404, "{}", r.text());
+        assert_eq!(r.status, 451, "{}", r.text());
+        assert_eq!(r.header("x-should-retry"), Some("false"));
         let e = r.json();
         assert_eq!(e["type"], "error", "Anthropic's shape: {e}");
-        assert_eq!(e["error"]["type"], "not_found_error");
         let message = e["error"]["message"].as_str().unwrap();
         assert!(
             message.contains(&format!("set ANTHROPIC_BASE_URL to {}", proxy.url())),
@@ -655,9 +656,9 @@ async fn a_doubled_v1_prefix_gets_a_404_naming_the_base_url() {
         assert!(!message.contains("beta=true"), "{message}");
     }
     let r = client::post(proxy.addr, "/openai/v1/v1/chat/completions", b"{}").await;
-    assert_eq!(r.status, 404);
+    assert_eq!(r.status, 451);
     let e = r.json();
-    assert_eq!(e["error"]["code"], "not_found", "OpenAI's shape: {e}");
+    assert_eq!(e["error"]["code"], "wrong_base_url", "OpenAI's shape: {e}");
     assert!(
         e["error"]["message"]
             .as_str()

@@ -1420,3 +1420,68 @@ async fn tls_to_postgres_is_verified_as_sslmode_asks() {
         missing.stderr
     );
 }
+
+/// A login PostgreSQL refuses (no password, a wrong one) stops `serve` at start with
+/// exit 2 and a hint naming PGPASSWORD, instead of spooling for a store that will
+/// never take the records; the password tried is in no message.
+#[test]
+fn serve_refuses_to_start_when_postgres_refuses_the_login() {
+    let Some(pg) = postgres() else { return };
+    pg.create_db("locked");
+    let canary = "s3cret-canary-5a4b3c";
+    pg.execute(
+        "postgres",
+        &format!(
+            "CREATE ROLE locked LOGIN PASSWORD '{canary}'; ALTER DATABASE locked OWNER TO locked"
+        ),
+    );
+    pg.require_password_for("locked");
+    let url = format!("postgres://locked@127.0.0.1:{}/locked", pg.port);
+    let serve = |env: &[(&str, &str)]| {
+        let runtime = TempDir::new("runtime");
+        let home = TempDir::new("spool-home");
+        let out = Command::new(env!("CARGO_BIN_EXE_promptgate"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"])
+            .args(["--captures", &url])
+            .env("PROMPTGATE_RUNTIME_DIR", runtime.path())
+            .env("HOME", home.path())
+            .env("XDG_DATA_HOME", home.path())
+            .env_remove("PGPASSWORD")
+            .env_remove("PGPASSFILE")
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let pid = out.id();
+        let deadline = Instant::now() + WAIT;
+        let mut child = out;
+        while child.try_wait().unwrap().is_none() {
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let out = child.wait_with_output().unwrap();
+                panic!(
+                    "serve (pid {pid}) started instead of refusing: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    for env in [&[][..], &[("PGPASSWORD", "wrong-password-1x2y")][..]] {
+        let (code, stderr) = serve(env);
+        assert_eq!(code, Some(2), "{env:?}: {stderr}");
+        assert!(
+            stderr.contains("PostgreSQL refused the login") && stderr.contains("PGPASSWORD"),
+            "{env:?}: {stderr}"
+        );
+        assert!(!stderr.contains("spool"), "{stderr}");
+        assert!(!stderr.contains("wrong-password-1x2y") && !stderr.contains(canary));
+    }
+}

@@ -1112,3 +1112,37 @@ async fn captures_show_defaults_to_the_body_as_sent() {
     let before_diff = received.split("what the rules changed").next().unwrap();
     assert!(!before_diff.contains(preamble), "{received}");
 }
+
+/// Tool rules on Claude Code's deferred tools (WebFetch, WebSearch behind ToolSearch)
+/// can never act on them: they load with a warning that says why and what works, at
+/// the value's `file:line:col`; rules on ordinary tools load quietly.
+#[test]
+fn tool_rules_on_deferred_tools_are_warned_about() {
+    let dir = rules_dir(&[(
+        "10-web.toml",
+        "[[rule]]\nname = \"no-web\"\non = \"before_provider_request\"\n\
+         when = { tool = \"Web*\" }\n\
+         actions = [ { tools.remove = [\"WebFetch\", \"Bash\"] } ]\n\
+         [[rule]]\nname = \"only\"\non = \"before_provider_request\"\n\
+         actions = [ { tools.allow = [\"Read\", \"Edit\"] } ]\n\
+         [[rule]]\nname = \"quiet\"\non = \"before_provider_request\"\n\
+         when = { tool = \"Bash\" }\nactions = [ { tools.remove = \"Bash\" } ]\n",
+    )]);
+    let text = checked_with_warnings(dir.path());
+    assert!(
+        text.contains("10-web.toml:4:17: `tool` never sees WebFetch, WebSearch: Claude Code defers them behind ToolSearch"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "10-web.toml:5:30: tools.remove never removes WebFetch: Claude Code defers it "
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("tools.allow cannot keep out WebFetch, WebSearch: ")
+            && text.contains("permissions.deny"),
+        "{text}"
+    );
+    assert_eq!(text.matches("warning").count(), 3, "{text}");
+}

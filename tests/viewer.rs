@@ -1237,16 +1237,26 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
     let mut second = shapes::claude_code_body(1, shapes::CC_SESSION);
     second["system"][0]["text"] =
         json!("x-anthropic-billing-header: cc_version=2.1.332.2d0; cc_entrypoint=sdk-cli;");
+    // The other conversation's first prompt carries a secret: its preview is redacted.
+    let other_session = "0b3f7e61-2c4d-4a8e-9f1a-6d5c4b3a2e10";
+    let mut third = shapes::claude_code_body(0, other_session);
+    third["messages"][0]["content"][3]["text"] = json!(format!("Use the key {CANARY} to say hi"));
     let bodies = [
         shapes::claude_code_body(0, shapes::CC_SESSION),
         second,
-        shapes::claude_code_body(0, "0b3f7e61-2c4d-4a8e-9f1a-6d5c4b3a2e10"),
+        third,
     ];
-    for body in &bodies {
-        let r = client::send(proxy.addr, &stream_request(&proxy, body)).await;
+    for (i, body) in bodies.iter().enumerate() {
+        let mut request = stream_request(&proxy, body);
+        if i == 2 {
+            let text = String::from_utf8(request).unwrap();
+            request = text.replace(shapes::CC_SESSION, other_session).into_bytes();
+        }
+        let r = client::send(proxy.addr, &request).await;
         assert_eq!(r.status, 200);
     }
     let records = captures::wait_records(&proxy.captures, 3, WAIT).await;
+    assert_ne!(records[2]["conversation"], records[0]["conversation"]);
     let id = |i: usize| records[i]["id"].as_str().unwrap().to_owned();
     let (first, second, other) = (id(0), id(1), id(2));
     assert_eq!(
@@ -1366,6 +1376,43 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
         )
         .await;
     assert_eq!(breaks, json!(1), "removed messages break the prefix");
+
+    // The conversations list: tokens, hit rate, input dollars and the first prompt.
+    browser
+        .eval("location.hash = '#/conversations'; return true", vec![])
+        .await;
+    let rows = browser
+        .wait_for(
+            "the conversations list",
+            "document.querySelectorAll('#conversation-list tr[data-conversation]').length === 2 && [...document.querySelectorAll('#conversation-list tr[data-conversation]')].map(r => [r.querySelector('.preview').textContent, r.querySelector('.tokens').textContent, r.querySelector('.hit').textContent, r.querySelector('.cost').textContent])",
+            WAIT,
+        )
+        .await;
+    let rows = rows.as_array().unwrap();
+    let cc = rows
+        .iter()
+        .find(|r| r[0] == "Say hello and list the files — «vite».")
+        .unwrap_or_else(|| panic!("the first user prompt, reminders skipped: {rows:?}"));
+    assert!(cc[1].as_str().unwrap().ends_with('k'), "tokens: {cc}");
+    assert!(
+        cc[2].as_str().unwrap().ends_with('%') && cc[2] != "0%",
+        "hit rate: {cc}"
+    );
+    assert!(
+        cc[3].as_str().unwrap().starts_with('$'),
+        "input dollars: {cc}"
+    );
+    let redacted = rows
+        .iter()
+        .find(|r| r[0].as_str().unwrap().starts_with("Use the key "))
+        .unwrap_or_else(|| panic!("{rows:?}"));
+    assert!(
+        !redacted[0].as_str().unwrap().contains(CANARY)
+            && redacted[0].as_str().unwrap().contains("REDACTED"),
+        "{redacted}"
+    );
+    let page_text = browser.eval("return document.body.innerText", vec![]).await;
+    assert!(!page_text.as_str().unwrap().contains(CANARY));
 
     // Every reload error, not only the first.
     browser

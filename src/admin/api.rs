@@ -117,7 +117,9 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             json_bytes(&json!({"a": a.id, "b": b.id, "entries": entries, "breaks_prefix": breaks}))
         }
         ["api", "conversations"] => {
-            let rows = store.conversations(&filter(query)?).map_err(store_error)?;
+            let f = filter(query)?;
+            let rows = store.conversations(&f).map_err(store_error)?;
+            let rows = conversation_rows(&store, &f, rows, &state.cache_ignore)?;
             json_bytes(&json!({"conversations": rows}))
         }
         ["api", "cache", "report"] => {
@@ -235,6 +237,74 @@ pub(super) fn rules(state: &AdminState) -> Value {
         "last_reload": state.rules.last_reload(),
         "rules": rules,
     })
+}
+
+/// The conversations list's rows with what the cache report knows of each: its hit
+/// rate and input dollars, and a preview of its first user prompt (from the stored
+/// body, redacted like everything the store holds).
+fn conversation_rows(
+    store: &Store,
+    f: &Filter,
+    rows: Vec<crate::capture::store::ConversationRow>,
+    ignore: &[crate::cache::segment::IgnoreRule],
+) -> Result<Vec<Value>, (StatusCode, String)> {
+    let scope = Filter {
+        since_ms: f.since_ms,
+        until_ms: f.until_ms,
+        ..Filter::default()
+    };
+    let report = crate::capture::cache_report::build(store, &scope, ignore).map_err(store_error)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let mut v = serde_json::to_value(&row)
+            .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let key = row.conversation.as_deref().unwrap_or("-");
+        if let Some(c) = report.conversations.iter().find(|c| c.conversation == key) {
+            v["hit_rate"] = json!(c.summary.hit_rate);
+            v["input_usd"] = if c.summary.priced {
+                json!(c.summary.input_usd)
+            } else {
+                Value::Null
+            };
+            let first = c.timeline.first().and_then(|e| store.load(&e.id).ok());
+            if let Some(record) = first {
+                v["first_prompt"] = json!(first_user_prompt(&record.sent().bytes));
+            }
+        }
+        out.push(v);
+    }
+    Ok(out)
+}
+
+/// The start of the first user text of a request (Anthropic or OpenAI messages,
+/// Responses input), Claude Code's `<system-reminder>` blocks skipped.
+fn first_user_prompt(body: &[u8]) -> Option<String> {
+    const CHARS: usize = 140;
+    let root: Value = serde_json::from_slice(body).ok()?;
+    let items = root
+        .get("messages")
+        .or_else(|| root.get("input"))
+        .and_then(Value::as_array)?;
+    let texts = items
+        .iter()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("user"))
+        .flat_map(|m| match m.get("content") {
+            Some(Value::String(s)) => vec![s.as_str()],
+            Some(Value::Array(blocks)) => blocks
+                .iter()
+                .filter_map(|b| b.get("text").and_then(Value::as_str))
+                .collect(),
+            _ => Vec::new(),
+        });
+    let text = texts
+        .map(str::trim)
+        .find(|t| !t.is_empty() && !t.starts_with("<system-reminder>"))?;
+    let flat = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let mut preview: String = flat.chars().take(CHARS).collect();
+    if preview.len() < flat.len() {
+        preview.push('…');
+    }
+    Some(preview)
 }
 
 /// Where the cached prefix breaks between two requests, in cache order: the first

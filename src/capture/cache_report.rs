@@ -105,6 +105,8 @@ pub struct Summary {
     pub read_usd: f64,
     pub saved_usd: f64,
     pub lost_usd: f64,
+    /// Spent on the whole input (uncached, writes and reads) of the priced exchanges.
+    pub input_usd: f64,
     /// Lost to each reason, most dollars (then tokens) first.
     pub lost: Vec<Loss>,
     /// Requests whose unit view was compared with their baseline's.
@@ -374,6 +376,7 @@ fn add(summary: &mut Summary, e: &Entry) {
         summary.read_usd += c.read_usd;
         summary.saved_usd += c.saved_usd;
         summary.lost_usd += c.lost_usd;
+        summary.input_usd += c.input_usd;
     }
     let Some(reason) = &e.reason else {
         return;

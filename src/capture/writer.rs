@@ -284,7 +284,10 @@ impl Writer {
                 if let Some(spool) = self.spool.as_mut() {
                     spool.tried(DRAIN_RETRY);
                 }
-                if matches!(error, StoreError::Unreachable(_) | StoreError::Tls(_)) {
+                if matches!(
+                    error,
+                    StoreError::Unreachable(_) | StoreError::Tls(_) | StoreError::Login(_)
+                ) {
                     self.store.away = true;
                 } else {
                     tracing::warn!("capture spool could not drain: {error}");
@@ -294,7 +297,8 @@ impl Writer {
             // is a store away too: the records wait for it to be fixed.
             Done::NotInserted {
                 records,
-                error: StoreError::Unreachable(why) | StoreError::Tls(why),
+                // A password changed while it runs: the records wait for it too.
+                error: StoreError::Unreachable(why) | StoreError::Tls(why) | StoreError::Login(why),
                 ..
             } if self.spool.is_some() => {
                 if !std::mem::replace(&mut self.store.away, true) {

@@ -280,11 +280,14 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
-            .with_context(|| format!("listening on {}", config.listen))?;
+            .with_context(|| format!("listening on {}{}", config.listen, held_by(config.listen)))?;
         // Bound before the start line, so a taken admin port stops promptgate before it says it runs.
         let admin = match config.admin {
             Some(addr) => Some(tokio::net::TcpListener::bind(addr).await.with_context(|| {
-                format!("admin API on {addr} (use --admin ADDR or --admin off)")
+                format!(
+                    "admin API on {addr}{} (use --admin ADDR or --admin off)",
+                    held_by(addr)
+                )
             })?),
             None => None,
         };
@@ -317,4 +320,18 @@ fn shutdown_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
             _ = terminate.recv() => {},
         }
     })
+}
+
+/// For an address that is taken: the promptgate holding it, when one is, so that
+/// "address in use" names what to stop (or which instance is already running).
+fn held_by(addr: std::net::SocketAddr) -> String {
+    match crate::runtime::Running::holding(addr) {
+        Some(r) => format!(
+            " (promptgate pid {} holds it: listening on {}, captures {}; stop it or choose another --listen)",
+            r.pid,
+            r.listen,
+            r.captures.as_deref().unwrap_or("off")
+        ),
+        None => String::new(),
+    }
 }

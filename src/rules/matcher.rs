@@ -547,7 +547,13 @@ fn compile_one(
         "host" => one(Matcher::Host(cx.globs(v, "host")?.0)),
         "path" => one(Matcher::Path(cx.globs(v, "path")?.0)),
         "model" => one(Matcher::Model(cx.globs(v, "model")?.0)),
-        "tool" => one(Matcher::Tool(cx.globs(v, "tool")?.0)),
+        "tool" => {
+            let globs = cx.globs(v, "tool")?.0;
+            if let Some(warning) = super::deferred::tool_matcher_warning(&globs) {
+                cx.warn(v.span(), warning);
+            }
+            one(Matcher::Tool(globs))
+        }
         "tool_name" => one(Matcher::ToolName(cx.globs(v, "tool_name")?.0)),
         "event" | "block_type" | "tag" => {
             let names: Vec<String> = cx.strings(v, key)?.into_iter().map(|(t, _)| t).collect();

@@ -8,6 +8,7 @@
 
 pub(crate) mod action;
 mod body;
+mod deferred;
 pub mod hook;
 mod limits;
 mod load;

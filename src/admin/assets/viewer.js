@@ -708,11 +708,17 @@ async function showConversations() {
   const page = el("div", { class: "page", id: "conversations" });
   setMain(page);
   const { conversations } = await api("/api/conversations");
-  const table = el("table", { class: "turns" }, el("tr", {}, ["conversation", "requests", "first", "last", "models"].map((h) => el("th", { text: h }))));
+  const table = el("table", { class: "turns", id: "conversation-list" }, el("tr", {}, ["conversation", "first prompt", "requests", "tokens in", "out", "hit", "input $", "first", "last", "models"].map((h) => el("th", { text: h }))));
   for (const c of conversations.slice().reverse()) {
-    table.append(el("tr", {},
+    const prompt = c.input_tokens + c.cache_read_tokens + c.cache_write_tokens;
+    table.append(el("tr", { "data-conversation": c.conversation || "" },
       el("td", {}, c.conversation ? el("a", { href: `#/c/${encodeURIComponent(c.conversation)}`, class: "mono", text: c.conversation }) : "—"),
+      el("td", { class: "preview", text: c.first_prompt || "" }),
       el("td", { class: "num", text: c.requests }),
+      el("td", { class: "num tokens", text: fmtNum(prompt) }),
+      el("td", { class: "num", text: fmtNum(c.output_tokens) }),
+      el("td", { class: "num hit", text: c.hit_rate === undefined ? "—" : `${Math.round(c.hit_rate * 100)}%` }),
+      el("td", { class: "num cost", text: fmtUsd(c.input_usd) }),
       el("td", { text: c.first_ms ? fmtTime(c.first_ms) : "" }),
       el("td", { text: c.last_ms ? fmtTime(c.last_ms) : "" }),
       el("td", { text: (c.models || []).join(", ") })));

@@ -157,6 +157,12 @@ pub enum StoreError {
     Rejected(String),
     #[error("cannot reach PostgreSQL at {0}")]
     Unreachable(String),
+    /// PostgreSQL refused the login (no password, a wrong one): at start this stops
+    /// `serve` rather than spooling for a store that will never take the records.
+    #[error(
+        "PostgreSQL refused the login at {0}: set PGPASSWORD (or a passfile: PGPASSFILE, ~/.pgpass); the store URL must not carry the password"
+    )]
+    Login(String),
     #[error("TLS to PostgreSQL: {0}")]
     Tls(String),
     #[error("the capture spool at {0} is full ({1} bytes; capture.spool_max_size)")]

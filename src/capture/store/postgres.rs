@@ -238,6 +238,7 @@ fn connect(url: &str, within: Option<Duration>) -> Result<Client, StoreError> {
             .map_err(|_| unreachable(&"no answer to the connection's start"))?
             .map_err(|e| match tls_failure(&e) {
                 Some(why) => StoreError::Tls(format!("{url}: {why}")),
+                None if login_refused(&e) => StoreError::Login(format!("{url} ({})", describe(&e))),
                 None => unreachable(&describe(&e)),
             })?;
         Ok(Client {
@@ -277,6 +278,15 @@ type PgConnection = tokio_postgres::Connection<
 
 /// Why the connection's TLS failed (a certificate not trusted, a server that
 /// offers no TLS when it must), when that is what failed.
+/// Whether the server refused the login (28000, 28P01) or asked for a password
+/// there was none of (tokio-postgres says so only in its text).
+fn login_refused(e: &tokio_postgres::Error) -> bool {
+    use tokio_postgres::error::SqlState;
+    e.code().is_some_and(|c| {
+        *c == SqlState::INVALID_PASSWORD || *c == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
+    }) || describe(e).contains("password missing")
+}
+
 fn tls_failure(e: &tokio_postgres::Error) -> Option<String> {
     // tokio-postgres says so only in its text: its error kinds are private.
     let text = e.to_string();

@@ -71,6 +71,9 @@ fn compile(cx: &mut Cx<'_>, v: &Val<'_>, keep_matches: bool) -> Option<Box<dyn A
         "tools.remove"
     };
     let (globs, _) = cx.globs(v, what)?;
+    if let Some(warning) = crate::rules::deferred::tools_edit_warning(&globs, keep_matches) {
+        cx.warn(v.span(), warning);
+    }
     Some(Box::new(Tools {
         globs,
         keep_matches,
