@@ -121,6 +121,21 @@ struct RuleLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    /// `rules`, or a hook's name from the loaded set.
+    policy: Arc<str>,
+    phase: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct DecisionLabels {
+    policy: Arc<str>,
+    phase: &'static str,
+    /// `continue`, `changed`, `respond`, `skipped` or `error`.
+    decision: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BlockLabels {
     rule: Arc<str>,
 }
@@ -142,6 +157,8 @@ pub struct Metrics {
     overhead: Histogram,
     request_bytes: Histogram,
     rule_fires: Family<RuleLabels, Counter>,
+    policy_seconds: Family<PolicyLabels, Histogram, fn() -> Histogram>,
+    policy_decisions: Family<DecisionLabels, Counter>,
     blocks: Family<BlockLabels, Counter>,
     stalls: Counter,
     names: Mutex<Names>,
@@ -188,6 +205,11 @@ impl Names {
     }
 }
 
+/// A policy's turn: 10 µs (a rule) to the hooks' 1 s default timeout and past it.
+const POLICY_BUCKETS: [f64; 12] = [
+    0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0,
+];
+
 fn histogram(buckets: &[f64]) -> Histogram {
     Histogram::new(buckets.iter().copied())
 }
@@ -226,6 +248,8 @@ impl Metrics {
                 prometheus_client::metrics::histogram::exponential_buckets(256.0, 4.0, 10),
             ),
             rule_fires: Family::default(),
+            policy_seconds: Family::new_with_constructor(|| histogram(&POLICY_BUCKETS)),
+            policy_decisions: Family::default(),
             blocks: Family::default(),
             stalls: Counter::default(),
             names: Mutex::new(Names {
@@ -264,6 +288,16 @@ impl Metrics {
             "promptgate_cache_verdicts",
             "Cache analysis verdicts",
             m.verdicts.clone(),
+        );
+        r.register(
+            "promptgate_policy_seconds",
+            "Each policy's turn at a phase (the rules as one, each hook by name)",
+            m.policy_seconds.clone(),
+        );
+        r.register(
+            "promptgate_policy_decisions",
+            "Each policy's decisions by phase: continue, changed, respond, skipped or error",
+            m.policy_decisions.clone(),
         );
         r.register(
             "promptgate_cache_provider_diagnoses",
@@ -440,6 +474,32 @@ impl Metrics {
                     .get_or_create(&RuleLabels {
                         rule: rule_name,
                         phase: rule.phase.name(),
+                    })
+                    .inc();
+            }
+        }
+        if !record.policy_runs.is_empty() {
+            let set = self.rules.snapshot();
+            for run in &record.policy_runs {
+                // Hook names come from the loaded set: a client cannot add labels.
+                let known =
+                    run.policy == "rules" || set.hooks().iter().any(|h| h.name == run.policy);
+                if !known {
+                    continue;
+                }
+                let policy = names.rule(&run.policy);
+                let phase = run.phase.name();
+                self.policy_seconds
+                    .get_or_create(&PolicyLabels {
+                        policy: policy.clone(),
+                        phase,
+                    })
+                    .observe(run.took_us as f64 / 1e6);
+                self.policy_decisions
+                    .get_or_create(&DecisionLabels {
+                        policy,
+                        phase,
+                        decision: decision_kind(&run.decision),
                     })
                     .inc();
             }
@@ -802,6 +862,18 @@ pub fn content_type(openmetrics: bool) -> &'static str {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     } else {
         prometheus_client::encoding::prometheus_text::CONTENT_TYPE
+    }
+}
+
+/// The kind of a policy turn's decision; a hook's error text (`error: timeout after
+/// 1000 ms (allowed)`) counts as `error`.
+fn decision_kind(decision: &str) -> &'static str {
+    match decision {
+        "continue" => "continue",
+        "changed" => "changed",
+        "respond" => "respond",
+        "skipped" => "skipped",
+        _ => "error",
     }
 }
 

@@ -296,6 +296,35 @@ async fn command_failures_follow_on_error_and_are_on_the_record() {
         proxy.log().contains("hook failed"),
         "each failure is logged"
     );
+    // Counted in /metrics: each hook's turns by decision, and their time.
+    let admin = proxy.admin_addr();
+    let headers = [("Host", admin.to_string())];
+    let metrics = client::send(
+        admin,
+        &client::request_bytes("GET", "/metrics", &headers, b""),
+    )
+    .await
+    .text();
+    for (hook, decision) in [
+        ("slow-allow", "error"),
+        ("slow-block", "error"),
+        ("garbage", "error"),
+        ("exit1", "error"),
+    ] {
+        let series = format!(
+            "promptgate_policy_decisions_total{{policy=\"{hook}\",phase=\"before_provider_request\",decision=\"{decision}\"}} "
+        );
+        assert!(
+            metrics.lines().any(|l| l.starts_with(&series)),
+            "{series} in\n{metrics}"
+        );
+    }
+    let timed =
+        "promptgate_policy_seconds_count{policy=\"slow-allow\",phase=\"before_provider_request\"} ";
+    assert!(
+        metrics.lines().any(|l| l.starts_with(timed)),
+        "{timed} in\n{metrics}"
+    );
 }
 
 #[tokio::test]
