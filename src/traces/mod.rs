@@ -397,16 +397,27 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
             attributes.push(text(GEN_AI_OUTPUT_MESSAGES, redact(&output)));
         }
     }
-    let events = record
-        .timing
-        .first_byte
-        .map(|d| span::Event {
-            time_unix_nano: at(d),
-            name: EVENT_FIRST_BYTE.into(),
+    // Each policy's turn, in order, at the request's start (before the upstream call).
+    let mut events: Vec<span::Event> = record
+        .policy_runs
+        .iter()
+        .map(|run| span::Event {
+            time_unix_nano: start,
+            name: EVENT_POLICY.into(),
+            attributes: vec![
+                text(PROMPTGATE_POLICY, bounded(&run.policy, NAME_MAX)),
+                text(PROMPTGATE_POLICY_PHASE, run.phase.name()),
+                text(PROMPTGATE_POLICY_DECISION, bounded(&run.decision, TEXT_MAX)),
+                int(PROMPTGATE_POLICY_MICROS, run.took_us),
+            ],
             ..Default::default()
         })
-        .into_iter()
         .collect();
+    events.extend(record.timing.first_byte.map(|d| span::Event {
+        time_unix_nano: at(d),
+        name: EVENT_FIRST_BYTE.into(),
+        ..Default::default()
+    }));
     let status = Status {
         code: if failed {
             status::StatusCode::Error as i32
@@ -590,6 +601,57 @@ fn output_messages(record: &ExchangeRecord) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_policy_turn_is_an_event_with_its_decision_redacted() {
+        let mut record = ExchangeRecord::begin(
+            crate::id::ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages".into(),
+        );
+        record.policy_runs.push(crate::policy::PolicyRun {
+            policy: "entitlement".into(),
+            phase: crate::policy::Phase::BeforeProviderRequest,
+            decision: "error: the answer said sk-ant-api03-SPANSECRET0123456789 (allowed)".into(),
+            took_us: 1234,
+        });
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let keys = KeySource::default();
+        let cx = SpanContext {
+            redactor: &redactor,
+            conversation: &keys,
+            content: false,
+        };
+        let span = span_of(&record, &cx);
+        let event = span
+            .events
+            .iter()
+            .find(|e| e.name == EVENT_POLICY)
+            .expect("the policy's turn is an event");
+        let value = |key: &str| {
+            event
+                .attributes
+                .iter()
+                .find(|a| a.key == key)
+                .and_then(|a| a.value.clone())
+                .and_then(|v| v.value)
+        };
+        assert_eq!(
+            value(PROMPTGATE_POLICY),
+            Some(any_value::Value::StringValue("entitlement".into()))
+        );
+        assert_eq!(
+            value(PROMPTGATE_POLICY_MICROS),
+            Some(any_value::Value::IntValue(1234))
+        );
+        let Some(any_value::Value::StringValue(decision)) = value(PROMPTGATE_POLICY_DECISION)
+        else {
+            panic!("a decision");
+        };
+        assert!(decision.starts_with("error: "), "{decision}");
+        assert!(!decision.contains("SPANSECRET"), "{decision}");
+    }
 
     #[test]
     fn a_traceparent_names_the_parent_and_a_bad_one_is_ignored() {

@@ -39,3 +39,9 @@ pub const PROMPTGATE_EXCHANGE_ID: &str = "promptgate.exchange.id";
 
 /// The event at the first response byte.
 pub const EVENT_FIRST_BYTE: &str = "gen_ai.first_byte";
+/// promptgate's own: one policy's turn at a phase (a hook, or the rules as one).
+pub const EVENT_POLICY: &str = "promptgate.policy";
+pub const PROMPTGATE_POLICY: &str = "promptgate.policy.name";
+pub const PROMPTGATE_POLICY_PHASE: &str = "promptgate.policy.phase";
+pub const PROMPTGATE_POLICY_DECISION: &str = "promptgate.policy.decision";
+pub const PROMPTGATE_POLICY_MICROS: &str = "promptgate.policy.duration_us";
