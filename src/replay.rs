@@ -11,6 +11,7 @@
 //! they did. Nothing is sent anywhere and the store is only read.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method};
@@ -206,7 +207,7 @@ fn predicted_usage(p: &Predicted, scale: f64) -> Usage {
 pub fn replay(
     store: &Store,
     filter: &Filter,
-    rules: &RuleSet,
+    rules: &Arc<RuleSet>,
     settings: &ReplaySettings,
 ) -> Result<Report, StoreError> {
     let mut rows = store.list(filter)?;
@@ -450,7 +451,7 @@ struct Outcome {
     blocked: Option<Blocked>,
 }
 
-fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcome {
+fn replay_one(record: &CaptureRecord, format: Format, rules: &Arc<RuleSet>) -> Outcome {
     let provider = format.provider();
     let api = record
         .api
@@ -470,7 +471,8 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &RuleSet) -> Outcom
     let body = record.request.body.bytes.clone();
     let model = provider::sniff(&body).model;
     let prompt = PromptCell::new(body.clone(), Some(format));
-    let result = rules.apply_request(RequestCtx {
+    // The hooks too, in load order: a hook can be tried over captured traffic.
+    let result = rules.apply_request_all(RequestCtx {
         provider,
         api,
         method: &method,

@@ -645,3 +645,23 @@ async fn the_example_hooks_run() {
         "blocked requests never reach the provider"
     );
 }
+
+#[tokio::test]
+async fn rules_test_runs_the_hooks_too() {
+    let dir = rules_dir(&command_hook("gate", "m-gated", "block", ""));
+    let request = dir.path().join("request.json");
+    std::fs::write(&request, body("m-gated")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["rules", "test", "--rules"])
+        .arg(dir.path())
+        .arg(&request)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("hook: gate (before_provider_request): respond in "),
+        "{text}"
+    );
+    assert!(text.contains("verdict: block 403"), "{text}");
+    assert!(text.contains("no entitlement to this model"), "{text}");
+}

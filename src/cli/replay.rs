@@ -55,14 +55,16 @@ pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     if !matches!(args.format.as_str(), "text" | "json") {
         bail!("--format {:?}: expected text or json", args.format);
     }
-    let rules = RuleSet::load_dir(&args.rules).map_err(|errors| {
-        let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
-        anyhow::anyhow!(
-            "the candidate rules in {} do not load:\n{}",
-            args.rules.display(),
-            lines.join("\n")
-        )
-    })?;
+    let rules = RuleSet::load_dir(&args.rules)
+        .map(std::sync::Arc::new)
+        .map_err(|errors| {
+            let lines: Vec<String> = errors.iter().map(ToString::to_string).collect();
+            anyhow::anyhow!(
+                "the candidate rules in {} do not load:\n{}",
+                args.rules.display(),
+                lines.join("\n")
+            )
+        })?;
     let (dir, config) = store_config(args.captures, args.config)?;
     let store =
         Store::open_read_only(&dir).with_context(|| format!("opening the capture store {dir}"))?;

@@ -256,7 +256,7 @@ fn read_headers(file: &Path) -> anyhow::Result<HeaderMap> {
 fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     let TestArgs { dir, body_out, .. } = *args;
     let set = match RuleSet::load_dir(dir) {
-        Ok(set) => set,
+        Ok(set) => std::sync::Arc::new(set),
         Err(errors) => {
             for e in &errors {
                 println!("{e}");
@@ -315,7 +315,8 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         plain.clone(),
         crate::prompt::Format::of_request(route.provider, route.api),
     );
-    let result = set.apply_request(RequestCtx {
+    // The hooks run too, for real: `rules test` shows what deploying the set does.
+    let result = set.apply_request_all(RequestCtx {
         provider: route.provider,
         api: route.api,
         method: &method,
@@ -342,6 +343,15 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             .find(|r| &r.name == name)
             .map_or("", |r| r.phase.name());
         println!("fired: {name} ({phase})");
+    }
+    for run in result.runs.iter().filter(|r| r.policy != "rules") {
+        println!(
+            "hook: {} ({}): {} in {} µs",
+            run.policy,
+            run.phase.name(),
+            run.decision,
+            run.took_us
+        );
     }
     for (rule, line) in &result.effects.logs {
         println!("log: [{rule}] {line}");
@@ -436,7 +446,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
                 response_headers: response,
                 tags,
             };
-            print_stream(Arc::new(set), cx, &sse);
+            print_stream(set, cx, &sse);
         }
     } else if args.response.is_some() {
         println!("stream: not run (the request was blocked)");

@@ -34,7 +34,7 @@ use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
 pub use crate::policy::{Block, Decision, Effects, Phase};
-use crate::policy::{Facts, Outgoing, Policy, ResponseHead, SharedReport};
+use crate::policy::{Facts, Outgoing, Policy, PolicyRun, ResponseHead, SharedReport};
 use crate::prompt::KeyCheck;
 use crate::prompt::PromptCell;
 use crate::provider::{Api, Provider};
@@ -133,6 +133,8 @@ pub struct RequestResult {
     pub keys: KeyCheck,
     /// The model as rules read it: the last `model` when the body repeats it.
     pub model: Option<String>,
+    /// Each policy's turn, when hooks ran too ([`RuleSet::apply_request_all`]).
+    pub runs: Vec<PolicyRun>,
 }
 
 /// The fixed facts of a request that every phase reads.
@@ -274,8 +276,60 @@ impl RuleSet {
 
     /// Runs before_provider_headers then before_provider_request on a request, as
     /// the exchange's driver runs them with the rules as the only policy (for
-    /// `rules test`, replay and tests).
+    /// tests of the rules alone).
     pub fn apply_request(&self, req: RequestCtx<'_>) -> RequestResult {
+        self.request_with(req, |facts, out, effects, _| {
+            let mut verdict = Decision::Continue;
+            for phase in [Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest] {
+                if !self.runs(phase) {
+                    continue;
+                }
+                verdict = match phase {
+                    Phase::BeforeProviderHeaders => {
+                        self.headers_phase(facts, out, effects, self.all(), true)
+                    }
+                    _ => self.request_phase(facts, out, effects, self.all()),
+                };
+                if verdict != Decision::Continue {
+                    break;
+                }
+            }
+            verdict
+        })
+    }
+
+    /// [`RuleSet::apply_request`] with the hooks too, every policy in load order as
+    /// the exchange runs them (for `rules test` and `replay`); each turn is in
+    /// [`RequestResult::runs`].
+    pub fn apply_request_all(self: &Arc<Self>, req: RequestCtx<'_>) -> RequestResult {
+        if self.hooks.is_empty() {
+            return self.apply_request(req);
+        }
+        self.start_hooks();
+        let policies = self.policies();
+        self.request_with(req, |facts, out, effects, runs| {
+            hook::block_on(async {
+                let mut verdict = Decision::Continue;
+                for phase in [Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest] {
+                    verdict = crate::policy::run_request_phase(
+                        &policies, phase, facts, out, effects, runs,
+                    )
+                    .await;
+                    if verdict != Decision::Continue {
+                        break;
+                    }
+                }
+                verdict
+            })
+        })
+    }
+
+    /// The request phases run by `run` on `req`, and what they left.
+    fn request_with(
+        &self,
+        req: RequestCtx<'_>,
+        run: impl FnOnce(&Facts<'_>, &mut Outgoing, &mut Effects, &mut Vec<PolicyRun>) -> Decision,
+    ) -> RequestResult {
         let encoded = crate::provider::content_coding(&req.headers).is_some();
         let model = req.model.map(str::to_owned);
         let facts = Facts {
@@ -296,21 +350,8 @@ impl RuleSet {
             replaced: false,
         };
         let mut effects = Effects::default();
-        let mut verdict = Decision::Continue;
-        for phase in [Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest] {
-            if !self.runs(phase) {
-                continue;
-            }
-            verdict = match phase {
-                Phase::BeforeProviderHeaders => {
-                    self.headers_phase(&facts, &mut out, &mut effects, self.all(), true)
-                }
-                _ => self.request_phase(&facts, &mut out, &mut effects, self.all()),
-            };
-            if verdict != Decision::Continue {
-                break;
-            }
-        }
+        let mut runs = Vec::new();
+        let verdict = run(&facts, &mut out, &mut effects, &mut runs);
         let keys = if self.runs(Phase::BeforeProviderHeaders) {
             req.prompt
                 .if_read()
@@ -331,6 +372,7 @@ impl RuleSet {
             body_parsed,
             keys,
             model,
+            runs,
         }
     }
 

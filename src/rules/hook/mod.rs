@@ -362,6 +362,12 @@ impl Hook {
 /// The policies of a set with hooks: the rules before the first hook, the hook,
 /// the rules up to the next, and so on. The first slice always comes first (maybe
 /// empty): it makes the repeated-key check and runs the stream rules.
+/// Waits for `future` outside an exchange (`rules test`, `replay`), driven with the
+/// hooks' own runtime, whose thread keeps its IO and timers turning.
+pub(super) fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+    transport::runtime().block_on(future)
+}
+
 pub(super) fn policies(set: &Arc<RuleSet>) -> Vec<Arc<dyn Policy>> {
     let mut out: Vec<Arc<dyn Policy>> = Vec::with_capacity(set.hooks.len() * 2 + 1);
     let mut start = 0;
