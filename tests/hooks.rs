@@ -665,3 +665,65 @@ async fn rules_test_runs_the_hooks_too() {
     assert!(text.contains("verdict: block 403"), "{text}");
     assert!(text.contains("no entitlement to this model"), "{text}");
 }
+
+#[test]
+fn rules_check_warns_of_hooks_that_would_fail_each_call() {
+    // A port that takes no connection: bound, then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let rules = format!(
+        r#"
+[[hook]]
+name = "gone"
+on = "before_provider_request"
+command = ["./no-such-hook.sh"]
+
+[[hook]]
+name = "nowhere"
+on = "before_provider_request"
+command = ["promptgate-no-such-program"]
+on_error = "block"
+enforce = true
+
+[[hook]]
+name = "down"
+on = "before_provider_request"
+url = "http://127.0.0.1:{closed}/decide"
+
+[[hook]]
+name = "fine"
+on = "before_provider_request"
+command = ["python3", "hook.py", "continue"]
+"#
+    );
+    let dir = rules_dir(&rules);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+        .args(["rules", "check"])
+        .arg(dir.path())
+        .env("NO_COLOR", "1")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "warnings, not errors: {text}");
+    assert!(
+        text.contains("hook \"gone\": ")
+            && text.contains("no-such-hook.sh is not an executable file"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "hook \"nowhere\": \"promptgate-no-such-program\" is on no PATH directory: each call would fail (blocked)"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "hook \"down\": http://127.0.0.1:{closed}/decide takes no connection now"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("hook \"fine\""), "{text}");
+}

@@ -111,6 +111,9 @@ fn check(dir: &Path) -> ExitCode {
             for w in &set.warnings {
                 println!("{}: {w}", paint("warning", Colour::Yellow));
             }
+            for w in set.hooks().iter().filter_map(|h| h.check()) {
+                println!("{}: {w}", paint("warning", Colour::Yellow));
+            }
             ExitCode::SUCCESS
         }
         Err(errors) => {

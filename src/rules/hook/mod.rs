@@ -306,6 +306,27 @@ impl Hook {
         }
     }
 
+    /// What `rules check` warns of (a hook that would fail each call): a program
+    /// that is not there, a URL that takes no connection. Not an error: the program
+    /// may be installed, the service started, before the rules are served.
+    pub fn check(&self) -> Option<String> {
+        let why = match &self.transport {
+            Transport::Command(c) => transport::program_missing(&c.argv, c.dir.as_deref()),
+            Transport::Process(p) => p.missing(),
+            Transport::Http(h) => transport::url_unreachable(&h.url),
+        }?;
+        Some(format!(
+            "{}:{}: hook {:?}: {why}: each call would fail ({})",
+            self.file,
+            self.line,
+            self.name,
+            match self.on_error {
+                OnError::Allow => "allowed",
+                OnError::Block => "blocked",
+            }
+        ))
+    }
+
     /// The transport's name, as `rules check` shows it.
     pub fn transport_name(&self) -> &'static str {
         match self.transport {

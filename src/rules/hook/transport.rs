@@ -8,7 +8,7 @@
 //! that exchange only, never the worker.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -216,6 +216,11 @@ impl Process {
             name,
             lines: OnceLock::new(),
         }
+    }
+
+    /// Why its program surely cannot start (see [`program_missing`]).
+    pub(crate) fn missing(&self) -> Option<String> {
+        program_missing(&self.argv, self.dir.as_deref())
     }
 
     /// Starts the supervisor if it is not running.
@@ -434,4 +439,44 @@ impl Http {
         }
         Ok(Answer::Decision(body))
     }
+}
+
+/// Why `argv`'s program could not run, when it surely could not: a path that is no
+/// executable file, or a bare name found on no `PATH` directory. For `rules check`.
+pub(crate) fn program_missing(argv: &[String], dir: Option<&Path>) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let program = argv.first()?;
+    let runnable = |p: &Path| {
+        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+    };
+    if program.contains('/') {
+        let path = match dir {
+            Some(d) if Path::new(program).is_relative() => d.join(program),
+            _ => PathBuf::from(program),
+        };
+        return (!runnable(&path)).then(|| format!("{} is not an executable file", path.display()));
+    }
+    let on_path = std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|d| runnable(&d.join(program))));
+    (!on_path).then(|| format!("{program:?} is on no PATH directory"))
+}
+
+/// Why `url` takes no connection now, when it takes none within half a second.
+pub(crate) fn url_unreachable(url: &http::Uri) -> Option<String> {
+    let host = url.host()?;
+    let port = url
+        .port_u16()
+        .unwrap_or(if url.scheme_str() == Some("https") {
+            443
+        } else {
+            80
+        });
+    let addrs = match std::net::ToSocketAddrs::to_socket_addrs(&(host, port)) {
+        Ok(a) => a.collect::<Vec<_>>(),
+        Err(e) => return Some(format!("{url} does not resolve: {e}")),
+    };
+    let took = addrs.iter().any(|a| {
+        std::net::TcpStream::connect_timeout(a, std::time::Duration::from_millis(500)).is_ok()
+    });
+    (!took).then(|| format!("{url} takes no connection now"))
 }
