@@ -952,6 +952,20 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         third["system"][2]["text"].as_str().unwrap(),
         "the system block in full"
     );
+    // Each policy's turn is on the exchange page: the tagging rule ran as `rules`.
+    let turns = browser
+        .eval(
+            "return [...document.querySelectorAll('#rules-fired .policy-run')].map(p => p.textContent)",
+            vec![],
+        )
+        .await;
+    assert!(
+        turns.as_array().unwrap().iter().any(|t| t
+            .as_str()
+            .unwrap()
+            .starts_with("before_provider_headers · rules: continue (")),
+        "{turns}"
+    );
     let breakpoints = browser
         .eval("return [...document.querySelectorAll('.breakpoint[data-after]')].map(b => b.dataset.after)", vec![])
         .await;

@@ -363,7 +363,15 @@ impl CaptureRecord {
             conversation,
             duplicate_key,
             rules_fired: r.rules_fired.clone(),
-            policies: r.policy_runs.clone(),
+            // A hook's error text may quote what its program printed.
+            policies: r
+                .policy_runs
+                .iter()
+                .map(|p| crate::policy::PolicyRun {
+                    decision: redactor.bounded(&p.decision, extra, crate::redact::TEXT_MAX),
+                    ..p.clone()
+                })
+                .collect(),
             tags: r.tags.clone(),
             body_diff: r.body_diff.clone(),
             request: RequestPart::default(),

@@ -538,6 +538,10 @@ function rulesSection(r, edits) {
   box.append(el("h3", { text: "Rules" }));
   box.append(el("div", {}, r.rules_fired.length ? `fired: ${r.rules_fired.join(", ")}` : "no rule fired", r.tags.length ? " · tags: " : "", r.tags.map((t) => el("span", { class: "badge", text: t }))));
   if (r.body_diff.length) box.append(el("div", { class: "mono", text: `changed: ${r.body_diff.join(", ")}` }));
+  // Each policy's turn (the rules as one, each hook by name): what it decided, how long it took.
+  for (const p of r.policies || []) {
+    box.append(el("div", { class: "mono policy-run", text: `${p.phase} · ${p.policy}: ${p.decision} (${p.took_us} µs)` }));
+  }
   if (edits && edits.entries.length) {
     box.append(el("div", { class: "empty", text: "received → sent" }));
     for (const e of edits.entries) box.append(diffEntry(e, false));
