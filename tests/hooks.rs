@@ -644,6 +644,57 @@ async fn the_example_hooks_run() {
         2,
         "blocked requests never reach the provider"
     );
+    // The Node co-process put the notice first in each system prompt.
+    for sent in fake.requests() {
+        let body: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
+        assert_eq!(
+            body["system"][0]["text"], "ACME notice: customer data stays out of prompts.",
+            "{body}"
+        );
+    }
+
+    // The same entitlement check served over HTTP.
+    let mut service = Service(
+        std::process::Command::new("python3")
+            .arg(examples.join("entitlement-service.py"))
+            .arg("127.0.0.1:0")
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut line = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(service.0.stdout.take().unwrap()),
+        &mut line,
+    )
+    .unwrap();
+    let port = line.trim().rsplit(':').next().unwrap().to_owned();
+    let http = TempDir::new("hook-service");
+    std::fs::write(
+        http.path().join("10-entitlement.toml"),
+        format!(
+            "[[hook]]\nname = \"entitlement-http\"\non = \"before_provider_request\"\n\
+             url = \"http://127.0.0.1:{port}/decide\"\nenforce = true\non_error = \"block\"\n"
+        ),
+    )
+    .unwrap();
+    let proxy = start(&fake, &http, &[]);
+    let post = |user: &str, model: &str| {
+        let body = serde_json::json!({
+            "model": model, "max_tokens": 10, "metadata": {"user_id": user},
+            "messages": [{"role": "user", "content": "hi"}]
+        });
+        let addr = proxy.addr;
+        let bytes = serde_json::to_vec(&body).unwrap();
+        async move { client::post(addr, "/v1/messages", &bytes).await }
+    };
+    assert_eq!(post("alice", "claude-opus-4-5").await.status, 200);
+    let r = post("bob", "claude-opus-4-5").await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    assert!(
+        r.text()
+            .contains("bob has no entitlement to claude-opus-4-5")
+    );
 }
 
 #[tokio::test]
