@@ -778,3 +778,64 @@ command = ["python3", "hook.py", "continue"]
     );
     assert!(!text.contains("hook \"fine\""), "{text}");
 }
+
+#[tokio::test]
+async fn a_hook_may_answer_with_a_ten_megabyte_payload() {
+    let fake = fake_ok().await;
+    let dir = rules_dir(&command_hook("grow", "m-big", "big", "timeout = \"10s\""));
+    let proxy = start(&fake, &dir, &[]);
+    let r = post(&proxy, "m-big").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let sent = received(&fake, "m-big").await;
+    assert!(sent.body.len() > 10 << 20, "{} bytes", sent.body.len());
+    let body: serde_json::Value = serde_json::from_slice(&sent.body).unwrap();
+    assert_eq!(
+        body["messages"][0]["content"].as_str().unwrap().len(),
+        10 << 20
+    );
+    assert_eq!(
+        line_of(&proxy, "m-big").await["hooks"],
+        "grow@before_provider_request=changed"
+    );
+}
+
+#[tokio::test]
+async fn a_reload_lets_the_co_process_finish_what_is_in_flight() {
+    let fake = fake_ok().await;
+    let rules = |timeout: &str| {
+        format!(
+            "[[hook]]\nname = \"coproc\"\non = \"before_provider_request\"\n\
+             process = [\"python3\", \"coproc.py\"]\ntimeout = \"{timeout}\"\non_error = \"block\"\nenforce = true\n"
+        )
+    };
+    let dir = rules_dir(&rules("3s"));
+    let proxy = start(&fake, &dir, &[]);
+    let in_flight = {
+        let addr = proxy.addr;
+        let body = body("m-reload-slow");
+        tokio::spawn(async move { client::post(addr, "/v1/messages", &body).await })
+    };
+    // The co-process holds the event for 0.8 s: the set is replaced meanwhile.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    std::fs::write(dir.path().join("10-hooks.toml"), rules("2s")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !proxy.log().contains("rules reloaded") {
+        assert!(
+            Instant::now() < deadline,
+            "the rules reloaded: {}",
+            proxy.log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = in_flight.await.unwrap();
+    assert_eq!(
+        r.status,
+        200,
+        "answered by the co-process of the set it began with: {}",
+        r.text()
+    );
+    let line = line_of(&proxy, "m-reload-slow").await;
+    assert_eq!(line["tags"], "slow-done", "{line}");
+    // The new set's co-process answers the next one.
+    assert_eq!(post(&proxy, "m-after-continue").await.status, 200);
+}
