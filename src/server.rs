@@ -64,6 +64,8 @@ pub async fn serve(
     // Everything that can refuse to start does so before the store is created.
     let rules = load_rules(&config)?;
     let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+    // HTTP hooks trust what the upstream trusts: a policy service behind the same CA.
+    crate::rules::hook::trust(crate::tls::client_config(&config.upstream_ca)?);
     let leaves = load_ca(&config)?;
     let local = listener
         .local_addr()

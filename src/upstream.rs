@@ -20,19 +20,12 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use rustls::RootCertStore;
 use tokio::time::Instant;
 
 use crate::error::{ErrorKind, ProxyError, error_chain};
 
 /// Errors building the upstream client (read by people at startup).
-#[derive(Debug, thiserror::Error)]
-pub enum UpstreamSetupError {
-    #[error("upstream-ca {path}: {message}")]
-    Ca { path: PathBuf, message: String },
-    #[error("TLS setup: {0}")]
-    Tls(#[from] rustls::Error),
-}
+pub use crate::tls::ClientTlsError as UpstreamSetupError;
 
 /// The pooled client to the providers.
 #[derive(Clone)]
@@ -154,22 +147,7 @@ impl Upstream {
         extra_roots: &[PathBuf],
         connect_timeout: Duration,
     ) -> Result<Self, UpstreamSetupError> {
-        let mut roots = RootCertStore::empty();
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        for path in extra_roots {
-            let ca_error = |message: String| UpstreamSetupError::Ca {
-                path: path.clone(),
-                message,
-            };
-            for cert in crate::tls::read_pem_certs(path).map_err(ca_error)? {
-                roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
-            }
-        }
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let tls = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()?
-            .with_root_certificates(roots)
-            .with_no_client_auth();
+        let tls = crate::tls::client_config(extra_roots)?;
 
         let mut http = HttpConnector::new();
         http.enforce_http(false);

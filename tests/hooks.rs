@@ -839,3 +839,41 @@ async fn a_reload_lets_the_co_process_finish_what_is_in_flight() {
     // The new set's co-process answers the next one.
     assert_eq!(post(&proxy, "m-after-continue").await.status, 200);
 }
+
+#[tokio::test]
+async fn an_https_policy_service_is_trusted_through_upstream_ca() {
+    let fake = fake_ok().await;
+    let ca = support::TestCa::new();
+    let certs = TempDir::new("hook-ca");
+    let ca_path = ca.write_pem(certs.path());
+    let service = FakeProvider::start_tls(&ca, |_| {
+        Action::Respond(Reply::json(200, &serde_json::json!({"tags": ["tls-hook"]})))
+    })
+    .await;
+    let rules = format!(
+        "[[hook]]\nname = \"tls\"\non = \"before_provider_request\"\nurl = \"{}/decide\"\non_error = \"allow\"\n",
+        service.url()
+    );
+    let dir = rules_dir(&rules);
+    let trusting = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+        "--upstream-ca",
+        ca_path.to_str().unwrap(),
+    ]);
+    assert_eq!(post(&trusting, "m-tls").await.status, 200);
+    let line = line_of(&trusting, "m-tls").await;
+    assert_eq!(line["tags"], "tls-hook", "{line}");
+    // Without the CA the service's certificate is refused: an error, allowed.
+    let other = start(&fake, &dir, &[]);
+    assert_eq!(post(&other, "m-untrusted").await.status, 200);
+    let line = line_of(&other, "m-untrusted").await;
+    let hooks = line["hooks"].as_str().unwrap();
+    assert!(
+        hooks.starts_with("tls@before_provider_request=error: "),
+        "{line}"
+    );
+    assert!(hooks.ends_with("(allowed)"), "{line}");
+}

@@ -143,6 +143,37 @@ pub fn file_trusts(path: &Path, ca: &CertificateAuthority) -> bool {
     certs.flatten().any(|c| c == *ca.cert_der())
 }
 
+/// Why the client TLS setup failed (read by people at startup).
+#[derive(Debug, thiserror::Error)]
+pub enum ClientTlsError {
+    #[error("upstream-ca {path}: {message}")]
+    Ca { path: PathBuf, message: String },
+    #[error("TLS setup: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+/// The client TLS configuration promptgate dials out with (to the providers and to
+/// HTTP hooks): the public web roots plus the PEM files in `extra_roots`
+/// (`--upstream-ca`).
+pub fn client_config(extra_roots: &[PathBuf]) -> Result<rustls::ClientConfig, ClientTlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    for path in extra_roots {
+        let ca_error = |message: String| ClientTlsError::Ca {
+            path: path.clone(),
+            message,
+        };
+        for cert in read_pem_certs(path).map_err(ca_error)? {
+            roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
+        }
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    Ok(rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth())
+}
+
 /// The certificates in the PEM file at `path`; an error says what is wrong with it
 /// (unreadable, not PEM, or no certificate in it).
 pub fn read_pem_certs(

@@ -383,6 +383,11 @@ impl Hook {
 /// The policies of a set with hooks: the rules before the first hook, the hook,
 /// the rules up to the next, and so on. The first slice always comes first (maybe
 /// empty): it makes the repeated-key check and runs the stream rules.
+/// HTTP hooks trust the roots the upstream trusts (`--upstream-ca`): set at start.
+pub fn trust(config: rustls::ClientConfig) {
+    transport::trust(config);
+}
+
 /// Waits for `future` outside an exchange (`rules test`, `replay`), driven with the
 /// hooks' own runtime, whose thread keeps its IO and timers turning.
 pub(super) fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {

@@ -401,6 +401,15 @@ pub(crate) struct Http {
 
 type HookClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
 
+/// The TLS roots HTTP hooks trust, set once at start from `--upstream-ca` (the
+/// upstream's own); the public web roots until then.
+static TRUST: OnceLock<rustls::ClientConfig> = OnceLock::new();
+
+/// Has HTTP hooks trust what the upstream trusts; the first call wins.
+pub(crate) fn trust(config: rustls::ClientConfig) {
+    let _ = TRUST.set(config);
+}
+
 /// The pooled keep-alive client every HTTP hook shares (built on the hooks runtime).
 fn client() -> &'static HookClient {
     static CLIENT: OnceLock<HookClient> = OnceLock::new();
@@ -409,11 +418,16 @@ fn client() -> &'static HookClient {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(Duration::from_secs(5)));
-        let tls = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_webpki_roots()
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let config = TRUST
+            .get()
+            .cloned()
+            .or_else(|| crate::tls::client_config(&[]).ok());
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match config {
+            Some(c) => builder.with_tls_config(c),
+            None => builder.with_webpki_roots(),
+        };
+        let tls = builder.https_or_http().enable_http1().wrap_connector(http);
         Client::builder(TokioExecutor::new()).build(tls)
     })
 }
