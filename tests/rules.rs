@@ -1146,3 +1146,30 @@ fn tool_rules_on_deferred_tools_are_warned_about() {
     );
     assert_eq!(text.matches("warning").count(), 3, "{text}");
 }
+
+/// Body pointers that load but can never match what was meant get a load warning
+/// at their `file:line:col`.
+#[test]
+fn body_pointers_that_can_never_match_are_warned_about() {
+    let dir = rules_dir(&[(
+        "10-body.toml",
+        "[[rule]]\nname = \"whole\"\non = \"before_provider_request\"\n\
+         when = { body.\"\" = { exists = true } }\nactions = [ { tag = \"w\" } ]\n\
+         [[rule]]\nname = \"star\"\non = \"before_provider_request\"\n\
+         when = { body.\"/messages/*/role\" = \"user\" }\nactions = [ { tag = \"s\" } ]\n\
+         [[rule]]\nname = \"fine\"\non = \"before_provider_request\"\n\
+         when = { body.\"/metadata/user_id\" = { exists = true } }\nactions = [ { tag = \"f\" } ]\n",
+    )]);
+    let text = checked_with_warnings(dir.path());
+    assert!(
+        text.contains("10-body.toml:4:15: body.\"\": the pointer \"\" is the whole body"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "10-body.toml:9:15: body.\"/messages/*/role\": a JSON pointer has no wildcards"
+        ),
+        "{text}"
+    );
+    assert_eq!(text.matches("warning").count(), 2, "{text}");
+}

@@ -620,6 +620,19 @@ fn compile_one(
             for (pointer, test) in t.iter() {
                 let p = cx.pointer_text(pointer.get_ref(), pointer.span())?;
                 let what = format!("{key}.{:?}", pointer.get_ref());
+                // Pointers that load but can never match what was meant: say so.
+                let text: &str = pointer.get_ref();
+                if text.is_empty() {
+                    cx.warn(
+                        pointer.span(),
+                        format!("{what}: the pointer \"\" is the whole body, not a value in it; name one (e.g. \"/metadata/user_id\")"),
+                    );
+                } else if text.split('/').any(|segment| segment == "*") {
+                    cx.warn(
+                        pointer.span(),
+                        format!("{what}: a JSON pointer has no wildcards: \"*\" is a key named * (it matches no array element); name one (e.g. \"/messages/0/role\")"),
+                    );
+                }
                 let test = match test.get_ref() {
                     DeValue::Table(_) => {
                         let t = cx.table(test, &what, TEST_KEYS)?;
