@@ -763,6 +763,13 @@ fn env_prints_what_each_shell_needs() {
         "{reverse}"
     );
     assert!(reverse.contains("export OPENAI_BASE_URL='http://127.0.0.1:9911/openai/v1'"));
+    // pi reads its base URL from models.json, not the environment: the hint says where.
+    assert!(
+        reverse.contains(
+            "# pi ignores ANTHROPIC_BASE_URL: in ~/.pi/agent/models.json set {\"providers\": {\"anthropic\": {\"baseUrl\": \"http://127.0.0.1:9911\"}}}"
+        ),
+        "{reverse}"
+    );
 
     // Behind proxy credentials, the URL takes them from the environment at eval time.
     let out = promptgate_clean(

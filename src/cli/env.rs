@@ -128,8 +128,12 @@ fn reverse(config: &Config, s: &mut Script) {
     s.comment(&format!(
         "promptgate reverse-proxy mode: agents send their API calls to {base} (no CA needed)."
     ));
-    s.comment("Claude Code, the Anthropic SDKs, pi:");
+    s.comment("Claude Code, the Anthropic SDKs:");
     s.set("ANTHROPIC_BASE_URL", &base);
+    // pi ignores ANTHROPIC_BASE_URL: it reads its providers from models.json.
+    s.comment(&format!(
+        "pi ignores ANTHROPIC_BASE_URL: in ~/.pi/agent/models.json set {{\"providers\": {{\"anthropic\": {{\"baseUrl\": \"{base}\"}}}}}}"
+    ));
     s.comment("OpenAI SDKs and tools:");
     s.set("OPENAI_BASE_URL", &format!("{base}/openai/v1"));
     s.comment("If this shell also has an HTTP(S) proxy, promptgate itself must bypass it:");
