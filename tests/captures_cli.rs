@@ -696,6 +696,35 @@ async fn anatomy_names_each_part_of_a_claude_code_prompt() {
     // A request that is no prompt says so.
     let bad = captures::cli(dir, &["anatomy", "nonexistent-id"]);
     assert_ne!(bad.code, 0, "{}", bad.stderr);
+    // Over the conversation: a row per model call, oldest first, and what each
+    // family added since the turn before.
+    // A bare session id finds its `cc:` conversation.
+    let key = shapes::CC_SESSION;
+    let turns: Value = serde_json::from_str(&captures::ok(
+        dir,
+        &["anatomy", "--conversation", key, "--format", "json"],
+    ))
+    .unwrap();
+    let turns = turns.as_array().unwrap();
+    assert!(turns.len() >= 2, "{turns:?}");
+    let conversation = |t: &Value| {
+        t["families"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["family"] == "conversation")
+            .map_or(0, |f| f["tokens"].as_u64().unwrap())
+    };
+    assert!(
+        conversation(&turns[turns.len() - 1]) > conversation(&turns[0]),
+        "the conversation grows: {turns:?}"
+    );
+    let table = captures::ok(dir, &["anatomy", "--conversation", key]);
+    assert!(table.starts_with("TURN "), "{table}");
+    assert!(
+        table.contains(" +"),
+        "a family grew from one turn to the next: {table}"
+    );
 }
 
 /// `cmd` beside the proxies sharing `runtime`, with the client variables cleared and

@@ -6,15 +6,14 @@ use std::fmt::Write as _;
 
 use anyhow::Context as _;
 
-use crate::cache::anatomy::{Part, anatomy, by_family};
+use crate::cache::anatomy::{Family, Part, anatomy, by_family};
 use crate::cache::explain::kilo;
 use crate::cache::segment::{IgnoreRule, segment};
 use crate::capture::CaptureRecord;
 use crate::prompt::Prompt;
 
-/// Prints the anatomy of `record`'s prompt as sent upstream: `text` (a table per
-/// family, then each part) or `json`.
-pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> anyhow::Result<()> {
+/// The parts of `record`'s prompt as sent upstream.
+fn parts_of(record: &CaptureRecord) -> anyhow::Result<Vec<Part>> {
     let format = record
         .request_format()
         .with_context(|| format!("{} is not a model request promptgate reads", record.id))?;
@@ -28,7 +27,83 @@ pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> any
     let prompt = Prompt::read(body.clone(), Some(format));
     let segs = segment(&prompt, &[IgnoreRule::billing_header()])
         .with_context(|| format!("{}'s request body cannot be read as a prompt", record.id))?;
-    let parts = anatomy(&prompt, &segs);
+    Ok(anatomy(&prompt, &segs))
+}
+
+/// Tokens of `family` in a turn's families.
+fn of(families: &[(Family, u64)], family: Family) -> u64 {
+    families
+        .iter()
+        .find(|(f, _)| *f == family)
+        .map_or(0, |(_, t)| *t)
+}
+
+/// Prints a conversation's turns, oldest first: estimated tokens per family per
+/// turn and the change from the turn before (`text`), or the same as `json`.
+pub(super) fn print_conversation(
+    key: &str,
+    records: &[CaptureRecord],
+    json: bool,
+    out: &mut String,
+) -> anyhow::Result<()> {
+    if records.is_empty() {
+        anyhow::bail!("no model call of conversation {key:?} in the store");
+    }
+    let mut turns = Vec::new();
+    for r in records {
+        // A turn that cannot be read (no body kept) is skipped and named.
+        match parts_of(r) {
+            Ok(parts) => turns.push((r.id.clone(), by_family(&parts))),
+            Err(e) => {
+                let _ = writeln!(out, "skipped: {e:#}");
+            }
+        }
+    }
+    if json {
+        let value: Vec<_> = turns
+            .iter()
+            .map(|(id, families)| {
+                serde_json::json!({
+                    "id": id,
+                    "families": families
+                        .iter()
+                        .map(|(f, t)| serde_json::json!({"family": f, "tokens": t}))
+                        .collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&value)?);
+        return Ok(());
+    }
+    let _ = write!(out, "{:<28}", "TURN");
+    for f in Family::ALL {
+        let _ = write!(out, " {:>14}", f.name());
+    }
+    let _ = writeln!(out);
+    let mut before: Option<&[(Family, u64)]> = None;
+    for (id, now) in &turns {
+        let _ = write!(out, "{id:<28}");
+        for f in Family::ALL {
+            let t = of(now, f);
+            let cell = match before.map(|b| of(b, f)) {
+                Some(b) if b != t => {
+                    let sign = if t > b { "+" } else { "-" };
+                    format!("{} {sign}{}", kilo(t), kilo(t.abs_diff(b)))
+                }
+                _ => kilo(t),
+            };
+            let _ = write!(out, " {cell:>14}");
+        }
+        let _ = writeln!(out);
+        before = Some(now);
+    }
+    Ok(())
+}
+
+/// Prints the anatomy of `record`'s prompt as sent upstream: `text` (a table per
+/// family, then each part) or `json`.
+pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> anyhow::Result<()> {
+    let parts = parts_of(record)?;
     let total: u64 = parts.iter().map(|p| p.tokens).sum();
     // The provider's count of the whole input, when it gave one: each part's share of it.
     let input = record

@@ -170,7 +170,12 @@ struct ShowArgs {
 #[derive(Debug, Args)]
 struct AnatomyArgs {
     /// The exchange id (or its start; unique), `last`, or `@-1`, `@-2`…
-    id: String,
+    #[arg(required_unless_present = "conversation")]
+    id: Option<String>,
+    /// Every model call of this conversation (a key or its start), oldest first:
+    /// tokens per family per turn, and what each family added or dropped.
+    #[arg(long, value_name = "KEY", conflicts_with = "id")]
+    conversation: Option<String>,
     /// text (a table) or json.
     #[arg(long, value_name = "FORMAT", default_value = "text", value_parser = ["text", "json"])]
     format: String,
@@ -232,10 +237,35 @@ pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
             };
             diff(&a, &b, d.received, &mut out)?;
         }
-        Verb::Anatomy(a) => {
-            let record = store.load(&a.id)?;
-            super::anatomy::print(&record, a.format == "json", &mut out)?;
-        }
+        Verb::Anatomy(a) => match (&a.id, &a.conversation) {
+            (Some(id), _) => {
+                let record = store.load(id)?;
+                super::anatomy::print(&record, a.format == "json", &mut out)?;
+            }
+            (None, Some(key)) => {
+                let of = |key: String| Filter {
+                    conversation: Some(key),
+                    side: Some(false),
+                    ..Filter::default()
+                };
+                let mut rows = store.list(&of(key.clone()))?;
+                // A bare session id is a Claude Code session's (`cc:`) or a metadata one.
+                for prefix in ["cc:", "session:"] {
+                    if rows.is_empty() && !key.contains(':') {
+                        rows = store.list(&of(format!("{prefix}{key}")))?;
+                    }
+                }
+                rows.sort_by(|x, y| (x.started_ms, &x.id).cmp(&(y.started_ms, &y.id)));
+                let records = rows
+                    .iter()
+                    .map(|r| store.load(&r.id))
+                    .collect::<Result<Vec<_>, _>>()?;
+                super::anatomy::print_conversation(key, &records, a.format == "json", &mut out)?;
+            }
+            (None, None) => {
+                anyhow::bail!("name an exchange, or a conversation with --conversation")
+            }
+        },
         Verb::Export(e) => return export(&store, &e),
         Verb::Conversations(f) => conversations(&store, &f.filter()?, &mut out)?,
     }
