@@ -688,26 +688,12 @@ impl HookTurn {
         request: &mut Outgoing,
         effects: &mut Effects,
     ) -> Decision {
-        let (id, event) = match self.prepare_request(phase, &facts, request, effects) {
-            Prepared::Skip => {
-                effects.outcome = Some("skipped".into());
-                return Decision::Continue;
-            }
-            Prepared::Decided(d) => return d,
-            Prepared::Call(id, event) => (id, event),
+        let prepared = self.prepare_request(phase, &facts, request, effects);
+        let target = Target::Request {
+            request,
+            facts: &facts,
         };
-        let answer = self.hook().call(id, event).await;
-        let decided = answer.and_then(|a| {
-            let mut target = Target::Request {
-                request,
-                facts: &facts,
-            };
-            self.decide(phase, a, &mut target, effects)
-        });
-        match decided {
-            Ok(d) => d,
-            Err(why) => self.failed(phase, &facts, &why, effects),
-        }
+        self.turn(phase, &facts, prepared, target, effects).await
     }
 
     async fn response_turn(
@@ -717,7 +703,22 @@ impl HookTurn {
         effects: &mut Effects,
     ) -> Decision {
         let phase = Phase::AfterProviderResponse;
-        let (id, event) = match self.prepare_response(&facts, head, effects) {
+        let prepared = self.prepare_response(&facts, head, effects);
+        let target = Target::Response(head.headers);
+        self.turn(phase, &facts, prepared, target, effects).await
+    }
+
+    /// Calls the hook with a prepared event and applies its answer to `target`; a
+    /// failure is decided by `on_error`.
+    async fn turn(
+        &self,
+        phase: Phase,
+        facts: &Facts<'_>,
+        prepared: Prepared,
+        mut target: Target<'_, '_>,
+        effects: &mut Effects,
+    ) -> Decision {
+        let (id, event) = match prepared {
             Prepared::Skip => {
                 effects.outcome = Some("skipped".into());
                 return Decision::Continue;
@@ -725,15 +726,13 @@ impl HookTurn {
             Prepared::Decided(d) => return d,
             Prepared::Call(id, event) => (id, event),
         };
+        // The provider's head has come: a hook cannot answer instead of it.
+        let answers = !matches!(target, Target::Response(_));
         let answer = self.hook().call(id, event).await;
-        let decided = answer.and_then(|a| {
-            let mut target = Target::Response(head.headers);
-            self.decide(phase, a, &mut target, effects)
-        });
-        match decided {
-            // The provider's head has come: a hook cannot answer instead of it.
+        match answer.and_then(|a| self.decide(phase, a, &mut target, effects)) {
+            Ok(d) if answers => d,
             Ok(_) => Decision::Continue,
-            Err(why) => self.failed(phase, &facts, &why, effects),
+            Err(why) => self.failed(phase, facts, &why, effects),
         }
     }
 }
