@@ -90,6 +90,7 @@ fn main() {
             host: None,
             path: "/v1/messages",
             model: model.as_deref(),
+            conversation: None,
             headers: headers.clone(),
             body: &body,
             prompt: &prompt,

@@ -55,6 +55,8 @@ pub struct Settings {
     pub max_response: u64,
     pub upstream_anthropic: BaseUrl,
     pub upstream_openai: BaseUrl,
+    /// The configured sources of conversation keys (for policies that read the key).
+    pub conversation: crate::conversation::KeySource,
 }
 
 /// Everything an exchange needs, shared by all of them.
@@ -276,6 +278,7 @@ impl Exchange {
             model: r.and_then(|r| r.model.as_deref()),
             encoded: self.encoded,
             tags,
+            conversation: r.and_then(|r| r.conversation.as_deref()),
         }
     }
 
@@ -445,11 +448,17 @@ impl Proxy {
             Ok(uri) => uri,
             Err(stop) => return ex.answer(stop),
         };
-        let outgoing =
-            match request_policies(&mut ex, std::mem::take(&mut parts.headers), body).await {
-                Ok(outgoing) => outgoing,
-                Err(stop) => return ex.answer(stop),
-            };
+        let outgoing = match request_policies(
+            &mut ex,
+            std::mem::take(&mut parts.headers),
+            body,
+            &self.settings.conversation,
+        )
+        .await
+        {
+            Ok(outgoing) => outgoing,
+            Err(stop) => return ex.answer(stop),
+        };
         // A sink that must not miss a record (capture.required) may refuse here.
         if let Err(why) = self.recorder.admit(ex.record()).await {
             return ex.answer(ProxyError::new(ErrorKind::CaptureUnavailable, why).into());
@@ -643,9 +652,15 @@ impl Proxy {
         let can_append_error =
             is_sse && !head.headers.contains_key(header::CONTENT_LENGTH) && !encoded;
         let error_event = can_append_error.then_some((route.provider, route.api));
-        // Per-event policies read plain SSE only (a compressed stream passes unread).
-        let events = (is_sse && !encoded)
-            .then(|| stream_policies(&ex, &route, &mut head))
+        // Per-event policies read plain SSE only (a compressed stream passes unread);
+        // a plain JSON answer reaches the policies that read one whole.
+        let is_json = head
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|ct| ct.starts_with("application/json"));
+        let events = (!encoded && (is_sse || is_json))
+            .then(|| stream_policies(&ex, &route, &mut head, is_sse))
             .flatten();
         let (inner, reports) = match events {
             Some((engine, reports)) => {
@@ -653,7 +668,11 @@ impl Proxy {
                     // Masks and drops change the length; hyper frames it instead.
                     head.headers.remove(header::CONTENT_LENGTH);
                 }
-                (ResponseBody::with_rules(incoming, engine), reports)
+                let body = match is_sse {
+                    true => ResponseBody::with_rules(incoming, engine),
+                    false => ResponseBody::whole_with_rules(incoming, engine),
+                };
+                (body, reports)
             }
             None => (ResponseBody::Plain(incoming), Vec::new()),
         };
@@ -702,6 +721,7 @@ async fn request_policies(
     ex: &mut Exchange,
     received: HeaderMap,
     body: Bytes,
+    keys: &crate::conversation::KeySource,
 ) -> Result<Outgoing, Stop> {
     let prompt = ex.record().prompt.clone();
     let mut outgoing = Outgoing {
@@ -718,6 +738,13 @@ async fn request_policies(
             .iter()
             .any(|p| p.runs(Phase::BeforeProviderHeaders) || p.runs(Phase::BeforeProviderRequest))
     {
+        if policies.iter().any(|p| p.reads_conversation()) {
+            // Decided once, from what the client sent; the sinks read it from the record.
+            let r = ex.record();
+            let prompt =
+                (!received.contains_key("x-claude-code-session-id")).then(|| r.prompt.get());
+            r.conversation = crate::conversation::conversation_key(&received, prompt, keys);
+        }
         let tags = ex.record().tags.clone();
         let mut effects = std::mem::take(&mut ex.effects);
         let mut runs = std::mem::take(&mut ex.runs);
@@ -812,6 +839,7 @@ fn stream_policies(
     ex: &Exchange,
     route: &provider::Route,
     head: &mut http::response::Parts,
+    sse: bool,
 ) -> Option<(Box<dyn policy::EventPolicy>, Vec<SharedReport>)> {
     if !ex
         .policies
@@ -827,7 +855,7 @@ fn stream_policies(
         headers: &mut head.headers,
         request_headers: &r.sent_headers,
     };
-    policy::stream_phase(&ex.policies, &facts, &response_head)
+    policy::stream_phase(&ex.policies, &facts, &response_head, sse)
 }
 
 /// How waiting for the upstream's response head ended.

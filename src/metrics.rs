@@ -136,6 +136,16 @@ struct DecisionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FindingLabels {
+    /// A built-in detector's name, or a `[[detector]]`'s from the loaded set.
+    detector: Arc<str>,
+    /// `secret` or `pii`.
+    kind: &'static str,
+    /// `block`, `mask`, `mask_and_restore`, `tag`, `log` or `found`.
+    action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct BlockLabels {
     rule: Arc<str>,
 }
@@ -159,6 +169,7 @@ pub struct Metrics {
     rule_fires: Family<RuleLabels, Counter>,
     policy_seconds: Family<PolicyLabels, Histogram, fn() -> Histogram>,
     policy_decisions: Family<DecisionLabels, Counter>,
+    findings: Family<FindingLabels, Counter>,
     blocks: Family<BlockLabels, Counter>,
     stalls: Counter,
     names: Mutex<Names>,
@@ -250,6 +261,7 @@ impl Metrics {
             rule_fires: Family::default(),
             policy_seconds: Family::new_with_constructor(|| histogram(&POLICY_BUCKETS)),
             policy_decisions: Family::default(),
+            findings: Family::default(),
             blocks: Family::default(),
             stalls: Counter::default(),
             names: Mutex::new(Names {
@@ -298,6 +310,11 @@ impl Metrics {
             "promptgate_policy_decisions",
             "Each policy's decisions by phase: continue, changed, respond, skipped or error",
             m.policy_decisions.clone(),
+        );
+        r.register(
+            "promptgate_secrets_findings",
+            "Values the outgoing-secrets scanner found in requests, by detector, kind and action",
+            m.findings.clone(),
         );
         r.register(
             "promptgate_cache_provider_diagnoses",
@@ -462,6 +479,36 @@ impl Metrics {
                     .inc_by(lost);
             }
         }
+        if !record.findings.is_empty() {
+            let set = self.rules.snapshot();
+            for f in &record.findings {
+                // Label values come from the built-in list or the loaded set only.
+                let detector = match crate::redact::detector(&f.detector) {
+                    Some(d) => names.rule(d.name),
+                    None if set.scanner().is_some_and(|s| {
+                        s.own_detectors().iter().any(|d| d.name == f.detector)
+                    }) =>
+                    {
+                        names.rule(&f.detector)
+                    }
+                    None => continue,
+                };
+                let kind =
+                    crate::redact::DataKind::from_name(&f.kind).map_or("other", |k| k.name());
+                let action = crate::rules::secrets::ACTIONS
+                    .iter()
+                    .find(|a| **a == f.action)
+                    .copied()
+                    .unwrap_or("other");
+                self.findings
+                    .get_or_create(&FindingLabels {
+                        detector,
+                        kind,
+                        action,
+                    })
+                    .inc();
+            }
+        }
         if !record.rules_fired.is_empty() {
             let set = self.rules.snapshot();
             for fired in &record.rules_fired {
@@ -482,8 +529,9 @@ impl Metrics {
             let set = self.rules.snapshot();
             for run in &record.policy_runs {
                 // Hook names come from the loaded set: a client cannot add labels.
-                let known =
-                    run.policy == "rules" || set.hooks().iter().any(|h| h.name == run.policy);
+                let known = run.policy == "rules"
+                    || run.policy == crate::rules::secrets::SCANNER
+                    || set.hooks().iter().any(|h| h.name == run.policy);
                 if !known {
                     continue;
                 }

@@ -208,6 +208,11 @@ pub struct ExchangeRecord {
     pub stream_edits: Vec<crate::policy::EventEdit>,
     /// Each policy's turn at each phase, in order: its decision and its time.
     pub policy_runs: Vec<crate::policy::PolicyRun>,
+    /// The conversation key, when the exchange decided it for a policy that reads it
+    /// (the sinks then read it here instead of deciding it again).
+    pub conversation: Option<String>,
+    /// What the outgoing-secrets scanner found (never a value).
+    pub findings: Vec<crate::policy::Finding>,
     /// Whether the capture store should keep this exchange (a rule may turn it off).
     pub capture: bool,
     /// Extra secret patterns (from rules) the capture redacts in this exchange's bodies.
@@ -249,6 +254,7 @@ impl ExchangeRecord {
             }
         }
         self.edits.extend(effects.edits.iter().cloned());
+        self.findings.extend(effects.findings.iter().cloned());
         if effects.capture == Some(false) {
             self.capture = false;
         }
@@ -362,6 +368,8 @@ impl ExchangeRecord {
             edits: Vec::new(),
             stream_edits: Vec::new(),
             policy_runs: Vec::new(),
+            conversation: None,
+            findings: Vec::new(),
             capture: true,
             extra_redactions: Vec::new(),
             secret_headers: Vec::new(),

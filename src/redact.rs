@@ -11,6 +11,8 @@ use aho_corasick::{AhoCorasick, AhoCorasickBuilder, MatchKind};
 use http::HeaderMap;
 use regex::bytes::Regex;
 
+mod pii;
+
 /// Headers whose whole value is a credential, whatever it looks like (also what a
 /// hook's event redacts unless the hook is declared with `secrets = true`).
 pub const CREDENTIAL_HEADERS: &[&str] = &[
@@ -140,6 +142,42 @@ const SHAPES: &[Shape] = &[
         window: 512,
     },
     Shape {
+        kind: "npm-token",
+        triggers: &["npm_"],
+        pattern: r"(?-i:npm_[A-Za-z0-9]{36})",
+        word_start: true,
+        window: 64,
+    },
+    Shape {
+        kind: "pypi-token",
+        triggers: &["pypi-AgE"],
+        pattern: r"(?-i:pypi-AgE[A-Za-z0-9_-]{50,})",
+        word_start: true,
+        window: 512,
+    },
+    Shape {
+        // The password of a database URL: `postgres://app:s3cret@db/prod`.
+        kind: "database-url",
+        triggers: &[
+            "postgres://",
+            "postgresql://",
+            "mysql://",
+            "mariadb://",
+            "mongodb://",
+            "mongodb+srv://",
+            "redis://",
+            "rediss://",
+            "amqp://",
+            "amqps://",
+            "mssql://",
+            "sqlserver://",
+            "clickhouse://",
+        ],
+        pattern: r#"[a-z+]{4,13}://[^\s:/@"'\\]{0,128}:(?P<s>[^\s@/"'\\]{3,256})@"#,
+        word_start: true,
+        window: 420,
+    },
+    Shape {
         kind: "jwt",
         triggers: &["eyJ"],
         pattern: r"(?-i:eyJ[A-Za-z0-9_-]{8,}\.eyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]*)",
@@ -177,6 +215,198 @@ const SHAPES: &[Shape] = &[
         window: 640,
     },
 ];
+
+/// What a detector's values are: a credential, or personal data.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DataKind {
+    Secret,
+    Pii,
+}
+
+impl DataKind {
+    /// Its name in rule files, records and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataKind::Secret => "secret",
+            DataKind::Pii => "pii",
+        }
+    }
+
+    /// The kind a name in a rule file stands for.
+    pub fn from_name(name: &str) -> Option<DataKind> {
+        [DataKind::Secret, DataKind::Pii]
+            .into_iter()
+            .find(|k| k.name() == name)
+    }
+}
+
+/// How sure a detector is that what it found is what it says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Confidence {
+    Low,
+    Medium,
+    High,
+}
+
+impl Confidence {
+    /// Its name in rule files and records.
+    pub fn name(self) -> &'static str {
+        match self {
+            Confidence::Low => "low",
+            Confidence::Medium => "medium",
+            Confidence::High => "high",
+        }
+    }
+
+    /// The confidence a name in a rule file stands for.
+    pub fn from_name(name: &str) -> Option<Confidence> {
+        [Confidence::Low, Confidence::Medium, Confidence::High]
+            .into_iter()
+            .find(|c| c.name() == name)
+    }
+}
+
+/// One built-in detector: the capture's redaction uses the `secret` ones, the
+/// outgoing-secrets scanner all of them.
+#[derive(Debug, Clone, Copy)]
+pub struct Detector {
+    /// The name findings, rules and metrics give it (a redaction marker's kind).
+    pub name: &'static str,
+    pub kind: DataKind,
+    pub confidence: Confidence,
+}
+
+/// The built-in detectors, each once (the shapes above may give one several patterns).
+pub const DETECTORS: &[Detector] = &[
+    secret("pem-private-key", Confidence::High),
+    secret("anthropic", Confidence::High),
+    secret("openai", Confidence::High),
+    secret("stripe", Confidence::High),
+    secret("aws-access-key", Confidence::High),
+    secret("aws-secret-key", Confidence::High),
+    secret("gcp-service-account", Confidence::High),
+    secret("google-api-key", Confidence::High),
+    secret("github", Confidence::High),
+    secret("gitlab", Confidence::High),
+    secret("slack", Confidence::High),
+    secret("npm-token", Confidence::High),
+    secret("pypi-token", Confidence::High),
+    secret("database-url", Confidence::Medium),
+    secret("jwt", Confidence::Medium),
+    secret("bearer", Confidence::Medium),
+    secret("env-secret", Confidence::Low),
+    pii("email", Confidence::High),
+    pii("card", Confidence::High),
+    pii("iban", Confidence::High),
+    pii("us-ssn", Confidence::Medium),
+    pii("phone", Confidence::Medium),
+];
+
+const fn secret(name: &'static str, confidence: Confidence) -> Detector {
+    Detector {
+        name,
+        kind: DataKind::Secret,
+        confidence,
+    }
+}
+
+const fn pii(name: &'static str, confidence: Confidence) -> Detector {
+    Detector {
+        name,
+        kind: DataKind::Pii,
+        confidence,
+    }
+}
+
+/// The built-in detector of a name.
+pub fn detector(name: &str) -> Option<&'static Detector> {
+    DETECTORS.iter().find(|d| d.name == name)
+}
+
+/// One value a built-in detector found: its byte range in the input and the detector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Found {
+    pub start: usize,
+    pub end: usize,
+    pub detector: &'static str,
+}
+
+/// Every value the built-in detectors find in `input` (personal data too when
+/// `pii`), in order, not overlapping: the outgoing-secrets scanner's one pass.
+pub fn detect(input: &[u8], pii: bool, out: &mut Vec<Found>) {
+    static BUILT_IN: std::sync::OnceLock<Redactor> = std::sync::OnceLock::new();
+    let redactor =
+        BUILT_IN.get_or_init(|| Redactor::new(&[], &[]).expect("built-in patterns compile"));
+    let first = out.len();
+    for (start, end, kind) in redactor.find(input, &[]) {
+        if let Some(d) = detector(&kind) {
+            out.push(Found {
+                start,
+                end,
+                detector: d.name,
+            });
+        }
+    }
+    bare_aws_secrets(input, first, out);
+    if pii {
+        let mut hits = Vec::new();
+        pii::find(input, &mut hits);
+        pii::ibans(input, &mut hits);
+        for (start, end, detector) in hits {
+            if !out[first..].iter().any(|f| f.start < end && start < f.end) {
+                out.push(Found {
+                    start,
+                    end,
+                    detector,
+                });
+            }
+        }
+    }
+    out[first..].sort_by_key(|f| f.start);
+}
+
+/// How far from an AWS access key id a bare 40-character secret key is taken as its pair.
+const AWS_PAIR_REACH: usize = 200;
+
+/// A bare AWS secret key (40 base64 characters, no keyword before it) near an
+/// access key id that `out[first..]` holds: the two are pasted together.
+fn bare_aws_secrets(input: &[u8], first: usize, out: &mut Vec<Found>) {
+    let ids: Vec<usize> = out[first..]
+        .iter()
+        .filter(|f| f.detector == "aws-access-key")
+        .map(|f| f.end)
+        .collect();
+    for id_end in ids {
+        let window = id_end..input.len().min(id_end + AWS_PAIR_REACH);
+        let is_key = |b: u8| b.is_ascii_alphanumeric() || b == b'/' || b == b'+';
+        let mut at = window.start;
+        while at < window.end {
+            if !is_key(input[at]) {
+                at += 1;
+                continue;
+            }
+            let run = input[at..].iter().take_while(|b| is_key(**b)).count();
+            let token = &input[at..at + run];
+            let mixed = token.iter().any(u8::is_ascii_lowercase)
+                && token.iter().any(u8::is_ascii_uppercase)
+                && token.iter().any(u8::is_ascii_digit);
+            if run == 40
+                && mixed
+                && !out[first..]
+                    .iter()
+                    .any(|f| f.start < at + run && at < f.end)
+            {
+                out.push(Found {
+                    start: at,
+                    end: at + run,
+                    detector: "aws-secret-key",
+                });
+                break;
+            }
+            at += run;
+        }
+    }
+}
 
 /// The longest `.env`-style value taken as one secret; the rest is read again. As a
 /// bound in the pattern it was 512 NFA states the backtracker cleared per match:
@@ -615,6 +845,8 @@ impl Redactor {
                     if is_plural(rest) || is_placeholder(secret.as_bytes()) {
                         continue;
                     }
+                } else if shape.kind == "database-url" && is_placeholder(secret.as_bytes()) {
+                    continue;
                 }
                 let mut end = secret.end();
                 let mut whole_end = whole.end();

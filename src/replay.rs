@@ -479,6 +479,7 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &Arc<RuleSet>) -> O
         host: record.host.as_deref(),
         path: &path,
         model: model.as_deref(),
+        conversation: None,
         headers: record.received_headers(),
         body: &body,
         prompt: &prompt,

@@ -838,6 +838,7 @@ fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
         host: Some("127.0.0.1:8787"),
         path: "/v1/messages",
         model: None,
+        conversation: None,
         headers: HeaderMap::new(),
         body: &body,
         prompt: &prompt,

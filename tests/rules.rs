@@ -888,6 +888,7 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
         host: None,
         path: "/v1/messages",
         model: promptgate::provider::sniff(&body).model.as_deref(),
+        conversation: None,
         headers: http::HeaderMap::new(),
         body: &body,
         prompt: &prompt,

@@ -209,6 +209,10 @@ pub struct CaptureRecord {
     /// Each policy's turn at each phase: its decision and its time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub policies: Vec<crate::policy::PolicyRun>,
+    /// What the outgoing-secrets scanner found: detector, kind, where, and what was
+    /// done (never the value).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub findings: Vec<crate::policy::Finding>,
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed.
     pub body_diff: Vec<String>,
@@ -308,12 +312,15 @@ impl CaptureRecord {
         let received_coding = crate::provider::content_coding(&r.request_headers);
         // The key is read from what the client sent, then redacted like any text.
         // Claude Code's header names the conversation: no need to read the body for it.
-        let conversation = {
-            let prompt = (!r.request_headers.contains_key("x-claude-code-session-id"))
-                .then(|| r.prompt.get());
-            conversation_key(&r.request_headers, prompt, keys)
-                .map(|k| redactor.redact_text(&k, extra, &mut summary))
-        };
+        let conversation = r
+            .conversation
+            .clone()
+            .or_else(|| {
+                let prompt = (!r.request_headers.contains_key("x-claude-code-session-id"))
+                    .then(|| r.prompt.get());
+                conversation_key(&r.request_headers, prompt, keys)
+            })
+            .map(|k| redactor.redact_text(&k, extra, &mut summary));
         // The one check of the model, which rules made if they looked, else made here.
         let not_checked = KeyCheck::NotChecked;
         let duplicate_key = match r.prompt.if_read() {
@@ -370,6 +377,15 @@ impl CaptureRecord {
                 .map(|p| crate::policy::PolicyRun {
                     decision: redactor.bounded(&p.decision, extra, crate::redact::TEXT_MAX),
                     ..p.clone()
+                })
+                .collect(),
+            // Locations name a tool, which a client chose: redacted like any text.
+            findings: r
+                .findings
+                .iter()
+                .map(|f| crate::policy::Finding {
+                    location: redactor.bounded(&f.location, extra, crate::redact::NAME_MAX),
+                    ..f.clone()
                 })
                 .collect(),
             tags: r.tags.clone(),
@@ -980,6 +996,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
             host: None,
             path: "/v1/messages",
             model: None,
+            conversation: None,
             headers: http::HeaderMap::new(),
             body: &body,
             prompt: &r.prompt,

@@ -518,6 +518,19 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
             .collect();
         let _ = writeln!(out, "  policies      {}", turns.join(", "));
     }
+    if !r.findings.is_empty() {
+        let found: Vec<String> = r
+            .findings
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} ({}) at {}: {}",
+                    f.detector, f.kind, f.location, f.action
+                )
+            })
+            .collect();
+        let _ = writeln!(out, "  found         {}", found.join("; "));
+    }
     let _ = writeln!(out, "  tags          {}", list(&r.tags));
     let _ = writeln!(out, "  rule edits    {}", list(&r.body_diff));
     let redactions: Vec<String> = r

@@ -168,6 +168,19 @@ pub fn summary(set: &RuleSet) -> String {
             ));
         }
     }
+    if let Some(scanner) = set.scanner() {
+        for d in scanner.own_detectors() {
+            out.push_str(&format!("  detector {}\n", d.name));
+        }
+        for scan in scanner.scans() {
+            out.push_str(&format!(
+                "  scan {}: {} → {}\n",
+                scan.name,
+                scan.selection(),
+                scan.action.name()
+            ));
+        }
+    }
     let files = set.files.len();
     out.push_str(&format!(
         "{}: {} rule{} in {files} file{}\n",
@@ -326,6 +339,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         host: None,
         path: route.upstream_path.path(),
         model: model.as_deref(),
+        conversation: None,
         headers: header_map,
         body: &body,
         prompt: &prompt,
@@ -415,6 +429,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             model: model.as_deref(),
             encoded: false,
             tags: &result.effects.tags,
+            conversation: None,
         };
         let effects = set.apply_response(&facts, status, &result.headers, &mut response);
         println!("response: {}", status.as_u16());

@@ -641,6 +641,7 @@ impl Config {
             max_response: self.capture.max_response,
             upstream_anthropic: self.upstream_anthropic.clone(),
             upstream_openai: self.upstream_openai.clone(),
+            conversation: self.conversation.clone(),
         }
     }
 }

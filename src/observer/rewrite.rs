@@ -49,9 +49,33 @@ impl ResponseBody {
             timer: None,
             failed: None,
             ended: false,
+            whole: None,
+            bypass: false,
+        }))
+    }
+
+    /// `rules` applied to `inner` whole, as one event, once it has all come (a JSON
+    /// answer); past [`WHOLE_MAX`] bytes it goes on as it came.
+    pub fn whole_with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
+        ResponseBody::Events(Box::new(EventBody {
+            hold: true,
+            inner,
+            rules,
+            splitter: EventSplitter::default(),
+            out: VecDeque::new(),
+            scratch: Vec::new(),
+            timer: None,
+            failed: None,
+            ended: false,
+            whole: Some(Vec::new()),
+            bypass: false,
         }))
     }
 }
+
+/// The most bytes of a JSON answer held whole for the policies that read it: past
+/// this the answer goes on unread (a JSON answer of a model is kilobytes).
+pub const WHOLE_MAX: usize = 16 << 20;
 
 /// An SSE body under per-event rules. See the module docs.
 pub struct EventBody {
@@ -67,11 +91,31 @@ pub struct EventBody {
     /// What ends the body once `out` is sent.
     failed: Option<StreamError>,
     ended: bool,
+    /// A JSON answer being gathered whole for the rules.
+    whole: Option<Vec<u8>>,
+    /// The answer outgrew [`WHOLE_MAX`]: the rest passes as it comes.
+    bypass: bool,
 }
 
 impl EventBody {
     /// Feeds whole events to the rules; what they release joins `out`.
     fn feed(&mut self, data: &Bytes) {
+        if self.bypass {
+            self.out.push_back(data.clone());
+            return;
+        }
+        if let Some(buf) = &mut self.whole {
+            if buf.len() + data.len() > WHOLE_MAX {
+                let held = std::mem::take(buf);
+                self.out.push_back(Bytes::from(held));
+                self.out.push_back(data.clone());
+                self.whole = None;
+                self.bypass = true;
+            } else {
+                buf.extend_from_slice(data);
+            }
+            return;
+        }
         self.splitter.push(data);
         let now = Instant::now();
         while self.failed.is_none()
@@ -96,6 +140,16 @@ impl EventBody {
     /// The upstream ended (cleanly or not): what is held goes out, then an
     /// unfinished event's bytes as they came.
     fn drain(&mut self) {
+        if self.bypass {
+            return;
+        }
+        if let Some(buf) = self.whole.take()
+            && let Some(block) =
+                self.rules
+                    .push(Bytes::from(buf), Instant::now(), &mut self.scratch)
+        {
+            self.failed = Some(StreamError::Blocked(block));
+        }
         self.rules.finish(&mut self.scratch);
         let rest = self.splitter.rest();
         if !rest.is_empty() {

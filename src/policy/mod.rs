@@ -109,6 +109,9 @@ pub struct Facts<'a> {
     pub encoded: bool,
     /// Tags set so far, by earlier phases and policies.
     pub tags: &'a [String],
+    /// The conversation the exchange belongs to, decided once by the exchange when a
+    /// policy [reads it](Policy::reads_conversation) (`None` otherwise, or unknown).
+    pub conversation: Option<&'a str>,
 }
 
 /// The request as the request phases leave it: what goes upstream.
@@ -181,6 +184,8 @@ pub struct Effects {
     /// What the current turn's [`PolicyRun::decision`] says instead of its default
     /// (a hook's `error: timeout after 1000 ms (allowed)`); the driver takes it.
     pub outcome: Option<String>,
+    /// What the outgoing-secrets scanner found in the request (never a value).
+    pub findings: Vec<Finding>,
 }
 
 impl Effects {
@@ -222,7 +227,27 @@ impl Effects {
         }
         self.edits.extend(other.edits);
         self.parsed_body |= other.parsed_body;
+        self.findings.extend(other.findings);
     }
+}
+
+/// One value the outgoing-secrets scanner found in a request: what and where,
+/// never the value itself.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Finding {
+    /// The detector that found it (`aws-access-key`, `email`, or an admin's own).
+    pub detector: String,
+    /// `secret` or `pii`.
+    pub kind: String,
+    /// Where in the prompt: `messages[12].content[3]`, with the tool it belongs to
+    /// when there is one (`messages[5].content[0] (tool_result of Read)`).
+    pub location: String,
+    /// What was done: `block`, `mask`, `mask_and_restore`, `tag`, `log`, or `found`
+    /// (no scan acts on it; a rule's `found` test read it).
+    pub action: String,
+    /// The `[[scan]]` that acted, when one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scan: Option<String>,
 }
 
 /// One policy's turn at one phase, as the driver recorded it.
@@ -329,6 +354,23 @@ pub trait Policy: Send + Sync {
         _head: &ResponseHead<'_>,
     ) -> Option<(Box<dyn EventPolicy>, SharedReport)> {
         None
+    }
+
+    /// The engine that sees an answer that is not a stream (plain JSON) whole, as one
+    /// event, once it has all come; what it releases is what the client gets. `None`
+    /// when nothing of it applies.
+    fn provider_json_answer(
+        &self,
+        _facts: &Facts<'_>,
+        _head: &ResponseHead<'_>,
+    ) -> Option<(Box<dyn EventPolicy>, SharedReport)> {
+        None
+    }
+
+    /// Whether it reads [`Facts::conversation`]: the exchange then decides it before
+    /// the request phases (else it is left undecided, at no cost).
+    fn reads_conversation(&self) -> bool {
+        false
     }
 
     /// Whether its turn at `phase` waits on IO (a hook): the driver then awaits
@@ -459,12 +501,14 @@ impl Turn {
     }
 }
 
-/// The stream engines of every policy that acts on this answer's events, chained in
-/// load order (each sees what the previous released), with their reports.
+/// The stream engines of every policy that acts on this answer's events (`sse`), or
+/// on a JSON answer whole, chained in load order (each sees what the previous
+/// released), with their reports.
 pub fn stream_phase(
     policies: &[Arc<dyn Policy>],
     facts: &Facts<'_>,
     head: &ResponseHead<'_>,
+    sse: bool,
 ) -> Option<(Box<dyn EventPolicy>, Vec<SharedReport>)> {
     let mut engines = Vec::new();
     let mut reports = Vec::new();
@@ -472,7 +516,12 @@ pub fn stream_phase(
         .iter()
         .filter(|p| p.runs(Phase::ProviderStreamEvent))
     {
-        if let Some((engine, report)) = policy.provider_stream_event(facts, head) {
+        let engine = if sse {
+            policy.provider_stream_event(facts, head)
+        } else {
+            policy.provider_json_answer(facts, head)
+        };
+        if let Some((engine, report)) = engine {
             engines.push(engine);
             reports.push(report);
         }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use globset::{Glob, GlobMatcher, GlobSet, GlobSetBuilder};
 use regex::Regex;
@@ -570,9 +571,10 @@ pub(crate) fn compile_sources(
     let mut set = RuleSet::default();
     let mut errors = Vec::new();
     let mut seen: HashMap<String, String> = HashMap::new(); // rule name → where first defined
+    let mut scans = Scans::default();
     for (file, text) in sources {
         let mut cx = Cx::new(file, text, env);
-        let (rules, hooks) = compile_file(&mut cx, text, &mut seen, set.rules.len());
+        let (rules, hooks) = compile_file(&mut cx, text, &mut seen, set.rules.len(), &mut scans);
         set.files.push((file.clone(), rules.len()));
         set.rules.extend(rules);
         set.hooks.extend(hooks);
@@ -580,6 +582,8 @@ pub(crate) fn compile_sources(
         set.warnings.append(&mut cx.warnings);
         errors.append(&mut cx.errors);
     }
+    let found = set.uses_found();
+    set.scanner = super::secrets::Scanner::new(scans.scans, scans.detectors, found).map(Arc::new);
     if errors.is_empty() {
         Ok(set)
     } else {
@@ -588,12 +592,24 @@ pub(crate) fn compile_sources(
     }
 }
 
-/// A file's rules and hooks (`before`: the rules loaded from earlier files).
+/// The `[[scan]]` and `[[detector]]` tables of every file, in load order.
+#[derive(Default)]
+struct Scans {
+    scans: Vec<super::secrets::Scan>,
+    detectors: Vec<super::secrets::OwnDetector>,
+}
+
+/// The tables a rule file may hold.
+const FILE_TABLES: &[&str] = &["rule", "hook", "scan", "detector"];
+
+/// A file's rules and hooks (`before`: the rules loaded from earlier files); its
+/// scans and detectors join `scans`.
 fn compile_file(
     cx: &mut Cx<'_>,
     text: &str,
     seen: &mut HashMap<String, String>,
     before: usize,
+    scans: &mut Scans,
 ) -> (Vec<Rule>, Vec<super::hook::Hook>) {
     let (doc, parse_errors) = DeTable::parse_recoverable(text);
     if !parse_errors.is_empty() {
@@ -605,13 +621,13 @@ fn compile_file(
     }
     // Rules and hooks in the order written: `[[rule]]` and `[[hook]]` tables may
     // interleave, so their entries are taken by position in the text.
-    let mut entries: Vec<(bool, &Val<'_>)> = Vec::new();
+    let mut entries: Vec<(&str, &Val<'_>)> = Vec::new();
     for (key, value) in doc.get_ref().iter() {
         let kind = key.get_ref().as_ref();
-        if kind != "rule" && kind != "hook" {
-            cx.unknown(key, "a rule file", &["rule", "hook"]);
+        let Some(kind) = FILE_TABLES.iter().find(|t| **t == kind).copied() else {
+            cx.unknown(key, "a rule file", FILE_TABLES);
             continue;
-        }
+        };
         let DeValue::Array(items) = value.get_ref() else {
             cx.error(
                 value.span(),
@@ -619,18 +635,33 @@ fn compile_file(
             );
             continue;
         };
-        entries.extend(items.iter().map(|item| (kind == "hook", item)));
+        entries.extend(items.iter().map(|item| (kind, item)));
     }
     entries.sort_by_key(|(_, item)| item.span().start);
     let mut rules = Vec::new();
     let mut hooks = Vec::new();
-    for (is_hook, item) in entries {
-        if is_hook {
-            if let Some(hook) = super::hook::compile(cx, item, before + rules.len(), seen) {
-                hooks.push(hook);
+    for (kind, item) in entries {
+        match kind {
+            "hook" => {
+                if let Some(hook) = super::hook::compile(cx, item, before + rules.len(), seen) {
+                    hooks.push(hook);
+                }
             }
-        } else if let Some(rule) = compile_rule(cx, item, seen) {
-            rules.push(rule);
+            "scan" => {
+                if let Some(scan) = super::secrets::compile_scan(cx, item, &scans.detectors, seen) {
+                    scans.scans.push(scan);
+                }
+            }
+            "detector" => {
+                if let Some(d) = super::secrets::compile_detector(cx, item, seen) {
+                    scans.detectors.push(d);
+                }
+            }
+            _ => {
+                if let Some(rule) = compile_rule(cx, item, seen) {
+                    rules.push(rule);
+                }
+            }
         }
     }
     (rules, hooks)

@@ -43,6 +43,7 @@ const HEAD: &[Phase] = &[
 const BODY: &[Phase] = &[Phase::BeforeProviderHeaders, Phase::BeforeProviderRequest];
 const RESP: &[Phase] = &[Phase::AfterProviderResponse, Phase::ProviderStreamEvent];
 const EVENT: &[Phase] = &[Phase::ProviderStreamEvent];
+const SCANNED: &[Phase] = &[Phase::BeforeProviderRequest];
 
 /// Every matcher key.
 pub static MATCHERS: &[MatcherSpec] = &[
@@ -161,6 +162,12 @@ pub static MATCHERS: &[MatcherSpec] = &[
         example: "tag = \"batch\"",
     },
     MatcherSpec {
+        key: "found",
+        phases: SCANNED,
+        doc: "The outgoing-secrets scanner found a kind (`secret`, `pii`) or a detector's value (`aws-access-key`, `email`, a `[[detector]]`'s name) in what the model will read: any of a list. The scanner runs before every rule of the phase.",
+        example: "found = [\"secret\"]",
+    },
+    MatcherSpec {
         key: "any",
         phases: REQ,
         doc: "An array of `when` tables; at least one must hold.",
@@ -206,6 +213,8 @@ pub(crate) enum Matcher {
     /// With how a regex is rescanned as the block grows.
     Text(TextTest, Option<Tail>),
     Tag(Vec<String>),
+    /// Kinds or detector names the scanner found.
+    Found(Vec<String>),
 }
 
 /// A test on a text.
@@ -342,6 +351,17 @@ impl Matcher {
             Matcher::ToolName(_) => "tool_name",
             Matcher::Text(..) => "text",
             Matcher::Tag(_) => "tag",
+            Matcher::Found(_) => "found",
+        }
+    }
+
+    /// Whether it tests what the outgoing-secrets scanner found.
+    pub(crate) fn uses_found(&self) -> bool {
+        match self {
+            Matcher::All(v) | Matcher::Any(v) => v.iter().any(Matcher::uses_found),
+            Matcher::Not(m) => m.uses_found(),
+            Matcher::Found(_) => true,
+            _ => false,
         }
     }
 
@@ -430,6 +450,12 @@ impl Matcher {
                     _ => test.test(e.text),
                 }
             })),
+            Matcher::Found(names) => Tri::of(
+                st.effects
+                    .findings
+                    .iter()
+                    .any(|f| names.iter().any(|n| *n == f.kind || *n == f.detector)),
+            ),
             Matcher::Tag(tags) => Tri::of(st.event.is_some_and(|e| {
                 tags.iter()
                     .any(|t| e.tags.contains(t) || st.effects.tags.contains(t))
@@ -555,6 +581,23 @@ fn compile_one(
             one(Matcher::Tool(globs))
         }
         "tool_name" => one(Matcher::ToolName(cx.globs(v, "tool_name")?.0)),
+        "found" => {
+            let mut names = Vec::new();
+            for (text, span) in cx.strings(v, "found")? {
+                let known = crate::redact::DataKind::from_name(&text).is_some()
+                    || crate::redact::detector(&text).is_some();
+                if !known {
+                    cx.warn(
+                        span,
+                        format!(
+                            "found = {text:?} is neither a kind (secret, pii) nor a built-in detector: it matches only a [[detector]] of that name"
+                        ),
+                    );
+                }
+                names.push(text);
+            }
+            one(Matcher::Found(names))
+        }
         "event" | "block_type" | "tag" => {
             let names: Vec<String> = cx.strings(v, key)?.into_iter().map(|(t, _)| t).collect();
             one(match key {

@@ -14,6 +14,7 @@ mod limits;
 mod load;
 mod matcher;
 pub mod reload;
+pub mod secrets;
 mod shape;
 pub mod stream;
 
@@ -75,6 +76,9 @@ pub struct RuleSet {
     rules: Vec<Rule>,
     /// The hooks, in load order (each knows how many rules precede it).
     hooks: Vec<hook::Hook>,
+    /// The outgoing-secrets scanner, when a `[[scan]]` or a rule's `found` test asks
+    /// for one: it runs first at before_provider_request.
+    scanner: Option<Arc<secrets::Scanner>>,
     /// Each file read, with its number of rules.
     pub files: Vec<(String, usize)>,
     /// The directory it was loaded from.
@@ -106,6 +110,9 @@ pub struct RequestCtx<'a> {
     pub path: &'a str,
     /// The model as sniffed (no body parse).
     pub model: Option<&'a str>,
+    /// The conversation the request belongs to, when known (placeholders of masked
+    /// values are the same for the same value in one conversation).
+    pub conversation: Option<&'a str>,
     /// The headers to send upstream (hop-by-hop already removed).
     pub headers: HeaderMap,
     /// The body as received (maybe compressed: see `Content-Encoding` in `headers`).
@@ -268,10 +275,26 @@ impl RuleSet {
     /// The set as policies in load order: itself when it has no hooks, else the
     /// slices of rules between hooks, and the hooks (see [`hook`]).
     pub fn policies(self: &Arc<Self>) -> Vec<Arc<dyn Policy>> {
-        if self.hooks.is_empty() {
-            return vec![Arc::new(self.clone())];
+        let mut out: Vec<Arc<dyn Policy>> = Vec::new();
+        if let Some(scanner) = &self.scanner {
+            out.push(scanner.clone());
         }
-        hook::policies(self)
+        if self.hooks.is_empty() {
+            out.push(Arc::new(self.clone()));
+        } else {
+            out.extend(hook::policies(self));
+        }
+        out
+    }
+
+    /// Whether a rule tests what the outgoing-secrets scanner found.
+    fn uses_found(&self) -> bool {
+        self.rules.iter().any(|r| r.when.uses_found())
+    }
+
+    /// The outgoing-secrets scanner, when the set has one.
+    pub(crate) fn scanner(&self) -> Option<&secrets::Scanner> {
+        self.scanner.as_deref()
     }
 
     /// Runs before_provider_headers then before_provider_request on a request, as
@@ -302,7 +325,7 @@ impl RuleSet {
     /// the exchange runs them (for `rules test` and `replay`); each turn is in
     /// [`RequestResult::runs`].
     pub fn apply_request_all(self: &Arc<Self>, req: RequestCtx<'_>) -> RequestResult {
-        if self.hooks.is_empty() {
+        if self.hooks.is_empty() && self.scanner.is_none() {
             return self.apply_request(req);
         }
         self.start_hooks();
@@ -342,6 +365,7 @@ impl RuleSet {
             model: req.model,
             encoded,
             tags: &[],
+            conversation: req.conversation,
         };
         let mut out = Outgoing {
             headers: req.headers,

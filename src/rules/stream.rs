@@ -33,12 +33,45 @@ use crate::provider::{Api, Provider};
 #[derive(Debug)]
 pub(crate) struct Mask {
     pub(crate) regex: Regex,
-    pub(crate) with: String,
+    pub(crate) with: MaskWith,
     /// The hold's cap ([`scan::Holdback`]): a token longer than twice this goes out
     /// up to this many bytes before its end.
     pub(crate) hold_bytes: usize,
     /// The characters a match can contain.
     pub(crate) class: scan::TokenClass,
+}
+
+/// What a mask puts where its regex matches.
+#[derive(Debug)]
+pub(crate) enum MaskWith {
+    /// A fixed text (a `mask` rule's `with`).
+    Text(String),
+    /// The value each placeholder stands for (the outgoing-secrets scanner's
+    /// `mask_and_restore`), by the placeholder.
+    Restore(Arc<std::collections::HashMap<String, super::secrets::Original>>),
+}
+
+impl Mask {
+    /// What replaces `matched`; `json` when it lies in JSON text (a tool call's
+    /// input as it streams), where a restored value goes as the request's JSON had it.
+    fn replacement<'m>(&'m self, matched: &'m str, json: bool) -> &'m str {
+        match &self.with {
+            MaskWith::Text(t) => t,
+            MaskWith::Restore(values) => match values.get(matched) {
+                Some(o) if json => &o.json,
+                Some(o) => &o.text,
+                None => matched,
+            },
+        }
+    }
+
+    /// The edit's action name in the record.
+    fn action(&self) -> &'static str {
+        match self.with {
+            MaskWith::Text(_) => "mask",
+            MaskWith::Restore(_) => "restore",
+        }
+    }
 }
 
 /// One event as per-event matchers read it.
@@ -82,6 +115,27 @@ pub struct StreamContext {
     pub response_headers: HeaderMap,
     /// Tags the request and response rules set; per-event rules add theirs.
     pub tags: Vec<String>,
+}
+
+impl StreamContext {
+    /// The context of the answer whose head is `head`.
+    pub(crate) fn of(
+        facts: &crate::policy::Facts<'_>,
+        head: &crate::policy::ResponseHead<'_>,
+    ) -> StreamContext {
+        StreamContext {
+            provider: facts.provider,
+            api: facts.api,
+            method: facts.method.clone(),
+            host: facts.host.map(str::to_owned),
+            path: facts.path.to_owned(),
+            model: facts.model.map(str::to_owned),
+            request_headers: head.request_headers.clone(),
+            status: head.status,
+            response_headers: head.headers.clone(),
+            tags: facts.tags.to_vec(),
+        }
+    }
 }
 
 /// Where the text of a delta sits in its event's data.
@@ -278,6 +332,9 @@ pub struct EventRules {
     events: u32,
     stopped: bool,
     report: Arc<Mutex<StreamReport>>,
+    /// Masks that apply to every block from its first text, named (a policy's own,
+    /// not a rule's).
+    standing: Vec<(String, Arc<Mask>)>,
 }
 
 impl EventRules {
@@ -296,18 +353,38 @@ impl EventRules {
             events: 0,
             stopped: false,
             report: Arc::default(),
+            standing: Vec::new(),
         })
+    }
+
+    /// An engine that applies `mask` (named `name`) to the text of every block and
+    /// runs no rule: the outgoing-secrets scanner's restore.
+    pub(crate) fn restoring(cx: StreamContext, name: &str, mask: Arc<Mask>) -> EventRules {
+        let standing = vec![(name.to_owned(), mask)];
+        EventRules {
+            set: Arc::default(),
+            cx,
+            decoder: SseDecoder::default(),
+            block: CurrentBlock::default(),
+            held: VecDeque::new(),
+            seen_masks: standing.clone(),
+            events: 0,
+            stopped: false,
+            report: Arc::default(),
+            standing,
+        }
     }
 
     /// Whether rules may change or withhold events: then each event must be whole
     /// before any of it goes out. Observing rules (`tag`, `log`) let bytes through.
     pub fn may_change(&self) -> bool {
-        self.set.active(Phase::ProviderStreamEvent).any(|r| {
-            r.enforce
-                || r.actions
-                    .iter()
-                    .any(|a| matches!(a.key, "mask" | "drop_event" | "block"))
-        })
+        !self.standing.is_empty()
+            || self.set.active(Phase::ProviderStreamEvent).any(|r| {
+                r.enforce
+                    || r.actions
+                        .iter()
+                        .any(|a| matches!(a.key, "mask" | "drop_event" | "block"))
+            })
     }
 
     /// What the rules did, shared: it fills as events pass.
@@ -362,7 +439,10 @@ impl EventRules {
             self.block.text.push_str(text);
             (start, self.block.text.len())
         });
-        let (verdict, decision, effects) = self.run(&name, data.as_ref());
+        let (verdict, mut decision, effects) = self.run(&name, data.as_ref());
+        if piece_at.is_some() {
+            decision.masks.extend(self.standing.iter().cloned());
+        }
         self.note(&effects);
         for m in &decision.masks {
             if !self.block.masks.iter().any(|(r, _)| r == &m.0) {
@@ -519,7 +599,7 @@ impl EventRules {
         let text = &self.block.text;
         let mut new = String::new();
         let mut at = piece.start;
-        let mut rules: Vec<&str> = Vec::new();
+        let mut rules: Vec<(&str, &'static str)> = Vec::new();
         for hit in hits
             .iter()
             .filter(|h| h.end > piece.start && h.start < piece.end)
@@ -530,11 +610,13 @@ impl EventRules {
             new.push_str(&text[at..hit.start.max(at)]);
             // The marker goes where the match starts; its other parts go.
             if hit.marker && hit.start >= piece.start {
-                new.push_str(&mask.with);
+                let json = self.block.kind.as_deref() == Some("tool_use");
+                let matched = text.get(hit.start..hit.match_end).unwrap_or_default();
+                new.push_str(mask.replacement(matched, json));
             }
             at = hit.end.min(piece.end);
-            if !rules.contains(&rule.as_str()) {
-                rules.push(rule);
+            if !rules.contains(&(rule.as_str(), mask.action())) {
+                rules.push((rule, mask.action()));
             }
         }
         if rules.is_empty() {
@@ -545,17 +627,24 @@ impl EventRules {
         self.masked_event(index, name, &piece.data, &rules)
     }
 
-    /// A masked event's bytes, with an edit per rule that masked it.
-    fn masked_event(&self, index: u32, name: &str, data: &Value, rules: &[&str]) -> Bytes {
+    /// A masked event's bytes, with an edit per rule (and its action) that masked it.
+    fn masked_event(
+        &self,
+        index: u32,
+        name: &str,
+        data: &Value,
+        rules: &[(&str, &'static str)],
+    ) -> Bytes {
         let data = data.to_string();
         let mut report = self.report_mut();
-        for rule in rules {
+        for (rule, action) in rules {
             report.edits.push(EventEdit {
                 index,
                 event: name.to_owned(),
                 rule: (*rule).to_owned(),
-                action: "mask".into(),
-                sent: Some(data.clone()),
+                action: (*action).into(),
+                // A restored event carries the value the provider never saw: not kept.
+                sent: (*action == "mask").then(|| data.clone()),
             });
         }
         event_bytes(name, &data)
@@ -566,8 +655,8 @@ impl EventRules {
         let Some(mut data) = data else {
             return raw;
         };
-        let mut rules: Vec<&str> = Vec::new();
-        mask_strings(&mut data, &self.seen_masks, &mut rules, false);
+        let mut rules: Vec<(&str, &'static str)> = Vec::new();
+        mask_strings(&mut data, &self.seen_masks, &mut rules, None);
         if rules.is_empty() {
             return raw;
         }
@@ -644,33 +733,39 @@ impl EventRules {
     }
 }
 
-/// Applies masks to every `text` and `arguments` string in `v`.
+/// Applies masks to every `text` and `arguments` string in `v` (`key`: the key of
+/// `v` in its object; `arguments` is JSON text).
 fn mask_strings<'m>(
     v: &mut Value,
     masks: &'m [(String, Arc<Mask>)],
-    rules: &mut Vec<&'m str>,
-    is_text: bool,
+    rules: &mut Vec<(&'m str, &'static str)>,
+    key: Option<&str>,
 ) {
     match v {
-        Value::String(s) if is_text => {
+        Value::String(s) if matches!(key, Some("text" | "arguments")) => {
+            let json = key == Some("arguments");
             for (rule, m) in masks {
                 if m.regex.is_match(s) {
-                    *s = m.regex.replace_all(s, m.with.as_str()).into_owned();
-                    if !rules.contains(&rule.as_str()) {
-                        rules.push(rule);
+                    *s = m
+                        .regex
+                        .replace_all(s, |c: &regex::Captures<'_>| {
+                            m.replacement(&c[0], json).to_owned()
+                        })
+                        .into_owned();
+                    if !rules.contains(&(rule.as_str(), m.action())) {
+                        rules.push((rule, m.action()));
                     }
                 }
             }
         }
         Value::Array(items) => {
             for item in items {
-                mask_strings(item, masks, rules, false);
+                mask_strings(item, masks, rules, None);
             }
         }
         Value::Object(map) => {
             for (k, item) in map.iter_mut() {
-                let text = matches!(k.as_str(), "text" | "arguments");
-                mask_strings(item, masks, rules, text);
+                mask_strings(item, masks, rules, Some(k.as_str()));
             }
         }
         _ => {}

@@ -339,15 +339,18 @@ pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
         }
     }
     // The body is read only when no header names the conversation.
-    let conversation = match &record.cache {
-        Some(c) => Some(c.conversation.clone()),
-        None => conversation_key(&record.request_headers, None, cx.conversation).or_else(|| {
-            conversation_key(
-                &record.request_headers,
-                Some(record.prompt.get()),
-                cx.conversation,
-            )
-        }),
+    let conversation = match (&record.conversation, &record.cache) {
+        (Some(c), _) => Some(c.clone()),
+        (None, Some(c)) => Some(c.conversation.clone()),
+        (None, None) => {
+            conversation_key(&record.request_headers, None, cx.conversation).or_else(|| {
+                conversation_key(
+                    &record.request_headers,
+                    Some(record.prompt.get()),
+                    cx.conversation,
+                )
+            })
+        }
     };
     if let Some(c) = conversation {
         attributes.push(text(GEN_AI_CONVERSATION_ID, bounded(&c, NAME_MAX)));

@@ -8,8 +8,8 @@ use toml::de::DeValue;
 
 use super::Action;
 use crate::rules::load::{Cx, Val};
-use crate::rules::stream::Mask;
 use crate::rules::stream::scan::TokenClass;
+use crate::rules::stream::{Mask, MaskWith};
 use crate::rules::{Block, State};
 use crate::setting::{Scalar, parse_duration};
 
@@ -83,7 +83,7 @@ pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
     Some(Box::new(MaskAction(Arc::new(Mask {
         class: TokenClass::of(&regex),
         regex,
-        with,
+        with: MaskWith::Text(with),
         hold_bytes,
     }))))
 }

@@ -108,6 +108,8 @@ fn collect(hir: &Hir, out: &mut Vec<(char, char)>) -> bool {
 pub(crate) struct Hit {
     pub(crate) start: usize,
     pub(crate) end: usize,
+    /// Where the whole match ends (past `end` when only part of it is released now).
+    pub(crate) match_end: usize,
     /// Which of the regexes given to [`Holdback::take`].
     pub(crate) mask: usize,
     /// The match starts at `start`: its marker goes there. Otherwise the span only goes.
@@ -202,6 +204,7 @@ impl Holdback {
             hits.push(Hit {
                 start: at,
                 end: end.min(to),
+                match_end: end,
                 mask,
                 marker: false,
             });
@@ -221,6 +224,7 @@ impl Holdback {
                 hits.push(Hit {
                     start: at,
                     end: stop,
+                    match_end: stop,
                     mask,
                     marker: false,
                 });
@@ -241,6 +245,7 @@ impl Holdback {
                 hits.push(Hit {
                     start,
                     end: end.min(to),
+                    match_end: end,
                     mask,
                     marker: true,
                 });
@@ -254,6 +259,7 @@ impl Holdback {
                 hits.push(Hit {
                     start,
                     end: to,
+                    match_end: end,
                     mask,
                     marker: true,
                 });
