@@ -36,11 +36,15 @@ fn cpu_time() -> Duration {
 }
 
 /// Mean CPU time of one call, over enough calls for the 10 ms tick to vanish.
-fn time(mut f: impl FnMut()) -> Duration {
+fn time(f: impl FnMut()) -> Duration {
+    time_n(4000, f)
+}
+
+/// Mean CPU time of one call over `n` calls (after 20 untimed ones).
+fn time_n(n: u32, mut f: impl FnMut()) -> Duration {
     for _ in 0..20 {
         f();
     }
-    let n = 4000;
     let start = cpu_time();
     for _ in 0..n {
         f();
@@ -71,7 +75,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir = PathBuf::from(args.next().unwrap_or_else(|| "rules/bench".into()));
     let size: usize = args.next().and_then(|s| s.parse().ok()).unwrap_or(200_000);
-    let rules = RuleSet::load_dir(&dir).unwrap_or_else(|e| panic!("{e:?}"));
+    let rules = std::sync::Arc::new(RuleSet::load_dir(&dir).unwrap_or_else(|e| panic!("{e:?}")));
     let body = Bytes::from(shapes::claude_code_body_of_size(size));
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
@@ -83,7 +87,7 @@ fn main() {
             body.clone(),
             Some(promptgate::prompt::Format::AnthropicMessages),
         );
-        rules.apply_request(RequestCtx {
+        rules.apply_request_all(RequestCtx {
             provider: Provider::Anthropic,
             api: Api::Messages,
             method: &Method::POST,
@@ -106,6 +110,38 @@ fn main() {
     });
     let applied_cold = time_cold(|| {
         std::hint::black_box(apply());
+    });
+    // A set loaded anew for each call: nothing of an earlier request is known (the
+    // outgoing-secrets scanner reads every unit, not only the new ones).
+    let fresh: Vec<_> = (0..220)
+        .map(|_| std::sync::Arc::new(RuleSet::load_dir(&dir).unwrap_or_else(|e| panic!("{e:?}"))))
+        .collect();
+    let mut sets = fresh.iter().cycle();
+    let first = time_n(200, || {
+        let set = sets.next().expect("cycle");
+        let prompt = promptgate::prompt::PromptCell::new(
+            body.clone(),
+            Some(promptgate::prompt::Format::AnthropicMessages),
+        );
+        std::hint::black_box(set.apply_request_all(RequestCtx {
+            provider: Provider::Anthropic,
+            api: Api::Messages,
+            method: &Method::POST,
+            host: None,
+            path: "/v1/messages",
+            model: None,
+            conversation: None,
+            headers: headers.clone(),
+            body: &body,
+            prompt: &prompt,
+        }));
+    });
+    let units = time(|| {
+        let p = promptgate::prompt::Prompt::read(
+            body.clone(),
+            Some(promptgate::prompt::Format::AnthropicMessages),
+        );
+        std::hint::black_box(p.units().len());
     });
     let model = time(|| {
         let p = promptgate::prompt::Prompt::read(
@@ -141,6 +177,14 @@ fn main() {
     println!(
         "apply_request, cold:     {:>8.1} µs (8 MB written before each call, wall time)",
         applied_cold.as_secs_f64() * 1e6
+    );
+    println!(
+        "apply_request, new set:  {:>8.1} µs (a set loaded anew per call: nothing read before is known)",
+        first.as_secs_f64() * 1e6
+    );
+    println!(
+        "Prompt::read + units:      {:>6.1} µs (the model with its units cut)",
+        units.as_secs_f64() * 1e6
     );
     println!(
         "Prompt::read (the model):  {:>6.1} µs (tape and repeated keys; units are cut on first ask)",

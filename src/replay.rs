@@ -225,6 +225,21 @@ pub fn replay(
             description: r.description.clone(),
             ..RuleEffect::default()
         })
+        // The outgoing-secrets scans too: each acts as one policy of its own.
+        .chain(
+            rules
+                .scanner()
+                .into_iter()
+                .flat_map(|s| s.scans())
+                .map(|s| RuleEffect {
+                    rule: s.name.clone(),
+                    phase: crate::policy::Phase::BeforeProviderRequest
+                        .name()
+                        .to_owned(),
+                    description: Some(format!("scan: {} → {}", s.selection(), s.action.name())),
+                    ..RuleEffect::default()
+                }),
+        )
         .collect();
     let index: HashMap<String, usize> = effects
         .iter()
@@ -479,7 +494,7 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &Arc<RuleSet>) -> O
         host: record.host.as_deref(),
         path: &path,
         model: model.as_deref(),
-        conversation: None,
+        conversation: record.conversation.as_deref(),
         headers: record.received_headers(),
         body: &body,
         prompt: &prompt,

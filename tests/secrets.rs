@@ -584,3 +584,94 @@ action = "block"
         assert!(text.contains(want), "{want} not in:\n{text}");
     }
 }
+
+/// A conversation with an AWS key in its first user message, turn after turn.
+fn keyed_turn(rounds: usize) -> Vec<u8> {
+    let mut body = shapes::claude_code_body(rounds, shapes::CC_SESSION);
+    body["messages"][0]["content"][3]["text"] = json!(format!("aws {AWS_ID} {AWS_SECRET}"));
+    shapes::to_bytes(&body)
+}
+
+const MASK_CLOUD: &str = r#"
+[[scan]]
+name = "cloud-credentials"
+detectors = ["aws-access-key", "aws-secret-key"]
+action = "mask"
+"#;
+
+#[tokio::test]
+async fn masking_turned_on_mid_conversation_is_named_as_the_writer_of_the_miss() {
+    let emulator = Arc::new(Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |r| Action::Respond(emulated_reply(&e, &r.body))).await;
+    let rules = rules("# no scan yet\n");
+    let proxy = start(&fake, &rules);
+    let r = client::send(proxy.addr, &claude_request(&proxy, &keyed_turn(1), &[])).await;
+    assert_eq!(r.status, 200);
+    captures::wait_records(&proxy.captures, 1, WAIT).await;
+    let admin = proxy.admin_addr();
+    let reloads = || async {
+        let (_, rules) = client::get_json(admin, "/api/rules").await;
+        rules["reloads"]["ok"].as_u64().unwrap_or(0)
+    };
+    let before = reloads().await;
+    std::fs::write(rules.path().join("scans.toml"), MASK_CLOUD).unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    while reloads().await == before {
+        assert!(std::time::Instant::now() < deadline, "the rules reloaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = client::send(proxy.addr, &claude_request(&proxy, &keyed_turn(2), &[])).await;
+    assert_eq!(r.status, 200);
+    let records = captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let second = records
+        .iter()
+        .find(|r| r["findings"].as_array().is_some_and(|f| !f.is_empty()))
+        .expect("turn 2 was masked");
+    let shown = captures::ok(&proxy.captures, &["show", second["id"].as_str().unwrap()]);
+    assert!(
+        shown.contains("messages[0].content[3]") && shown.contains("written by cloud-credentials"),
+        "{shown}"
+    );
+}
+
+#[tokio::test]
+async fn replay_predicts_what_a_mask_does_over_captured_traffic() {
+    let emulator = Arc::new(Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |r| Action::Respond(emulated_reply(&e, &r.body))).await;
+    let none = rules("# no scan\n");
+    let mut proxy = start(&fake, &none);
+    for rounds in [1, 2, 3] {
+        let r = client::send(
+            proxy.addr,
+            &claude_request(&proxy, &keyed_turn(rounds), &[]),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+    }
+    captures::wait_records(&proxy.captures, 3, WAIT).await;
+    proxy.signal("TERM");
+    assert!(proxy.wait_exit(WAIT).await.success());
+    let scans = rules(MASK_CLOUD);
+    let out = captures::replay(
+        &proxy.captures,
+        &[
+            "--rules",
+            scans.path().to_str().unwrap(),
+            "--format",
+            "json",
+        ],
+    );
+    assert_eq!(out.code, 0, "{}{}", out.stdout, out.stderr);
+    let report: Value = serde_json::from_str(&out.stdout).unwrap();
+    let scan = report["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["rule"] == "cloud-credentials")
+        .unwrap_or_else(|| panic!("the scan is in the report: {report}"));
+    assert_eq!(scan["changed"], 3, "{scan}");
+    // The same placeholder every turn: the replayed turns still read their prefix.
+    assert!(scan["cost_delta"].as_f64().unwrap().abs() < 0.01, "{scan}");
+}

@@ -375,6 +375,7 @@ impl Scanner {
     fn read_unit<'s>(&'s self, bytes: &[u8], at: usize, out: &mut Vec<Hit<'s>>) {
         let mut found = Vec::new();
         redact::detect(bytes, self.pii, &mut found);
+        redaction_markers(bytes, &mut found);
         for f in found {
             let Some(d) = redact::detector(f.detector) else {
                 continue;
@@ -393,7 +394,10 @@ impl Scanner {
             let text = String::from_utf8_lossy(bytes);
             if text.len() == bytes.len() {
                 for d in &self.own {
-                    for m in d.regex.find_iter(&text) {
+                    for caps in d.regex.captures_iter(&text) {
+                        let Some(m) = caps.name("s").or_else(|| caps.get(0)) else {
+                            continue;
+                        };
                         let span = at + m.start()..at + m.end();
                         let overlaps = out
                             .iter()
@@ -645,6 +649,36 @@ fn unit_pointer(unit: &Unit) -> String {
         _ => {}
     }
     out
+}
+
+/// The capture's redaction markers in `bytes` (`[REDACTED:aws-access-key:1a2b3c4d]`),
+/// each as a value of its detector: a request replayed from the store carries its
+/// secrets as markers, and a scan should treat it as it treated the secret.
+fn redaction_markers(bytes: &[u8], out: &mut Vec<redact::Found>) {
+    const OPEN: &[u8] = b"[REDACTED:";
+    for at in memchr::memmem::find_iter(bytes, OPEN) {
+        let rest = &bytes[at + OPEN.len()..];
+        let Some(colon) = rest.iter().take(40).position(|b| *b == b':') else {
+            continue;
+        };
+        let Some(close) = rest.iter().take(colon + 40).position(|b| *b == b']') else {
+            continue;
+        };
+        let Some(d) = std::str::from_utf8(&rest[..colon])
+            .ok()
+            .and_then(redact::detector)
+        else {
+            continue;
+        };
+        let (start, end) = (at, at + OPEN.len() + close + 1);
+        if !out.iter().any(|f| f.start < end && start < f.end) {
+            out.push(redact::Found {
+                start,
+                end,
+                detector: d.name,
+            });
+        }
+    }
 }
 
 /// The placeholders' mark: `MASKED` and ten hex digits of the keyed hash.

@@ -542,6 +542,10 @@ function rulesSection(r, edits) {
   for (const p of r.policies || []) {
     box.append(el("div", { class: "mono policy-run", text: `${p.phase} · ${p.policy}: ${p.decision} (${p.took_us} µs)` }));
   }
+  // What the outgoing-secrets scanner found: detector, kind, where, what was done (never the value).
+  for (const f of r.findings || []) {
+    box.append(el("div", { class: "mono finding", text: `found ${f.detector} (${f.kind}) at ${f.location}: ${f.action}${f.scan ? ` by ${f.scan}` : ""}` }));
+  }
   if (edits && edits.entries.length) {
     box.append(el("div", { class: "empty", text: "received → sent" }));
     for (const e of edits.entries) box.append(diffEntry(e, false));
