@@ -365,6 +365,19 @@ pub fn detect(input: &[u8], pii: bool, out: &mut Vec<Found>) {
     out[first..].sort_by_key(|f| f.start);
 }
 
+/// The mark of the outgoing-secrets scanner's placeholders: `MASKED` and ten hex
+/// digits of a keyed hash.
+const PLACEHOLDER_MARK: &[u8] = b"MASKED";
+
+/// Whether `bytes` hold a placeholder the scanner put in place of a value: it is
+/// not a secret (the capture shows it as the provider got it) and not scanned again.
+pub fn is_mask_placeholder(bytes: &[u8]) -> bool {
+    memchr::memmem::find_iter(bytes, PLACEHOLDER_MARK).any(|at| {
+        let hex = &bytes[at + PLACEHOLDER_MARK.len()..];
+        hex.len() >= 10 && hex[..10].iter().all(u8::is_ascii_hexdigit)
+    })
+}
+
 /// How far from an AWS access key id a bare 40-character secret key is taken as its pair.
 const AWS_PAIR_REACH: usize = 200;
 
@@ -846,6 +859,9 @@ impl Redactor {
                         continue;
                     }
                 } else if shape.kind == "database-url" && is_placeholder(secret.as_bytes()) {
+                    continue;
+                }
+                if is_mask_placeholder(&window[secret.start()..secret.end()]) {
                     continue;
                 }
                 let mut end = secret.end();

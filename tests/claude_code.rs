@@ -808,3 +808,101 @@ async fn v1_base_url() {
         .count();
     assert_eq!(answered, 1, "sent once");
 }
+
+#[test]
+fn claude_code_with_a_pasted_key_is_blocked_or_masked_and_restored() {
+    isolated(
+        "claude_code_with_a_pasted_key_is_blocked_or_masked_and_restored",
+        pasted_key,
+    );
+}
+
+/// The outgoing-secrets scanner under the real CLI: a pasted private key is refused
+/// once with the scan's message; a pasted AWS key id reaches the provider as a
+/// placeholder, and the provider's answer that repeats the placeholder reaches the
+/// user as the key.
+async fn pasted_key() {
+    const AWS_ID: &str = "AKIAQ3EGRT5KCANARY7X";
+    const PEM_BODY: &str = "b3BlbnNzaC1rZXktdjEAAAAACANARYccPEM";
+    // The fake echoes the placeholder it received, split across deltas.
+    let fake = FakeProvider::start(|r| {
+        if !r.target.starts_with("/v1/messages") {
+            return answer(r);
+        }
+        let text = String::from_utf8_lossy(&r.body);
+        let echo = text
+            .find("AKIAMASKED")
+            .map(|at| text[at..at + 20].to_owned())
+            .unwrap_or_else(|| "no placeholder".into());
+        let (a, b) = echo.split_at(9);
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events("claude-opus-5-5", &["Your key: ", a, b], (3, 0, 0, 8)),
+            Duration::from_millis(10),
+        ))
+    })
+    .await;
+    let rules = TempDir::new("secrets-rules");
+    std::fs::write(
+        rules.path().join("scans.toml"),
+        "[[scan]]\nname = \"no-private-keys\"\ndetectors = [\"pem-private-key\"]\naction = \"block\"\n\n\
+         [[scan]]\nname = \"cloud-credentials\"\ndetectors = [\"aws-access-key\"]\naction = \"mask_and_restore\"\n",
+    )
+    .unwrap();
+    let proxy = Proxy::with_rules(&fake, rules.path());
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let run = |prompt: String| {
+        let mut command = claude_command(
+            &["-p", &prompt, "--output-format", "json"],
+            work.path(),
+            home.path(),
+            &[("ANTHROPIC_BASE_URL", proxy.url())],
+        );
+        // Claude Code's own retry policy: a block must be shown once, not retried.
+        command.env_remove("CLAUDE_CODE_MAX_RETRIES");
+        async move {
+            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+                .await
+                .unwrap();
+            let result = serde_json::from_slice::<Value>(&output.stdout)
+                .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            (output.status.success(), result)
+        }
+    };
+    let pem = format!(
+        "Check this key:\n-----BEGIN OPENSSH PRIVATE KEY-----\n{PEM_BODY}\n-----END OPENSSH PRIVATE KEY-----"
+    );
+    let (ok, result) = run(pem).await;
+    eprintln!("blocked run printed {result:?}");
+    assert!(!ok);
+    assert!(
+        result.starts_with("API Error: 451 promptgate: the request carries data the policy keeps from the provider (pem-private-key at messages[0].content"),
+        "{result}"
+    );
+    assert!(!result.contains(PEM_BODY));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        messages_calls(&fake)
+            .iter()
+            .all(|r| !String::from_utf8_lossy(&r.body).contains(PEM_BODY))
+    );
+    let blocked = proxy
+        .exchanges()
+        .into_iter()
+        .filter(|l| l["outcome"] == "blocked")
+        .count();
+    assert_eq!(blocked, 1, "shown once, not retried");
+
+    let (ok, result) = run(format!("Repeat my AWS key id {AWS_ID} back to me")).await;
+    assert!(ok, "{result}\n{}", proxy.log());
+    assert_eq!(result, format!("Your key: {AWS_ID}"));
+    let calls = messages_calls(&fake);
+    assert!(!calls.is_empty());
+    for call in &calls {
+        assert!(
+            !String::from_utf8_lossy(&call.body).contains(AWS_ID),
+            "the provider saw the key"
+        );
+    }
+    assert!(!proxy.log().contains(AWS_ID) && !proxy.log().contains(PEM_BODY));
+}

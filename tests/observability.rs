@@ -4,16 +4,15 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use support::cache_emulator::{self, CacheEmulator};
-use support::{Action, FakeProvider, Proxy, Reply, TempDir, client, sdk, shapes};
+use support::otlp::Receiver;
+use support::{Action, FakeProvider, Proxy, Reply, TempDir, client, shapes};
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -344,66 +343,6 @@ async fn a_real_prometheus_scrapes_the_series_and_they_add_up() {
     assert!(open.text().ends_with("# EOF\n"));
     // No secret in any series: the API key the requests carried never shows.
     support::assert_absent(&text.body.bytes, "sk-ant-api03-test", "/metrics");
-}
-
-/// The OTLP test receiver (tests/clients/otlp_receiver.py) and the file its spans land in.
-struct Receiver {
-    port: u16,
-    out: PathBuf,
-    _process: Running,
-    _dir: TempDir,
-}
-
-impl Receiver {
-    fn start() -> Option<Receiver> {
-        if !sdk::available() {
-            return None;
-        }
-        let dir = TempDir::new("otlp");
-        let out = dir.path().join("spans.jsonl");
-        let script =
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/clients/otlp_receiver.py");
-        let mut child = Command::new(sdk::python())
-            .arg(script)
-            .arg(&out)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .strip_prefix("listening ")
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| panic!("the receiver said {line:?}"));
-        Some(Receiver {
-            port,
-            out,
-            _process: Running(child),
-            _dir: dir,
-        })
-    }
-
-    async fn spans(&self, n: usize) -> Vec<Value> {
-        let deadline = Instant::now() + WAIT;
-        loop {
-            let lines: Vec<Value> = std::fs::read_to_string(&self.out)
-                .unwrap_or_default()
-                .lines()
-                .map(|l| serde_json::from_str(l).unwrap())
-                .collect();
-            if let Some(e) = lines.iter().find(|l| l.get("error").is_some()) {
-                panic!("the receiver could not decode a post: {e}");
-            }
-            if lines.len() >= n {
-                return lines;
-            }
-            assert!(Instant::now() < deadline, "{} span(s) of {n}", lines.len());
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
 }
 
 /// A span attribute's value, as the protobuf JSON mapping writes it.

@@ -675,3 +675,84 @@ async fn replay_predicts_what_a_mask_does_over_captured_traffic() {
     // The same placeholder every turn: the replayed turns still read their prefix.
     assert!(scan["cost_delta"].as_f64().unwrap().abs() < 0.01, "{scan}");
 }
+
+/// Reads the live feed until it has said `until` (an event name), or the time is up.
+async fn live_feed_until(
+    admin: std::net::SocketAddr,
+    until: &str,
+    sent: tokio::sync::oneshot::Sender<()>,
+) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(admin).await.unwrap();
+    let head = format!("GET /api/live HTTP/1.0\r\nHost: {admin}\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut seen = Vec::new();
+    let mut sent = Some(sent);
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let want = format!("event: {until}");
+    loop {
+        let mut chunk = [0u8; 8192];
+        let n = tokio::time::timeout_at(deadline, stream.read(&mut chunk))
+            .await
+            .expect("the live feed said it in time")
+            .unwrap();
+        assert!(n > 0, "the live feed closed");
+        seen.extend_from_slice(&chunk[..n]);
+        // Connected: let the request go.
+        if let Some(s) = sent.take() {
+            let _ = s.send(());
+        }
+        if String::from_utf8_lossy(&seen).contains(&want) {
+            return String::from_utf8_lossy(&seen).into_owned();
+        }
+    }
+}
+
+#[tokio::test]
+async fn found_values_reach_neither_the_live_feed_nor_the_traces() {
+    let Some(receiver) = support::otlp::Receiver::start() else {
+        return;
+    };
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::sse(
+            shapes::anthropic_events("claude-opus-5-5", &["o", "k"], (3, 0, 0, 2)),
+            Duration::from_millis(5),
+        ))
+    })
+    .await;
+    let rules = rules(
+        r#"
+[[scan]]
+name = "mask-everything"
+kinds = ["secret", "pii"]
+action = "mask"
+"#,
+    );
+    let endpoint = format!("http://127.0.0.1:{}", receiver.port);
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+        "--otlp-endpoint",
+        &endpoint,
+        "--otlp-content",
+    ]);
+    let (go, connected) = tokio::sync::oneshot::channel();
+    let feed = tokio::spawn(live_feed_until(proxy.admin_addr(), "recorded", go));
+    connected.await.unwrap();
+    let body = shapes::to_bytes(&planted_body());
+    let r = client::send(proxy.addr, &claude_request(&proxy, &body, &[])).await;
+    assert_eq!(r.status, 200);
+    let live = feed.await.unwrap();
+    assert!(live.contains("event: started"), "{live}");
+    assert_no_canary("the live feed", live.as_bytes());
+    let spans = receiver.spans(1).await;
+    let spans = serde_json::to_string(&spans).unwrap();
+    assert!(
+        spans.contains("AKIAMASKED"),
+        "the placeholders are exported: {spans}"
+    );
+    assert_no_canary("the exported spans", spans.as_bytes());
+    assert_nothing_leaked(&proxy, CANARIES).await;
+}

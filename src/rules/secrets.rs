@@ -380,7 +380,7 @@ impl Scanner {
             let Some(d) = redact::detector(f.detector) else {
                 continue;
             };
-            if is_placeholder(&bytes[f.start..f.end]) {
+            if redact::is_mask_placeholder(&bytes[f.start..f.end]) {
                 continue;
             }
             out.push(Hit {
@@ -402,7 +402,10 @@ impl Scanner {
                         let overlaps = out
                             .iter()
                             .any(|h| h.span.start < span.end && span.start < h.span.end);
-                        if !m.is_empty() && !overlaps && !is_placeholder(m.as_str().as_bytes()) {
+                        if !m.is_empty()
+                            && !overlaps
+                            && !redact::is_mask_placeholder(m.as_str().as_bytes())
+                        {
                             out.push(Hit {
                                 span,
                                 detector: &d.name,
@@ -565,10 +568,10 @@ fn block_message(blocked: &[(&str, String, &str)]) -> String {
     if blocked.len() > SHOWN {
         places.push(format!("and {} more", blocked.len() - SHOWN));
     }
+    // The answer adds "promptgate: " and the scan's name as the rule.
     format!(
-        "promptgate: the request carries data the policy keeps from the provider ({}; scan {}). Remove it and send again.",
-        places.join(", "),
-        blocked[0].0
+        "the request carries data the policy keeps from the provider ({}). Remove it and send again.",
+        places.join(", ")
     )
 }
 
@@ -679,17 +682,6 @@ fn redaction_markers(bytes: &[u8], out: &mut Vec<redact::Found>) {
             });
         }
     }
-}
-
-/// The placeholders' mark: `MASKED` and ten hex digits of the keyed hash.
-const MARK: &[u8] = b"MASKED";
-
-/// Whether `bytes` hold a placeholder (one masked earlier, sent back by the client).
-fn is_placeholder(bytes: &[u8]) -> bool {
-    memchr::memmem::find_iter(bytes, MARK).any(|at| {
-        let hex = &bytes[at + MARK.len()..];
-        hex.len() >= 10 && hex[..10].iter().all(u8::is_ascii_hexdigit)
-    })
 }
 
 /// Token prefixes a placeholder keeps, so that it still says what it stands for.
@@ -1010,7 +1002,7 @@ mod tests {
         assert!(a.starts_with("AKIAMASKED"), "{a}");
         assert_eq!(a, placeholder("aws-access-key", id, "cc:1"));
         assert_ne!(a, placeholder("aws-access-key", id, "cc:2"));
-        assert!(is_placeholder(a.as_bytes()));
+        assert!(redact::is_mask_placeholder(a.as_bytes()));
         let e = placeholder("email", b"jane@example.com", "cc:1");
         assert!(
             e.starts_with("MASKED") && e.ends_with("@example.invalid"),
@@ -1020,7 +1012,7 @@ mod tests {
         assert!(k.starts_with("sk-ant-MASKED"), "{k}");
         let p = placeholder("pem-private-key", b"-----BEGIN", "");
         assert!(p.starts_with("pem-private-key-MASKED"), "{p}");
-        assert!(!is_placeholder(b"MASKEDxyz"));
+        assert!(!redact::is_mask_placeholder(b"MASKEDxyz"));
     }
 
     #[test]
