@@ -235,6 +235,26 @@ impl Metrics {
         self.rule_fires.get(&labels).map_or(0, |c| c.get())
     }
 
+    /// How often `policy` (a hook's or the scanner's name, or `rules`) decided
+    /// each way since the start, over every phase: `continue`, `changed`, `respond`,
+    /// `skipped`, `error`.
+    pub fn policy_decisions(&self, policy: &str) -> std::collections::BTreeMap<&'static str, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for phase in crate::policy::Phase::ALL {
+            for decision in ["continue", "changed", "respond", "skipped", "error"] {
+                let labels = DecisionLabels {
+                    policy: Arc::from(policy),
+                    phase: phase.name(),
+                    decision,
+                };
+                if let Some(c) = self.policy_decisions.get(&labels) {
+                    *out.entry(decision).or_default() += c.get();
+                }
+            }
+        }
+        out
+    }
+
     /// The series, empty; `prices` price the tokens, `rules` name the rules' phases,
     /// `redactor` cleans the model names before they are labels.
     pub fn new(

@@ -325,6 +325,17 @@ async fn command_failures_follow_on_error_and_are_on_the_record() {
         metrics.lines().any(|l| l.starts_with(timed)),
         "{timed} in\n{metrics}"
     );
+    // The viewer's Rules page reads /api/rules: each hook, its transport and decisions.
+    let (_, rules) = client::get_json(admin, "/api/rules").await;
+    let exit1 = rules["hooks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|h| h["name"] == "exit1")
+        .unwrap_or_else(|| panic!("exit1 in {rules}"));
+    assert_eq!(exit1["transport"], "command", "{exit1}");
+    assert_eq!(exit1["on_error"], "block", "{exit1}");
+    assert!(exit1["decisions"]["error"].as_u64() >= Some(1), "{exit1}");
 }
 
 #[tokio::test]

@@ -626,6 +626,27 @@ actions = [{ tag = "claude-code" }]
     dir
 }
 
+/// A scan with a finding in every Claude Code request that changes nothing sent:
+/// the exchange page and the Rules page show the scanner's part (the found text is
+/// redacted in the capture, as every found value is).
+fn audit_scan(dir: &TempDir) {
+    std::fs::write(
+        dir.path().join("20-scan.toml"),
+        r#"
+[[detector]]
+name = "sdk-name"
+kind = "pii"
+pattern = "Claude Agent SDK"
+
+[[scan]]
+name = "audit-sdk-name"
+detectors = ["sdk-name"]
+action = "log"
+"#,
+    )
+    .unwrap();
+}
+
 #[tokio::test]
 async fn the_prompt_view_and_the_diff_follow_the_prompt_model_in_cache_order() {
     let fake = FakeProvider::start(support::fake_provider::like_providers).await;
@@ -846,6 +867,7 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
     })
     .await;
     let rules = tagging_rules();
+    audit_scan(&rules);
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),
@@ -965,6 +987,17 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
             .unwrap()
             .starts_with("before_provider_headers · rules: continue (")),
         "{turns}"
+    );
+    let found = browser
+        .eval(
+            "return [...document.querySelectorAll('#rules-fired .finding')].map(p => p.textContent)",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        found,
+        json!(["found sdk-name (pii) at system[1]: log by audit-sdk-name"]),
+        "the scanner's finding, never its value"
     );
     let breakpoints = browser
         .eval("return [...document.querySelectorAll('.breakpoint[data-after]')].map(b => b.dataset.after)", vec![])
@@ -1158,6 +1191,18 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         )
         .await;
     assert_eq!(fired, json!("3"), "fired on the three Claude Code turns");
+    let scans = browser
+        .eval(
+            "return (document.querySelector('#scans') || {}).innerText",
+            vec![],
+        )
+        .await;
+    assert!(
+        scans
+            .as_str()
+            .is_some_and(|s| s.contains("audit-sdk-name") && s.contains("log")),
+        "{scans}"
+    );
     std::fs::write(
         rules.path().join("20-broken.toml"),
         "[[rule]]\nname = \"broken\"\non = \"before_provider_request\"\nwhen = { model = 5 }\nactions = [{ tag = \"x\" }]\n",

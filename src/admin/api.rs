@@ -230,12 +230,46 @@ pub(super) fn rules(state: &AdminState) -> Value {
             })
         })
         .collect();
+    let hooks: Vec<Value> = set
+        .hooks()
+        .iter()
+        .map(|h| {
+            json!({
+                "name": h.name,
+                "phases": h.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
+                "transport": h.transport_name(),
+                "timeout_ms": u64::try_from(h.timeout.as_millis()).unwrap_or(u64::MAX),
+                "on_error": match h.on_error {
+                    crate::rules::hook::OnError::Allow => "allow",
+                    crate::rules::hook::OnError::Block => "block",
+                },
+                "enforce": h.enforce,
+                "file": h.file,
+                "line": h.line,
+                "decisions": metrics.map(|m| m.policy_decisions(&h.name)),
+            })
+        })
+        .collect();
+    let scans: Vec<Value> = set.scanner().map_or_else(Vec::new, |s| {
+        s.scans()
+            .iter()
+            .map(|scan| {
+                json!({
+                    "name": scan.name,
+                    "selects": scan.selection(),
+                    "action": scan.action.name(),
+                })
+            })
+            .collect()
+    });
     json!({
         "dir": state.rules_dir.display().to_string(),
         "state": state.rules.state(&state.rules_dir),
         "reloads": {"ok": state.rules.reloads().ok, "failed": state.rules.reloads().failed},
         "last_reload": state.rules.last_reload(),
         "rules": rules,
+        "hooks": hooks,
+        "scans": scans,
     })
 }
 

@@ -825,7 +825,25 @@ async function showRules() {
     }
     page.append(el("h3", { class: "mono", text: file }), table);
   }
-  if (!r.rules.length) page.append(el("p", { class: "empty", text: `No rules are live. Put TOML rule files in ${r.dir}.` }));
+  // Hooks, in load order: where each event goes, and what it decided so far.
+  if ((r.hooks || []).length) {
+    const table = el("table", { class: "turns", id: "hooks" }, el("tr", {}, ["hook", "phases", "transport", "timeout", "on error", "decisions", "where"].map((h) => el("th", { text: h }))));
+    for (const h of r.hooks) {
+      const decisions = h.decisions ? Object.entries(h.decisions).map(([k, v]) => `${k} ${v}`).join(" · ") : "—";
+      table.append(el("tr", {},
+        el("td", {}, el("b", { text: h.name }), h.enforce ? el("span", { class: "badge", text: "enforce" }) : null),
+        el("td", { text: h.phases.join(", ") }), el("td", { class: "mono", text: h.transport }), el("td", { class: "num", text: `${h.timeout_ms} ms` }),
+        el("td", { text: h.on_error }), el("td", { class: "mono", text: decisions || "none yet" }), el("td", { class: "mono", text: `${h.file}:${h.line}` })));
+    }
+    page.append(el("h3", { text: "Hooks" }), table);
+  }
+  // The outgoing-secrets scans: what each selects and does.
+  if ((r.scans || []).length) {
+    const table = el("table", { class: "turns", id: "scans" }, el("tr", {}, ["scan", "selects", "action"].map((h) => el("th", { text: h }))));
+    for (const s of r.scans) table.append(el("tr", {}, el("td", {}, el("b", { text: s.name })), el("td", { class: "mono", text: s.selects }), el("td", { class: "mono", text: s.action })));
+    page.append(el("h3", { text: "Scans" }), table);
+  }
+  if (!r.rules.length && !(r.hooks || []).length && !(r.scans || []).length) page.append(el("p", { class: "empty", text: `No rules are live. Put TOML rule files in ${r.dir}.` }));
 }
 
 // ---------------------------------------------------------------- routing
