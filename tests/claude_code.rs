@@ -906,3 +906,86 @@ async fn pasted_key() {
     }
     assert!(!proxy.log().contains(AWS_ID) && !proxy.log().contains(PEM_BODY));
 }
+
+#[test]
+fn claude_code_through_the_python_and_node_example_hooks() {
+    isolated(
+        "claude_code_through_the_python_and_node_example_hooks",
+        example_hooks,
+    );
+}
+
+/// The shipped hooks under the real CLI: the Python entitlement check lets an
+/// entitled model through and blocks another before the provider sees it; the
+/// Node co-process puts the organisation's notice first in every system prompt
+/// Claude Code sends.
+async fn example_hooks() {
+    let fake = FakeProvider::start(answer).await;
+    let rules = TempDir::new("hook-rules");
+    let examples = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("rules/examples/hooks");
+    for entry in std::fs::read_dir(&examples).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, rules.path().join(path.file_name().unwrap())).unwrap();
+    }
+    let proxy = Proxy::with_rules(&fake, rules.path());
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let run = |model: &str| {
+        let command = claude_command(
+            &[
+                "-p",
+                "Say hello",
+                "--output-format",
+                "json",
+                "--model",
+                model,
+            ],
+            work.path(),
+            home.path(),
+            &[("ANTHROPIC_BASE_URL", proxy.url())],
+        );
+        let mut command = command;
+        async move {
+            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+                .await
+                .unwrap();
+            let result = serde_json::from_slice::<Value>(&output.stdout)
+                .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            (output.status.success(), result)
+        }
+    };
+    // Anyone may use haiku (entitlements.json: "*": ["claude-haiku-*"]).
+    let (ok, result) = run("claude-haiku-4-5").await;
+    assert!(ok, "{result}\n{}", proxy.log());
+    assert_eq!(result, "Hello from the fake provider");
+    let calls = messages_calls(&fake);
+    assert!(!calls.is_empty());
+    for call in &calls {
+        let body: Value = serde_json::from_slice(&call.body).unwrap();
+        assert_eq!(
+            body["system"][0]["text"], "ACME notice: customer data stays out of prompts.",
+            "the Node hook's notice comes first"
+        );
+    }
+    // Claude Code's user is not entitled to opus: refused before the provider.
+    let before = calls.len();
+    let (ok, result) = run("claude-opus-4-5").await;
+    eprintln!("the refused run printed {result:?}");
+    assert!(!ok);
+    assert!(
+        result.starts_with("API Error: 451 promptgate: ")
+            && result.contains(" has no entitlement to claude-opus-4-5"),
+        "{result}"
+    );
+    assert_eq!(
+        messages_calls(&fake).len(),
+        before,
+        "the provider never saw it"
+    );
+    let blocked = proxy
+        .exchanges()
+        .into_iter()
+        .filter(|l| l["outcome"] == "blocked")
+        .count();
+    assert_eq!(blocked, 1, "refused once (CLAUDE_CODE_MAX_RETRIES=0)");
+}

@@ -635,7 +635,7 @@ async fn the_example_hooks_run() {
     assert_eq!(send("alice", "claude-sonnet-4-5", "hi").await.status, 200);
     assert_eq!(send("bob", "claude-haiku-4-5", "hi").await.status, 200);
     let r = send("bob", "claude-sonnet-4-5", "hi").await;
-    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.status, 451, "{}", r.text());
     assert!(
         r.text()
             .contains("bob has no entitlement to claude-sonnet-4-5"),
@@ -701,7 +701,7 @@ async fn the_example_hooks_run() {
     };
     assert_eq!(post("alice", "claude-opus-4-5").await.status, 200);
     let r = post("bob", "claude-opus-4-5").await;
-    assert_eq!(r.status, 403, "{}", r.text());
+    assert_eq!(r.status, 451, "{}", r.text());
     assert!(
         r.text()
             .contains("bob has no entitlement to claude-opus-4-5")

@@ -17,12 +17,21 @@ def decide(event, path):
     payload = event.get("payload") or {}
     headers = event.get("headers") or {}
     user = (payload.get("metadata") or {}).get("user_id") or headers.get("x-team") or "*"
+    # Claude Code's user_id is itself JSON: its account (or, signed out, its device).
+    if user.startswith("{"):
+        try:
+            ids = json.loads(user)
+            user = ids.get("account_uuid") or ids.get("device_id") or "*"
+        except ValueError:
+            pass
     model = event.get("model") or ""
     allowed = entitled.get(user, entitled.get("*", []))
     if any(fnmatch.fnmatch(model, pattern) for pattern in allowed):
         return {}
     return {"block": {
-        "status": 403,
+        # 451: Claude Code shows the message once and does not retry (a 403 reads
+        # "Failed to authenticate").
+        "status": 451,
         "type": "permission_error",
         "message": f"{user} has no entitlement to {model}",
     }}
