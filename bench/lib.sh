@@ -7,13 +7,16 @@ pass_through_flags=(--no-capture --no-cache-analysis --admin off)
 # read_variant NAME RUN_DIR: reads bench/variants/NAME.flags (`{run}` becomes
 # RUN_DIR, `{pg}` becomes $pg_url, the database bench/stages made for the run) into variant_flags (the serve flags), variant_requires ("path P" or
 # "verb V" for each `@requires-path P` / `@requires-verb V` line) and
-# variant_viewers (`@viewers N`: live-feed clients bench/stages keeps connected).
+# variant_viewers (`@viewers N`: live-feed clients bench/stages keeps connected) and
+# variant_service (`@service CMD…`: a program bench/run starts before the variant,
+# such as a hook's HTTP policy service; its CPU is not promptgate's).
 # "pass-through" is built in. Returns 1 when the file does not exist.
 read_variant() {
   local name=$1 run=$2 file=bench/variants/$1.flags line words
   variant_flags=()
   variant_requires=()
   variant_viewers=0
+  variant_service=()
   if [ "$name" = pass-through ]; then
     variant_flags=("${pass_through_flags[@]}")
     return 0
@@ -28,6 +31,7 @@ read_variant() {
       @requires-path) variant_requires+=("path ${words[1]}") ;;
       @requires-verb) variant_requires+=("verb ${words[1]}") ;;
       @viewers) variant_viewers=${words[1]} ;;
+      @service) variant_service=("${words[@]:1}") ;;
       *) variant_flags+=("${words[@]}") ;;
     esac
   done <"$file"
