@@ -453,6 +453,7 @@ impl RecordStage for crate::cache::CacheStage {
             upstream_headers: record.timing.upstream_headers,
             sent_prompt: &record.sent_prompt,
             sent_headers: &record.sent_headers,
+            conversation: record.conversation.as_deref(),
         });
     }
 

@@ -1156,6 +1156,8 @@ pub struct ResponseBegan<'r> {
     /// What the provider reads: the body sent, decoded when it went on compressed.
     pub sent_prompt: &'r PromptCell,
     pub sent_headers: &'r HeaderMap,
+    /// The conversation key, when the exchange decided it (else it is read here).
+    pub conversation: Option<&'r str>,
 }
 
 impl CacheStage {
@@ -1182,8 +1184,11 @@ impl CacheStage {
             start,
             began,
             format,
-            key: conversation_key(r.sent_headers, None, &self.key_source)
-                .ok_or_else(|| r.sent_headers.clone()),
+            key: match r.conversation {
+                Some(key) => Ok(key.to_owned()),
+                None => conversation_key(r.sent_headers, None, &self.key_source)
+                    .ok_or_else(|| r.sent_headers.clone()),
+            },
             credential: credential(r.sent_headers),
             prompt,
         };
