@@ -28,7 +28,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
 
-use crate::cache::cost::{Price, Table};
+use crate::provider::price::{Price, Table};
 use crate::record::{ExchangeRecord, Outcome, RecordSink, Recorder};
 use crate::redact::{NAME_MAX, Redactor};
 use crate::rules::reload::LiveRules;
@@ -968,7 +968,7 @@ mod tests {
         let rules = Arc::new(LiveRules::new(crate::rules::RuleSet::default()));
         Metrics::new(
             &MetricsSettings { max_models },
-            crate::cache::cost::prices(Vec::new()),
+            crate::provider::price::prices(Vec::new()),
             rules,
             Arc::new(Redactor::new(&[], &[]).unwrap()),
         )
@@ -1051,7 +1051,7 @@ mod tests {
             ))
         };
         // By the default table, as its own lookup prices it.
-        let (_, p) = crate::cache::cost::prices(Vec::new())
+        let (_, p) = crate::provider::price::prices(Vec::new())
             .find("claude-opus-5-5")
             .unwrap();
         let close = |a: f64, b: f64| (a - b).abs() < 1e-12;

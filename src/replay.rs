@@ -17,7 +17,6 @@ use bytes::Bytes;
 use http::{HeaderMap, Method};
 use serde::Serialize;
 
-use crate::cache::cost::{self, Price};
 use crate::cache::{CacheSettings, CacheStage, Clock, Predicted};
 use crate::capture::Store;
 use crate::capture::record::CaptureRecord;
@@ -27,6 +26,7 @@ use crate::conversation::KeySource;
 use crate::id::ExchangeId;
 use crate::prompt::Format;
 use crate::prompt::PromptCell;
+use crate::provider::price::{self as cost, Price};
 use crate::provider::{self, Api, Provider, Usage};
 use crate::rules::{Decision, LIMITS_FIXER, RequestCtx, RuleSet};
 

@@ -255,7 +255,11 @@ impl Reason {
     /// What to do about it, in a line: the change that would have let the request
     /// read the cache. `price` (per million input tokens, with the write and read
     /// multipliers) prices a ttl suggestion; `lost_tokens` are what the miss rewrote.
-    pub fn fix(&self, lost_tokens: u64, price: Option<&super::cost::Price>) -> Option<String> {
+    pub fn fix(
+        &self,
+        lost_tokens: u64,
+        price: Option<&crate::provider::price::Price>,
+    ) -> Option<String> {
         // yyyy-mm-dd or yyyy/mm/dd: a date rendered into the prompt.
         static DATE: std::sync::LazyLock<Option<regex::Regex>> =
             std::sync::LazyLock::new(|| regex::Regex::new(r"\b\d{4}[-/]\d{2}[-/]\d{2}\b").ok());
@@ -1467,7 +1471,7 @@ mod tests {
             by: None,
         };
         assert!(!other.fix(0, None).unwrap().contains("50-move-dates"));
-        let price = super::super::cost::Price {
+        let price = crate::provider::price::Price {
             input: 4.0,
             output: 20.0,
             cache_write_5m: 1.25,

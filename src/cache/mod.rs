@@ -8,7 +8,6 @@
 //! and puts a [`CacheReport`] on the record. It never changes a request.
 
 pub mod anatomy;
-pub mod cost;
 pub mod estimate;
 pub mod explain;
 pub mod history;
@@ -24,8 +23,8 @@ use crate::conversation::{KeySource, conversation_key};
 use crate::id::ExchangeId;
 use crate::prompt::{Format, PromptCell, Region, Ttl};
 use crate::provider::Usage;
+use crate::provider::price::{self as cost, Cost, Price, Table};
 use crate::redact::{NAME_MAX, Redactor};
-use cost::{Cost, Price, Table};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 pub use history::Clock;
 use history::{History, Millis, Snapshot};

@@ -6,6 +6,7 @@
 pub mod anthropic;
 pub mod json;
 pub mod openai;
+pub mod price;
 mod sniff;
 mod sse;
 mod usage;

@@ -1,4 +1,6 @@
-//! What caching cost and saved, in dollars, by a price table in config.
+//! What a request costs and what caching saved, in dollars, by a price table in
+//! config: a fact of each provider, read by the cache analysis, metrics, replay and
+//! budgets.
 //!
 //! Prices are per million tokens; cache writes and reads are multipliers of the
 //! input price (5m writes 1.25×, 1h writes 2×, reads 0.1× unless an entry says
