@@ -298,6 +298,18 @@ impl Exchange {
     /// Answers the client with promptgate's own error for `stop`, and emits the record.
     fn answer(mut self, stop: Stop) -> Response<ProxyBody> {
         self.take_effects();
+        // No answer from the provider: the policies that charge release what they held.
+        if let Some(r) = self.pending.record.as_ref() {
+            let ending = policy::Ending {
+                id: r.id,
+                model: r.model.as_deref(),
+                usage: None,
+                answered: false,
+            };
+            for p in self.policies.iter().filter(|p| p.reads_end()) {
+                p.exchange_ended(&ending);
+            }
+        }
         let provider = self.provider();
         match stop {
             Stop::Error(e) => error_response(self.pending, provider, e),
@@ -308,10 +320,21 @@ impl Exchange {
                     error_type: block.error_type.as_deref(),
                     code: "blocked_by_rule",
                     message: &format!("{} (rule {:?})", block.message, block.rule),
-                    retry: false,
+                    // A rate limit that resets within a minute is worth the client's retry.
+                    retry: block
+                        .retry_after
+                        .is_some_and(|d| d <= std::time::Duration::from_secs(60)),
                     outcome: Outcome::Blocked,
                 };
-                own_error(self.pending, provider, error)
+                let mut answer = own_error(self.pending, provider, error);
+                // A budget's window resets: when asking again may succeed.
+                if let Some(after) = block.retry_after {
+                    let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+                    answer
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                }
+                answer
             }
         }
     }
@@ -684,6 +707,12 @@ impl Proxy {
             limit: self.settings.max_response,
             message: self.recorder.reads_message(),
             reports,
+            enders: ex
+                .policies
+                .iter()
+                .filter(|p| p.reads_end())
+                .cloned()
+                .collect(),
         };
         ex.record().timing.head_to_client = Some(started.elapsed());
         // Streamed answers only: a JSON answer may take minutes (--upstream-timeout).
@@ -1114,6 +1143,8 @@ struct Observed {
     message: bool,
     /// What per-event policies did, when they ran.
     reports: Vec<SharedReport>,
+    /// The policies told how the exchange ended (budgets charge it).
+    enders: Vec<Arc<dyn Policy>>,
 }
 
 fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
@@ -1124,6 +1155,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         limit,
         message,
         reports,
+        enders,
     } = read;
     let recorder = pending.recorder.clone();
     let cut_outcome = recorder.cut_outcome();
@@ -1163,6 +1195,18 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         let (outcome, error) = ending(tap.end, failed, stream_error, cut_outcome);
         record.outcome = outcome;
         record.error = error;
+        if !enders.is_empty() {
+            let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
+            let end = policy::Ending {
+                id: record.id,
+                model: record.model.as_deref(),
+                usage: usage.as_ref(),
+                answered: record.status.is_some_and(|s| s.is_success()),
+            };
+            for p in &enders {
+                p.exchange_ended(&end);
+            }
+        }
         recorder.emit(&mut record);
     };
     pending.recorder.submit(Box::new(job), bytes);

@@ -23,7 +23,7 @@ use prometheus_client::encoding::{
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 use serde::Deserialize;
@@ -143,6 +143,12 @@ struct FindingLabels {
     kind: &'static str,
     /// `block`, `mask`, `mask_and_restore`, `tag`, `log` or `found`.
     action: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BudgetLabels {
+    /// A budget's name from the loaded set.
+    budget: Arc<str>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -590,6 +596,23 @@ impl Metrics {
     pub fn render(&self, sources: &Sources, openmetrics: bool) -> Result<String, std::fmt::Error> {
         let mut state = Registry::default();
         state.register_collector(Box::new(sources.clone()));
+        // Budgets: read now, labelled by the budget's name only (never a scope value).
+        let shares: Family<BudgetLabels, Gauge<f64, AtomicU64>> = Family::default();
+        if let Some(budgets) = self.rules.snapshot().budgets() {
+            for b in budgets.report() {
+                let share = b.scopes.iter().map(|s| s.share).fold(0.0, f64::max);
+                shares
+                    .get_or_create(&BudgetLabels {
+                        budget: Arc::from(b.name.as_str()),
+                    })
+                    .set(share);
+            }
+        }
+        state.register(
+            "promptgate_budget_spent_share",
+            "Each budget's most spent scope, as a share of its nearest limit (1 is spent)",
+            shares,
+        );
         let mut out = String::with_capacity(16 << 10);
         if openmetrics {
             openmetrics::encode_registry(&mut out, &self.registry)?;

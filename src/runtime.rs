@@ -3,6 +3,9 @@
 //! that `doctor`, `env`, `captures` and `cache report` read when given no flags.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -227,5 +230,48 @@ fn alive(pid: u32) -> bool {
     } else {
         // Elsewhere: trust the file; `serve` removes it when it ends.
         true
+    }
+}
+
+/// Milliseconds since the Unix epoch, on a [`Clock`].
+pub type Millis = u64;
+
+/// The clock cache analysis and budgets read time from: the wall clock, plus an
+/// offset that whoever holds it can move (tests let a ttl or a budget's window run
+/// out without waiting for it).
+#[derive(Debug, Clone, Default)]
+pub struct Clock {
+    offset_ms: Option<Arc<AtomicU64>>,
+}
+
+impl Clock {
+    /// The wall clock.
+    pub fn system() -> Clock {
+        Clock { offset_ms: None }
+    }
+
+    /// The wall clock plus `offset_ms`, read at each use.
+    pub fn offset_by(offset_ms: Arc<AtomicU64>) -> Clock {
+        Clock {
+            offset_ms: Some(offset_ms),
+        }
+    }
+
+    /// `at` on this clock.
+    pub fn at(&self, at: SystemTime) -> Millis {
+        let wall = at
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        wall + self
+            .offset_ms
+            .as_ref()
+            .map_or(0, |o| o.load(Ordering::Relaxed))
+    }
+}
+
+impl Clock {
+    /// Now, on this clock.
+    pub fn now(&self) -> Millis {
+        self.at(SystemTime::now())
     }
 }

@@ -102,6 +102,16 @@ pub async fn serve(
         None
     };
     let grace = config.shutdown_grace;
+    // Budgets keep their counters beside a local store (else in the data directory).
+    let budget_dir = match &config.capture.store {
+        StoreLocation::Dir(dir) if config.capture.enabled => dir.clone(),
+        _ => crate::runtime::data_dir(),
+    };
+    crate::rules::budget::configure(
+        Some(budget_dir.join("budgets.db")),
+        clock.clone(),
+        config.cache.prices.clone(),
+    );
     let mut cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock)
         .redacting(redactor.clone());
     // Turns of one conversation may reach any replica sharing a PostgreSQL store.

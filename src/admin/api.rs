@@ -207,6 +207,35 @@ fn curl(record: &CaptureRecord, proxy: std::net::SocketAddr) -> String {
     out
 }
 
+/// `/api/budgets`: each budget of the live set, its scope, window and limits, and
+/// what each of its scopes spent in the window now (most first), with when it resets.
+pub(super) fn budgets(state: &AdminState) -> Value {
+    let set = state.rules.snapshot();
+    let budgets: Vec<Value> = set.budgets().map_or_else(Vec::new, |b| {
+        b.report()
+            .into_iter()
+            .map(|b| {
+                json!({
+                    "name": b.name,
+                    "scope": b.scope,
+                    "window": b.window,
+                    "limits": b.limits,
+                    "scopes": b.scopes.iter().map(|s| json!({
+                        "scope": s.scope,
+                        "usd": s.spent.usd,
+                        "input_tokens": s.spent.input_tokens,
+                        "output_tokens": s.spent.output_tokens,
+                        "requests": s.spent.requests,
+                        "share": s.share,
+                        "resets": s.resets,
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect()
+    });
+    json!({ "budgets": budgets })
+}
+
 /// `/api/rules`: the live rule set, where it is read from, its last reload (with
 /// the error's `file:line:col`), and how often each rule fired since the start.
 pub(super) fn rules(state: &AdminState) -> Value {

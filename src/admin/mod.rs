@@ -324,6 +324,7 @@ async fn answer<B>(
             return scrape(state, accept).await;
         }
         "/api/rules" => return reply(StatusCode::OK, &api::rules(state)),
+        "/api/budgets" => return reply(StatusCode::OK, &api::budgets(state)),
         "/api/vocabulary" => return reply(StatusCode::OK, &api::vocabulary()),
         _ => {}
     }

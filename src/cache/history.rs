@@ -9,48 +9,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use super::segment::{Hash, Segments};
 use crate::id::ExchangeId;
 use crate::prompt::Ttl;
 use crate::provider::Usage;
 
-/// Milliseconds since the Unix epoch, on the analysis clock.
-pub type Millis = u64;
-
-/// The clock cache analysis reads time from: the wall clock, plus an offset that
-/// whoever holds it can move (tests let a ttl run out without waiting for it).
-#[derive(Debug, Clone, Default)]
-pub struct Clock {
-    offset_ms: Option<Arc<AtomicU64>>,
-}
-
-impl Clock {
-    /// The wall clock.
-    pub fn system() -> Clock {
-        Clock { offset_ms: None }
-    }
-
-    /// The wall clock plus `offset_ms`, read at each use.
-    pub fn offset_by(offset_ms: Arc<AtomicU64>) -> Clock {
-        Clock {
-            offset_ms: Some(offset_ms),
-        }
-    }
-
-    /// `at` on this clock.
-    pub fn at(&self, at: SystemTime) -> Millis {
-        let wall = at
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        wall + self
-            .offset_ms
-            .as_ref()
-            .map_or(0, |o| o.load(Ordering::Relaxed))
-    }
-}
+pub use crate::runtime::{Clock, Millis};
 
 /// One request that wrote or read an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +318,9 @@ impl History {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::UNIX_EPOCH;
+
     use super::*;
 
     #[test]

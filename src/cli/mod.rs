@@ -6,6 +6,7 @@
 #![allow(clippy::print_stdout, clippy::print_stderr)]
 
 mod anatomy;
+mod budgets;
 mod ca;
 mod cache;
 mod captures;
@@ -79,6 +80,9 @@ enum Command {
     /// Run a candidate rule set over captured requests, offline: what it changes,
     /// blocks, and does to prompt caching.
     Replay(replay::ReplayArgs),
+    /// Show each budget of the running proxy: its scopes' spend, the limit, the
+    /// window and when it resets.
+    Budgets(budgets::BudgetsArgs),
     /// Create or show the forward-proxy CA.
     Ca(ca::CaArgs),
     /// Print the shell settings that point agents at promptgate.
@@ -96,6 +100,7 @@ pub fn run() -> ExitCode {
         Some(Command::Cache(args)) => cache::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Rules(args)) => rules::run(args),
         Some(Command::Replay(args)) => replay::run(args),
+        Some(Command::Budgets(args)) => budgets::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Ca(args)) => ca::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Env(args)) => env::run(args).map(|()| ExitCode::SUCCESS),
         Some(Command::Doctor(args)) => doctor::run(args).map(|ok| {

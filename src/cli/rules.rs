@@ -181,6 +181,19 @@ pub fn summary(set: &RuleSet) -> String {
             ));
         }
     }
+    if let Some(budgets) = set.budgets() {
+        for b in budgets.report() {
+            let per = if b.scope.is_empty() {
+                "global"
+            } else {
+                &b.scope
+            };
+            out.push_str(&format!(
+                "  budget {}: per {per} {}, limit {}\n",
+                b.name, b.window, b.limits
+            ));
+        }
+    }
     let files = set.files.len();
     out.push_str(&format!(
         "{}: {} rule{} in {files} file{}\n",

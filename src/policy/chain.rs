@@ -90,6 +90,7 @@ mod tests {
                     error_type: None,
                     message: "stopped".into(),
                     rule: "upper".into(),
+                    retry_after: None,
                 });
             }
             out.push(Bytes::from(raw.to_ascii_uppercase()));

@@ -79,6 +79,9 @@ pub struct Block {
     pub message: String,
     /// The policy (a rule's name) that answered.
     pub rule: String,
+    /// When asking again may succeed (a budget's window resets): sent as
+    /// `retry-after`, in whole seconds.
+    pub retry_after: Option<std::time::Duration>,
 }
 
 /// What a policy decided at one phase.
@@ -112,6 +115,19 @@ pub struct Facts<'a> {
     /// The conversation the exchange belongs to, decided once by the exchange when a
     /// policy [reads it](Policy::reads_conversation) (`None` otherwise, or unknown).
     pub conversation: Option<&'a str>,
+}
+
+/// How an exchange ended, for the policies that charge for it
+/// ([`Policy::exchange_ended`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Ending<'a> {
+    pub id: ExchangeId,
+    pub model: Option<&'a str>,
+    /// What the provider said the exchange used; `None` when it said nothing (an
+    /// answer cut before its usage, or no answer at all).
+    pub usage: Option<&'a crate::provider::Usage>,
+    /// Whether the provider answered with a 2xx (a stream cut later included).
+    pub answered: bool,
 }
 
 /// The request as the request phases leave it: what goes upstream.
@@ -366,6 +382,15 @@ pub trait Policy: Send + Sync {
     ) -> Option<(Box<dyn EventPolicy>, SharedReport)> {
         None
     }
+
+    /// Whether it wants [`Policy::exchange_ended`] called.
+    fn reads_end(&self) -> bool {
+        false
+    }
+
+    /// The exchange ended (answered, cut, failed or answered by a policy): called
+    /// once, off the request path, with what the provider said it used.
+    fn exchange_ended(&self, _end: &Ending<'_>) {}
 
     /// Whether it reads [`Facts::conversation`]: the exchange then decides it before
     /// the request phases (else it is left undecided, at no cost).

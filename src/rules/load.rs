@@ -584,6 +584,11 @@ pub(crate) fn compile_sources(
     }
     let found = set.uses_found();
     set.scanner = super::secrets::Scanner::new(scans.scans, scans.detectors, found).map(Arc::new);
+    if !scans.budgets.is_empty() {
+        set.budgets = Some(Arc::new(super::budget::Budgets {
+            budgets: scans.budgets,
+        }));
+    }
     if errors.is_empty() {
         Ok(set)
     } else {
@@ -597,10 +602,11 @@ pub(crate) fn compile_sources(
 struct Scans {
     scans: Vec<super::secrets::Scan>,
     detectors: Vec<super::secrets::OwnDetector>,
+    budgets: Vec<super::budget::Budget>,
 }
 
 /// The tables a rule file may hold.
-const FILE_TABLES: &[&str] = &["rule", "hook", "scan", "detector"];
+const FILE_TABLES: &[&str] = &["rule", "hook", "scan", "detector", "budget"];
 
 /// A file's rules and hooks (`before`: the rules loaded from earlier files); its
 /// scans and detectors join `scans`.
@@ -655,6 +661,11 @@ fn compile_file(
             "detector" => {
                 if let Some(d) = super::secrets::compile_detector(cx, item, seen) {
                     scans.detectors.push(d);
+                }
+            }
+            "budget" => {
+                if let Some(b) = super::budget::compile(cx, item, seen) {
+                    scans.budgets.push(b);
                 }
             }
             _ => {

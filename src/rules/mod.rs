@@ -8,6 +8,7 @@
 
 pub(crate) mod action;
 mod body;
+pub mod budget;
 mod deferred;
 pub mod hook;
 mod limits;
@@ -79,6 +80,9 @@ pub struct RuleSet {
     /// The outgoing-secrets scanner, when a `[[scan]]` or a rule's `found` test asks
     /// for one: it runs first at before_provider_request.
     scanner: Option<Arc<secrets::Scanner>>,
+    /// The budgets, as one policy: it runs last at before_provider_request, on the
+    /// payload as it will go.
+    budgets: Option<Arc<budget::Budgets>>,
     /// Each file read, with its number of rules.
     pub files: Vec<(String, usize)>,
     /// The directory it was loaded from.
@@ -284,7 +288,15 @@ impl RuleSet {
         } else {
             out.extend(hook::policies(self));
         }
+        if let Some(budgets) = &self.budgets {
+            out.push(budgets.clone());
+        }
         out
+    }
+
+    /// The budgets, when the set has any.
+    pub(crate) fn budgets(&self) -> Option<&budget::Budgets> {
+        self.budgets.as_deref()
     }
 
     /// Whether a rule tests what the outgoing-secrets scanner found.
@@ -325,7 +337,7 @@ impl RuleSet {
     /// the exchange runs them (for `rules test` and `replay`); each turn is in
     /// [`RequestResult::runs`].
     pub fn apply_request_all(self: &Arc<Self>, req: RequestCtx<'_>) -> RequestResult {
-        if self.hooks.is_empty() && self.scanner.is_none() {
+        if self.hooks.is_empty() && self.scanner.is_none() && self.budgets.is_none() {
             return self.apply_request(req);
         }
         self.start_hooks();
@@ -701,6 +713,7 @@ fn ambiguous(strict: &str, pointer: &str) -> Block {
              while enforce rules are loaded"
         ),
         rule: strict.to_owned(),
+        retry_after: None,
     }
 }
 
@@ -714,6 +727,7 @@ fn unevaluable(rule: &Rule, why: &str) -> Block {
             rule.name
         ),
         rule: rule.name.clone(),
+        retry_after: None,
     }
 }
 

@@ -531,6 +531,7 @@ impl Scanner {
                 error_type: None,
                 message: block_message(&blocked),
                 rule: (*scan).to_owned(),
+                retry_after: None,
             });
         }
         if !kept.is_empty() {

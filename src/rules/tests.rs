@@ -667,7 +667,8 @@ actions = [ { block = { status = 403, message = "Opus is not allowed for team ba
             status: StatusCode::FORBIDDEN,
             error_type: None,
             message: "Opus is not allowed for team batch".into(),
-            rule: "no-opus-for-batch".into()
+            rule: "no-opus-for-batch".into(),
+            retry_after: None,
         })
     );
     assert_eq!(cc().run(&rules).verdict, Decision::Continue);

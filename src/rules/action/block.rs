@@ -22,6 +22,7 @@ impl Action for BlockAction {
             error_type: self.error_type.clone(),
             message: self.message.clone(),
             rule: st.rule.clone(),
+            retry_after: None,
         }))
     }
 }

@@ -73,6 +73,7 @@ impl Action for Allow {
                 self.texts.join(", ")
             ),
             rule: st.rule.clone(),
+            retry_after: None,
         }))
     }
 }

@@ -631,6 +631,7 @@ impl HookTurn {
                         hook.name
                     ),
                     rule: hook.name.clone(),
+                    retry_after: None,
                 })))
             }
             Tri::Unknown(why) => {
@@ -678,6 +679,7 @@ impl HookTurn {
                 hook.name
             ),
             rule: hook.name.clone(),
+            retry_after: None,
         })
     }
 
@@ -922,6 +924,7 @@ impl HookTurn {
                     error_type: None,
                     message,
                     rule: hook.name.clone(),
+                    retry_after: None,
                 }));
             }
             Answer::Decision(b) => b,
@@ -1105,6 +1108,7 @@ fn parse_block(v: Value) -> Result<Block, String> {
         error_type,
         message,
         rule: String::new(),
+        retry_after: None,
     })
 }
 

@@ -1,0 +1,1058 @@
+//! Budgets and rate limits: `[[budget]]` tables in the rules files cap what a
+//! conversation, a credential, a model, a request class or everything together may
+//! spend in a window (dollars, tokens, requests), checked before each request goes
+//! and charged with what the provider said it used once the exchange ends.
+//!
+//! One policy serves every budget of a set. At `before_provider_request` it adds
+//! the request's estimate (input from the body's size, the answer from the
+//! budget's `output_estimate`, priced as uncached input and output) to what the
+//! scope spent in the window and to what requests still in flight hold, and
+//! answers in the provider's error shape when a limit would be crossed. The
+//! estimate is held for the exchange until it ends; then the provider's usage,
+//! priced by the price table, replaces it (a cut answer with no usage is charged
+//! its estimate). The counters live in memory and in a SQLite file beside the
+//! captures, so a restart keeps them.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use globset::GlobMatcher;
+use http::StatusCode;
+
+use super::BLOCK_STATUS;
+use super::load::{Cx, Val};
+use crate::id::ExchangeId;
+use crate::policy::{Block, Decision, Effects, Ending, Facts, Outgoing, Phase, Policy};
+use crate::provider::price::{self, Price, Table};
+use crate::runtime::{Clock, Millis};
+
+/// The name the budgets' turns have in the record and in metrics.
+pub const BUDGETS: &str = "budgets";
+
+/// What a budget's spend is counted per.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dim {
+    Conversation,
+    Key,
+    Model,
+    RequestClass,
+}
+
+impl Dim {
+    const ALL: [(Dim, &'static str); 4] = [
+        (Dim::Conversation, "conversation"),
+        (Dim::Key, "key"),
+        (Dim::Model, "model"),
+        (Dim::RequestClass, "request_class"),
+    ];
+
+    fn name(self) -> &'static str {
+        Dim::ALL
+            .iter()
+            .find(|(d, _)| *d == self)
+            .map_or("", |(_, n)| n)
+    }
+}
+
+/// Over what time a budget's spend adds up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Window {
+    /// The conversation's whole life: never resets.
+    Lifetime,
+    /// The last `Duration`, rolling.
+    Rolling(Duration),
+    /// The UTC calendar day.
+    Day,
+}
+
+impl Window {
+    fn text(self) -> String {
+        match self {
+            Window::Lifetime => "in this conversation".into(),
+            Window::Rolling(d) => format!("in the last {}", span(d)),
+            Window::Day => "today (UTC)".into(),
+        }
+    }
+
+    /// The bucket a moment's spend goes into: 1/60 of a rolling window (so a sum
+    /// is at most one bucket off), the day, or one bucket for all time.
+    fn bucket(self, now: Millis) -> Millis {
+        match self {
+            Window::Lifetime => 0,
+            Window::Day => now - now % DAY_MS,
+            Window::Rolling(d) => {
+                let size = (d.as_millis() as u64 / 60).max(1000);
+                now - now % size
+            }
+        }
+    }
+
+    /// Whether a bucket that began at `start` counts now.
+    fn holds(self, start: Millis, now: Millis) -> bool {
+        match self {
+            Window::Lifetime => true,
+            Window::Day => start >= now - now % DAY_MS,
+            Window::Rolling(d) => start + d.as_millis() as u64 > now,
+        }
+    }
+}
+
+const DAY_MS: u64 = 86_400_000;
+
+fn span(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        s if s % 86_400 == 0 => format!("{} day(s)", s / 86_400),
+        s if s % 3600 == 0 => format!("{} hour(s)", s / 3600),
+        s if s % 60 == 0 => format!("{} minute(s)", s / 60),
+        s => format!("{s} s"),
+    }
+}
+
+/// What a scope spent, or what a request is estimated to.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Spent {
+    pub usd: f64,
+    /// The whole input (uncached, cache writes and reads).
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub requests: u64,
+}
+
+impl Spent {
+    fn add(&mut self, other: &Spent) {
+        self.usd += other.usd;
+        self.input_tokens += other.input_tokens;
+        self.output_tokens += other.output_tokens;
+        self.requests += other.requests;
+    }
+}
+
+/// A budget's limits; each that is set is checked.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Limits {
+    usd: Option<f64>,
+    tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    requests: Option<u64>,
+}
+
+impl Limits {
+    /// The first limit `total` is over: its name, the amount and the limit, as text.
+    fn crossed(&self, total: &Spent) -> Option<(&'static str, String, String)> {
+        let tokens = total.input_tokens + total.output_tokens;
+        let n = |v: u64| v.to_string();
+        if let Some(l) = self.usd
+            && total.usd > l
+        {
+            return Some(("usd", format!("${:.2}", total.usd), format!("${l:.2}")));
+        }
+        for (name, value, limit) in [
+            ("tokens", tokens, self.tokens),
+            ("input_tokens", total.input_tokens, self.input_tokens),
+            ("output_tokens", total.output_tokens, self.output_tokens),
+            ("requests", total.requests, self.requests),
+        ] {
+            if let Some(l) = limit
+                && value > l
+            {
+                return Some((name, n(value), n(l)));
+            }
+        }
+        None
+    }
+
+    /// The largest share of a limit `total` uses (0 when none is set).
+    fn share(&self, total: &Spent) -> f64 {
+        let tokens = (total.input_tokens + total.output_tokens) as f64;
+        [
+            self.usd.map(|l| total.usd / l),
+            self.tokens.map(|l| tokens / l as f64),
+            self.input_tokens
+                .map(|l| total.input_tokens as f64 / l as f64),
+            self.output_tokens
+                .map(|l| total.output_tokens as f64 / l as f64),
+            self.requests.map(|l| total.requests as f64 / l as f64),
+        ]
+        .into_iter()
+        .flatten()
+        .fold(0.0, f64::max)
+    }
+}
+
+/// What happens when the budget store cannot be written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnError {
+    Allow,
+    Block,
+}
+
+/// One compiled `[[budget]]`.
+#[derive(Debug)]
+pub(crate) struct Budget {
+    pub(crate) name: String,
+    scope: Vec<Dim>,
+    /// Only requests for these models count (and are checked).
+    models: Option<(GlobMatcher, String)>,
+    window: Window,
+    limits: Limits,
+    warn_at: Option<f64>,
+    output_estimate: u64,
+    on_error: OnError,
+}
+
+/// The keys of a `[[budget]]` table.
+const BUDGET_KEYS: &[&str] = &[
+    "name",
+    "scope",
+    "models",
+    "window",
+    "usd",
+    "tokens",
+    "input_tokens",
+    "output_tokens",
+    "requests",
+    "warn_at",
+    "output_estimate",
+    "on_error",
+];
+
+/// The answer's tokens a check assumes when a budget says nothing: a long answer
+/// of an agent turn (Claude Code's `max_tokens` is 32k–128k, its answers mostly a
+/// few hundred to a few thousand tokens).
+pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 2048;
+
+/// Compiles a `[[budget]]` table.
+pub(crate) fn compile(
+    cx: &mut Cx<'_>,
+    item: &Val<'_>,
+    seen: &mut HashMap<String, String>,
+) -> Option<Budget> {
+    let errors_before = cx.errors.len();
+    let table = cx.table(item, "a budget", BUDGET_KEYS)?;
+    let name = super::load::entry_name(cx, item, table, ("budget", "session-cap"), seen)
+        .map(|(n, _)| n)
+        .unwrap_or_default();
+    let mut scope = Vec::new();
+    if let Some(v) = table.get("scope") {
+        for (text, span) in cx.strings(v, "scope").unwrap_or_default() {
+            match Dim::ALL.iter().find(|(_, n)| *n == text) {
+                Some((d, _)) if !scope.contains(d) => scope.push(*d),
+                Some(_) => {}
+                None if text == "global" => {}
+                None => cx.error(
+                    span,
+                    format!(
+                        "unknown budget scope {text:?} (known: conversation, key, model, request_class, global)"
+                    ),
+                ),
+            }
+        }
+    }
+    let models = match table.get("models") {
+        Some(v) => cx
+            .str(v, "models")
+            .and_then(|text| cx.glob_text(text, v.span()).map(|g| (g, text.to_owned()))),
+        None => None,
+    };
+    let window = match table.get("window") {
+        Some(v) => cx.str(v, "window").and_then(|text| match window_of(text) {
+            Some(w) => Some(w),
+            None => {
+                cx.error(
+                    v.span(),
+                    format!(
+                        "window must be \"conversation\", \"day\" (UTC) or a span such as \"1m\", \"1h\", \"30d\"; found {text:?}"
+                    ),
+                );
+                None
+            }
+        }),
+        None => Some(if scope.contains(&Dim::Conversation) {
+            Window::Lifetime
+        } else {
+            Window::Day
+        }),
+    };
+    if window == Some(Window::Lifetime) && !scope.contains(&Dim::Conversation) {
+        cx.error(
+            item.span(),
+            "window = \"conversation\" needs \"conversation\" in scope",
+        );
+    }
+    let mut limits = Limits::default();
+    if let Some(v) = table.get("usd") {
+        limits.usd = number(cx, v, "usd");
+    }
+    for (key, slot) in [
+        ("tokens", &mut limits.tokens),
+        ("input_tokens", &mut limits.input_tokens),
+        ("output_tokens", &mut limits.output_tokens),
+        ("requests", &mut limits.requests),
+    ] {
+        if let Some(v) = table.get(key) {
+            *slot = cx.count(v, key, 1..i64::MAX);
+        }
+    }
+    if ["usd", "tokens", "input_tokens", "output_tokens", "requests"]
+        .iter()
+        .all(|k| table.get(*k).is_none())
+    {
+        cx.error(
+            item.span(),
+            "a budget needs a limit: usd, tokens, input_tokens, output_tokens or requests",
+        );
+    }
+    let warn_at = match table.get("warn_at") {
+        Some(v) => number(cx, v, "warn_at").and_then(|w| {
+            if w > 0.0 && w < 1.0 {
+                Some(w)
+            } else {
+                cx.error(
+                    v.span(),
+                    "warn_at is a share of the limit, between 0 and 1 (e.g. 0.8)",
+                );
+                None
+            }
+        }),
+        None => None,
+    };
+    let output_estimate = match table.get("output_estimate") {
+        Some(v) => cx.count(v, "output_estimate", 0..10_000_000),
+        None => Some(DEFAULT_OUTPUT_ESTIMATE),
+    };
+    let on_error = match table.get("on_error") {
+        Some(v) => match cx.str(v, "on_error") {
+            Some("allow") => Some(OnError::Allow),
+            Some("block") => Some(OnError::Block),
+            Some(other) => {
+                cx.error(
+                    v.span(),
+                    format!("on_error must be \"allow\" or \"block\", found {other:?}"),
+                );
+                None
+            }
+            None => None,
+        },
+        None => Some(OnError::Allow),
+    };
+    if cx.errors.len() > errors_before {
+        return None;
+    }
+    Some(Budget {
+        name,
+        scope,
+        models,
+        window: window?,
+        limits,
+        warn_at,
+        output_estimate: output_estimate?,
+        on_error: on_error?,
+    })
+}
+
+fn number(cx: &mut Cx<'_>, v: &Val<'_>, what: &str) -> Option<f64> {
+    match v.get_ref() {
+        toml::de::DeValue::Float(f) => f.as_str().parse().ok(),
+        toml::de::DeValue::Integer(i) => i.as_str().parse().ok(),
+        _ => {
+            cx.error(v.span(), format!("{what} must be a number"));
+            None
+        }
+    }
+    .filter(|n: &f64| n.is_finite() && *n >= 0.0)
+}
+
+/// `conversation`, `day`, or `<n>m|h|d`.
+fn window_of(text: &str) -> Option<Window> {
+    match text {
+        "conversation" => return Some(Window::Lifetime),
+        "day" => return Some(Window::Day),
+        _ => {}
+    }
+    let (n, unit) = text.split_at(text.len().checked_sub(1)?);
+    let n: u64 = n.parse().ok().filter(|n| *n > 0)?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n * 60,
+        "h" => n * 3600,
+        "d" => n * 86_400,
+        _ => return None,
+    };
+    Some(Window::Rolling(Duration::from_secs(secs)))
+}
+
+/// A request's estimate held against its scopes until the exchange ends.
+#[derive(Debug, Clone)]
+struct Held {
+    budget: String,
+    scope: String,
+    estimate: Spent,
+    model: Option<String>,
+    at: Millis,
+}
+
+/// How long a hold outlives an exchange that never said it ended (the client left
+/// before the answer): the longest an agent's turn takes, and some.
+const HOLD_MAX_MS: u64 = 30 * 60 * 1000;
+
+/// What every scope of every budget spent, by bucket, and what exchanges in flight
+/// hold: in memory, written through to a SQLite file when there is one.
+pub struct Ledger {
+    state: Mutex<LedgerState>,
+    db: Option<Mutex<rusqlite::Connection>>,
+    /// The last write to the file failed: `on_error` decides.
+    failing: std::sync::atomic::AtomicBool,
+    clock: Clock,
+    prices: Table<Price>,
+}
+
+#[derive(Default)]
+struct LedgerState {
+    spent: HashMap<(String, String), VecDeque<(Millis, Spent)>>,
+    held: HashMap<ExchangeId, Vec<Held>>,
+}
+
+/// The errors of the budget store.
+#[derive(Debug, thiserror::Error)]
+pub enum LedgerError {
+    #[error("budget store {path}: {source}")]
+    Open {
+        path: String,
+        source: rusqlite::Error,
+    },
+}
+
+impl Ledger {
+    /// A ledger in memory only (nothing survives a restart).
+    pub fn in_memory(clock: Clock, prices: Table<Price>) -> Ledger {
+        Ledger {
+            state: Mutex::default(),
+            db: None,
+            failing: Default::default(),
+            clock,
+            prices,
+        }
+    }
+
+    /// A ledger kept in the SQLite file at `path` (made when missing), its counters
+    /// of the last 31 days read back.
+    pub fn open(path: &Path, clock: Clock, prices: Table<Price>) -> Result<Ledger, LedgerError> {
+        let err = |source| LedgerError::Open {
+            path: path.display().to_string(),
+            source,
+        };
+        let db = rusqlite::Connection::open(path).map_err(err)?;
+        db.execute_batch(
+            "PRAGMA journal_mode=WAL;
+             CREATE TABLE IF NOT EXISTS budget_spent (
+               budget TEXT NOT NULL, scope TEXT NOT NULL, bucket INTEGER NOT NULL,
+               usd REAL NOT NULL, input_tokens INTEGER NOT NULL, output_tokens INTEGER NOT NULL,
+               requests INTEGER NOT NULL, PRIMARY KEY (budget, scope, bucket));",
+        )
+        .map_err(err)?;
+        let ledger = Ledger::in_memory(clock, prices);
+        let since = ledger.clock.now().saturating_sub(31 * DAY_MS);
+        {
+            let mut state = ledger.lock();
+            let mut rows = db
+                .prepare(
+                    "SELECT budget, scope, bucket, usd, input_tokens, output_tokens, requests
+                     FROM budget_spent WHERE bucket = 0 OR bucket >= ?1 ORDER BY bucket",
+                )
+                .map_err(err)?;
+            let read = rows
+                .query_map([since as i64], |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, i64>(2)? as u64,
+                        Spent {
+                            usd: r.get(3)?,
+                            input_tokens: r.get::<_, i64>(4)? as u64,
+                            output_tokens: r.get::<_, i64>(5)? as u64,
+                            requests: r.get::<_, i64>(6)? as u64,
+                        },
+                    ))
+                })
+                .map_err(err)?;
+            for row in read {
+                let (budget, scope, bucket, spent) = row.map_err(err)?;
+                state
+                    .spent
+                    .entry((budget, scope))
+                    .or_default()
+                    .push_back((bucket, spent));
+            }
+        }
+        Ok(Ledger {
+            db: Some(Mutex::new(db)),
+            ..ledger
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LedgerState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// What `scope` of `budget` spent in `window` now, and what is held for it.
+    fn spent(
+        &self,
+        budget: &str,
+        scope: &str,
+        window: Window,
+        now: Millis,
+    ) -> (Spent, Spent, Millis) {
+        let state = self.lock();
+        let mut spent = Spent::default();
+        let mut oldest = now;
+        if let Some(buckets) = state.spent.get(&(budget.to_owned(), scope.to_owned())) {
+            for (start, s) in buckets
+                .iter()
+                .filter(|(start, _)| window.holds(*start, now))
+            {
+                spent.add(s);
+                oldest = oldest.min(*start);
+            }
+        }
+        let mut held = Spent::default();
+        for h in state.held.values().flatten() {
+            if h.budget == budget && h.scope == scope && now.saturating_sub(h.at) < HOLD_MAX_MS {
+                held.add(&h.estimate);
+            }
+        }
+        (spent, held, oldest)
+    }
+
+    fn hold(&self, id: ExchangeId, held: Held) {
+        self.lock().held.entry(id).or_default().push(held);
+    }
+
+    /// Charges what exchange `id` used (its holds released), returning what it
+    /// charged, and whether it was the estimate for want of usage.
+    fn charge(
+        &self,
+        end: &Ending<'_>,
+        windows: &dyn Fn(&str) -> Option<Window>,
+    ) -> Vec<(String, Spent, bool)> {
+        let now = self.clock.now();
+        let mut state = self.lock();
+        let Some(held) = state.held.remove(&end.id) else {
+            return Vec::new();
+        };
+        // Stale holds of exchanges that never ended go too.
+        state
+            .held
+            .retain(|_, v| v.iter().all(|h| now.saturating_sub(h.at) < HOLD_MAX_MS));
+        if !end.answered {
+            return Vec::new();
+        }
+        let mut charged = Vec::new();
+        for h in held {
+            let Some(window) = windows(&h.budget) else {
+                continue;
+            };
+            let model = end.model.or(h.model.as_deref());
+            let (spent, estimated) = match end.usage {
+                Some(u) => (self.price(model, u), false),
+                None => (h.estimate, true),
+            };
+            let key = (h.budget.clone(), h.scope.clone());
+            let bucket = window.bucket(now);
+            let buckets = state.spent.entry(key).or_default();
+            buckets.retain(|(start, _)| window.holds(*start, now) || window == Window::Lifetime);
+            match buckets.back_mut() {
+                Some((start, s)) if *start == bucket => s.add(&spent),
+                _ => buckets.push_back((bucket, spent)),
+            }
+            self.write(&h.budget, &h.scope, bucket, &spent);
+            charged.push((h.budget, spent, estimated));
+        }
+        charged
+    }
+
+    /// Adds `spent` to the bucket's row in the file.
+    fn write(&self, budget: &str, scope: &str, bucket: Millis, spent: &Spent) {
+        let Some(db) = &self.db else { return };
+        let db = db.lock().unwrap_or_else(|p| p.into_inner());
+        let result = db.execute(
+            "INSERT INTO budget_spent (budget, scope, bucket, usd, input_tokens, output_tokens, requests)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
+             ON CONFLICT (budget, scope, bucket) DO UPDATE SET
+               usd = usd + excluded.usd, input_tokens = input_tokens + excluded.input_tokens,
+               output_tokens = output_tokens + excluded.output_tokens, requests = requests + excluded.requests",
+            rusqlite::params![
+                budget,
+                scope,
+                bucket as i64,
+                spent.usd,
+                spent.input_tokens as i64,
+                spent.output_tokens as i64,
+                spent.requests as i64
+            ],
+        );
+        let failed = result.is_err();
+        if let Err(e) = result {
+            tracing::warn!(target: "promptgate::budgets", "budget store write failed: {e}");
+        }
+        self.failing
+            .store(failed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// What a usage costs on `model` (nothing for a model with no price).
+    fn price(&self, model: Option<&str>, usage: &crate::provider::Usage) -> Spent {
+        let usd = model
+            .and_then(|m| self.prices.find(m))
+            .map_or(0.0, |(_, p)| {
+                price::cost(&p, usage, 0, false).input_usd
+                    + p.output / 1e6 * usage.output_tokens as f64
+            });
+        Spent {
+            usd,
+            input_tokens: usage.total_input(),
+            output_tokens: usage.output_tokens,
+            requests: 1,
+        }
+    }
+
+    /// Each scope of `budget` with what it spent in `window` now, most first.
+    pub(crate) fn scopes(&self, budget: &str, window: Window) -> Vec<(String, Spent, Millis)> {
+        let now = self.clock.now();
+        let scopes: Vec<String> = self
+            .lock()
+            .spent
+            .keys()
+            .filter(|(b, _)| b == budget)
+            .map(|(_, s)| s.clone())
+            .collect();
+        let mut out: Vec<(String, Spent, Millis)> = scopes
+            .into_iter()
+            .map(|s| {
+                let (spent, _, oldest) = self.spent(budget, &s, window, now);
+                (s, spent, oldest)
+            })
+            .filter(|(_, s, _)| s.requests > 0)
+            .collect();
+        out.sort_by(|a, b| {
+            b.1.usd
+                .total_cmp(&a.1.usd)
+                .then(b.1.requests.cmp(&a.1.requests))
+        });
+        out
+    }
+}
+
+/// Where the process's ledger is kept and how it prices and tells time: set by the
+/// server at start ([`configure`]); the file is opened when a budget first needs it.
+struct LedgerConfig {
+    path: Option<std::path::PathBuf>,
+    clock: Clock,
+    prices: Table<Price>,
+}
+
+static CONFIG: OnceLock<LedgerConfig> = OnceLock::new();
+static LEDGER: OnceLock<Ledger> = OnceLock::new();
+
+/// Sets where the process's ledger lives (`path`: its SQLite file; `None`: memory
+/// only), its clock and its prices. Once; later calls are ignored.
+pub fn configure(path: Option<std::path::PathBuf>, clock: Clock, prices: Table<Price>) {
+    let _ = CONFIG.set(LedgerConfig {
+        path,
+        clock,
+        prices,
+    });
+}
+
+/// The process's ledger: the configured file (a file that cannot be opened leaves
+/// the ledger in memory, failing, so that `on_error` decides), else memory with the
+/// default prices (`rules test`, unit tests).
+pub fn ledger() -> &'static Ledger {
+    LEDGER.get_or_init(|| {
+        let Some(c) = CONFIG.get() else {
+            return Ledger::in_memory(Clock::system(), price::prices(Vec::new()));
+        };
+        let Some(path) = &c.path else {
+            return Ledger::in_memory(c.clock.clone(), c.prices.clone());
+        };
+        match Ledger::open(path, c.clock.clone(), c.prices.clone()) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(target: "promptgate::budgets", "{e}: budgets count in memory only");
+                let l = Ledger::in_memory(c.clock.clone(), c.prices.clone());
+                l.failing.store(true, std::sync::atomic::Ordering::Relaxed);
+                l
+            }
+        }
+    })
+}
+
+/// The budgets of one rule set, as one policy.
+#[derive(Debug)]
+pub(crate) struct Budgets {
+    pub(crate) budgets: Vec<Budget>,
+}
+
+impl Budgets {
+    fn window_of(&self, name: &str) -> Option<Window> {
+        self.budgets
+            .iter()
+            .find(|b| b.name == name)
+            .map(|b| b.window)
+    }
+
+    /// The budgets, with their scopes' spend now: for `promptgate budgets` and the
+    /// admin API.
+    pub(crate) fn report(&self) -> Vec<BudgetReport> {
+        let ledger = ledger();
+        self.budgets
+            .iter()
+            .map(|b| BudgetReport {
+                name: b.name.clone(),
+                scope: b
+                    .scope
+                    .iter()
+                    .map(|d| d.name())
+                    .collect::<Vec<_>>()
+                    .join("+"),
+                window: b.window.text(),
+                limits: limits_text(&b.limits),
+                scopes: ledger
+                    .scopes(&b.name, b.window)
+                    .into_iter()
+                    .map(|(scope, spent, oldest)| ScopeReport {
+                        share: b.limits.share(&spent),
+                        resets: reset_text(b.window, oldest, ledger.clock.now()),
+                        scope,
+                        spent,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// One budget as `promptgate budgets` shows it.
+#[derive(Debug, Clone)]
+pub struct BudgetReport {
+    pub name: String,
+    pub scope: String,
+    pub window: String,
+    pub limits: String,
+    pub scopes: Vec<ScopeReport>,
+}
+
+/// One scope of a budget.
+#[derive(Debug, Clone)]
+pub struct ScopeReport {
+    pub scope: String,
+    pub spent: Spent,
+    /// The largest share of a limit it uses.
+    pub share: f64,
+    pub resets: String,
+}
+
+fn limits_text(l: &Limits) -> String {
+    let mut out = Vec::new();
+    if let Some(u) = l.usd {
+        out.push(format!("${u:.2}"));
+    }
+    for (name, v) in [
+        ("tokens", l.tokens),
+        ("input tokens", l.input_tokens),
+        ("output tokens", l.output_tokens),
+        ("requests", l.requests),
+    ] {
+        if let Some(v) = v {
+            out.push(format!("{v} {name}"));
+        }
+    }
+    out.join(", ")
+}
+
+/// When a window's oldest spend stops counting.
+fn reset_in(window: Window, oldest: Millis, now: Millis) -> Option<Duration> {
+    match window {
+        Window::Lifetime => None,
+        Window::Day => Some(Duration::from_millis(DAY_MS - now % DAY_MS)),
+        Window::Rolling(d) => Some(Duration::from_millis(
+            (oldest + d.as_millis() as u64)
+                .saturating_sub(now)
+                .max(1000),
+        )),
+    }
+}
+
+fn reset_text(window: Window, oldest: Millis, now: Millis) -> String {
+    match reset_in(window, oldest, now) {
+        None => "never (the conversation's life)".into(),
+        Some(d) => format!("in {}", human(d)),
+    }
+}
+
+fn human(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 {
+        format!("{}h{:02}m", s / 3600, s % 3600 / 60)
+    } else if s >= 60 {
+        format!("{}m{:02}s", s / 60, s % 60)
+    } else {
+        format!("{}s", s.max(1))
+    }
+}
+
+/// Bytes of an agent's JSON body per token, for the check's input estimate (a
+/// prompt of prose, code and JSON runs 3.5–4.5 bytes a token): an estimate that
+/// reads nothing of the body but its length.
+const BYTES_PER_TOKEN: u64 = 4;
+
+impl Budgets {
+    /// The scope key of a request for `budget`: each dimension's value.
+    fn scope_key(&self, budget: &Budget, facts: &Facts<'_>, request: &Outgoing) -> String {
+        let mut parts = Vec::with_capacity(budget.scope.len());
+        for d in &budget.scope {
+            let value = match d {
+                Dim::Conversation => facts.conversation.unwrap_or("-").to_owned(),
+                Dim::Model => facts.model.unwrap_or("-").to_owned(),
+                // The credential's fingerprint (its hash), never the credential.
+                Dim::Key => ["x-api-key", "authorization", "api-key"]
+                    .iter()
+                    .find_map(|h| {
+                        request
+                            .headers
+                            .get(*h)
+                            .map(|v| crate::redact::credential_id(h, v.as_bytes()))
+                    })
+                    .unwrap_or_else(|| "-".into()),
+                Dim::RequestClass => request
+                    .headers
+                    .get("x-claude-code-request-class")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("main")
+                    .to_owned(),
+            };
+            parts.push(format!("{}={}", d.name(), crate::redact::cut(&value, 128)));
+        }
+        if parts.is_empty() {
+            "global".into()
+        } else {
+            parts.join(" ")
+        }
+    }
+
+    fn check(&self, facts: &Facts<'_>, request: &mut Outgoing, effects: &mut Effects) -> Decision {
+        let ledger = ledger();
+        let now = ledger.clock.now();
+        let input = request.body.len() as u64 / BYTES_PER_TOKEN;
+        let price = facts
+            .model
+            .and_then(|m| ledger.prices.find(m))
+            .map(|(_, p)| p);
+        let mut holds = Vec::new();
+        for b in &self.budgets {
+            if let Some((g, _)) = &b.models
+                && !facts.model.is_some_and(|m| g.is_match(m))
+            {
+                continue;
+            }
+            if ledger.failing.load(std::sync::atomic::Ordering::Relaxed)
+                && b.on_error == OnError::Block
+            {
+                return Decision::Respond(Block {
+                    status: StatusCode::SERVICE_UNAVAILABLE,
+                    error_type: Some("api_error".into()),
+                    message: format!(
+                        "budget {:?} cannot be checked: the budget store fails (on_error = \"block\")",
+                        b.name
+                    ),
+                    rule: b.name.clone(),
+                    retry_after: None,
+                });
+            }
+            let estimate = Spent {
+                usd: price.map_or(0.0, |p| {
+                    (p.input * input as f64 + p.output * b.output_estimate as f64) / 1e6
+                }),
+                input_tokens: input,
+                output_tokens: b.output_estimate,
+                requests: 1,
+            };
+            let scope = self.scope_key(b, facts, request);
+            let (spent, held, oldest) = ledger.spent(&b.name, &scope, b.window, now);
+            let mut total = spent;
+            total.add(&held);
+            total.add(&estimate);
+            if let Some((what, amount, limit)) = b.limits.crossed(&total) {
+                let resets = reset_in(b.window, oldest, now);
+                let when = match resets {
+                    Some(d) => format!("it resets in {}", human(d)),
+                    None => "it does not reset in this conversation; start a new one".into(),
+                };
+                let mut spent_only = spent;
+                spent_only.add(&held);
+                effects.fired.push(b.name.clone());
+                return Decision::Respond(Block {
+                    // A window that resets is a rate limit; the client may come back.
+                    status: if resets.is_some() {
+                        StatusCode::TOO_MANY_REQUESTS
+                    } else {
+                        BLOCK_STATUS
+                    },
+                    error_type: Some(
+                        if resets.is_some() {
+                            "rate_limit_error"
+                        } else {
+                            "permission_error"
+                        }
+                        .into(),
+                    ),
+                    message: format!(
+                        "budget {:?} ({}) is spent: {what} would reach {amount} of {limit} {} with this request (spent so far ${:.2}, {} requests); {when}",
+                        b.name,
+                        if b.scope.is_empty() {
+                            "global".to_owned()
+                        } else {
+                            scope.clone()
+                        },
+                        b.window.text(),
+                        spent_only.usd,
+                        spent_only.requests,
+                    ),
+                    rule: b.name.clone(),
+                    retry_after: resets,
+                });
+            }
+            if let Some(w) = b.warn_at
+                && b.limits.share(&total) >= w
+            {
+                let tag = "budget-warning".to_owned();
+                if !effects.tags.contains(&tag) {
+                    effects.tags.push(tag);
+                }
+                if !effects.fired.contains(&b.name) {
+                    effects.fired.push(b.name.clone());
+                }
+                effects.note(
+                    &b.name,
+                    format!(
+                        "budget at {:.0} % ({} {}; limit {})",
+                        100.0 * b.limits.share(&total),
+                        scope,
+                        b.window.text(),
+                        limits_text(&b.limits)
+                    ),
+                );
+            }
+            holds.push(Held {
+                budget: b.name.clone(),
+                scope,
+                estimate,
+                model: facts.model.map(str::to_owned),
+                at: now,
+            });
+        }
+        if let Some(id) = facts.id {
+            for h in holds {
+                ledger.hold(id, h);
+            }
+        }
+        Decision::Continue
+    }
+}
+
+impl Policy for Budgets {
+    fn name(&self) -> &str {
+        BUDGETS
+    }
+
+    fn runs(&self, phase: Phase) -> bool {
+        phase == Phase::BeforeProviderRequest
+    }
+
+    fn reads_conversation(&self) -> bool {
+        self.budgets
+            .iter()
+            .any(|b| b.scope.contains(&Dim::Conversation))
+    }
+
+    fn reads_end(&self) -> bool {
+        true
+    }
+
+    fn before_provider_request(
+        &self,
+        facts: &Facts<'_>,
+        request: &mut Outgoing,
+        effects: &mut Effects,
+    ) -> Decision {
+        self.check(facts, request, effects)
+    }
+
+    fn exchange_ended(&self, end: &Ending<'_>) {
+        for (budget, spent, estimated) in ledger().charge(end, &|name| self.window_of(name)) {
+            if estimated {
+                tracing::info!(
+                    target: "promptgate::budgets",
+                    id = %end.id,
+                    budget = %budget,
+                    "charged the estimate (${:.4}): the answer said no usage",
+                    spent.usd
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn windows_read_and_bucket() {
+        assert_eq!(window_of("conversation"), Some(Window::Lifetime));
+        assert_eq!(window_of("day"), Some(Window::Day));
+        assert_eq!(
+            window_of("90s"),
+            Some(Window::Rolling(Duration::from_secs(90)))
+        );
+        assert_eq!(
+            window_of("1h"),
+            Some(Window::Rolling(Duration::from_secs(3600)))
+        );
+        assert_eq!(
+            window_of("30d"),
+            Some(Window::Rolling(Duration::from_secs(30 * 86_400)))
+        );
+        assert_eq!(window_of("0h"), None);
+        assert_eq!(window_of("h"), None);
+        let hour = Window::Rolling(Duration::from_secs(3600));
+        assert_eq!(hour.bucket(3_599_999), 3_540_000, "one-minute buckets");
+        assert!(hour.holds(0, 3_599_999) && !hour.holds(0, 3_600_000));
+        assert!(
+            Window::Day.holds(DAY_MS, DAY_MS + 5) && !Window::Day.holds(DAY_MS - 1, DAY_MS + 5)
+        );
+    }
+
+    #[test]
+    fn the_first_limit_crossed_is_named() {
+        let limits = Limits {
+            usd: Some(5.0),
+            requests: Some(10),
+            ..Limits::default()
+        };
+        let mut s = Spent {
+            usd: 4.0,
+            requests: 10,
+            ..Spent::default()
+        };
+        assert_eq!(limits.crossed(&s), None);
+        assert!((limits.share(&s) - 1.0).abs() < 1e-9);
+        s.usd = 5.5;
+        assert_eq!(limits.crossed(&s).map(|c| c.0), Some("usd"));
+        s.usd = 1.0;
+        s.requests = 11;
+        assert_eq!(limits.crossed(&s).map(|c| c.0), Some("requests"));
+    }
+}
