@@ -989,3 +989,59 @@ async fn example_hooks() {
         .count();
     assert_eq!(blocked, 1, "refused once (CLAUDE_CODE_MAX_RETRIES=0)");
 }
+
+#[test]
+fn claude_code_meets_a_budget() {
+    isolated("claude_code_meets_a_budget", budget_met);
+}
+
+/// A budget under the real CLI, with its own retry policy: a key's daily budget of
+/// one request lets the first `claude -p` through, and the second is refused with
+/// 429 and `retry-after`; promptgate marks it not worth retrying, and Claude Code
+/// shows the message once.
+async fn budget_met() {
+    let fake = FakeProvider::start(answer).await;
+    let rules = TempDir::new("budget-rules");
+    std::fs::write(
+        rules.path().join("budget.toml"),
+        "[[budget]]\nname = \"key-per-day\"\nscope = [\"key\"]\nwindow = \"day\"\nrequests = 1\n",
+    )
+    .unwrap();
+    let proxy = Proxy::with_rules(&fake, rules.path());
+    let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
+    let run = || {
+        let mut command = claude_command(
+            &["-p", "Say hello", "--output-format", "json"],
+            work.path(),
+            home.path(),
+            &[("ANTHROPIC_BASE_URL", proxy.url())],
+        );
+        command.env_remove("CLAUDE_CODE_MAX_RETRIES");
+        async move {
+            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+                .await
+                .unwrap();
+            let result = serde_json::from_slice::<Value>(&output.stdout)
+                .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
+                .unwrap_or_default();
+            (output.status.success(), result)
+        }
+    };
+    let (ok, result) = run().await;
+    assert!(ok, "{result}\n{}", proxy.log());
+    let (ok, result) = run().await;
+    eprintln!("the run over budget printed {result:?}");
+    assert!(!ok);
+    assert!(
+        result.starts_with("API Error: Request rejected (429) · promptgate: budget \"key-per-day\"")
+            && result.contains("it resets in"),
+        "{result}"
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let blocked = proxy
+        .exchanges()
+        .into_iter()
+        .filter(|l| l["outcome"] == "blocked")
+        .count();
+    assert_eq!(blocked, 1, "shown once, not retried");
+}
