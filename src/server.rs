@@ -254,6 +254,8 @@ pub async fn serve(
     // record pipeline finishes them; only then is the capture closed.
     tokio::task::spawn_blocking(move || {
         recorder.close();
+        // Every exchange has been charged: the last charges go to the file.
+        crate::rules::budget::flush();
         if let Some(capture) = capture {
             capture.close();
         }
