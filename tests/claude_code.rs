@@ -1033,7 +1033,8 @@ async fn budget_met() {
     eprintln!("the run over budget printed {result:?}");
     assert!(!ok);
     assert!(
-        result.starts_with("API Error: Request rejected (429) · promptgate: budget \"key-per-day\"")
+        result
+            .starts_with("API Error: Request rejected (429) · promptgate: budget \"key-per-day\"")
             && result.contains("it resets in"),
         "{result}"
     );

@@ -362,6 +362,13 @@ pub(super) fn show_lines(store: &Store, record: &crate::capture::CaptureRecord, 
     if let Some(c) = &r.cost {
         let _ = writeln!(
             out,
+            "{pad}total {} (input {}, output {})",
+            usd(c.usd.total_usd),
+            usd(c.usd.input_usd),
+            usd(c.usd.output_usd)
+        );
+        let _ = writeln!(
+            out,
             "{pad}cost {} written, {} read, {} saved, {} lost ({} tokens; price {})",
             usd(c.usd.write_usd),
             usd(c.usd.read_usd),

@@ -173,6 +173,12 @@ pub struct Cost {
     pub lost_usd: f64,
     /// Spent on the whole input (uncached, writes and reads).
     pub input_usd: f64,
+    /// Spent on the answer's tokens.
+    #[serde(default)]
+    pub output_usd: f64,
+    /// The exchange's whole cost: input and output.
+    #[serde(default)]
+    pub total_usd: f64,
 }
 
 /// Prices a usage. `lost_tokens` are tokens the rules say could have been read;
@@ -198,12 +204,16 @@ pub fn cost(price: &Price, usage: &Usage, lost_tokens: u64, one_hour_hint: bool)
     };
     let paid = from_writes as f64 * write_mult + from_input as f64;
     let lost_usd = (per * (paid - price.cache_read * (from_writes + from_input) as f64)).max(0.0);
+    let input_usd = per * usage.input_tokens as f64 + write_usd + read_usd;
+    let output_usd = price.output / 1e6 * usage.output_tokens as f64;
     Cost {
         write_usd,
         read_usd,
         saved_usd,
         lost_usd,
-        input_usd: per * usage.input_tokens as f64 + write_usd + read_usd,
+        input_usd,
+        output_usd,
+        total_usd: input_usd + output_usd,
     }
 }
 

@@ -648,10 +648,7 @@ impl Ledger {
     fn price(&self, model: Option<&str>, usage: &crate::provider::Usage) -> Spent {
         let usd = model
             .and_then(|m| self.prices.find(m))
-            .map_or(0.0, |(_, p)| {
-                price::cost(&p, usage, 0, false).input_usd
-                    + p.output / 1e6 * usage.output_tokens as f64
-            });
+            .map_or(0.0, |(_, p)| price::cost(&p, usage, 0, false).total_usd);
         Spent {
             usd,
             input_tokens: usage.total_input(),

@@ -446,7 +446,7 @@ function cacheSection(r, told) {
       `read ${c.actual.read} · write ${c.actual.write} · uncached ${c.actual.input} · predicted read ${c.prediction.read_tokens}` +
         (c.prediction.read_through ? ` through ${c.prediction.read_through}` : "") +
         (c.lost_tokens ? ` · lost ${c.lost_tokens}` : "") +
-        (c.cost ? ` · input ${fmtUsd(c.cost.input_usd)}, lost ${fmtUsd(c.cost.lost_usd)}` : " · cost unknown (no price for this model)") +
+        (c.cost ? ` · total ${fmtUsd(c.cost.total_usd ?? c.cost.input_usd)} (input ${fmtUsd(c.cost.input_usd)}, output ${fmtUsd(c.cost.output_usd ?? 0)}), lost ${fmtUsd(c.cost.lost_usd)}` : " · cost unknown (no price for this model)") +
         (u.output_tokens !== undefined ? ` · output ${u.output_tokens}` : "")));
   // DOM append writes a null as the text "null": only a fix there is appended.
   if (c.fix) box.append(el("div", { class: "fix", id: "cache-fix", text: `fix: ${c.fix}` }));
