@@ -406,12 +406,16 @@ pub struct Ledger {
     db: Option<Mutex<rusqlite::Connection>>,
     /// Charges not yet in the file, by (budget, scope, bucket), and when it was last
     /// written: one transaction a second at most.
-    dirty: Mutex<(HashMap<(String, String, Millis), Spent>, Millis)>,
+    dirty: Mutex<Unwritten>,
     /// The last write to the file failed: `on_error` decides.
     failing: std::sync::atomic::AtomicBool,
     clock: Clock,
     prices: Table<Price>,
 }
+
+/// Charges not yet in the file, by (budget, scope, bucket), and when the file was
+/// last written.
+type Unwritten = (HashMap<(String, String, Millis), Spent>, Millis);
 
 #[derive(Default)]
 struct LedgerState {
