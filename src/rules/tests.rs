@@ -1033,7 +1033,7 @@ fn property_the_cache_control_limits_always_hold() {
 
 #[test]
 fn the_readme_documents_every_phase_matcher_and_action() {
-    let readme = include_str!("../../README.md");
+    let readme = include_str!("../../docs/rules.md");
     for phase in Phase::ALL {
         assert!(
             readme.contains(&format!("`{}`", phase.name())),

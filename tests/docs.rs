@@ -1,0 +1,110 @@
+//! The documentation: README.md is the front door and the manual lives in docs/;
+//! when the README was cut down, every paragraph of it moved (nothing lost: the old
+//! text is kept in tests/fixtures/readme-before-split.md for this check), and every
+//! relative link of the README, docs/ and CONTRIBUTING.md reaches a file that exists.
+
+use std::path::{Path, PathBuf};
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The documents a reader has now.
+fn documents() -> Vec<PathBuf> {
+    let mut out = vec![root().join("README.md"), root().join("CONTRIBUTING.md")];
+    let mut docs: Vec<PathBuf> = std::fs::read_dir(root().join("docs"))
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "md"))
+        .collect();
+    docs.sort();
+    out.extend(docs);
+    out
+}
+
+/// A paragraph as compared: headings without their level, link targets dropped
+/// (a moved paragraph's links point from docs/ now), whitespace collapsed.
+fn normal(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("](") {
+        out.push_str(&rest[..at + 2]);
+        rest = &rest[at + 2..];
+        match rest.find(')') {
+            Some(end) => rest = &rest[end..],
+            None => break,
+        }
+    }
+    out.push_str(rest);
+    out.split_whitespace()
+        .map(|w| w.trim_start_matches('#'))
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn nothing_the_readme_said_was_lost_when_it_moved_to_docs() {
+    let before =
+        std::fs::read_to_string(root().join("tests/fixtures/readme-before-split.md")).unwrap();
+    let now: String = documents()
+        .iter()
+        .map(|p| normal(&std::fs::read_to_string(p).unwrap()))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut lost = Vec::new();
+    // A heading starts a paragraph of its own (the split put some under a new file).
+    let before = before.replace("\n#", "\n\n#");
+    for paragraph in before.split("\n\n") {
+        let p = normal(paragraph);
+        if !p.is_empty() && !now.contains(&p) {
+            lost.push(p);
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "{} paragraph(s) of the old README are nowhere now:\n{}",
+        lost.len(),
+        lost.join("\n---\n")
+    );
+}
+
+#[test]
+fn the_readme_is_a_front_door() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let lines = readme.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines; the manual goes in docs/"
+    );
+    // CI runs the test command the README gives.
+    assert!(
+        readme.lines().any(|l| l.trim() == "tests/run"),
+        "the test command"
+    );
+}
+
+#[test]
+fn every_relative_link_reaches_a_file() {
+    let mut broken = Vec::new();
+    for doc in documents() {
+        let text = std::fs::read_to_string(&doc).unwrap();
+        let dir = doc.parent().unwrap();
+        let mut rest = text.as_str();
+        while let Some(at) = rest.find("](") {
+            rest = &rest[at + 2..];
+            let Some(end) = rest.find(')') else { break };
+            let target = &rest[..end];
+            rest = &rest[end..];
+            let path = target.split('#').next().unwrap_or("");
+            if path.is_empty() || path.contains("://") || path.starts_with("mailto:") {
+                continue;
+            }
+            if !Path::new(dir).join(path).exists() {
+                broken.push(format!("{}: {target}", doc.display()));
+            }
+        }
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
