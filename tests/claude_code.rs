@@ -182,6 +182,33 @@ fn messages_calls(fake: &FakeProvider) -> Vec<support::Received> {
         .collect()
 }
 
+/// `claude -p PROMPT --output-format json` plus `extra` arguments, in `work` against
+/// `proxy`, under Claude Code's own retry policy (not the tests'
+/// CLAUDE_CODE_MAX_RETRIES=0): whether it exited 0, and the `result` it printed.
+async fn claude_p(
+    proxy: &Proxy,
+    (work, home): (&TempDir, &TempDir),
+    prompt: &str,
+    extra: &[&str],
+) -> (bool, String) {
+    let mut args = vec!["-p", prompt, "--output-format", "json"];
+    args.extend_from_slice(extra);
+    let mut command = claude_command(
+        &args,
+        work.path(),
+        home.path(),
+        &[("ANTHROPIC_BASE_URL", proxy.url())],
+    );
+    command.env_remove("CLAUDE_CODE_MAX_RETRIES");
+    let output = tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap();
+    let result = serde_json::from_slice::<Value>(&output.stdout)
+        .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
+        .unwrap_or_default();
+    (output.status.success(), result)
+}
+
 /// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
 fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
     if !inside_namespace() {
@@ -850,29 +877,10 @@ async fn pasted_key() {
     .unwrap();
     let proxy = Proxy::with_rules(&fake, rules.path());
     let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
-    let run = |prompt: String| {
-        let mut command = claude_command(
-            &["-p", &prompt, "--output-format", "json"],
-            work.path(),
-            home.path(),
-            &[("ANTHROPIC_BASE_URL", proxy.url())],
-        );
-        // Claude Code's own retry policy: a block must be shown once, not retried.
-        command.env_remove("CLAUDE_CODE_MAX_RETRIES");
-        async move {
-            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
-                .await
-                .unwrap();
-            let result = serde_json::from_slice::<Value>(&output.stdout)
-                .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
-                .unwrap_or_default();
-            (output.status.success(), result)
-        }
-    };
     let pem = format!(
         "Check this key:\n-----BEGIN OPENSSH PRIVATE KEY-----\n{PEM_BODY}\n-----END OPENSSH PRIVATE KEY-----"
     );
-    let (ok, result) = run(pem).await;
+    let (ok, result) = claude_p(&proxy, (&work, &home), &pem, &[]).await;
     eprintln!("blocked run printed {result:?}");
     assert!(!ok);
     assert!(
@@ -893,7 +901,8 @@ async fn pasted_key() {
         .count();
     assert_eq!(blocked, 1, "shown once, not retried");
 
-    let (ok, result) = run(format!("Repeat my AWS key id {AWS_ID} back to me")).await;
+    let prompt = format!("Repeat my AWS key id {AWS_ID} back to me");
+    let (ok, result) = claude_p(&proxy, (&work, &home), &prompt, &[]).await;
     assert!(ok, "{result}\n{}", proxy.log());
     assert_eq!(result, format!("Your key: {AWS_ID}"));
     let calls = messages_calls(&fake);
@@ -929,33 +938,14 @@ async fn example_hooks() {
     }
     let proxy = Proxy::with_rules(&fake, rules.path());
     let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
-    let run = |model: &str| {
-        let command = claude_command(
-            &[
-                "-p",
-                "Say hello",
-                "--output-format",
-                "json",
-                "--model",
-                model,
-            ],
-            work.path(),
-            home.path(),
-            &[("ANTHROPIC_BASE_URL", proxy.url())],
-        );
-        let mut command = command;
-        async move {
-            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
-                .await
-                .unwrap();
-            let result = serde_json::from_slice::<Value>(&output.stdout)
-                .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
-                .unwrap_or_default();
-            (output.status.success(), result)
-        }
-    };
     // Anyone may use haiku (entitlements.json: "*": ["claude-haiku-*"]).
-    let (ok, result) = run("claude-haiku-4-5").await;
+    let (ok, result) = claude_p(
+        &proxy,
+        (&work, &home),
+        "Say hello",
+        &["--model", "claude-haiku-4-5"],
+    )
+    .await;
     assert!(ok, "{result}\n{}", proxy.log());
     assert_eq!(result, "Hello from the fake provider");
     let calls = messages_calls(&fake);
@@ -969,7 +959,13 @@ async fn example_hooks() {
     }
     // Claude Code's user is not entitled to opus: refused before the provider.
     let before = calls.len();
-    let (ok, result) = run("claude-opus-4-5").await;
+    let (ok, result) = claude_p(
+        &proxy,
+        (&work, &home),
+        "Say hello",
+        &["--model", "claude-opus-4-5"],
+    )
+    .await;
     eprintln!("the refused run printed {result:?}");
     assert!(!ok);
     assert!(
@@ -987,7 +983,7 @@ async fn example_hooks() {
         .into_iter()
         .filter(|l| l["outcome"] == "blocked")
         .count();
-    assert_eq!(blocked, 1, "refused once (CLAUDE_CODE_MAX_RETRIES=0)");
+    assert_eq!(blocked, 1, "refused once, not retried");
 }
 
 #[test]
@@ -1009,27 +1005,9 @@ async fn budget_met() {
     .unwrap();
     let proxy = Proxy::with_rules(&fake, rules.path());
     let (home, work) = (TempDir::new("claude-home"), TempDir::new("claude-work"));
-    let run = || {
-        let mut command = claude_command(
-            &["-p", "Say hello", "--output-format", "json"],
-            work.path(),
-            home.path(),
-            &[("ANTHROPIC_BASE_URL", proxy.url())],
-        );
-        command.env_remove("CLAUDE_CODE_MAX_RETRIES");
-        async move {
-            let output = tokio::task::spawn_blocking(move || command.output().unwrap())
-                .await
-                .unwrap();
-            let result = serde_json::from_slice::<Value>(&output.stdout)
-                .map(|v| v["result"].as_str().unwrap_or_default().to_owned())
-                .unwrap_or_default();
-            (output.status.success(), result)
-        }
-    };
-    let (ok, result) = run().await;
+    let (ok, result) = claude_p(&proxy, (&work, &home), "Say hello", &[]).await;
     assert!(ok, "{result}\n{}", proxy.log());
-    let (ok, result) = run().await;
+    let (ok, result) = claude_p(&proxy, (&work, &home), "Say hello", &[]).await;
     eprintln!("the run over budget printed {result:?}");
     assert!(!ok);
     assert!(

@@ -268,10 +268,7 @@ pub(super) fn rules(state: &AdminState) -> Value {
                 "phases": h.phases.iter().map(|p| p.name()).collect::<Vec<_>>(),
                 "transport": h.transport_name(),
                 "timeout_ms": u64::try_from(h.timeout.as_millis()).unwrap_or(u64::MAX),
-                "on_error": match h.on_error {
-                    crate::rules::hook::OnError::Allow => "allow",
-                    crate::rules::hook::OnError::Block => "block",
-                },
+                "on_error": h.on_error.name(),
                 "enforce": h.enforce,
                 "file": h.file,
                 "line": h.line,

@@ -39,26 +39,24 @@ pub enum ResponseBody {
 impl ResponseBody {
     /// `rules` applied to `inner`'s events.
     pub fn with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
-        ResponseBody::Events(Box::new(EventBody {
-            hold: rules.may_change(),
-            inner,
-            rules,
-            splitter: EventSplitter::default(),
-            out: VecDeque::new(),
-            scratch: Vec::new(),
-            timer: None,
-            failed: None,
-            ended: false,
-            whole: None,
-            bypass: false,
-        }))
+        let hold = rules.may_change();
+        ResponseBody::events(inner, rules, hold, None)
     }
 
     /// `rules` applied to `inner` whole, as one event, once it has all come (a JSON
     /// answer); past [`WHOLE_MAX`] bytes it goes on as it came.
     pub fn whole_with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
+        ResponseBody::events(inner, rules, true, Some(Vec::new()))
+    }
+
+    fn events(
+        inner: Incoming,
+        rules: Box<dyn EventPolicy>,
+        hold: bool,
+        whole: Option<Vec<u8>>,
+    ) -> ResponseBody {
         ResponseBody::Events(Box::new(EventBody {
-            hold: true,
+            hold,
             inner,
             rules,
             splitter: EventSplitter::default(),
@@ -67,7 +65,7 @@ impl ResponseBody {
             timer: None,
             failed: None,
             ended: false,
-            whole: Some(Vec::new()),
+            whole,
             bypass: false,
         }))
     }

@@ -84,6 +84,26 @@ pub struct Block {
     pub retry_after: Option<std::time::Duration>,
 }
 
+/// What happens to the request when a policy cannot do its part (a hook that fails
+/// or times out, a budget store that cannot be written): `on_error` in rule files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnError {
+    /// Let the request go, and say so in the log and on the record.
+    Allow,
+    /// Refuse it.
+    Block,
+}
+
+impl OnError {
+    /// Its name in rule files.
+    pub fn name(self) -> &'static str {
+        match self {
+            OnError::Allow => "allow",
+            OnError::Block => "block",
+        }
+    }
+}
+
 /// What a policy decided at one phase.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Decision {

@@ -24,7 +24,7 @@ use http::StatusCode;
 use super::BLOCK_STATUS;
 use super::load::{Cx, Val};
 use crate::id::ExchangeId;
-use crate::policy::{Block, Decision, Effects, Ending, Facts, Outgoing, Phase, Policy};
+use crate::policy::{Block, Decision, Effects, Ending, Facts, OnError, Outgoing, Phase, Policy};
 use crate::provider::price::{self, Price, Table};
 use crate::runtime::{Clock, Millis};
 
@@ -183,13 +183,6 @@ impl Limits {
     }
 }
 
-/// What happens when the budget store cannot be written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum OnError {
-    Allow,
-    Block,
-}
-
 /// One compiled `[[budget]]`.
 #[derive(Debug)]
 pub(crate) struct Budget {
@@ -325,18 +318,7 @@ pub(crate) fn compile(
         None => Some(DEFAULT_OUTPUT_ESTIMATE),
     };
     let on_error = match table.get("on_error") {
-        Some(v) => match cx.str(v, "on_error") {
-            Some("allow") => Some(OnError::Allow),
-            Some("block") => Some(OnError::Block),
-            Some(other) => {
-                cx.error(
-                    v.span(),
-                    format!("on_error must be \"allow\" or \"block\", found {other:?}"),
-                );
-                None
-            }
-            None => None,
-        },
+        Some(v) => cx.on_error(v),
         None => Some(OnError::Allow),
     };
     if cx.errors.len() > errors_before {

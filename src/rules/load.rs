@@ -221,6 +221,25 @@ impl<'s> Cx<'s> {
         self.error(key.span(), message);
     }
 
+    /// An `on_error` value: `"allow"` or `"block"`.
+    pub(crate) fn on_error(&mut self, v: &Val<'_>) -> Option<crate::policy::OnError> {
+        use crate::policy::OnError;
+        let text = self.str(v, "on_error")?;
+        match [OnError::Allow, OnError::Block]
+            .into_iter()
+            .find(|o| o.name() == text)
+        {
+            Some(o) => Some(o),
+            None => {
+                self.error(
+                    v.span(),
+                    format!("on_error must be \"allow\" or \"block\", found {text:?}"),
+                );
+                None
+            }
+        }
+    }
+
     /// One string, or an array of strings.
     pub(crate) fn strings(
         &mut self,

@@ -664,21 +664,7 @@ impl Policy for Arc<RuleSet> {
         facts: &Facts<'_>,
         head: &ResponseHead<'_>,
     ) -> Option<(Box<dyn crate::policy::EventPolicy>, SharedReport)> {
-        let engine = stream::EventRules::new(
-            self.clone(),
-            stream::StreamContext {
-                provider: facts.provider,
-                api: facts.api,
-                method: facts.method.clone(),
-                host: facts.host.map(str::to_owned),
-                path: facts.path.to_owned(),
-                model: facts.model.map(str::to_owned),
-                request_headers: head.request_headers.clone(),
-                status: head.status,
-                response_headers: head.headers.clone(),
-                tags: facts.tags.to_vec(),
-            },
-        )?;
+        let engine = stream::EventRules::new(self.clone(), stream::StreamContext::of(facts, head))?;
         let report = engine.report();
         Some((Box::new(engine), report))
     }

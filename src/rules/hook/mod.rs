@@ -54,12 +54,7 @@ enum Transport {
     Http(Arc<transport::Http>),
 }
 
-/// What happens when a hook fails (error, timeout, garbage): `on_error`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OnError {
-    Allow,
-    Block,
-}
+pub use crate::policy::OnError;
 
 /// One compiled `[[hook]]`.
 #[derive(Debug)]
@@ -159,18 +154,7 @@ pub(crate) fn compile(
         None => Some(DEFAULT_TIMEOUT),
     };
     let on_error = match table.get("on_error") {
-        Some(v) => match cx.str(v, "on_error") {
-            Some("allow") => Some(OnError::Allow),
-            Some("block") => Some(OnError::Block),
-            Some(other) => {
-                cx.error(
-                    v.span(),
-                    format!("on_error must be \"allow\" or \"block\", found {other:?}"),
-                );
-                None
-            }
-            None => None,
-        },
+        Some(v) => cx.on_error(v),
         None if enforce => {
             cx.error(
                 item.span(),
