@@ -303,6 +303,8 @@ impl Exchange {
             let ending = policy::Ending {
                 id: r.id,
                 model: r.model.as_deref(),
+                conversation: r.conversation.as_deref(),
+                response_id: None,
                 usage: None,
                 answered: false,
             };
@@ -1197,9 +1199,15 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
         record.error = error;
         if !enders.is_empty() {
             let usage = record.observation.as_ref().and_then(|o| o.summary.usage);
+            let response_id = record
+                .observation
+                .as_ref()
+                .and_then(|o| o.summary.response_id.clone());
             let end = policy::Ending {
                 id: record.id,
                 model: record.model.as_deref(),
+                conversation: record.conversation.as_deref(),
+                response_id: response_id.as_deref(),
                 usage: usage.as_ref(),
                 answered: record.status.is_some_and(|s| s.is_success()),
             };

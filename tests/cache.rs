@@ -1174,3 +1174,66 @@ fn the_bench_sends_the_session_id_of_its_payloads() {
         );
     }
 }
+
+/// Two Claude Code turns through promptgate with `rules` against an emulating
+/// fake: the bodies the fake received and the emulator's usage of each.
+async fn two_turns(rules: &str) -> (Vec<support::Received>, Vec<cache_emulator::CacheUsage>) {
+    let emulator = Arc::new(Mutex::new(CacheEmulator::new()));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |r| {
+        Action::Respond(support::fake_provider::emulated_reply(&e, &r.body))
+    })
+    .await;
+    let dir = TempDir::new("diagnose-rules");
+    std::fs::write(dir.path().join("rules.toml"), rules).unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    for rounds in [1, 2] {
+        let body = shapes::to_bytes(&cc(rounds));
+        let headers =
+            shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-x");
+        let r = client::send(
+            proxy.addr,
+            &client::request_bytes("POST", "/v1/messages?beta=true", &headers, &body),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        proxy.wait_exchanges(rounds, WAIT).await;
+    }
+    let usage = emulator.lock().unwrap().log.clone();
+    (fake.requests(), usage)
+}
+
+#[tokio::test]
+async fn asking_for_the_providers_diagnosis_changes_the_bytes_sent_not_the_cached_prefix() {
+    let ask = "[[rule]]\nname = \"ask-diagnosis\"\non = \"before_provider_request\"\n\
+               when = { provider = \"anthropic\" }\nactions = [ { cache.diagnose = true } ]\n";
+    let (asked, with) = two_turns(ask).await;
+    let (_, without) = two_turns("# nothing\n").await;
+    let first = asked[0].json();
+    let second = asked[1].json();
+    assert_eq!(first["diagnostics"], json!({"previous_message_id": null}));
+    // The first answer's id (the fake's message id) comes back on the next turn.
+    assert_eq!(
+        second["diagnostics"],
+        json!({"previous_message_id": "msg_01XFDUDYJgAACzvnptvVoYEL"})
+    );
+    let beta = asked[1].header("anthropic-beta").unwrap();
+    assert!(
+        beta.split(',').any(|b| b == "cache-diagnosis-2026-04-07"),
+        "{beta}"
+    );
+    // The cached prefix is the same with and without it: the same reads and writes.
+    let reads =
+        |u: &[cache_emulator::CacheUsage]| u.iter().map(|u| (u.read, u.write)).collect::<Vec<_>>();
+    assert_eq!(reads(&with), reads(&without));
+    assert!(
+        with[1].read > 0,
+        "turn 2 read the prefix: {:?}",
+        reads(&with)
+    );
+}

@@ -143,6 +143,10 @@ pub struct Facts<'a> {
 pub struct Ending<'a> {
     pub id: ExchangeId,
     pub model: Option<&'a str>,
+    /// The conversation, when the exchange decided it.
+    pub conversation: Option<&'a str>,
+    /// The answer's id (Anthropic's message id, OpenAI's response id).
+    pub response_id: Option<&'a str>,
     /// What the provider said the exchange used; `None` when it said nothing (an
     /// answer cut before its usage, or no answer at all).
     pub usage: Option<&'a crate::provider::Usage>,

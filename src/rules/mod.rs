@@ -156,6 +156,8 @@ pub(crate) struct Info<'a> {
     pub(crate) method: &'a Method,
     pub(crate) host: Option<&'a str>,
     pub(crate) path: &'a str,
+    /// The conversation, when the exchange decided it.
+    pub(crate) conversation: Option<&'a str>,
 }
 
 impl<'a> Info<'a> {
@@ -166,6 +168,7 @@ impl<'a> Info<'a> {
             method: facts.method,
             host: facts.host,
             path: facts.path,
+            conversation: facts.conversation,
         }
     }
 }
@@ -297,6 +300,22 @@ impl RuleSet {
     /// The budgets, when the set has any.
     pub(crate) fn budgets(&self) -> Option<&budget::Budgets> {
         self.budgets.as_deref()
+    }
+
+    /// Whether a rule asks the provider for its cache diagnosis (`cache.diagnose`):
+    /// then the exchange decides the conversation and each answer's id is noted.
+    fn diagnoses(&self) -> bool {
+        self.rules
+            .iter()
+            .any(|r| r.enabled && r.actions.iter().any(|a| a.key == "cache.diagnose"))
+    }
+
+    /// Notes an ended exchange's answer id as its conversation's last, for the next
+    /// turn's `cache.diagnose`.
+    fn note_answer(&self, end: &crate::policy::Ending<'_>) {
+        if let (true, Some(c), Some(id)) = (end.answered, end.conversation, end.response_id) {
+            action::diagnose::note_answer(c, id);
+        }
     }
 
     /// Whether a rule tests what the outgoing-secrets scanner found.
@@ -626,6 +645,18 @@ impl RuleSet {
 impl Policy for Arc<RuleSet> {
     fn name(&self) -> &str {
         "rules"
+    }
+
+    fn reads_conversation(&self) -> bool {
+        self.diagnoses()
+    }
+
+    fn reads_end(&self) -> bool {
+        self.diagnoses()
+    }
+
+    fn exchange_ended(&self, end: &crate::policy::Ending<'_>) {
+        self.note_answer(end);
     }
 
     fn runs(&self, phase: Phase) -> bool {

@@ -684,6 +684,7 @@ impl EventRules {
                 method: &cx.method,
                 host: cx.host.as_deref(),
                 path: &cx.path,
+                conversation: None,
             },
             // Lent for the run and put back: no copy per event.
             model: cx.model.take(),

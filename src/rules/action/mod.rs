@@ -7,6 +7,7 @@
 
 mod block;
 mod cache_control;
+pub(crate) mod diagnose;
 mod header;
 mod json;
 mod model;
@@ -176,6 +177,13 @@ pub static ACTIONS: &[ActionSpec] = &[
         doc: "Lowers the breakpoint limit (1–4) the cache_control policy enforces on this request.",
         example: "{ cache_control.max_breakpoints = 3 }",
         compile: cache_control::compile_max,
+    },
+    ActionSpec {
+        key: "cache.diagnose",
+        phases: REQUEST,
+        doc: "Asks the provider for its own cache-miss diagnosis: for Anthropic the `cache-diagnosis-2026-04-07` beta and `diagnostics.previous_message_id` (the conversation's last answer), for OpenAI Responses `prompt_cache_options.comparison_response_id`. Changes the bytes sent, not the cached prefix.",
+        example: "{ cache.diagnose = true }",
+        compile: diagnose::compile,
     },
     ActionSpec {
         key: "tools.remove",

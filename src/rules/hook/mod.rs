@@ -437,6 +437,19 @@ impl Policy for RuleSlice {
         "rules"
     }
 
+    // The first slice speaks for the set's `cache.diagnose` (one note per answer).
+    fn reads_conversation(&self) -> bool {
+        self.first && self.set.diagnoses()
+    }
+
+    fn reads_end(&self) -> bool {
+        self.first && self.set.diagnoses()
+    }
+
+    fn exchange_ended(&self, end: &crate::policy::Ending<'_>) {
+        self.set.note_answer(end);
+    }
+
     fn runs(&self, phase: Phase) -> bool {
         match phase {
             // The first slice makes the repeated-key check for every request that

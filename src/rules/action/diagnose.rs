@@ -1,0 +1,139 @@
+//! `cache.diagnose`: asks the provider for its own cache-miss diagnosis. For
+//! Anthropic it adds the `cache-diagnosis-2026-04-07` beta and
+//! `diagnostics.previous_message_id` (the conversation's last answer's id, `null`
+//! on its first turn); for OpenAI Responses, `prompt_cache_options.comparison_response_id`.
+//! The bytes sent change; the cached prefix does not (`diagnostics` is no part of
+//! the prompt: tests/cache.rs checks it with the emulator).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Mutex, OnceLock};
+
+use http::HeaderValue;
+use serde_json::{Value, json};
+
+use super::Action;
+use crate::provider::{Api, Provider};
+use crate::rules::body;
+use crate::rules::load::{Cx, Val};
+use crate::rules::{Block, State};
+
+/// The beta that makes Anthropic answer with `diagnostics.cache_miss_reason`.
+pub(crate) const BETA: &str = "cache-diagnosis-2026-04-07";
+
+/// How many conversations' last answer ids are remembered (the oldest go first).
+const REMEMBERED: usize = 4096;
+
+/// Each conversation's last answer id, in memory only.
+#[derive(Default)]
+struct LastAnswers {
+    ids: HashMap<String, String>,
+    order: VecDeque<String>,
+}
+
+fn last_answers() -> &'static Mutex<LastAnswers> {
+    static LAST: OnceLock<Mutex<LastAnswers>> = OnceLock::new();
+    LAST.get_or_init(Mutex::default)
+}
+
+/// Notes `id` as `conversation`'s last answer (an exchange ended with it).
+pub(crate) fn note_answer(conversation: &str, id: &str) {
+    let mut last = last_answers().lock().unwrap_or_else(|p| p.into_inner());
+    if last
+        .ids
+        .insert(conversation.to_owned(), id.to_owned())
+        .is_none()
+    {
+        last.order.push_back(conversation.to_owned());
+        if last.order.len() > REMEMBERED
+            && let Some(old) = last.order.pop_front()
+        {
+            last.ids.remove(&old);
+        }
+    }
+}
+
+fn last_answer(conversation: &str) -> Option<String> {
+    let last = last_answers().lock().unwrap_or_else(|p| p.into_inner());
+    last.ids.get(conversation).cloned()
+}
+
+#[derive(Debug)]
+struct Diagnose;
+
+impl Action for Diagnose {
+    fn needs_body(&self) -> bool {
+        true
+    }
+
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        let previous = st.info.conversation.and_then(last_answer);
+        match (st.info.provider, st.info.api) {
+            (Provider::Anthropic, Api::Messages) => {
+                let root = st.root()?;
+                body::set(
+                    root,
+                    &["diagnostics".to_owned()],
+                    json!({ "previous_message_id": previous }),
+                )?;
+                st.changed("/diagnostics".into());
+                let beta = match st
+                    .headers
+                    .get("anthropic-beta")
+                    .and_then(|v| v.to_str().ok())
+                {
+                    Some(b) if b.split(',').any(|x| x.trim() == BETA) => None,
+                    Some(b) if !b.trim().is_empty() => Some(format!("{b},{BETA}")),
+                    _ => Some(BETA.to_owned()),
+                };
+                if let Some(beta) = beta {
+                    let value = HeaderValue::from_str(&beta).map_err(|e| e.to_string())?;
+                    st.headers.insert("anthropic-beta", value);
+                    let rule = st.rule.clone();
+                    st.effects
+                        .edits
+                        .push((rule, "header anthropic-beta".into()));
+                }
+            }
+            (Provider::OpenAi, Api::Responses) => {
+                // Nothing to compare with on a conversation's first turn.
+                let Some(id) = previous else { return Ok(None) };
+                let root = st.root()?;
+                body::set(
+                    root,
+                    &["prompt_cache_options".to_owned()],
+                    Value::Object(
+                        [("comparison_response_id".to_owned(), Value::String(id))]
+                            .into_iter()
+                            .collect(),
+                    ),
+                )?;
+                st.changed("/prompt_cache_options".into());
+            }
+            _ => {}
+        }
+        Ok(None)
+    }
+}
+
+pub(super) fn compile(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
+    match cx.bool(v, "cache.diagnose")? {
+        true => Some(Box::new(Diagnose)),
+        false => {
+            cx.warn(
+                v.span(),
+                "cache.diagnose = false does nothing; leave it out",
+            );
+            Some(Box::new(Noop))
+        }
+    }
+}
+
+/// `cache.diagnose = false`.
+#[derive(Debug)]
+struct Noop;
+
+impl Action for Noop {
+    fn apply(&self, _: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+        Ok(None)
+    }
+}
