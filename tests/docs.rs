@@ -44,6 +44,16 @@ fn normal(text: &str) -> String {
         .join(" ")
 }
 
+/// Old lines rewritten on purpose since the move, each with why: the check holds
+/// every other line of the old README to be somewhere now.
+const REWRITTEN: &[(&str, &str)] = &[
+    (
+        "promptgate does not yet ask for the diagnosis itself: the client has to send",
+        "a rule can ask for the diagnosis now (cache.diagnose): docs/cache-analysis.md",
+    ),
+    ("`diagnostics`.", "the same paragraph's end"),
+];
+
 #[test]
 fn nothing_the_readme_said_was_lost_when_it_moved_to_docs() {
     let before =
@@ -53,20 +63,20 @@ fn nothing_the_readme_said_was_lost_when_it_moved_to_docs() {
         .map(|p| normal(&std::fs::read_to_string(p).unwrap()))
         .collect::<Vec<_>>()
         .join(" ");
+    // Line by line, so that a new entry in a list does not hide what is kept.
     let mut lost = Vec::new();
-    // A heading starts a paragraph of its own (the split put some under a new file).
-    let before = before.replace("\n#", "\n\n#");
-    for paragraph in before.split("\n\n") {
-        let p = normal(paragraph);
-        if !p.is_empty() && !now.contains(&p) {
-            lost.push(p);
+    for line in before.lines() {
+        let l = normal(line);
+        let rewritten = REWRITTEN.iter().any(|(old, _)| normal(old) == l);
+        if l.len() >= 12 && !rewritten && !now.contains(&l) {
+            lost.push(l);
         }
     }
     assert!(
         lost.is_empty(),
-        "{} paragraph(s) of the old README are nowhere now:\n{}",
+        "{} line(s) of the old README are nowhere now:\n{}",
         lost.len(),
-        lost.join("\n---\n")
+        lost.join("\n")
     );
 }
 
