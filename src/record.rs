@@ -213,6 +213,9 @@ pub struct ExchangeRecord {
     pub conversation: Option<String>,
     /// What the outgoing-secrets scanner found (never a value).
     pub findings: Vec<crate::policy::Finding>,
+    /// When the rule set whose rules ran on the request was loaded (ms since the
+    /// epoch): a cache miss a rule caused names the time its set changed.
+    pub rules_loaded_ms: Option<u64>,
     /// Whether the capture store should keep this exchange (a rule may turn it off).
     pub capture: bool,
     /// Extra secret patterns (from rules) the capture redacts in this exchange's bodies.
@@ -255,6 +258,7 @@ impl ExchangeRecord {
         }
         self.edits.extend(effects.edits.iter().cloned());
         self.findings.extend(effects.findings.iter().cloned());
+        self.rules_loaded_ms = self.rules_loaded_ms.or(effects.rules_loaded_ms);
         if effects.capture == Some(false) {
             self.capture = false;
         }
@@ -370,6 +374,7 @@ impl ExchangeRecord {
             policy_runs: Vec::new(),
             conversation: None,
             findings: Vec::new(),
+            rules_loaded_ms: None,
             capture: true,
             extra_redactions: Vec::new(),
             secret_headers: Vec::new(),
@@ -465,7 +470,7 @@ impl RecordStage for crate::cache::CacheStage {
             .as_ref()
             .and_then(|o| o.summary.diagnosis.as_ref());
         if let Some(report) = &mut record.cache {
-            report.name_writer(&record.edits);
+            report.name_writer(&record.edits, record.rules_loaded_ms);
             report.read_diagnosis(diagnosis);
         }
     }

@@ -469,6 +469,15 @@ async fn a_miss_a_rule_caused_names_the_rule() {
         "{}",
         t.analysis
     );
+    // And when the rule set it came with was loaded: the edit's time.
+    assert!(
+        t.analysis["fix"]
+            .as_str()
+            .unwrap()
+            .contains("(the rules and hooks in use were loaded at 20"),
+        "{}",
+        t.analysis
+    );
 }
 
 #[tokio::test]

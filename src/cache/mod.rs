@@ -363,7 +363,7 @@ impl CacheReport {
 
     /// Names the policy that wrote the changed unit, from the exchange's edits
     /// (policy, JSON pointer): a miss promptgate itself caused says so.
-    pub fn name_writer(&mut self, edits: &[(String, String)]) {
+    pub fn name_writer(&mut self, edits: &[(String, String)], loaded_ms: Option<u64>) {
         if edits.is_empty() {
             return;
         }
@@ -403,7 +403,15 @@ impl CacheReport {
             self.fix = self
                 .reason
                 .as_ref()
-                .and_then(|r| r.fix(self.lost_tokens, None));
+                .and_then(|r| r.fix(self.lost_tokens, None))
+                .map(|fix| match loaded_ms {
+                    // When the rule set changed: a miss right after it is the edit's.
+                    Some(ms) => format!(
+                        "{fix} (the rules and hooks in use were loaded at {})",
+                        utc(ms)
+                    ),
+                    None => fix,
+                });
         }
     }
 
@@ -413,6 +421,21 @@ impl CacheReport {
         r.reason = r.reason.map(|x| x.without_excerpts());
         r
     }
+}
+
+/// Milliseconds since the epoch as `2026-12-05 05:59:03 UTC`.
+fn utc(ms: u64) -> String {
+    let t = time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
+    format!(
+        "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    )
 }
 
 /// A unit path (`messages[3].content[0]`) as the JSON pointer of its node

@@ -226,6 +226,8 @@ pub struct Effects {
     pub outcome: Option<String>,
     /// What the outgoing-secrets scanner found in the request (never a value).
     pub findings: Vec<Finding>,
+    /// When the rule set that ran was loaded (ms since the epoch).
+    pub rules_loaded_ms: Option<u64>,
 }
 
 impl Effects {
@@ -268,6 +270,7 @@ impl Effects {
         self.edits.extend(other.edits);
         self.parsed_body |= other.parsed_body;
         self.findings.extend(other.findings);
+        self.rules_loaded_ms = self.rules_loaded_ms.or(other.rules_loaded_ms);
     }
 }
 

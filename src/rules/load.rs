@@ -601,6 +601,9 @@ pub(crate) fn compile_sources(
         set.warnings.append(&mut cx.warnings);
         errors.append(&mut cx.errors);
     }
+    set.loaded_at_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
     let found = set.uses_found();
     set.scanner = super::secrets::Scanner::new(scans.scans, scans.detectors, found).map(Arc::new);
     if !scans.budgets.is_empty() {

@@ -91,6 +91,8 @@ pub struct RuleSet {
     pub secret_headers: Vec<HeaderName>,
     /// What compiled but is almost surely a mistake, as `file:line:col: message`.
     pub warnings: Vec<LoadError>,
+    /// When it was compiled (ms since the epoch; 0 for a set made in code).
+    pub loaded_at_ms: u64,
 }
 
 /// The status of a `block` that names none, of `model.allow` and of the
@@ -589,6 +591,9 @@ impl RuleSet {
             decision: None,
         };
         let decision = self.run_in(Phase::BeforeProviderRequest, slice, &mut st);
+        if self.loaded_at_ms > 0 {
+            effects.rules_loaded_ms = Some(self.loaded_at_ms);
+        }
         if decision == Decision::Continue
             && (body.root_if_parsed().is_some_and(|r| r.is_dirty())
                 || effects.max_breakpoints.is_some())
