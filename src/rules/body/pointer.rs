@@ -6,20 +6,49 @@ use serde_json::Value;
 use super::Node;
 use super::peek::array_index;
 
+/// Why a JSON pointer does not read, or an edit at one cannot be made.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PointerError {
+    #[error(
+        "invalid JSON pointer {0:?}: it must start with \"/\" (expected e.g. \"/metadata/user_id\")"
+    )]
+    NoSlash(String),
+    #[error(
+        "invalid JSON pointer {0:?}: \"~\" must be followed by 0 or 1 (\"~0\" is ~, \"~1\" is /)"
+    )]
+    BadEscape(String),
+    #[error("cannot {0} the whole body")]
+    WholeBody(&'static str),
+    #[error("{0} does not exist")]
+    Missing(String),
+    #[error("{0} is not an object or array")]
+    NotContainer(String),
+    #[error("{parent} has no index {index:?}")]
+    NoIndex { parent: String, index: String },
+    #[error("{0} is not an array")]
+    NotArray(String),
+}
+
+// The rule actions report their failures as text at their edge (a log line, or an
+// enforce rule's block).
+impl From<PointerError> for String {
+    fn from(e: PointerError) -> String {
+        e.to_string()
+    }
+}
+
 /// An RFC 6901 JSON pointer, split into unescaped tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pointer(pub(crate) Vec<String>);
 
 impl Pointer {
     /// Parses `""`, `"/a/0"`, `"/a~1b/c~0d"`.
-    pub(crate) fn parse(text: &str) -> Result<Pointer, String> {
+    pub(crate) fn parse(text: &str) -> Result<Pointer, PointerError> {
         if text.is_empty() {
             return Ok(Pointer(Vec::new()));
         }
         let Some(rest) = text.strip_prefix('/') else {
-            return Err(format!(
-                "invalid JSON pointer {text:?}: it must start with \"/\" (expected e.g. \"/metadata/user_id\")"
-            ));
+            return Err(PointerError::NoSlash(text.to_owned()));
         };
         let mut tokens = Vec::new();
         for raw in rest.split('/') {
@@ -34,9 +63,7 @@ impl Pointer {
                     Some('0') => token.push('~'),
                     Some('1') => token.push('/'),
                     _ => {
-                        return Err(format!(
-                            "invalid JSON pointer {text:?}: \"~\" must be followed by 0 or 1 (\"~0\" is ~, \"~1\" is /)"
-                        ));
+                        return Err(PointerError::BadEscape(text.to_owned()));
                     }
                 }
             }
@@ -68,14 +95,18 @@ pub(crate) use ptr;
 
 /// Sets the value at `tokens` (RFC 6901; `-` or the length appends to an array).
 /// The parent must exist.
-pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
+pub(crate) fn set(
+    root: &mut Node<'_>,
+    tokens: &[String],
+    value: Value,
+) -> Result<(), PointerError> {
     let Some((last, parent)) = tokens.split_last() else {
-        return Err("cannot replace the whole body".into());
+        return Err(PointerError::WholeBody("replace"));
     };
+    let missing = || PointerError::Missing(Pointer::text(parent));
     let Some(node) = root.at(parent) else {
-        return Err(format!("{} does not exist", Pointer::text(parent)));
+        return Err(missing());
     };
-    let missing = || format!("{} does not exist", Pointer::text(parent));
     if node.is_object() {
         root.at_mut(parent)
             .ok_or_else(missing)?
@@ -83,17 +114,17 @@ pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Resul
         return Ok(());
     }
     let Some(len) = node.len() else {
-        return Err(format!(
-            "{} is not an object or array",
-            Pointer::text(parent)
-        ));
+        return Err(PointerError::NotContainer(Pointer::text(parent)));
     };
     let index = if last == "-" {
         len
     } else {
         array_index(last)
             .filter(|i| *i <= len)
-            .ok_or_else(|| format!("{} has no index {last:?}", Pointer::text(parent)))?
+            .ok_or_else(|| PointerError::NoIndex {
+                parent: Pointer::text(parent),
+                index: last.clone(),
+            })?
     };
     let node = root.at_mut(parent).ok_or_else(missing)?;
     if index == len {
@@ -105,9 +136,9 @@ pub(crate) fn set(root: &mut Node<'_>, tokens: &[String], value: Value) -> Resul
 }
 
 /// Removes the value at `tokens`; `Ok(false)` when there was nothing to remove.
-pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, String> {
+pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, PointerError> {
     let Some((last, parent)) = tokens.split_last() else {
-        return Err("cannot remove the whole body".into());
+        return Err(PointerError::WholeBody("remove"));
     };
     let Some(node) = root.at(parent) else {
         return Ok(false);
@@ -128,7 +159,11 @@ pub(crate) fn remove(root: &mut Node<'_>, tokens: &[String]) -> Result<bool, Str
 
 /// Appends `value` to the array at `tokens`, creating `[value]` there when it is
 /// missing and its parent is an object.
-pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Result<(), String> {
+pub(crate) fn append(
+    root: &mut Node<'_>,
+    tokens: &[String],
+    value: Value,
+) -> Result<(), PointerError> {
     match root.at(tokens) {
         Some(node) if node.is_array() => {
             if let Some(node) = root.at_mut(tokens) {
@@ -136,7 +171,7 @@ pub(crate) fn append(root: &mut Node<'_>, tokens: &[String], value: Value) -> Re
             }
             Ok(())
         }
-        Some(_) => Err(format!("{} is not an array", Pointer::text(tokens))),
+        Some(_) => Err(PointerError::NotArray(Pointer::text(tokens))),
         None => set(root, tokens, Value::Array(vec![value])),
     }
 }

@@ -984,7 +984,7 @@ impl HookTurn {
             (None, Some(ops), Target::Request { request, .. }) => {
                 let mut doc: Value = serde_json::from_slice(request.prompt.body())
                     .map_err(|e| format!("patch: the payload is not JSON ({e})"))?;
-                let changed = patch::apply(&mut doc, &ops)?;
+                let changed = patch::apply(&mut doc, &ops).map_err(|e| e.to_string())?;
                 Some((doc, changed))
             }
         };

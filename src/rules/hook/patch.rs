@@ -6,33 +6,78 @@
 
 use serde_json::Value;
 
+/// Why a patch could not be applied (the hook's answer is then an error, handled by
+/// its `on_error`).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(crate) enum PatchError {
+    #[error("patch must be an array of operations")]
+    NotAnArray,
+    #[error("patch operation {index}: {error}")]
+    Operation {
+        index: usize,
+        error: Box<PatchError>,
+    },
+    #[error("has no {0:?}")]
+    Missing(&'static str),
+    #[error("{0:?} must be a string")]
+    NotAString(&'static str),
+    #[error("nothing at {path:?} to {op}")]
+    Nothing { path: String, op: &'static str },
+    #[error("test failed at {0:?}")]
+    TestFailed(String),
+    #[error("cannot move {from:?} into its own child {path:?}")]
+    IntoOwnChild { from: String, path: String },
+    #[error("unknown op {0:?}")]
+    UnknownOp(String),
+    #[error("{0:?} is not a JSON pointer")]
+    NotAPointer(String),
+    #[error("the parent of {0:?} is not a container")]
+    NotAContainer(String),
+    #[error("the parent of {0:?} does not exist")]
+    NoParent(String),
+    #[error("cannot remove the whole document")]
+    WholeDocument,
+    #[error("{token:?} is not an index below {len}")]
+    BadIndex { token: String, len: usize },
+}
+
 /// Applies `ops` (a JSON array of operations) to `doc` in order; on the first
 /// failing operation `doc` is left unchanged and the reason is returned. Returns
 /// the paths changed, as JSON pointers, in order.
-pub(crate) fn apply(doc: &mut Value, ops: &Value) -> Result<Vec<String>, String> {
+pub(crate) fn apply(doc: &mut Value, ops: &Value) -> Result<Vec<String>, PatchError> {
     let Value::Array(ops) = ops else {
-        return Err("patch must be an array of operations".into());
+        return Err(PatchError::NotAnArray);
     };
     let mut work = doc.clone();
     let mut changed = Vec::new();
     for (i, op) in ops.iter().enumerate() {
-        one(&mut work, op, &mut changed).map_err(|e| format!("patch operation {i}: {e}"))?;
+        one(&mut work, op, &mut changed).map_err(|e| PatchError::Operation {
+            index: i,
+            error: Box::new(e),
+        })?;
     }
     *doc = work;
     Ok(changed)
 }
 
-fn field<'v>(op: &'v Value, name: &str) -> Result<&'v Value, String> {
-    op.get(name).ok_or_else(|| format!("has no {name:?}"))
+fn field<'v>(op: &'v Value, name: &'static str) -> Result<&'v Value, PatchError> {
+    op.get(name).ok_or(PatchError::Missing(name))
 }
 
-fn path_of<'v>(op: &'v Value, name: &str) -> Result<&'v str, String> {
+fn path_of<'v>(op: &'v Value, name: &'static str) -> Result<&'v str, PatchError> {
     field(op, name)?
         .as_str()
-        .ok_or_else(|| format!("{name:?} must be a string"))
+        .ok_or(PatchError::NotAString(name))
 }
 
-fn one(doc: &mut Value, op: &Value, changed: &mut Vec<String>) -> Result<(), String> {
+fn nothing(path: &str, op: &'static str) -> PatchError {
+    PatchError::Nothing {
+        path: path.to_owned(),
+        op,
+    }
+}
+
+fn one(doc: &mut Value, op: &Value, changed: &mut Vec<String>) -> Result<(), PatchError> {
     let kind = path_of(op, "op")?;
     let path = path_of(op, "path")?;
     match kind {
@@ -47,22 +92,23 @@ fn one(doc: &mut Value, op: &Value, changed: &mut Vec<String>) -> Result<(), Str
         "replace" => {
             let target = doc
                 .pointer_mut(path)
-                .ok_or_else(|| format!("nothing at {path:?} to replace"))?;
+                .ok_or_else(|| nothing(path, "replace"))?;
             *target = field(op, "value")?.clone();
             changed.push(path.to_owned());
         }
         "test" => {
-            let found = doc
-                .pointer(path)
-                .ok_or_else(|| format!("nothing at {path:?} to test"))?;
+            let found = doc.pointer(path).ok_or_else(|| nothing(path, "test"))?;
             if found != field(op, "value")? {
-                return Err(format!("test failed at {path:?}"));
+                return Err(PatchError::TestFailed(path.to_owned()));
             }
         }
         "move" => {
             let from = path_of(op, "from")?;
             if path.starts_with(from) && path[from.len()..].starts_with('/') {
-                return Err(format!("cannot move {from:?} into its own child {path:?}"));
+                return Err(PatchError::IntoOwnChild {
+                    from: from.to_owned(),
+                    path: path.to_owned(),
+                });
             }
             let value = remove(doc, from)?;
             add(doc, path, value)?;
@@ -73,30 +119,30 @@ fn one(doc: &mut Value, op: &Value, changed: &mut Vec<String>) -> Result<(), Str
             let from = path_of(op, "from")?;
             let value = doc
                 .pointer(from)
-                .ok_or_else(|| format!("nothing at {from:?} to copy"))?
+                .ok_or_else(|| nothing(from, "copy"))?
                 .clone();
             add(doc, path, value)?;
             changed.push(path.to_owned());
         }
-        other => return Err(format!("unknown op {other:?}")),
+        other => return Err(PatchError::UnknownOp(other.to_owned())),
     }
     Ok(())
 }
 
 /// Splits a pointer into its parent and its last token (unescaped).
-fn split(path: &str) -> Result<(&str, String), String> {
+fn split(path: &str) -> Result<(&str, String), PatchError> {
     if path.is_empty() {
         return Ok(("", String::new()));
     }
     if !path.starts_with('/') {
-        return Err(format!("{path:?} is not a JSON pointer"));
+        return Err(PatchError::NotAPointer(path.to_owned()));
     }
     let at = path.rfind('/').unwrap_or(0);
     let last = path[at + 1..].replace("~1", "/").replace("~0", "~");
     Ok((&path[..at], last))
 }
 
-fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
+fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), PatchError> {
     if path.is_empty() {
         *doc = value;
         return Ok(());
@@ -116,31 +162,34 @@ fn add(doc: &mut Value, path: &str, value: Value) -> Result<(), String> {
             items.insert(at, value);
             Ok(())
         }
-        Some(_) => Err(format!("the parent of {path:?} is not a container")),
-        None => Err(format!("the parent of {path:?} does not exist")),
+        Some(_) => Err(PatchError::NotAContainer(path.to_owned())),
+        None => Err(PatchError::NoParent(path.to_owned())),
     }
 }
 
-fn remove(doc: &mut Value, path: &str) -> Result<Value, String> {
+fn remove(doc: &mut Value, path: &str) -> Result<Value, PatchError> {
     let (parent, last) = split(path)?;
     if path.is_empty() {
-        return Err("cannot remove the whole document".into());
+        return Err(PatchError::WholeDocument);
     }
     match doc.pointer_mut(parent) {
         Some(Value::Object(map)) => map
             .shift_remove(&last)
-            .ok_or_else(|| format!("nothing at {path:?} to remove")),
+            .ok_or_else(|| nothing(path, "remove")),
         Some(Value::Array(items)) => {
             let at = index(&last, items.len())?;
             Ok(items.remove(at))
         }
-        _ => Err(format!("nothing at {path:?} to remove")),
+        _ => Err(nothing(path, "remove")),
     }
 }
 
 /// An array index token below `len`, without leading zeros.
-fn index(token: &str, len: usize) -> Result<usize, String> {
-    let bad = || format!("{token:?} is not an index below {len}");
+fn index(token: &str, len: usize) -> Result<usize, PatchError> {
+    let bad = || PatchError::BadIndex {
+        token: token.to_owned(),
+        len,
+    };
     if token.len() > 1 && token.starts_with('0') {
         return Err(bad());
     }
@@ -184,7 +233,14 @@ mod tests {
             {"op": "test", "path": "/a", "value": 1}
         ]);
         let err = apply(&mut doc, &ops).expect_err("the test fails");
-        assert!(err.contains("operation 1"), "{err}");
+        assert_eq!(
+            err,
+            PatchError::Operation {
+                index: 1,
+                error: Box::new(PatchError::TestFailed("/a".into()))
+            }
+        );
+        assert_eq!(err.to_string(), "patch operation 1: test failed at \"/a\"");
         assert_eq!(doc, json!({"a": 1}));
         assert!(apply(&mut doc, &json!([{"op": "remove", "path": "/nope"}])).is_err());
         assert!(apply(&mut doc, &json!([{"op": "frob", "path": "/a"}])).is_err());
