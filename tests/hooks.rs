@@ -155,6 +155,19 @@ command = ["python3", "hook.py", "continue", "{}"]
     assert_eq!(event["path"], "/v1/messages");
     assert_eq!(event["model"], "m-continue");
     assert_eq!(event["payload"]["max_tokens"], 100);
+    // The conversation promptgate decided (no session id: a hash of the prompt), and
+    // the estimate only promptgate has before the answer (bytes ÷ 4; no price for
+    // this test model).
+    assert!(
+        event["conversation"]
+            .as_str()
+            .is_some_and(|c| c.starts_with("hash:")),
+        "{event}"
+    );
+    assert_eq!(
+        event["estimate"],
+        serde_json::json!({"input_tokens": body("m-continue").len() / 4, "input_usd": null})
+    );
     assert_eq!(event["headers"]["x-api-key"], "[REDACTED]", "{event}");
     assert!(!seen.to_string().contains("hooks-secret-key"));
     assert_eq!(

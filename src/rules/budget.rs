@@ -721,6 +721,16 @@ pub fn flush() {
     }
 }
 
+/// A request body's estimated input tokens (its bytes ÷ 4) and what they cost as
+/// uncached input at `model`'s price (`None`: no price for it).
+pub(crate) fn estimate_input(model: Option<&str>, body_bytes: usize) -> (u64, Option<f64>) {
+    let tokens = body_bytes as u64 / BYTES_PER_TOKEN;
+    let usd = model
+        .and_then(|m| ledger().prices.find(m))
+        .map(|(_, p)| p.input * tokens as f64 / 1e6);
+    (tokens, usd)
+}
+
 /// The budgets of one rule set, as one policy.
 #[derive(Debug)]
 pub(crate) struct Budgets {

@@ -749,6 +749,11 @@ impl Policy for HookTurn {
         self.runs(phase)
     }
 
+    // The event names the conversation.
+    fn reads_conversation(&self) -> bool {
+        true
+    }
+
     fn request_waiting<'a>(
         &'a self,
         phase: Phase,
@@ -829,7 +834,19 @@ impl Event<'_> {
             "request_class".into(),
             class.map_or(Value::Null, Into::into),
         );
+        head.insert(
+            "conversation".into(),
+            f.conversation.map_or(Value::Null, Into::into),
+        );
         head.insert("tags".into(), f.tags.into());
+        if let Some(body) = self.payload.as_ref().and_then(Option::as_ref) {
+            // What only promptgate knows before the answer: an estimate, not a count.
+            let (tokens, usd) = super::budget::estimate_input(self.model, body.len());
+            head.insert(
+                "estimate".into(),
+                serde_json::json!({ "input_tokens": tokens, "input_usd": usd }),
+            );
+        }
         if let Some(status) = self.status {
             head.insert("status".into(), status.as_u16().into());
         }
