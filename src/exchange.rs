@@ -70,6 +70,9 @@ pub struct Proxy {
     pub live: Arc<dyn InFlight>,
     /// The token `doctor`'s probes carry (see [`crate::runtime::PROBE_HEADER`]).
     pub probe_token: Arc<str>,
+    /// The cache analysis, asked before a request goes when a policy reads its
+    /// prediction ([`Policy::reads_prediction`]).
+    pub cache: Option<Arc<crate::cache::CacheStage>>,
 }
 
 /// Where a proxied request goes when the listener, not the path, decides: a request
@@ -190,6 +193,8 @@ pub struct Exchange {
     /// What the policies did, gathered phase by phase.
     effects: Effects,
     runs: Vec<PolicyRun>,
+    /// The cache read predicted before the request went, when a policy asked.
+    predicted_read: Option<u64>,
 }
 
 /// Why an exchange answers the client itself, not with the provider's answer.
@@ -279,6 +284,7 @@ impl Exchange {
             encoded: self.encoded,
             tags,
             conversation: r.and_then(|r| r.conversation.as_deref()),
+            predicted_read: self.predicted_read,
         }
     }
 
@@ -446,6 +452,7 @@ impl Proxy {
             policies: self.policies.iter().flat_map(|s| s.current()).collect(),
             effects: Effects::default(),
             runs: Vec::new(),
+            predicted_read: None,
         }
     }
 
@@ -478,6 +485,7 @@ impl Proxy {
             std::mem::take(&mut parts.headers),
             body,
             &self.settings.conversation,
+            self.cache.as_deref(),
         )
         .await
         {
@@ -753,6 +761,7 @@ async fn request_policies(
     received: HeaderMap,
     body: Bytes,
     keys: &crate::conversation::KeySource,
+    cache: Option<&crate::cache::CacheStage>,
 ) -> Result<Outgoing, Stop> {
     let prompt = ex.record().prompt.clone();
     let mut outgoing = Outgoing {
@@ -775,6 +784,16 @@ async fn request_policies(
             let prompt =
                 (!received.contains_key("x-claude-code-session-id")).then(|| r.prompt.get());
             r.conversation = crate::conversation::conversation_key(&received, prompt, keys);
+        }
+        if let Some(cache) = cache
+            && policies.iter().any(|p| p.reads_prediction())
+        {
+            let r = ex.record();
+            let prompt = r.prompt.clone();
+            let key = r.conversation.clone().or_else(|| {
+                crate::conversation::conversation_key(&received, Some(prompt.get()), keys)
+            });
+            ex.predicted_read = key.and_then(|k| cache.predict_read(&k, &prompt, cache.now()));
         }
         let tags = ex.record().tags.clone();
         let mut effects = std::mem::take(&mut ex.effects);

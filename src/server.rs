@@ -153,8 +153,9 @@ pub async fn serve(
         tokio::spawn(task);
     }
     sinks.extend(extra_sinks);
+    let cache = Arc::new(cache);
     let recorder = Arc::new(
-        Recorder::with_stages(vec![Arc::new(cache)], sinks)
+        Recorder::with_stages(vec![cache.clone()], sinks)
             .with_admit_wait(config.capture.queue_wait),
     );
     let workers = match config.workers {
@@ -173,6 +174,7 @@ pub async fn serve(
             policies: policies.clone(),
             live: in_flight.clone(),
             probe_token: probe_token.clone(),
+            cache: Some(cache.clone()),
         })
     };
     let mut proxies = vec![proxy(upstream)];

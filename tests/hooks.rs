@@ -901,3 +901,46 @@ async fn an_https_policy_service_is_trusted_through_upstream_ca() {
     );
     assert!(hooks.ends_with("(allowed)"), "{line}");
 }
+
+#[tokio::test]
+async fn a_request_event_carries_the_cache_read_promptgate_predicts() {
+    let emulator = std::sync::Arc::new(std::sync::Mutex::new(
+        support::cache_emulator::CacheEmulator::new(),
+    ));
+    let e = emulator.clone();
+    let fake = FakeProvider::start(move |r| {
+        Action::Respond(support::fake_provider::emulated_reply(&e, &r.body))
+    })
+    .await;
+    let seen = TempDir::new("hook-seen-cache");
+    let seen_file = seen.path().join("event.json");
+    let dir = rules_dir(&format!(
+        "[[hook]]\nname = \"watch\"\non = \"before_provider_request\"\ncommand = [\"python3\", \"hook.py\", \"continue\", \"{}\"]\n",
+        seen_file.display()
+    ));
+    let proxy = start(&fake, &dir, &[]);
+    let mut predicted = Vec::new();
+    for rounds in [1, 2] {
+        let body = shapes::to_bytes(&shapes::claude_code_body(rounds, shapes::CC_SESSION));
+        let headers =
+            shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-x");
+        let r = client::send(
+            proxy.addr,
+            &request_bytes("POST", "/v1/messages?beta=true", &headers, &body),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        proxy.wait_exchanges(rounds, Duration::from_secs(15)).await;
+        let seen: Value = serde_json::from_slice(&std::fs::read(&seen_file).unwrap()).unwrap();
+        assert_eq!(
+            seen["event"]["conversation"],
+            format!("cc:{}", shapes::CC_SESSION)
+        );
+        predicted.push(seen["event"]["estimate"]["cache_read_tokens"].clone());
+    }
+    let read = emulator.lock().unwrap().log[1].read;
+    assert!(read > 0);
+    // A conversation new to promptgate has no prediction; the next turn's is what
+    // the provider (the emulator) then read.
+    assert_eq!(predicted, [Value::Null, Value::from(read)]);
+}

@@ -820,6 +820,48 @@ impl CacheStage {
         }
     }
 
+    /// Now, on the analysis clock.
+    pub fn now(&self) -> Millis {
+        self.clock.now()
+    }
+
+    /// The tokens the provider is predicted to read from its cache for a request of
+    /// `conversation` not sent yet, from what this stage saw of the conversation,
+    /// changing nothing (a policy asks before the request goes: a hook's event).
+    /// `None` when analysis is off, the body is not one promptgate cuts, or the
+    /// conversation is new here.
+    pub fn predict_read(
+        &self,
+        conversation: &str,
+        prompt: &PromptCell,
+        now: Millis,
+    ) -> Option<u64> {
+        if !self.settings.enabled {
+            return None;
+        }
+        let previous = {
+            let state = self.lock();
+            let conv = state.history.get(conversation)?;
+            conv.snapshots.back().map(|s| s.segments.clone())
+        };
+        // Cut outside the lock: the analysis thread goes on meanwhile.
+        let segments =
+            segment::segment_after(prompt.get(), &self.settings.ignore, previous.as_deref())
+                .ok()?;
+        if segments.format != Format::AnthropicMessages {
+            return None;
+        }
+        let min = self.settings.min_tokens_for(&segments.settings.model);
+        let state = self.lock();
+        let conv = state.history.get(conversation)?;
+        let request = Request {
+            id: ExchangeId::new(),
+            start: now,
+            segments: &segments,
+        };
+        Some(explain::predict(request, Some(conv), min).read_tokens)
+    }
+
     /// [`prepare`](Self::prepare) once the conversation is known. With `shared`, a
     /// prefix that no conversation here has cached is looked up in the shared store.
     fn prepare_keyed(

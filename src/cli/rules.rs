@@ -443,6 +443,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             encoded: false,
             tags: &result.effects.tags,
             conversation: None,
+            predicted_read: None,
         };
         let effects = set.apply_response(&facts, status, &result.headers, &mut response);
         println!("response: {}", status.as_u16());

@@ -135,6 +135,10 @@ pub struct Facts<'a> {
     /// The conversation the exchange belongs to, decided once by the exchange when a
     /// policy [reads it](Policy::reads_conversation) (`None` otherwise, or unknown).
     pub conversation: Option<&'a str>,
+    /// The prompt-cache tokens the provider is predicted to read for this request,
+    /// when a policy [reads it](Policy::reads_prediction) and the analysis knows the
+    /// conversation.
+    pub predicted_read: Option<u64>,
 }
 
 /// How an exchange ended, for the policies that charge for it
@@ -418,6 +422,12 @@ pub trait Policy: Send + Sync {
     /// The exchange ended (answered, cut, failed or answered by a policy): called
     /// once, off the request path, with what the provider said it used.
     fn exchange_ended(&self, _end: &Ending<'_>) {}
+
+    /// Whether it reads [`Facts::predicted_read`]: the exchange then asks the cache
+    /// analysis before the request phases (a cut of the body on the request path).
+    fn reads_prediction(&self) -> bool {
+        false
+    }
 
     /// Whether it reads [`Facts::conversation`]: the exchange then decides it before
     /// the request phases (else it is left undecided, at no cost).

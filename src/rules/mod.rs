@@ -399,6 +399,7 @@ impl RuleSet {
             encoded,
             tags: &[],
             conversation: req.conversation,
+            predicted_read: None,
         };
         let mut out = Outgoing {
             headers: req.headers,

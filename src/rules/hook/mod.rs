@@ -754,6 +754,11 @@ impl Policy for HookTurn {
         true
     }
 
+    // The request's event carries the predicted cache read.
+    fn reads_prediction(&self) -> bool {
+        self.hook().phases.contains(&Phase::BeforeProviderRequest)
+    }
+
     fn request_waiting<'a>(
         &'a self,
         phase: Phase,
@@ -844,7 +849,11 @@ impl Event<'_> {
             let (tokens, usd) = super::budget::estimate_input(self.model, body.len());
             head.insert(
                 "estimate".into(),
-                serde_json::json!({ "input_tokens": tokens, "input_usd": usd }),
+                serde_json::json!({
+                    "input_tokens": tokens,
+                    "input_usd": usd,
+                    "cache_read_tokens": f.predicted_read,
+                }),
             );
         }
         if let Some(status) = self.status {
