@@ -166,7 +166,11 @@ command = ["python3", "hook.py", "continue", "{}"]
     );
     assert_eq!(
         event["estimate"],
-        serde_json::json!({"input_tokens": body("m-continue").len() / 4, "input_usd": null})
+        serde_json::json!({
+            "input_tokens": body("m-continue").len() / 4,
+            "input_usd": null,
+            "cache_read_tokens": null
+        })
     );
     assert_eq!(event["headers"]["x-api-key"], "[REDACTED]", "{event}");
     assert!(!seen.to_string().contains("hooks-secret-key"));
