@@ -118,3 +118,64 @@ fn every_relative_link_reaches_a_file() {
     }
     assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
 }
+
+/// Every verb's `--help`, in the order the reference lists them.
+const VERBS: &[&[&str]] = &[
+    &[],
+    &["captures", "list"],
+    &["captures", "tail"],
+    &["captures", "show"],
+    &["captures", "diff"],
+    &["captures", "anatomy"],
+    &["captures", "export"],
+    &["captures", "conversations"],
+    &["cache", "report"],
+    &["rules", "check"],
+    &["rules", "test"],
+    &["replay"],
+    &["budgets"],
+    &["ca", "init"],
+    &["ca", "show"],
+    &["env"],
+    &["doctor"],
+];
+
+/// docs/reference/cli.md is the command line's own `--help` of each verb, so the
+/// reference cannot drift from the flags: `PROMPTGATE_BLESS=1` writes it anew.
+#[test]
+fn the_cli_reference_is_the_clis_own_help() {
+    let mut text = String::from(
+        "# Command-line reference\n\nEach verb's `--help`, as the binary prints it (generated: \
+         `PROMPTGATE_BLESS=1 cargo test --test docs` writes it anew; a test fails when it \
+         drifts from the flags).\n",
+    );
+    for verb in VERBS {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_promptgate"))
+            .args(*verb)
+            .arg("--help")
+            .env("COLUMNS", "100")
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{verb:?} --help");
+        let name = if verb.is_empty() {
+            "promptgate".to_owned()
+        } else {
+            format!("promptgate {}", verb.join(" "))
+        };
+        text.push_str(&format!(
+            "\n## `{name}`\n\n```text\n{}```\n",
+            String::from_utf8_lossy(&out.stdout)
+        ));
+    }
+    let path = root().join("docs/reference/cli.md");
+    if std::env::var_os("PROMPTGATE_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &text).unwrap();
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == text,
+        "docs/reference/cli.md drifted from the flags: run PROMPTGATE_BLESS=1 cargo test --test docs"
+    );
+}
