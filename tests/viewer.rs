@@ -1443,7 +1443,7 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
     let rows = browser
         .wait_for(
             "the conversations list",
-            "document.querySelectorAll('#conversation-list tr[data-conversation]').length === 2 && [...document.querySelectorAll('#conversation-list tr[data-conversation]')].map(r => [r.querySelector('.preview').textContent, r.querySelector('.tokens').textContent, r.querySelector('.hit').textContent, r.querySelector('.cost').textContent])",
+            "document.querySelectorAll('#conversation-list tr[data-conversation]').length === 2 && [...document.querySelectorAll('#conversation-list tr[data-conversation]')].map(r => [r.querySelector('.preview').textContent, r.querySelector('.tokens').textContent, r.querySelector('.hit').textContent, r.querySelector('.cost').textContent, r.querySelector('.total').textContent])",
             WAIT,
         )
         .await;
@@ -1460,6 +1460,10 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
     assert!(
         cc[3].as_str().unwrap().starts_with('$'),
         "input dollars: {cc}"
+    );
+    assert!(
+        cc[4].as_str().unwrap().starts_with('$'),
+        "total dollars, input and output: {cc}"
     );
     let redacted = rows
         .iter()

@@ -326,6 +326,11 @@ fn conversation_rows(
             } else {
                 Value::Null
             };
+            v["total_usd"] = if c.summary.priced {
+                json!(c.summary.total_usd)
+            } else {
+                Value::Null
+            };
             let first = c.timeline.first().and_then(|e| store.load(&e.id).ok());
             if let Some(record) = first {
                 v["first_prompt"] = json!(first_user_prompt(&record.sent().bytes));

@@ -107,6 +107,10 @@ pub struct Summary {
     pub lost_usd: f64,
     /// Spent on the whole input (uncached, writes and reads) of the priced exchanges.
     pub input_usd: f64,
+    /// Spent on their answers.
+    pub output_usd: f64,
+    /// Their whole cost: input and output.
+    pub total_usd: f64,
     /// Lost to each reason, most dollars (then tokens) first.
     pub lost: Vec<Loss>,
     /// Requests whose unit view was compared with their baseline's.
@@ -377,6 +381,8 @@ fn add(summary: &mut Summary, e: &Entry) {
         summary.saved_usd += c.saved_usd;
         summary.lost_usd += c.lost_usd;
         summary.input_usd += c.input_usd;
+        summary.output_usd += c.output_usd;
+        summary.total_usd += c.total_usd;
     }
     let Some(reason) = &e.reason else {
         return;

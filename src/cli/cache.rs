@@ -199,6 +199,13 @@ fn totals(s: &crate::capture::cache_report::Summary, out: &mut String) {
         kilo(s.uncached_tokens)
     );
     if s.priced {
+        let _ = writeln!(
+            out,
+            "  total           {} (input {}, output {})",
+            usd(s.total_usd),
+            usd(s.input_usd),
+            usd(s.output_usd)
+        );
         let _ = writeln!(out, "  cache writes    {}", usd(s.write_usd));
         let _ = writeln!(out, "  cache reads     {}", usd(s.read_usd));
         let _ = writeln!(

@@ -716,7 +716,7 @@ async function showConversations() {
   const page = el("div", { class: "page", id: "conversations" });
   setMain(page);
   const { conversations } = await api("/api/conversations");
-  const table = el("table", { class: "turns", id: "conversation-list" }, el("tr", {}, ["conversation", "first prompt", "requests", "tokens in", "out", "hit", "input $", "first", "last", "models"].map((h) => el("th", { text: h }))));
+  const table = el("table", { class: "turns", id: "conversation-list" }, el("tr", {}, ["conversation", "first prompt", "requests", "tokens in", "out", "hit", "input $", "total $", "first", "last", "models"].map((h) => el("th", { text: h }))));
   for (const c of conversations.slice().reverse()) {
     const prompt = c.input_tokens + c.cache_read_tokens + c.cache_write_tokens;
     table.append(el("tr", { "data-conversation": c.conversation || "" },
@@ -727,6 +727,7 @@ async function showConversations() {
       el("td", { class: "num", text: fmtNum(c.output_tokens) }),
       el("td", { class: "num hit", text: c.hit_rate === undefined ? "—" : `${Math.round(c.hit_rate * 100)}%` }),
       el("td", { class: "num cost", text: fmtUsd(c.input_usd) }),
+      el("td", { class: "num total", text: fmtUsd(c.total_usd) }),
       el("td", { text: c.first_ms ? fmtTime(c.first_ms) : "" }),
       el("td", { text: c.last_ms ? fmtTime(c.last_ms) : "" }),
       el("td", { text: (c.models || []).join(", ") })));
