@@ -1103,6 +1103,21 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         )
         .await;
     assert_eq!(turns, json!(3));
+    // Each turn's whole cost, input and output, at the price table's prices.
+    let totals = browser
+        .eval(
+            "return [...document.querySelectorAll('#turns td.turn-total')].map(t => t.textContent)",
+            vec![],
+        )
+        .await;
+    assert!(
+        totals
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|t| t.as_str().unwrap().starts_with('$')),
+        "{totals}"
+    );
     browser.screenshot(&shots.join("conversation.png")).await;
 
     // Filters: by model, and by tag (an OpenAI call has neither the model nor the tag).

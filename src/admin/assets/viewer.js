@@ -769,7 +769,7 @@ async function showConversation(key) {
     plot.append(label);
   });
   chart.append(el("div", { class: "legend" }, el("span", {}, el("i", { class: "read" }), "cache read"), el("span", {}, el("i", { class: "write" }), "cache write"), el("span", {}, el("i", { class: "uncached" }), "uncached input")), plot);
-  const table = el("table", { class: "turns", id: "turns" }, el("tr", {}, ["turn", "time", "model", "verdict", "read", "write", "uncached", "hit", "input $", "lost $", "why"].map((h) => el("th", { text: h }))));
+  const table = el("table", { class: "turns", id: "turns" }, el("tr", {}, ["turn", "time", "model", "verdict", "read", "write", "uncached", "hit", "input $", "total $", "lost $", "why"].map((h) => el("th", { text: h }))));
   conv.timeline.forEach((t, i) => {
     const total = t.read + t.write + t.uncached;
     table.append(el("tr", { "data-id": t.id },
@@ -780,6 +780,7 @@ async function showConversation(key) {
       el("td", { class: "num", text: t.read }), el("td", { class: "num", text: t.write }), el("td", { class: "num", text: t.uncached }),
       el("td", { class: "num", text: total ? `${((100 * t.read) / total).toFixed(0)}%` : "" }),
       el("td", { class: "num", text: t.cost ? fmtUsd(t.cost.input_usd) : "unknown" }),
+      el("td", { class: "num turn-total", text: t.cost ? fmtUsd(t.cost.total_usd ?? t.cost.input_usd) : "unknown" }),
       el("td", { class: "num", text: t.cost && t.cost.lost_usd ? fmtUsd(t.cost.lost_usd) : "" }),
       el("td", {}, t.reason_text || "", t.baseline && t.verdict !== "hit" ? [" ", el("a", { href: `#/d/${t.baseline}/${t.id}`, text: "diff" })] : "",
         t.fix ? el("div", { class: "fix", text: `fix: ${t.fix}` }) : null)));
