@@ -883,7 +883,15 @@ async fn a_key_sent_as_the_model_or_session_reaches_no_label_and_no_span() {
             }
         }
     };
-    let text = scrape(admin, "text/plain").await.text();
+    // The log line is written before the metrics sink counts the record: wait for it.
+    let deadline = std::time::Instant::now() + WAIT;
+    let text = loop {
+        let text = scrape(admin, "text/plain").await.text();
+        if text.contains("promptgate_exchanges_total{") || std::time::Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     check(text.as_bytes(), "/metrics");
     check(proxy.log().as_bytes(), "the log");
     let span = match &receiver {
