@@ -3,7 +3,10 @@
 //! text is kept in tests/fixtures/readme-before-split.md for this check), and every
 //! relative link of the README, docs/ and CONTRIBUTING.md reaches a file that exists.
 
+mod support;
+
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -177,5 +180,81 @@ fn the_cli_reference_is_the_clis_own_help() {
     assert!(
         on_disk == text,
         "docs/reference/cli.md drifted from the flags: run PROMPTGATE_BLESS=1 cargo test --test docs"
+    );
+}
+
+/// The README's setup snippets, run: the URLs it tells each client to use reach
+/// promptgate (the port it shows, 8787, replaced by the test's), with the official
+/// Python SDKs and with curl; pi's models.json snippet is the same base URL.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_readmes_setup_snippets_work() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let fake = support::FakeProvider::start(support::fake_provider::like_providers).await;
+    let proxy = support::Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--upstream-openai",
+        &fake.url(),
+    ]);
+    let here = |text: &str| text.replace("http://127.0.0.1:8787", &proxy.url());
+    let export = |var: &str| {
+        readme
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(&format!("export {var}=")))
+            .map(str::to_owned)
+            .unwrap_or_else(|| panic!("the README exports {var}"))
+    };
+    let anthropic = export("ANTHROPIC_BASE_URL");
+    let openai = export("OPENAI_BASE_URL");
+
+    // pi's provider override names the same base URL as Claude Code's variable.
+    let pi = readme
+        .split("```json\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's models.json snippet");
+    let pi: serde_json::Value = serde_json::from_str(pi).expect("the snippet is JSON");
+    assert_eq!(pi["providers"]["anthropic"]["baseUrl"], anthropic.as_str());
+
+    // curl, as written (its key from the environment).
+    let curl = readme
+        .split("```sh\n")
+        .find(|block| block.starts_with("curl "))
+        .and_then(|block| block.split("```").next())
+        .expect("the README's curl snippet");
+    let out = std::process::Command::new("sh")
+        .arg("-c")
+        .arg(here(curl))
+        .env("ANTHROPIC_API_KEY", "sk-ant-api03-readme-snippet")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("event: message_stop"), "{text}");
+
+    // The SDKs, with the variables as the README sets them.
+    let mut exchanges = 1;
+    if support::sdk::available() {
+        exchanges += 2;
+        let result = support::sdk::run(
+            &["anthropic_plain", "openai_chat"],
+            vec![
+                ("ANTHROPIC_BASE_URL", here(&anthropic)),
+                ("ANTHROPIC_API_KEY", "sk-ant-api03-readme-snippet".into()),
+                ("OPENAI_BASE_URL", here(&openai)),
+                ("OPENAI_API_KEY", "sk-proj-readme-snippet".into()),
+            ],
+        )
+        .await;
+        assert_eq!(result["anthropic_plain"]["text"], "Hello there", "{result}");
+        assert_eq!(result["openai_chat"]["text"], "Hello there", "{result}");
+    }
+    assert_eq!(
+        proxy.wait_exchanges(3, Duration::from_secs(15)).await.len(),
+        3
     );
 }
