@@ -258,3 +258,53 @@ async fn the_readmes_setup_snippets_work() {
         .await;
     assert!(lines.iter().all(|l| l["status"] == 200), "{lines:?}");
 }
+
+/// The metric families promptgate registers, read from the code that registers
+/// them (src/metrics.rs: each family's name and help text stand together there):
+/// (name, help), sorted.
+fn metric_families() -> Vec<(String, String)> {
+    let source = std::fs::read_to_string(root().join("src/metrics.rs")).unwrap();
+    let literal =
+        regex::Regex::new(r#""(promptgate_[a-z0-9_]+)",\s*"((?:[^"\\]|\\[\s\S])*)""#).unwrap();
+    let continuation = regex::Regex::new(r"\\\n\s*").unwrap();
+    let mut out: Vec<(String, String)> = literal
+        .captures_iter(&source)
+        .map(|c| {
+            (
+                c[1].to_owned(),
+                continuation.replace_all(&c[2], "").into_owned(),
+            )
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// docs/reference/metrics.md lists every family the code registers, with its help
+/// text: `PROMPTGATE_BLESS=1` writes it anew; a family added or renamed without it
+/// fails here.
+#[test]
+fn the_metrics_reference_is_what_the_code_registers() {
+    let families = metric_families();
+    assert!(families.len() >= 30, "{families:?}");
+    let mut doc = String::from(
+        "# Metrics reference\n\nEvery family `/metrics` serves, with its help text, as \
+         src/metrics.rs registers them (generated: `PROMPTGATE_BLESS=1 cargo test --test \
+         docs` writes it anew; a test fails when it drifts). Counters are served with \
+         `_total`; the labels are in [../team.md](../team.md).\n\n| family | what |\n|---|---|\n",
+    );
+    for (name, help) in &families {
+        doc.push_str(&format!("| `{name}` | {} |\n", help.replace('|', "\\|")));
+    }
+    let path = root().join("docs/reference/metrics.md");
+    if std::env::var_os("PROMPTGATE_BLESS").is_some() {
+        std::fs::write(&path, &doc).unwrap();
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == doc,
+        "docs/reference/metrics.md drifted from src/metrics.rs: run PROMPTGATE_BLESS=1 cargo test --test docs"
+    );
+}
