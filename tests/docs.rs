@@ -308,3 +308,74 @@ fn the_metrics_reference_is_what_the_code_registers() {
         "docs/reference/metrics.md drifted from src/metrics.rs: run PROMPTGATE_BLESS=1 cargo test --test docs"
     );
 }
+
+/// The fields of `struct NAME` in `source`: (field, type, its doc comment joined).
+fn struct_fields(source: &str, name: &str) -> Vec<(String, String, String)> {
+    let start = source
+        .find(&format!("pub struct {name} {{"))
+        .unwrap_or_else(|| panic!("struct {name}"));
+    let body = &source[start..];
+    let body = &body[body.find('{').unwrap() + 1..body.find("\n}").unwrap()];
+    let mut out = Vec::new();
+    let mut doc = Vec::new();
+    for line in body.lines().map(str::trim) {
+        if let Some(d) = line.strip_prefix("///") {
+            doc.push(d.trim().to_owned());
+        } else if let Some(field) = line.strip_prefix("pub ") {
+            if let Some((f, ty)) = field.split_once(": ") {
+                out.push((
+                    f.to_owned(),
+                    ty.trim_end_matches(',').to_owned(),
+                    doc.join(" "),
+                ));
+            }
+            doc.clear();
+        }
+    }
+    out
+}
+
+/// docs/reference/record.md is the stored record's fields with their doc comments,
+/// as src/capture/record.rs declares them (what `captures export` writes):
+/// `PROMPTGATE_BLESS=1` writes it anew; a field added without it fails here.
+#[test]
+fn the_record_reference_is_what_the_code_declares() {
+    let source = std::fs::read_to_string(root().join("src/capture/record.rs")).unwrap();
+    let mut doc = String::from(
+        "# Record reference\n\nThe fields of a stored exchange, as `captures export --format \
+         jsonl` writes them and src/capture/record.rs declares them (generated: \
+         `PROMPTGATE_BLESS=1 cargo test --test docs` writes it anew; a test fails when it \
+         drifts). Optional fields that are empty are left out of a record.\n",
+    );
+    for (name, title) in [
+        ("CaptureRecord", "The record"),
+        ("Times", "`times`"),
+        ("RequestPart", "`request`"),
+        ("ResponsePart", "`response`"),
+        (
+            "BodyInfo",
+            "A body (`request.body`, `request.sent_body`, `response.body`)",
+        ),
+    ] {
+        doc.push_str(&format!(
+            "\n## {title}\n\n| field | type | what |\n|---|---|---|\n"
+        ));
+        for (field, ty, what) in struct_fields(&source, name) {
+            doc.push_str(&format!(
+                "| `{field}` | `{}` | {} |\n",
+                ty.replace('|', "\\|"),
+                what.replace('|', "\\|")
+            ));
+        }
+    }
+    let path = root().join("docs/reference/record.md");
+    if std::env::var_os("PROMPTGATE_BLESS").is_some() {
+        std::fs::write(&path, &doc).unwrap();
+        return;
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == doc,
+        "docs/reference/record.md drifted from src/capture/record.rs: run PROMPTGATE_BLESS=1 cargo test --test docs"
+    );
+}

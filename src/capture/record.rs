@@ -186,25 +186,37 @@ pub struct Times {
 /// One exchange as stored. See the module docs.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CaptureRecord {
+    /// The exchange's id (a ULID: time-ordered).
     pub id: String,
     /// RFC 3339, UTC.
     pub started_at: String,
+    /// Timings of the exchange, in milliseconds from its start.
     pub times: Times,
+    /// `reverse` (a base URL) or `forward` (an HTTPS proxy).
     pub mode: String,
+    /// The client's address.
     pub client: Option<String>,
+    /// `anthropic` or `openai`, when the route named one.
     pub provider: Option<String>,
+    /// The provider API: `messages`, `count_tokens`, `chat_completions`, `responses`, `other`.
     pub api: Option<String>,
+    /// The HTTP method.
     pub method: String,
+    /// The host the client addressed, redacted and cut.
     pub host: Option<String>,
     /// Path and query as the client sent them (credential-like query values fingerprinted).
     pub path: String,
+    /// The URL the request went to (never with credentials).
     pub upstream_url: Option<String>,
+    /// The model the provider read (the last of a repeated key), redacted and cut.
     pub model: Option<String>,
+    /// The conversation key (`cc:<session id>`, `session:…`, `header:…`, `pointer:…`, `hash:…`), redacted.
     pub conversation: Option<String>,
     /// The JSON pointer of a key the request body repeats in one object: every
     /// reader took its last value, as the providers' parsers do.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate_key: Option<String>,
+    /// Names of the rules, scans and budgets that acted, in order.
     pub rules_fired: Vec<String>,
     /// Each policy's turn at each phase: its decision and its time.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -213,15 +225,25 @@ pub struct CaptureRecord {
     /// done (never the value).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub findings: Vec<crate::policy::Finding>,
+    /// Labels policies put on the exchange.
     pub tags: Vec<String>,
     /// JSON pointers of the body nodes rules changed.
     pub body_diff: Vec<String>,
+    /// The request: headers as received and as sent, its bodies.
     pub request: RequestPart,
+    /// The response: status, headers, body, stream events, what policies did to it.
     pub response: ResponsePart,
+    /// Token usage as the provider reported it.
     pub usage: Option<Usage>,
+    /// How it ended: `ok`, `provider_error`, `blocked`, `no_route`, `too_large`,
+    /// `bad_request`, `upstream_error`, `client_cancelled`, `shutdown`,
+    /// `capture_unavailable`, `stall_aborted`.
     pub outcome: String,
+    /// What went wrong, when something did.
     pub error: Option<String>,
+    /// Request body bytes received from the client.
     pub bytes_in: u64,
+    /// Response body bytes sent to the client.
     pub bytes_out: u64,
     /// What every digest in this record was taken with (an old store's: SHA-256).
     #[serde(default = "Algorithm::unnamed")]
