@@ -55,6 +55,14 @@ const REWRITTEN: &[(&str, &str)] = &[
         "a rule can ask for the diagnosis now (cache.diagnose): docs/cache-analysis.md",
     ),
     ("`diagnostics`.", "the same paragraph's end"),
+    (
+        "**Codex** speaks HTTP with a custom provider whose `base_url` is",
+        "the README shows Codex's config.toml now, tested",
+    ),
+    (
+        "`http://127.0.0.1:8787/openai/v1` and `wire_api = \"responses\"`. Its built-in",
+        "the same paragraph, now the config.toml snippet",
+    ),
 ];
 
 #[test]
@@ -215,6 +223,33 @@ async fn the_readmes_setup_snippets_work() {
         .expect("the README's models.json snippet");
     let pi: serde_json::Value = serde_json::from_str(pi).expect("the snippet is JSON");
     assert_eq!(pi["providers"]["anthropic"]["baseUrl"], anthropic.as_str());
+    // opencode's SDK appends /messages: its baseURL is Claude Code's plus /v1.
+    let opencode = readme
+        .split("```json\n")
+        .nth(2)
+        .and_then(|rest| rest.split("```").next())
+        .expect("the README's opencode snippet");
+    let opencode: serde_json::Value = serde_json::from_str(opencode).expect("JSON");
+    assert_eq!(
+        opencode["provider"]["anthropic"]["options"]["baseURL"],
+        format!("{anthropic}/v1")
+    );
+    // Codex's custom provider is the OpenAI base URL, over the Responses API.
+    let codex = readme
+        .split("```toml\n")
+        .find(|block| block.contains("[model_providers.promptgate]"))
+        .and_then(|block| block.split("```").next())
+        .expect("the README's Codex snippet");
+    let codex: toml::Table = codex.parse().expect("the Codex snippet is TOML");
+    let provider = &codex["model_providers"]["promptgate"];
+    assert_eq!(codex["model_provider"].as_str(), Some("promptgate"));
+    assert_eq!(provider["base_url"].as_str(), Some(openai.as_str()));
+    assert_eq!(provider["wire_api"].as_str(), Some("responses"));
+    // The three commands point Claude Code where the export does.
+    assert!(
+        readme.contains(&format!("ANTHROPIC_BASE_URL={anthropic} claude")),
+        "the quick start's base URL"
+    );
 
     // curl, as written (its key from the environment).
     let curl = readme
