@@ -566,7 +566,7 @@ struct StoreSize {
 fn store_size(store: &str) -> anyhow::Result<StoreSize> {
     if !store.starts_with("postgres://") {
         let bytes = dir_bytes(Path::new(store))?;
-        let db = Path::new(store).join(promptgate::capture::store::DB_FILE);
+        let db = Path::new(store).join(promptgate::DB_FILE);
         let records = match db.exists() {
             true => {
                 let conn = rusqlite::Connection::open_with_flags(

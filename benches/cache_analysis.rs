@@ -14,12 +14,12 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
-use promptgate::cache::{CacheSettings, CacheStage};
-use promptgate::conversation::KeySource;
-use promptgate::id::ExchangeId;
-use promptgate::observer::{BodyFormat, Observation};
-use promptgate::provider::{Api, Provider, ResponseSummary, Usage};
-use promptgate::record::{ExchangeRecord, Outcome, RecordStage};
+use promptgate::ExchangeId;
+use promptgate::KeySource;
+use promptgate::{Api, Provider, ResponseSummary, Usage};
+use promptgate::{BodyFormat, Observation};
+use promptgate::{CacheSettings, CacheStage};
+use promptgate::{ExchangeRecord, Outcome, RecordStage};
 
 fn record(body: Bytes, headers: &HeaderMap) -> ExchangeRecord {
     let mut r = ExchangeRecord::begin(ExchangeId::new(), None, Method::POST, "/v1/messages".into());
@@ -68,7 +68,7 @@ fn main() {
         let stage = Arc::new(CacheStage::new(
             CacheSettings::default(),
             KeySource::default(),
-            promptgate::cache::Clock::system(),
+            promptgate::Clock::system(),
         ));
         // Turns of one conversation around the size: each adds a tool round trip.
         let base = shapes::claude_code_body_of_size(size);

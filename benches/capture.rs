@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use timing::time;
 
 use bytes::Bytes;
-use promptgate::capture::{CaptureRecord, Store, StoreLocation};
-use promptgate::conversation::KeySource;
-use promptgate::id::ExchangeId;
-use promptgate::record::ExchangeRecord;
-use promptgate::redact::Redactor;
+use promptgate::ExchangeId;
+use promptgate::ExchangeRecord;
+use promptgate::KeySource;
+use promptgate::Redactor;
+use promptgate::{CaptureRecord, Store, StoreLocation};
 
 fn main() {
     let redactor = Redactor::new(&[], &[]).expect("built-in patterns compile");
@@ -79,8 +79,8 @@ fn main() {
             http::Method::POST,
             "/v1/messages?beta=true".into(),
         );
-        record.provider = Some(promptgate::provider::Provider::Anthropic);
-        record.api = Some(promptgate::provider::Api::Messages);
+        record.provider = Some(promptgate::Provider::Anthropic);
+        record.api = Some(promptgate::Api::Messages);
         let body = Bytes::from(plain.clone());
         record.set_request_body(body.clone(), body);
         let keys = KeySource::default();
@@ -103,8 +103,8 @@ fn main() {
                 http::Method::POST,
                 "/v1/messages".into(),
             );
-            r.provider = Some(promptgate::provider::Provider::Anthropic);
-            r.api = Some(promptgate::provider::Api::Messages);
+            r.provider = Some(promptgate::Provider::Anthropic);
+            r.api = Some(promptgate::Api::Messages);
             let body = Bytes::from(shapes::to_bytes(&shapes::claude_code_body(
                 round,
                 shapes::CC_SESSION,
@@ -119,7 +119,7 @@ fn main() {
         })
         .collect();
     // As the writer does: one unit cache across the conversation.
-    let mut cache = promptgate::capture::record::UnitCache::default();
+    let mut cache = promptgate::UnitCache::default();
     let start = Instant::now();
     let records: Vec<CaptureRecord> = exchanges
         .iter()
@@ -165,7 +165,7 @@ fn main() {
         }
     }
     let pass = |turns: &[ExchangeRecord]| {
-        let mut cache = promptgate::capture::record::UnitCache::default();
+        let mut cache = promptgate::UnitCache::default();
         let start = Instant::now();
         for r in turns {
             std::hint::black_box(CaptureRecord::redacted_with(

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use promptgate::digest;
-use promptgate::prompt::{Format, Prompt};
-use promptgate::provider::json;
+use promptgate::json;
+use promptgate::{Format, Prompt};
 
 /// The µs one call of `f` takes.
 fn time(budget: Duration, f: impl FnMut()) -> f64 {

@@ -14,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue};
-use promptgate::cache::{CacheSettings, CacheStage, Clock};
-use promptgate::conversation::KeySource;
-use promptgate::id::ExchangeId;
-use promptgate::prompt::{Format, PromptCell};
+use promptgate::ExchangeId;
+use promptgate::KeySource;
+use promptgate::{CacheSettings, CacheStage, Clock};
+use promptgate::{Format, PromptCell};
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method};
-use promptgate::provider::{Api, Provider};
-use promptgate::rules::{RequestCtx, RuleSet};
+use promptgate::{Api, Provider};
+use promptgate::{RequestCtx, RuleSet};
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
@@ -80,13 +80,11 @@ fn main() {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     headers.insert("x-stainless-os", HeaderValue::from_static("Linux"));
-    let model = promptgate::provider::sniff(&body).model;
+    let model = promptgate::sniff(&body).model;
     // A new cell each time: the price includes reading the model, as a request pays it.
     let apply = || {
-        let prompt = promptgate::prompt::PromptCell::new(
-            body.clone(),
-            Some(promptgate::prompt::Format::AnthropicMessages),
-        );
+        let prompt =
+            promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
         rules.apply_request_all(RequestCtx {
             provider: Provider::Anthropic,
             api: Api::Messages,
@@ -119,10 +117,8 @@ fn main() {
     let mut sets = fresh.iter().cycle();
     let first = time_n(200, || {
         let set = sets.next().expect("cycle");
-        let prompt = promptgate::prompt::PromptCell::new(
-            body.clone(),
-            Some(promptgate::prompt::Format::AnthropicMessages),
-        );
+        let prompt =
+            promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
         std::hint::black_box(set.apply_request_all(RequestCtx {
             provider: Provider::Anthropic,
             api: Api::Messages,
@@ -137,24 +133,18 @@ fn main() {
         }));
     });
     let units = time(|| {
-        let p = promptgate::prompt::Prompt::read(
-            body.clone(),
-            Some(promptgate::prompt::Format::AnthropicMessages),
-        );
+        let p = promptgate::Prompt::read(body.clone(), Some(promptgate::Format::AnthropicMessages));
         std::hint::black_box(p.units().len());
     });
     let model = time(|| {
-        let p = promptgate::prompt::Prompt::read(
-            body.clone(),
-            Some(promptgate::prompt::Format::AnthropicMessages),
-        );
+        let p = promptgate::Prompt::read(body.clone(), Some(promptgate::Format::AnthropicMessages));
         std::hint::black_box(p);
     });
     let tape = time(|| {
-        std::hint::black_box(promptgate::provider::json::tape(&body).ok());
+        std::hint::black_box(promptgate::json::tape(&body).ok());
     });
     let skip = time(|| {
-        std::hint::black_box(promptgate::provider::json::skip_value(&body, 0));
+        std::hint::black_box(promptgate::json::skip_value(&body, 0));
     });
     println!(
         "body {} bytes, {} rules from {}; fired {}, body changed: {} ({} pointers, sent {} bytes)",

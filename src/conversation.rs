@@ -22,7 +22,7 @@ pub struct KeySource {
 /// `header:<value>`, `pointer:<value>`, or `hash:<16 hex>`. `None` when the body says
 /// nothing to hash (not JSON, no system and no user message). `prompt` is the
 /// request body's model (`None`: the headers alone).
-pub fn conversation_key(
+pub(crate) fn conversation_key(
     headers: &HeaderMap,
     prompt: Option<&Prompt>,
     source: &KeySource,

@@ -9,7 +9,7 @@ use http::StatusCode;
 
 /// A failure that ends an exchange before a response from upstream reaches the client.
 /// An error and its causes on one line, without repeating a level.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(s) = source {
@@ -25,7 +25,7 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 #[derive(Debug, thiserror::Error)]
 #[error("{message}")]
-pub struct ProxyError {
+pub(crate) struct ProxyError {
     pub kind: ErrorKind,
     /// What happened, for people: ends up after `promptgate: ` in the error body.
     pub message: String,
@@ -123,7 +123,7 @@ impl ErrorKind {
 }
 
 impl ProxyError {
-    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+    pub(crate) fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         ProxyError {
             kind,
             message: message.into(),

@@ -60,7 +60,7 @@ pub struct Settings {
 }
 
 /// Everything an exchange needs, shared by all of them.
-pub struct Proxy {
+pub(crate) struct Proxy {
     pub settings: Settings,
     pub upstream: Upstream,
     pub recorder: Arc<Recorder>,
@@ -80,7 +80,7 @@ pub struct Proxy {
 /// and the intercept list says which provider that host is. The listener puts it in
 /// the request's extensions; without it the path routes (reverse mode).
 #[derive(Debug, Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub provider: Provider,
     /// Where the requests go: the host itself, or its `--resolve` URL.
     pub upstream: BaseUrl,
@@ -101,7 +101,7 @@ impl Target {
 }
 
 /// The body promptgate answers with: its own (errors) or the upstream's, observed.
-pub enum ProxyBody {
+pub(crate) enum ProxyBody {
     Own(Full<Bytes>),
     Upstream(ObservedBody<ResponseBody>),
 }
@@ -177,7 +177,7 @@ pub(crate) struct Malformed {
 /// One exchange in flight: every fact it has is decided once and kept here, passed
 /// `&mut` to each phase, and written into its record (emitted once, at the end).
 /// Policies see its facts, never the record.
-pub struct Exchange {
+pub(crate) struct Exchange {
     pending: PendingRecord,
     /// The host the client addressed (authority or `Host`).
     host: Option<String>,
@@ -401,20 +401,14 @@ impl Proxy {
         out
     }
 
-    /// Handles one client request, start to end. Never fails: errors become responses.
-    pub async fn handle(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-        client: Option<SocketAddr>,
-    ) -> Response<ProxyBody> {
-        let exchange = self.begin(&request, client);
-        self.serve(exchange, request).await
-    }
-
     /// Starts an exchange and its record as hyper hands its request over. Call it in
     /// the service function itself, not its future: hyper drops that future unpolled
     /// when the client's end arrives with the request, and the record must still be made.
-    pub fn begin(&self, request: &Request<Incoming>, client: Option<SocketAddr>) -> Exchange {
+    pub(crate) fn begin(
+        &self,
+        request: &Request<Incoming>,
+        client: Option<SocketAddr>,
+    ) -> Exchange {
         let started = Instant::now();
         let path = request.uri().path_and_query().map_or_else(
             || request.uri().path().to_owned(),
@@ -459,7 +453,7 @@ impl Proxy {
     /// Serves a request whose exchange [`Proxy::begin`] started: the driver, one
     /// call per phase. Each phase decides its facts on the exchange or stops it with
     /// the answer the client gets.
-    pub async fn serve(
+    pub(crate) async fn serve(
         self: Arc<Self>,
         mut ex: Exchange,
         request: Request<Incoming>,

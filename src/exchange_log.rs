@@ -8,7 +8,7 @@ use crate::redact::{NAME_MAX, Redactor, Summary, TEXT_MAX, cut};
 
 /// Writes one log line per exchange.
 #[derive(Debug)]
-pub struct ExchangeLog {
+pub(crate) struct ExchangeLog {
     /// The capture's redactor: the path is shown as the record stores it.
     pub redactor: Arc<Redactor>,
 }

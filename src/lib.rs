@@ -46,34 +46,61 @@
 //!     parsers), [`digest`], [`id`], [`error`] (what can go wrong in one exchange, and
 //!     its client answer).
 #![forbid(unsafe_code)]
+#![warn(unreachable_pub)]
 #![deny(clippy::print_stdout, clippy::print_stderr, clippy::dbg_macro)]
 
-pub mod admin;
-pub mod cache;
-pub mod capture;
-pub mod cli;
-pub mod config;
-pub mod conversation;
+mod admin;
+mod cache;
+mod capture;
+mod cli;
+mod config;
+mod conversation;
 pub mod digest;
-pub mod error;
-pub mod exchange;
-pub mod exchange_log;
-pub mod id;
-pub mod listener;
-pub mod live;
-pub mod logging;
-pub mod metrics;
-pub mod observer;
-pub mod policy;
-pub mod prompt;
-pub mod provider;
-pub mod record;
-pub mod redact;
-pub mod replay;
-pub mod rules;
-pub mod runtime;
-pub mod server;
-pub mod setting;
-pub mod tls;
-pub mod traces;
-pub mod upstream;
+mod error;
+mod exchange;
+mod exchange_log;
+mod id;
+mod listener;
+mod live;
+mod logging;
+mod metrics;
+mod observer;
+mod policy;
+mod prompt;
+mod provider;
+mod record;
+mod redact;
+mod replay;
+mod rules;
+mod runtime;
+mod server;
+mod setting;
+mod tls;
+mod traces;
+mod upstream;
+
+// What the binary, benches, examples, fuzz targets and tests drive directly; every
+// other item is crate-private, and `unreachable_pub` keeps it so.
+pub use cache::{CacheSettings, CacheStage};
+pub use capture::record::CaptureRecord;
+pub use capture::record::UnitCache;
+pub use capture::settings::CaptureLayer;
+pub use capture::store::DB_FILE;
+pub use capture::store::{Store, StoreLocation};
+pub use cli::run;
+pub use config::{Config, ConfigLayer};
+pub use conversation::KeySource;
+pub use id::ExchangeId;
+pub use logging::{LogFormat, init_to};
+pub use observer::{BodyFormat, Observation, decode, observe};
+pub use prompt::{Format, Prompt, PromptCell};
+pub use provider::sniff::sniff;
+pub use provider::sse::SseDecoder;
+pub use provider::{Api, Provider, ResponseSummary, Usage, json};
+pub use record::{ExchangeRecord, Outcome, RecordSink, RecordStage};
+pub use redact::{Redactor, Summary};
+
+pub use policy::Decision;
+pub use rules::{RequestCtx, RuleSet};
+pub use runtime::Clock;
+pub use server::{ServeOptions, serve};

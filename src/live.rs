@@ -32,7 +32,7 @@ const TEXT_LIMIT: usize = 64 * 1024;
 
 /// One server-sent event, framed once for every viewer.
 #[derive(Debug, Clone)]
-pub struct LiveEvent {
+pub(crate) struct LiveEvent {
     /// A recorded row's `seq`: the SSE `id`, which a reconnecting browser sends back.
     pub seq: Option<i64>,
     /// The event as it goes on the wire (see [`sse_frame`]).
@@ -41,7 +41,7 @@ pub struct LiveEvent {
 
 /// One event on the wire: `event: NAME`, `id: SEQ` when given, and `data` (each of
 /// its lines a `data:` field of its own, so a line break cannot end the event).
-pub fn sse_frame(name: &str, seq: Option<i64>, data: &[u8]) -> Bytes {
+pub(crate) fn sse_frame(name: &str, seq: Option<i64>, data: &[u8]) -> Bytes {
     let mut out = Vec::with_capacity(data.len() + 48);
     out.extend_from_slice(b"event: ");
     out.extend_from_slice(name.as_bytes());
@@ -58,13 +58,13 @@ pub fn sse_frame(name: &str, seq: Option<i64>, data: &[u8]) -> Bytes {
 
 /// The feed. See the module docs.
 #[derive(Debug)]
-pub struct LiveFeed {
+pub(crate) struct LiveFeed {
     tx: broadcast::Sender<LiveEvent>,
     redactor: Arc<Redactor>,
 }
 
 impl LiveFeed {
-    pub fn new(redactor: Arc<Redactor>) -> Arc<LiveFeed> {
+    pub(crate) fn new(redactor: Arc<Redactor>) -> Arc<LiveFeed> {
         Arc::new(LiveFeed {
             tx: broadcast::Sender::new(BACKLOG),
             redactor,
@@ -72,11 +72,11 @@ impl LiveFeed {
     }
 
     /// Whether anybody watches now.
-    pub fn watched(&self) -> bool {
+    pub(crate) fn watched(&self) -> bool {
         self.tx.receiver_count() > 0
     }
 
-    pub fn subscribe(&self) -> broadcast::Receiver<LiveEvent> {
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<LiveEvent> {
         self.tx.subscribe()
     }
 
@@ -93,7 +93,7 @@ impl LiveFeed {
     }
 
     /// An exchange went upstream.
-    pub fn started(&self, record: &ExchangeRecord) {
+    pub(crate) fn started(&self, record: &ExchangeRecord) {
         if !self.watched() {
             return;
         }
@@ -121,7 +121,7 @@ impl LiveFeed {
     }
 
     /// A tap on a response body, when somebody watches and the record keeps bodies.
-    pub fn tap(self: &Arc<Self>, record: &ExchangeRecord, stream: bool) -> Option<LiveTap> {
+    pub(crate) fn tap(self: &Arc<Self>, record: &ExchangeRecord, stream: bool) -> Option<LiveTap> {
         if !self.watched() || !record.capture {
             return None;
         }
@@ -154,7 +154,7 @@ impl StoredNotice for LiveFeed {
 
 /// Reads a response body as it passes, for [`LiveFeed`]: its size and, for a
 /// stream, the text of its deltas so far.
-pub struct LiveTap {
+pub(crate) struct LiveTap {
     feed: Arc<LiveFeed>,
     id: ExchangeId,
     status: Option<u16>,

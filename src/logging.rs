@@ -30,11 +30,11 @@ pub enum LogFormat {
 }
 
 /// Where finished (redacted) log lines go.
-pub type LogOutput = Arc<dyn Fn(&[u8]) + Send + Sync>;
+pub(crate) type LogOutput = Arc<dyn Fn(&[u8]) + Send + Sync>;
 
 /// Installs the global subscriber, writing to stderr through `redactor`. Call once,
 /// before serving.
-pub fn init(format: LogFormat, redactor: Arc<Redactor>) {
+pub(crate) fn init(format: LogFormat, redactor: Arc<Redactor>) {
     let env = EnvFilter::try_from_env("PROMPTGATE_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     init_to(
         format,

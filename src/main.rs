@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     return_large_buffers_when_freed();
-    promptgate::cli::run()
+    promptgate::run()
 }
 
 /// glibc raises its mmap threshold after each large free (up to 32 MiB), so later

@@ -159,7 +159,7 @@ struct BlockLabels {
 type Dollars = Counter<f64, AtomicU64>;
 
 /// The per-exchange series, and the sink that counts them.
-pub struct Metrics {
+pub(crate) struct Metrics {
     registry: Registry,
     exchanges: Family<ExchangeLabels, Counter>,
     tokens: Family<TokenLabels, Counter>,
@@ -233,7 +233,7 @@ fn histogram(buckets: &[f64]) -> Histogram {
 
 impl Metrics {
     /// How often the rule `rule` of `phase` fired since the start.
-    pub fn rule_fires(&self, rule: &str, phase: &'static str) -> u64 {
+    pub(crate) fn rule_fires(&self, rule: &str, phase: &'static str) -> u64 {
         let labels = RuleLabels {
             rule: Arc::from(rule),
             phase,
@@ -244,7 +244,10 @@ impl Metrics {
     /// How often `policy` (a hook's or the scanner's name, or `rules`) decided
     /// each way since the start, over every phase: `continue`, `changed`, `respond`,
     /// `skipped`, `error`.
-    pub fn policy_decisions(&self, policy: &str) -> std::collections::BTreeMap<&'static str, u64> {
+    pub(crate) fn policy_decisions(
+        &self,
+        policy: &str,
+    ) -> std::collections::BTreeMap<&'static str, u64> {
         let mut out = std::collections::BTreeMap::new();
         for phase in crate::policy::Phase::ALL {
             for decision in ["continue", "changed", "respond", "skipped", "error"] {
@@ -263,7 +266,7 @@ impl Metrics {
 
     /// The series, empty; `prices` price the tokens, `rules` name the rules' phases,
     /// `redactor` cleans the model names before they are labels.
-    pub fn new(
+    pub(crate) fn new(
         settings: &MetricsSettings,
         prices: Table<Price>,
         rules: Arc<LiveRules>,
@@ -392,7 +395,7 @@ impl Metrics {
     }
 
     /// Counts one finished exchange.
-    pub fn count(&self, record: &ExchangeRecord) {
+    pub(crate) fn count(&self, record: &ExchangeRecord) {
         // Redacted and cut before the lock: the label, never the raw name, is kept.
         let label = record
             .model
@@ -593,7 +596,11 @@ impl Metrics {
 
     /// The text of a scrape: the Prometheus text format, or OpenMetrics when
     /// `openmetrics`; with the state read from `sources` now.
-    pub fn render(&self, sources: &Sources, openmetrics: bool) -> Result<String, std::fmt::Error> {
+    pub(crate) fn render(
+        &self,
+        sources: &Sources,
+        openmetrics: bool,
+    ) -> Result<String, std::fmt::Error> {
         let mut state = Registry::default();
         state.register_collector(Box::new(sources.clone()));
         // Budgets: read now, labelled by the budget's name only (never a scope value).
@@ -651,11 +658,11 @@ fn status_class(status: Option<http::StatusCode>) -> &'static str {
 
 /// Reads one part's state at scrape time; the server wires each to the part that
 /// counts it (the listener, the capture, the exporter), which metrics does not import.
-pub type Read<T> = Arc<dyn Fn() -> T + Send + Sync>;
+pub(crate) type Read<T> = Arc<dyn Fn() -> T + Send + Sync>;
 
 /// Client connections counted since start, read at one moment (the listener fills it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Connections {
+pub(crate) struct Connections {
     /// TCP connections admitted.
     pub accepted: u64,
     /// TCP connections refused past a cap.
@@ -668,7 +675,7 @@ pub struct Connections {
 
 /// The capture pipeline now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct CaptureState {
+pub(crate) struct CaptureState {
     /// Bytes of records waiting for the capture writer.
     pub queued_bytes: u64,
     /// Records waiting in the local spool, when the store has one (PostgreSQL).
@@ -686,7 +693,7 @@ pub struct CaptureState {
 
 /// Spans handed to the OTLP exporter.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct SpanCounts {
+pub(crate) struct SpanCounts {
     pub exported: u64,
     /// Dropped: the queue was full, or the collector failed or refused them.
     pub dropped: u64,
@@ -694,7 +701,7 @@ pub struct SpanCounts {
 
 /// What the state series are read from, at scrape time.
 #[derive(Clone)]
-pub struct Sources {
+pub(crate) struct Sources {
     pub recorder: Arc<Recorder>,
     /// The capture pipeline, when capture is on.
     pub capture: Option<Read<CaptureState>>,
@@ -923,7 +930,7 @@ impl Collector for Sources {
 
 /// Which exposition format a scrape asked for: OpenMetrics when its `Accept`
 /// prefers it (Prometheus servers do), else the Prometheus text format.
-pub fn wants_openmetrics(accept: Option<&str>) -> bool {
+pub(crate) fn wants_openmetrics(accept: Option<&str>) -> bool {
     let Some(accept) = accept else {
         return false;
     };
@@ -948,7 +955,7 @@ pub fn wants_openmetrics(accept: Option<&str>) -> bool {
 }
 
 /// The content type of a scrape answer.
-pub fn content_type(openmetrics: bool) -> &'static str {
+pub(crate) fn content_type(openmetrics: bool) -> &'static str {
     if openmetrics {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     } else {

@@ -394,7 +394,7 @@ impl ExchangeRecord {
 
 /// Told of each record once the capture stored it (the live feed, wired by the
 /// server): a sink that stores tells whoever shows stored records, through this.
-pub trait StoredNotice: Send + Sync {
+pub(crate) trait StoredNotice: Send + Sync {
     /// Whether anybody listens now: stored rows are read back only then.
     fn watched(&self) -> bool;
 
@@ -491,7 +491,7 @@ const PIPELINE_LINGER: Duration = Duration::from_micros(200);
 /// What watches exchanges while they are in flight (the live feed): told when one
 /// is sent upstream, and given a look at its response body as it passes. The
 /// exchange calls it; the feed implements it; neither imports the other.
-pub trait InFlight: Send + Sync {
+pub(crate) trait InFlight: Send + Sync {
     /// The exchange was admitted and goes upstream.
     fn started(&self, record: &ExchangeRecord);
     /// A watcher of this exchange's response body, while anybody watches.
@@ -503,7 +503,7 @@ pub trait InFlight: Send + Sync {
 }
 
 /// A unit of record work for the pipeline thread.
-pub type Job = Box<dyn FnOnce() + Send>;
+pub(crate) type Job = Box<dyn FnOnce() + Send>;
 
 /// The records waiting for the pipeline thread, and the body bytes they hold.
 #[derive(Debug, Default)]
@@ -537,7 +537,7 @@ impl Backlog {
 ///
 /// Memory stays bounded: [`Recorder::admit`] holds a new exchange back (for a bounded
 /// time) while the pipeline or a sink is behind.
-pub struct Recorder {
+pub(crate) struct Recorder {
     stages: Vec<Arc<dyn RecordStage>>,
     sinks: Vec<Arc<dyn RecordSink>>,
     in_flight: AtomicUsize,
@@ -553,12 +553,16 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn new(sinks: Vec<Arc<dyn RecordSink>>) -> Self {
+    #[cfg(test)]
+    pub(crate) fn new(sinks: Vec<Arc<dyn RecordSink>>) -> Self {
         Self::with_stages(Vec::new(), sinks)
     }
 
     /// A recorder that runs `stages` on each record, in order, before the sinks.
-    pub fn with_stages(stages: Vec<Arc<dyn RecordStage>>, sinks: Vec<Arc<dyn RecordSink>>) -> Self {
+    pub(crate) fn with_stages(
+        stages: Vec<Arc<dyn RecordStage>>,
+        sinks: Vec<Arc<dyn RecordSink>>,
+    ) -> Self {
         let (tx, rx) = mpsc::channel::<(Job, usize)>();
         let backlog = Arc::new(Backlog::default());
         let left = backlog.clone();
@@ -601,19 +605,19 @@ impl Recorder {
 
     /// How long [`Recorder::admit`] waits for room before letting an exchange through
     /// (its record may then be dropped by a full sink, counted and logged).
-    pub fn with_admit_wait(mut self, wait: Duration) -> Self {
+    pub(crate) fn with_admit_wait(mut self, wait: Duration) -> Self {
         self.admit_wait = wait;
         self
     }
 
     /// Counts an exchange that will end with exactly one [`Recorder::emit`].
-    pub fn begin(&self) {
+    pub(crate) fn begin(&self) {
         self.in_flight.fetch_add(1, Ordering::SeqCst);
     }
 
     /// Runs `job`, which holds `bytes` of bodies, on the pipeline thread (inline
     /// once the pipeline is closed).
-    pub fn submit(&self, job: Job, bytes: u64) {
+    pub(crate) fn submit(&self, job: Job, bytes: u64) {
         let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         let pipeline = self.pipeline.lock().unwrap_or_else(|p| p.into_inner());
         match pipeline.as_ref() {
@@ -636,7 +640,7 @@ impl Recorder {
     /// asks every sink whether the exchange may go upstream. Exchanges wait in line,
     /// first come first served: only the first looks for room, and one that arrives
     /// while others wait joins the line even if it sees room, so none starves.
-    pub async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+    pub(crate) async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
         let full = || self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record));
         let turn = match self.line.try_lock() {
@@ -680,7 +684,7 @@ impl Recorder {
 
     /// Stops the pipeline after the jobs already queued (called once the runtime
     /// is down, so that exchanges cut at shutdown have queued their records).
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.pipeline
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -692,14 +696,14 @@ impl Recorder {
     }
 
     /// Tells the stages that an exchange's response head arrived.
-    pub fn response_began(&self, record: &ExchangeRecord) {
+    pub(crate) fn response_began(&self, record: &ExchangeRecord) {
         for stage in &self.stages {
             stage.response_began(record);
         }
     }
 
     /// Runs the stages on a finished record, then hands it to every sink.
-    pub fn emit(&self, record: &mut ExchangeRecord) {
+    pub(crate) fn emit(&self, record: &mut ExchangeRecord) {
         for stage in &self.stages {
             stage.apply(record);
         }
@@ -712,7 +716,7 @@ impl Recorder {
     }
 
     /// Blocks until every sink has handled the records emitted so far.
-    pub fn flush(&self) {
+    pub(crate) fn flush(&self) {
         for sink in &self.sinks {
             sink.flush();
         }
@@ -720,13 +724,13 @@ impl Recorder {
 
     /// Marks that the grace period is over: exchanges still open are being cut by
     /// promptgate itself, not abandoned by their clients.
-    pub fn abandon_in_flight(&self) {
+    pub(crate) fn abandon_in_flight(&self) {
         self.abandoning.send_replace(true);
     }
 
     /// Resolves when the grace period is over (never, if it never is): a stream still
     /// open then tells its client why before it is cut.
-    pub fn grace_over(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+    pub(crate) fn grace_over(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let mut over = self.abandoning.subscribe();
         async move {
             if over.wait_for(|v| *v).await.is_err() {
@@ -736,12 +740,12 @@ impl Recorder {
     }
 
     /// Whether a sink reads the message reassembled from a streamed answer.
-    pub fn reads_message(&self) -> bool {
+    pub(crate) fn reads_message(&self) -> bool {
         self.sinks.iter().any(|s| s.reads_message())
     }
 
     /// How an exchange that ends without its response should be recorded.
-    pub fn cut_outcome(&self) -> Outcome {
+    pub(crate) fn cut_outcome(&self) -> Outcome {
         if *self.abandoning.borrow() {
             Outcome::Shutdown
         } else {
@@ -750,12 +754,12 @@ impl Recorder {
     }
 
     /// Exchanges begun and not yet emitted.
-    pub fn in_flight(&self) -> usize {
+    pub(crate) fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::SeqCst)
     }
 
     /// Waits until no exchange is in flight.
-    pub async fn drained(&self) {
+    pub(crate) async fn drained(&self) {
         loop {
             let notified = self.idle.notified();
             if self.in_flight() == 0 {

@@ -15,7 +15,7 @@ mod pii;
 
 /// Headers whose whole value is a credential, whatever it looks like (also what a
 /// hook's event redacts unless the hook is declared with `secrets = true`).
-pub const CREDENTIAL_HEADERS: &[&str] = &[
+pub(crate) const CREDENTIAL_HEADERS: &[&str] = &[
     "authorization",
     "proxy-authorization",
     "x-api-key",
@@ -218,14 +218,14 @@ const SHAPES: &[Shape] = &[
 
 /// What a detector's values are: a credential, or personal data.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum DataKind {
+pub(crate) enum DataKind {
     Secret,
     Pii,
 }
 
 impl DataKind {
     /// Its name in rule files, records and metrics.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             DataKind::Secret => "secret",
             DataKind::Pii => "pii",
@@ -233,7 +233,7 @@ impl DataKind {
     }
 
     /// The kind a name in a rule file stands for.
-    pub fn from_name(name: &str) -> Option<DataKind> {
+    pub(crate) fn from_name(name: &str) -> Option<DataKind> {
         [DataKind::Secret, DataKind::Pii]
             .into_iter()
             .find(|k| k.name() == name)
@@ -242,7 +242,7 @@ impl DataKind {
 
 /// How sure a detector is that what it found is what it says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Confidence {
+pub(crate) enum Confidence {
     Low,
     Medium,
     High,
@@ -250,7 +250,7 @@ pub enum Confidence {
 
 impl Confidence {
     /// Its name in rule files and records.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Confidence::Low => "low",
             Confidence::Medium => "medium",
@@ -259,7 +259,7 @@ impl Confidence {
     }
 
     /// The confidence a name in a rule file stands for.
-    pub fn from_name(name: &str) -> Option<Confidence> {
+    pub(crate) fn from_name(name: &str) -> Option<Confidence> {
         [Confidence::Low, Confidence::Medium, Confidence::High]
             .into_iter()
             .find(|c| c.name() == name)
@@ -269,7 +269,7 @@ impl Confidence {
 /// One built-in detector: the capture's redaction uses the `secret` ones, the
 /// outgoing-secrets scanner all of them.
 #[derive(Debug, Clone, Copy)]
-pub struct Detector {
+pub(crate) struct Detector {
     /// The name findings, rules and metrics give it (a redaction marker's kind).
     pub name: &'static str,
     pub kind: DataKind,
@@ -277,7 +277,7 @@ pub struct Detector {
 }
 
 /// The built-in detectors, each once (the shapes above may give one several patterns).
-pub const DETECTORS: &[Detector] = &[
+pub(crate) const DETECTORS: &[Detector] = &[
     secret("pem-private-key", Confidence::High),
     secret("anthropic", Confidence::High),
     secret("openai", Confidence::High),
@@ -319,13 +319,13 @@ const fn pii(name: &'static str, confidence: Confidence) -> Detector {
 }
 
 /// The built-in detector of a name.
-pub fn detector(name: &str) -> Option<&'static Detector> {
+pub(crate) fn detector(name: &str) -> Option<&'static Detector> {
     DETECTORS.iter().find(|d| d.name == name)
 }
 
 /// One value a built-in detector found: its byte range in the input and the detector.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Found {
+pub(crate) struct Found {
     pub start: usize,
     pub end: usize,
     pub detector: &'static str,
@@ -333,7 +333,7 @@ pub struct Found {
 
 /// Every value the built-in detectors find in `input` (personal data too when
 /// `pii`), in order, not overlapping: the outgoing-secrets scanner's one pass.
-pub fn detect(input: &[u8], pii: bool, out: &mut Vec<Found>) {
+pub(crate) fn detect(input: &[u8], pii: bool, out: &mut Vec<Found>) {
     static BUILT_IN: std::sync::OnceLock<Redactor> = std::sync::OnceLock::new();
     let redactor =
         BUILT_IN.get_or_init(|| Redactor::new(&[], &[]).expect("built-in patterns compile"));
@@ -371,7 +371,7 @@ const PLACEHOLDER_MARK: &[u8] = b"MASKED";
 
 /// Whether `bytes` hold a placeholder the scanner put in place of a value: it is
 /// not a secret (the capture shows it as the provider got it) and not scanned again.
-pub fn is_mask_placeholder(bytes: &[u8]) -> bool {
+pub(crate) fn is_mask_placeholder(bytes: &[u8]) -> bool {
     memchr::memmem::find_iter(bytes, PLACEHOLDER_MARK).any(|at| {
         let hex = &bytes[at + PLACEHOLDER_MARK.len()..];
         hex.len() >= 10 && hex[..10].iter().all(u8::is_ascii_hexdigit)
@@ -484,11 +484,11 @@ fn is_placeholder(value: &[u8]) -> bool {
 /// is kept, logged, labelled or exported: real ones are under 100 (a Bedrock
 /// inference-profile ARN is the longest seen), and 50 metrics labels of this size
 /// are a few KiB per series.
-pub const NAME_MAX: usize = 128;
+pub(crate) const NAME_MAX: usize = 128;
 
 /// The most bytes of a client-chosen text (a path, an error, a cache reason) put
 /// into a log line or a span name.
-pub const TEXT_MAX: usize = 2048;
+pub(crate) const TEXT_MAX: usize = 2048;
 
 /// How far past the kept bytes a value is scanned before it is cut: the widest
 /// token shape's window, so a secret that starts in the kept bytes is seen whole
@@ -500,7 +500,7 @@ const SCAN_PAST: usize = 512;
 /// client-chosen string is bounded before it is kept, logged or labelled: cut
 /// after redaction ([`Redactor::bounded`]), never before, so a cut cannot leave a
 /// piece of a secret too short to recognise.
-pub fn cut(text: &str, max: usize) -> Cow<'_, str> {
+pub(crate) fn cut(text: &str, max: usize) -> Cow<'_, str> {
     cut_as(text, max, text.len())
 }
 
@@ -529,7 +529,7 @@ fn prefix(text: &str, max: usize) -> &str {
 /// `text` (a URL as a user wrote it) with any password in its authority shown as
 /// `***` (`http://user:***@host`); a user part without a password is hidden whole,
 /// since a token is often passed there. For messages that refuse such a URL.
-pub fn url_without_password(text: &str) -> Cow<'_, str> {
+pub(crate) fn url_without_password(text: &str) -> Cow<'_, str> {
     let start = text.find("://").map_or(0, |i| i + 3);
     let end = text[start..]
         .find(['/', '?', '#'])
@@ -1046,7 +1046,7 @@ fn is_secret_name(name: &str) -> bool {
 }
 
 /// The first 8 hex digits of the secret's SHA-256.
-pub fn hash8(secret: &[u8]) -> String {
+pub(crate) fn hash8(secret: &[u8]) -> String {
     crate::digest::hex(&crate::digest::sha256(secret)[..4])
 }
 
@@ -1069,7 +1069,7 @@ fn split_scheme<'a>(name: &str, value: &'a str) -> (Option<&'a str>, &'a str) {
 /// fingerprint shows. A stored fingerprint gives the same id as the live value it
 /// replaced, so every replica, and a replay of the store, groups requests by
 /// credential alike without keeping the credential.
-pub fn credential_id(name: &str, value: &[u8]) -> String {
+pub(crate) fn credential_id(name: &str, value: &[u8]) -> String {
     let text = String::from_utf8_lossy(value);
     let (_, secret) = split_scheme(name, &text);
     let stored = secret

@@ -35,7 +35,7 @@ const LISTED: usize = 20;
 
 /// What one rule did over the replay.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct RuleEffect {
+pub(crate) struct RuleEffect {
     pub rule: String,
     pub phase: String,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -56,7 +56,7 @@ pub struct RuleEffect {
 
 /// A request the candidate blocks: what its client would have seen.
 #[derive(Debug, Clone, Serialize)]
-pub struct Blocked {
+pub(crate) struct Blocked {
     pub id: String,
     pub rule: String,
     pub status: u16,
@@ -65,7 +65,7 @@ pub struct Blocked {
 
 /// Cache tokens and dollars of some requests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct Tokens {
+pub(crate) struct Tokens {
     pub read: u64,
     pub write: u64,
     /// Input neither read nor written.
@@ -89,7 +89,7 @@ impl Tokens {
 
 /// One conversation's cache figures.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct ConversationImpact {
+pub(crate) struct ConversationImpact {
     pub conversation: String,
     pub requests: usize,
     /// What the provider reported for the requests as they were sent.
@@ -103,19 +103,14 @@ pub struct ConversationImpact {
 
 impl ConversationImpact {
     /// Candidate dollars − baseline dollars.
-    pub fn cost_delta(&self) -> f64 {
+    pub(crate) fn cost_delta(&self) -> f64 {
         self.candidate.dollars - self.baseline.dollars
-    }
-
-    /// Candidate input tokens − baseline ones, cache reads at their price share aside.
-    pub fn tokens_delta(&self) -> i64 {
-        self.candidate.total() as i64 - self.baseline.total() as i64
     }
 }
 
 /// Per request, with `--each`.
 #[derive(Debug, Clone, Serialize)]
-pub struct Each {
+pub(crate) struct Each {
     pub id: String,
     pub conversation: Option<String>,
     pub rules: Vec<String>,
@@ -131,7 +126,7 @@ pub struct Each {
 
 /// Everything a replay found.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     /// Exchanges selected from the store.
     pub selected: usize,
     /// Of them, model requests replayed.
@@ -168,7 +163,7 @@ pub struct Report {
 }
 
 /// What a replay needs beyond the rules.
-pub struct ReplaySettings {
+pub(crate) struct ReplaySettings {
     pub cache: CacheSettings,
     pub conversation: KeySource,
     /// List each request in [`Report::each`].
@@ -204,7 +199,7 @@ fn predicted_usage(p: &Predicted, scale: f64) -> Usage {
 }
 
 /// Replays the captured requests `filter` selects through `rules`.
-pub fn replay(
+pub(crate) fn replay(
     store: &Store,
     filter: &Filter,
     rules: &Arc<RuleSet>,
@@ -519,19 +514,19 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &Arc<RuleSet>) -> O
 
 /// One `--fail-on` condition: `NAME OP NUMBER`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Condition {
+pub(crate) struct Condition {
     pub name: String,
     pub op: String,
     pub value: f64,
 }
 
 /// The grammar, for usage errors.
-pub const CONDITION_GRAMMAR: &str = "NAME OP NUMBER, NAME one of blocked, changed, cost_delta \
+pub(crate) const CONDITION_GRAMMAR: &str = "NAME OP NUMBER, NAME one of blocked, changed, cost_delta \
      (dollars), tokens_delta; OP one of >, >=, <, <=, ==; e.g. 'blocked>0' or 'cost_delta>=1.5'";
 
 impl Condition {
     /// Parses `blocked>0`, `cost_delta >= 1.5`, …
-    pub fn parse(text: &str) -> Result<Condition, String> {
+    pub(crate) fn parse(text: &str) -> Result<Condition, String> {
         let t = text.trim();
         let name_end = t
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
@@ -566,7 +561,7 @@ impl Condition {
     }
 
     /// Whether it holds for `report`.
-    pub fn holds(&self, report: &Report) -> bool {
+    pub(crate) fn holds(&self, report: &Report) -> bool {
         let v = match self.name.as_str() {
             "blocked" => report.blocked as f64,
             "changed" => report.changed as f64,

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 /// The per-user data directory: `$PROMPTGATE_HOME`, else the platform's
 /// (`$XDG_DATA_HOME/promptgate` or `~/.local/share/promptgate`; on macOS
 /// `~/Library/Application Support/promptgate`), else `./.promptgate`.
-pub fn data_dir() -> PathBuf {
+pub(crate) fn data_dir() -> PathBuf {
     if let Some(home) = var("PROMPTGATE_HOME") {
         return PathBuf::from(home);
     }
@@ -37,7 +37,7 @@ fn var(name: &str) -> Option<std::ffi::OsString> {
 
 /// Where runtime files go: `$PROMPTGATE_RUNTIME_DIR`, else
 /// `$XDG_RUNTIME_DIR/promptgate`, else `run/` in the data directory.
-pub fn runtime_dir() -> PathBuf {
+pub(crate) fn runtime_dir() -> PathBuf {
     if let Some(dir) = var("PROMPTGATE_RUNTIME_DIR") {
         return PathBuf::from(dir);
     }
@@ -49,7 +49,7 @@ pub fn runtime_dir() -> PathBuf {
 
 /// What a running `serve` tells the command line about itself.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Running {
+pub(crate) struct Running {
     pub pid: u32,
     pub listen: std::net::SocketAddr,
     pub admin: Option<std::net::SocketAddr>,
@@ -66,10 +66,10 @@ pub struct Running {
 
 /// The request header that carries [`Running::probe_token`]. promptgate removes it
 /// from every request before anything else reads the headers.
-pub const PROBE_HEADER: &str = "x-promptgate-probe";
+pub(crate) const PROBE_HEADER: &str = "x-promptgate-probe";
 
 /// A fresh probe token: 128 random bits, hex.
-pub fn new_probe_token() -> String {
+pub(crate) fn new_probe_token() -> String {
     let mut bytes = [0u8; 16];
     // The TLS stack's system RNG; should it fail, the id generator's randomness.
     if rustls::crypto::ring::default_provider()
@@ -84,14 +84,14 @@ pub fn new_probe_token() -> String {
 
 /// A runtime file, removed when dropped (at the end of `serve`).
 #[derive(Debug)]
-pub struct RuntimeFile {
+pub(crate) struct RuntimeFile {
     path: PathBuf,
 }
 
 impl Running {
     /// Writes this serve's runtime file. A failure is only logged: nothing depends
     /// on it but the convenience of flag-less commands.
-    pub fn publish(&self) -> Option<RuntimeFile> {
+    pub(crate) fn publish(&self) -> Option<RuntimeFile> {
         let dir = runtime_dir();
         let path = dir.join(format!("serve-{}.json", self.pid));
         let written = std::fs::create_dir_all(&dir).and_then(|()| {
@@ -121,7 +121,7 @@ impl Running {
     /// whose process is alive, the one this shell's ANTHROPIC_BASE_URL or
     /// HTTPS_PROXY points at, else the most recently started. With several live,
     /// it says on stderr which one it reads and why.
-    pub fn find() -> Option<Running> {
+    pub(crate) fn find() -> Option<Running> {
         let live = Running::all();
         let named = named_addresses();
         let (chosen, why) = match live.iter().find(|r| named.contains(&r.client_address())) {
@@ -155,7 +155,7 @@ impl Running {
     }
 
     /// Every live serve's runtime file, newest first.
-    pub fn all() -> Vec<Running> {
+    pub(crate) fn all() -> Vec<Running> {
         let Ok(entries) = std::fs::read_dir(runtime_dir()) else {
             return Vec::new();
         };
@@ -170,7 +170,7 @@ impl Running {
     }
 
     /// The live serve listening on `addr` (its proxy or its admin port), if any.
-    pub fn holding(addr: std::net::SocketAddr) -> Option<Running> {
+    pub(crate) fn holding(addr: std::net::SocketAddr) -> Option<Running> {
         let same = |a: std::net::SocketAddr| {
             a.port() == addr.port()
                 && (a.ip() == addr.ip() || a.ip().is_unspecified() || addr.ip().is_unspecified())
@@ -234,7 +234,7 @@ fn alive(pid: u32) -> bool {
 }
 
 /// Milliseconds since the Unix epoch, on a [`Clock`].
-pub type Millis = u64;
+pub(crate) type Millis = u64;
 
 /// The clock cache analysis and budgets read time from: the wall clock, plus an
 /// offset that whoever holds it can move (tests let a ttl or a budget's window run

@@ -76,7 +76,7 @@ fn number_and_unit(text: &str) -> Option<(u64, &str)> {
 }
 
 /// `1048576`, `"512KiB"`, `"32MiB"`, `"1GB"`: bytes.
-pub fn parse_size(v: &Scalar) -> Result<u64, String> {
+pub(crate) fn parse_size(v: &Scalar) -> Result<u64, String> {
     let text = match v {
         Scalar::Number(n) => return Ok(*n),
         Scalar::Text(t) => t.trim(),
@@ -103,7 +103,7 @@ pub fn parse_size(v: &Scalar) -> Result<u64, String> {
 }
 
 /// `30` (seconds), `"500ms"`, `"10s"`, `"5m"`, `"1h"`.
-pub fn parse_duration(v: &Scalar) -> Result<Duration, String> {
+pub(crate) fn parse_duration(v: &Scalar) -> Result<Duration, String> {
     let text = match v {
         Scalar::Number(n) => return Ok(Duration::from_secs(*n)),
         Scalar::Text(t) => t.trim(),
@@ -151,7 +151,7 @@ fn distance(a: &str, b: &str) -> usize {
 }
 
 /// 1-based line and column (in characters) of a byte offset.
-pub fn line_col(text: &str, offset: usize) -> (usize, usize) {
+pub(crate) fn line_col(text: &str, offset: usize) -> (usize, usize) {
     let before = &text[..offset.min(text.len())];
     let line = before.matches('\n').count() + 1;
     let col = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;

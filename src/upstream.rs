@@ -25,11 +25,11 @@ use tokio::time::Instant;
 use crate::error::{ErrorKind, ProxyError, error_chain};
 
 /// Errors building the upstream client (read by people at startup).
-pub use crate::tls::ClientTlsError as UpstreamSetupError;
+pub(crate) use crate::tls::ClientTlsError as UpstreamSetupError;
 
 /// The pooled client to the providers.
 #[derive(Clone)]
-pub struct Upstream {
+pub(crate) struct Upstream {
     client: Client<Bounded<HttpsConnector<HttpConnector>>, UpstreamBody>,
 }
 
@@ -37,7 +37,7 @@ pub struct Upstream {
 /// (`--connect-timeout`): the TCP connector's own timeout ends at the socket, and
 /// a peer that accepts and then stays silent would hold the handshake forever.
 #[derive(Clone)]
-pub struct Bounded<C> {
+pub(crate) struct Bounded<C> {
     inner: C,
     limit: Duration,
 }
@@ -45,7 +45,7 @@ pub struct Bounded<C> {
 /// A connection that was not up within `--connect-timeout`.
 #[derive(Debug, thiserror::Error)]
 #[error("{stage} with upstream {target} did not complete within {}s (--connect-timeout)", .limit.as_secs_f64())]
-pub struct ConnectTimedOut {
+pub(crate) struct ConnectTimedOut {
     stage: &'static str,
     target: String,
     limit: Duration,
@@ -94,7 +94,7 @@ where
 }
 
 /// A request body going upstream, in one frame.
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     body: Option<Bytes>,
     /// Set when the connection first asks for the body: the request head is written.
     asked: Option<Arc<OnceLock<Instant>>>,
@@ -111,7 +111,7 @@ impl From<Bytes> for UpstreamBody {
 
 impl UpstreamBody {
     /// Notes in `asked` when the upstream connection first asks for the body.
-    pub fn noting_start(mut self, asked: Arc<OnceLock<Instant>>) -> UpstreamBody {
+    pub(crate) fn noting_start(mut self, asked: Arc<OnceLock<Instant>>) -> UpstreamBody {
         self.asked = Some(asked);
         self
     }
@@ -143,7 +143,7 @@ impl Body for UpstreamBody {
 
 impl Upstream {
     /// Builds the client: public roots plus the PEM files in `extra_roots`.
-    pub fn new(
+    pub(crate) fn new(
         extra_roots: &[PathBuf],
         connect_timeout: Duration,
     ) -> Result<Self, UpstreamSetupError> {
@@ -176,7 +176,7 @@ impl Upstream {
     }
 
     /// Sends a request; the response body streams as it arrives.
-    pub async fn send(
+    pub(crate) async fn send(
         &self,
         request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
@@ -253,7 +253,10 @@ fn visit_causes(
 /// Whether something accepts a TCP connection at `base` within `within`: checked once
 /// at start, so a dead upstream is named on the start line instead of on the first
 /// request. `Err` says why, for people.
-pub async fn answers(base: &crate::setting::BaseUrl, within: Duration) -> Result<(), String> {
+pub(crate) async fn answers(
+    base: &crate::setting::BaseUrl,
+    within: Duration,
+) -> Result<(), String> {
     let (host, port) = base.host_port();
     let host = host.trim_start_matches('[').trim_end_matches(']');
     match tokio::time::timeout(within, tokio::net::TcpStream::connect((host, port))).await {

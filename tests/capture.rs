@@ -835,7 +835,7 @@ async fn jsonl_round_trips_and_har_is_valid_har_1_2() {
             "nothing to redact: the body is exact"
         );
         // And the line read back as a record writes out as the same line.
-        let record: promptgate::capture::CaptureRecord = serde_json::from_str(line).unwrap();
+        let record: promptgate::CaptureRecord = serde_json::from_str(line).unwrap();
         assert_eq!(serde_json::to_string(&record).unwrap(), line);
     }
     assert!(text.contains(r#""content":{"model":"claude-opus-5-5","temperature":0.70,"messages":[{"role":"user","content":"caf\u00e9 \/ x"}]}"#));

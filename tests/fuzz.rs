@@ -21,16 +21,16 @@ use proptest::sample::{Index, select};
 use proptest::test_runner::FileFailurePersistence;
 use serde_json::Value;
 
-use promptgate::capture::record::CaptureRecord;
-use promptgate::conversation::KeySource;
-use promptgate::id::ExchangeId;
-use promptgate::observer::SseDecoder;
-use promptgate::observer::decode::{self, DecodeError};
-use promptgate::provider::json;
-use promptgate::provider::{Api, Provider};
-use promptgate::record::ExchangeRecord;
-use promptgate::redact::{Redactor, Summary};
-use promptgate::rules::{Decision, RequestCtx, RuleSet};
+use promptgate::CaptureRecord;
+use promptgate::ExchangeId;
+use promptgate::ExchangeRecord;
+use promptgate::KeySource;
+use promptgate::SseDecoder;
+use promptgate::decode::{self, DecodeError};
+use promptgate::json;
+use promptgate::{Api, Provider};
+use promptgate::{Decision, RequestCtx, RuleSet};
+use promptgate::{Redactor, Summary};
 
 // ===================================================================== setup
 
@@ -827,10 +827,8 @@ fn probe_rules(pointer: &str, test: toml::Table) -> RuleSet {
 /// Whether `rules` block a /v1/messages request with `body`.
 fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
     let body = Bytes::copy_from_slice(body);
-    let prompt = promptgate::prompt::PromptCell::new(
-        body.clone(),
-        Some(promptgate::prompt::Format::AnthropicMessages),
-    );
+    let prompt =
+        promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
     let result = rules.apply_request(RequestCtx {
         provider: Provider::Anthropic,
         api: Api::Messages,
@@ -1229,7 +1227,7 @@ fn capture_stream(sse: &[u8]) -> (Vec<u8>, Vec<u8>) {
         http::header::CONTENT_TYPE,
         HeaderValue::from_static("text/event-stream"),
     );
-    let observation = promptgate::observer::observe(
+    let observation = promptgate::observe(
         Provider::Anthropic,
         Api::Messages,
         &headers,
@@ -1853,7 +1851,7 @@ fn corpus_seeds_say_what_they_are_for() {
         "rules read the model"
     );
     assert_eq!(
-        promptgate::provider::sniff(&bom).model.as_deref(),
+        promptgate::sniff(&bom).model.as_deref(),
         Some("claude-opus-4-1")
     );
 

@@ -858,8 +858,8 @@ fn rules_test_names_the_error_type_a_block_answers_with() {
 async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as_applied_in_process()
  {
     use bytes::Bytes;
-    use promptgate::provider::{Api, Provider};
-    use promptgate::rules::{RequestCtx, RuleSet};
+    use promptgate::{Api, Provider};
+    use promptgate::{RequestCtx, RuleSet};
 
     let fake = fake_ok().await;
     let bench = Path::new(env!("CARGO_MANIFEST_DIR")).join("rules/bench");
@@ -877,17 +877,15 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
 
     // The same rules applied in process give the bytes to expect.
     let rules = RuleSet::load_dir(&bench).unwrap();
-    let prompt = promptgate::prompt::PromptCell::new(
-        body.clone(),
-        Some(promptgate::prompt::Format::AnthropicMessages),
-    );
+    let prompt =
+        promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
     let applied = rules.apply_request(RequestCtx {
         provider: Provider::Anthropic,
         api: Api::Messages,
         method: &http::Method::POST,
         host: None,
         path: "/v1/messages",
-        model: promptgate::provider::sniff(&body).model.as_deref(),
+        model: promptgate::sniff(&body).model.as_deref(),
         conversation: None,
         headers: http::HeaderMap::new(),
         body: &body,

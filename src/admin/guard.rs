@@ -14,7 +14,7 @@ use crate::config::ProxyCredentials;
 /// names — a page in the user's browser that rebinds a DNS name to 127.0.0.1
 /// sends its own name as `Host` — and, when it has credentials, only with them.
 #[derive(Debug, Clone)]
-pub struct AdminGuard {
+pub(crate) struct AdminGuard {
     /// Allowed `Host` values, lowercase, each with its port.
     hosts: Vec<String>,
     credentials: Option<ProxyCredentials>,
@@ -22,7 +22,7 @@ pub struct AdminGuard {
 
 /// Why the guard refused a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Refusal {
+pub(crate) struct Refusal {
     pub status: StatusCode,
     pub message: String,
 }
@@ -30,7 +30,7 @@ pub struct Refusal {
 impl AdminGuard {
     /// The guard of an admin API bound at `bound`: loopback's names with its port,
     /// `admin_allowed_hosts`, and credentials when it has any (required off loopback).
-    pub fn new(config: &Config, bound: SocketAddr) -> AdminGuard {
+    pub(crate) fn new(config: &Config, bound: SocketAddr) -> AdminGuard {
         let port = bound.port();
         let mut hosts: Vec<String> = ["127.0.0.1", "localhost", "[::1]"]
             .iter()
@@ -62,7 +62,7 @@ impl AdminGuard {
 
     /// Serves the request, or says why not: 400 for more than one `Host`, 403 for a
     /// wrong `Host` or `Origin`, 401 for missing or wrong credentials.
-    pub fn check(&self, headers: &http::HeaderMap, uri: &http::Uri) -> Result<(), Refusal> {
+    pub(crate) fn check(&self, headers: &http::HeaderMap, uri: &http::Uri) -> Result<(), Refusal> {
         let forbidden = |message: String| Refusal {
             status: StatusCode::FORBIDDEN,
             message,

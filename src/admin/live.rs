@@ -177,7 +177,7 @@ impl Backlog {
 }
 
 /// The body of `/api/live`: the viewer's backlog, frame by frame.
-pub struct LiveBody(Arc<Backlog>);
+pub(crate) struct LiveBody(Arc<Backlog>);
 
 impl LiveBody {
     pub(super) fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {

@@ -36,11 +36,11 @@ use crate::listener::head::{HeadCheck, check as check_head};
 use crate::live::LiveFeed;
 use crate::metrics::{Metrics, Sources};
 
-pub use guard::{AdminGuard, Refusal};
+pub(crate) use guard::{AdminGuard, Refusal};
 
 /// What the admin API reads.
 #[derive(Debug, Clone)]
-pub struct AdminState {
+pub(crate) struct AdminState {
     /// Who may read it.
     pub guard: AdminGuard,
     /// The capture store; `None` when capture is off.
@@ -71,7 +71,7 @@ pub struct AdminState {
 /// each request head within `--header-timeout` (as on the proxy port), at most
 /// `--admin-max-connections` connections, and the live feed's own caps.
 #[derive(Debug)]
-pub struct AdminLimits {
+pub(crate) struct AdminLimits {
     header_timeout: Duration,
     max_connections: usize,
     connections: Arc<Semaphore>,
@@ -82,7 +82,7 @@ pub struct AdminLimits {
 
 impl AdminLimits {
     /// The bounds `config` sets.
-    pub fn new(config: &Config) -> AdminLimits {
+    pub(crate) fn new(config: &Config) -> AdminLimits {
         AdminLimits {
             header_timeout: config.header_timeout,
             max_connections: config.admin_max_connections,
@@ -105,7 +105,7 @@ impl AdminLimits {
 }
 
 /// A body of the admin listener: a whole answer, or the live feed's events.
-pub enum AdminBody {
+pub(crate) enum AdminBody {
     Full(Full<Bytes>),
     Live(live::LiveBody),
 }
@@ -143,7 +143,7 @@ impl Body for AdminBody {
 type AdminResponse = Response<AdminBody>;
 
 /// Serves the admin API on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>) {
     let limits = &state.limits;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder

@@ -15,7 +15,7 @@ use crate::prompt::{Prompt, Region};
 /// Where a part of the prompt came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Family {
+pub(crate) enum Family {
     /// The system prompt: the base prompt, appended text, the billing header.
     System,
     /// Tool definitions: built-in, MCP (by server), custom, deferred.
@@ -32,7 +32,7 @@ pub enum Family {
 
 impl Family {
     /// Every family, in prompt order.
-    pub const ALL: [Family; 6] = [
+    pub(crate) const ALL: [Family; 6] = [
         Family::System,
         Family::Tools,
         Family::Memory,
@@ -42,7 +42,7 @@ impl Family {
     ];
 
     /// The name used in tables and JSON.
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Family::System => "system",
             Family::Tools => "tools",
@@ -56,7 +56,7 @@ impl Family {
 
 /// One named part of a prompt.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Part {
+pub(crate) struct Part {
     pub family: Family,
     /// What it is: `built-in Bash`, `MCP server github`, `/repo/CLAUDE.md (project)`,
     /// `git status`, `tool result of Read`, …
@@ -99,7 +99,7 @@ const BUILT_IN: &[&str] = &[
 ];
 
 /// The parts of `prompt`, whose cache units are `segs`, in prompt order.
-pub fn anatomy(prompt: &Prompt, segs: &Segments) -> Vec<Part> {
+pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Vec<Part> {
     let mut parts = Vec::with_capacity(segs.units.len());
     let roles: Vec<String> = prompt
         .messages()
@@ -308,7 +308,7 @@ fn memory_file(header: &str) -> String {
 }
 
 /// Tokens per family, in [`Family::ALL`] order.
-pub fn by_family(parts: &[Part]) -> Vec<(Family, u64)> {
+pub(crate) fn by_family(parts: &[Part]) -> Vec<(Family, u64)> {
     Family::ALL
         .iter()
         .map(|&f| {

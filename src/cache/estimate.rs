@@ -25,10 +25,10 @@ const CLAUDE: Weights = [994, 48, 1315, 354, 3, 1484, 496, 569, 1151, 2752];
 const O200K: Weights = [931, 52, 1746, 353, 9, 961, 397, 205, 985, 703];
 
 /// Tokens a block adds beyond its content (role and block framing); a guess, small.
-pub const BLOCK_OVERHEAD: u32 = 3;
+pub(crate) const BLOCK_OVERHEAD: u32 = 3;
 
 /// Estimated tokens of `raw`, JSON text as sent (a whole value or a string with its quotes).
-pub fn tokens(provider: Provider, raw: &[u8]) -> u32 {
+pub(crate) fn tokens(provider: Provider, raw: &[u8]) -> u32 {
     let weights = match provider {
         Provider::Anthropic => &CLAUDE,
         Provider::OpenAi => &O200K,

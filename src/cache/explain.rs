@@ -18,17 +18,17 @@ use crate::prompt::{Region, Ttl};
 use crate::provider::Usage;
 
 /// Lookback positions per breakpoint, the breakpoint itself counted first.
-pub const LOOKBACK: u32 = 20;
+pub(crate) const LOOKBACK: u32 = 20;
 
 /// The most prefixes [`lookback_prefixes`] gives: four breakpoints' windows, with
 /// room for runs of tool blocks (a run is one position, many units).
-pub const LOOKBACK_CANDIDATES: usize = 256;
+pub(crate) const LOOKBACK_CANDIDATES: usize = 256;
 
 /// Every prefix the provider's lookback could read for this request, deepest first:
 /// each unit within [`LOOKBACK`] positions before a breakpoint, at most
 /// [`LOOKBACK_CANDIDATES`]. Another conversation's entry at any of them is read (a
 /// fork's deeper breakpoint finds the first session's last one).
-pub fn lookback_prefixes(segs: &Segments) -> Vec<super::segment::Hash> {
+pub(crate) fn lookback_prefixes(segs: &Segments) -> Vec<super::segment::Hash> {
     let mut at: Vec<usize> = Vec::new();
     for &b in &segs.breakpoints {
         let floor = segs.units[b].position.saturating_sub(LOOKBACK - 1);
@@ -46,7 +46,7 @@ pub fn lookback_prefixes(segs: &Segments) -> Vec<super::segment::Hash> {
 
 /// The request being explained.
 #[derive(Debug, Clone, Copy)]
-pub struct Request<'a> {
+pub(crate) struct Request<'a> {
     pub id: ExchangeId,
     /// Start on the analysis clock.
     pub start: Millis,
@@ -496,7 +496,7 @@ impl fmt::Display for Reason {
 }
 
 /// `48213` → `48.2k`.
-pub fn kilo(n: u64) -> String {
+pub(crate) fn kilo(n: u64) -> String {
     if n < 1000 {
         n.to_string()
     } else {
@@ -545,7 +545,11 @@ impl Tokens {
 }
 
 /// What the rules say the provider will read and write for `req`.
-pub fn predict(req: Request<'_>, conv: Option<&Conversation>, min_tokens: u64) -> Prediction {
+pub(crate) fn predict(
+    req: Request<'_>,
+    conv: Option<&Conversation>,
+    min_tokens: u64,
+) -> Prediction {
     let segs = req.segments;
     let tokens = Tokens::new(segs, conv);
     let mut hit: Option<(usize, ExchangeId)> = None;
@@ -618,7 +622,7 @@ pub fn predict(req: Request<'_>, conv: Option<&Conversation>, min_tokens: u64) -
 /// Automatic caching (OpenAI): how much of the previous request's prefix
 /// stayed, set beside the provider's cached tokens. OpenAI's cache is best effort
 /// (routing, eviction), so a stable prefix that was not reused is `unexplained`.
-pub fn explain_automatic(
+pub(crate) fn explain_automatic(
     req: Request<'_>,
     conv: &Conversation,
     usage: &Usage,
@@ -699,7 +703,7 @@ pub fn explain_automatic(
 
 /// The explanation of one request, given its usage.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Explanation {
+pub(crate) struct Explanation {
     pub verdict: Verdict,
     pub reason: Option<Reason>,
     /// Tokens the rules say could have been read but were not.
@@ -710,7 +714,7 @@ pub struct Explanation {
 
 /// Sets the actual usage beside the prediction and explains the difference from
 /// the conversation's previous request.
-pub fn explain(
+pub(crate) fn explain(
     req: Request<'_>,
     conv: Option<&Conversation>,
     prediction: &Prediction,
@@ -1001,7 +1005,7 @@ fn present(b: bool) -> &'static str {
 }
 
 /// Up to 24 bytes either side of `at`, as text.
-pub fn excerpt(bytes: &[u8], at: usize) -> String {
+pub(crate) fn excerpt(bytes: &[u8], at: usize) -> String {
     let from = at.saturating_sub(24);
     let to = (at + 24).min(bytes.len());
     let mut s = String::new();
@@ -1126,7 +1130,6 @@ mod tests {
             conv.keep(Snapshot {
                 id,
                 start: *at,
-                began: *at + 500,
                 segments: s.clone(),
                 usage: Some(usage),
                 cached: p.written.clone(),
@@ -1375,7 +1378,6 @@ mod tests {
         conv.keep(Snapshot {
             id: a,
             start: 0,
-            began: 800,
             segments: s1.clone(),
             usage: None,
             cached: pa.written.clone(),

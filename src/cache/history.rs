@@ -15,11 +15,11 @@ use crate::id::ExchangeId;
 use crate::prompt::Ttl;
 use crate::provider::Usage;
 
-pub use crate::runtime::{Clock, Millis};
+pub(crate) use crate::runtime::{Clock, Millis};
 
 /// One request that wrote or read an entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Use {
+pub(crate) struct Use {
     /// The request's start: the ttl runs from here.
     pub at: Millis,
     /// From when others could read it: the writer's response began; a refresh of a
@@ -31,7 +31,7 @@ pub struct Use {
 
 /// A cached prefix.
 #[derive(Debug, Clone, Default)]
-pub struct Entry {
+pub(crate) struct Entry {
     /// Tokens through the end of the prefix, from a provider's usage when known.
     pub tokens: Option<u64>,
     pub uses: Vec<Use>,
@@ -39,7 +39,7 @@ pub struct Entry {
 
 /// What an entry is for a reader starting at some time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryState {
+pub(crate) enum EntryState {
     /// Readable; last written or read at `last`.
     Alive { last: Millis },
     /// Written by a request whose response had not begun when the reader started.
@@ -55,7 +55,7 @@ const USES_KEPT: usize = 16;
 
 impl Entry {
     /// The entry as a request `reader` starting at `t` finds it (its own uses aside).
-    pub fn state(&self, t: Millis, reader: ExchangeId) -> EntryState {
+    pub(crate) fn state(&self, t: Millis, reader: ExchangeId) -> EntryState {
         let before = || self.uses.iter().filter(|u| u.by != reader && u.at <= t);
         let live = |u: &&Use| t < u.at + u.ttl.secs() * 1000;
         if let Some(last) = before()
@@ -96,11 +96,9 @@ impl Entry {
 
 /// One analysed (or in-flight) request of a conversation.
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     pub id: ExchangeId,
     pub start: Millis,
-    /// When its response began (upstream head).
-    pub began: Millis,
     pub segments: Arc<Segments>,
     /// The provider's usage, once the record is emitted.
     pub usage: Option<Usage>,
@@ -110,7 +108,7 @@ pub struct Snapshot {
 
 /// Everything remembered about one conversation.
 #[derive(Debug, Default)]
-pub struct Conversation {
+pub(crate) struct Conversation {
     /// Keyed by a content digest already: a fast hasher is enough (SipHash cost ~10 % of a resend).
     pub entries: crate::digest::DigestMap<Entry>,
     /// The newest few requests, oldest first by start.
@@ -134,7 +132,12 @@ impl Conversation {
     ///
     /// The latest of `model` when one is kept: each model has a cache of its own, so
     /// a conversation that switches back compares with that model's last turn.
-    pub fn baseline(&self, id: ExchangeId, start: Millis, model: &str) -> Option<Arc<Snapshot>> {
+    pub(crate) fn baseline(
+        &self,
+        id: ExchangeId,
+        start: Millis,
+        model: &str,
+    ) -> Option<Arc<Snapshot>> {
         self.snapshots
             .iter()
             .rev()
@@ -145,7 +148,7 @@ impl Conversation {
     }
 
     /// The request just before `id` (started at `start`), whatever its model.
-    pub fn previous(&self, id: ExchangeId, start: Millis) -> Option<Arc<Snapshot>> {
+    pub(crate) fn previous(&self, id: ExchangeId, start: Millis) -> Option<Arc<Snapshot>> {
         self.snapshots
             .iter()
             .rev()
@@ -154,12 +157,12 @@ impl Conversation {
     }
 
     /// The snapshot of request `id`, if kept.
-    pub fn snapshot(&self, id: ExchangeId) -> Option<Arc<Snapshot>> {
+    pub(crate) fn snapshot(&self, id: ExchangeId) -> Option<Arc<Snapshot>> {
         self.snapshots.iter().find(|s| s.id == id).cloned()
     }
 
     /// Adds or replaces a request's snapshot, keeping start order.
-    pub fn keep(&mut self, snapshot: Snapshot) {
+    pub(crate) fn keep(&mut self, snapshot: Snapshot) {
         self.last_seen = self.last_seen.max(snapshot.start);
         self.snapshots.retain(|s| s.id != snapshot.id);
         let at = self
@@ -175,7 +178,14 @@ impl Conversation {
 
     /// Records that request `by`, started at `at`, whose response began at `began`,
     /// wrote or refreshed the prefix `hash`.
-    pub fn cache(&mut self, hash: Hash, at: Millis, began: Millis, ttl: Ttl, by: ExchangeId) {
+    pub(crate) fn cache(
+        &mut self,
+        hash: Hash,
+        at: Millis,
+        began: Millis,
+        ttl: Ttl,
+        by: ExchangeId,
+    ) {
         let entry = self.entries.entry(hash).or_default();
         let available = match entry.state(at, by) {
             EntryState::Alive { .. } => at,
@@ -190,7 +200,7 @@ impl Conversation {
     }
 
     /// Forgets what request `by` was thought to cache (the provider says it cached nothing).
-    pub fn uncache(&mut self, by: ExchangeId) {
+    pub(crate) fn uncache(&mut self, by: ExchangeId) {
         for entry in self.entries.values_mut() {
             entry.uses.retain(|u| u.by != by);
         }
@@ -198,33 +208,33 @@ impl Conversation {
     }
 
     /// Drops entries whose every use has expired by `now`.
-    pub fn prune(&mut self, now: Millis) {
+    pub(crate) fn prune(&mut self, now: Millis) {
         self.entries.retain(|_, e| !e.expired_at(now));
     }
 }
 
 /// The conversations cache analysis remembers, by conversation key.
 #[derive(Debug)]
-pub struct History {
+pub(crate) struct History {
     conversations: HashMap<String, Conversation>,
     limit: usize,
 }
 
 impl History {
     /// Remembers at most `limit` conversations (the least recently active are forgotten).
-    pub fn new(limit: usize) -> History {
+    pub(crate) fn new(limit: usize) -> History {
         History {
             conversations: HashMap::new(),
             limit: limit.max(1),
         }
     }
 
-    pub fn get(&self, key: &str) -> Option<&Conversation> {
+    pub(crate) fn get(&self, key: &str) -> Option<&Conversation> {
         self.conversations.get(key)
     }
 
     /// The conversation `key`, made if new.
-    pub fn conversation(&mut self, key: &str, now: Millis) -> &mut Conversation {
+    pub(crate) fn conversation(&mut self, key: &str, now: Millis) -> &mut Conversation {
         if !self.conversations.contains_key(key) {
             self.conversations
                 .retain(|_, c| c.last_seen + IDLE_FORGOTTEN > now);
@@ -249,7 +259,7 @@ impl History {
     /// prefixes, deepest first) that another conversation of `workspace` has, that
     /// entry is copied in, and the conversation whose request wrote it is returned
     /// with the writer's id.
-    pub fn share(
+    pub(crate) fn share(
         &mut self,
         key: &str,
         workspace: &str,
@@ -287,7 +297,7 @@ impl History {
     /// How many of `prefixes` (deepest first) come before the first that
     /// conversation `key`'s own cache holds alive: the ones another conversation
     /// could have lent it.
-    pub fn unreached(
+    pub(crate) fn unreached(
         &self,
         key: &str,
         prefixes: &[Hash],
@@ -307,12 +317,9 @@ impl History {
             .count()
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
         self.conversations.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.conversations.is_empty()
     }
 }
 

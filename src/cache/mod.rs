@@ -7,11 +7,11 @@
 //! runs all of it when a record is emitted (before the sinks, off the client's path)
 //! and puts a [`CacheReport`] on the record. It never changes a request.
 
-pub mod anatomy;
-pub mod estimate;
-pub mod explain;
-pub mod history;
-pub mod segment;
+pub(crate) mod anatomy;
+pub(crate) mod estimate;
+pub(crate) mod explain;
+pub(crate) mod history;
+pub(crate) mod segment;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -26,7 +26,7 @@ use crate::provider::Usage;
 use crate::provider::price::{self as cost, Cost, Price, Table};
 use crate::redact::{NAME_MAX, Redactor};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
-pub use history::Clock;
+pub(crate) use history::Clock;
 use history::{History, Millis, Snapshot};
 use segment::{IgnoreRule, Segments};
 
@@ -271,11 +271,27 @@ impl ProviderSays {
         reason: Option<&Reason>,
     ) -> ProviderSays {
         let said = diagnosis.reason.as_str();
-        let part = said.strip_suffix("_changed");
         let seen = reason.and_then(changed_part);
-        let (agrees, note) = match (part, seen) {
+        let (agrees, note) = match (provider_part(said), seen) {
+            // OpenAI's `cache_hit`: it saw nothing that stops reuse.
+            (Some("nothing"), None) => (Some(true), None),
+            (Some("nothing"), Some(s)) => (
+                Some(false),
+                Some(format!(
+                    "the provider saw no change; promptgate saw the first change in the {s}"
+                )),
+            ),
             (None, _) => (None, None),
-            (Some(p), Some(s)) if p == s || (p == "input" && s == "messages") => (Some(true), None),
+            (Some(p), Some(s)) if p == s => (Some(true), None),
+            // Anthropic has no settings reason: a changed `tool_choice` or `thinking`
+            // invalidates the messages' cache, and it says so.
+            (Some("messages"), Some("settings")) if said == "messages_changed" => {
+                (Some(true), None)
+            }
+            // OpenAI's reasons have no instructions of their own: they open the input.
+            (Some("messages"), Some("instructions")) if said == "input_changed" => {
+                (Some(true), None)
+            }
             (Some(_), Some(s)) => (
                 Some(false),
                 Some(format!(
@@ -299,13 +315,36 @@ impl ProviderSays {
     }
 }
 
+/// The part of the prompt a provider's reason names: Anthropic's `model_changed`,
+/// `system_changed`, `tools_changed`, `messages_changed`; OpenAI's `model_changed`,
+/// `tools_changed`, `input_changed` and `context_compacted` (the input), and its
+/// settings (`prompt_cache_key`, `text_format`, `reasoning_effort`, `verbosity`,
+/// `service_tier`). `nothing` for OpenAI's `cache_hit`; `None` when it names no
+/// change (`previous_message_not_found`, `comparison_response_not_found`, `unavailable`).
+fn provider_part(said: &str) -> Option<&'static str> {
+    Some(match said {
+        "cache_hit" => "nothing",
+        "model_changed" => "model",
+        "tools_changed" => "tools",
+        "system_changed" => "system",
+        "instructions_changed" => "instructions",
+        "messages_changed" | "input_changed" | "context_compacted" => "messages",
+        "prompt_cache_key_changed"
+        | "text_format_changed"
+        | "reasoning_effort_changed"
+        | "verbosity_changed"
+        | "service_tier_changed" => "settings",
+        _ => return None,
+    })
+}
+
 /// The part of the prompt a reason says changed, in the providers' words: `model`,
-/// `tools`, `system`, `instructions` or `messages`.
+/// `tools`, `system`, `instructions`, `messages` or `settings`.
 fn changed_part(reason: &Reason) -> Option<&'static str> {
     match reason {
         Reason::ModelChanged { .. } => Some("model"),
         Reason::ToolsChanged { .. } => Some("tools"),
-        Reason::SettingChanged { .. } => Some("messages"),
+        Reason::SettingChanged { .. } => Some("settings"),
         Reason::PrefixChanged { unit, .. } => {
             Some(match unit.split(['[', '.']).next().unwrap_or_default() {
                 "tools" => "tools",
@@ -320,7 +359,7 @@ fn changed_part(reason: &Reason) -> Option<&'static str> {
 }
 
 /// How many re-spelled units a report names.
-pub const RESPELLED_SHOWN: usize = 8;
+pub(crate) const RESPELLED_SHOWN: usize = 8;
 
 impl CacheReport {
     /// The `cache=` value of the exchange log line: `hit 48.2k/50.1k`,
@@ -552,7 +591,7 @@ const CATCH_UP_MOST: usize = 8;
 const SHARED_STORE_PAUSE: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long one read of the shared store may take on the record pipeline.
-pub const SHARED_STORE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+pub(crate) const SHARED_STORE_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The store the fleet's replicas share (capture's, in PostgreSQL), as the analysis
 /// reads it: the turns other replicas took. Capture implements it.
@@ -582,7 +621,7 @@ pub trait SharedHistory: Send + Sync {
 }
 
 /// Why the shared store gave no answer (its own error, as text for the log).
-pub type SharedHistoryError = Box<dyn std::error::Error + Send + Sync>;
+pub(crate) type SharedHistoryError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A turn another replica took, as the shared store keeps it.
 #[derive(Debug, Clone)]
@@ -934,7 +973,6 @@ impl CacheStage {
         conv.keep(Snapshot {
             id: b.id,
             start: b.start,
-            began: b.began,
             segments: segments.clone(),
             usage: None,
             cached,
@@ -1288,6 +1326,63 @@ impl CacheStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each provider reason, OpenAI's and Anthropic's, set against promptgate's.
+    #[test]
+    fn the_providers_reasons_are_judged_against_promptgates() {
+        use crate::provider::CacheDiagnosis;
+        let says = |said: &str, ours: Option<Reason>| {
+            let d = CacheDiagnosis {
+                reason: said.into(),
+                missed_tokens: None,
+            };
+            ProviderSays::judge(&d, ours.as_ref()).agrees
+        };
+        let model = || {
+            Some(Reason::ModelChanged {
+                before: "a".into(),
+                after: "b".into(),
+            })
+        };
+        let tools = || {
+            Some(Reason::ToolsChanged {
+                added: vec!["x".into()],
+                removed: vec![],
+                changed: vec![],
+            })
+        };
+        let setting = || {
+            Some(Reason::SettingChanged {
+                setting: "reasoning.effort".into(),
+                before: Some("low".into()),
+                after: Some("high".into()),
+            })
+        };
+        assert_eq!(says("model_changed", model()), Some(true));
+        assert_eq!(says("tools_changed", model()), Some(false));
+        assert_eq!(says("tools_changed", tools()), Some(true));
+        assert_eq!(says("reasoning_effort_changed", setting()), Some(true));
+        assert_eq!(
+            says("messages_changed", setting()),
+            Some(true),
+            "Anthropic has no settings reason"
+        );
+        assert_eq!(says("input_changed", setting()), Some(false));
+        assert_eq!(
+            says("system_changed", None),
+            Some(false),
+            "a change promptgate did not see"
+        );
+        assert_eq!(says("cache_hit", None), Some(true));
+        assert_eq!(says("cache_hit", tools()), Some(false));
+        for nothing in [
+            "comparison_response_not_found",
+            "previous_message_not_found",
+            "unavailable",
+        ] {
+            assert_eq!(says(nothing, model()), None, "{nothing} names no change");
+        }
+    }
 
     fn layer(text: &str) -> CacheConfigLayer {
         toml::from_str(text).unwrap()

@@ -19,11 +19,11 @@ use crate::prompt::{Format, Prompt, Region, Settings, Shape, Ttl, UnitPath};
 use crate::provider::json::ScanError;
 
 /// A content digest (BLAKE3).
-pub type Hash = digest::Digest;
+pub(crate) type Hash = digest::Digest;
 
 /// A `cache_control` marker on a unit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-pub struct Breakpoint {
+pub(crate) struct Breakpoint {
     pub ttl: Ttl,
     /// Placed by top-level automatic caching (on the last cacheable block).
     pub automatic: bool,
@@ -31,7 +31,7 @@ pub struct Breakpoint {
 
 /// One cache unit: a [`crate::prompt::Unit`] with its place in the prefix chain.
 #[derive(Debug, Clone)]
-pub struct Unit {
+pub(crate) struct Unit {
     pub path: UnitPath,
     /// The block type (`text`, `tool_use`, `tool_result`, `image`, …), `tool` for a
     /// tool definition, `item` for an OpenAI input item.
@@ -62,7 +62,7 @@ pub struct Unit {
 
 /// A request as cache units.
 #[derive(Debug, Clone)]
-pub struct Segments {
+pub(crate) struct Segments {
     /// The body the units were cut from.
     pub body: Bytes,
     pub format: Format,
@@ -70,13 +70,11 @@ pub struct Segments {
     pub settings: Settings,
     /// Indices of the units that carry a breakpoint, in order.
     pub breakpoints: Vec<usize>,
-    /// The digest over the tool units: the tool set.
-    pub tools_hash: Hash,
 }
 
 impl Unit {
     /// A tool definition's name (`name`, or OpenAI's `function.name`).
-    pub fn tool_name(&self) -> Option<String> {
+    pub(crate) fn tool_name(&self) -> Option<String> {
         if self.path.region != Region::Tools {
             return None;
         }
@@ -90,21 +88,13 @@ impl Unit {
 }
 
 impl Segments {
-    /// Estimated tokens of units `0..=last`.
-    pub fn tokens_through(&self, last: usize) -> u64 {
-        self.units[..=last.min(self.units.len().saturating_sub(1))]
-            .iter()
-            .map(|u| u64::from(u.tokens))
-            .sum()
-    }
-
     /// Estimated tokens of the whole prompt.
-    pub fn total_tokens(&self) -> u64 {
+    pub(crate) fn total_tokens(&self) -> u64 {
         self.units.iter().map(|u| u64::from(u.tokens)).sum()
     }
 
     /// The first unit of `region`, if the request has one.
-    pub fn region_start(&self, region: Region) -> Option<usize> {
+    pub(crate) fn region_start(&self, region: Region) -> Option<usize> {
         self.units.iter().position(|u| u.path.region == region)
     }
 }
@@ -130,7 +120,7 @@ impl IgnoreRule {
 
 /// Why a body could not be cut into units.
 #[derive(Debug, thiserror::Error)]
-pub enum SegmentError {
+pub(crate) enum SegmentError {
     #[error("request body is not JSON: {0}")]
     NotJson(#[from] ScanError),
     #[error("request body is not a JSON object")]
@@ -141,14 +131,14 @@ pub enum SegmentError {
 
 /// Chains `prompt`'s units into cache units: each unit's digest (taken by the
 /// model) and token estimate, the request-level inputs at their region.
-pub fn segment(prompt: &Prompt, ignore: &[IgnoreRule]) -> Result<Segments, SegmentError> {
+pub(crate) fn segment(prompt: &Prompt, ignore: &[IgnoreRule]) -> Result<Segments, SegmentError> {
     segment_after(prompt, ignore, None)
 }
 
 /// [`segment`], where units byte-identical to `previous`'s at the same place (an
 /// agent's earlier turn) take its digest, token estimate and ignore verdict instead;
 /// `previous` must have been cut with the same `ignore` rules.
-pub fn segment_after(
+pub(crate) fn segment_after(
     prompt: &Prompt,
     ignore: &[IgnoreRule],
     previous: Option<&Segments>,
@@ -208,7 +198,6 @@ struct Chain<'p> {
     pending: Vec<u8>,
     settings: Settings,
     speed_mixed: bool,
-    tools: Hasher,
 }
 
 const IGNORED: &[u8] = b"promptgate:ignored-unit";
@@ -236,7 +225,6 @@ impl<'p> Chain<'p> {
             pending: Vec::new(),
             settings,
             speed_mixed: false,
-            tools: Hasher::new(),
         }
     }
 
@@ -385,9 +373,6 @@ impl<'p> Chain<'p> {
             ttl: m.ttl,
             automatic: false,
         });
-        if path.region == Region::Tools {
-            self.tools.update(&hash);
-        }
         let mut chain = Hasher::new();
         chain.update(&self.prefix);
         chain.update(&self.pending);
@@ -464,7 +449,6 @@ impl<'p> Chain<'p> {
             units: self.units,
             settings: self.settings,
             breakpoints,
-            tools_hash: self.tools.finish(),
         }
     }
 }
@@ -479,7 +463,7 @@ struct Measured {
 
 /// Whether two units are the same JSON value: key order, escapes and spacing
 /// aside (objects compare as maps), values and their order the same.
-pub fn same_value(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_value(a: &[u8], b: &[u8]) -> bool {
     let value = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
     matches!((value(a), value(b)), (Some(x), Some(y)) if x == y)
 }

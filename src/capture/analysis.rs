@@ -10,7 +10,11 @@ use crate::redact::{Redactor, Summary};
 
 /// `report` ready to store: excerpts dropped, free text redacted. Redactions here are
 /// not counted in the record's summary: the same text is counted where it came from.
-pub fn stored(report: &CacheReport, redactor: &Redactor, extra: &[regex::Regex]) -> CacheReport {
+pub(crate) fn stored(
+    report: &CacheReport,
+    redactor: &Redactor,
+    extra: &[regex::Regex],
+) -> CacheReport {
     let mut uncounted = Summary::new();
     let mut text = |t: &str| redactor.redact_text(t, extra, &mut uncounted);
     let mut r = report.without_excerpts();

@@ -19,7 +19,7 @@ use crate::prompt::Ttl;
 
 /// The report: one entry per conversation, in order of first request.
 #[derive(Debug, Clone, Serialize)]
-pub struct Report {
+pub(crate) struct Report {
     pub conversations: Vec<ConversationReport>,
     /// Every conversation's exchanges together: hit rate, dollars, and the miss
     /// reasons by what they cost (no unit changes: those are per conversation).
@@ -31,7 +31,7 @@ pub struct Report {
 
 /// One conversation's timeline and summary.
 #[derive(Debug, Clone, Serialize)]
-pub struct ConversationReport {
+pub(crate) struct ConversationReport {
     /// The conversation key as stored (redacted like any text); `-` when none.
     pub conversation: String,
     /// The analysed exchanges, oldest first.
@@ -41,7 +41,7 @@ pub struct ConversationReport {
 
 /// One analysed exchange.
 #[derive(Debug, Clone, Serialize)]
-pub struct Entry {
+pub(crate) struct Entry {
     pub id: String,
     /// RFC 3339, UTC.
     pub started_at: String,
@@ -87,7 +87,7 @@ pub struct Entry {
 
 /// What a conversation's caching came to.
 #[derive(Debug, Clone, Default, Serialize)]
-pub struct Summary {
+pub(crate) struct Summary {
     /// Exchanges of the conversation in the store (within the filter).
     pub requests: usize,
     /// Of them, those with a cache analysis.
@@ -125,7 +125,7 @@ pub struct Summary {
 
 /// What one miss reason cost across a conversation.
 #[derive(Debug, Clone, Serialize)]
-pub struct Loss {
+pub(crate) struct Loss {
     pub reason: String,
     pub requests: usize,
     pub tokens: u64,
@@ -134,7 +134,7 @@ pub struct Loss {
 
 /// How often a unit differed from the same unit of the request before.
 #[derive(Debug, Clone, Serialize)]
-pub struct UnitChanges {
+pub(crate) struct UnitChanges {
     /// The unit path (`system[2]`; string content as `messages[1].content[0]`).
     pub unit: String,
     pub changed: usize,
@@ -172,7 +172,11 @@ const CHANGED_SHOWN: usize = 10;
 
 /// Builds the report over the records `filter` selects; `ignore` marks the units the
 /// analysis leaves out of the prefix hash.
-pub fn build(store: &Store, filter: &Filter, ignore: &[IgnoreRule]) -> Result<Report, StoreError> {
+pub(crate) fn build(
+    store: &Store,
+    filter: &Filter,
+    ignore: &[IgnoreRule],
+) -> Result<Report, StoreError> {
     let mut groups: Vec<(String, Vec<String>)> = Vec::new();
     for row in store.list(filter)? {
         let key = row.conversation.unwrap_or_else(|| "-".into());
@@ -312,7 +316,7 @@ fn conversation_report(
 
 /// One stored record's analysis with its excerpts (the timeline entry `captures show`
 /// prints), when it has one.
-pub fn entry(store: &Store, record: &CaptureRecord) -> Option<Entry> {
+pub(crate) fn entry(store: &Store, record: &CaptureRecord) -> Option<Entry> {
     let mut units = UnitViews {
         store,
         ignore: &[],

@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use super::record::{BodyInfo, CaptureRecord};
 
 /// Writes one JSON line per record, bodies included (see [`BodyInfo::with_content`]).
-pub fn jsonl(records: Vec<CaptureRecord>, out: &mut dyn Write) -> io::Result<()> {
+pub(crate) fn jsonl(records: Vec<CaptureRecord>, out: &mut dyn Write) -> io::Result<()> {
     for mut record in records {
         record.with_contents();
         serde_json::to_writer(&mut *out, &record)?;
@@ -19,7 +19,7 @@ pub fn jsonl(records: Vec<CaptureRecord>, out: &mut dyn Write) -> io::Result<()>
 
 /// A HAR 1.2 document of the records: the request as sent upstream, the response
 /// as the client got it; promptgate's own fields under `_promptgate`.
-pub fn har(records: &[CaptureRecord]) -> Value {
+pub(crate) fn har(records: &[CaptureRecord]) -> Value {
     let entries: Vec<Value> = records.iter().map(har_entry).collect();
     json!({
         "log": {

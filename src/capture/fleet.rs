@@ -9,14 +9,14 @@ use crate::id::ExchangeId;
 
 /// The fleet's capture store, opened for reading when first asked; after a failure
 /// the connection is dropped and opened again on the next question.
-pub struct FleetStore {
+pub(crate) struct FleetStore {
     location: StoreLocation,
     store: Mutex<Option<Store>>,
 }
 
 impl FleetStore {
     /// The store at `location`, not opened yet.
-    pub fn new(location: StoreLocation) -> FleetStore {
+    pub(crate) fn new(location: StoreLocation) -> FleetStore {
         FleetStore {
             location,
             store: Mutex::new(None),

@@ -20,14 +20,14 @@ pub struct Parts {
 
 /// A body cut into a skeleton and units.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Split<'a> {
+pub(crate) struct Split<'a> {
     pub skeleton: Vec<u8>,
     /// Each unit with the skeleton offset it goes back in at, in order.
     pub units: Vec<(usize, &'a [u8])>,
 }
 
 /// Cuts `prompt`'s body at its units; a body without units is all skeleton.
-pub fn split(prompt: &Prompt) -> Split<'_> {
+pub(crate) fn split(prompt: &Prompt) -> Split<'_> {
     let body: &[u8] = prompt.body();
     let mut spans: Vec<_> = prompt.units().iter().map(|u| u.stored).collect();
     // Units come in cache order; the body may hold `messages` before `tools`.
@@ -49,7 +49,10 @@ pub fn split(prompt: &Prompt) -> Split<'_> {
 }
 
 /// The body from its skeleton and `(offset, unit)` pairs in order.
-pub fn join<'u>(skeleton: &[u8], units: impl IntoIterator<Item = (usize, &'u [u8])>) -> Vec<u8> {
+pub(crate) fn join<'u>(
+    skeleton: &[u8],
+    units: impl IntoIterator<Item = (usize, &'u [u8])>,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(skeleton.len() * 4);
     let mut at = 0;
     for (offset, unit) in units {
@@ -64,7 +67,7 @@ pub fn join<'u>(skeleton: &[u8], units: impl IntoIterator<Item = (usize, &'u [u8
 
 /// The stored form of a split: the skeleton's unit id, then `(offset delta, unit id)`
 /// per unit, as LEB128 varints.
-pub fn encode(skeleton: i64, units: &[(usize, i64)]) -> Vec<u8> {
+pub(crate) fn encode(skeleton: i64, units: &[(usize, i64)]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + units.len() * 4);
     put(&mut out, skeleton as u64);
     put(&mut out, units.len() as u64);
@@ -78,7 +81,7 @@ pub fn encode(skeleton: i64, units: &[(usize, i64)]) -> Vec<u8> {
 }
 
 /// Reads [`encode`]'s form back: (skeleton id, [(offset, unit id)]).
-pub fn decode(bytes: &[u8]) -> Option<(i64, Vec<(usize, i64)>)> {
+pub(crate) fn decode(bytes: &[u8]) -> Option<(i64, Vec<(usize, i64)>)> {
     let mut at = 0;
     let skeleton = get(bytes, &mut at)? as i64;
     let n = get(bytes, &mut at)? as usize;

@@ -5,17 +5,17 @@
 //! dropped, counted and logged (or, with `capture.required`, new requests are
 //! refused). It never holds a stream's bytes back.
 
-pub mod analysis;
-pub mod cache_report;
-pub mod export;
-pub mod fleet;
-pub mod layout;
-pub mod record;
-pub mod settings;
+pub(crate) mod analysis;
+pub(crate) mod cache_report;
+pub(crate) mod export;
+pub(crate) mod fleet;
+pub(crate) mod layout;
+pub(crate) mod record;
+pub(crate) mod settings;
 mod spool;
-pub mod store;
-pub mod timestamp;
-pub mod units;
+pub(crate) mod store;
+pub(crate) mod timestamp;
+pub(crate) mod units;
 mod writer;
 
 use std::collections::{HashMap, VecDeque};
@@ -29,9 +29,9 @@ use crate::id::ExchangeId;
 use crate::record::{ExchangeRecord, RecordSink, StoredNotice};
 use crate::redact::Redactor;
 
-pub use record::CaptureRecord;
-pub use settings::{CaptureLayer, CaptureSettings};
-pub use store::{Store, StoreError, StoreLocation};
+pub(crate) use record::CaptureRecord;
+pub(crate) use settings::{CaptureLayer, CaptureSettings};
+pub(crate) use store::{Store, StoreError, StoreLocation};
 
 /// Records written per transaction at most.
 const BATCH: usize = 64;
@@ -40,7 +40,7 @@ const FLUSH_LIMIT: Duration = Duration::from_secs(120);
 
 /// Counters of the capture pipeline.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Records waiting for the writer.
     pub queued: u64,
     /// Body bytes those records hold.
@@ -153,7 +153,7 @@ impl Shared {
 }
 
 /// The capture sink and its writer thread. See the module docs.
-pub struct Capture {
+pub(crate) struct Capture {
     shared: Arc<Shared>,
     settings: CaptureSettings,
     writer: Mutex<Option<JoinHandle<()>>>,
@@ -171,7 +171,7 @@ impl std::fmt::Debug for Capture {
 impl Capture {
     /// Opens the store at `settings.store` and starts the writer.
     /// `redactor` is the process's one redactor (the logs use it too).
-    pub fn start(
+    pub(crate) fn start(
         settings: &CaptureSettings,
         keys: KeySource,
         redactor: Arc<Redactor>,
@@ -256,7 +256,7 @@ impl Capture {
     }
 
     /// The pipeline's counters now.
-    pub fn counters(&self) -> Counters {
+    pub(crate) fn counters(&self) -> Counters {
         let (queued, queued_bytes) = {
             let state = self.shared.lock();
             (state.items.len() as u64, state.bytes)
@@ -275,13 +275,13 @@ impl Capture {
     }
 
     /// Where records wait while a PostgreSQL store is away (none for SQLite).
-    pub fn spool_dir(&self) -> Option<&std::path::Path> {
+    pub(crate) fn spool_dir(&self) -> Option<&std::path::Path> {
         matches!(self.settings.store, StoreLocation::Postgres(_))
             .then_some(self.settings.spool_dir.as_path())
     }
 
     /// Why the store last failed to write, if it ever did.
-    pub fn last_error(&self) -> Option<String> {
+    pub(crate) fn last_error(&self) -> Option<String> {
         self.shared
             .last_error
             .lock()
@@ -290,7 +290,7 @@ impl Capture {
     }
 
     /// Whether a record could be taken now: the store writes and the queue has room.
-    pub fn can_take(&self) -> bool {
+    pub(crate) fn can_take(&self) -> bool {
         self.shared.healthy.load(Ordering::SeqCst) && self.room_for(0)
     }
 
@@ -301,7 +301,7 @@ impl Capture {
     }
 
     /// Writes everything queued, stops the writer and checkpoints the store.
-    pub fn close(&self) {
+    pub(crate) fn close(&self) {
         self.flush();
         self.shared.lock().closed = true;
         self.shared.not_empty.notify_all();

@@ -894,7 +894,7 @@ impl UnitCache {
 }
 
 /// The events of an SSE body, in order.
-pub fn sse_events(body: &[u8]) -> Vec<SseEvent> {
+pub(crate) fn sse_events(body: &[u8]) -> Vec<SseEvent> {
     let mut out = Vec::new();
     let mut decoder = SseDecoder::default();
     decoder.feed(body, &mut |event, data| {

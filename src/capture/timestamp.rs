@@ -3,14 +3,14 @@
 //! The calendar is the `time` crate's; no time zones.
 
 /// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// `2026-11-29T17:56:52.123Z` for milliseconds since the Unix epoch.
-pub fn rfc3339(ms: u64) -> String {
+pub(crate) fn rfc3339(ms: u64) -> String {
     let secs = i64::try_from(ms / 1000).unwrap_or(i64::MAX);
     let at =
         time::OffsetDateTime::from_unix_timestamp(secs).unwrap_or(time::OffsetDateTime::UNIX_EPOCH);
@@ -27,14 +27,14 @@ pub fn rfc3339(ms: u64) -> String {
 }
 
 /// `2026-11-29 17:56:52` (UTC), for tables.
-pub fn short(ms: u64) -> String {
+pub(crate) fn short(ms: u64) -> String {
     let text = rfc3339(ms);
     format!("{} {}", &text[..10], &text[11..19])
 }
 
 /// Milliseconds since the epoch for `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS[.fff]][Z]`
 /// (UTC), or a time before `now_ms`: `90s`, `30m`, `2h`, `7d`.
-pub fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
     let t = text.trim();
     let unit_at = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     if unit_at > 0 && unit_at < t.len() && !t[unit_at..].contains('-') {

@@ -7,18 +7,18 @@
 use serde::Serialize;
 use serde_json::{Map, Value};
 
-pub use crate::prompt::Region as Section;
+pub(crate) use crate::prompt::Region as Section;
 use crate::prompt::{Prompt, Value as Tree, display_text};
 
 /// One unit of a request: a tool, a system block or a message.
 #[derive(Debug, Clone)]
-pub struct Unit<'a> {
+pub(crate) struct Unit {
     pub section: Section,
     /// Position within its section.
     pub index: usize,
-    /// The exact bytes sent (for a string `system`, the string).
-    pub raw: &'a [u8],
     /// It (or a block inside it) carries `cache_control`.
+    #[cfg_attr(not(test), allow(dead_code))]
+    // the cutter's tests read it; the diff compares normalized text
     pub breakpoint: bool,
     /// Compact JSON with `cache_control` removed and string content as one text block.
     pub normalized: String,
@@ -28,7 +28,7 @@ pub struct Unit<'a> {
 
 /// The units of a request (the model's `root`), in cache order: whole messages,
 /// for a reader comparing turns.
-pub fn cache_order<'a>(root: Tree<'a>) -> Vec<Unit<'a>> {
+pub(crate) fn cache_order(root: Tree<'_>) -> Vec<Unit> {
     let mut out = Vec::new();
     let list = |key: &str| root.get(key).into_iter().flat_map(|v| v.items());
     for (index, raw) in list("tools").map(|t| t.bytes()).enumerate() {
@@ -43,7 +43,6 @@ pub fn cache_order<'a>(root: Tree<'a>) -> Vec<Unit<'a>> {
         out.push(Unit {
             section: Section::Tools,
             index,
-            raw,
             breakpoint,
             normalized: v.to_string(),
             label: format!("tool {name}"),
@@ -57,7 +56,6 @@ pub fn cache_order<'a>(root: Tree<'a>) -> Vec<Unit<'a>> {
             out.push(Unit {
                 section: Section::System,
                 index: 0,
-                raw,
                 breakpoint: false,
                 label: block_label(&v),
                 normalized: v.to_string(),
@@ -70,7 +68,6 @@ pub fn cache_order<'a>(root: Tree<'a>) -> Vec<Unit<'a>> {
                 out.push(Unit {
                     section: Section::System,
                     index,
-                    raw,
                     breakpoint,
                     label: block_label(&v),
                     normalized: v.to_string(),
@@ -91,7 +88,6 @@ pub fn cache_order<'a>(root: Tree<'a>) -> Vec<Unit<'a>> {
         out.push(Unit {
             section: Section::Messages,
             index,
-            raw,
             breakpoint,
             label: message_label(&v),
             normalized: v.to_string(),
@@ -156,7 +152,7 @@ fn message_label(m: &Value) -> String {
 /// How a unit differs between two requests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Change {
+pub(crate) enum Change {
     Same,
     Added,
     Removed,
@@ -165,7 +161,7 @@ pub enum Change {
 
 /// One line of a structural diff.
 #[derive(Debug, Clone, Serialize)]
-pub struct DiffEntry {
+pub(crate) struct DiffEntry {
     pub section: Section,
     pub change: Change,
     /// Index in the first request.
@@ -185,11 +181,11 @@ pub struct DiffEntry {
 }
 
 /// The structural diff of two requests' units, section by section in cache order.
-pub fn diff(a: &[Unit<'_>], b: &[Unit<'_>]) -> Vec<DiffEntry> {
+pub(crate) fn diff(a: &[Unit], b: &[Unit]) -> Vec<DiffEntry> {
     let mut out = Vec::new();
     for section in [Section::Tools, Section::System, Section::Messages] {
-        let xs: Vec<&Unit<'_>> = a.iter().filter(|u| u.section == section).collect();
-        let ys: Vec<&Unit<'_>> = b.iter().filter(|u| u.section == section).collect();
+        let xs: Vec<&Unit> = a.iter().filter(|u| u.section == section).collect();
+        let ys: Vec<&Unit> = b.iter().filter(|u| u.section == section).collect();
         let ops = align(&xs, &ys);
         let mut i = 0;
         while i < ops.len() {
@@ -292,8 +288,8 @@ const MIN_LIKENESS: f64 = 0.3;
 /// The share of the longer unit's readable text that two units have in common at
 /// its start and end: 1.0 for equal texts, near 0 for unrelated ones (the JSON
 /// around the text would make any two text blocks look alike).
-fn likeness(x: &Unit<'_>, y: &Unit<'_>) -> f64 {
-    let text = |u: &Unit<'_>| display_text(&parse(u.normalized.as_bytes()));
+fn likeness(x: &Unit, y: &Unit) -> f64 {
+    let text = |u: &Unit| display_text(&parse(u.normalized.as_bytes()));
     let (a, b) = (text(x), text(y));
     let (a, b) = (a.as_bytes(), b.as_bytes());
     let longest = a.len().max(b.len());
@@ -313,7 +309,7 @@ fn likeness(x: &Unit<'_>, y: &Unit<'_>) -> f64 {
 }
 
 /// The structural diff of two request bodies (each must be a JSON object).
-pub fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, String> {
+pub(crate) fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, String> {
     fn read(body: &[u8], which: &str) -> Result<Prompt, String> {
         let prompt = Prompt::read(bytes::Bytes::copy_from_slice(body), None);
         match prompt.shape() {
@@ -331,13 +327,8 @@ pub fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, String> {
     }
 }
 
-fn entry(
-    section: Section,
-    change: Change,
-    x: Option<&Unit<'_>>,
-    y: Option<&Unit<'_>>,
-) -> DiffEntry {
-    let text = |u: &Unit<'_>| display_text(&parse(u.normalized.as_bytes()));
+fn entry(section: Section, change: Change, x: Option<&Unit>, y: Option<&Unit>) -> DiffEntry {
+    let text = |u: &Unit| display_text(&parse(u.normalized.as_bytes()));
     let differs = change != Change::Same;
     DiffEntry {
         section,
@@ -359,7 +350,7 @@ enum Op {
 }
 
 /// A longest-common-subsequence alignment of two unit lists by normalised content.
-fn align(xs: &[&Unit<'_>], ys: &[&Unit<'_>]) -> Vec<Op> {
+fn align(xs: &[&Unit], ys: &[&Unit]) -> Vec<Op> {
     lcs(xs.len(), ys.len(), |i, j| {
         xs[i].normalized == ys[j].normalized
     })
@@ -415,7 +406,7 @@ fn lcs(n: usize, m: usize, eq: impl Fn(usize, usize) -> bool) -> Vec<Op> {
 
 /// A line diff of two texts: changed lines with one line of context around each
 /// change, long lines cut.
-pub fn line_diff(a: &str, b: &str) -> Vec<String> {
+pub(crate) fn line_diff(a: &str, b: &str) -> Vec<String> {
     const WIDTH: usize = 160;
     let xs: Vec<&str> = a.lines().collect();
     let ys: Vec<&str> = b.lines().collect();
@@ -458,7 +449,7 @@ mod tests {
     const TURN1: &str = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"system","content":[{"type":"text","text":"env\ndate 1","cache_control":{"type":"ephemeral"}}]}],"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are X","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}"#;
     const TURN2: &str = r#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"hello"}]},{"role":"system","content":"env\ndate 1"},{"role":"assistant","content":[{"type":"tool_use","id":"t1","name":"Bash","input":{"command":"ls"}}]},{"role":"user","content":[{"type":"tool_result","tool_use_id":"t1","content":"a.rs","cache_control":{"type":"ephemeral"}}]}],"system":[{"type":"text","text":"billing"},{"type":"text","text":"You are X","cache_control":{"type":"ephemeral"}}],"tools":[{"name":"Bash","input_schema":{}},{"name":"Read","input_schema":{}}]}"#;
 
-    fn units(body: &str) -> Vec<Unit<'static>> {
+    fn units(body: &str) -> Vec<Unit> {
         // Leaked: the units borrow the model, and a test's few bodies may live on.
         let prompt = Box::leak(Box::new(Prompt::read(
             bytes::Bytes::copy_from_slice(body.as_bytes()),

@@ -11,14 +11,14 @@ use serde_json::Value;
 
 /// How the budgets are printed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
+pub(super) enum Format {
     Text,
     Json,
 }
 
 /// `promptgate budgets`.
 #[derive(Debug, clap::Args)]
-pub struct BudgetsArgs {
+pub(super) struct BudgetsArgs {
     /// The running proxy's admin API (default: the running serve's, from its
     /// runtime file).
     #[arg(long)]
@@ -31,7 +31,7 @@ pub struct BudgetsArgs {
 }
 
 /// Runs `promptgate budgets`.
-pub fn run(args: BudgetsArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: BudgetsArgs) -> anyhow::Result<()> {
     let admin = match args.admin {
         Some(a) => a,
         None => crate::runtime::Running::find()

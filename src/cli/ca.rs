@@ -10,7 +10,7 @@ use crate::tls::{self, CertificateAuthority};
 
 /// `promptgate ca …`
 #[derive(Debug, Args)]
-pub struct CaArgs {
+pub(super) struct CaArgs {
     #[command(subcommand)]
     verb: CaVerb,
 }
@@ -37,7 +37,7 @@ enum CaVerb {
 
 /// Where the CA lives: `--certs`, else the config file's `certs`, else `./certs`.
 #[derive(Debug, Args, Clone, Default)]
-pub struct CertsPlace {
+pub(super) struct CertsPlace {
     /// Directory of the CA [default: the running serve's, else `certs` in the data directory].
     #[arg(long, value_name = "DIR")]
     certs: Option<PathBuf>,
@@ -102,7 +102,7 @@ fn listen_from_env() -> Option<String> {
 }
 
 /// Runs `promptgate ca …`.
-pub fn run(args: CaArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: CaArgs) -> anyhow::Result<()> {
     match args.verb {
         CaVerb::Init { place, force, days } => {
             let dir = place.resolve()?;

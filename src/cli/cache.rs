@@ -15,7 +15,7 @@ use crate::capture::{Store, timestamp};
 
 /// `promptgate cache` and its verbs.
 #[derive(Debug, Args)]
-pub struct CacheArgs {
+pub(super) struct CacheArgs {
     #[command(subcommand)]
     verb: Verb,
 }
@@ -55,7 +55,7 @@ enum Format {
 }
 
 /// Runs a `cache` verb.
-pub fn run(args: CacheArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: CacheArgs) -> anyhow::Result<()> {
     let Verb::Report(args) = args.verb;
     let (dir, config) = store_config(args.captures, args.config)?;
     let since_ms = match &args.since {

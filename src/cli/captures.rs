@@ -19,7 +19,7 @@ use super::output::{page_text, print, print_text, render_table, store_config, wa
 
 /// `promptgate captures` and its verbs.
 #[derive(Debug, Args)]
-pub struct CapturesArgs {
+pub(super) struct CapturesArgs {
     #[command(subcommand)]
     verb: Verb,
     /// The capture store: a directory or a postgres:// URL [default: capture.dir or
@@ -206,7 +206,7 @@ struct ExportArgs {
 }
 
 /// Runs a `captures` verb.
-pub fn run(args: CapturesArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: CapturesArgs) -> anyhow::Result<()> {
     let (dir, _) = store_config(args.captures, args.config)?;
     let store = Store::open_read_only(&dir)?;
     let mut out = String::new();

@@ -20,7 +20,7 @@ use crate::tls::{self, CertificateAuthority};
 
 /// `promptgate doctor …`
 #[derive(Debug, Args)]
-pub struct DoctorArgs {
+pub(super) struct DoctorArgs {
     /// The address promptgate listens on [default: the config's, else 127.0.0.1:8787].
     #[arg(long, value_name = "ADDR")]
     listen: Option<String>,
@@ -45,7 +45,7 @@ enum Check {
 }
 
 /// Runs the checks; `Ok(false)` when one failed.
-pub fn run(args: DoctorArgs) -> anyhow::Result<bool> {
+pub(super) fn run(args: DoctorArgs) -> anyhow::Result<bool> {
     let mut config = args.place.load(args.listen.clone())?;
     if let Some(admin) = args.admin {
         config.admin = Some(admin);

@@ -13,7 +13,7 @@ use crate::tls::{self, CertificateAuthority};
 
 /// `promptgate env …`
 #[derive(Debug, Args)]
-pub struct EnvArgs {
+pub(super) struct EnvArgs {
     /// reverse: agents use promptgate as their base URL (no CA). forward: agents keep
     /// their real hosts and use promptgate as HTTPS_PROXY, trusting its CA.
     #[arg(long, value_enum, default_value_t = Mode::Reverse)]
@@ -107,7 +107,7 @@ pub(super) fn client_address(listen: SocketAddr) -> SocketAddr {
 const NO_PROXY: &str = "localhost,127.0.0.1,::1";
 
 /// Runs `promptgate env`.
-pub fn run(args: EnvArgs) -> anyhow::Result<()> {
+pub(super) fn run(args: EnvArgs) -> anyhow::Result<()> {
     let config = args.place.load(args.listen.clone())?;
     let mut script = Script {
         shell: args.shell,

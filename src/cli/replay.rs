@@ -17,7 +17,7 @@ use crate::rules::RuleSet;
 
 /// `promptgate replay`
 #[derive(Debug, Args)]
-pub struct ReplayArgs {
+pub(super) struct ReplayArgs {
     /// The candidate rules directory.
     #[arg(long, value_name = "DIR")]
     rules: PathBuf,
@@ -45,7 +45,7 @@ pub struct ReplayArgs {
 }
 
 /// Runs the replay; exit 1 when a `--fail-on` condition holds.
-pub fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
+pub(super) fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
     let conditions = args
         .fail_on
         .iter()

@@ -17,7 +17,7 @@ use crate::rules::{Decision, RequestCtx, RuleSet};
 
 /// `promptgate rules …`
 #[derive(Debug, Args)]
-pub struct RulesArgs {
+pub(crate) struct RulesArgs {
     #[command(subcommand)]
     command: RulesCommand,
 }
@@ -70,7 +70,7 @@ enum RulesCommand {
 }
 
 /// Runs `promptgate rules …`.
-pub fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
+pub(crate) fn run(args: RulesArgs) -> anyhow::Result<ExitCode> {
     match args.command {
         RulesCommand::Check { dir } => Ok(check(&dir.unwrap_or_else(|| PathBuf::from("rules")))),
         RulesCommand::Test {
@@ -131,7 +131,7 @@ fn check(dir: &Path) -> ExitCode {
 }
 
 /// The `rules check` summary: each file, each rule with its phase, tests and actions.
-pub fn summary(set: &RuleSet) -> String {
+pub(crate) fn summary(set: &RuleSet) -> String {
     let mut out = String::new();
     let mut rules = set.rules().iter();
     for (file, count) in &set.files {

@@ -16,7 +16,7 @@ use crate::server::ServeOptions;
 
 /// Flags of `promptgate serve`; each has a key of the same name (with `_`) in the config file.
 #[derive(Debug, Args, Default)]
-pub struct ServeArgs {
+pub(super) struct ServeArgs {
     /// Config file (TOML); flags given here win over it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -146,7 +146,7 @@ pub struct ServeArgs {
 
 /// Forward-proxy (HTTPS_PROXY) settings, shared by `serve`, `env` and `doctor`.
 #[derive(Debug, Args, Default, Clone)]
-pub struct ForwardArgs {
+pub(super) struct ForwardArgs {
     /// Directory of the forward-proxy CA [default: `certs` in the data directory].
     #[arg(long, value_name = "DIR")]
     pub certs: Option<PathBuf>,
@@ -171,7 +171,7 @@ pub struct ForwardArgs {
 
 impl ForwardArgs {
     /// Fills the forward-proxy part of a config layer (and the credentials from the env).
-    pub fn fill(self, layer: &mut ConfigLayer) {
+    pub(super) fn fill(self, layer: &mut ConfigLayer) {
         layer.certs = self.certs;
         layer.intercept = (!self.intercept.is_empty()).then_some(self.intercept);
         layer.resolve = (!self.resolve.is_empty()).then_some(self.resolve);
@@ -261,7 +261,7 @@ impl ServeArgs {
 
 /// Runs the proxy until a shutdown signal; returns once drained and every record
 /// is written.
-pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+pub(super) fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (config_path, flags) = args.into_layer();
     let config = Config::load(config_path.as_deref(), flags)?;
     let redactor = Arc::new(

@@ -8,11 +8,11 @@
 use crate::provider::Provider;
 
 /// The hosts intercepted when none are configured.
-pub const DEFAULT_INTERCEPT: &[&str] = &["api.anthropic.com", "api.openai.com"];
+pub(crate) const DEFAULT_INTERCEPT: &[&str] = &["api.anthropic.com", "api.openai.com"];
 
 /// One entry: a host pattern and the provider its traffic speaks.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InterceptRule {
+pub(crate) struct InterceptRule {
     labels: Vec<String>,
     pub provider: Provider,
 }

@@ -5,11 +5,11 @@
 //! every value is validated in one place and a bad one is reported the same way
 //! whichever layer it came from — with `file:line:col` when it came from the file.
 
-pub mod auth;
-pub mod intercept;
+pub(crate) mod auth;
+pub(crate) mod intercept;
 
-pub use auth::ProxyCredentials;
-pub use intercept::InterceptList;
+pub(crate) use auth::ProxyCredentials;
+pub(crate) use intercept::InterceptList;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -581,7 +581,7 @@ impl Config {
 /// Whether `ip` is the plain loopback address that needs no `--allow-remote`.
 /// Other 127.x addresses count as remote too: they are easy to publish (container
 /// port maps), and one rule is easier to trust than a subnet.
-pub fn is_default_loopback(ip: std::net::IpAddr) -> bool {
+pub(crate) fn is_default_loopback(ip: std::net::IpAddr) -> bool {
     ip == std::net::Ipv4Addr::LOCALHOST || ip == std::net::Ipv6Addr::LOCALHOST
 }
 
@@ -600,7 +600,7 @@ fn parse_resolve(entry: &str) -> Result<(String, BaseUrl), String> {
 }
 
 /// Parses TOML text into a layer, reporting errors as `name:line:col: message`.
-pub fn parse_layer(text: &str, name: &str) -> Result<ConfigLayer, ConfigError> {
+pub(crate) fn parse_layer(text: &str, name: &str) -> Result<ConfigLayer, ConfigError> {
     toml::from_str(text).map_err(|e| {
         let (line, col) = e
             .span()

@@ -39,7 +39,7 @@ use crate::tls::Interception;
 
 /// Client connections counted since start, for `/metrics`.
 #[derive(Debug, Default)]
-pub struct ConnectionCounts {
+pub(crate) struct ConnectionCounts {
     accepted: AtomicU64,
     refused: AtomicU64,
     intercepted: AtomicU64,
@@ -47,7 +47,7 @@ pub struct ConnectionCounts {
 }
 
 impl ConnectionCounts {
-    pub fn snapshot(&self) -> Connections {
+    pub(crate) fn snapshot(&self) -> Connections {
         Connections {
             accepted: self.accepted.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
@@ -189,7 +189,7 @@ pub(crate) async fn refuse_connection(mut stream: tokio::net::TcpStream, why: &s
 /// its upstream connection and its response stay on one thread, so the many small
 /// wake-ups of a proxied exchange never cross threads (they are the syscalls and
 /// context switches a work-stealing runtime would pay per request).
-pub struct Workers {
+pub(crate) struct Workers {
     senders: Vec<mpsc::UnboundedSender<Accepted>>,
     done: Vec<oneshot::Receiver<()>>,
     threads: Vec<std::thread::JoinHandle<()>>,
@@ -203,13 +203,13 @@ pub struct Workers {
 
 impl Workers {
     /// The connections counted so far (shared: it keeps counting).
-    pub fn counts(&self) -> Arc<ConnectionCounts> {
+    pub(crate) fn counts(&self) -> Arc<ConnectionCounts> {
         self.counts.clone()
     }
 
     /// Starts `proxies.len()` worker threads, one per proxy (each with its own
     /// upstream client). `leaves` enables TLS interception of CONNECT tunnels.
-    pub fn start(
+    pub(crate) fn start(
         config: Arc<Config>,
         proxies: Vec<Arc<Proxy>>,
         leaves: Option<Arc<Interception>>,
@@ -267,7 +267,7 @@ const SHUTDOWN_NOTICE: Duration = Duration::from_millis(500);
 
 /// Serves `listener` until `shutdown` resolves, handing connections to `workers` in
 /// turn; then drains for up to `grace` and waits for the last records.
-pub async fn serve(
+pub(crate) async fn serve(
     listener: TcpListener,
     workers: Workers,
     recorder: Arc<Recorder>,

@@ -8,7 +8,7 @@
 
 pub mod decode;
 mod rewrite;
-pub mod stall;
+pub(crate) mod stall;
 mod tee;
 
 use bytes::{Bytes, BytesMut};
@@ -18,9 +18,9 @@ use serde::Serialize;
 
 use crate::provider::{self, Api, Provider, ResponseSummary};
 
-pub use crate::provider::{EventSplitter, SseDecoder};
-pub use rewrite::{ResponseBody, StreamError};
-pub use tee::{BodyEnd, ObservedBody, Progress, StallWatch, TapResult};
+pub(crate) use crate::provider::{EventSplitter, SseDecoder};
+pub(crate) use rewrite::{ResponseBody, StreamError};
+pub(crate) use tee::{BodyEnd, ObservedBody, Progress, StallWatch, TapResult};
 
 /// How the response body was framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

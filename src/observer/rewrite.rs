@@ -22,7 +22,7 @@ use crate::policy::{Block, EventPolicy};
 
 /// Why the body the tee reads failed.
 #[derive(Debug, thiserror::Error)]
-pub enum StreamError {
+pub(crate) enum StreamError {
     #[error(transparent)]
     Upstream(#[from] hyper::Error),
     /// A per-event rule ended the stream.
@@ -31,21 +31,21 @@ pub enum StreamError {
 }
 
 /// The upstream body, maybe under per-event rules.
-pub enum ResponseBody {
+pub(crate) enum ResponseBody {
     Plain(Incoming),
     Events(Box<EventBody>),
 }
 
 impl ResponseBody {
     /// `rules` applied to `inner`'s events.
-    pub fn with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
+    pub(crate) fn with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
         let hold = rules.may_change();
         ResponseBody::events(inner, rules, hold, None)
     }
 
     /// `rules` applied to `inner` whole, as one event, once it has all come (a JSON
     /// answer); past [`WHOLE_MAX`] bytes it goes on as it came.
-    pub fn whole_with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
+    pub(crate) fn whole_with_rules(inner: Incoming, rules: Box<dyn EventPolicy>) -> ResponseBody {
         ResponseBody::events(inner, rules, true, Some(Vec::new()))
     }
 
@@ -73,10 +73,10 @@ impl ResponseBody {
 
 /// The most bytes of a JSON answer held whole for the policies that read it: past
 /// this the answer goes on unread (a JSON answer of a model is kilobytes).
-pub const WHOLE_MAX: usize = 16 << 20;
+pub(super) const WHOLE_MAX: usize = 16 << 20;
 
 /// An SSE body under per-event rules. See the module docs.
-pub struct EventBody {
+pub(crate) struct EventBody {
     inner: Incoming,
     rules: Box<dyn EventPolicy>,
     /// Rules may change events: they go out whole, when the rules release them.

@@ -22,7 +22,7 @@ type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Who watches a response body pass, chunk by chunk (the live feed): told of each
 /// chunk the client got, a stall, and the end. It must not block.
-pub trait Progress: Send {
+pub(crate) trait Progress: Send {
     /// A body chunk passed to the client.
     fn chunk(&mut self, data: &[u8]);
     /// The stream has been silent past `stream.stall_after` for `silence`.
@@ -33,7 +33,7 @@ pub trait Progress: Send {
 
 /// How a response body ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BodyEnd {
+pub(crate) enum BodyEnd {
     /// The upstream finished the body and the client took all of it.
     Complete,
     /// The upstream broke off (reset, protocol error) before the end.
@@ -53,7 +53,7 @@ pub enum BodyEnd {
 
 /// What the tap saw, handed over once when the body ends.
 #[derive(Debug)]
-pub struct TapResult {
+pub(crate) struct TapResult {
     /// The body as the client received it, in one buffer (up to the retention limit),
     /// less the events skipped unread (see [`ObservedBody::skipping`]).
     pub chunks: Vec<Bytes>,
@@ -332,7 +332,7 @@ impl Tap {
 
 /// What the stall watchdog needs to watch one streamed answer.
 #[derive(Debug, Clone)]
-pub struct StallWatch {
+pub(crate) struct StallWatch {
     pub settings: StallSettings,
     /// When the exchange started (stall times are told from it).
     pub started: Instant,
@@ -356,7 +356,7 @@ const BLOCK_TYPE: &str = "permission_error";
 const FLUSH_BEFORE_CUT: Duration = Duration::from_millis(50);
 
 /// A response body that tees into the observer. See the module docs.
-pub struct ObservedBody<B: Body> {
+pub(crate) struct ObservedBody<B: Body> {
     inner: B,
     idle_timeout: Duration,
     idle: Pin<Box<Sleep>>,
@@ -383,7 +383,7 @@ where
 {
     /// Wraps `inner`. `on_end` runs exactly once, when the body ends or is dropped.
     /// `watch` turns the stall watchdog on (streamed answers only).
-    pub fn new(
+    pub(crate) fn new(
         inner: B,
         idle_timeout: Duration,
         retain_limit: usize,
@@ -433,14 +433,14 @@ where
     }
 
     /// Shows the body to the live viewer as it passes.
-    pub fn with_live(mut self, live: Option<Box<dyn Progress>>) -> Self {
+    pub(crate) fn with_live(mut self, live: Option<Box<dyn Progress>>) -> Self {
         self.live = live;
         self
     }
 
     /// Counts, instead of keeping, the SSE events named `names` (events whose reader
     /// skips them unread: see `provider::unread_events`); none: everything is kept.
-    pub fn skipping(mut self, names: &'static [&'static str]) -> Self {
+    pub(crate) fn skipping(mut self, names: &'static [&'static str]) -> Self {
         if let Some(tap) = self.tap.as_mut()
             && !names.is_empty()
             && tap.bytes == 0

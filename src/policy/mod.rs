@@ -334,7 +334,7 @@ pub struct StreamReport {
 }
 
 /// The report a stream's policies share with the exchange.
-pub type SharedReport = Arc<Mutex<StreamReport>>;
+pub(crate) type SharedReport = Arc<Mutex<StreamReport>>;
 
 /// A policy's engine for one SSE answer: fed whole raw events in order, it releases
 /// the bytes the client gets. It does no IO.
@@ -466,18 +466,18 @@ pub trait Policy: Send + Sync {
 }
 
 /// The turn of a policy that waits on IO (see [`Policy::waits`]).
-pub type PolicyFuture<'a> = Pin<Box<dyn Future<Output = Decision> + Send + 'a>>;
+pub(crate) type PolicyFuture<'a> = Pin<Box<dyn Future<Output = Decision> + Send + 'a>>;
 
 /// Where an exchange takes its policies from when it begins: their current version
 /// (the rules and hooks as last reloaded, in load order), which the exchange keeps
 /// until it ends.
-pub trait PolicySource: Send + Sync {
+pub(crate) trait PolicySource: Send + Sync {
     fn current(&self) -> Vec<Arc<dyn Policy>>;
 }
 
 /// Runs `phase` for every policy that acts in it, in order, stopping at the first
 /// that answers. Each policy's effects join `effects`; each turn is timed into `runs`.
-pub async fn run_request_phase(
+pub(crate) async fn run_request_phase(
     policies: &[Arc<dyn Policy>],
     phase: Phase,
     facts: &Facts<'_>,
@@ -504,7 +504,7 @@ pub async fn run_request_phase(
 }
 
 /// Runs `after_provider_response` for every policy that acts in it, in order.
-pub async fn run_response_phase(
+pub(crate) async fn run_response_phase(
     policies: &[Arc<dyn Policy>],
     facts: &Facts<'_>,
     head: &mut ResponseHead<'_>,
@@ -566,7 +566,7 @@ impl Turn {
 /// The stream engines of every policy that acts on this answer's events (`sse`), or
 /// on a JSON answer whole, chained in load order (each sees what the previous
 /// released), with their reports.
-pub fn stream_phase(
+pub(crate) fn stream_phase(
     policies: &[Arc<dyn Policy>],
     facts: &Facts<'_>,
     head: &ResponseHead<'_>,

@@ -19,10 +19,10 @@ use serde::Serialize;
 
 pub(crate) use crate::provider::json::key_is;
 pub use cell::PromptCell;
-pub use tree::Value;
+pub(crate) use tree::Value;
 pub(crate) use tree::may_spell_cache_control;
-pub use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
-pub use view::{PromptView, UnitView, display_text};
+pub(crate) use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
+pub(crate) use view::{PromptView, UnitView, display_text};
 
 use crate::provider::json::{self, ScanError, Span, Tok};
 use crate::provider::{Api, Provider};
@@ -319,7 +319,7 @@ impl Prompt {
 /// A JSON value's text as the provider reads it: keys sorted, no spacing, strings
 /// escaped the one way serde_json writes them; `json` itself when it is a plain
 /// string or a literal (most are). Text that is not JSON is given back as it is.
-pub fn canonical(json: &[u8]) -> std::borrow::Cow<'_, str> {
+pub(crate) fn canonical(json: &[u8]) -> std::borrow::Cow<'_, str> {
     let plain = json.first().is_some_and(|&c| c != b'{' && c != b'[')
         && !json
             .iter()

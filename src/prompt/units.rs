@@ -124,7 +124,7 @@ impl fmt::Display for Ttl {
 }
 
 /// A block type; the common ones are static, not allocated per unit.
-pub type Kind = Cow<'static, str>;
+pub(crate) type Kind = Cow<'static, str>;
 
 /// The types agents send every turn, by the hundred.
 const KINDS: &[&str] = &[

@@ -9,7 +9,7 @@ use super::Prompt;
 
 /// A prompt, unit by unit. See the module docs.
 #[derive(Debug, Clone, Serialize)]
-pub struct PromptView {
+pub(crate) struct PromptView {
     /// Top-level inputs other than the prompt itself (`model`, `max_tokens`, …),
     /// each as its raw JSON.
     pub settings: Vec<(String, String)>,
@@ -21,7 +21,7 @@ pub struct PromptView {
 
 /// One unit of a [`PromptView`].
 #[derive(Debug, Clone, Serialize)]
-pub struct UnitView {
+pub(crate) struct UnitView {
     /// Where it sits: `tools[0]`, `system[2]`, `messages[3].content[0]`.
     pub path: String,
     /// `tools`, `system`, `messages`, `instructions` or `input`.
@@ -64,7 +64,7 @@ impl PromptView {
     /// The view of `prompt`; `read_through` is the unit through which the provider
     /// read the prefix from cache (the cache analysis' `prediction.read_through`,
     /// when the answer's usage read any).
-    pub fn of(prompt: &Prompt, read_through: Option<&str>) -> PromptView {
+    pub(crate) fn of(prompt: &Prompt, read_through: Option<&str>) -> PromptView {
         let body = prompt.body();
         let root = prompt.root();
         let prompt_keys = ["tools", "system", "messages", "instructions", "input"];
@@ -148,7 +148,7 @@ impl PromptView {
 }
 
 /// Readable text of a unit: text blocks as their text, other blocks as JSON.
-pub fn display_text(v: &Json) -> String {
+pub(crate) fn display_text(v: &Json) -> String {
     match v {
         Json::String(s) => s.clone(),
         Json::Array(items) => items

@@ -13,7 +13,7 @@ use serde_json::{Map, Value};
 use super::{AnthropicUsage, ResponseSummary, StreamReader, Usage, error_text};
 
 /// Anthropic's `error.type` for a status promptgate answers with.
-pub fn error_type(status: StatusCode) -> &'static str {
+pub(crate) fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         401 => "authentication_error",
         402 => "billing_error",
@@ -48,7 +48,7 @@ struct MessageHead<'a> {
 
 /// Reads a non-streamed Messages response (or an error body). The body itself is the
 /// message, so the summary does not copy it.
-pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
+pub(crate) fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
     let head: MessageHead<'_> = serde_json::from_slice(body)?;
     if head.kind.as_deref() == Some("error") {
         return Ok(ResponseSummary {
@@ -95,7 +95,7 @@ struct Delta<'a> {
 
 /// Reassembles a Messages SSE stream.
 #[derive(Debug)]
-pub struct MessageStream {
+pub(crate) struct MessageStream {
     /// Whether to rebuild the message's content from its deltas (most of a stream's
     /// reading); without, the summary has no `message`, the rest is the same.
     reassemble: bool,
@@ -110,7 +110,7 @@ pub struct MessageStream {
 
 impl MessageStream {
     /// A reader that rebuilds the message (`reassemble`), or only reads the rest.
-    pub fn new(reassemble: bool) -> Self {
+    pub(crate) fn new(reassemble: bool) -> Self {
         MessageStream {
             reassemble,
             message: None,

@@ -3,19 +3,19 @@
 //!
 //! Nothing here does IO; the exchange and the observer call in with bytes.
 
-pub mod anthropic;
+pub(crate) mod anthropic;
 pub mod json;
-pub mod openai;
-pub mod price;
-mod sniff;
-mod sse;
+pub(crate) mod openai;
+pub(crate) mod price;
+pub(crate) mod sniff;
+pub(crate) mod sse;
 mod usage;
 
 use http::uri::PathAndQuery;
 use serde_json::json;
-pub use sse::{EventSplitter, SseDecoder};
+pub(crate) use sse::{EventSplitter, SseDecoder};
 
-pub use sniff::{RequestSummary, asks_to_stream, sniff};
+pub(crate) use sniff::{asks_to_stream, sniff};
 // The structural scanners, for reading inside JSON already known to be valid.
 pub(crate) use usage::AnthropicUsage;
 pub use usage::Usage;
@@ -76,10 +76,18 @@ impl CacheDiagnosis {
         })
     }
 
-    /// Reads OpenAI's `prompt_cache_diagnostics` object.
+    /// Reads OpenAI's `prompt_cache_diagnostics`, a union on `type`: `cache_miss`
+    /// (with `reason` and `cache_missed_tokens`), `cache_hit`,
+    /// `comparison_response_not_found`, `unavailable`; the outcomes without a reason
+    /// are kept under their type, as Anthropic names its own (`unavailable`).
     pub fn from_openai(diagnostics: &Value) -> Option<CacheDiagnosis> {
+        let kind = diagnostics.get("type").and_then(Value::as_str);
+        let reason = match kind {
+            Some("cache_miss") | None => diagnostics.get("reason")?.as_str()?,
+            Some(other) => other,
+        };
         Some(CacheDiagnosis {
-            reason: short(diagnostics.get("reason")?.as_str()?),
+            reason: short(reason),
             missed_tokens: diagnostics
                 .get("cache_missed_tokens")
                 .and_then(Value::as_u64),
@@ -88,7 +96,7 @@ impl CacheDiagnosis {
 }
 
 /// Reads a stream of SSE events of one provider API.
-pub trait StreamReader: Send {
+pub(crate) trait StreamReader: Send {
     /// One event: its `event:` name (empty when absent) and its joined `data:` lines.
     fn event(&mut self, name: &str, data: &str);
     /// What the stream said, as far as it went.
@@ -99,7 +107,7 @@ pub trait StreamReader: Send {
 /// the reassembled message; an Anthropic stream read without it skips its content
 /// deltas (the OpenAI readers always reassemble: every chunk is read for its usage
 /// and finish reason anyway).
-pub fn stream_reader(provider: Provider, api: Api, message: bool) -> Box<dyn StreamReader> {
+pub(crate) fn stream_reader(provider: Provider, api: Api, message: bool) -> Box<dyn StreamReader> {
     match (provider, api) {
         (Provider::OpenAi, Api::ChatCompletions) => Box::<openai::ChatStream>::default(),
         (Provider::OpenAi, _) => Box::<openai::ResponsesStream>::default(),
@@ -110,7 +118,7 @@ pub fn stream_reader(provider: Provider, api: Api, message: bool) -> Box<dyn Str
 /// The SSE events [`stream_reader`]'s reader skips unread by their `event:` name
 /// when nobody reads the message (`message` false): a tap may count them instead of
 /// keeping them. They are only counted (`ResponseSummary::events`).
-pub fn unread_events(provider: Provider, message: bool) -> &'static [&'static str] {
+pub(crate) fn unread_events(provider: Provider, message: bool) -> &'static [&'static str] {
     match (provider, message) {
         (Provider::Anthropic, false) => &["content_block_delta", "ping"],
         _ => &[],
@@ -118,7 +126,10 @@ pub fn unread_events(provider: Provider, message: bool) -> &'static [&'static st
 }
 
 /// Reads a whole JSON response body of one provider API.
-pub fn read_json(provider: Provider, body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
+pub(crate) fn read_json(
+    provider: Provider,
+    body: &[u8],
+) -> Result<ResponseSummary, serde_json::Error> {
     match provider {
         Provider::Anthropic => anthropic::read_json(body),
         Provider::OpenAi => openai::read_json(body),
@@ -212,7 +223,7 @@ impl Api {
 
 /// Where a client path goes: the provider, the API, and the path (with query) to ask upstream.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
+pub(crate) struct Route {
     pub provider: Provider,
     pub api: Api,
     /// Path and query for the upstream request, before the upstream's own base path.
@@ -220,11 +231,11 @@ pub struct Route {
 }
 
 /// What promptgate routes, for the 404 message.
-pub const ROUTES_HELP: &str = "promptgate routes /v1/* and /api/* to Anthropic (also under /anthropic/), \
+pub(crate) const ROUTES_HELP: &str = "promptgate routes /v1/* and /api/* to Anthropic (also under /anthropic/), \
      and /openai/v1/* to OpenAI (set OPENAI_BASE_URL=http://<listen>/openai/v1)";
 
 /// Maps a client path to its provider. The query string is kept exactly as sent.
-pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
+pub(crate) fn route(path_and_query: &PathAndQuery) -> Option<Route> {
     let path = path_and_query.path();
     let (provider, rest) = if let Some(rest) = strip_segment(path, "/openai") {
         (Provider::OpenAi, rest)
@@ -257,7 +268,7 @@ pub fn route(path_and_query: &PathAndQuery) -> Option<Route> {
 /// A client path whose base URL repeats a prefix promptgate adds itself (`…/v1`
 /// set where promptgate's root was meant: `/v1/v1/messages`): the provider, the
 /// variable to set, and the path to add to `http://<listen>` for its base URL.
-pub fn doubled_prefix(path: &str) -> Option<(Provider, &'static str, &'static str)> {
+pub(crate) fn doubled_prefix(path: &str) -> Option<(Provider, &'static str, &'static str)> {
     const DOUBLED: &[(&str, Provider, &str, &str)] = &[
         ("/v1/v1/", Provider::Anthropic, "ANTHROPIC_BASE_URL", ""),
         (
@@ -293,7 +304,7 @@ pub fn doubled_prefix(path: &str) -> Option<(Provider, &'static str, &'static st
 
 /// Whether `path` (a provider's own path, no query) is one only OpenAI serves: an
 /// OpenAI SDK whose base URL lacks `/openai` sends these to the Anthropic route.
-pub fn is_openai_only(path: &str) -> bool {
+pub(crate) fn is_openai_only(path: &str) -> bool {
     let path = path.trim_end_matches('/');
     [
         "/v1/chat/completions",
@@ -314,7 +325,7 @@ pub fn is_openai_only(path: &str) -> bool {
 }
 
 /// The API behind a provider's own path (no promptgate prefix, no query).
-pub fn api(provider: Provider, path: &str) -> Api {
+pub(crate) fn api(provider: Provider, path: &str) -> Api {
     match (provider, path.trim_end_matches('/')) {
         (Provider::Anthropic, "/v1/messages") => Api::Messages,
         (Provider::Anthropic, "/v1/messages/count_tokens") => Api::CountTokens,
@@ -334,7 +345,8 @@ fn strip_segment<'a>(path: &'a str, segment: &str) -> Option<&'a str> {
 ///
 /// `kind` is a short machine code (`upstream_unreachable`, `request_too_large`, …)
 /// used as OpenAI's `error.code`; Anthropic's `error.type` follows the status.
-pub fn error_body(
+#[cfg(test)]
+pub(crate) fn error_body(
     provider: Provider,
     status: http::StatusCode,
     kind: &str,
@@ -345,7 +357,7 @@ pub fn error_body(
 }
 
 /// [`error_body`] with an explicit `error.type` (a rule's `block` may name one).
-pub fn error_body_typed(
+pub(crate) fn error_body_typed(
     provider: Provider,
     status: http::StatusCode,
     error_type: Option<&str>,
@@ -375,7 +387,7 @@ pub fn error_body_typed(
 /// Whether a request is a side request: routed to an API, but not a `POST` to a
 /// model-call one (count_tokens, other paths, `HEAD` checks). A request never
 /// routed (malformed, no route) is not one: it is an error to see.
-pub fn is_side_request(method: &http::Method, api: Option<Api>) -> bool {
+pub(crate) fn is_side_request(method: &http::Method, api: Option<Api>) -> bool {
     api.is_some_and(|a| method != http::Method::POST || !a.is_model_call())
 }
 
@@ -383,7 +395,7 @@ pub fn is_side_request(method: &http::Method, api: Option<Api>) -> bool {
 /// raises on. Sent only at an event boundary, after the upstream broke mid-stream or
 /// a rule ended it. `kind` is OpenAI's `code`; `error_type` Anthropic's `error.type`
 /// (by default `overloaded_error` for a stall, else `api_error`).
-pub fn stream_error_event(
+pub(crate) fn stream_error_event(
     provider: Provider,
     api: Api,
     kind: &str,
@@ -418,7 +430,7 @@ pub fn stream_error_event(
 
 /// A body's `Content-Encoding` when it is not plain bytes (absent, empty and
 /// `identity` are plain); a value that is not text is returned as `(not text)`.
-pub fn content_coding(headers: &http::HeaderMap) -> Option<&str> {
+pub(crate) fn content_coding(headers: &http::HeaderMap) -> Option<&str> {
     headers
         .get(http::header::CONTENT_ENCODING)
         .map(|v| v.to_str().unwrap_or("(not text)").trim())

@@ -14,7 +14,7 @@ use serde_json::{Map, Value, json};
 use super::{ResponseSummary, StreamReader, Usage, error_text, str_field};
 
 /// OpenAI's `error.type` for a status promptgate answers with.
-pub fn error_type(status: StatusCode) -> &'static str {
+pub(crate) fn error_type(status: StatusCode) -> &'static str {
     match status.as_u16() {
         401 => "authentication_error",
         403 | 451 => "permission_error",
@@ -51,7 +51,7 @@ struct ChoiceHead<'a> {
 
 /// Reads a non-streamed Chat Completions or Responses body (or an error body). The
 /// body itself is the message, so the summary does not copy it.
-pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
+pub(crate) fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
     let head: ResponseHead<'_> = serde_json::from_slice(body)?;
     if let Some(error) = head.error.as_ref().filter(|e| e.is_object()) {
         return Ok(ResponseSummary {
@@ -91,7 +91,7 @@ pub fn read_json(body: &[u8]) -> Result<ResponseSummary, serde_json::Error> {
 
 /// Reassembles a Chat Completions stream into a `chat.completion` object.
 #[derive(Debug, Default)]
-pub struct ChatStream {
+pub(crate) struct ChatStream {
     id: Option<String>,
     model: Option<String>,
     created: Option<Value>,
@@ -261,7 +261,7 @@ impl StreamReader for ChatStream {
 /// Reads a Responses stream: the snapshot from `response.created`, replaced by the
 /// whole response in the terminal event.
 #[derive(Debug, Default)]
-pub struct ResponsesStream {
+pub(crate) struct ResponsesStream {
     response: Option<Value>,
     /// Output items finished so far, for a stream that never reaches its terminal event.
     items: Vec<Value>,
@@ -442,9 +442,9 @@ mod tests {
 
     #[test]
     fn the_providers_cache_diagnosis_is_read() {
-        let body = br#"{"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6","output":[],"usage":{"input_tokens":2048,"input_tokens_details":{"cached_tokens":0},"output_tokens":3},"prompt_cache_diagnostics":{"reason":"instructions_changed","cache_missed_tokens":1920}}"#;
+        let body = br#"{"id":"resp_2","object":"response","status":"completed","model":"gpt-5.6","output":[],"usage":{"input_tokens":2048,"input_tokens_details":{"cached_tokens":0},"output_tokens":3},"prompt_cache_diagnostics":{"type":"cache_miss","reason":"tools_changed","cache_missed_tokens":1920,"comparison_reusable_tokens":128}}"#;
         let want = Some(crate::provider::CacheDiagnosis {
-            reason: "instructions_changed".into(),
+            reason: "tools_changed".into(),
             missed_tokens: Some(1920),
         });
         assert_eq!(read_json(body).unwrap().diagnosis, want);
@@ -457,6 +457,21 @@ mod tests {
             &[("response.completed", &completed)],
         );
         assert_eq!(s.diagnosis, want);
+    }
+
+    #[test]
+    fn the_diagnosis_outcomes_without_a_reason_keep_their_type() {
+        use crate::provider::CacheDiagnosis;
+        let read = |d: &str| CacheDiagnosis::from_openai(&serde_json::from_str(d).unwrap());
+        for kind in ["cache_hit", "comparison_response_not_found", "unavailable"] {
+            let d = read(&format!(r#"{{"type":"{kind}"}}"#)).unwrap();
+            assert_eq!((d.reason.as_str(), d.missed_tokens), (kind, None));
+        }
+        assert_eq!(
+            read(r#"{"type":"cache_miss"}"#),
+            None,
+            "a miss without its reason says nothing"
+        );
     }
 
     #[test]

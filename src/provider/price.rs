@@ -104,7 +104,7 @@ const DEFAULT_MIN_TOKENS: &[(&str, u64)] = &[
 ];
 
 /// Used for a model no entry matches.
-pub const FALLBACK_MIN_TOKENS: u64 = 1024;
+pub(crate) const FALLBACK_MIN_TOKENS: u64 = 1024;
 
 /// A table of model patterns (globs, as in rules: `*` matches any run of
 /// characters): configured entries first, then the defaults.
@@ -141,12 +141,12 @@ impl<T: Copy> Table<T> {
 }
 
 /// The default price table with `configured` entries over it.
-pub fn prices(configured: Vec<(String, Price)>) -> Table<Price> {
+pub(crate) fn prices(configured: Vec<(String, Price)>) -> Table<Price> {
     Table::new(configured, DEFAULT_PRICES)
 }
 
 /// The default minimum-length table with `configured` entries over it.
-pub fn min_tokens(configured: Vec<(String, u64)>) -> Table<u64> {
+pub(crate) fn min_tokens(configured: Vec<(String, u64)>) -> Table<u64> {
     Table::new(configured, DEFAULT_MIN_TOKENS)
 }
 
@@ -183,7 +183,7 @@ pub struct Cost {
 
 /// Prices a usage. `lost_tokens` are tokens the rules say could have been read;
 /// `one_hour` is the share of writes at the 1h price when the usage has no split.
-pub fn cost(price: &Price, usage: &Usage, lost_tokens: u64, one_hour_hint: bool) -> Cost {
+pub(crate) fn cost(price: &Price, usage: &Usage, lost_tokens: u64, one_hour_hint: bool) -> Cost {
     let per = price.input / 1e6;
     let (w5, w1) = match (usage.cache_write_5m_tokens, usage.cache_write_1h_tokens) {
         (Some(a), Some(b)) if a + b == usage.cache_write_tokens => (a, b),

@@ -28,7 +28,7 @@ pub fn sniff(body: &[u8]) -> RequestSummary {
 
 /// Whether the top level says `"stream": true` (a whole walk of the top level:
 /// asked only when a request has gone quiet, never on the request path).
-pub fn asks_to_stream(body: &[u8]) -> bool {
+pub(crate) fn asks_to_stream(body: &[u8]) -> bool {
     top_level(body, "stream") == Some(b"true")
 }
 

@@ -97,7 +97,7 @@ impl SseDecoder {
 /// so an event can be forwarded as the very bytes that came. Blank lines before an
 /// event stay with it.
 #[derive(Debug, Default)]
-pub struct EventSplitter {
+pub(crate) struct EventSplitter {
     buf: BytesMut,
     /// Where the line being read starts, and how far the buffer was scanned.
     line_start: usize,
@@ -107,12 +107,12 @@ pub struct EventSplitter {
 }
 
 impl EventSplitter {
-    pub fn push(&mut self, data: &[u8]) {
+    pub(crate) fn push(&mut self, data: &[u8]) {
         self.buf.extend_from_slice(data);
     }
 
     /// The next whole event (or field-less piece), if the bytes so far hold one.
-    pub fn next_event(&mut self) -> Option<Bytes> {
+    pub(crate) fn next_event(&mut self) -> Option<Bytes> {
         let mut i = self.scanned;
         while let Some(at) = memchr2(b'\n', b'\r', &self.buf[i..]) {
             let pos = i + at;
@@ -143,7 +143,7 @@ impl EventSplitter {
     }
 
     /// Whatever is left when the stream ends (an unfinished event).
-    pub fn rest(&mut self) -> Bytes {
+    pub(crate) fn rest(&mut self) -> Bytes {
         let n = self.buf.len();
         self.has_lines = false;
         self.cut(n)

@@ -29,7 +29,7 @@ use crate::provider::price::{self, Price, Table};
 use crate::runtime::{Clock, Millis};
 
 /// The name the budgets' turns have in the record and in metrics.
-pub const BUDGETS: &str = "budgets";
+pub(crate) const BUDGETS: &str = "budgets";
 
 /// What a budget's spend is counted per.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,7 +113,7 @@ fn span(d: Duration) -> String {
 
 /// What a scope spent, or what a request is estimated to.
 #[derive(Debug, Default, Clone, Copy, PartialEq)]
-pub struct Spent {
+pub(crate) struct Spent {
     pub usd: f64,
     /// The whole input (uncached, cache writes and reads).
     pub input_tokens: u64,
@@ -216,7 +216,7 @@ const BUDGET_KEYS: &[&str] = &[
 /// The answer's tokens a check assumes when a budget says nothing: a long answer
 /// of an agent turn (Claude Code's `max_tokens` is 32k–128k, its answers mostly a
 /// few hundred to a few thousand tokens).
-pub const DEFAULT_OUTPUT_ESTIMATE: u64 = 2048;
+pub(crate) const DEFAULT_OUTPUT_ESTIMATE: u64 = 2048;
 
 /// Compiles a `[[budget]]` table.
 pub(crate) fn compile(
@@ -383,7 +383,7 @@ const HOLD_MAX_MS: u64 = 30 * 60 * 1000;
 
 /// What every scope of every budget spent, by bucket, and what exchanges in flight
 /// hold: in memory, written through to a SQLite file when there is one.
-pub struct Ledger {
+pub(crate) struct Ledger {
     state: Mutex<LedgerState>,
     db: Option<Mutex<rusqlite::Connection>>,
     /// Charges not yet in the file, by (budget, scope, bucket), and when it was last
@@ -407,7 +407,7 @@ struct LedgerState {
 
 /// The errors of the budget store.
 #[derive(Debug, thiserror::Error)]
-pub enum LedgerError {
+pub(crate) enum LedgerError {
     #[error("budget store {path}: {source}")]
     Open {
         path: String,
@@ -417,7 +417,7 @@ pub enum LedgerError {
 
 impl Ledger {
     /// A ledger in memory only (nothing survives a restart).
-    pub fn in_memory(clock: Clock, prices: Table<Price>) -> Ledger {
+    pub(crate) fn in_memory(clock: Clock, prices: Table<Price>) -> Ledger {
         Ledger {
             state: Mutex::default(),
             db: None,
@@ -430,7 +430,11 @@ impl Ledger {
 
     /// A ledger kept in the SQLite file at `path` (made when missing), its counters
     /// of the last 31 days read back.
-    pub fn open(path: &Path, clock: Clock, prices: Table<Price>) -> Result<Ledger, LedgerError> {
+    pub(crate) fn open(
+        path: &Path,
+        clock: Clock,
+        prices: Table<Price>,
+    ) -> Result<Ledger, LedgerError> {
         let err = |source| LedgerError::Open {
             path: path.display().to_string(),
             source,
@@ -683,7 +687,7 @@ static LEDGER: OnceLock<Ledger> = OnceLock::new();
 
 /// Sets where the process's ledger lives (`path`: its SQLite file; `None`: memory
 /// only), its clock and its prices. Once; later calls are ignored.
-pub fn configure(path: Option<std::path::PathBuf>, clock: Clock, prices: Table<Price>) {
+pub(crate) fn configure(path: Option<std::path::PathBuf>, clock: Clock, prices: Table<Price>) {
     let _ = CONFIG.set(LedgerConfig {
         path,
         clock,
@@ -694,7 +698,7 @@ pub fn configure(path: Option<std::path::PathBuf>, clock: Clock, prices: Table<P
 /// The process's ledger: the configured file (a file that cannot be opened leaves
 /// the ledger in memory, failing, so that `on_error` decides), else memory with the
 /// default prices (`rules test`, unit tests).
-pub fn ledger() -> &'static Ledger {
+pub(crate) fn ledger() -> &'static Ledger {
     LEDGER.get_or_init(|| {
         let Some(c) = CONFIG.get() else {
             return Ledger::in_memory(Clock::system(), price::prices(Vec::new()));
@@ -715,7 +719,7 @@ pub fn ledger() -> &'static Ledger {
 }
 
 /// Writes the charges the process's ledger still holds to its file (at shutdown).
-pub fn flush() {
+pub(crate) fn flush() {
     if let Some(l) = LEDGER.get() {
         l.flush_now();
     }
@@ -778,7 +782,7 @@ impl Budgets {
 
 /// One budget as `promptgate budgets` shows it.
 #[derive(Debug, Clone)]
-pub struct BudgetReport {
+pub(crate) struct BudgetReport {
     pub name: String,
     pub scope: String,
     pub window: String,
@@ -788,7 +792,7 @@ pub struct BudgetReport {
 
 /// One scope of a budget.
 #[derive(Debug, Clone)]
-pub struct ScopeReport {
+pub(crate) struct ScopeReport {
     pub scope: String,
     pub spent: Spent,
     /// The largest share of a limit it uses.

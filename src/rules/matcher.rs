@@ -20,12 +20,15 @@ use crate::provider::Provider;
 
 /// One key a `when` table may hold: the reference for docs, `rules check` and the loader.
 #[derive(Debug)]
-pub struct MatcherSpec {
+pub(crate) struct MatcherSpec {
     pub key: &'static str,
     /// The phases it may be used in.
     pub phases: &'static [Phase],
+    #[cfg_attr(not(test), allow(dead_code))]
+    // read by the test that writes docs/reference/rule-keys.md
     pub doc: &'static str,
     /// A `when` entry using it.
+    #[cfg_attr(not(test), allow(dead_code))] // checked by loading it in the reference test
     pub example: &'static str,
 }
 
@@ -46,7 +49,7 @@ const EVENT: &[Phase] = &[Phase::ProviderStreamEvent];
 const SCANNED: &[Phase] = &[Phase::BeforeProviderRequest];
 
 /// Every matcher key.
-pub static MATCHERS: &[MatcherSpec] = &[
+pub(crate) static MATCHERS: &[MatcherSpec] = &[
     MatcherSpec {
         key: "provider",
         phases: REQ,

@@ -8,16 +8,16 @@
 
 pub(crate) mod action;
 mod body;
-pub mod budget;
+pub(crate) mod budget;
 mod deferred;
-pub mod hook;
+pub(crate) mod hook;
 mod limits;
 mod load;
 mod matcher;
-pub mod reload;
-pub mod secrets;
+pub(crate) mod reload;
+pub(crate) mod secrets;
 mod shape;
-pub mod stream;
+pub(crate) mod stream;
 
 use std::ops::Range;
 use std::path::{Path, PathBuf};
@@ -26,16 +26,14 @@ use std::sync::Arc;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, Method, StatusCode};
 
-pub use action::{ACTIONS, ActionSpec};
-pub use load::LoadError;
+pub(crate) use load::LoadError;
 pub(crate) use load::read_dir;
-pub use matcher::{MATCHERS, MatcherSpec};
 
 use action::CompiledAction;
 use body::{BodyStore, LazyBody, Node};
 use matcher::{Matcher, Tri};
 
-pub use crate::policy::{Block, Decision, Effects, Phase};
+pub(crate) use crate::policy::{Block, Decision, Effects, Phase};
 use crate::policy::{Facts, Outgoing, Policy, PolicyRun, ResponseHead, SharedReport};
 use crate::prompt::KeyCheck;
 use crate::prompt::PromptCell;
@@ -103,7 +101,7 @@ pub(crate) const BLOCK_STATUS: StatusCode = StatusCode::UNAVAILABLE_FOR_LEGAL_RE
 
 /// The name the cache_control policy's breakpoint-limit fix-ups go under in
 /// [`Effects::edits`] and the log.
-pub const LIMITS_FIXER: &str = "cache_control policy";
+pub(crate) const LIMITS_FIXER: &str = "cache_control policy";
 
 /// The request as rules see it: what was asked, the outgoing headers, the body.
 #[derive(Debug)]

@@ -19,11 +19,11 @@ use super::RuleSet;
 use super::load::{self, DirSources};
 
 /// How long the directory must be quiet before a reload (editors write in steps).
-pub const DEBOUNCE: Duration = Duration::from_millis(250);
+pub(crate) const DEBOUNCE: Duration = Duration::from_millis(250);
 
 /// The rule set exchanges use now.
 #[derive(Debug)]
-pub struct LiveRules {
+pub(crate) struct LiveRules {
     current: ArcSwap<RuleSet>,
     reloaded: AtomicU64,
     failed: AtomicU64,
@@ -33,14 +33,14 @@ pub struct LiveRules {
 
 /// Reloads counted since start.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Reloads {
+pub(crate) struct Reloads {
     pub ok: u64,
     pub failed: u64,
 }
 
 /// What the last reload did.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct LastReload {
+pub(crate) struct LastReload {
     /// When, in ms since the Unix epoch.
     pub at_ms: u64,
     pub ok: bool,
@@ -53,7 +53,7 @@ pub struct LastReload {
 }
 
 impl LiveRules {
-    pub fn new(set: RuleSet) -> Self {
+    pub(crate) fn new(set: RuleSet) -> Self {
         set.start_hooks();
         LiveRules {
             current: ArcSwap::from_pointee(set),
@@ -64,7 +64,7 @@ impl LiveRules {
     }
 
     /// How many reloads swapped a new set in, and how many were refused.
-    pub fn reloads(&self) -> Reloads {
+    pub(crate) fn reloads(&self) -> Reloads {
         Reloads {
             ok: self.reloaded.load(Ordering::Relaxed),
             failed: self.failed.load(Ordering::Relaxed),
@@ -72,7 +72,7 @@ impl LiveRules {
     }
 
     /// The last reload's result, if there was one.
-    pub fn last_reload(&self) -> Option<LastReload> {
+    pub(crate) fn last_reload(&self) -> Option<LastReload> {
         self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
@@ -95,13 +95,13 @@ impl LiveRules {
     }
 
     /// The set to use for one whole exchange.
-    pub fn snapshot(&self) -> Arc<RuleSet> {
+    pub(crate) fn snapshot(&self) -> Arc<RuleSet> {
         self.current.load_full()
     }
 
     /// How many rules are live and where from, for the start line and `/healthz`:
     /// `3 rules live from ./rules (watched)`, or that `dir` is not there yet.
-    pub fn state(&self, dir: &Path) -> String {
+    pub(crate) fn state(&self, dir: &Path) -> String {
         let n = self.snapshot().rules().len();
         if dir.is_dir() {
             format!(
@@ -118,7 +118,7 @@ impl LiveRules {
     }
 
     /// Makes `set` live for exchanges that start from now on.
-    pub fn replace(&self, set: RuleSet) {
+    pub(crate) fn replace(&self, set: RuleSet) {
         set.start_hooks();
         self.current.store(Arc::new(set));
     }
@@ -161,7 +161,7 @@ pub(crate) fn log_warnings(set: &RuleSet) {
 
 /// How often the directory is read even without a change event: a safety net for
 /// filesystems and mounts that send none.
-pub const POLL: Duration = Duration::from_secs(2);
+pub(crate) const POLL: Duration = Duration::from_secs(2);
 
 /// Watches `dir` and reloads `live` whenever what it holds changes, for the life of
 /// the process (the watcher thread owns the watcher). `loaded` is what the live set

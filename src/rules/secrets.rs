@@ -73,7 +73,7 @@ impl Action {
 }
 
 /// Every action name a finding may carry: the scans' and `found`.
-pub const ACTIONS: &[&str] = &["block", "mask", "mask_and_restore", "tag", "log", "found"];
+pub(crate) const ACTIONS: &[&str] = &["block", "mask", "mask_and_restore", "tag", "log", "found"];
 
 /// One compiled `[[scan]]`.
 #[derive(Debug)]
@@ -320,7 +320,7 @@ pub(crate) struct Scanner {
 }
 
 /// The name the scanner's turns have in the record and in metrics.
-pub const SCANNER: &str = "secrets";
+pub(crate) const SCANNER: &str = "secrets";
 
 /// One value found in a unit: where in the body, by whom.
 struct Hit<'s> {

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 
 use super::{Block, Decision, Effects, Info, Phase, RuleSet, State};
 use crate::policy::EventPolicy;
-pub use crate::policy::{EventEdit, StreamReport};
+pub(crate) use crate::policy::{EventEdit, StreamReport};
 use crate::provider::SseDecoder;
 use crate::provider::{Api, Provider};
 
@@ -103,7 +103,7 @@ pub(crate) struct EventDecision {
 
 /// The request and response an answer belongs to, as per-event matchers see them.
 #[derive(Debug, Clone)]
-pub struct StreamContext {
+pub(crate) struct StreamContext {
     pub provider: Provider,
     pub api: Api,
     pub method: Method,
@@ -321,7 +321,7 @@ struct CurrentBlock {
 }
 
 /// Per-event rules for one streamed answer. See the module docs.
-pub struct EventRules {
+pub(crate) struct EventRules {
     set: Arc<RuleSet>,
     cx: StreamContext,
     decoder: SseDecoder,
@@ -339,7 +339,7 @@ pub struct EventRules {
 
 impl EventRules {
     /// The engine for one answer, or `None` when no per-event rule is loaded.
-    pub fn new(set: Arc<RuleSet>, cx: StreamContext) -> Option<EventRules> {
+    pub(crate) fn new(set: Arc<RuleSet>, cx: StreamContext) -> Option<EventRules> {
         if !set.has_rules(Phase::ProviderStreamEvent) {
             return None;
         }
@@ -377,7 +377,7 @@ impl EventRules {
 
     /// Whether rules may change or withhold events: then each event must be whole
     /// before any of it goes out. Observing rules (`tag`, `log`) let bytes through.
-    pub fn may_change(&self) -> bool {
+    pub(crate) fn may_change(&self) -> bool {
         !self.standing.is_empty()
             || self.set.active(Phase::ProviderStreamEvent).any(|r| {
                 r.enforce
@@ -388,7 +388,7 @@ impl EventRules {
     }
 
     /// What the rules did, shared: it fills as events pass.
-    pub fn report(&self) -> Arc<Mutex<StreamReport>> {
+    pub(crate) fn report(&self) -> Arc<Mutex<StreamReport>> {
         self.report.clone()
     }
 
@@ -399,7 +399,12 @@ impl EventRules {
     /// Takes one raw event (as [`crate::observer::EventSplitter`] cut it); what may go
     /// out now is appended to `out`. `Some(block)`: a rule ended the stream; what was
     /// held is released first, and nothing more is taken.
-    pub fn push(&mut self, raw: Bytes, _now: Instant, out: &mut Vec<Bytes>) -> Option<Block> {
+    pub(crate) fn push(
+        &mut self,
+        raw: Bytes,
+        _now: Instant,
+        out: &mut Vec<Bytes>,
+    ) -> Option<Block> {
         if self.stopped {
             return None;
         }
@@ -515,18 +520,18 @@ impl EventRules {
 
     /// Releases what may go by now. Held text goes by text, never by time: nothing
     /// is due.
-    pub fn release_due(&mut self, _now: Instant, out: &mut Vec<Bytes>) {
+    pub(crate) fn release_due(&mut self, _now: Instant, out: &mut Vec<Bytes>) {
         self.release(false, out);
     }
 
     /// When a held event must go out at the latest: never by the clock (a token
     /// that may be a key waits for its end, the block's, or the byte cap).
-    pub fn next_release(&self) -> Option<Instant> {
+    pub(crate) fn next_release(&self) -> Option<Instant> {
         None
     }
 
     /// The stream ended: everything held goes out.
-    pub fn finish(&mut self, out: &mut Vec<Bytes>) {
+    pub(crate) fn finish(&mut self, out: &mut Vec<Bytes>) {
         self.end_block(out);
     }
 

@@ -5,11 +5,14 @@ use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, Method, StatusCode};
 use serde_json::{Value, json};
 
+use super::action::ACTIONS;
 use super::body::{BodyStore, LazyBody, Node};
+use super::matcher::MATCHERS;
 use super::*;
 use crate::policy::Facts;
 
 #[path = "../../tests/support/shapes.rs"]
+#[allow(unreachable_pub)] // shared with the integration tests, where its items are public
 mod shapes;
 
 fn set(toml: &str) -> RuleSet {
@@ -1361,5 +1364,52 @@ fn twenty_thousand_rules_in_one_file_load_in_seconds() {
     assert!(
         took < std::time::Duration::from_secs(40),
         "20,000 rules took {took:?}"
+    );
+}
+
+/// `docs/reference/rule-keys.md` is written from the tables the loader reads, so
+/// the reference cannot drift from the keys: `PROMPTGATE_BLESS=1` writes it anew.
+#[test]
+fn the_rule_keys_reference_is_the_tables() {
+    let phases = |p: &[Phase]| {
+        p.iter()
+            .map(|p| format!("`{}`", p.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut md = String::from(
+        "# Rule keys\n\nGenerated from the tables the rule loader reads (`src/rules/matcher.rs`, \
+         `src/rules/action/mod.rs`): `PROMPTGATE_BLESS=1 cargo test --lib rule_keys` writes it \
+         anew, and a test fails when it drifts. [rules.md](../rules.md) explains them.\n\n\
+         ## Matchers (`when`)\n\n| key | phases | what it matches | example |\n|---|---|---|---|\n",
+    );
+    let cell = |s: &str| s.replace('|', "\\|");
+    for m in MATCHERS {
+        md += &format!(
+            "| `{}` | {} | {} | `{}` |\n",
+            m.key,
+            phases(m.phases),
+            cell(m.doc),
+            cell(m.example)
+        );
+    }
+    md += "\n## Actions (`actions`)\n\n| key | phases | what it does | example |\n|---|---|---|---|\n";
+    for a in ACTIONS {
+        md += &format!(
+            "| `{}` | {} | {} | `{}` |\n",
+            a.key,
+            phases(a.phases),
+            cell(a.doc),
+            cell(a.example)
+        );
+    }
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/rule-keys.md");
+    if std::env::var_os("PROMPTGATE_BLESS").is_some() {
+        std::fs::write(&path, &md).unwrap();
+    }
+    let on_disk = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        on_disk == md,
+        "docs/reference/rule-keys.md drifted from the tables: run PROMPTGATE_BLESS=1 cargo test --lib rule_keys"
     );
 }

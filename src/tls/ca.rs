@@ -15,13 +15,13 @@ use rustls_pki_types::pem::PemObject;
 use time::OffsetDateTime;
 
 /// File name of the CA certificate (PEM) inside the certs directory.
-pub const CERT_FILE: &str = "promptgate-ca.pem";
+pub(crate) const CERT_FILE: &str = "promptgate-ca.pem";
 /// File name of the CA private key (PEM, PKCS#8, mode 0600).
-pub const KEY_FILE: &str = "promptgate-ca-key.pem";
+pub(crate) const KEY_FILE: &str = "promptgate-ca-key.pem";
 
 /// What can be wrong with the CA; read by people at startup or from `ca` verbs.
 #[derive(Debug, thiserror::Error)]
-pub enum CaError {
+pub(crate) enum CaError {
     #[error("no CA in {dir} (create one with `promptgate ca init --certs {dir}`)")]
     Missing { dir: String },
     #[error(
@@ -60,7 +60,7 @@ pub enum CaError {
 }
 
 /// The loaded CA: its certificate, validity and signing key.
-pub struct CertificateAuthority {
+pub(crate) struct CertificateAuthority {
     cert_path: PathBuf,
     key_path: PathBuf,
     cert_pem: String,
@@ -83,7 +83,7 @@ impl std::fmt::Debug for CertificateAuthority {
 impl CertificateAuthority {
     /// Creates a new CA in `dir`, valid for `days` from yesterday. Refuses to replace
     /// an existing one unless `replace`.
-    pub fn create(dir: &Path, days: u32, replace: bool) -> Result<Self, CaError> {
+    pub(crate) fn create(dir: &Path, days: u32, replace: bool) -> Result<Self, CaError> {
         let (cert_path, key_path) = paths(dir);
         if !replace && (cert_path.exists() || key_path.exists()) {
             return Err(CaError::Exists {
@@ -106,7 +106,7 @@ impl CertificateAuthority {
     /// Loads the CA in `dir`, creating it when neither file exists. Returns whether it
     /// was created. Safe against several processes starting at once: the key file is
     /// created exclusively, and the certificate appears (by rename) only after it.
-    pub fn load_or_create(dir: &Path, days: u32) -> Result<(Self, bool), CaError> {
+    pub(crate) fn load_or_create(dir: &Path, days: u32) -> Result<(Self, bool), CaError> {
         let (cert_path, key_path) = paths(dir);
         if cert_path.exists() || key_path.exists() {
             return Self::load_settled(dir).map(|ca| (ca, false));
@@ -146,7 +146,7 @@ impl CertificateAuthority {
 
     /// Loads and checks the CA in `dir`: both files readable, well-formed, matching,
     /// and the certificate valid now.
-    pub fn load(dir: &Path) -> Result<Self, CaError> {
+    pub(crate) fn load(dir: &Path) -> Result<Self, CaError> {
         let (cert_path, key_path) = paths(dir);
         let shown = |p: &Path| p.display().to_string();
         match (cert_path.exists(), key_path.exists()) {
@@ -234,38 +234,38 @@ impl CertificateAuthority {
     }
 
     /// Where the certificate is (what clients must trust).
-    pub fn cert_path(&self) -> &Path {
+    pub(crate) fn cert_path(&self) -> &Path {
         &self.cert_path
     }
 
     /// Where the private key is.
-    pub fn key_path(&self) -> &Path {
+    pub(crate) fn key_path(&self) -> &Path {
         &self.key_path
     }
 
     /// The certificate as PEM text.
-    pub fn cert_pem(&self) -> &str {
+    pub(crate) fn cert_pem(&self) -> &str {
         &self.cert_pem
     }
 
     /// The certificate as DER.
-    pub fn cert_der(&self) -> &CertificateDer<'static> {
+    pub(crate) fn cert_der(&self) -> &CertificateDer<'static> {
         &self.cert_der
     }
 
     /// Start of the certificate's validity.
-    pub fn not_before(&self) -> OffsetDateTime {
+    pub(crate) fn not_before(&self) -> OffsetDateTime {
         self.not_before
     }
 
     /// End of the certificate's validity.
-    pub fn not_after(&self) -> OffsetDateTime {
+    pub(crate) fn not_after(&self) -> OffsetDateTime {
         self.not_after
     }
 
     /// SHA-256 of the certificate, as colon-separated uppercase hex (as `openssl x509
     /// -fingerprint -sha256` prints it).
-    pub fn fingerprint(&self) -> String {
+    pub(crate) fn fingerprint(&self) -> String {
         fingerprint(&self.cert_der)
     }
 
@@ -275,12 +275,12 @@ impl CertificateAuthority {
 }
 
 /// The certificate and key paths inside a certs directory.
-pub fn paths(dir: &Path) -> (PathBuf, PathBuf) {
+pub(crate) fn paths(dir: &Path) -> (PathBuf, PathBuf) {
     (dir.join(CERT_FILE), dir.join(KEY_FILE))
 }
 
 /// SHA-256 of DER bytes as `AB:CD:…`.
-pub fn fingerprint(der: &[u8]) -> String {
+pub(crate) fn fingerprint(der: &[u8]) -> String {
     let digest = ring::digest::digest(&ring::digest::SHA256, der);
     let mut out = String::with_capacity(95);
     for (i, byte) in digest.as_ref().iter().enumerate() {
@@ -293,7 +293,7 @@ pub fn fingerprint(der: &[u8]) -> String {
 }
 
 /// A date as `2026-11-29 12:00:00 UTC`.
-pub fn date(t: OffsetDateTime) -> String {
+pub(crate) fn date(t: OffsetDateTime) -> String {
     let t = t.to_offset(time::UtcOffset::UTC);
     format!(
         "{:04}-{:02}-{:02} {:02}:{:02}:{:02} UTC",

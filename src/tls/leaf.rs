@@ -31,7 +31,7 @@ struct Leaf {
 
 /// Why a leaf could not be made.
 #[derive(Debug, thiserror::Error)]
-pub enum LeafError {
+pub(crate) enum LeafError {
     #[error("minting a certificate for {host}: {source}")]
     Mint { host: String, source: rcgen::Error },
     #[error("TLS setup for {host}: {source}")]
@@ -39,7 +39,7 @@ pub enum LeafError {
 }
 
 /// Per-host TLS server configurations, each holding a leaf signed by the CA.
-pub struct LeafCache {
+pub(crate) struct LeafCache {
     ca: Arc<CertificateAuthority>,
     configs: DashMap<String, Arc<OnceCell<Leaf>>>,
     minted: AtomicU64,
@@ -56,7 +56,7 @@ impl std::fmt::Debug for LeafCache {
 
 impl LeafCache {
     /// An empty cache whose leaves `ca` signs.
-    pub fn new(ca: Arc<CertificateAuthority>) -> Self {
+    pub(crate) fn new(ca: Arc<CertificateAuthority>) -> Self {
         LeafCache {
             ca,
             configs: DashMap::new(),
@@ -65,13 +65,13 @@ impl LeafCache {
     }
 
     /// The CA the leaves come from.
-    pub fn ca(&self) -> &CertificateAuthority {
+    pub(crate) fn ca(&self) -> &CertificateAuthority {
         &self.ca
     }
 
     /// The server configuration for `host` (ALPN h2 and http/1.1), minting its leaf
     /// the first time.
-    pub async fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, LeafError> {
+    pub(crate) async fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, LeafError> {
         let host = host.to_ascii_lowercase();
         loop {
             // Clone the cell out so the map's shard lock is released before awaiting.
@@ -88,7 +88,7 @@ impl LeafCache {
     }
 
     /// How many leaves were minted since start.
-    pub fn minted(&self) -> u64 {
+    pub(crate) fn minted(&self) -> u64 {
         self.minted.load(Ordering::Relaxed)
     }
 

@@ -4,26 +4,26 @@
 //!
 //! The upstream side of TLS lives in [`crate::upstream`].
 
-pub mod ca;
-pub mod leaf;
+pub(crate) mod ca;
+pub(crate) mod leaf;
 
 use std::path::{Path, PathBuf};
 
-pub use ca::{CaError, CertificateAuthority};
-pub use leaf::{LeafCache, LeafError};
+pub(crate) use ca::{CaError, CertificateAuthority};
+pub(crate) use leaf::LeafCache;
 
 /// The leaf cache for intercepted CONNECTs. A CA that exists is loaded at start
 /// (a broken one stops the start); a missing one is created on the first CONNECT
 /// that needs it, or by `promptgate ca init`, not on every start.
 #[derive(Debug)]
-pub struct Interception {
+pub(crate) struct Interception {
     certs: PathBuf,
     cache: tokio::sync::OnceCell<Option<std::sync::Arc<LeafCache>>>,
 }
 
 impl Interception {
     /// Loads the CA in `certs` now if it is there; else leaves it for the first CONNECT.
-    pub fn start(certs: &Path) -> Result<Interception, CaError> {
+    pub(crate) fn start(certs: &Path) -> Result<Interception, CaError> {
         let cache = tokio::sync::OnceCell::new();
         match CertificateAuthority::load(certs) {
             Ok(ca) => {
@@ -42,7 +42,7 @@ impl Interception {
 
     /// The leaf cache, creating the CA first if this is the first CONNECT. `None`
     /// when the CA cannot be created (logged once): interception is then off.
-    pub async fn leaves(&self) -> Option<std::sync::Arc<LeafCache>> {
+    pub(crate) async fn leaves(&self) -> Option<std::sync::Arc<LeafCache>> {
         self.cache
             .get_or_init(|| async {
                 let certs = self.certs.clone();
@@ -56,7 +56,7 @@ impl Interception {
     }
 
     /// Leaves minted so far (0 before the CA exists).
-    pub fn minted(&self) -> u64 {
+    pub(crate) fn minted(&self) -> u64 {
         self.cache
             .get()
             .and_then(Option::as_ref)
@@ -91,10 +91,10 @@ fn create(certs: &Path) -> Option<std::sync::Arc<LeafCache>> {
 }
 
 /// File name of the combined bundle (system roots + the CA) inside the certs directory.
-pub const BUNDLE_FILE: &str = "promptgate-bundle.pem";
+pub(crate) const BUNDLE_FILE: &str = "promptgate-bundle.pem";
 
 /// Default lifetime of a new CA, in days.
-pub const CA_DAYS: u32 = 3650;
+pub(crate) const CA_DAYS: u32 = 3650;
 
 /// Where common systems keep their PEM bundle of trusted roots.
 const SYSTEM_BUNDLES: &[&str] = &[
@@ -105,7 +105,7 @@ const SYSTEM_BUNDLES: &[&str] = &[
 ];
 
 /// The system's PEM bundle of trusted roots, if one of the usual files exists.
-pub fn system_bundle() -> Option<PathBuf> {
+pub(crate) fn system_bundle() -> Option<PathBuf> {
     SYSTEM_BUNDLES
         .iter()
         .map(PathBuf::from)
@@ -114,7 +114,7 @@ pub fn system_bundle() -> Option<PathBuf> {
 
 /// Writes `<certs>/promptgate-bundle.pem`: the roots in `system` followed by the CA,
 /// for clients whose CA setting replaces their default roots instead of adding to them.
-pub fn write_bundle(ca: &CertificateAuthority, system: &Path) -> Result<PathBuf, CaError> {
+pub(crate) fn write_bundle(ca: &CertificateAuthority, system: &Path) -> Result<PathBuf, CaError> {
     let roots = std::fs::read(system).map_err(|source| CaError::Unreadable {
         path: system.display().to_string(),
         source,
@@ -134,7 +134,7 @@ pub fn write_bundle(ca: &CertificateAuthority, system: &Path) -> Result<PathBuf,
 }
 
 /// Whether the PEM file at `path` contains the CA's certificate.
-pub fn file_trusts(path: &Path, ca: &CertificateAuthority) -> bool {
+pub(crate) fn file_trusts(path: &Path, ca: &CertificateAuthority) -> bool {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     let Ok(certs) = CertificateDer::pem_file_iter(path) else {
@@ -145,7 +145,7 @@ pub fn file_trusts(path: &Path, ca: &CertificateAuthority) -> bool {
 
 /// Why the client TLS setup failed (read by people at startup).
 #[derive(Debug, thiserror::Error)]
-pub enum ClientTlsError {
+pub(crate) enum ClientTlsError {
     #[error("upstream-ca {path}: {message}")]
     Ca { path: PathBuf, message: String },
     #[error("TLS setup: {0}")]
@@ -155,7 +155,9 @@ pub enum ClientTlsError {
 /// The client TLS configuration promptgate dials out with (to the providers and to
 /// HTTP hooks): the public web roots plus the PEM files in `extra_roots`
 /// (`--upstream-ca`).
-pub fn client_config(extra_roots: &[PathBuf]) -> Result<rustls::ClientConfig, ClientTlsError> {
+pub(crate) fn client_config(
+    extra_roots: &[PathBuf],
+) -> Result<rustls::ClientConfig, ClientTlsError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     for path in extra_roots {
@@ -176,7 +178,7 @@ pub fn client_config(extra_roots: &[PathBuf]) -> Result<rustls::ClientConfig, Cl
 
 /// The certificates in the PEM file at `path`; an error says what is wrong with it
 /// (unreadable, not PEM, or no certificate in it).
-pub fn read_pem_certs(
+pub(crate) fn read_pem_certs(
     path: &Path,
 ) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
     use rustls_pki_types::CertificateDer;

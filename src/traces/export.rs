@@ -40,7 +40,7 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// What the exporter did, for `/metrics` and `/healthz`.
 #[derive(Debug, Default)]
-pub struct ExportCounts {
+pub(crate) struct ExportCounts {
     pub exported: AtomicU64,
     /// Dropped: the queue was full, or the collector failed or refused them.
     pub dropped: AtomicU64,
@@ -93,7 +93,7 @@ impl Held {
 }
 
 /// The record sink that turns each record into a span and queues it.
-pub struct SpanExporter {
+pub(crate) struct SpanExporter {
     queue: mpsc::Sender<Item>,
     held: Arc<Held>,
     redactor: Arc<Redactor>,
@@ -105,7 +105,7 @@ pub struct SpanExporter {
 impl SpanExporter {
     /// The sink, and the task that posts its spans to `settings.url` (to be spawned
     /// on the runtime); `None` when export is off.
-    pub fn start(
+    pub(crate) fn start(
         settings: &TracesSettings,
         redactor: Arc<Redactor>,
         conversation: KeySource,
@@ -146,7 +146,7 @@ impl SpanExporter {
         Some((Arc::new(sink), task))
     }
 
-    pub fn counts(&self) -> Arc<ExportCounts> {
+    pub(crate) fn counts(&self) -> Arc<ExportCounts> {
         self.counts.clone()
     }
 }

@@ -6,8 +6,8 @@
 //! request path. Attribute names are in [`semconv`]. Content (the prompt and the
 //! answer) goes out only with `--otlp-content`, and only redacted.
 
-pub mod export;
-pub mod semconv;
+pub(crate) mod export;
+pub(crate) mod semconv;
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -87,7 +87,7 @@ pub struct TracesSettings {
 }
 
 /// The default of [`TracesSettings::queue_bytes`].
-pub const QUEUE_BYTES: usize = 64 << 20;
+pub(crate) const QUEUE_BYTES: usize = 64 << 20;
 
 impl Default for TracesSettings {
     fn default() -> Self {
@@ -163,7 +163,7 @@ fn parse_url(text: &str, base: bool) -> Result<Uri, String> {
 const TRACESTATE_MAX: usize = 512;
 
 /// What a span needs beyond its record.
-pub struct SpanContext<'a> {
+pub(crate) struct SpanContext<'a> {
     pub redactor: &'a Redactor,
     pub conversation: &'a KeySource,
     pub content: bool,
@@ -216,7 +216,7 @@ fn texts(key: &str, values: impl IntoIterator<Item = String>) -> KeyValue {
 }
 
 /// The parent named by a W3C `traceparent`: (trace id, parent span id, flags).
-pub fn parent(headers: &http::HeaderMap) -> Option<([u8; 16], [u8; 8], u8)> {
+pub(crate) fn parent(headers: &http::HeaderMap) -> Option<([u8; 16], [u8; 8], u8)> {
     let value = headers.get("traceparent")?.to_str().ok()?.trim();
     let mut parts = value.split('-');
     let (version, trace, span, flags) =
@@ -242,7 +242,7 @@ pub fn parent(headers: &http::HeaderMap) -> Option<([u8; 16], [u8; 8], u8)> {
 }
 
 /// The span of one finished exchange.
-pub fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
+pub(crate) fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
     let mut summary = Summary::default();
     let mut redact = |s: &str| {
         cx.redactor

@@ -1,4 +1,4 @@
-//! promptgate started in-process from the library ([`promptgate::server::serve`]),
+//! promptgate started in-process from the library ([`promptgate::serve`]),
 //! with a clock the test moves and a sink that hands the test every finished
 //! record: waits are on records, not on log lines or sleeps. The log of every
 //! in-process promptgate of the test binary goes to one buffer ([`InProcess::log`]).
@@ -9,11 +9,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use promptgate::cache::Clock;
-use promptgate::capture::CaptureLayer;
-use promptgate::config::{Config, ConfigLayer};
-use promptgate::record::{ExchangeRecord, RecordSink};
-use promptgate::server::{ServeOptions, serve};
+use promptgate::CaptureLayer;
+use promptgate::Clock;
+use promptgate::{Config, ConfigLayer};
+use promptgate::{ExchangeRecord, RecordSink};
+use promptgate::{ServeOptions, serve};
 use serde_json::{Value, json};
 use tokio::sync::{Notify, oneshot};
 
@@ -170,10 +170,10 @@ fn log_buffer() -> &'static Mutex<Vec<u8>> {
     LOG.get_or_init(|| {
         let buffer = Arc::new(Mutex::new(Vec::new()));
         let sink = buffer.clone();
-        promptgate::logging::init_to(
-            promptgate::logging::LogFormat::Json,
+        promptgate::init_to(
+            promptgate::LogFormat::Json,
             tracing_subscriber::EnvFilter::new("info,promptgate::cache=debug"),
-            Arc::new(promptgate::redact::Redactor::new(&[], &[]).unwrap()),
+            Arc::new(promptgate::Redactor::new(&[], &[]).unwrap()),
             Arc::new(move |line: &[u8]| sink.lock().unwrap().extend_from_slice(line)),
         );
         buffer

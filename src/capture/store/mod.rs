@@ -28,7 +28,7 @@ pub const DB_FILE: &str = "promptgate.db";
 
 /// Bytes the store in `dir` takes on disk: the database, its write-ahead log and
 /// shared-memory index (0 for what does not exist).
-pub fn size_on_disk(dir: &Path) -> u64 {
+pub(crate) fn size_on_disk(dir: &Path) -> u64 {
     ["", "-wal", "-shm"]
         .iter()
         .filter_map(|suffix| std::fs::metadata(dir.join(format!("{DB_FILE}{suffix}"))).ok())

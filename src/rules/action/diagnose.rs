@@ -98,15 +98,26 @@ impl Action for Diagnose {
                 // Nothing to compare with on a conversation's first turn.
                 let Some(id) = previous else { return Ok(None) };
                 let root = st.root()?;
-                body::set(
-                    root,
-                    &["prompt_cache_options".to_owned()],
-                    Value::Object(
-                        [("comparison_response_id".to_owned(), Value::String(id))]
-                            .into_iter()
-                            .collect(),
-                    ),
-                )?;
+                // Beside the options the client set (`ttl`, `mode`): those key the cache.
+                let has_options = root
+                    .at(&["prompt_cache_options".to_owned()])
+                    .is_some_and(|o| o.is_object());
+                if has_options {
+                    body::set(
+                        root,
+                        &[
+                            "prompt_cache_options".to_owned(),
+                            "comparison_response_id".to_owned(),
+                        ],
+                        Value::String(id),
+                    )?;
+                } else {
+                    body::set(
+                        root,
+                        &["prompt_cache_options".to_owned()],
+                        json!({ "comparison_response_id": id }),
+                    )?;
+                }
                 st.changed("/prompt_cache_options".into());
             }
             _ => {}
@@ -135,5 +146,68 @@ struct Noop;
 impl Action for Noop {
     fn apply(&self, _: &mut State<'_, '_>) -> Result<Option<Block>, String> {
         Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use http::{HeaderMap, Method};
+    use serde_json::{Value, json};
+
+    use crate::provider::{Api, Provider};
+    use crate::rules::{RequestCtx, RuleSet};
+
+    /// What an OpenAI Responses request goes out as under `cache.diagnose`.
+    fn asked(conversation: &str, body: Value) -> Value {
+        let rules = RuleSet::compile(&[(
+            "d.toml".into(),
+            "[[rule]]\nname = \"d\"\non = \"before_provider_request\"\nactions = [ { cache.diagnose = true } ]\n".into(),
+        )])
+        .unwrap();
+        let bytes = Bytes::from(serde_json::to_vec(&body).unwrap());
+        let prompt = crate::prompt::PromptCell::new(
+            bytes.clone(),
+            crate::prompt::Format::of_request(Provider::OpenAi, Api::Responses),
+        );
+        let r = rules.apply_request(RequestCtx {
+            provider: Provider::OpenAi,
+            api: Api::Responses,
+            method: &Method::POST,
+            host: None,
+            path: "/v1/responses",
+            model: Some("gpt-5.6"),
+            conversation: Some(conversation),
+            headers: HeaderMap::new(),
+            body: &bytes,
+            prompt: &prompt,
+        });
+        serde_json::from_slice(r.body.as_ref().map_or(&bytes, |b| b.body())).unwrap()
+    }
+
+    #[test]
+    fn openai_asks_against_the_last_answer_and_keeps_the_clients_cache_options() {
+        let first = json!({"model": "gpt-5.6", "input": "hi"});
+        assert_eq!(
+            asked("conv-diag-a", first.clone()),
+            first,
+            "nothing to compare on a first turn"
+        );
+        super::note_answer("conv-diag-a", "resp_1");
+        let sent = asked("conv-diag-a", first);
+        assert_eq!(
+            sent["prompt_cache_options"],
+            json!({"comparison_response_id": "resp_1"})
+        );
+        // `mode` and `ttl` key the cache: they stay as the client set them.
+        super::note_answer("conv-diag-b", "resp_2");
+        let sent = asked(
+            "conv-diag-b",
+            json!({"model": "gpt-5.6", "input": "hi", "prompt_cache_options": {"mode": "explicit", "ttl": "30m"}}),
+        );
+        assert_eq!(
+            sent["prompt_cache_options"],
+            json!({"mode": "explicit", "ttl": "30m", "comparison_response_id": "resp_2"})
+        );
     }
 }

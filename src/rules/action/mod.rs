@@ -49,11 +49,14 @@ type CompileFn = fn(&mut Cx<'_>, &Val<'_>) -> Option<Box<dyn Action>>;
 
 /// One action key: the reference for docs, `rules check` and the loader.
 #[derive(Debug)]
-pub struct ActionSpec {
+pub(crate) struct ActionSpec {
     pub key: &'static str,
     pub phases: &'static [Phase],
+    #[cfg_attr(not(test), allow(dead_code))]
+    // read by the test that writes docs/reference/rule-keys.md
     pub doc: &'static str,
     /// An `actions` entry using it.
+    #[cfg_attr(not(test), allow(dead_code))] // checked by loading it in the reference test
     pub example: &'static str,
     compile: CompileFn,
 }
@@ -79,7 +82,7 @@ const BLOCKS: &[Phase] = &[
 const EVENT: &[Phase] = &[Phase::ProviderStreamEvent];
 
 /// Every action key, in the order the README lists them.
-pub static ACTIONS: &[ActionSpec] = &[
+pub(crate) static ACTIONS: &[ActionSpec] = &[
     ActionSpec {
         key: "json.set",
         phases: REQUEST,

@@ -27,15 +27,14 @@ use crate::policy::{
 use crate::prompt::{Prompt, PromptCell};
 
 use transport::Answer;
-pub use transport::MAX_ANSWER;
 
 /// The version of the event JSON (`version` in every event).
-pub const EVENT_VERSION: u32 = 1;
+pub(crate) const EVENT_VERSION: u32 = 1;
 
 /// A hook's default time limit: 1 s. The agent's request waits on the hook, and
 /// an in-process policy service answers in milliseconds; a second is room for a
 /// cold `command` start (an interpreter) without making a stuck hook a stuck agent.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The longest `timeout` a hook may declare: 60 s.
 const MAX_TIMEOUT_MS: i64 = 60_001;
@@ -54,7 +53,7 @@ enum Transport {
     Http(Arc<transport::Http>),
 }
 
-pub use crate::policy::OnError;
+pub(crate) use crate::policy::OnError;
 
 /// One compiled `[[hook]]`.
 #[derive(Debug)]
@@ -368,7 +367,7 @@ impl Hook {
 /// the rules up to the next, and so on. The first slice always comes first (maybe
 /// empty): it makes the repeated-key check and runs the stream rules.
 /// HTTP hooks trust the roots the upstream trusts (`--upstream-ca`): set at start.
-pub fn trust(config: rustls::ClientConfig) {
+pub(crate) fn trust(config: rustls::ClientConfig) {
     transport::trust(config);
 }
 

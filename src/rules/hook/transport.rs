@@ -25,7 +25,7 @@ use tokio::sync::{mpsc, oneshot};
 /// The largest answer a hook may give (a decision with a replaced payload): 32 MiB,
 /// well above the largest request body a provider takes, so a runaway hook cannot
 /// make promptgate hold unbounded memory.
-pub const MAX_ANSWER: usize = 32 << 20;
+pub(crate) const MAX_ANSWER: usize = 32 << 20;
 
 /// The most stderr kept from a command (the block message or the error's reason).
 const MAX_STDERR: usize = 8 << 10;
