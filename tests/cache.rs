@@ -895,6 +895,114 @@ async fn an_openai_model_switch_is_named_as_one() {
     );
 }
 
+/// OpenAI Responses with `cache.diagnose`: each turn after the first names the
+/// last answer in `prompt_cache_options.comparison_response_id`, and the answer's
+/// `prompt_cache_diagnostics` (a union on `type`) stands beside promptgate's reason.
+#[tokio::test]
+async fn openais_own_diagnosis_is_asked_for_and_set_beside_promptgates() {
+    // The fake answers turn N with response id resp_N and the diagnosis the test
+    // scripted for it (what OpenAI's reference says it sends).
+    let diagnoses = [
+        Value::Null,
+        json!({"type": "cache_miss", "reason": "tools_changed", "cache_missed_tokens": 1900, "comparison_reusable_tokens": 100}),
+        json!({"type": "cache_miss", "reason": "service_tier_changed", "cache_missed_tokens": 1900}),
+        json!({"type": "comparison_response_not_found"}),
+    ];
+    let turn = Arc::new(Mutex::new(0usize));
+    let t = turn.clone();
+    let fake = FakeProvider::start(move |_| {
+        let mut n = t.lock().unwrap();
+        let mut answer = shapes::openai_response("gpt-5.6", "ok", (2100, 0, 5));
+        answer["id"] = json!(format!("resp_{}", *n + 1));
+        if !diagnoses[*n].is_null() {
+            answer["prompt_cache_diagnostics"] = diagnoses[*n].clone();
+        }
+        *n += 1;
+        Action::Respond(Reply::json(200, &answer))
+    })
+    .await;
+    let dir = TempDir::new("openai-diagnose");
+    std::fs::write(
+        dir.path().join("rules.toml"),
+        "[[rule]]\nname = \"ask\"\non = \"before_provider_request\"\nactions = [ { cache.diagnose = true } ]\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let policy = "Follow the support policy. ".repeat(400);
+    let body = |tool: &str| {
+        json!({"model": "gpt-5.6", "instructions": policy, "input": "Reply with exactly OK.",
+               "prompt_cache_key": "support-bot",
+               "prompt_cache_options": {"ttl": "30m"},
+               "tools": [{"type": "function", "name": tool, "parameters": {"type": "object", "properties": {}}}]})
+    };
+    // Turn 2 renames the tool (both see it); turn 3 changes nothing promptgate sees
+    // (the provider blames a setting); turn 4's baseline is gone.
+    for tool in ["get_time", "get_date", "get_date", "get_date"] {
+        let r = client::post(
+            proxy.addr,
+            "/openai/v1/responses",
+            &shapes::to_bytes(&body(tool)),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    proxy.wait_exchanges(4, WAIT).await;
+    let sent: Vec<Value> = fake.requests().iter().map(|r| r.json()).collect();
+    assert!(
+        sent[0]
+            .get("prompt_cache_options")
+            .unwrap()
+            .get("comparison_response_id")
+            .is_none()
+    );
+    for (i, s) in sent.iter().enumerate().skip(1) {
+        assert_eq!(
+            s["prompt_cache_options"],
+            json!({"ttl": "30m", "comparison_response_id": format!("resp_{i}")}),
+            "turn {} names the answer before it, beside the client's ttl",
+            i + 1
+        );
+    }
+    let records = captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let says = |i: usize| records[i]["cache"]["provider_says"].clone();
+    assert_eq!(says(0), Value::Null, "{}", records[0]["cache"]);
+    assert_eq!(
+        says(1)["reason"],
+        "tools_changed",
+        "{}",
+        records[1]["cache"]
+    );
+    assert_eq!(says(1)["missed_tokens"], 1900);
+    assert_eq!(says(1)["agrees"], true, "{}", records[1]["cache"]);
+    assert_eq!(
+        says(2)["reason"],
+        "service_tier_changed",
+        "{}",
+        records[2]["cache"]
+    );
+    assert_eq!(says(2)["agrees"], false, "{}", records[2]["cache"]);
+    assert!(
+        says(2)["note"]
+            .as_str()
+            .unwrap()
+            .contains("promptgate saw the settings unchanged"),
+        "{}",
+        says(2)
+    );
+    assert_eq!(
+        says(3)["reason"],
+        "comparison_response_not_found",
+        "{}",
+        records[3]["cache"]
+    );
+    assert_eq!(says(3).get("agrees"), None, "it names no change");
+}
+
 // === the stored analysis and `cache report` ===
 
 /// Six turns of one Claude Code conversation: a write, a hit, a date changed in
