@@ -352,7 +352,7 @@ impl<'s> Cx<'s> {
         match super::body::Pointer::parse(text) {
             Ok(p) => Some(p),
             Err(e) => {
-                self.error(span, e);
+                self.error(span, e.to_string());
                 None
             }
         }

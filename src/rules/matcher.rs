@@ -464,7 +464,7 @@ impl Matcher {
                     .any(|t| e.tags.contains(t) || st.effects.tags.contains(t))
             })),
             Matcher::Body(pointer, test) => match st.root() {
-                Err(why) => Tri::Unknown(why),
+                Err(why) => Tri::Unknown(why.to_string()),
                 Ok(root) => {
                     let node = root.peek().at(&pointer.0);
                     Tri::of(match (test, node) {
@@ -481,18 +481,18 @@ impl Matcher {
                 }
             },
             Matcher::System(scope, test) => match st.root() {
-                Err(why) => Tri::Unknown(why),
+                Err(why) => Tri::Unknown(why.to_string()),
                 Ok(root) => Tri::of(shape::any_text(root, *scope, |t| test.test(t))),
             },
             Matcher::Tool(g) => match st.root() {
-                Err(why) => Tri::Unknown(why),
+                Err(why) => Tri::Unknown(why.to_string()),
                 Ok(root) => Tri::of(
                     shape::tools(root)
                         .any(|t| shape::tool_name(t).is_some_and(|n| g.is_match(n.as_ref()))),
                 ),
             },
             Matcher::Stream(want) => match st.root() {
-                Err(why) => Tri::Unknown(why),
+                Err(why) => Tri::Unknown(why.to_string()),
                 Ok(root) => {
                     let stream = root
                         .peek()

@@ -195,10 +195,10 @@ pub(crate) struct State<'r, 'a> {
 
 impl<'a> State<'_, 'a> {
     /// The parsed body, or why it cannot be read.
-    pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
+    pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, body::BodyError> {
         match self.body.as_mut() {
             Some(b) => b.root(),
-            None => Err("there is no request body in after_provider_response".into()),
+            None => Err(body::BodyError::NoRequest),
         }
     }
 

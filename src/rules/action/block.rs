@@ -1,6 +1,7 @@
 //! `block`: answer the client with an error in the provider's shape; the upstream
 //! is never contacted (the provider's error shape).
 
+use super::ActionError;
 use http::StatusCode;
 use toml::de::DeValue;
 
@@ -16,7 +17,7 @@ struct BlockAction {
 }
 
 impl Action for BlockAction {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         Ok(Some(Block {
             status: self.status,
             error_type: self.error_type.clone(),

@@ -2,11 +2,12 @@
 //! (Anthropic's prompt caching). Whatever they do, the limits policy (`limits.rs`) runs after
 //! the request rules, so the body sent is one the provider accepts.
 
+use super::ActionError;
 use regex::Regex;
 use serde_json::{Value, json};
 
 use super::Action;
-use crate::rules::body::{Node, Pointer, ptr};
+use crate::rules::body::{Node, Pointer, PointerError, ptr};
 use crate::rules::limits::{self, Section};
 use crate::rules::load::{Cx, Val};
 use crate::rules::{Block, State};
@@ -59,7 +60,7 @@ impl Action for Strip {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let mut changed = Vec::new();
         for m in limits::markers(root) {
@@ -137,14 +138,14 @@ struct Set {
 
 impl Set {
     /// The block the marker goes on.
-    fn block(&self, root: &mut Node<'_>) -> Result<Vec<String>, String> {
+    fn block(&self, root: &mut Node<'_>) -> Result<Vec<String>, ActionError> {
         match &self.target {
             Target::LastTool => {
                 let n = root
                     .child("tools")
                     .and_then(|t| t.len())
                     .filter(|n| *n > 0)
-                    .ok_or("the body has no tools")?;
+                    .ok_or(ActionError::Missing("tools"))?;
                 Ok(Vec::from(ptr!["tools", n - 1]))
             }
             Target::LastSystem | Target::SystemIndex(_) | Target::SystemMatch(_) => {
@@ -154,14 +155,14 @@ impl Set {
                         .and_then(|s| s.as_str().map(|t| t.into_owned()))
                         .unwrap_or_default();
                     if text.is_empty() {
-                        return Err("the body has no system text".into());
+                        return Err(ActionError::Missing("system text"));
                     }
                     root.set_key(
                         "system",
                         Node::Value(json!([{"type": "text", "text": text}])),
                     );
                 }
-                let system = root.child("system").ok_or("the body has no system")?;
+                let system = root.child("system").ok_or(ActionError::Missing("system"))?;
                 let n = system.len().unwrap_or(0);
                 let index = match &self.target {
                     Target::LastSystem => n.checked_sub(1),
@@ -175,20 +176,22 @@ impl Set {
                     }),
                     _ => None,
                 };
-                let i = index.ok_or("no such system block")?;
+                let i = index.ok_or(ActionError::NoSystemBlock)?;
                 Ok(Vec::from(ptr!["system", i]))
             }
             Target::MessageFromEnd(back) => {
                 let n = root
                     .child("messages")
                     .and_then(|m| m.len())
-                    .ok_or("the body has no messages")?;
+                    .ok_or(ActionError::Missing("messages"))?;
                 let i = n
                     .checked_sub(back + 1)
-                    .ok_or_else(|| format!("there is no message {back} from the end"))?;
+                    .ok_or(ActionError::NoMessageBack(*back))?;
                 let content = ptr!["messages", i, "content"];
                 super::system::content_as_blocks(root, &content)?;
-                let blocks = root.at(&content).ok_or("the message has no content")?;
+                let blocks = root
+                    .at(&content)
+                    .ok_or_else(|| PointerError::Missing(Pointer::text(&content)))?;
                 let count = blocks.len().unwrap_or(0);
                 let j = (0..count)
                     .rev()
@@ -197,9 +200,7 @@ impl Set {
                             .child(&j.to_string())
                             .is_some_and(|b| limits::ineligible(b.peek()).is_none())
                     })
-                    .ok_or_else(|| {
-                        format!("message {i} has no block that can carry cache_control")
-                    })?;
+                    .ok_or(ActionError::NoCarrier(i))?;
                 Ok(Vec::from(ptr!["messages", i, "content", j]))
             }
         }
@@ -211,16 +212,16 @@ impl Action for Set {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let block = self.block(root)?;
-        let missing = || format!("{} does not exist", Pointer::text(&block));
+        let missing = || PointerError::Missing(Pointer::text(&block));
         let target = root.at(&block).ok_or_else(missing)?;
         if let Some(why) = limits::ineligible(target.peek()) {
-            return Err(format!(
-                "{} is {why}, which cannot carry cache_control",
-                Pointer::text(&block)
-            ));
+            return Err(ActionError::CannotCarry {
+                at: Pointer::text(&block),
+                what: why,
+            });
         }
         let want = marker(self.ttl);
         if target
@@ -297,7 +298,7 @@ impl Action for SetTtl {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let mut changed = Vec::new();
         for m in limits::markers(root) {
@@ -322,7 +323,7 @@ pub(super) fn compile_ttl(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action
 struct Max(usize);
 
 impl Action for Max {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let max = st.effects.max_breakpoints.map_or(self.0, |m| m.min(self.0));
         st.effects.max_breakpoints = Some(max);
         Ok(None)

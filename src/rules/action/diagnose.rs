@@ -5,6 +5,7 @@
 //! The bytes sent change; the cached prefix does not (`diagnostics` is no part of
 //! the prompt: tests/cache.rs checks it with the emulator).
 
+use super::ActionError;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, OnceLock};
 
@@ -65,7 +66,7 @@ impl Action for Diagnose {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let previous = st.info.conversation.and_then(last_answer);
         match (st.info.provider, st.info.api) {
             (Provider::Anthropic, Api::Messages) => {
@@ -86,7 +87,10 @@ impl Action for Diagnose {
                     _ => Some(BETA.to_owned()),
                 };
                 if let Some(beta) = beta {
-                    let value = HeaderValue::from_str(&beta).map_err(|e| e.to_string())?;
+                    let value =
+                        HeaderValue::from_str(&beta).map_err(|_| ActionError::HeaderValue {
+                            name: "anthropic-beta".into(),
+                        })?;
                     st.headers.insert("anthropic-beta", value);
                     let rule = st.rule.clone();
                     st.effects
@@ -144,7 +148,7 @@ pub(super) fn compile(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action>> {
 struct Noop;
 
 impl Action for Noop {
-    fn apply(&self, _: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, _: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         Ok(None)
     }
 }

@@ -2,6 +2,7 @@
 //! response headers in after_provider_response. Values may come from the
 //! environment (`${env:NAME}`, read at load); those are secrets, never logged.
 
+use super::ActionError;
 use http::{HeaderName, HeaderValue};
 use toml::de::DeValue;
 
@@ -44,7 +45,7 @@ fn header_name(cx: &mut Cx<'_>, text: &str, span: std::ops::Range<usize>) -> Opt
 struct Set(Vec<(HeaderName, HeaderValue, bool)>);
 
 impl Action for Set {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         for (name, value, secret) in &self.0 {
             if st.headers.get(name) != Some(value) {
                 st.header_changed(name);
@@ -96,7 +97,7 @@ pub(super) fn compile_set(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action
 struct Remove(Vec<HeaderName>);
 
 impl Action for Remove {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         for name in &self.0 {
             if st.headers.remove(name).is_some() {
                 st.header_changed(name);

@@ -1,5 +1,6 @@
 //! `json.set`, `json.remove`, `json.append`: edits at RFC 6901 pointers.
 
+use super::ActionError;
 use serde_json::Value;
 
 use super::Action;
@@ -25,7 +26,7 @@ impl Action for JsonEdit {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let tokens = &self.pointer.0;
         let changed = match &self.op {

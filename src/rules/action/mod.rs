@@ -35,7 +35,39 @@ pub(crate) trait Action: Send + Sync + fmt::Debug {
     }
     /// Applies it. `Ok(Some(block))` answers the client and ends the exchange;
     /// `Err` says why it could not be applied (an `enforce` rule then blocks).
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String>;
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError>;
+}
+
+/// Why an action could not apply to a request: the request goes on as it came (the
+/// rule's log line says why), or is refused when the rule enforces.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum ActionError {
+    #[error(transparent)]
+    Body(#[from] super::body::BodyError),
+    #[error(transparent)]
+    Pointer(#[from] super::body::PointerError),
+    /// The request lacks the part the action works on.
+    #[error("the body has no {0}")]
+    Missing(&'static str),
+    #[error("there is no message {0} from the end")]
+    NoMessageBack(usize),
+    #[error("no such system block")]
+    NoSystemBlock,
+    #[error("message {0} has no block that can carry cache_control")]
+    NoCarrier(usize),
+    #[error("{at} is {what}, which cannot carry cache_control")]
+    CannotCarry { at: String, what: &'static str },
+    #[error("{0} is neither text nor blocks")]
+    NotContent(String),
+    #[error("there is no role:\"system\" message to add to")]
+    NoSystemMessage,
+    #[error("there is no user message to move the text to")]
+    NoUserMessage,
+    /// A stream-event action in a rule of another phase.
+    #[error("{0} works on stream events only")]
+    EventsOnly(&'static str),
+    #[error("header {name}: the value is not valid in a header")]
+    HeaderValue { name: String },
 }
 
 /// An action of a compiled rule.

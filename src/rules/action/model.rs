@@ -1,6 +1,7 @@
 //! `model.map`, `model.allow`, `max_tokens.clamp`, `metadata.user_id.*`: what is
 //! asked of the model.
 
+use super::ActionError;
 use globset::GlobMatcher;
 use serde_json::{Value, json};
 use toml::de::DeValue;
@@ -20,7 +21,7 @@ impl Action for Map {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let Some(current) = st.model.clone() else {
             return Ok(None);
         };
@@ -60,7 +61,7 @@ struct Allow {
 }
 
 impl Action for Allow {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let model = st.model.clone().unwrap_or_default();
         if self.globs.is_match(&model) {
             return Ok(None);
@@ -95,7 +96,7 @@ impl Action for Clamp {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let mut changed = Vec::new();
         for field in TOKEN_FIELDS {
@@ -146,7 +147,7 @@ impl Action for UserId {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         match &self.0 {
             Some(id) => {
@@ -159,7 +160,7 @@ impl Action for UserId {
                 match root.child("metadata") {
                     Some(m) if m.is_object() => {
                         root.at_mut(&ptr!["metadata"])
-                            .ok_or("the body has no metadata")?
+                            .ok_or(ActionError::Missing("metadata"))?
                             .set_key("user_id", Node::Value(Value::String(id.clone())));
                     }
                     _ => {

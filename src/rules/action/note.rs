@@ -1,5 +1,6 @@
 //! `tag`, `log`, `capture`, `redact`: what rules say about an exchange, not to it.
 
+use super::ActionError;
 use regex::Regex;
 
 use super::Action;
@@ -12,7 +13,7 @@ use crate::rules::{Block, State};
 struct Tag(Vec<String>);
 
 impl Action for Tag {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         for t in &self.0 {
             if !st.effects.tags.contains(t) {
                 st.effects.tags.push(t.clone());
@@ -183,7 +184,7 @@ impl Template {
 struct Log(Template);
 
 impl Action for Log {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let line = self.0.render(st);
         st.log(line);
         Ok(None)
@@ -200,7 +201,7 @@ pub(super) fn compile_log(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Action
 struct Capture(bool);
 
 impl Action for Capture {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         // Off wins: once a rule turned capture off, a later `true` does not turn it on.
         if st.effects.capture != Some(false) {
             st.effects.capture = Some(self.0);
@@ -219,7 +220,7 @@ pub(super) fn compile_capture(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Ac
 struct Redact(Vec<Regex>);
 
 impl Action for Redact {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         st.effects.redactions.extend(self.0.iter().cloned());
         Ok(None)
     }

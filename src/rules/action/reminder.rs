@@ -1,6 +1,7 @@
 //! `reminder.*`: remove or rewrite `<system-reminder>` text blocks in user messages
 //! (where Claude Code puts CLAUDE.md, git status and the date).
 
+use super::ActionError;
 use std::sync::LazyLock;
 
 use memchr::memmem::Finder;
@@ -28,7 +29,7 @@ impl Action for Reminders {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         // Find first (document order), change after (last first, so indices hold).
         let mut hits = Vec::new();

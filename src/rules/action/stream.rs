@@ -1,6 +1,7 @@
 //! `mask` and `drop_event`: what per-event rules do to the events a client receives
 //! (the engine that holds and rewrites them is [`crate::rules::stream`]).
 
+use super::ActionError;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,12 +26,12 @@ const MAX_HOLD_TIME: Duration = Duration::from_secs(10);
 struct MaskAction(Arc<Mask>);
 
 impl Action for MaskAction {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let rule = st.rule.clone();
         let decision = st
             .decision
             .as_mut()
-            .ok_or("mask works on stream events only")?;
+            .ok_or(ActionError::EventsOnly("mask"))?;
         decision.masks.push((rule, self.0.clone()));
         Ok(None)
     }
@@ -92,10 +93,10 @@ pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
 struct DropEvent;
 
 impl Action for DropEvent {
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         st.decision
             .as_mut()
-            .ok_or("drop_event works on stream events only")?
+            .ok_or(ActionError::EventsOnly("drop_event"))?
             .drop = true;
         Ok(None)
     }

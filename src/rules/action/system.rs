@@ -1,6 +1,7 @@
 //! `system.*`: add, rewrite, remove and move system prompt text, in the `system`
 //! field, in `role:"system"` messages, or both.
 
+use super::ActionError;
 use std::collections::HashMap;
 use std::sync::Mutex;
 
@@ -10,7 +11,7 @@ use serde_json::{Value, json};
 use super::Action;
 use super::cache_control::Ttl;
 use crate::provider::Provider;
-use crate::rules::body::{Node, Pointer, ptr};
+use crate::rules::body::{Node, Pointer, PointerError, ptr};
 use crate::rules::load::{Cx, Val};
 use crate::rules::shape::{self, Scope};
 use crate::rules::{Block, State};
@@ -40,7 +41,7 @@ impl Action for Add {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         // OpenAI chat bodies have no `system` field: their system prompt is a message.
         let scope = if st.info.provider == Provider::OpenAi {
             Scope::Messages
@@ -55,7 +56,7 @@ impl Action for Add {
                 system_as_blocks(root);
                 let system = root
                     .at_mut(&ptr!["system"])
-                    .ok_or("the body has no system")?;
+                    .ok_or(ActionError::Missing("system"))?;
                 let n = system.len().unwrap_or(0);
                 let at = if self.first { 0 } else { n };
                 system.insert(at, Node::Value(self.block()));
@@ -91,10 +92,14 @@ fn add_to_system_message(
     root: &mut Node<'_>,
     provider: Provider,
     add: &Add,
-) -> Result<String, String> {
+) -> Result<String, ActionError> {
     let found = {
-        let messages = root.child("messages").ok_or("the body has no messages")?;
-        let n = messages.len().ok_or("messages is not an array")?;
+        let messages = root
+            .child("messages")
+            .ok_or(ActionError::Missing("messages"))?;
+        let n = messages
+            .len()
+            .ok_or_else(|| PointerError::NotArray("/messages".into()))?;
         (0..n).find(|i| {
             messages
                 .child(&i.to_string())
@@ -104,11 +109,11 @@ fn add_to_system_message(
     };
     let Some(i) = found else {
         if provider != Provider::OpenAi {
-            return Err("there is no role:\"system\" message to add to".into());
+            return Err(ActionError::NoSystemMessage);
         }
         let messages = root
             .at_mut(&ptr!["messages"])
-            .ok_or("the body has no messages")?;
+            .ok_or(ActionError::Missing("messages"))?;
         messages.insert(
             0,
             Node::Value(json!({"role": "system", "content": add.text})),
@@ -117,7 +122,7 @@ fn add_to_system_message(
     };
     let content = ptr!["messages", i, "content"];
     content_as_blocks(root, &content)?;
-    let missing = || format!("{} is missing", Pointer::text(&content));
+    let missing = || PointerError::Missing(Pointer::text(&content));
     let node = root.at_mut(&content).ok_or_else(missing)?;
     let n = node.len().unwrap_or(0);
     let at = if add.first { 0 } else { n };
@@ -130,23 +135,26 @@ fn add_to_system_message(
 }
 
 /// Makes a message's `content` an array of blocks (a string becomes one text block).
-pub(super) fn content_as_blocks(root: &mut Node<'_>, content: &[String]) -> Result<(), String> {
+pub(super) fn content_as_blocks(
+    root: &mut Node<'_>,
+    content: &[String],
+) -> Result<(), ActionError> {
     let node = root
         .at(content)
-        .ok_or_else(|| format!("{} is missing", Pointer::text(content)))?;
+        .ok_or_else(|| PointerError::Missing(Pointer::text(content)))?;
     if node.is_array() {
         return Ok(());
     }
     let text = node
         .as_str()
-        .ok_or_else(|| format!("{} is neither text nor blocks", Pointer::text(content)))?
+        .ok_or_else(|| ActionError::NotContent(Pointer::text(content)))?
         .into_owned();
     let blocks = if text.is_empty() {
         json!([])
     } else {
         json!([{"type": "text", "text": text}])
     };
-    let missing = || format!("{} is missing", Pointer::text(content));
+    let missing = || PointerError::Missing(Pointer::text(content));
     let (last, parent) = content.split_last().ok_or_else(missing)?;
     root.at_mut(parent)
         .ok_or_else(missing)?
@@ -264,7 +272,7 @@ fn edit_texts(
     scope: Scope,
     memo: Option<&EditMemo>,
     edit: impl Fn(&str) -> Option<String>,
-) -> Result<Option<Block>, String> {
+) -> Result<Option<Block>, ActionError> {
     let root = st.root()?;
     let mut changed = Vec::new();
     // Last first, so removing a block leaves earlier locations valid.
@@ -347,7 +355,7 @@ impl Action for Replace {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         edit_texts(st, self.scope, Some(&self.memo), |text| {
             let new = self.regex.replace_all(text, self.with.as_str());
             (new != text).then(|| new.into_owned())
@@ -426,7 +434,7 @@ impl Action for Remove {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         // An empty text removes its block (and an emptied system message).
         edit_texts(st, self.scope, None, |text| {
             self.test.is_match(text).then(String::new)
@@ -457,10 +465,10 @@ impl Action for Move {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let Some(user) = shape::first_user_message(root) else {
-            return Err("there is no user message to move the text to".into());
+            return Err(ActionError::NoUserMessage);
         };
         let mut moved = Vec::new();
         let mut changed = Vec::new();
@@ -510,7 +518,7 @@ impl Action for Move {
             moved.join("\n")
         );
         root.at_mut(&content)
-            .ok_or_else(|| format!("{} is missing", Pointer::text(&content)))?
+            .ok_or_else(|| PointerError::Missing(Pointer::text(&content)))?
             .insert(0, Node::Value(json!({"type": "text", "text": text})));
         for p in changed.into_iter().rev() {
             st.changed(p);

@@ -1,5 +1,6 @@
 //! `tools.remove` and `tools.allow`: drop tool definitions by name glob.
 
+use super::ActionError;
 use globset::GlobSet;
 
 use super::Action;
@@ -20,7 +21,7 @@ impl Action for Tools {
         true
     }
 
-    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, String> {
+    fn apply(&self, st: &mut State<'_, '_>) -> Result<Option<Block>, ActionError> {
         let root = st.root()?;
         let mut n = 0;
         let mut drop = Vec::new();
@@ -44,7 +45,9 @@ impl Action for Tools {
         } else {
             None
         };
-        let tools = root.at_mut(&ptr!["tools"]).ok_or("the body has no tools")?;
+        let tools = root
+            .at_mut(&ptr!["tools"])
+            .ok_or(ActionError::Missing("tools"))?;
         for i in drop.iter().rev() {
             tools.remove_index(*i);
         }

@@ -19,6 +19,19 @@ pub(crate) struct BodyStore<'a> {
     pub(super) index: OnceCell<Option<Index<'a>>>,
 }
 
+/// Why a request body cannot be read as the JSON object rules edit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BodyError {
+    #[error("the body is not a JSON object: it is malformed at byte {0}")]
+    Malformed(usize),
+    #[error("the body is not a JSON object")]
+    NotObject,
+    #[error("the body is not a JSON object: a key is not valid text")]
+    KeyNotText,
+    #[error("there is no request body in after_provider_response")]
+    NoRequest,
+}
+
 /// The body of one request: its bytes (decoded when compressed), parsed on first use.
 pub(crate) struct LazyBody<'a> {
     pub(super) sent: &'a Bytes,
@@ -27,7 +40,7 @@ pub(crate) struct LazyBody<'a> {
     /// The model of `plain`, read on first use.
     pub(super) prompt: &'a PromptCell,
     pub(super) store: &'a BodyStore<'a>,
-    pub(super) root: Option<Result<Node<'a>, String>>,
+    pub(super) root: Option<Result<Node<'a>, BodyError>>,
 }
 
 impl<'a> LazyBody<'a> {
@@ -72,7 +85,7 @@ impl<'a> LazyBody<'a> {
     }
 
     /// The parsed body, or why it cannot be read as a JSON object.
-    pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, String> {
+    pub(crate) fn root(&mut self) -> Result<&mut Node<'a>, BodyError> {
         if self.root.is_none() {
             let store = self.store;
             let parsed = parse_root(self.prompt, &store.index);
@@ -119,16 +132,14 @@ impl<'a> LazyBody<'a> {
 fn parse_root<'a>(
     prompt: &'a PromptCell,
     index: &'a OnceCell<Option<Index<'a>>>,
-) -> Result<Node<'a>, String> {
+) -> Result<Node<'a>, BodyError> {
     let prompt = prompt.get();
     match prompt.shape() {
         Shape::Object(_) => {}
         Shape::NotJson(at) => {
-            return Err(format!(
-                "the body is not a JSON object: it is malformed at byte {at}"
-            ));
+            return Err(BodyError::Malformed(at));
         }
-        Shape::Empty | Shape::NotObject => return Err("the body is not a JSON object".into()),
+        Shape::Empty | Shape::NotObject => return Err(BodyError::NotObject),
     }
     match index.get_or_init(|| Index::build(prompt)) {
         Some(index) => match index.open(0) {
@@ -136,9 +147,9 @@ fn parse_root<'a>(
                 orig: Some(prompt.body()),
                 entries,
             }),
-            _ => Err("the body is not a JSON object: a key is not valid text".into()),
+            _ => Err(BodyError::KeyNotText),
         },
-        None => Err("the body is not a JSON object".into()),
+        None => Err(BodyError::NotObject),
     }
 }
 

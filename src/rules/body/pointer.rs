@@ -29,14 +29,6 @@ pub(crate) enum PointerError {
     NotArray(String),
 }
 
-// The rule actions report their failures as text at their edge (a log line, or an
-// enforce rule's block).
-impl From<PointerError> for String {
-    fn from(e: PointerError) -> String {
-        e.to_string()
-    }
-}
-
 /// An RFC 6901 JSON pointer, split into unescaped tokens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Pointer(pub(crate) Vec<String>);

@@ -320,7 +320,7 @@ impl Hook {
     }
 
     /// Sends the event (`id` its event id) and waits up to `timeout` for the answer.
-    async fn call(&self, id: String, event: Bytes) -> Result<Answer, String> {
+    async fn call(&self, id: String, event: Bytes) -> Result<Answer, HookError> {
         let rt = transport::runtime();
         let mut handle = match &self.transport {
             Transport::Command(c) => {
@@ -350,12 +350,12 @@ impl Hook {
         };
         match tokio::time::timeout(self.timeout, &mut handle).await {
             Ok(Ok(Ok(answer))) => Ok(answer),
-            Ok(Ok(Err(e))) => Err(e.to_string()),
-            Ok(Err(e)) => Err(format!("the call failed: {e}")),
+            Ok(Ok(Err(e))) => Err(HookError::Call(e)),
+            Ok(Err(e)) => Err(HookError::Lost(e.to_string())),
             Err(_) => {
                 // Dropping the call kills a command that is still running.
                 handle.abort();
-                Err(format!("timeout after {} ms", self.timeout.as_millis()))
+                Err(HookError::Timeout(self.timeout))
             }
         }
     }
@@ -727,10 +727,11 @@ impl HookTurn {
         // The provider's head has come: a hook cannot answer instead of it.
         let answers = !matches!(target, Target::Response(_));
         let answer = self.hook().call(id, event).await;
-        match answer.and_then(|a| self.decide(phase, a, &mut target, effects)) {
+        let decided = answer.and_then(|a| Ok(self.decide(phase, a, &mut target, effects)?));
+        match decided {
             Ok(d) if answers => d,
             Ok(_) => Decision::Continue,
-            Err(why) => self.failed(phase, facts, &why, effects),
+            Err(why) => self.failed(phase, facts, &why.to_string(), effects),
         }
     }
 }
@@ -918,6 +919,65 @@ const FRAMING: &[&str] = &[
     "host",
 ];
 
+/// Why a hook gave no decision: `on_error` decides what the exchange does.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum HookError {
+    /// Its transport failed: the program, the co-process or the service.
+    #[error(transparent)]
+    Call(transport::CallError),
+    /// The task that ran the call ended without an answer (it panicked or the
+    /// hooks' runtime is gone).
+    #[error("the call failed: {0}")]
+    Lost(String),
+    #[error("timeout after {} ms", .0.as_millis())]
+    Timeout(Duration),
+    #[error(transparent)]
+    Answer(#[from] AnswerError),
+}
+
+/// What is wrong with a hook's answer: it is no decision promptgate can apply, so
+/// `on_error` decides.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AnswerError {
+    #[error("the answer is not JSON ({reason}): {preview:?}")]
+    NotJson { reason: String, preview: String },
+    #[error("the answer is not a JSON object: {0:?}")]
+    NotObject(String),
+    #[error("unknown key {key:?} in the decision (known: {known})")]
+    UnknownKey { key: String, known: String },
+    /// A field of the decision of the wrong kind.
+    #[error("{field} must be {expected}")]
+    Field {
+        field: String,
+        expected: &'static str,
+    },
+    #[error("{0} cannot answer after the response head came")]
+    TooLate(&'static str),
+    #[error("payload and patch are for before_provider_request, not {0}")]
+    WrongPhase(&'static str),
+    #[error("a decision has payload or patch, not both")]
+    PayloadAndPatch,
+    #[error("patch: the payload is not JSON ({0})")]
+    PayloadNotJson(String),
+    #[error(transparent)]
+    Patch(#[from] patch::PatchError),
+    #[error("{0:?} is not a header name")]
+    HeaderName(String),
+    #[error("the new payload cannot be written: {0}")]
+    Write(String),
+    #[error("a hook cannot change {0} (promptgate frames the request)")]
+    Framing(String),
+}
+
+impl AnswerError {
+    fn field(field: impl Into<String>, expected: &'static str) -> AnswerError {
+        AnswerError::Field {
+            field: field.into(),
+            expected,
+        }
+    }
+}
+
 impl HookTurn {
     /// Applies an answer; `Err` is a failure (`on_error` decides). Nothing is
     /// changed unless the whole decision is valid.
@@ -927,12 +987,12 @@ impl HookTurn {
         answer: Answer,
         target: &mut Target<'_, '_>,
         effects: &mut Effects,
-    ) -> Result<Decision, String> {
+    ) -> Result<Decision, AnswerError> {
         let hook = self.hook();
         let bytes = match answer {
             Answer::Block(stderr) => {
                 if phase == Phase::AfterProviderResponse {
-                    return Err("exit 2 (block) cannot answer after the response head came".into());
+                    return Err(AnswerError::TooLate("exit 2 (block)"));
                 }
                 effects.fired.push(hook.name.clone());
                 let message = if stderr.is_empty() {
@@ -955,19 +1015,18 @@ impl HookTurn {
         if text.is_empty() {
             return Ok(Decision::Continue);
         }
-        let value: Value = serde_json::from_slice(text)
-            .map_err(|e| format!("the answer is not JSON ({e}): {:?}", preview(text)))?;
+        let value: Value = serde_json::from_slice(text).map_err(|e| AnswerError::NotJson {
+            reason: e.to_string(),
+            preview: preview(text),
+        })?;
         let Value::Object(mut d) = value else {
-            return Err(format!(
-                "the answer is not a JSON object: {:?}",
-                preview(text)
-            ));
+            return Err(AnswerError::NotObject(preview(text)));
         };
         if let Some(k) = d.keys().find(|k| !DECISION_KEYS.contains(&k.as_str())) {
-            return Err(format!(
-                "unknown key {k:?} in the decision (known: {})",
-                DECISION_KEYS.join(", ")
-            ));
+            return Err(AnswerError::UnknownKey {
+                key: k.clone(),
+                known: DECISION_KEYS.join(", "),
+            });
         }
         let tags: Vec<String> = match d.remove("tags") {
             None => Vec::new(),
@@ -975,41 +1034,38 @@ impl HookTurn {
                 .into_iter()
                 .map(|t| match t {
                     Value::String(s) => Ok(s),
-                    _ => Err("tags must be strings".to_owned()),
+                    _ => Err(AnswerError::field("tags", "strings")),
                 })
                 .collect::<Result<_, _>>()?,
-            Some(_) => return Err("tags must be an array of strings".into()),
+            Some(_) => return Err(AnswerError::field("tags", "an array of strings")),
         };
         let log = match d.remove("log") {
             None => None,
             Some(Value::String(s)) => Some(s),
-            Some(_) => return Err("log must be a string".into()),
+            Some(_) => return Err(AnswerError::field("log", "a string")),
         };
         let block = d.remove("block").map(parse_block).transpose()?;
         let headers = d.remove("headers").map(parse_headers).transpose()?;
         let payload = d.remove("payload");
         let patch = d.remove("patch");
         if block.is_some() && phase == Phase::AfterProviderResponse {
-            return Err("block cannot answer after the response head came".into());
+            return Err(AnswerError::TooLate("block"));
         }
         let new_body = match (payload, patch, &mut *target) {
             (None, None, _) => None,
             (_, _, Target::Request { .. }) if phase != Phase::BeforeProviderRequest => {
-                return Err(format!(
-                    "payload and patch are for before_provider_request, not {}",
-                    phase.name()
-                ));
+                return Err(AnswerError::WrongPhase(phase.name()));
             }
             (_, _, Target::Response(_)) => {
-                return Err("payload and patch are for before_provider_request".into());
+                return Err(AnswerError::WrongPhase(Phase::AfterProviderResponse.name()));
             }
             (Some(p @ Value::Object(_)), None, _) => Some((p, vec![String::new()])),
-            (Some(_), None, _) => return Err("payload must be a JSON object".into()),
-            (Some(_), Some(_), _) => return Err("a decision has payload or patch, not both".into()),
+            (Some(_), None, _) => return Err(AnswerError::field("payload", "a JSON object")),
+            (Some(_), Some(_), _) => return Err(AnswerError::PayloadAndPatch),
             (None, Some(ops), Target::Request { request, .. }) => {
                 let mut doc: Value = serde_json::from_slice(request.prompt.body())
-                    .map_err(|e| format!("patch: the payload is not JSON ({e})"))?;
-                let changed = patch::apply(&mut doc, &ops).map_err(|e| e.to_string())?;
+                    .map_err(|e| AnswerError::PayloadNotJson(e.to_string()))?;
+                let changed = patch::apply(&mut doc, &ops)?;
                 Some((doc, changed))
             }
         };
@@ -1055,7 +1111,7 @@ impl HookTurn {
             }
         }
         if let (Some((doc, pointers)), Target::Request { request, facts }) = (new_body, target) {
-            let bytes = serde_json::to_vec(&doc).map_err(|e| e.to_string())?;
+            let bytes = serde_json::to_vec(&doc).map_err(|e| AnswerError::Write(e.to_string()))?;
             for p in pointers {
                 effects.edits.push((hook.name.clone(), p.clone()));
                 effects.changed(p);
@@ -1102,14 +1158,17 @@ fn replace_payload(
     }
 }
 
-fn parse_block(v: Value) -> Result<Block, String> {
+fn parse_block(v: Value) -> Result<Block, AnswerError> {
     let Value::Object(b) = v else {
-        return Err("block must be an object (message, status, type)".into());
+        return Err(AnswerError::field(
+            "block",
+            "an object (message, status, type)",
+        ));
     };
     let message = match b.get("message") {
         None => "blocked by a hook".to_owned(),
         Some(Value::String(s)) => s.clone(),
-        Some(_) => return Err("block.message must be a string".into()),
+        Some(_) => return Err(AnswerError::field("block.message", "a string")),
     };
     let status = match b.get("status") {
         None => BLOCK_STATUS,
@@ -1118,12 +1177,15 @@ fn parse_block(v: Value) -> Result<Block, String> {
             .and_then(|n| u16::try_from(n).ok())
             .filter(|n| (400..600).contains(n))
             .and_then(|n| StatusCode::from_u16(n).ok())
-            .ok_or("block.status must be an HTTP status from 400 to 599")?,
+            .ok_or(AnswerError::field(
+                "block.status",
+                "an HTTP status from 400 to 599",
+            ))?,
     };
     let error_type = match b.get("type") {
         None => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err("block.type must be a string".into()),
+        Some(_) => return Err(AnswerError::field("block.type", "a string")),
     };
     Ok(Block {
         status,
@@ -1136,17 +1198,18 @@ fn parse_block(v: Value) -> Result<Block, String> {
 
 type HeaderEdits = (Vec<(HeaderName, HeaderValue)>, Vec<HeaderName>);
 
-fn parse_headers(v: Value) -> Result<HeaderEdits, String> {
+fn parse_headers(v: Value) -> Result<HeaderEdits, AnswerError> {
     let Value::Object(h) = v else {
-        return Err("headers must be an object ({\"set\": {..}, \"remove\": [..]})".into());
+        return Err(AnswerError::field(
+            "headers",
+            "an object ({\"set\": {..}, \"remove\": [..]})",
+        ));
     };
-    let name_of = |n: &str| -> Result<HeaderName, String> {
+    let name_of = |n: &str| -> Result<HeaderName, AnswerError> {
         let name = HeaderName::from_bytes(n.as_bytes())
-            .map_err(|_| format!("{n:?} is not a header name"))?;
+            .map_err(|_| AnswerError::HeaderName(n.to_owned()))?;
         if FRAMING.contains(&name.as_str()) {
-            return Err(format!(
-                "a hook cannot change {name} (promptgate frames the request)"
-            ));
+            return Err(AnswerError::Framing(name.to_string()));
         }
         Ok(name)
     };
@@ -1157,24 +1220,26 @@ fn parse_headers(v: Value) -> Result<HeaderEdits, String> {
             ("set", Value::Object(m)) => {
                 for (n, val) in m {
                     let Value::String(val) = val else {
-                        return Err(format!("headers.set.{n} must be a string"));
+                        return Err(AnswerError::field(format!("headers.set.{n}"), "a string"));
                     };
-                    let value = HeaderValue::from_str(&val)
-                        .map_err(|_| format!("headers.set.{n} is not a valid header value"))?;
+                    let value = HeaderValue::from_str(&val).map_err(|_| {
+                        AnswerError::field(format!("headers.set.{n}"), "a valid header value")
+                    })?;
                     set.push((name_of(&n)?, value));
                 }
             }
             ("remove", Value::Array(names)) => {
                 for n in names {
                     let Value::String(n) = n else {
-                        return Err("headers.remove must be header names".into());
+                        return Err(AnswerError::field("headers.remove", "header names"));
                     };
                     remove.push(name_of(&n)?);
                 }
             }
             (other, _) => {
-                return Err(format!(
-                    "headers.{other} is not set (an object) or remove (an array)"
+                return Err(AnswerError::field(
+                    format!("headers.{other}"),
+                    "set (an object) or remove (an array)",
                 ));
             }
         }
