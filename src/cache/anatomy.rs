@@ -145,15 +145,7 @@ pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Vec<Part> {
             }
             Region::System | Region::Instructions => {
                 let t = text.as_deref().unwrap_or_default();
-                let name = if t.starts_with("x-anthropic-billing-header:") {
-                    "billing header"
-                } else if t.starts_with("You are ") {
-                    "base prompt"
-                } else if unit.path.region == Region::Instructions {
-                    "instructions"
-                } else {
-                    "system text"
-                };
+                let name = system_part(t, unit.path.region);
                 parts.push(whole(Family::System, name.to_owned()));
             }
             Region::Messages | Region::Input => {
@@ -202,6 +194,19 @@ pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Vec<Part> {
         }
     }
     parts
+}
+
+/// What a system block (or OpenAI's instructions) holding `text` is.
+fn system_part(text: &str, region: Region) -> &'static str {
+    if text.starts_with("x-anthropic-billing-header:") {
+        "billing header"
+    } else if text.starts_with("You are ") {
+        "base prompt"
+    } else if region == Region::Instructions {
+        "instructions"
+    } else {
+        "system text"
+    }
 }
 
 fn tool_part(name: &str, deferred: bool) -> String {

@@ -329,6 +329,8 @@ impl Config {
         }
     }
 
+    // One `if let` per setting of the file and the flags, in their order: splitting it would scatter the table.
+    #[allow(clippy::too_many_lines)]
     fn apply(&mut self, layer: ConfigLayer, base: Option<&Path>) -> Result<(), ConfigError> {
         if let Some(v) = layer.listen {
             self.listen = v.parse().map_err(|_| ConfigError::Invalid {

@@ -276,29 +276,7 @@ pub(crate) fn compile(
             "window = \"conversation\" needs \"conversation\" in scope",
         );
     }
-    let mut limits = Limits::default();
-    if let Some(v) = table.get("usd") {
-        limits.usd = number(cx, v, "usd");
-    }
-    for (key, slot) in [
-        ("tokens", &mut limits.tokens),
-        ("input_tokens", &mut limits.input_tokens),
-        ("output_tokens", &mut limits.output_tokens),
-        ("requests", &mut limits.requests),
-    ] {
-        if let Some(v) = table.get(key) {
-            *slot = cx.count(v, key, 1..i64::MAX);
-        }
-    }
-    if ["usd", "tokens", "input_tokens", "output_tokens", "requests"]
-        .iter()
-        .all(|k| table.get(*k).is_none())
-    {
-        cx.error(
-            item.span(),
-            "a budget needs a limit: usd, tokens, input_tokens, output_tokens or requests",
-        );
-    }
+    let limits = limits_of(cx, item, table);
     let warn_at = match table.get("warn_at") {
         Some(v) => number(cx, v, "warn_at").and_then(|w| {
             if w > 0.0 && w < 1.0 {
@@ -334,6 +312,34 @@ pub(crate) fn compile(
         output_estimate: output_estimate?,
         on_error: on_error?,
     })
+}
+
+/// A budget's limits, each checked; an error when it has none.
+fn limits_of(cx: &mut Cx<'_>, item: &Val<'_>, table: &toml::de::DeTable<'_>) -> Limits {
+    let mut limits = Limits::default();
+    if let Some(v) = table.get("usd") {
+        limits.usd = number(cx, v, "usd");
+    }
+    for (key, slot) in [
+        ("tokens", &mut limits.tokens),
+        ("input_tokens", &mut limits.input_tokens),
+        ("output_tokens", &mut limits.output_tokens),
+        ("requests", &mut limits.requests),
+    ] {
+        if let Some(v) = table.get(key) {
+            *slot = cx.count(v, key, 1..i64::MAX);
+        }
+    }
+    if ["usd", "tokens", "input_tokens", "output_tokens", "requests"]
+        .iter()
+        .all(|k| table.get(*k).is_none())
+    {
+        cx.error(
+            item.span(),
+            "a budget needs a limit: usd, tokens, input_tokens, output_tokens or requests",
+        );
+    }
+    limits
 }
 
 fn number(cx: &mut Cx<'_>, v: &Val<'_>, what: &str) -> Option<f64> {
@@ -854,6 +860,40 @@ fn human(d: Duration) -> String {
 /// reads nothing of the body but its length.
 const BYTES_PER_TOKEN: u64 = 4;
 
+/// The answer to a request that would cross `b`'s limit (`crossed`: what, the
+/// amount it would reach, the limit) in `scope`, having spent `spent`.
+fn spent_block(
+    b: &Budget,
+    scope: &str,
+    (what, amount, limit): (&'static str, String, String),
+    spent: &Spent,
+    resets: Option<Duration>,
+) -> Block {
+    let when = match resets {
+        Some(d) => format!("it resets in {}", human(d)),
+        None => "it does not reset in this conversation; start a new one".into(),
+    };
+    // A window that resets is a rate limit; the client may come back.
+    let (status, error_type) = match resets {
+        Some(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
+        None => (BLOCK_STATUS, "permission_error"),
+    };
+    let scope = if b.scope.is_empty() { "global" } else { scope };
+    Block {
+        status,
+        error_type: Some(error_type.into()),
+        message: format!(
+            "budget {:?} ({scope}) is spent: {what} would reach {amount} of {limit} {} with this request (spent so far ${:.2}, {} requests); {when}",
+            b.name,
+            b.window.text(),
+            spent.usd,
+            spent.requests,
+        ),
+        rule: b.name.clone(),
+        retry_after: resets,
+    }
+}
+
 impl Budgets {
     /// The scope key of a request for `budget`: each dimension's value.
     fn scope_key(&self, budget: &Budget, facts: &Facts<'_>, request: &Outgoing) -> String {
@@ -930,45 +970,12 @@ impl Budgets {
             let mut total = spent;
             total.add(&held);
             total.add(&estimate);
-            if let Some((what, amount, limit)) = b.limits.crossed(&total) {
-                let resets = reset_in(b.window, oldest, now);
-                let when = match resets {
-                    Some(d) => format!("it resets in {}", human(d)),
-                    None => "it does not reset in this conversation; start a new one".into(),
-                };
+            if let Some(crossed) = b.limits.crossed(&total) {
                 let mut spent_only = spent;
                 spent_only.add(&held);
                 effects.fired.push(b.name.clone());
-                return Decision::Respond(Block {
-                    // A window that resets is a rate limit; the client may come back.
-                    status: if resets.is_some() {
-                        StatusCode::TOO_MANY_REQUESTS
-                    } else {
-                        BLOCK_STATUS
-                    },
-                    error_type: Some(
-                        if resets.is_some() {
-                            "rate_limit_error"
-                        } else {
-                            "permission_error"
-                        }
-                        .into(),
-                    ),
-                    message: format!(
-                        "budget {:?} ({}) is spent: {what} would reach {amount} of {limit} {} with this request (spent so far ${:.2}, {} requests); {when}",
-                        b.name,
-                        if b.scope.is_empty() {
-                            "global".to_owned()
-                        } else {
-                            scope.clone()
-                        },
-                        b.window.text(),
-                        spent_only.usd,
-                        spent_only.requests,
-                    ),
-                    rule: b.name.clone(),
-                    retry_after: resets,
-                });
+                let resets = reset_in(b.window, oldest, now);
+                return Decision::Respond(spent_block(b, &scope, crossed, &spent_only, resets));
             }
             if let Some(w) = b.warn_at
                 && b.limits.share(&total) >= w

@@ -379,6 +379,8 @@ impl Matcher {
     }
 
     /// Evaluates the test on the exchange as rules before left it.
+    // One arm per matcher, each a few lines: splitting it would scatter the table.
+    #[allow(clippy::too_many_lines)]
     pub(crate) fn eval(&self, st: &mut State<'_, '_>) -> Tri {
         match self {
             Matcher::All(list) => {
@@ -532,6 +534,8 @@ fn header_test(headers: &HeaderMap, name: &HeaderName, test: &TextTest) -> bool 
     }
 }
 
+// One arm per matcher key, each checking its own value: splitting it would scatter the table.
+#[allow(clippy::too_many_lines)]
 fn compile_one(
     cx: &mut Cx<'_>,
     key: &str,

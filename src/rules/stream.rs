@@ -396,6 +396,33 @@ impl EventRules {
         self.report.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Starts or widens the current block's hold-back for the masks that apply to
+    /// it (`piece_start`: where this event's piece begins in the block's text), and
+    /// feeds it the text so far.
+    fn hold_for(&mut self, masks: &[(String, Arc<Mask>)], piece_start: Option<usize>) {
+        for m in masks {
+            if !self.block.masks.iter().any(|(r, _)| r == &m.0) {
+                self.block.masks.push(m.clone());
+                let b = &mut self.block;
+                match &mut b.hold {
+                    Some(h) => h.widen(&m.1.class, m.1.hold_bytes, &b.text),
+                    None => {
+                        // This event's piece is held; what came before has gone.
+                        let at = piece_start.unwrap_or(b.text.len());
+                        let h = scan::Holdback::new(m.1.class.clone(), m.1.hold_bytes, at);
+                        b.hold = Some(h);
+                    }
+                }
+            }
+            if !self.seen_masks.iter().any(|(r, _)| r == &m.0) {
+                self.seen_masks.push(m.clone());
+            }
+        }
+        if let Some(h) = &mut self.block.hold {
+            h.push(&self.block.text);
+        }
+    }
+
     /// Takes one raw event (as [`crate::observer::EventSplitter`] cut it); what may go
     /// out now is appended to `out`. `Some(block)`: a rule ended the stream; what was
     /// held is released first, and nothing more is taken.
@@ -449,27 +476,7 @@ impl EventRules {
             decision.masks.extend(self.standing.iter().cloned());
         }
         self.note(&effects);
-        for m in &decision.masks {
-            if !self.block.masks.iter().any(|(r, _)| r == &m.0) {
-                self.block.masks.push(m.clone());
-                let b = &mut self.block;
-                match &mut b.hold {
-                    Some(h) => h.widen(&m.1.class, m.1.hold_bytes, &b.text),
-                    None => {
-                        // This event's piece is held; what came before has gone.
-                        let at = piece_at.map_or(b.text.len(), |(start, _)| start);
-                        let h = scan::Holdback::new(m.1.class.clone(), m.1.hold_bytes, at);
-                        b.hold = Some(h);
-                    }
-                }
-            }
-            if !self.seen_masks.iter().any(|(r, _)| r == &m.0) {
-                self.seen_masks.push(m.clone());
-            }
-        }
-        if let Some(h) = &mut self.block.hold {
-            h.push(&self.block.text);
-        }
+        self.hold_for(&decision.masks, piece_at.map(|(start, _)| start));
         if let Decision::Respond(block) = verdict {
             self.stopped = true;
             self.end_block(out);

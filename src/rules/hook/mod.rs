@@ -85,18 +85,8 @@ const HOOK_PHASES: [Phase; 3] = [
     Phase::AfterProviderResponse,
 ];
 
-/// Compiles one `[[hook]]` table (`after`: the rules loaded before it); `None` when
-/// it has errors (reported in `cx`) or is disabled.
-pub(crate) fn compile(
-    cx: &mut Cx<'_>,
-    item: &Val<'_>,
-    after: usize,
-    seen: &mut std::collections::HashMap<String, String>,
-) -> Option<Hook> {
-    let errors_before = cx.errors.len();
-    let table = cx.table(item, "a hook", HOOK_KEYS)?;
-    let (line, _) = cx.position(item.span());
-    let name = super::load::entry_name(cx, item, table, ("hook", "entitlement"), seen);
+/// The phases a hook's `on` names (an error for each it cannot run in).
+fn phases_of(cx: &mut Cx<'_>, item: &Val<'_>, table: &toml::de::DeTable<'_>) -> Vec<Phase> {
     let mut phases = Vec::new();
     match table.get("on") {
         Some(v) => {
@@ -118,6 +108,85 @@ pub(crate) fn compile(
             "a hook needs `on` (before_provider_headers, before_provider_request or after_provider_response)",
         ),
     }
+    phases
+}
+
+/// The one transport a hook names: `command`, `process` or `url`.
+fn transport_of(
+    cx: &mut Cx<'_>,
+    item: &Val<'_>,
+    table: &toml::de::DeTable<'_>,
+    name: String,
+    env: Vec<String>,
+) -> Option<Transport> {
+    let dir = Path::new(cx.file).parent().map(Path::to_path_buf);
+    let transports: Vec<&str> = ["command", "process", "url"]
+        .into_iter()
+        .filter(|k| table.get(*k).is_some())
+        .collect();
+    match transports.as_slice() {
+        [one] => {
+            let v = table.get(*one)?;
+            match *one {
+                "url" => cx
+                    .str(v, "url")
+                    .and_then(|text| match text.parse::<http::Uri>() {
+                        Ok(uri)
+                            if matches!(uri.scheme_str(), Some("http" | "https"))
+                                && uri.host().is_some() =>
+                        {
+                            Some(Transport::Http(Arc::new(transport::Http { url: uri })))
+                        }
+                        _ => {
+                            cx.error(
+                                v.span(),
+                                format!("url must be an http:// or https:// URL, found {text:?}"),
+                            );
+                            None
+                        }
+                    }),
+                key => argv(cx, v, key).map(|argv| {
+                    if key == "command" {
+                        Transport::Command(Arc::new(transport::Command { argv, env, dir }))
+                    } else {
+                        Transport::Process(Arc::new(transport::Process::new(name, argv, env, dir)))
+                    }
+                }),
+            }
+        }
+        [] => {
+            cx.error(
+                item.span(),
+                "a hook needs one transport: command = [..], process = [..] or url = \"http://..\"",
+            );
+            None
+        }
+        _ => {
+            cx.error(
+                item.span(),
+                format!(
+                    "a hook has one transport, found {}",
+                    transports.join(" and ")
+                ),
+            );
+            None
+        }
+    }
+}
+
+/// Compiles one `[[hook]]` table (`after`: the rules loaded before it); `None` when
+/// it has errors (reported in `cx`) or is disabled.
+pub(crate) fn compile(
+    cx: &mut Cx<'_>,
+    item: &Val<'_>,
+    after: usize,
+    seen: &mut std::collections::HashMap<String, String>,
+) -> Option<Hook> {
+    let errors_before = cx.errors.len();
+    let table = cx.table(item, "a hook", HOOK_KEYS)?;
+    let (line, _) = cx.position(item.span());
+    let name = super::load::entry_name(cx, item, table, ("hook", "entitlement"), seen);
+    let phases = phases_of(cx, item, table);
     // A hook in several phases is matched with the matchers all of them allow.
     let when = match table.get("when") {
         Some(v) => {
@@ -169,61 +238,8 @@ pub(crate) fn compile(
             .map(|list| list.into_iter().map(|(s, _)| s).collect::<Vec<_>>()),
         None => Some(Vec::new()),
     };
-    let dir = Path::new(cx.file).parent().map(Path::to_path_buf);
-    let transports: Vec<&str> = ["command", "process", "url"]
-        .into_iter()
-        .filter(|k| table.get(*k).is_some())
-        .collect();
-    let transport = match transports.as_slice() {
-        [one] => {
-            let v = table.get(*one)?;
-            match *one {
-                "url" => cx
-                    .str(v, "url")
-                    .and_then(|text| match text.parse::<http::Uri>() {
-                        Ok(uri)
-                            if matches!(uri.scheme_str(), Some("http" | "https"))
-                                && uri.host().is_some() =>
-                        {
-                            Some(Transport::Http(Arc::new(transport::Http { url: uri })))
-                        }
-                        _ => {
-                            cx.error(
-                                v.span(),
-                                format!("url must be an http:// or https:// URL, found {text:?}"),
-                            );
-                            None
-                        }
-                    }),
-                key => argv(cx, v, key).map(|argv| {
-                    let env = env.clone().unwrap_or_default();
-                    if key == "command" {
-                        Transport::Command(Arc::new(transport::Command { argv, env, dir }))
-                    } else {
-                        let hook = name.as_ref().map_or_else(String::new, |(n, _)| n.clone());
-                        Transport::Process(Arc::new(transport::Process::new(hook, argv, env, dir)))
-                    }
-                }),
-            }
-        }
-        [] => {
-            cx.error(
-                item.span(),
-                "a hook needs one transport: command = [..], process = [..] or url = \"http://..\"",
-            );
-            None
-        }
-        _ => {
-            cx.error(
-                item.span(),
-                format!(
-                    "a hook has one transport, found {}",
-                    transports.join(" and ")
-                ),
-            );
-            None
-        }
-    };
+    let hook_name = name.as_ref().map_or_else(String::new, |(n, _)| n.clone());
+    let transport = transport_of(cx, item, table, hook_name, env.clone().unwrap_or_default());
     let (when, (name, _), timeout, on_error, _, transport) =
         (when?, name?, timeout?, on_error?, env?, transport?);
     if cx.errors.len() != errors_before || !enabled || phases.is_empty() {
@@ -1019,7 +1035,7 @@ impl HookTurn {
             reason: e.to_string(),
             preview: preview(text),
         })?;
-        let Value::Object(mut d) = value else {
+        let Value::Object(d) = value else {
             return Err(AnswerError::NotObject(preview(text)));
         };
         if let Some(k) = d.keys().find(|k| !DECISION_KEYS.contains(&k.as_str())) {
@@ -1028,47 +1044,25 @@ impl HookTurn {
                 known: DECISION_KEYS.join(", "),
             });
         }
-        let tags: Vec<String> = match d.remove("tags") {
-            None => Vec::new(),
-            Some(Value::Array(items)) => items
-                .into_iter()
-                .map(|t| match t {
-                    Value::String(s) => Ok(s),
-                    _ => Err(AnswerError::field("tags", "strings")),
-                })
-                .collect::<Result<_, _>>()?,
-            Some(_) => return Err(AnswerError::field("tags", "an array of strings")),
-        };
-        let log = match d.remove("log") {
-            None => None,
-            Some(Value::String(s)) => Some(s),
-            Some(_) => return Err(AnswerError::field("log", "a string")),
-        };
-        let block = d.remove("block").map(parse_block).transpose()?;
-        let headers = d.remove("headers").map(parse_headers).transpose()?;
-        let payload = d.remove("payload");
-        let patch = d.remove("patch");
-        if block.is_some() && phase == Phase::AfterProviderResponse {
-            return Err(AnswerError::TooLate("block"));
-        }
-        let new_body = match (payload, patch, &mut *target) {
-            (None, None, _) => None,
-            (_, _, Target::Request { .. }) if phase != Phase::BeforeProviderRequest => {
-                return Err(AnswerError::WrongPhase(phase.name()));
-            }
-            (_, _, Target::Response(_)) => {
-                return Err(AnswerError::WrongPhase(Phase::AfterProviderResponse.name()));
-            }
-            (Some(p @ Value::Object(_)), None, _) => Some((p, vec![String::new()])),
-            (Some(_), None, _) => return Err(AnswerError::field("payload", "a JSON object")),
-            (Some(_), Some(_), _) => return Err(AnswerError::PayloadAndPatch),
-            (None, Some(ops), Target::Request { request, .. }) => {
-                let mut doc: Value = serde_json::from_slice(request.prompt.body())
-                    .map_err(|e| AnswerError::PayloadNotJson(e.to_string()))?;
-                let changed = patch::apply(&mut doc, &ops)?;
-                Some((doc, changed))
-            }
-        };
+        let parsed = parse_decision(phase, d, target)?;
+        self.apply(parsed, target, effects)
+    }
+
+    /// Applies a valid decision: its tags, log line, block, headers and payload.
+    fn apply(
+        &self,
+        decision: ParsedDecision,
+        target: &mut Target<'_, '_>,
+        effects: &mut Effects,
+    ) -> Result<Decision, AnswerError> {
+        let hook = self.hook();
+        let ParsedDecision {
+            tags,
+            log,
+            block,
+            headers,
+            new_body,
+        } = decision;
         if !tags.is_empty()
             || log.is_some()
             || block.is_some()
@@ -1156,6 +1150,72 @@ fn replace_payload(
         Some(prompt) => request.replace(prompt),
         None => request.replace_cell(cell),
     }
+}
+
+/// A hook's decision, read whole before anything is applied.
+struct ParsedDecision {
+    tags: Vec<String>,
+    log: Option<String>,
+    block: Option<Block>,
+    headers: Option<HeaderEdits>,
+    /// The new payload and the pointers it changed.
+    new_body: Option<(Value, Vec<String>)>,
+}
+
+/// Reads the decision object `d` (its keys already checked) for `phase`.
+fn parse_decision(
+    phase: Phase,
+    mut d: serde_json::Map<String, Value>,
+    target: &mut Target<'_, '_>,
+) -> Result<ParsedDecision, AnswerError> {
+    let tags: Vec<String> = match d.remove("tags") {
+        None => Vec::new(),
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|t| match t {
+                Value::String(s) => Ok(s),
+                _ => Err(AnswerError::field("tags", "strings")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(AnswerError::field("tags", "an array of strings")),
+    };
+    let log = match d.remove("log") {
+        None => None,
+        Some(Value::String(s)) => Some(s),
+        Some(_) => return Err(AnswerError::field("log", "a string")),
+    };
+    let block = d.remove("block").map(parse_block).transpose()?;
+    let headers = d.remove("headers").map(parse_headers).transpose()?;
+    let payload = d.remove("payload");
+    let patch = d.remove("patch");
+    if block.is_some() && phase == Phase::AfterProviderResponse {
+        return Err(AnswerError::TooLate("block"));
+    }
+    let new_body = match (payload, patch, &mut *target) {
+        (None, None, _) => None,
+        (_, _, Target::Request { .. }) if phase != Phase::BeforeProviderRequest => {
+            return Err(AnswerError::WrongPhase(phase.name()));
+        }
+        (_, _, Target::Response(_)) => {
+            return Err(AnswerError::WrongPhase(Phase::AfterProviderResponse.name()));
+        }
+        (Some(p @ Value::Object(_)), None, _) => Some((p, vec![String::new()])),
+        (Some(_), None, _) => return Err(AnswerError::field("payload", "a JSON object")),
+        (Some(_), Some(_), _) => return Err(AnswerError::PayloadAndPatch),
+        (None, Some(ops), Target::Request { request, .. }) => {
+            let mut doc: Value = serde_json::from_slice(request.prompt.body())
+                .map_err(|e| AnswerError::PayloadNotJson(e.to_string()))?;
+            let changed = patch::apply(&mut doc, &ops)?;
+            Some((doc, changed))
+        }
+    };
+    Ok(ParsedDecision {
+        tags,
+        log,
+        block,
+        headers,
+        new_body,
+    })
 }
 
 fn parse_block(v: Value) -> Result<Block, AnswerError> {
