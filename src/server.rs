@@ -67,122 +67,40 @@ pub async fn serve(
     // HTTP hooks trust what the upstream trusts: a policy service behind the same CA.
     crate::rules::hook::trust(crate::tls::client_config(&config.upstream_ca)?);
     let leaves = load_ca(&config)?;
-    let local = listener
-        .local_addr()
-        .context("reading the listen address")?;
-    if !crate::config::is_default_loopback(local.ip()) {
-        tracing::warn!(
-            "listening on {local} (--allow-remote): every request must carry proxy credentials"
-        );
-    }
+    let local = listen_address(&listener)?;
     let admin_addr = match &admin {
         Some(a) => Some(a.local_addr().context("reading the admin address")?),
         None => None,
     };
     let live = crate::live::LiveFeed::new(redactor.clone());
     let probe_token: Arc<str> = crate::runtime::new_probe_token().into();
-    let capture = if config.capture.enabled {
-        let store = &config.capture.store;
-        let capture = Capture::start(
-            &config.capture,
-            config.conversation.clone(),
-            redactor.clone(),
-            Some(live.clone()),
-        )
-        .with_context(|| format!("opening the capture store {store}"))?;
-        match store.dir() {
-            Some(dir) => tracing::info!(
-                "capturing to {}",
-                dir.join(crate::capture::store::DB_FILE).display()
-            ),
-            None => tracing::info!("capturing to {store}"),
-        }
-        Some(capture)
-    } else {
-        None
-    };
+    let capture = start_capture(&config, &redactor, &live)?;
     let grace = config.shutdown_grace;
-    // Budgets keep their counters beside a local store (else in the data directory).
-    let budget_dir = match &config.capture.store {
-        StoreLocation::Dir(dir) if config.capture.enabled => dir.clone(),
-        _ => crate::runtime::data_dir(),
-    };
-    crate::rules::budget::configure(
-        Some(budget_dir.join("budgets.db")),
-        clock.clone(),
-        config.cache.prices.clone(),
-    );
-    let mut cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock)
-        .redacting(redactor.clone());
-    // Turns of one conversation may reach any replica sharing a PostgreSQL store.
-    if let (Some(_), store @ StoreLocation::Postgres(_)) = (&capture, &config.capture.store) {
-        cache = cache.sharing(Arc::new(crate::capture::fleet::FleetStore::new(
-            store.clone(),
-        )));
-    }
-    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
-        redactor: redactor.clone(),
-    })];
-    if let Some(capture) = &capture {
-        sinks.push(capture.clone());
-    }
-    // Counted only when there is an admin listener to serve them.
-    let metrics = admin.is_some().then(|| {
-        Arc::new(Metrics::new(
-            &config.metrics,
-            config.cache.prices.clone(),
-            rules.clone(),
-            redactor.clone(),
-        ))
-    });
-    if let Some(m) = &metrics {
-        sinks.push(m.clone());
-    }
-    let exporter = SpanExporter::start(
-        &config.traces,
-        redactor.clone(),
-        config.conversation.clone(),
-        Upstream::new(&config.upstream_ca, config.connect_timeout)?,
-    );
-    let export_counts = exporter.as_ref().map(|(sink, _)| sink.counts());
-    if let Some((sink, task)) = exporter {
-        if let Some(url) = &config.traces.url {
-            tracing::info!("sending a span per exchange to {url} (OTLP/HTTP)");
-        }
-        sinks.push(sink);
-        tokio::spawn(task);
-    }
-    sinks.extend(extra_sinks);
+    configure_budgets(&config, &clock);
+    let cache = cache_stage(&config, clock, &redactor, capture.is_some());
+    let (sinks, metrics, export_counts) = sinks(
+        &config,
+        &redactor,
+        &rules,
+        capture.as_ref(),
+        admin.is_some(),
+        extra_sinks,
+    )?;
     let cache = Arc::new(cache);
     let recorder = Arc::new(
         Recorder::with_stages(vec![cache.clone()], sinks)
             .with_admit_wait(config.capture.queue_wait),
     );
-    let workers = match config.workers {
-        0 => std::thread::available_parallelism().map_or(1, usize::from),
-        n => n,
-    };
     let config = Arc::new(config);
-    // The policies, in load order: the rules are the first.
-    let policies: Vec<Arc<dyn PolicySource>> = vec![rules.clone()];
-    let in_flight: Arc<dyn InFlight> = Arc::new(live.clone());
-    let proxy = |upstream| {
-        Arc::new(Proxy {
-            settings: config.exchange_settings(),
-            upstream,
-            recorder: recorder.clone(),
-            policies: policies.clone(),
-            live: in_flight.clone(),
-            probe_token: probe_token.clone(),
-            cache: Some(cache.clone()),
-        })
-    };
-    let mut proxies = vec![proxy(upstream)];
-    for _ in 1..workers {
-        // Each worker pools its own upstream connections, on its own thread.
-        let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
-        proxies.push(proxy(upstream));
-    }
+    let proxies = proxies(
+        &config,
+        upstream,
+        &recorder,
+        &rules,
+        &live,
+        &probe_token,
+        &cache,
+    )?;
     let workers = Workers::start(config.clone(), proxies, leaves.clone(), local)
         .context("starting the workers")?;
     if announce {
@@ -190,47 +108,19 @@ pub async fn serve(
         start_line(&config, local, admin_addr, &rules, &unanswered);
     }
     // Removed when serve returns: the command line then stops finding this one.
-    let _runtime = Running {
-        pid: std::process::id(),
-        listen: local,
-        admin: admin_addr,
-        captures: config
-            .capture
-            .enabled
-            .then(|| config.capture.store.to_string()),
-        certs: config.certs.clone(),
-        started_ms: crate::capture::timestamp::now_ms(),
-        probe_token: Some(probe_token.to_string()),
-    }
-    .publish();
+    let _runtime = publish_running(&config, local, admin_addr, &probe_token);
     let stopping = Arc::new(AtomicBool::new(false));
     if let (Some(admin), Some(addr)) = (admin, admin_addr) {
         tracing::info!("admin API listening on http://{addr}");
-        let connections = workers.counts();
-        let sources = Sources {
-            recorder: recorder.clone(),
-            capture: capture
-                .clone()
-                .map(|c| -> Read<CaptureState> { Arc::new(move || capture_state(&c)) }),
-            capture_store_bytes: config
-                .capture
-                .enabled
-                .then(|| config.capture.store.dir().map(Path::to_path_buf))
-                .flatten()
-                .map(|dir| -> Read<u64> {
-                    Arc::new(move || crate::capture::store::size_on_disk(&dir))
-                }),
-            rules: rules.clone(),
+        let sources = metrics_sources(
+            &config,
+            &recorder,
+            capture.as_ref(),
+            &rules,
             leaves,
-            connections: Arc::new(move || connections.snapshot()),
-            export: export_counts.map(|counts| -> Read<SpanCounts> {
-                Arc::new(move || SpanCounts {
-                    exported: counts.exported.load(Ordering::Relaxed),
-                    dropped: counts.dropped.load(Ordering::Relaxed),
-                })
-            }),
-            started: std::time::Instant::now(),
-        };
+            workers.counts(),
+            export_counts,
+        );
         let state = Arc::new(AdminState {
             guard: AdminGuard::new(&config, addr),
             captures: config.capture.enabled.then(|| config.capture.store.clone()),
@@ -265,6 +155,226 @@ pub async fn serve(
     .await
     .context("closing the record pipeline")?;
     Ok(())
+}
+
+/// The capture, started when it is on (its store opened, its writer running).
+fn start_capture(
+    config: &Config,
+    redactor: &Arc<Redactor>,
+    live: &Arc<crate::live::LiveFeed>,
+) -> anyhow::Result<Option<Arc<Capture>>> {
+    if !config.capture.enabled {
+        return Ok(None);
+    }
+    let store = &config.capture.store;
+    let capture = Capture::start(
+        &config.capture,
+        config.conversation.clone(),
+        redactor.clone(),
+        Some(live.clone()),
+    )
+    .with_context(|| format!("opening the capture store {store}"))?;
+    match store.dir() {
+        Some(dir) => tracing::info!(
+            "capturing to {}",
+            dir.join(crate::capture::store::DB_FILE).display()
+        ),
+        None => tracing::info!("capturing to {store}"),
+    }
+    Ok(Some(capture))
+}
+
+/// Where budgets keep their counters: beside a local store, else in the data
+/// directory.
+fn configure_budgets(config: &Config, clock: &Clock) {
+    let budget_dir = match &config.capture.store {
+        StoreLocation::Dir(dir) if config.capture.enabled => dir.clone(),
+        _ => crate::runtime::data_dir(),
+    };
+    crate::rules::budget::configure(
+        Some(budget_dir.join("budgets.db")),
+        clock.clone(),
+        config.cache.prices.clone(),
+    );
+}
+
+/// The sinks every finished record goes to, in order: the log line, the capture,
+/// the metrics (when an admin listener serves them), the span exporter, then
+/// `extra`. Also the metrics and the exporter's counts, for the admin API.
+#[allow(clippy::type_complexity)] // three results, each named at the one call
+fn sinks(
+    config: &Config,
+    redactor: &Arc<Redactor>,
+    rules: &Arc<LiveRules>,
+    capture: Option<&Arc<Capture>>,
+    admin: bool,
+    extra: Vec<Arc<dyn RecordSink>>,
+) -> anyhow::Result<(
+    Vec<Arc<dyn RecordSink>>,
+    Option<Arc<Metrics>>,
+    Option<Arc<crate::traces::export::ExportCounts>>,
+)> {
+    let mut sinks: Vec<Arc<dyn RecordSink>> = vec![Arc::new(ExchangeLog {
+        redactor: redactor.clone(),
+    })];
+    if let Some(capture) = &capture {
+        sinks.push(Arc::clone(capture) as Arc<dyn RecordSink>);
+    }
+    // Counted only when there is an admin listener to serve them.
+    let metrics = admin.then(|| {
+        Arc::new(Metrics::new(
+            &config.metrics,
+            config.cache.prices.clone(),
+            rules.clone(),
+            redactor.clone(),
+        ))
+    });
+    if let Some(m) = &metrics {
+        sinks.push(m.clone());
+    }
+    let exporter = SpanExporter::start(
+        &config.traces,
+        redactor.clone(),
+        config.conversation.clone(),
+        Upstream::new(&config.upstream_ca, config.connect_timeout)?,
+    );
+    let export_counts = exporter.as_ref().map(|(sink, _)| sink.counts());
+    if let Some((sink, task)) = exporter {
+        if let Some(url) = &config.traces.url {
+            tracing::info!("sending a span per exchange to {url} (OTLP/HTTP)");
+        }
+        sinks.push(sink);
+        tokio::spawn(task);
+    }
+    sinks.extend(extra);
+    Ok((sinks, metrics, export_counts))
+}
+
+/// What `/metrics` reads at scrape time beside the counters.
+fn metrics_sources(
+    config: &Config,
+    recorder: &Arc<Recorder>,
+    capture: Option<&Arc<Capture>>,
+    rules: &Arc<LiveRules>,
+    leaves: Option<Arc<tls::Interception>>,
+    connections: Arc<crate::listener::ConnectionCounts>,
+    export_counts: Option<Arc<crate::traces::export::ExportCounts>>,
+) -> Sources {
+    Sources {
+        recorder: recorder.clone(),
+        capture: capture
+            .cloned()
+            .map(|c| -> Read<CaptureState> { Arc::new(move || capture_state(&c)) }),
+        capture_store_bytes: config
+            .capture
+            .enabled
+            .then(|| config.capture.store.dir().map(Path::to_path_buf))
+            .flatten()
+            .map(|dir| -> Read<u64> {
+                Arc::new(move || crate::capture::store::size_on_disk(&dir))
+            }),
+        rules: rules.clone(),
+        leaves,
+        connections: Arc::new(move || connections.snapshot()),
+        export: export_counts.map(|counts| -> Read<SpanCounts> {
+            Arc::new(move || SpanCounts {
+                exported: counts.exported.load(Ordering::Relaxed),
+                dropped: counts.dropped.load(Ordering::Relaxed),
+            })
+        }),
+        started: std::time::Instant::now(),
+    }
+}
+
+/// One proxy per worker, each with its own upstream pool (`first` the first's), all
+/// sharing the record pipeline, the policies and the cache analysis.
+fn proxies(
+    config: &Arc<Config>,
+    first: Upstream,
+    recorder: &Arc<Recorder>,
+    rules: &Arc<LiveRules>,
+    live: &Arc<crate::live::LiveFeed>,
+    probe_token: &Arc<str>,
+    cache: &Arc<CacheStage>,
+) -> anyhow::Result<Vec<Arc<Proxy>>> {
+    let workers = match config.workers {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n,
+    };
+    // The policies, in load order: the rules are the first.
+    let policies: Vec<Arc<dyn PolicySource>> = vec![rules.clone()];
+    let in_flight: Arc<dyn InFlight> = Arc::new(live.clone());
+    let proxy = |upstream| {
+        Arc::new(Proxy {
+            settings: config.exchange_settings(),
+            upstream,
+            recorder: recorder.clone(),
+            policies: policies.clone(),
+            live: in_flight.clone(),
+            probe_token: probe_token.clone(),
+            cache: Some(cache.clone()),
+        })
+    };
+    let mut proxies = vec![proxy(first)];
+    for _ in 1..workers {
+        // Each worker pools its own upstream connections, on its own thread.
+        let upstream = Upstream::new(&config.upstream_ca, config.connect_timeout)?;
+        proxies.push(proxy(upstream));
+    }
+    Ok(proxies)
+}
+
+/// This instance, published for the command line to find while it serves.
+fn publish_running(
+    config: &Config,
+    local: std::net::SocketAddr,
+    admin: Option<std::net::SocketAddr>,
+    probe_token: &str,
+) -> Option<crate::runtime::RuntimeFile> {
+    Running {
+        pid: std::process::id(),
+        listen: local,
+        admin,
+        captures: config
+            .capture
+            .enabled
+            .then(|| config.capture.store.to_string()),
+        certs: config.certs.clone(),
+        started_ms: crate::capture::timestamp::now_ms(),
+        probe_token: Some(probe_token.to_owned()),
+    }
+    .publish()
+}
+
+/// The address `listener` serves, with a warning when it is not loopback.
+fn listen_address(listener: &TcpListener) -> anyhow::Result<std::net::SocketAddr> {
+    let local = listener
+        .local_addr()
+        .context("reading the listen address")?;
+    if !crate::config::is_default_loopback(local.ip()) {
+        tracing::warn!(
+            "listening on {local} (--allow-remote): every request must carry proxy credentials"
+        );
+    }
+    Ok(local)
+}
+
+/// The cache analysis; sharing the fleet's history when the capture goes to
+/// PostgreSQL (turns of one conversation may reach any replica).
+fn cache_stage(
+    config: &Config,
+    clock: Clock,
+    redactor: &Arc<Redactor>,
+    capturing: bool,
+) -> CacheStage {
+    let cache = CacheStage::new(config.cache.clone(), config.conversation.clone(), clock)
+        .redacting(redactor.clone());
+    match &config.capture.store {
+        store @ StoreLocation::Postgres(_) if capturing => cache.sharing(Arc::new(
+            crate::capture::fleet::FleetStore::new(store.clone()),
+        )),
+        _ => cache,
+    }
 }
 
 /// The live rules for `serve`, watched for changes. A missing default directory
