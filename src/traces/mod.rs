@@ -256,15 +256,7 @@ pub(crate) fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
     };
     // A client's text, and every attribute naming something: redacted, then cut.
     let bounded = |s: &str, max: usize| cx.redactor.bounded(s, &record.extra_redactions, max);
-    // Passed on only as sent and within W3C's 512 characters: a cut or redacted
-    // tracestate would be a wrong one.
-    let trace_state = record
-        .request_headers
-        .get("tracestate")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| v.len() <= TRACESTATE_MAX && bounded(v, TRACESTATE_MAX) == *v)
-        .map(str::to_owned)
-        .unwrap_or_default();
+    let trace_state = trace_state_of(record, &bounded);
     let op = operation(record.api);
     let model = record.model.as_deref().map(|m| bounded(m, NAME_MAX));
     let name = match (op, &model) {
@@ -291,88 +283,19 @@ pub(crate) fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
     if let Some(m) = model {
         attributes.push(text(GEN_AI_REQUEST_MODEL, m));
     }
-    if let Some(url) = record
-        .upstream_url
-        .as_deref()
-        .and_then(|u| u.parse::<Uri>().ok())
-    {
-        if let Some(host) = url.host() {
-            attributes.push(text(SERVER_ADDRESS, host));
-        }
-        let port = url
-            .port_u16()
-            .unwrap_or(if url.scheme_str() == Some("http") {
-                80
-            } else {
-                443
-            });
-        attributes.push(int(SERVER_PORT, u64::from(port)));
-    }
+    upstream_attributes(record, &mut attributes);
     if let Some(status) = record.status {
         attributes.push(int(HTTP_RESPONSE_STATUS_CODE, u64::from(status.as_u16())));
     }
-    let summary_of = record.observation.as_ref().map(|o| &o.summary);
-    if let Some(s) = summary_of {
-        if let Some(m) = &s.model {
-            attributes.push(text(GEN_AI_RESPONSE_MODEL, bounded(m, NAME_MAX)));
-        }
-        if let Some(id) = &s.response_id {
-            attributes.push(text(GEN_AI_RESPONSE_ID, bounded(id, NAME_MAX)));
-        }
-        if let Some(reason) = &s.stop_reason {
-            attributes.push(texts(
-                GEN_AI_RESPONSE_FINISH_REASONS,
-                [bounded(reason, NAME_MAX)],
-            ));
-        }
-        if let Some(u) = &s.usage {
-            attributes.push(int(GEN_AI_USAGE_INPUT_TOKENS, u.total_input()));
-            attributes.push(int(GEN_AI_USAGE_OUTPUT_TOKENS, u.output_tokens));
-            attributes.push(int(
-                GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
-                u.cache_read_tokens,
-            ));
-            attributes.push(int(
-                GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
-                u.cache_write_tokens,
-            ));
-        }
+    if let Some(s) = record.observation.as_ref().map(|o| &o.summary) {
+        response_attributes(s, &bounded, &mut attributes);
     }
-    // The body is read only when no header names the conversation.
-    let conversation = match (&record.conversation, &record.cache) {
-        (Some(c), _) => Some(c.clone()),
-        (None, Some(c)) => Some(c.conversation.clone()),
-        (None, None) => {
-            conversation_key(&record.request_headers, None, cx.conversation).or_else(|| {
-                conversation_key(
-                    &record.request_headers,
-                    Some(record.prompt.get()),
-                    cx.conversation,
-                )
-            })
-        }
-    };
+    let conversation = conversation_of(record, cx);
     if let Some(c) = conversation {
         attributes.push(text(GEN_AI_CONVERSATION_ID, bounded(&c, NAME_MAX)));
     }
     if let Some(cache) = &record.cache {
-        attributes.push(text(PROMPTGATE_CACHE_VERDICT, cache.verdict.name()));
-        if let Some(reason) = &cache.reason {
-            attributes.push(text(PROMPTGATE_CACHE_REASON, reason.name()));
-        }
-        let changed = match &cache.reason {
-            Some(crate::cache::explain::Reason::PrefixChanged { unit, .. }) => Some(unit.clone()),
-            _ => cache.stable.as_ref().and_then(|s| s.changed_at.clone()),
-        };
-        if let Some(unit) = changed {
-            attributes.push(text(
-                PROMPTGATE_CACHE_FIRST_CHANGED_UNIT,
-                bounded(&unit, TEXT_MAX),
-            ));
-        }
-        if let Some(cost) = &cache.cost {
-            attributes.push(float(PROMPTGATE_CACHE_LOST_DOLLARS, cost.usd.lost_usd));
-        }
+        cache_attributes(cache, &bounded, &mut attributes);
     }
     if !record.rules_fired.is_empty() {
         attributes.push(texts(
@@ -382,40 +305,13 @@ pub(crate) fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
     }
     let failed = !matches!(record.outcome, Outcome::Ok);
     if failed {
-        let kind = match (record.outcome, record.status) {
-            (Outcome::ProviderError, Some(s)) if !s.is_success() => s.as_u16().to_string(),
-            (outcome, _) => outcome.name().to_owned(),
-        };
-        attributes.push(text(ERROR_TYPE, kind));
+        attributes.push(text(ERROR_TYPE, error_type(record)));
     }
     if cx.content {
-        let prompt = record.sent_prompt.get();
-        if let Some(system) = system_instructions(prompt) {
-            attributes.push(text(GEN_AI_SYSTEM_INSTRUCTIONS, redact(&system)));
-        }
-        if let Some(input) = input_messages(prompt) {
-            attributes.push(text(GEN_AI_INPUT_MESSAGES, redact(&input)));
-        }
-        if let Some(output) = output_messages(record) {
-            attributes.push(text(GEN_AI_OUTPUT_MESSAGES, redact(&output)));
-        }
+        content_attributes(record, &mut redact, &mut attributes);
     }
     // Each policy's turn, in order, at the request's start (before the upstream call).
-    let mut events: Vec<span::Event> = record
-        .policy_runs
-        .iter()
-        .map(|run| span::Event {
-            time_unix_nano: start,
-            name: EVENT_POLICY.into(),
-            attributes: vec![
-                text(PROMPTGATE_POLICY, bounded(&run.policy, NAME_MAX)),
-                text(PROMPTGATE_POLICY_PHASE, run.phase.name()),
-                text(PROMPTGATE_POLICY_DECISION, bounded(&run.decision, TEXT_MAX)),
-                int(PROMPTGATE_POLICY_MICROS, run.took_us),
-            ],
-            ..Default::default()
-        })
-        .collect();
+    let mut events = policy_events(record, start, &bounded);
     events.extend(record.timing.first_byte.map(|d| span::Event {
         time_unix_nano: at(d),
         name: EVENT_FIRST_BYTE.into(),
@@ -448,6 +344,163 @@ pub(crate) fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
         events,
         status: Some(status),
         ..Default::default()
+    }
+}
+
+/// The client's `tracestate`, passed on only as sent and within W3C's 512
+/// characters: a cut or redacted one would be a wrong one.
+fn trace_state_of(record: &ExchangeRecord, bounded: &dyn Fn(&str, usize) -> String) -> String {
+    record
+        .request_headers
+        .get("tracestate")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| v.len() <= TRACESTATE_MAX && bounded(v, TRACESTATE_MAX) == *v)
+        .map(str::to_owned)
+        .unwrap_or_default()
+}
+
+/// What failed, as `error.type`: the provider's status, else the outcome.
+fn error_type(record: &ExchangeRecord) -> String {
+    match (record.outcome, record.status) {
+        (Outcome::ProviderError, Some(s)) if !s.is_success() => s.as_u16().to_string(),
+        (outcome, _) => outcome.name().to_owned(),
+    }
+}
+
+/// The prompt and the answer themselves (`--traces-content`), redacted.
+fn content_attributes(
+    record: &ExchangeRecord,
+    redact: &mut dyn FnMut(&str) -> String,
+    attributes: &mut Vec<KeyValue>,
+) {
+    let prompt = record.sent_prompt.get();
+    if let Some(system) = system_instructions(prompt) {
+        attributes.push(text(GEN_AI_SYSTEM_INSTRUCTIONS, redact(&system)));
+    }
+    if let Some(input) = input_messages(prompt) {
+        attributes.push(text(GEN_AI_INPUT_MESSAGES, redact(&input)));
+    }
+    if let Some(output) = output_messages(record) {
+        attributes.push(text(GEN_AI_OUTPUT_MESSAGES, redact(&output)));
+    }
+}
+
+/// A span event per policy turn, at the exchange's start.
+fn policy_events(
+    record: &ExchangeRecord,
+    start: u64,
+    bounded: &dyn Fn(&str, usize) -> String,
+) -> Vec<span::Event> {
+    record
+        .policy_runs
+        .iter()
+        .map(|run| span::Event {
+            time_unix_nano: start,
+            name: EVENT_POLICY.into(),
+            attributes: vec![
+                text(PROMPTGATE_POLICY, bounded(&run.policy, NAME_MAX)),
+                text(PROMPTGATE_POLICY_PHASE, run.phase.name()),
+                text(PROMPTGATE_POLICY_DECISION, bounded(&run.decision, TEXT_MAX)),
+                int(PROMPTGATE_POLICY_MICROS, run.took_us),
+            ],
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// The conversation the exchange belongs to; the body is read only when no header
+/// names it.
+fn conversation_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Option<String> {
+    match (&record.conversation, &record.cache) {
+        (Some(c), _) => Some(c.clone()),
+        (None, Some(c)) => Some(c.conversation.clone()),
+        (None, None) => {
+            conversation_key(&record.request_headers, None, cx.conversation).or_else(|| {
+                conversation_key(
+                    &record.request_headers,
+                    Some(record.prompt.get()),
+                    cx.conversation,
+                )
+            })
+        }
+    }
+}
+
+/// The upstream's address and port, from the URL the exchange went to.
+fn upstream_attributes(record: &ExchangeRecord, attributes: &mut Vec<KeyValue>) {
+    if let Some(url) = record
+        .upstream_url
+        .as_deref()
+        .and_then(|u| u.parse::<Uri>().ok())
+    {
+        if let Some(host) = url.host() {
+            attributes.push(text(SERVER_ADDRESS, host));
+        }
+        let port = url
+            .port_u16()
+            .unwrap_or(if url.scheme_str() == Some("http") {
+                80
+            } else {
+                443
+            });
+        attributes.push(int(SERVER_PORT, u64::from(port)));
+    }
+}
+
+/// What the answer said: its model, id, finish reason and usage.
+fn response_attributes(
+    s: &crate::provider::ResponseSummary,
+    bounded: &dyn Fn(&str, usize) -> String,
+    attributes: &mut Vec<KeyValue>,
+) {
+    if let Some(m) = &s.model {
+        attributes.push(text(GEN_AI_RESPONSE_MODEL, bounded(m, NAME_MAX)));
+    }
+    if let Some(id) = &s.response_id {
+        attributes.push(text(GEN_AI_RESPONSE_ID, bounded(id, NAME_MAX)));
+    }
+    if let Some(reason) = &s.stop_reason {
+        attributes.push(texts(
+            GEN_AI_RESPONSE_FINISH_REASONS,
+            [bounded(reason, NAME_MAX)],
+        ));
+    }
+    if let Some(u) = &s.usage {
+        attributes.push(int(GEN_AI_USAGE_INPUT_TOKENS, u.total_input()));
+        attributes.push(int(GEN_AI_USAGE_OUTPUT_TOKENS, u.output_tokens));
+        attributes.push(int(
+            GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS,
+            u.cache_read_tokens,
+        ));
+        attributes.push(int(
+            GEN_AI_USAGE_CACHE_CREATION_INPUT_TOKENS,
+            u.cache_write_tokens,
+        ));
+    }
+}
+
+/// The cache analysis' verdict, reason, first changed unit and the dollars lost.
+fn cache_attributes(
+    cache: &crate::cache::CacheReport,
+    bounded: &dyn Fn(&str, usize) -> String,
+    attributes: &mut Vec<KeyValue>,
+) {
+    attributes.push(text(PROMPTGATE_CACHE_VERDICT, cache.verdict.name()));
+    if let Some(reason) = &cache.reason {
+        attributes.push(text(PROMPTGATE_CACHE_REASON, reason.name()));
+    }
+    let changed = match &cache.reason {
+        Some(crate::cache::explain::Reason::PrefixChanged { unit, .. }) => Some(unit.clone()),
+        _ => cache.stable.as_ref().and_then(|s| s.changed_at.clone()),
+    };
+    if let Some(unit) = changed {
+        attributes.push(text(
+            PROMPTGATE_CACHE_FIRST_CHANGED_UNIT,
+            bounded(&unit, TEXT_MAX),
+        ));
+    }
+    if let Some(cost) = &cache.cost {
+        attributes.push(float(PROMPTGATE_CACHE_LOST_DOLLARS, cost.usd.lost_usd));
     }
 }
 
