@@ -1046,22 +1046,8 @@ impl CacheStage {
                 .is_some_and(|m| m.ttl == Ttl::OneHour)
         });
         let price = self.settings.prices.find(&model);
-        let warning = (price.is_none() && !model.is_empty())
-            .then(|| state.unpriced.note(&model, self.redactor.as_deref()))
-            .flatten();
-        match warning {
-            // Once per model: its cost is unknown, never $0.
-            Some(UnpricedWarning::Model(model)) => tracing::warn!(
-                "no price for model {model:?}: its cache cost shows as unknown; add one to the \
-                 config file:\n[cache.prices.\"{model}\"]\ninput = 1.25        # $ per million input tokens\n\
-                 output = 10.0\ncache_read = 0.1    # share of the input price (OpenAI's cached input)\n\
-                 cache_write_5m = 1.0"
-            ),
-            Some(UnpricedWarning::Full) => tracing::warn!(
-                "no price for more than {UNPRICED_WARNED_MAX} models: the next ones are not named \
-                 (their cache cost shows as unknown)"
-            ),
-            None => {}
+        if price.is_none() && !model.is_empty() {
+            self.warn_unpriced(state, &model);
         }
         let cost = price.as_ref().map(|(pattern, price)| CostView {
             price: (*pattern).to_owned(),
@@ -1072,22 +1058,7 @@ impl CacheStage {
             .as_ref()
             .filter(|_| explanation.verdict != Verdict::Hit)
             .and_then(|r| r.fix(explanation.lost_tokens, price.as_ref().map(|(_, p)| p)));
-        let mut through = 0u64;
-        let breakpoints = segs
-            .units
-            .iter()
-            .filter_map(|u| {
-                through += u64::from(u.tokens);
-                u.breakpoint.map(|m| BreakpointView {
-                    unit: u.path.to_string(),
-                    position: u.position,
-                    ttl: m.ttl,
-                    automatic: m.automatic,
-                    tokens: through,
-                    prefix: crate::digest::hex(&u.prefix[..8]),
-                })
-            })
-            .collect();
+        let breakpoints = breakpoint_views(segs);
         Some(CacheReport {
             provider: segs.format.provider().name().to_owned(),
             conversation: p.key,
@@ -1108,15 +1079,7 @@ impl CacheStage {
             reason: explanation.reason,
             lost_tokens: explanation.lost_tokens,
             baseline: explanation.baseline.map(|b| b.to_string()),
-            estimate: EstimateCheck {
-                tokens: estimated,
-                actual: actual_total,
-                error_pct: if actual_total == 0 {
-                    0.0
-                } else {
-                    (estimated as f64 - actual_total as f64) / actual_total as f64 * 100.0
-                },
-            },
+            estimate: EstimateCheck::of(estimated, actual_total),
             cost,
             stable,
             fix,
@@ -1129,6 +1092,61 @@ impl CacheStage {
                 .map(|u| u.path.to_string())
                 .collect(),
         })
+    }
+
+    /// Warns, once per model (and once when too many are unnamed), that `model` has
+    /// no price: its cost is unknown, never $0.
+    fn warn_unpriced(&self, state: &mut State, model: &str) {
+        let warning = state.unpriced.note(model, self.redactor.as_deref());
+        match warning {
+            // Once per model: its cost is unknown, never $0.
+            Some(UnpricedWarning::Model(model)) => tracing::warn!(
+                "no price for model {model:?}: its cache cost shows as unknown; add one to the \
+                 config file:\n[cache.prices.\"{model}\"]\ninput = 1.25        # $ per million input tokens\n\
+                 output = 10.0\ncache_read = 0.1    # share of the input price (OpenAI's cached input)\n\
+                 cache_write_5m = 1.0"
+            ),
+            Some(UnpricedWarning::Full) => tracing::warn!(
+                "no price for more than {UNPRICED_WARNED_MAX} models: the next ones are not named \
+                 (their cache cost shows as unknown)"
+            ),
+            None => {}
+        }
+    }
+}
+
+/// The breakpoints of a request, each with the tokens through it and its prefix's
+/// digest (what the fleet store indexes).
+fn breakpoint_views(segs: &Segments) -> Vec<BreakpointView> {
+    let mut through = 0u64;
+    segs.units
+        .iter()
+        .filter_map(|u| {
+            through += u64::from(u.tokens);
+            u.breakpoint.map(|m| BreakpointView {
+                unit: u.path.to_string(),
+                position: u.position,
+                ttl: m.ttl,
+                automatic: m.automatic,
+                tokens: through,
+                prefix: crate::digest::hex(&u.prefix[..8]),
+            })
+        })
+        .collect()
+}
+
+impl EstimateCheck {
+    /// The estimate beside the provider's count, and its error in percent.
+    fn of(tokens: u64, actual: u64) -> EstimateCheck {
+        EstimateCheck {
+            tokens,
+            actual,
+            error_pct: if actual == 0 {
+                0.0
+            } else {
+                (tokens as f64 - actual as f64) / actual as f64 * 100.0
+            },
+        }
     }
 }
 
