@@ -7,7 +7,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::BuildHasher;
-use std::time::{Duration, UNIX_EPOCH};
+use std::time::Duration;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
@@ -317,21 +317,9 @@ impl CaptureRecord {
     ) -> CaptureRecord {
         let mut summary = Summary::new();
         let extra = &r.extra_redactions;
-        let started_ms = r
-            .started_at
-            .duration_since(UNIX_EPOCH)
-            .unwrap_or(Duration::ZERO)
-            .as_millis() as u64;
+        let started_ms = crate::capture::timestamp::ms_of(r.started_at);
         let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
-        let received_digest = digest::content_hex(&r.request_body);
-        let sent_body = &r.sent_body;
-        let same_body = same_bytes(sent_body, &r.request_body);
-        let sent_digest = if same_body {
-            received_digest.clone()
-        } else {
-            digest::content_hex(sent_body)
-        };
-        let received_coding = crate::provider::content_coding(&r.request_headers);
+        let (received_digest, sent_digest, same_body) = body_digests(r);
         // The key is read from what the client sent, then redacted like any text.
         // Claude Code's header names the conversation: no need to read the body for it.
         let conversation = r
@@ -392,24 +380,8 @@ impl CaptureRecord {
             conversation,
             duplicate_key,
             rules_fired: r.rules_fired.clone(),
-            // A hook's error text may quote what its program printed.
-            policies: r
-                .policy_runs
-                .iter()
-                .map(|p| crate::policy::PolicyRun {
-                    decision: redactor.bounded(&p.decision, extra, crate::redact::TEXT_MAX),
-                    ..p.clone()
-                })
-                .collect(),
-            // Locations name a tool, which a client chose: redacted like any text.
-            findings: r
-                .findings
-                .iter()
-                .map(|f| crate::policy::Finding {
-                    location: redactor.bounded(&f.location, extra, crate::redact::NAME_MAX),
-                    ..f.clone()
-                })
-                .collect(),
+            policies: redacted_policies(r, redactor),
+            findings: redacted_findings(r, redactor),
             tags: r.tags.clone(),
             body_diff: r.body_diff.clone(),
             request: RequestPart::default(),
@@ -443,76 +415,99 @@ impl CaptureRecord {
             stall: r.stall,
         };
         if r.capture {
-            let secret = &r.secret_headers;
-            // What was sent mostly repeats what was received: its redactions count once.
-            let mut sent_summary = Summary::new();
-            record.request.headers = redactor.headers(&r.request_headers, secret, &mut summary);
-            record.request.sent_headers =
-                redactor.headers(&r.sent_headers, secret, &mut sent_summary);
-            record.response.headers = redactor.headers(&r.response_headers, secret, &mut summary);
-            let ctx = &mut BodyContext {
-                redactor,
-                extra,
-                cache,
-                copied: Vec::new(),
-            };
-            // The body sent first: the cache stage took its units' digests, which
-            // find them in the cache unread; the body received takes what was copied.
-            if !same_body {
-                record.request.sent_body = Some(request_body(
-                    sent_body,
-                    &record.sent_digest,
-                    // A changed body goes upstream identity-encoded.
-                    None,
-                    r.sent_prompt.get(),
-                    ctx,
-                    &mut sent_summary,
-                ));
-            }
-            record.request.body = request_body(
-                &r.request_body,
-                &record.received_digest,
-                received_coding,
-                r.prompt.get(),
-                ctx,
-                &mut summary,
-            );
-            for (kind, n) in sent_summary {
-                let seen = summary.entry(kind).or_default();
-                *seen = (*seen).max(n);
-            }
-            if let Some(o) = observation {
-                // Shared, not copied, when there was nothing to redact: a response
-                // copy may be `capture.max_response` bytes, several at once.
-                let mut body = owned_or(redactor.redact(&o.body, extra, &mut summary), &o.body);
-                if o.format == BodyFormat::Sse
-                    && let Some(message) = &o.summary.message
-                {
-                    let text = Bytes::from(message.to_string());
-                    // Secrets the stream split across events show whole only here.
-                    let secrets = redactor.secrets(&text, extra);
-                    if !secrets.is_empty() {
-                        body = owned_or(redactor.scrub_fragments(&body, &secrets), &body);
-                    }
-                    let text = owned_or(redactor.redact(&text, extra, &mut summary), &text);
-                    record.response.message = Some(BodyInfo::of_response(text));
-                }
-                record.response.body = BodyInfo::of_response(body);
-            }
-            record.response.edits = r
-                .stream_edits
-                .iter()
-                .map(|e| crate::rules::stream::EventEdit {
-                    sent: e.sent.as_ref().map(|t| {
-                        String::from_utf8_lossy(&redactor.redact(t.as_bytes(), extra, &mut summary))
-                            .into_owned()
-                    }),
-                    ..e.clone()
-                })
-                .collect();
+            record.capture_contents(r, redactor, cache, same_body, &mut summary);
         }
         record.redactions = summary;
         record
+    }
+
+    /// Adds the headers and bodies, redacted (a record with capture on).
+    fn capture_contents(
+        &mut self,
+        r: &ExchangeRecord,
+        redactor: &Redactor,
+        cache: &mut UnitCache,
+        same_body: bool,
+        summary: &mut Summary,
+    ) {
+        let extra = &r.extra_redactions;
+        let secret = &r.secret_headers;
+        // What was sent mostly repeats what was received: its redactions count once.
+        let mut sent_summary = Summary::new();
+        self.request.headers = redactor.headers(&r.request_headers, secret, summary);
+        self.request.sent_headers = redactor.headers(&r.sent_headers, secret, &mut sent_summary);
+        self.response.headers = redactor.headers(&r.response_headers, secret, summary);
+        let ctx = &mut BodyContext {
+            redactor,
+            extra,
+            cache,
+            copied: Vec::new(),
+        };
+        // The body sent first: the cache stage took its units' digests, which
+        // find them in the cache unread; the body received takes what was copied.
+        if !same_body {
+            self.request.sent_body = Some(request_body(
+                &r.sent_body,
+                &self.sent_digest,
+                // A changed body goes upstream identity-encoded.
+                None,
+                r.sent_prompt.get(),
+                ctx,
+                &mut sent_summary,
+            ));
+        }
+        self.request.body = request_body(
+            &r.request_body,
+            &self.received_digest,
+            crate::provider::content_coding(&r.request_headers),
+            r.prompt.get(),
+            ctx,
+            summary,
+        );
+        for (kind, n) in sent_summary {
+            let seen = summary.entry(kind).or_default();
+            *seen = (*seen).max(n);
+        }
+        if let Some(o) = r.observation.as_ref() {
+            self.response_contents(o, redactor, extra, summary);
+        }
+        self.response.edits = r
+            .stream_edits
+            .iter()
+            .map(|e| crate::rules::stream::EventEdit {
+                sent: e.sent.as_ref().map(|t| {
+                    String::from_utf8_lossy(&redactor.redact(t.as_bytes(), extra, summary))
+                        .into_owned()
+                }),
+                ..e.clone()
+            })
+            .collect();
+    }
+
+    /// Adds the response body and, for a stream, its reassembled message, redacted.
+    fn response_contents(
+        &mut self,
+        o: &crate::observer::Observation,
+        redactor: &Redactor,
+        extra: &[regex::Regex],
+        summary: &mut Summary,
+    ) {
+        // Shared, not copied, when there was nothing to redact: a response
+        // copy may be `capture.max_response` bytes, several at once.
+        let mut body = owned_or(redactor.redact(&o.body, extra, summary), &o.body);
+        if o.format == BodyFormat::Sse
+            && let Some(message) = &o.summary.message
+        {
+            let text = Bytes::from(message.to_string());
+            // Secrets the stream split across events show whole only here.
+            let secrets = redactor.secrets(&text, extra);
+            if !secrets.is_empty() {
+                body = owned_or(redactor.scrub_fragments(&body, &secrets), &body);
+            }
+            let text = owned_or(redactor.redact(&text, extra, summary), &text);
+            self.response.message = Some(BodyInfo::of_response(text));
+        }
+        self.response.body = BodyInfo::of_response(body);
     }
 
     /// The stored bodies, in a fixed order: received, sent, response, message.
@@ -577,6 +572,43 @@ struct BodyContext<'a> {
 
 /// Whether two bodies hold the same bytes; the sent body usually shares the received
 /// one's memory, which settles it without reading them.
+/// Each policy's turn, its decision redacted: a hook's error text may quote what
+/// its program printed.
+fn redacted_policies(r: &ExchangeRecord, redactor: &Redactor) -> Vec<crate::policy::PolicyRun> {
+    r.policy_runs
+        .iter()
+        .map(|p| crate::policy::PolicyRun {
+            decision: redactor.bounded(&p.decision, &r.extra_redactions, crate::redact::TEXT_MAX),
+            ..p.clone()
+        })
+        .collect()
+}
+
+/// The scanners' findings; locations name a tool, which a client chose: redacted
+/// like any text.
+fn redacted_findings(r: &ExchangeRecord, redactor: &Redactor) -> Vec<crate::policy::Finding> {
+    r.findings
+        .iter()
+        .map(|f| crate::policy::Finding {
+            location: redactor.bounded(&f.location, &r.extra_redactions, crate::redact::NAME_MAX),
+            ..f.clone()
+        })
+        .collect()
+}
+
+/// The digests of the body received and of the body sent (taken once when they are
+/// the same bytes), and whether they are.
+fn body_digests(r: &ExchangeRecord) -> (String, String, bool) {
+    let received = digest::content_hex(&r.request_body);
+    let same = same_bytes(&r.sent_body, &r.request_body);
+    let sent = if same {
+        received.clone()
+    } else {
+        digest::content_hex(&r.sent_body)
+    };
+    (received, sent, same)
+}
+
 fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
     a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
 }

@@ -4,8 +4,12 @@
 
 /// Milliseconds since the Unix epoch, now.
 pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
+    ms_of(std::time::SystemTime::now())
+}
+
+/// Milliseconds since the Unix epoch at `t` (0 before it).
+pub(crate) fn ms_of(t: std::time::SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
