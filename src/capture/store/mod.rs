@@ -501,6 +501,98 @@ impl std::fmt::Debug for Store {
     }
 }
 
+/// The records of `records` the store does not hold yet (a replica's spool may
+/// hold an exchange another already stored), each once.
+fn not_stored<'r>(
+    conn: &dyn Connection,
+    records: &'r [CaptureRecord],
+) -> Result<Vec<&'r CaptureRecord>, StoreError> {
+    let mut stored: HashSet<String> = HashSet::new();
+    for chunk in records.chunks(RECORDS_PER_STATEMENT) {
+        let sql = format!(
+            "SELECT id FROM records WHERE id IN ({})",
+            placeholders(1, chunk.len())
+        );
+        let args: Vec<Value> = chunk.iter().map(|r| Value::from(r.id.as_str())).collect();
+        for row in conn.query(&sql, &args)? {
+            stored.insert(row.text(0)?);
+        }
+    }
+    Ok(records
+        .iter()
+        .filter(|r| stored.insert(r.id.clone()))
+        .collect())
+}
+
+/// The 22 values of a record's row, in the order of the `records` columns.
+fn record_row(record: &CaptureRecord, meta: Vec<u8>, layouts: [Option<Vec<u8>>; 4]) -> [Value; 22] {
+    let [received, sent, response, message] = layouts;
+    let usage = record.usage.as_ref();
+    let count = |f: fn(&crate::provider::Usage) -> u64| usage.map(|u| f(u) as i64);
+    [
+        record.id.as_str().into(),
+        (record.times.started_ms as i64).into(),
+        record.conversation.clone().into(),
+        record.model.clone().into(),
+        record.provider.clone().into(),
+        record.response.status.map(i64::from).into(),
+        record.outcome.as_str().into(),
+        count(|u| u.input_tokens).into(),
+        count(|u| u.output_tokens).into(),
+        count(|u| u.cache_read_tokens).into(),
+        count(|u| u.cache_write_tokens).into(),
+        record.rules_fired.join(",").into(),
+        meta.into(),
+        received.into(),
+        sent.into(),
+        response.into(),
+        message.into(),
+        record.cache.as_ref().map(|c| c.short()).into(),
+        record.tags.join(",").into(),
+        record.path.clone().into(),
+        record.mode.clone().into(),
+        record.side.into(),
+    ]
+}
+
+/// Indexes the breakpoint prefixes of `records` by workspace, for the fleet's
+/// cross-conversation lookup.
+fn index_prefixes(conn: &dyn Connection, records: &[&CaptureRecord]) -> Result<(), StoreError> {
+    let prefixes: Vec<[Value; 4]> = records
+        .iter()
+        .filter_map(|r| Some((r, r.cache.as_ref()?)))
+        .filter_map(|(r, c)| Some((r, c, c.workspace.as_ref()?)))
+        .flat_map(|(r, c, w)| {
+            c.breakpoints
+                .iter()
+                .filter(|b| !b.prefix.is_empty())
+                .map(move |b| {
+                    [
+                        r.id.as_str().into(),
+                        b.prefix.as_str().into(),
+                        w.as_str().into(),
+                        (c.started_ms as i64).into(),
+                    ]
+                })
+        })
+        .collect();
+    for chunk in prefixes.chunks(UNITS_PER_STATEMENT) {
+        let rows: Vec<String> = (0..chunk.len())
+            .map(|i| format!("({})", placeholders(i * 4 + 1, 4)))
+            .collect();
+        let args: Vec<Value> = chunk.iter().flatten().cloned().collect();
+        conn.execute(
+            &format!(
+                "INSERT INTO cache_prefixes (record, prefix, workspace, started_ms)
+                 VALUES {} ON CONFLICT DO NOTHING",
+                rows.join(", ")
+            ),
+            &args,
+        )?;
+    }
+    Ok(())
+}
+
 impl Store {
     /// Opens (creating and migrating if needed) the store at `location` for writing.
     pub fn open(location: &StoreLocation) -> Result<Store, StoreError> {
@@ -587,21 +679,7 @@ impl Store {
     fn insert_all(&mut self, records: &[CaptureRecord]) -> Result<(), StoreError> {
         let conn = &*self.conn;
         // Another replica's spool may hold the same exchange: it is stored once.
-        let mut stored: HashSet<String> = HashSet::new();
-        for chunk in records.chunks(RECORDS_PER_STATEMENT) {
-            let sql = format!(
-                "SELECT id FROM records WHERE id IN ({})",
-                placeholders(1, chunk.len())
-            );
-            let args: Vec<Value> = chunk.iter().map(|r| Value::from(r.id.as_str())).collect();
-            for row in conn.query(&sql, &args)? {
-                stored.insert(row.text(0)?);
-            }
-        }
-        let new: Vec<&CaptureRecord> = records
-            .iter()
-            .filter(|r| stored.insert(r.id.clone()))
-            .collect();
+        let new = not_stored(conn, records)?;
         // Each record's bodies cut into their skeleton and units; responses stay whole.
         let bodies: Vec<[Option<std::borrow::Cow<'_, Parts>>; 4]> = new
             .iter()
@@ -648,33 +726,12 @@ impl Store {
                 })?;
                 let [received, sent, response, message] =
                     parts.each_ref().map(|p| p.as_deref().map(layout));
-                let usage = record.usage.as_ref();
-                let count = |f: fn(&crate::provider::Usage) -> u64| usage.map(|u| f(u) as i64);
                 rows.push(format!("({})", placeholders(args.len() + 1, 22)));
-                args.extend([
-                    record.id.as_str().into(),
-                    (record.times.started_ms as i64).into(),
-                    record.conversation.clone().into(),
-                    record.model.clone().into(),
-                    record.provider.clone().into(),
-                    record.response.status.map(i64::from).into(),
-                    record.outcome.as_str().into(),
-                    count(|u| u.input_tokens).into(),
-                    count(|u| u.output_tokens).into(),
-                    count(|u| u.cache_read_tokens).into(),
-                    count(|u| u.cache_write_tokens).into(),
-                    record.rules_fired.join(",").into(),
-                    meta.into(),
-                    received.into(),
-                    sent.into(),
-                    response.into(),
-                    message.into(),
-                    record.cache.as_ref().map(|c| c.short()).into(),
-                    record.tags.join(",").into(),
-                    record.path.clone().into(),
-                    record.mode.clone().into(),
-                    record.side.into(),
-                ]);
+                args.extend(record_row(
+                    record,
+                    meta,
+                    [received, sent, response, message],
+                ));
             }
             conn.execute(
                 &format!(
@@ -690,38 +747,7 @@ impl Store {
         // The index serves replicas that share the store; one replica's own cache
         // analysis already knows every prefix it saw.
         if matches!(self.location, StoreLocation::Postgres(_)) {
-            let prefixes: Vec<[Value; 4]> = new
-                .iter()
-                .filter_map(|r| Some((r, r.cache.as_ref()?)))
-                .filter_map(|(r, c)| Some((r, c, c.workspace.as_ref()?)))
-                .flat_map(|(r, c, w)| {
-                    c.breakpoints
-                        .iter()
-                        .filter(|b| !b.prefix.is_empty())
-                        .map(move |b| {
-                            [
-                                r.id.as_str().into(),
-                                b.prefix.as_str().into(),
-                                w.as_str().into(),
-                                (c.started_ms as i64).into(),
-                            ]
-                        })
-                })
-                .collect();
-            for chunk in prefixes.chunks(UNITS_PER_STATEMENT) {
-                let rows: Vec<String> = (0..chunk.len())
-                    .map(|i| format!("({})", placeholders(i * 4 + 1, 4)))
-                    .collect();
-                let args: Vec<Value> = chunk.iter().flatten().cloned().collect();
-                conn.execute(
-                    &format!(
-                        "INSERT INTO cache_prefixes (record, prefix, workspace, started_ms)
-                         VALUES {} ON CONFLICT DO NOTHING",
-                        rows.join(", ")
-                    ),
-                    &args,
-                )?;
-            }
+            index_prefixes(conn, &new)?;
         }
         Ok(())
     }
