@@ -211,70 +211,19 @@ pub(crate) fn replay(
         selected: rows.len(),
         ..Report::default()
     };
-    let mut effects: Vec<RuleEffect> = rules
-        .rules()
-        .iter()
-        .map(|r| RuleEffect {
-            rule: r.name.clone(),
-            phase: r.phase.name().to_owned(),
-            description: r.description.clone(),
-            ..RuleEffect::default()
-        })
-        // The outgoing-secrets scans too: each acts as one policy of its own.
-        .chain(
-            rules
-                .scanner()
-                .into_iter()
-                .flat_map(|s| s.scans())
-                .map(|s| RuleEffect {
-                    rule: s.name.clone(),
-                    phase: crate::policy::Phase::BeforeProviderRequest
-                        .name()
-                        .to_owned(),
-                    description: Some(format!("scan: {} → {}", s.selection(), s.action.name())),
-                    ..RuleEffect::default()
-                }),
-        )
-        .collect();
-    let index: HashMap<String, usize> = effects
-        .iter()
-        .enumerate()
-        .map(|(i, e)| (e.rule.clone(), i))
-        .collect();
-    let mut pointers: Vec<HashMap<String, usize>> = vec![HashMap::new(); effects.len()];
-    let mut rule_conversations: Vec<std::collections::HashSet<String>> =
-        vec![Default::default(); effects.len()];
-    // Two predictors, each with its own history: the requests as sent, and as replayed.
-    let new_stage = || {
-        CacheStage::new(
-            settings.cache.clone(),
-            settings.conversation.clone(),
-            Clock::system(),
-        )
-    };
-    let (sent_stage, replayed_stage) = (new_stage(), new_stage());
-    let mut conversations: BTreeMap<String, ConversationImpact> = BTreeMap::new();
-    let mut diverged: HashMap<String, bool> = HashMap::new();
+    let mut tally = Tally::new(rules);
+    let mut impact = CacheImpact::new(settings);
     for row in rows {
         let Some(record) = Damaged::sift(&row.id, store.load(&row.id), &mut report.damaged)? else {
-            *report
-                .skipped
-                .entry("damaged: the record could not be read".into())
-                .or_default() += 1;
+            report.skip("damaged: the record could not be read");
             continue;
         };
         let Some(format) = record.request_format() else {
-            *report
-                .skipped
-                .entry("not a model request".into())
-                .or_default() += 1;
+            report.skip("not a model request");
             continue;
         };
         if !record.captured {
-            *report
-                .skipped
-                .entry("capture was off for it".into())
-                .or_default() += 1;
+            report.skip("capture was off for it");
             continue;
         }
         report.replayed += 1;
@@ -297,81 +246,219 @@ pub(crate) fn replay(
         } else {
             report.bytes_removed += bytes_delta.unsigned_abs();
         }
-        let conversation_key = record.conversation.clone();
-        // Which rules changed this request, and where.
+        let changed_by = tally.count(&outcome, record.conversation.as_ref(), &mut report);
+        if settings.each {
+            report.each.push(Each::of(&record, &outcome, bytes_delta));
+        }
+        match impact.add(&record, &outcome, format, settings) {
+            Some(delta) => {
+                // A request only one rule changed is that rule's to answer for.
+                if let [only] = changed_by.as_slice() {
+                    tally.effects[*only].cost_delta += delta;
+                }
+            }
+            None => report.cache_excluded += 1,
+        }
+    }
+    tally.finish(&mut report);
+    for c in impact.conversations.values() {
+        report.baseline.add(&c.baseline);
+        report.baseline_predicted.add(&c.baseline_predicted);
+        report.candidate.add(&c.candidate);
+    }
+    report.cost_delta = report.candidate.dollars - report.baseline.dollars;
+    report.tokens_delta = report.candidate.total() as i64 - report.baseline.total() as i64;
+    report.conversations = impact.conversations.into_values().collect();
+    Ok(report)
+}
+
+impl Report {
+    /// Counts a record left out, and why.
+    fn skip(&mut self, why: &str) {
+        *self.skipped.entry(why.into()).or_default() += 1;
+    }
+}
+
+/// What each rule (and each outgoing-secrets scan) did over the replay.
+struct Tally {
+    effects: Vec<RuleEffect>,
+    index: HashMap<String, usize>,
+    pointers: Vec<HashMap<String, usize>>,
+    conversations: Vec<std::collections::HashSet<String>>,
+}
+
+impl Tally {
+    fn new(rules: &RuleSet) -> Tally {
+        let effects: Vec<RuleEffect> = rules
+            .rules()
+            .iter()
+            .map(|r| RuleEffect {
+                rule: r.name.clone(),
+                phase: r.phase.name().to_owned(),
+                description: r.description.clone(),
+                ..RuleEffect::default()
+            })
+            // The outgoing-secrets scans too: each acts as one policy of its own.
+            .chain(
+                rules
+                    .scanner()
+                    .into_iter()
+                    .flat_map(|s| s.scans())
+                    .map(|s| RuleEffect {
+                        rule: s.name.clone(),
+                        phase: crate::policy::Phase::BeforeProviderRequest
+                            .name()
+                            .to_owned(),
+                        description: Some(format!("scan: {} → {}", s.selection(), s.action.name())),
+                        ..RuleEffect::default()
+                    }),
+            )
+            .collect();
+        let index = effects
+            .iter()
+            .enumerate()
+            .map(|(i, e)| (e.rule.clone(), i))
+            .collect();
+        Tally {
+            pointers: vec![HashMap::new(); effects.len()],
+            conversations: vec![Default::default(); effects.len()],
+            effects,
+            index,
+        }
+    }
+
+    /// Counts what the rules did to one request; returns the rules that changed it.
+    fn count(
+        &mut self,
+        outcome: &Outcome,
+        conversation: Option<&String>,
+        report: &mut Report,
+    ) -> Vec<usize> {
         let mut changed_by: Vec<usize> = Vec::new();
         for (rule, pointer) in &outcome.edits {
             if rule == LIMITS_FIXER {
                 report.breakpoint_adjustments += 1;
                 continue;
             }
-            if let Some(&i) = index.get(rule) {
-                *pointers[i].entry(pointer.clone()).or_default() += 1;
+            if let Some(&i) = self.index.get(rule) {
+                *self.pointers[i].entry(pointer.clone()).or_default() += 1;
                 if !changed_by.contains(&i) {
                     changed_by.push(i);
                 }
             }
         }
         for rule in &outcome.fired {
-            if let Some(&i) = index.get(rule) {
-                effects[i].matched += 1;
+            if let Some(&i) = self.index.get(rule) {
+                self.effects[i].matched += 1;
             }
         }
         for &i in &changed_by {
-            effects[i].changed += 1;
-            if let Some(c) = &conversation_key {
-                rule_conversations[i].insert(c.clone());
+            self.effects[i].changed += 1;
+            if let Some(c) = conversation {
+                self.conversations[i].insert(c.clone());
             }
         }
         if let Some(block) = &outcome.blocked {
             report.blocked += 1;
-            if let Some(&i) = index.get(&block.rule) {
-                effects[i].blocked += 1;
+            if let Some(&i) = self.index.get(&block.rule) {
+                self.effects[i].blocked += 1;
             }
             if report.blocks.len() < LISTED {
                 report.blocks.push(block.clone());
             }
         }
-        if settings.each {
-            // The diff, not the bodies: a long replay keeps only what it prints.
-            let (diff, diff_error) = match &outcome.body {
-                Some(replayed) => match units::diff_bodies(&record.request.body.bytes, replayed) {
-                    Ok(entries) => (entries, None),
-                    Err(e) => (Vec::new(), Some(e)),
-                },
-                None => (Vec::new(), None),
-            };
-            report.each.push(Each {
-                id: record.id.clone(),
-                conversation: conversation_key.clone(),
-                rules: outcome.fired.clone(),
-                blocked: outcome.blocked.is_some(),
-                bytes_delta,
-                diff,
-                diff_error,
-            });
+        changed_by
+    }
+
+    /// Puts each rule's effect, its pointers most changed first, in the report.
+    fn finish(mut self, report: &mut Report) {
+        for (i, e) in self.effects.iter_mut().enumerate() {
+            let mut list: Vec<(String, usize)> = self.pointers[i].drain().collect();
+            list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            e.pointers = list;
+            e.conversations = self.conversations[i].len();
         }
-        // Cache: only answered requests have a baseline; a blocked one has no candidate.
-        let Some(usage) = record.usage else {
-            report.cache_excluded += 1;
-            continue;
+        report.never_fired = self
+            .effects
+            .iter()
+            .filter(|e| e.matched == 0)
+            .map(|e| e.rule.clone())
+            .collect();
+        report.rules = self.effects;
+    }
+}
+
+impl Each {
+    /// One request's line: the diff, not the bodies (a long replay keeps only what
+    /// it prints).
+    fn of(record: &CaptureRecord, outcome: &Outcome, bytes_delta: i64) -> Each {
+        let (diff, diff_error) = match &outcome.body {
+            Some(replayed) => match units::diff_bodies(&record.request.body.bytes, replayed) {
+                Ok(entries) => (entries, None),
+                Err(e) => (Vec::new(), Some(e)),
+            },
+            None => (Vec::new(), None),
         };
+        Each {
+            id: record.id.clone(),
+            conversation: record.conversation.clone(),
+            rules: outcome.fired.clone(),
+            blocked: outcome.blocked.is_some(),
+            bytes_delta,
+            diff,
+            diff_error,
+        }
+    }
+}
+
+/// The cache's cost as sent and as replayed: two predictors, each with its own
+/// history, and each conversation's figures.
+struct CacheImpact {
+    sent: CacheStage,
+    replayed: CacheStage,
+    conversations: BTreeMap<String, ConversationImpact>,
+    /// Whether the candidate has sent something else in a conversation yet.
+    diverged: HashMap<String, bool>,
+}
+
+impl CacheImpact {
+    fn new(settings: &ReplaySettings) -> CacheImpact {
+        let stage = || {
+            CacheStage::new(
+                settings.cache.clone(),
+                settings.conversation.clone(),
+                Clock::system(),
+            )
+        };
+        CacheImpact {
+            sent: stage(),
+            replayed: stage(),
+            conversations: BTreeMap::new(),
+            diverged: HashMap::new(),
+        }
+    }
+
+    /// Adds one request; the candidate's dollars minus the baseline's, or `None`
+    /// when it has no baseline (unanswered, blocked, the analysis off).
+    fn add(
+        &mut self,
+        record: &CaptureRecord,
+        outcome: &Outcome,
+        format: Format,
+        settings: &ReplaySettings,
+    ) -> Option<f64> {
+        let usage = record.usage?;
         if outcome.blocked.is_some() || !settings.cache.enabled {
-            report.cache_excluded += 1;
-            continue;
+            return None;
         }
-        let Some(id) = ExchangeId::parse(&record.id) else {
-            report.cache_excluded += 1;
-            continue;
-        };
+        let id = ExchangeId::parse(&record.id)?;
         let start = record.times.started_ms;
         let sent_body = record.sent().bytes.clone();
-        let sent_headers = record.sent_headers();
-        let sent = sent_stage.predict_only(
+        let sent = self.sent.predict_only(
             id,
             start,
             format,
-            &sent_headers,
+            &record.sent_headers(),
             PromptCell::new(sent_body.clone(), Some(format)),
         );
         let replayed_body = outcome
@@ -379,17 +466,14 @@ pub(crate) fn replay(
             .clone()
             .unwrap_or_else(|| record.request.body.bytes.clone());
         let same_body = replayed_body == sent_body;
-        let replayed = replayed_stage.predict_only(
+        let replayed = self.replayed.predict_only(
             id,
             start,
             format,
             &outcome.headers,
             PromptCell::new(replayed_body, Some(format)),
         );
-        let (Some(sent), Some(replayed)) = (sent, replayed) else {
-            report.cache_excluded += 1;
-            continue;
-        };
+        let (sent, replayed) = (sent?, replayed?);
         let conversation = sent.conversation.clone();
         let scale = if sent.total_tokens > 0 {
             usage.total_input() as f64 / sent.total_tokens as f64
@@ -404,7 +488,7 @@ pub(crate) fn replay(
         );
         // Until the candidate sends something else in a conversation, its requests
         // are the ones the provider answered: their figures are the actual ones.
-        let diverged = diverged.entry(conversation.clone()).or_default();
+        let diverged = self.diverged.entry(conversation.clone()).or_default();
         *diverged |= !same_body;
         let baseline = priced(&usage, price);
         let baseline_predicted = priced(&sent, price);
@@ -413,8 +497,9 @@ pub(crate) fn replay(
         } else {
             baseline
         };
-        let key = conversation_key.unwrap_or(conversation);
-        let c = conversations
+        let key = record.conversation.clone().unwrap_or(conversation);
+        let c = self
+            .conversations
             .entry(key.clone())
             .or_insert_with(|| ConversationImpact {
                 conversation: key,
@@ -424,32 +509,8 @@ pub(crate) fn replay(
         c.baseline.add(&baseline);
         c.baseline_predicted.add(&baseline_predicted);
         c.candidate.add(&candidate);
-        // A request only one rule changed is that rule's to answer for.
-        if let [only] = changed_by.as_slice() {
-            effects[*only].cost_delta += candidate.dollars - baseline.dollars;
-        }
+        Some(candidate.dollars - baseline.dollars)
     }
-    for (i, e) in effects.iter_mut().enumerate() {
-        let mut list: Vec<(String, usize)> = pointers[i].drain().collect();
-        list.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        e.pointers = list;
-        e.conversations = rule_conversations[i].len();
-    }
-    report.never_fired = effects
-        .iter()
-        .filter(|e| e.matched == 0)
-        .map(|e| e.rule.clone())
-        .collect();
-    report.rules = effects;
-    for c in conversations.values() {
-        report.baseline.add(&c.baseline);
-        report.baseline_predicted.add(&c.baseline_predicted);
-        report.candidate.add(&c.candidate);
-    }
-    report.cost_delta = report.candidate.dollars - report.baseline.dollars;
-    report.tokens_delta = report.candidate.total() as i64 - report.baseline.total() as i64;
-    report.conversations = conversations.into_values().collect();
-    Ok(report)
 }
 
 /// What the candidate rules did to one request.
