@@ -436,6 +436,20 @@ fn raw(mut record: CaptureRecord, args: &ShowArgs) -> anyhow::Result<()> {
 fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
     // What the provider read is what the viewer shows: the default here too.
     let sent = !args.received;
+    show_facts(store, r, out);
+    if !r.captured {
+        out.push_str(
+            "\n(a rule turned capture off for this exchange: headers and bodies were not kept)\n",
+        );
+        return;
+    }
+    show_request(r, args, sent, out);
+    show_response(r, out);
+    show_headers(r, sent, out);
+}
+
+/// The exchange's facts: time, route, model, outcome, usage, cache, policies, digests.
+fn show_facts(store: &Store, r: &CaptureRecord, out: &mut String) {
     let ms = |v: Option<f64>| v.map_or("-".to_owned(), |v| format!("{v:.1} ms"));
     let _ = writeln!(out, "capture {}", r.id);
     let _ = writeln!(
@@ -493,6 +507,12 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
         None => out.push_str("  usage         -\n"),
     }
     super::cache::show_lines(store, r, out);
+    show_policy_lines(r, out);
+}
+
+/// What policy did (rules, each policy's turn, findings, tags, edits, redactions)
+/// and the bodies' digests.
+fn show_policy_lines(r: &CaptureRecord, out: &mut String) {
     let list = |v: &[String]| {
         if v.is_empty() {
             "(none)".to_owned()
@@ -565,12 +585,10 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
             );
         }
     }
-    if !r.captured {
-        out.push_str(
-            "\n(a rule turned capture off for this exchange: headers and bodies were not kept)\n",
-        );
-        return;
-    }
+}
+
+/// The request body (as sent, or `--received`) and what the rules changed in it.
+fn show_request(r: &CaptureRecord, args: &ShowArgs, sent: bool, out: &mut String) {
     let (which, body) = if sent {
         (
             "as sent upstream, the default; --received for the client's",
@@ -601,6 +619,10 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
             }
         }
     }
+}
+
+/// The response: status, stream, stop reason, stream-rule edits and the answer.
+fn show_response(r: &CaptureRecord, out: &mut String) {
     let resp = &r.response;
     let _ = writeln!(
         out,
@@ -666,6 +688,10 @@ fn show(store: &Store, r: &CaptureRecord, args: &ShowArgs, out: &mut String) {
             }
         }
     }
+}
+
+/// The request headers (as sent, or as received) and the response's.
+fn show_headers(r: &CaptureRecord, sent: bool, out: &mut String) {
     let (which, headers) = if sent {
         ("as sent upstream", &r.request.sent_headers)
     } else {
