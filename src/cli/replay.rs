@@ -145,7 +145,15 @@ fn render(r: &Report, dir: &std::path::Path, out: &mut String) {
     out.push_str(
         "  the rules saw the requests as captured: secrets were redacted before they saw them\n",
     );
+    render_rules(r, out);
+    render_cache(r, out);
+    render_movers(r, out);
+    render_trust(r, out);
+    render_each(r, out);
+}
 
+/// Per rule: what it matched, changed and blocked, and what it cost; what never fired and what was blocked.
+fn render_rules(r: &Report, out: &mut String) {
     out.push_str("\nper rule:\n");
     let mut rows = vec![
         [
@@ -198,7 +206,10 @@ fn render(r: &Report, dir: &std::path::Path, out: &mut String) {
             let _ = writeln!(out, "  … and {} more", r.blocked - r.blocks.len());
         }
     }
+}
 
+/// The prompt-caching figures, baseline against candidate, per conversation.
+fn render_cache(r: &Report, out: &mut String) {
     out.push_str("\nprompt caching (baseline: what the provider reported; candidate: predicted for the replayed requests):\n");
     let mut rows = vec![
         [
@@ -266,7 +277,10 @@ fn render(r: &Report, dir: &std::path::Path, out: &mut String) {
         r.tokens_delta,
         signed_dollars(r.cost_delta)
     );
+}
 
+/// The rules that changed most, by cost.
+fn render_movers(r: &Report, out: &mut String) {
     out.push_str("\nlargest changes:\n");
     let mut movers: Vec<&replay::RuleEffect> = r.rules.iter().filter(|e| e.changed > 0).collect();
     movers.sort_by(|a, b| b.cost_delta.abs().total_cmp(&a.cost_delta.abs()));
@@ -292,7 +306,10 @@ fn render(r: &Report, dir: &std::path::Path, out: &mut String) {
             signed_dollars(e.cost_delta)
         );
     }
+}
 
+/// How far the figures can be trusted: the analysis' prediction on the requests as sent, against what was reported.
+fn render_trust(r: &Report, out: &mut String) {
     let b = &r.baseline;
     let p = &r.baseline_predicted;
     let pct = |pred: u64, actual: u64| {
@@ -318,7 +335,10 @@ fn render(r: &Report, dir: &std::path::Path, out: &mut String) {
         dollars(p.dollars),
         dollars(b.dollars)
     );
+}
 
+/// Each request's rules and diff (`--each`).
+fn render_each(r: &Report, out: &mut String) {
     if !r.each.is_empty() {
         out.push_str("\neach request:\n");
         for e in &r.each {

@@ -293,39 +293,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(1));
         }
     };
-    let (body, header_map, path, what) = match &args.input {
-        Input::File(request) => {
-            let body = Bytes::from(
-                std::fs::read(request).with_context(|| format!("reading {}", request.display()))?,
-            );
-            let headers = match args.headers {
-                Some(h) => read_headers(h)?,
-                None => HeaderMap::new(),
-            };
-            (
-                body,
-                headers,
-                args.path.to_owned(),
-                request.display().to_string(),
-            )
-        }
-        Input::Capture { id, dir } => {
-            let store = crate::capture::Store::open_read_only(dir)
-                .with_context(|| format!("opening the capture store {dir}"))?;
-            let record = store.load(id)?;
-            let headers = record.received_headers();
-            println!(
-                "captured request {} (as received; secrets were redacted before the rules saw it)",
-                record.id
-            );
-            (
-                record.request.body.bytes.clone(),
-                headers,
-                record.path.clone(),
-                format!("capture {}", record.id),
-            )
-        }
-    };
+    let (body, header_map, path, what) = test_input(args)?;
     let path = path.as_str();
     let pq = http::uri::PathAndQuery::try_from(path)
         .with_context(|| format!("invalid path {path:?}"))?;
@@ -357,73 +325,34 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         body: &body,
         prompt: &prompt,
     });
-    println!(
-        "request: POST {path} ({}, model {}, {} bytes)",
-        route.provider.name(),
-        model.as_deref().unwrap_or("-"),
-        body.len()
+    print_request_result(
+        &set,
+        &result,
+        &before,
+        path,
+        &body,
+        &plain,
+        model.as_deref(),
+        route.provider,
     );
-    if result.effects.fired.is_empty() {
-        println!("fired: none");
+    test_response(args, &set, &route, model.as_deref(), &result)?;
+    if let Some(out) = body_out {
+        let bytes = result.body.as_ref().map_or(&body, |b| b.body());
+        std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
     }
-    for name in &result.effects.fired {
-        let phase = set
-            .rules()
-            .iter()
-            .find(|r| &r.name == name)
-            .map_or("", |r| r.phase.name());
-        println!("fired: {name} ({phase})");
-    }
-    for run in result.runs.iter().filter(|r| r.policy != "rules") {
-        println!(
-            "hook: {} ({}): {} in {} µs",
-            run.policy,
-            run.phase.name(),
-            run.decision,
-            run.took_us
-        );
-    }
-    for (rule, line) in &result.effects.logs {
-        println!("log: [{rule}] {line}");
-    }
-    if !result.effects.tags.is_empty() {
-        println!("tags: {}", result.effects.tags.join(", "));
-    }
-    for line in header_changes(&before, &result.headers, &result.effects.secret_headers) {
-        println!("header: {line}");
-    }
-    match &result.verdict {
-        Decision::Continue => println!("verdict: continue (sent upstream)"),
-        // The type the client gets: the rule's, else the one its status implies.
-        Decision::Respond(b) => println!(
-            "verdict: block {} {}: {} (rule {:?})",
-            b.status.as_u16(),
-            b.error_type
-                .as_deref()
-                .unwrap_or_else(|| crate::provider::anthropic::error_type(b.status)),
-            b.message,
-            b.rule
-        ),
-    }
-    match &result.body {
-        None => println!("body: unchanged (sent byte for byte)"),
-        Some(new) => {
-            println!("body: changed, {} → {} bytes", body.len(), new.body().len());
-            for p in &result.effects.body_diff {
-                println!("  changed {p}");
-            }
-            // Each changed unit's text, before → after, as `captures show` prints it.
-            match crate::capture::units::diff_bodies(&plain, new.body()) {
-                Ok(entries) => {
-                    let mut text = String::new();
-                    super::captures::diff_lines(&entries, &mut text);
-                    println!("what the rules changed (received → sent):");
-                    print!("{text}");
-                }
-                Err(e) => println!("  (no unit diff: {e})"),
-            }
-        }
-    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// With `--status`, the response phases over the answer's head (and `--response`'s
+/// stream), as the proxy would run them after `result` went upstream.
+fn test_response(
+    args: &TestArgs<'_>,
+    set: &Arc<RuleSet>,
+    route: &crate::provider::Route,
+    model: Option<&str>,
+    result: &crate::rules::RequestResult,
+) -> anyhow::Result<()> {
+    let method = Method::POST;
     if let (Some(status), Decision::Continue) = (args.status, &result.verdict) {
         let status = http::StatusCode::from_u16(status)
             .with_context(|| format!("invalid status {status}"))?;
@@ -439,7 +368,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
             method: &method,
             host: None,
             path: route.upstream_path.path(),
-            model: model.as_deref(),
+            model,
             encoded: false,
             tags: &result.effects.tags,
             conversation: None,
@@ -472,22 +401,138 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
                 method: method.clone(),
                 host: None,
                 path: route.upstream_path.path().to_owned(),
-                model: model.clone(),
+                model: model.map(str::to_owned),
                 request_headers: result.headers.clone(),
                 status,
                 response_headers: response,
                 tags,
             };
-            print_stream(set, cx, &sse);
+            print_stream(set.clone(), cx, &sse);
         }
     } else if args.response.is_some() {
         println!("stream: not run (the request was blocked)");
     }
-    if let Some(out) = body_out {
-        let bytes = result.body.as_ref().map_or(&body, |b| b.body());
-        std::fs::write(out, bytes).with_context(|| format!("writing {}", out.display()))?;
+    Ok(())
+}
+
+/// The request `rules test` runs: its body, headers, path and a name for it (a
+/// file, or a captured exchange as received).
+fn test_input(args: &TestArgs<'_>) -> anyhow::Result<(Bytes, HeaderMap, String, String)> {
+    Ok(match &args.input {
+        Input::File(request) => {
+            let body = Bytes::from(
+                std::fs::read(request).with_context(|| format!("reading {}", request.display()))?,
+            );
+            let headers = match args.headers {
+                Some(h) => read_headers(h)?,
+                None => HeaderMap::new(),
+            };
+            (
+                body,
+                headers,
+                args.path.to_owned(),
+                request.display().to_string(),
+            )
+        }
+        Input::Capture { id, dir } => {
+            let store = crate::capture::Store::open_read_only(dir)
+                .with_context(|| format!("opening the capture store {dir}"))?;
+            let record = store.load(id)?;
+            let headers = record.received_headers();
+            println!(
+                "captured request {} (as received; secrets were redacted before the rules saw it)",
+                record.id
+            );
+            (
+                record.request.body.bytes.clone(),
+                headers,
+                record.path.clone(),
+                format!("capture {}", record.id),
+            )
+        }
+    })
+}
+
+/// What the request phases did: what fired, each hook's turn, logs, tags, header
+/// edits, the verdict and the body's changes.
+#[allow(clippy::too_many_arguments)] // each is one fact of the run being printed
+fn print_request_result(
+    set: &RuleSet,
+    result: &crate::rules::RequestResult,
+    before: &HeaderMap,
+    path: &str,
+    body: &Bytes,
+    plain: &Bytes,
+    model: Option<&str>,
+    provider: crate::provider::Provider,
+) {
+    println!(
+        "request: POST {path} ({}, model {}, {} bytes)",
+        provider.name(),
+        model.unwrap_or("-"),
+        body.len()
+    );
+    if result.effects.fired.is_empty() {
+        println!("fired: none");
     }
-    Ok(ExitCode::SUCCESS)
+    for name in &result.effects.fired {
+        let phase = set
+            .rules()
+            .iter()
+            .find(|r| &r.name == name)
+            .map_or("", |r| r.phase.name());
+        println!("fired: {name} ({phase})");
+    }
+    for run in result.runs.iter().filter(|r| r.policy != "rules") {
+        println!(
+            "hook: {} ({}): {} in {} µs",
+            run.policy,
+            run.phase.name(),
+            run.decision,
+            run.took_us
+        );
+    }
+    for (rule, line) in &result.effects.logs {
+        println!("log: [{rule}] {line}");
+    }
+    if !result.effects.tags.is_empty() {
+        println!("tags: {}", result.effects.tags.join(", "));
+    }
+    for line in header_changes(before, &result.headers, &result.effects.secret_headers) {
+        println!("header: {line}");
+    }
+    match &result.verdict {
+        Decision::Continue => println!("verdict: continue (sent upstream)"),
+        // The type the client gets: the rule's, else the one its status implies.
+        Decision::Respond(b) => println!(
+            "verdict: block {} {}: {} (rule {:?})",
+            b.status.as_u16(),
+            b.error_type
+                .as_deref()
+                .unwrap_or_else(|| crate::provider::anthropic::error_type(b.status)),
+            b.message,
+            b.rule
+        ),
+    }
+    match &result.body {
+        None => println!("body: unchanged (sent byte for byte)"),
+        Some(new) => {
+            println!("body: changed, {} → {} bytes", body.len(), new.body().len());
+            for p in &result.effects.body_diff {
+                println!("  changed {p}");
+            }
+            // Each changed unit's text, before → after, as `captures show` prints it.
+            match crate::capture::units::diff_bodies(plain, new.body()) {
+                Ok(entries) => {
+                    let mut text = String::new();
+                    super::captures::diff_lines(&entries, &mut text);
+                    println!("what the rules changed (received → sent):");
+                    print!("{text}");
+                }
+                Err(e) => println!("  (no unit diff: {e})"),
+            }
+        }
+    }
 }
 
 /// Runs provider_stream_event over a recorded stream and prints what the client
