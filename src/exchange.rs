@@ -488,7 +488,8 @@ impl Proxy {
         };
         // A sink that must not miss a record (capture.required) may refuse here.
         if let Err(why) = self.recorder.admit(ex.record()).await {
-            return ex.answer(ProxyError::new(ErrorKind::CaptureUnavailable, why).into());
+            return ex
+                .answer(ProxyError::new(ErrorKind::CaptureUnavailable, why.to_string()).into());
         }
         self.live.started(ex.record());
         parts.headers = outgoing.headers;

@@ -99,7 +99,7 @@ pub use prompt::{Format, Prompt, PromptCell};
 pub use provider::sniff::sniff;
 pub use provider::sse::SseDecoder;
 pub use provider::{Api, Provider, ResponseSummary, Usage, json};
-pub use record::{ExchangeRecord, Outcome, RecordSink, RecordStage};
+pub use record::{ExchangeRecord, Outcome, RecordSink, RecordStage, Refusal};
 pub use redact::{Redactor, Summary};
 
 pub use policy::Decision;

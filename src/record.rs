@@ -428,12 +428,22 @@ pub trait RecordSink: Send + Sync {
     /// sink with a bounded queue keeps the room it has for this record. `Err(why)`
     /// refuses the exchange (a sink that must not miss a record — capture with
     /// `required` — and cannot take one now). Must not block.
-    fn admit(&self, _record: &ExchangeRecord) -> Result<(), String> {
+    fn admit(&self, _record: &ExchangeRecord) -> Result<(), Refusal> {
         Ok(())
     }
 
     /// Blocks until every record received so far is handled (called on shutdown).
     fn flush(&self) {}
+}
+
+/// Why a sink that must not miss a record (capture with `required`) refuses an
+/// exchange before it goes upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    #[error("capture is required and the capture store is failing")]
+    StoreFailing,
+    #[error("capture is required and the capture queue is full")]
+    QueueFull,
 }
 
 /// Works on a record before the sinks see it (cache analysis), in emit order.
@@ -640,7 +650,7 @@ impl Recorder {
     /// asks every sink whether the exchange may go upstream. Exchanges wait in line,
     /// first come first served: only the first looks for room, and one that arrives
     /// while others wait joins the line even if it sees room, so none starves.
-    pub(crate) async fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+    pub(crate) async fn admit(&self, record: &ExchangeRecord) -> Result<(), Refusal> {
         let deadline = tokio::time::Instant::now() + self.admit_wait;
         let full = || self.backlog.full() || self.sinks.iter().any(|s| !s.has_room(record));
         let turn = match self.line.try_lock() {
@@ -829,7 +839,7 @@ mod tests {
             Some(self.room.notified())
         }
 
-        fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+        fn admit(&self, record: &ExchangeRecord) -> Result<(), Refusal> {
             let _ = self
                 .slots
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));

@@ -395,7 +395,7 @@ impl Each {
         let (diff, diff_error) = match &outcome.body {
             Some(replayed) => match units::diff_bodies(&record.request.body.bytes, replayed) {
                 Ok(entries) => (entries, None),
-                Err(e) => (Vec::new(), Some(e)),
+                Err(e) => (Vec::new(), Some(e.to_string())),
             },
             None => (Vec::new(), None),
         };

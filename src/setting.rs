@@ -75,14 +75,49 @@ fn number_and_unit(text: &str) -> Option<(u64, &str)> {
     Some((number.parse().ok()?, unit))
 }
 
+/// Why a setting's value cannot be read: what it is not, and what it should look like.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingError {
+    #[error("{0:?} is not a size (expected e.g. 33554432 or \"32MiB\")")]
+    NotASize(String),
+    #[error("{0:?}: unknown size unit {1:?} (use B, KB, KiB, MB, MiB, GB or GiB)")]
+    SizeUnit(String, String),
+    #[error("{0:?} is too large")]
+    TooLarge(String),
+    #[error("{0:?} is not a duration (expected e.g. 30 or \"10s\")")]
+    NotADuration(String),
+    #[error("{0:?}: unknown duration unit {1:?} (use ms, s, m, h or d)")]
+    DurationUnit(String, String),
+    /// An upstream URL (`shown` without its password: messages reach the terminal).
+    #[error("{shown:?}{why}")]
+    Url { shown: String, why: UrlProblem },
+}
+
+/// What is wrong with an upstream URL.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlProblem {
+    #[error(" is not a URL: {0} (expected e.g. \"https://api.anthropic.com\")")]
+    NotAUrl(String),
+    #[error(" has no scheme (expected e.g. \"https://api.anthropic.com\")")]
+    NoScheme,
+    #[error(": the scheme must be http or https")]
+    Scheme,
+    #[error(" has no host")]
+    NoHost,
+    #[error(": credentials do not belong in the upstream URL")]
+    Credentials,
+    #[error(": an upstream URL takes no query string")]
+    Query,
+}
+
 /// `1048576`, `"512KiB"`, `"32MiB"`, `"1GB"`: bytes.
-pub(crate) fn parse_size(v: &Scalar) -> Result<u64, String> {
+pub(crate) fn parse_size(v: &Scalar) -> Result<u64, SettingError> {
     let text = match v {
         Scalar::Number(n) => return Ok(*n),
         Scalar::Text(t) => t.trim(),
     };
-    let (number, unit) = number_and_unit(text)
-        .ok_or_else(|| format!("{text:?} is not a size (expected e.g. 33554432 or \"32MiB\")"))?;
+    let (number, unit) =
+        number_and_unit(text).ok_or_else(|| SettingError::NotASize(text.to_owned()))?;
     let factor: u64 = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 1,
         "k" | "kb" => 1_000,
@@ -92,24 +127,22 @@ pub(crate) fn parse_size(v: &Scalar) -> Result<u64, String> {
         "g" | "gb" => 1_000_000_000,
         "gib" => 1 << 30,
         other => {
-            return Err(format!(
-                "{text:?}: unknown size unit {other:?} (use B, KB, KiB, MB, MiB, GB or GiB)"
-            ));
+            return Err(SettingError::SizeUnit(text.to_owned(), other.to_owned()));
         }
     };
     number
         .checked_mul(factor)
-        .ok_or_else(|| format!("{text:?} is too large"))
+        .ok_or_else(|| SettingError::TooLarge(text.to_owned()))
 }
 
 /// `30` (seconds), `"500ms"`, `"10s"`, `"5m"`, `"1h"`.
-pub(crate) fn parse_duration(v: &Scalar) -> Result<Duration, String> {
+pub(crate) fn parse_duration(v: &Scalar) -> Result<Duration, SettingError> {
     let text = match v {
         Scalar::Number(n) => return Ok(Duration::from_secs(*n)),
         Scalar::Text(t) => t.trim(),
     };
-    let (number, unit) = number_and_unit(text)
-        .ok_or_else(|| format!("{text:?} is not a duration (expected e.g. 30 or \"10s\")"))?;
+    let (number, unit) =
+        number_and_unit(text).ok_or_else(|| SettingError::NotADuration(text.to_owned()))?;
     Ok(match unit.trim() {
         "" | "s" => Duration::from_secs(number),
         "ms" => Duration::from_millis(number),
@@ -117,8 +150,9 @@ pub(crate) fn parse_duration(v: &Scalar) -> Result<Duration, String> {
         "h" => Duration::from_secs(number * 3600),
         "d" => Duration::from_secs(number * 86_400),
         other => {
-            return Err(format!(
-                "{text:?}: unknown duration unit {other:?} (use ms, s, m, h or d)"
+            return Err(SettingError::DurationUnit(
+                text.to_owned(),
+                other.to_owned(),
             ));
         }
     })
@@ -169,29 +203,32 @@ pub struct BaseUrl {
 }
 
 impl BaseUrl {
-    pub fn parse(text: &str) -> Result<BaseUrl, String> {
+    pub fn parse(text: &str) -> Result<BaseUrl, SettingError> {
         // Messages show the URL without its password: they reach the terminal and logs.
         let shown = crate::redact::url_without_password(text);
-        let uri: Uri = text.parse().map_err(|e| {
-            format!("{shown:?} is not a URL: {e} (expected e.g. \"https://api.anthropic.com\")")
-        })?;
-        let scheme = uri.scheme().cloned().ok_or_else(|| {
-            format!("{shown:?} has no scheme (expected e.g. \"https://api.anthropic.com\")")
-        })?;
+        let bad = |why| SettingError::Url {
+            shown: shown.to_string(),
+            why,
+        };
+        let uri: Uri = text
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| bad(UrlProblem::NotAUrl(e.to_string())))?;
+        let scheme = uri
+            .scheme()
+            .cloned()
+            .ok_or_else(|| bad(UrlProblem::NoScheme))?;
         if scheme != Scheme::HTTP && scheme != Scheme::HTTPS {
-            return Err(format!("{shown:?}: the scheme must be http or https"));
+            return Err(bad(UrlProblem::Scheme));
         }
         let authority = uri
             .authority()
             .cloned()
-            .ok_or_else(|| format!("{shown:?} has no host"))?;
+            .ok_or_else(|| bad(UrlProblem::NoHost))?;
         if authority.as_str().contains('@') {
-            return Err(format!(
-                "{shown:?}: credentials do not belong in the upstream URL"
-            ));
+            return Err(bad(UrlProblem::Credentials));
         }
         if uri.query().is_some() {
-            return Err(format!("{shown:?}: an upstream URL takes no query string"));
+            return Err(bad(UrlProblem::Query));
         }
         Ok(BaseUrl {
             scheme,

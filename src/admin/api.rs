@@ -100,7 +100,7 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             let record = store.load(id).map_err(store_error)?;
             let entries = match &record.request.sent_body {
                 Some(sent) => units::diff_bodies(&record.request.body.bytes, &sent.bytes)
-                    .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?
+                    .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?
                     .into_iter()
                     .filter(|e| e.change != units::Change::Same)
                     .collect(),
@@ -112,7 +112,7 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             let a = store.load(a).map_err(store_error)?;
             let b = store.load(b).map_err(store_error)?;
             let entries = units::diff_bodies(&a.sent().bytes, &b.sent().bytes)
-                .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e))?;
+                .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
             let breaks = prefix_break(&entries, &state.cache_ignore);
             json_bytes(&json!({"a": a.id, "b": b.id, "entries": entries, "breaks_prefix": breaks}))
         }
@@ -420,11 +420,11 @@ fn filter(query: &str) -> Result<Filter, (StatusCode, String)> {
         match k {
             "since" => {
                 let now = timestamp::now_ms();
-                f.since_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+                f.since_ms = Some(timestamp::parse_since(&v, now).map_err(|e| bad(e.to_string()))?);
             }
             "until" => {
                 let now = timestamp::now_ms();
-                f.until_ms = Some(timestamp::parse_since(&v, now).map_err(bad)?);
+                f.until_ms = Some(timestamp::parse_since(&v, now).map_err(|e| bad(e.to_string()))?);
             }
             "tag" => f.tag = Some(v),
             "path" => f.path = Some(v),

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use crate::conversation::KeySource;
 use crate::id::ExchangeId;
-use crate::record::{ExchangeRecord, RecordSink, StoredNotice};
+use crate::record::{ExchangeRecord, RecordSink, Refusal, StoredNotice};
 use crate::redact::Redactor;
 
 pub(crate) use record::CaptureRecord;
@@ -397,10 +397,10 @@ impl RecordSink for Capture {
     /// record will be written (that happens after the answer): a record the store
     /// refuses on its own data fails alone and leaves the store healthy (README,
     /// `capture.required`).
-    fn admit(&self, record: &ExchangeRecord) -> Result<(), String> {
+    fn admit(&self, record: &ExchangeRecord) -> Result<(), Refusal> {
         let required = self.settings.required;
         if required && !self.shared.healthy.load(Ordering::SeqCst) {
-            return Err("capture is required and the capture store is failing".into());
+            return Err(Refusal::StoreFailing);
         }
         // The recorder already waited up to queue_wait for room (has_room). The room
         // is kept for this record: exchanges admitted together must not all find it.
@@ -408,7 +408,7 @@ impl RecordSink for Capture {
         let mut state = self.shared.lock();
         if state.closed || self.full(&state, size, true) {
             return match required {
-                true => Err("capture is required and the capture queue is full".into()),
+                true => Err(Refusal::QueueFull),
                 // It goes upstream; its record is dropped if the queue is still full.
                 false => Ok(()),
             };

@@ -104,16 +104,13 @@ impl CaptureSettings {
     /// Applies a layer over these settings. `base` is the config file's directory
     /// (relative `dir` values in a file are relative to it).
     pub fn apply(&mut self, layer: CaptureLayer, base: Option<&Path>) -> Result<(), ConfigError> {
-        let invalid = |setting: &'static str| {
-            move |message: String| ConfigError::Invalid { setting, message }
-        };
         if let Some(v) = layer.enabled {
             self.enabled = v;
         }
         match (layer.dir, layer.url) {
             (Some(_), Some(_)) => {
-                return Err(invalid("capture.url")(
-                    "capture.dir is given too; give one of them: a directory for SQLite, or a postgres:// URL".into(),
+                return Err(invalid::<&str>("capture.url")(
+                    "capture.dir is given too; give one of them: a directory for SQLite, or a postgres:// URL",
                 ));
             }
             (Some(dir), None) => self.store = StoreLocation::Dir(dir).relative_to(base),
@@ -152,7 +149,7 @@ impl CaptureSettings {
         }
         if let Some(v) = layer.queue {
             if v == 0 {
-                return Err(invalid("capture.queue")("must be at least 1".into()));
+                return Err(invalid::<&str>("capture.queue")("must be at least 1"));
             }
             self.queue = v as usize;
         }
@@ -165,8 +162,8 @@ impl CaptureSettings {
         if let Some(v) = layer.max_response {
             self.max_response = parse_size(&v).map_err(invalid("capture.max_response"))?;
             if self.max_response == 0 {
-                return Err(invalid("capture.max_response")(
-                    "must be at least 1 byte (expected e.g. \"16MiB\")".into(),
+                return Err(invalid::<&str>("capture.max_response")(
+                    "must be at least 1 byte (expected e.g. \"16MiB\")",
                 ));
             }
         }
@@ -206,8 +203,16 @@ impl CaptureSettings {
     }
 }
 
+/// The error of `setting`, whatever it was told.
+fn invalid<E: std::fmt::Display>(setting: &'static str) -> impl Fn(E) -> ConfigError {
+    move |e| ConfigError::Invalid {
+        setting,
+        message: e.to_string(),
+    }
+}
+
 /// `"off"` or a value.
-fn optional<T>(v: &Scalar, parse: fn(&Scalar) -> Result<T, String>) -> Result<Option<T>, String> {
+fn optional<T, E>(v: &Scalar, parse: fn(&Scalar) -> Result<T, E>) -> Result<Option<T>, E> {
     match v {
         Scalar::Text(t) if t.trim().eq_ignore_ascii_case("off") => Ok(None),
         v => parse(v).map(Some),

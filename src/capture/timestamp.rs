@@ -38,7 +38,7 @@ pub(crate) fn short(ms: u64) -> String {
 
 /// Milliseconds since the epoch for `YYYY-MM-DD`, `YYYY-MM-DDTHH:MM[:SS[.fff]][Z]`
 /// (UTC), or a time before `now_ms`: `90s`, `30m`, `2h`, `7d`.
-pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
+pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, NotATime> {
     let t = text.trim();
     let unit_at = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     if unit_at > 0 && unit_at < t.len() && !t[unit_at..].contains('-') {
@@ -94,10 +94,15 @@ pub(crate) fn parse_since(text: &str, now_ms: u64) -> Result<u64, String> {
     Ok((days_secs + secs) * 1000 + frac_ms)
 }
 
-fn bad(text: &str) -> String {
-    format!(
-        "{text:?} is not a time (expected e.g. \"2h\", \"7d\", \"2026-11-29\" or \"2026-11-29T14:00Z\")"
-    )
+/// A `--since`/`--until` value that names no time.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{0:?} is not a time (expected e.g. \"2h\", \"7d\", \"2026-11-29\" or \"2026-11-29T14:00Z\")"
+)]
+pub(crate) struct NotATime(String);
+
+fn bad(text: &str) -> NotATime {
+    NotATime(text.to_owned())
 }
 
 #[cfg(test)]

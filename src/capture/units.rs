@@ -309,22 +309,41 @@ fn likeness(x: &Unit, y: &Unit) -> f64 {
 }
 
 /// The structural diff of two request bodies (each must be a JSON object).
-pub(crate) fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, String> {
-    fn read(body: &[u8], which: &str) -> Result<Prompt, String> {
+pub(crate) fn diff_bodies(a: &[u8], b: &[u8]) -> Result<Vec<DiffEntry>, NotAnObject> {
+    fn read(body: &[u8], which: &'static str) -> Result<Prompt, NotAnObject> {
         let prompt = Prompt::read(bytes::Bytes::copy_from_slice(body), None);
         match prompt.shape() {
             crate::prompt::Shape::Object(_) => Ok(prompt),
-            crate::prompt::Shape::NotJson(at) => Err(format!(
-                "the {which} request body is not a JSON object: malformed JSON at byte {at}"
-            )),
-            _ => Err(format!("the {which} request body is not a JSON object")),
+            crate::prompt::Shape::NotJson(at) => Err(NotAnObject {
+                which,
+                malformed_at: Some(at),
+            }),
+            _ => Err(NotAnObject {
+                which,
+                malformed_at: None,
+            }),
         }
     }
     let (pa, pb) = (read(a, "first")?, read(b, "second")?);
     match (pa.root(), pb.root()) {
         (Some(ra), Some(rb)) => Ok(diff(&cache_order(ra), &cache_order(rb))),
-        _ => Err("a request body is not a JSON object".into()),
+        (None, _) => Err(NotAnObject {
+            which: "first",
+            malformed_at: None,
+        }),
+        (_, None) => Err(NotAnObject {
+            which: "second",
+            malformed_at: None,
+        }),
     }
+}
+
+/// Why two bodies cannot be compared unit by unit: one is not a JSON object.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the {which} request body is not a JSON object{}", .malformed_at.map_or(String::new(), |at| format!(": malformed JSON at byte {at}")))]
+pub(crate) struct NotAnObject {
+    which: &'static str,
+    malformed_at: Option<usize>,
 }
 
 fn entry(section: Section, change: Change, x: Option<&Unit>, y: Option<&Unit>) -> DiffEntry {

@@ -313,7 +313,12 @@ impl Config {
     }
 
     /// Where an intercepted host's requests go: its `--resolve` URL, or the host itself.
-    pub fn upstream_for(&self, host: &str, port: u16, scheme: &str) -> Result<BaseUrl, String> {
+    pub fn upstream_for(
+        &self,
+        host: &str,
+        port: u16,
+        scheme: &str,
+    ) -> Result<BaseUrl, crate::setting::SettingError> {
         if let Some((_, url)) = self
             .resolve
             .iter()
@@ -341,16 +346,15 @@ impl Config {
             })?;
         }
         if let Some(v) = layer.upstream_anthropic {
-            self.upstream_anthropic =
-                BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
-                    setting: "upstream-anthropic",
-                    message,
-                })?;
+            self.upstream_anthropic = BaseUrl::parse(&v).map_err(|e| ConfigError::Invalid {
+                setting: "upstream-anthropic",
+                message: e.to_string(),
+            })?;
         }
         if let Some(v) = layer.upstream_openai {
-            self.upstream_openai = BaseUrl::parse(&v).map_err(|message| ConfigError::Invalid {
+            self.upstream_openai = BaseUrl::parse(&v).map_err(|e| ConfigError::Invalid {
                 setting: "upstream-openai",
-                message,
+                message: e.to_string(),
             })?;
         }
         if let Some(v) = layer.rules {
@@ -361,9 +365,9 @@ impl Config {
             self.upstream_ca = v;
         }
         if let Some(v) = layer.max_body {
-            self.max_body = parse_size(&v).map_err(|message| ConfigError::Invalid {
+            self.max_body = parse_size(&v).map_err(|e| ConfigError::Invalid {
                 setting: "max-body",
-                message,
+                message: e.to_string(),
             })?;
         }
         if let Some(v) = layer.log_format {
@@ -384,9 +388,9 @@ impl Config {
             self.certs = v;
         }
         if let Some(v) = layer.intercept {
-            self.intercept = InterceptList::parse(&v).map_err(|message| ConfigError::Invalid {
+            self.intercept = InterceptList::parse(&v).map_err(|e| ConfigError::Invalid {
                 setting: "intercept",
-                message,
+                message: e.to_string(),
             })?;
         }
         if let Some(v) = layer.resolve {
@@ -394,9 +398,9 @@ impl Config {
                 .iter()
                 .map(|entry| parse_resolve(entry))
                 .collect::<Result<_, _>>()
-                .map_err(|message| ConfigError::Invalid {
+                .map_err(|e| ConfigError::Invalid {
                     setting: "resolve",
-                    message,
+                    message: e.to_string(),
                 })?;
         }
         if let Some(v) = layer.intercept_only {
@@ -416,8 +420,10 @@ impl Config {
         }
         let credentials = |setting, v: Option<String>| {
             v.map(|v| {
-                ProxyCredentials::parse(&v)
-                    .map_err(|message| ConfigError::Invalid { setting, message })
+                ProxyCredentials::parse(&v).map_err(|e| ConfigError::Invalid {
+                    setting,
+                    message: e.to_string(),
+                })
             })
             .transpose()
         };
@@ -507,8 +513,10 @@ impl Config {
         }
         if let Some(v) = layer.admin_live_backlog {
             let setting = "admin-live-backlog";
-            let bytes =
-                parse_size(&v).map_err(|message| ConfigError::Invalid { setting, message })?;
+            let bytes = parse_size(&v).map_err(|e| ConfigError::Invalid {
+                setting,
+                message: e.to_string(),
+            })?;
             // Below one progress event (64 KiB of text) a busy stream would drop every viewer.
             if bytes < 64 << 10 {
                 return Err(ConfigError::Invalid {
@@ -548,8 +556,10 @@ impl Config {
             ),
         ] {
             if let Some(v) = value {
-                *slot = parse_duration(&v)
-                    .map_err(|message| ConfigError::Invalid { setting, message })?;
+                *slot = parse_duration(&v).map_err(|e| ConfigError::Invalid {
+                    setting,
+                    message: e.to_string(),
+                })?;
             }
         }
         if let Some(stream) = layer.stream {
@@ -563,18 +573,16 @@ impl Config {
         if let Some(traces) = layer.traces {
             self.traces
                 .apply(traces)
-                .map_err(|message| ConfigError::Invalid {
+                .map_err(|e| ConfigError::Invalid {
                     setting: "traces",
-                    message,
+                    message: e.to_string(),
                 })?;
         }
         if let Some(cache) = layer.cache {
-            self.cache
-                .apply(cache)
-                .map_err(|message| ConfigError::Invalid {
-                    setting: "cache",
-                    message,
-                })?;
+            self.cache.apply(cache).map_err(|e| ConfigError::Invalid {
+                setting: "cache",
+                message: e.to_string(),
+            })?;
         }
         Ok(())
     }
@@ -598,7 +606,7 @@ fn parse_resolve(entry: &str) -> Result<(String, BaseUrl), String> {
     if host.is_empty() || host.contains(['/', ':', '*']) {
         return Err(format!("{entry:?}: {host:?} is not a host name"));
     }
-    Ok((host, BaseUrl::parse(url.trim())?))
+    Ok((host, BaseUrl::parse(url.trim()).map_err(|e| e.to_string())?))
 }
 
 /// Parses TOML text into a layer, reporting errors as `name:line:col: message`.

@@ -132,7 +132,14 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
     };
     let upstream = match front.config.upstream_for(&host, port, "https") {
         Ok(url) => url,
-        Err(e) => return refuse(peer, authority.as_str(), StatusCode::BAD_REQUEST, e),
+        Err(e) => {
+            return refuse(
+                peer,
+                authority.as_str(),
+                StatusCode::BAD_REQUEST,
+                e.to_string(),
+            );
+        }
     };
     // Minted before the 200, so a failure is still a proper answer to the CONNECT.
     let tls_config = match leaves.server_config(&host).await {
@@ -467,7 +474,7 @@ pub(super) fn absolute_form(
                 peer,
                 &authority,
                 StatusCode::BAD_REQUEST,
-                e,
+                e.to_string(),
             )));
         }
     };

@@ -89,27 +89,42 @@ pub(crate) fn check(buf: &[u8]) -> HeadCheck {
     }
     match framing(request.headers) {
         Ok(()) => HeadCheck::Fine,
-        Err(message) => refuse(StatusCode::BAD_REQUEST, message),
+        Err(why) => refuse(StatusCode::BAD_REQUEST, why.to_string()),
     }
 }
 
+/// Why a request head's body framing has more than one reading.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum Framing {
+    #[error("the {0} header is not text")]
+    NotText(String),
+    #[error("content-length {0:?} is not a number of bytes")]
+    NotALength(String),
+    #[error("conflicting content-length values ({0} and {1})")]
+    Conflicting(String, String),
+    #[error("transfer-encoding {0:?} is not supported (only chunked)")]
+    Coding(String),
+    #[error("transfer-encoding names chunked more than once")]
+    ChunkedTwice,
+    #[error("both content-length and transfer-encoding: chunked frame the body")]
+    Both,
+}
+
 /// The body framing must be one reading: one content-length, or chunked last.
-fn framing(fields: &[httparse::Header<'_>]) -> Result<(), String> {
+fn framing(fields: &[httparse::Header<'_>]) -> Result<(), Framing> {
     let mut length: Option<&str> = None;
     let mut codings: Vec<String> = Vec::new();
     for f in fields {
         let value = std::str::from_utf8(f.value)
-            .map_err(|_| format!("the {} header is not text", f.name.to_ascii_lowercase()))?;
+            .map_err(|_| Framing::NotText(f.name.to_ascii_lowercase()))?;
         if f.name.eq_ignore_ascii_case("content-length") {
             for v in value.split(',').map(str::trim) {
                 if v.is_empty() || !v.bytes().all(|b| b.is_ascii_digit()) || v.len() > 19 {
-                    return Err(format!("content-length {value:?} is not a number of bytes"));
+                    return Err(Framing::NotALength(value.to_owned()));
                 }
                 match length {
                     Some(seen) if seen.trim_start_matches('0') != v.trim_start_matches('0') => {
-                        return Err(format!(
-                            "conflicting content-length values ({seen} and {v})"
-                        ));
+                        return Err(Framing::Conflicting(seen.to_owned(), v.to_owned()));
                     }
                     _ => length = Some(v),
                 }
@@ -124,15 +139,13 @@ fn framing(fields: &[httparse::Header<'_>]) -> Result<(), String> {
         }
     }
     if let Some(unknown) = codings.iter().find(|c| *c != "chunked") {
-        return Err(format!(
-            "transfer-encoding {unknown:?} is not supported (only chunked)"
-        ));
+        return Err(Framing::Coding(unknown.clone()));
     }
     if codings.len() > 1 {
-        return Err("transfer-encoding names chunked more than once".into());
+        return Err(Framing::ChunkedTwice);
     }
     if !codings.is_empty() && length.is_some() {
-        return Err("both content-length and transfer-encoding: chunked frame the body".into());
+        return Err(Framing::Both);
     }
     Ok(())
 }

@@ -95,6 +95,17 @@ struct ConnectionSlot {
     client: IpAddr,
 }
 
+/// Why a new connection is refused: the caps are reached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TooManyConnections {
+    #[error("{0} connections are open, the most allowed (--max-connections)")]
+    Total(usize),
+    #[error(
+        "{0} connections from {1} are open, the most allowed from one address (--max-connections-per-client)"
+    )]
+    FromOne(usize, IpAddr),
+}
+
 impl ConnectionCaps {
     fn lock(&self) -> std::sync::MutexGuard<'_, OpenConnections> {
         // The counts stay consistent under a panic elsewhere: each change is one step.
@@ -102,20 +113,14 @@ impl ConnectionCaps {
     }
 
     /// A slot for a new connection from `client`, or why there is none.
-    fn admit(self: &Arc<Self>, client: IpAddr) -> Result<ConnectionSlot, String> {
+    fn admit(self: &Arc<Self>, client: IpAddr) -> Result<ConnectionSlot, TooManyConnections> {
         let mut open = self.lock();
         if open.total >= self.total {
-            return Err(format!(
-                "{} connections are open, the most allowed (--max-connections)",
-                open.total
-            ));
+            return Err(TooManyConnections::Total(open.total));
         }
         let mine = open.by_client.get(&client).copied().unwrap_or(0);
         if self.per_client > 0 && mine >= self.per_client {
-            return Err(format!(
-                "{mine} connections from {client} are open, the most allowed from one address \
-                 (--max-connections-per-client)"
-            ));
+            return Err(TooManyConnections::FromOne(mine, client));
         }
         open.total += 1;
         open.by_client.insert(client, mine + 1);
@@ -305,6 +310,7 @@ pub(crate) async fn serve(
             Ok(slot) => slot,
             Err(why) => {
                 counts.refused.fetch_add(1, Ordering::Relaxed);
+                let why = why.to_string();
                 refused.warn(&why);
                 tokio::spawn(async move { refuse_connection(stream, &why).await });
                 continue;

@@ -65,10 +65,10 @@ impl StallSettings {
     /// Applies a layer; the error names the setting and what was expected.
     pub fn apply(&mut self, layer: StreamLayer) -> Result<(), (&'static str, String)> {
         if let Some(v) = layer.stall_after {
-            self.stall_after = parse_duration(&v).map_err(|m| ("stall-after", m))?;
+            self.stall_after = parse_duration(&v).map_err(|m| ("stall-after", m.to_string()))?;
         }
         if let Some(v) = layer.abort_after {
-            self.abort_after = parse_duration(&v).map_err(|m| ("abort-after", m))?;
+            self.abort_after = parse_duration(&v).map_err(|m| ("abort-after", m.to_string()))?;
         }
         if let Some(v) = layer.on_stall {
             self.on_stall = match v.as_str() {

@@ -743,7 +743,7 @@ fn compile_one(
                 match crate::setting::parse_size(&scalar) {
                     Ok(n) => Some(Some(n)),
                     Err(e) => {
-                        cx.error(arg.span(), e);
+                        cx.error(arg.span(), e.to_string());
                         None
                     }
                 }

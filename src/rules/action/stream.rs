@@ -75,7 +75,7 @@ pub(super) fn compile_mask(cx: &mut Cx<'_>, v: &Val<'_>) -> Option<Box<dyn Actio
                     return None;
                 }
                 Err(e) => {
-                    cx.error(time.span(), e);
+                    cx.error(time.span(), e.to_string());
                     return None;
                 }
             }
