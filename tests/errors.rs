@@ -620,12 +620,10 @@ async fn the_start_line_warns_of_an_upstream_that_does_not_answer() {
             .starts_with("the openai upstream"),
         "{warnings:?}"
     );
-    assert_eq!(
-        proxy.log().matches("does not answer").count(),
-        1,
-        "{}",
-        proxy.log()
-    );
+    let log = proxy
+        .wait_log("does not answer", Duration::from_secs(10))
+        .await;
+    assert_eq!(log.matches("does not answer").count(), 1, "{log}");
 }
 
 /// A base URL ending in `/v1` doubles the prefix: an error in the provider's shape

@@ -203,6 +203,22 @@ impl Proxy {
             .collect()
     }
 
+    /// Waits until the log holds `needle` (stderr is read by a thread of its own, so
+    /// a line logged before the start line may still be on its way); the log then.
+    pub async fn wait_log(&self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        loop {
+            let log = self.log();
+            if log.contains(needle) {
+                return log;
+            }
+            if Instant::now() > deadline {
+                panic!("expected {needle:?} in the log within {limit:?}; log:\n{log}");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Waits until `n` exchange lines were logged.
     pub async fn wait_exchanges(&self, n: usize, limit: Duration) -> Vec<Value> {
         let deadline = Instant::now() + limit;
