@@ -585,34 +585,41 @@ pub(crate) struct Condition {
 pub(crate) const CONDITION_GRAMMAR: &str = "NAME OP NUMBER, NAME one of blocked, changed, cost_delta \
      (dollars), tokens_delta; OP one of >, >=, <, <=, ==; e.g. 'blocked>0' or 'cost_delta>=1.5'";
 
+/// Why a `--fail-on` condition does not read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum BadCondition {
+    #[error("--fail-on {0:?}: {1:?} is not a condition name (expected {CONDITION_GRAMMAR})")]
+    Name(String, String),
+    #[error("--fail-on {0:?}: no comparison after {1:?} (expected {CONDITION_GRAMMAR})")]
+    NoComparison(String, String),
+    #[error("--fail-on {0:?}: {1:?} is not a number (expected {CONDITION_GRAMMAR})")]
+    NotANumber(String, String),
+    #[error("--fail-on {0:?}: {1:?} is not a finite number")]
+    NotFinite(String, String),
+}
+
 impl Condition {
     /// Parses `blocked>0`, `cost_delta >= 1.5`, …
-    pub(crate) fn parse(text: &str) -> Result<Condition, String> {
+    pub(crate) fn parse(text: &str) -> Result<Condition, BadCondition> {
         let t = text.trim();
         let name_end = t
             .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
             .unwrap_or(t.len());
         let (name, rest) = t.split_at(name_end);
         if !matches!(name, "blocked" | "changed" | "cost_delta" | "tokens_delta") {
-            return Err(format!(
-                "--fail-on {text:?}: {name:?} is not a condition name (expected {CONDITION_GRAMMAR})"
-            ));
+            return Err(BadCondition::Name(text.to_owned(), name.to_owned()));
         }
         let rest = rest.trim_start();
         let op = [">=", "<=", "==", ">", "<"]
             .into_iter()
             .find(|op| rest.starts_with(op))
-            .ok_or_else(|| {
-                format!("--fail-on {text:?}: no comparison after {name:?} (expected {CONDITION_GRAMMAR})")
-            })?;
+            .ok_or_else(|| BadCondition::NoComparison(text.to_owned(), name.to_owned()))?;
         let number = rest[op.len()..].trim();
-        let value: f64 = number.parse().map_err(|_| {
-            format!("--fail-on {text:?}: {number:?} is not a number (expected {CONDITION_GRAMMAR})")
-        })?;
+        let value: f64 = number
+            .parse()
+            .map_err(|_| BadCondition::NotANumber(text.to_owned(), number.to_owned()))?;
         if !value.is_finite() {
-            return Err(format!(
-                "--fail-on {text:?}: {number:?} is not a finite number"
-            ));
+            return Err(BadCondition::NotFinite(text.to_owned(), number.to_owned()));
         }
         Ok(Condition {
             name: name.to_owned(),
@@ -673,12 +680,13 @@ mod tests {
             ">1",
             "cost_delta>inf",
         ] {
-            let e = Condition::parse(bad).unwrap_err();
+            let e = Condition::parse(bad).unwrap_err().to_string();
             assert!(e.contains("--fail-on"), "{e}");
         }
         assert!(
             Condition::parse("blocked!1")
                 .unwrap_err()
+                .to_string()
                 .contains(CONDITION_GRAMMAR)
         );
     }

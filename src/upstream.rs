@@ -250,18 +250,28 @@ fn visit_causes(
     }
 }
 
+/// Why an upstream does not answer at start.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum Unanswered {
+    /// The connection failed (refused, unreachable, no such host).
+    #[error("{0}")]
+    Refused(String),
+    #[error("no answer within {} ms", .0.as_millis())]
+    Silent(Duration),
+}
+
 /// Whether something accepts a TCP connection at `base` within `within`: checked once
 /// at start, so a dead upstream is named on the start line instead of on the first
 /// request. `Err` says why, for people.
 pub(crate) async fn answers(
     base: &crate::setting::BaseUrl,
     within: Duration,
-) -> Result<(), String> {
+) -> Result<(), Unanswered> {
     let (host, port) = base.host_port();
     let host = host.trim_start_matches('[').trim_end_matches(']');
     match tokio::time::timeout(within, tokio::net::TcpStream::connect((host, port))).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", within.as_millis())),
+        Ok(Err(e)) => Err(Unanswered::Refused(e.to_string())),
+        Err(_) => Err(Unanswered::Silent(within)),
     }
 }

@@ -78,9 +78,26 @@ impl Default for CacheSettings {
     }
 }
 
+/// Why a `[cache]` setting is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheSettingError {
+    #[error(
+        "ignore[{0}].region: {1:?} is not a region (expected \"system\", \"messages\" or \"tools\")"
+    )]
+    Region(usize, String),
+    #[error(
+        "ignore[{0}].text: invalid regex {1:?}: {2} (expected e.g. \"^x-anthropic-billing-header:\")"
+    )]
+    Regex(usize, String, String),
+    #[error("prices.{0:?}: prices and multipliers must be numbers >= 0")]
+    Price(String),
+    #[error("conversations: must be at least 1")]
+    NoConversations,
+}
+
 impl CacheSettings {
     /// Applies a layer; the error names the key, e.g. `ignore[0].text: …`.
-    pub fn apply(&mut self, layer: CacheConfigLayer) -> Result<(), String> {
+    pub fn apply(&mut self, layer: CacheConfigLayer) -> Result<(), CacheSettingError> {
         if let Some(v) = layer.enabled {
             self.enabled = v;
         }
@@ -94,20 +111,14 @@ impl CacheSettings {
                         "system" => Region::System,
                         "messages" => Region::Messages,
                         other => {
-                            return Err(format!(
-                                "ignore[{i}].region: {other:?} is not a region (expected \"system\", \"messages\" or \"tools\")"
-                            ));
+                            return Err(CacheSettingError::Region(i, other.to_owned()));
                         }
                     };
-                    let text = regex::Regex::new(&c.text).map_err(|e| {
-                        format!(
-                            "ignore[{i}].text: invalid regex {:?}: {e} (expected e.g. \"^x-anthropic-billing-header:\")",
-                            c.text
-                        )
-                    })?;
+                    let text = regex::Regex::new(&c.text)
+                        .map_err(|e| CacheSettingError::Regex(i, c.text.clone(), e.to_string()))?;
                     Ok(IgnoreRule { region, text })
                 })
-                .collect::<Result<_, String>>()?;
+                .collect::<Result<_, CacheSettingError>>()?;
         }
         if let Some(m) = layer.min_tokens {
             self.min_tokens = cost::min_tokens(m.into_iter().collect());
@@ -122,16 +133,14 @@ impl CacheSettings {
                     price.cache_write_1h,
                 ];
                 if values.iter().any(|v| !v.is_finite() || *v < 0.0) {
-                    return Err(format!(
-                        "prices.{model:?}: prices and multipliers must be numbers >= 0"
-                    ));
+                    return Err(CacheSettingError::Price(model.clone()));
                 }
             }
             self.prices = cost::prices(p.into_iter().collect());
         }
         if let Some(n) = layer.conversations {
             if n == 0 {
-                return Err("conversations: must be at least 1".into());
+                return Err(CacheSettingError::NoConversations);
             }
             self.conversations = n;
         }
@@ -1478,13 +1487,16 @@ mod tests {
         let err = s
             .apply(layer(r#"ignore = [{ region = "system", text = "(" }]"#))
             .unwrap_err();
-        assert!(err.starts_with("ignore[0].text: invalid regex"), "{err}");
+        assert!(
+            err.to_string().starts_with("ignore[0].text: invalid regex"),
+            "{err}"
+        );
         let err = s.apply(layer("conversations = 0")).unwrap_err();
-        assert_eq!(err, "conversations: must be at least 1");
+        assert_eq!(err.to_string(), "conversations: must be at least 1");
         let err = s
             .apply(layer("[prices.m]\ninput = -1.0\noutput = 1.0"))
             .unwrap_err();
-        assert!(err.contains("must be numbers >= 0"), "{err}");
+        assert!(err.to_string().contains("must be numbers >= 0"), "{err}");
         assert!(
             toml::from_str::<CacheConfigLayer>("colour = 1").is_err(),
             "unknown keys refused"

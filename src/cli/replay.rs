@@ -50,8 +50,7 @@ pub(super) fn run(args: ReplayArgs) -> anyhow::Result<ExitCode> {
         .fail_on
         .iter()
         .map(|c| Condition::parse(c))
-        .collect::<Result<Vec<_>, String>>()
-        .map_err(anyhow::Error::msg)?;
+        .collect::<Result<Vec<_>, _>>()?;
     if !matches!(args.format.as_str(), "text" | "json") {
         bail!("--format {:?}: expected text or json", args.format);
     }

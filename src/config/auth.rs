@@ -19,9 +19,14 @@ impl std::fmt::Debug for ProxyCredentials {
     }
 }
 
+/// Proxy credentials that are not `user:password`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("expected \"user:password\" with both parts non-empty")]
+pub struct NotCredentials;
+
 impl ProxyCredentials {
     /// Parses `user:password` (the password may contain colons).
-    pub fn parse(text: &str) -> Result<ProxyCredentials, String> {
+    pub fn parse(text: &str) -> Result<ProxyCredentials, NotCredentials> {
         match text.split_once(':') {
             Some((user, password)) if !user.is_empty() && !password.is_empty() => {
                 let encoded = base64::engine::general_purpose::STANDARD.encode(text);
@@ -29,7 +34,7 @@ impl ProxyCredentials {
                     expected: format!("Basic {encoded}").into_bytes(),
                 })
             }
-            _ => Err("expected \"user:password\" with both parts non-empty".into()),
+            _ => Err(NotCredentials),
         }
     }
 

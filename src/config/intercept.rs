@@ -31,7 +31,7 @@ impl Default for InterceptList {
 impl InterceptList {
     /// Parses `PATTERN[=anthropic|openai]` entries. The provider may be left out only
     /// for the providers' own API hosts.
-    pub fn parse(entries: &[String]) -> Result<InterceptList, String> {
+    pub fn parse(entries: &[String]) -> Result<InterceptList, BadPattern> {
         entries
             .iter()
             .map(|e| InterceptRule::parse(e))
@@ -60,8 +60,25 @@ impl InterceptList {
     }
 }
 
+/// Why an `--intercept` entry is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadPattern {
+    #[error("{0:?}: unknown provider {1:?} (expected anthropic or openai)")]
+    Provider(String, String),
+    #[error("{0:?}: say which provider the host speaks, e.g. \"{1}=openai\"")]
+    NoProvider(String, String),
+    #[error(
+        "{0:?} is not a host pattern (expected e.g. \"api.anthropic.com\" or \"*.openai.azure.com=openai\")"
+    )]
+    NotAHost(String),
+    #[error(
+        "{0:?} is too broad: a pattern must end in a fixed domain of at least two labels, e.g. \"*.example.com\""
+    )]
+    TooBroad(String),
+}
+
 impl InterceptRule {
-    fn parse(entry: &str) -> Result<InterceptRule, String> {
+    fn parse(entry: &str) -> Result<InterceptRule, BadPattern> {
         let (pattern, provider) = match entry.split_once('=') {
             Some((p, name)) => (p.trim(), Some(name.trim())),
             None => (entry.trim(), None),
@@ -71,17 +88,13 @@ impl InterceptRule {
             Some("anthropic") => Provider::Anthropic,
             Some("openai") => Provider::OpenAi,
             Some(other) => {
-                return Err(format!(
-                    "{entry:?}: unknown provider {other:?} (expected anthropic or openai)"
-                ));
+                return Err(BadPattern::Provider(entry.to_owned(), other.to_owned()));
             }
             None => match pattern.as_str() {
                 "api.anthropic.com" => Provider::Anthropic,
                 "api.openai.com" => Provider::OpenAi,
                 _ => {
-                    return Err(format!(
-                        "{entry:?}: say which provider the host speaks, e.g. \"{pattern}=openai\""
-                    ));
+                    return Err(BadPattern::NoProvider(entry.to_owned(), pattern));
                 }
             },
         };
@@ -92,16 +105,11 @@ impl InterceptRule {
                     .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '*')
         };
         if !labels.iter().all(valid_label) {
-            return Err(format!(
-                "{entry:?} is not a host pattern (expected e.g. \"api.anthropic.com\" or \"*.openai.azure.com=openai\")"
-            ));
+            return Err(BadPattern::NotAHost(entry.to_owned()));
         }
         let fixed_tail = labels.iter().rev().take_while(|l| !l.contains('*')).count();
         if fixed_tail < 2 {
-            return Err(format!(
-                "{entry:?} is too broad: a pattern must end in a fixed domain of at least two labels, \
-                 e.g. \"*.example.com\""
-            ));
+            return Err(BadPattern::TooBroad(entry.to_owned()));
         }
         Ok(InterceptRule { labels, provider })
     }
@@ -133,7 +141,7 @@ fn label_matches(pattern: &str, label: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn list(entries: &[&str]) -> Result<InterceptList, String> {
+    fn list(entries: &[&str]) -> Result<InterceptList, BadPattern> {
         InterceptList::parse(&entries.iter().map(|s| s.to_string()).collect::<Vec<_>>())
     }
 
@@ -179,6 +187,6 @@ mod tests {
             assert!(list(&[bad]).is_err(), "{bad} accepted");
         }
         let err = list(&["*.com=openai"]).unwrap_err();
-        assert!(err.contains("too broad"), "{err}");
+        assert!(matches!(err, BadPattern::TooBroad(_)), "{err}");
     }
 }

@@ -596,17 +596,26 @@ pub(crate) fn is_default_loopback(ip: std::net::IpAddr) -> bool {
 }
 
 /// `HOST=URL`: an intercepted host and the upstream its requests go to instead.
-fn parse_resolve(entry: &str) -> Result<(String, BaseUrl), String> {
-    let (host, url) = entry.split_once('=').ok_or_else(|| {
-        format!(
-            "{entry:?} is not HOST=URL (expected e.g. \"api.anthropic.com=https://127.0.0.1:9443\")"
-        )
-    })?;
+fn parse_resolve(entry: &str) -> Result<(String, BaseUrl), BadResolve> {
+    let (host, url) = entry
+        .split_once('=')
+        .ok_or_else(|| BadResolve::NotHostUrl(entry.to_owned()))?;
     let host = host.trim().trim_end_matches('.').to_ascii_lowercase();
     if host.is_empty() || host.contains(['/', ':', '*']) {
-        return Err(format!("{entry:?}: {host:?} is not a host name"));
+        return Err(BadResolve::NotAHost(entry.to_owned(), host));
     }
-    Ok((host, BaseUrl::parse(url.trim()).map_err(|e| e.to_string())?))
+    Ok((host, BaseUrl::parse(url.trim())?))
+}
+
+/// Why a `--resolve HOST=URL` entry is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum BadResolve {
+    #[error("{0:?} is not HOST=URL (expected e.g. \"api.anthropic.com=https://127.0.0.1:9443\")")]
+    NotHostUrl(String),
+    #[error("{0:?}: {1:?} is not a host name")]
+    NotAHost(String, String),
+    #[error(transparent)]
+    Url(#[from] crate::setting::SettingError),
 }
 
 /// Parses TOML text into a layer, reporting errors as `name:line:col: message`.

@@ -165,7 +165,7 @@ pub(crate) fn client_config(
             path: path.clone(),
             message,
         };
-        for cert in read_pem_certs(path).map_err(ca_error)? {
+        for cert in read_pem_certs(path).map_err(|e| ca_error(e.to_string()))? {
             roots.add(cert).map_err(|e| ca_error(e.to_string()))?;
         }
     }
@@ -176,19 +176,29 @@ pub(crate) fn client_config(
         .with_no_client_auth())
 }
 
+/// What is wrong with a PEM file of certificates.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PemError {
+    /// Unreadable, or not PEM.
+    #[error("{0}")]
+    Pem(rustls_pki_types::pem::Error),
+    #[error("no PEM certificate in the file")]
+    NoCertificate,
+}
+
 /// The certificates in the PEM file at `path`; an error says what is wrong with it
 /// (unreadable, not PEM, or no certificate in it).
 pub(crate) fn read_pem_certs(
     path: &Path,
-) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, String> {
+) -> Result<Vec<rustls_pki_types::CertificateDer<'static>>, PemError> {
     use rustls_pki_types::CertificateDer;
     use rustls_pki_types::pem::PemObject;
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(path)
-        .map_err(|e| e.to_string())?
+        .map_err(PemError::Pem)?
         .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+        .map_err(PemError::Pem)?;
     if certs.is_empty() {
-        return Err("no PEM certificate in the file".into());
+        return Err(PemError::NoCertificate);
     }
     Ok(certs)
 }

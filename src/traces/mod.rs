@@ -101,9 +101,28 @@ impl Default for TracesSettings {
     }
 }
 
+/// Why a traces setting is refused (URLs shown without their password).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TracesError {
+    #[error("{0:?} is not a URL: {1} (expected e.g. \"http://127.0.0.1:4318\")")]
+    NotAUrl(String, String),
+    #[error("{0:?} is not an http:// or https:// URL (expected e.g. \"http://127.0.0.1:4318\")")]
+    NotHttp(String),
+    #[error(
+        "{0:?} has credentials in it; a collector that needs them belongs behind a local agent"
+    )]
+    Credentials(String),
+    #[error("queue: expected at least 1 (e.g. 2048)")]
+    EmptyQueue,
+    #[error("queue_bytes: {0}")]
+    QueueBytes(crate::setting::SettingError),
+    #[error("queue_bytes: expected at least 1 byte (e.g. \"64MiB\")")]
+    NoQueueBytes,
+}
+
 impl TracesSettings {
     /// Applies a layer; the error says which value is wrong and what was expected.
-    pub fn apply(&mut self, layer: TracesLayer) -> Result<(), String> {
+    pub fn apply(&mut self, layer: TracesLayer) -> Result<(), TracesError> {
         if let Some(url) = layer.url {
             self.url = Some(parse_url(&url, false)?);
         } else if let Some(base) = layer.endpoint {
@@ -117,14 +136,14 @@ impl TracesSettings {
         }
         if let Some(q) = layer.queue {
             if q == 0 {
-                return Err("queue: expected at least 1 (e.g. 2048)".into());
+                return Err(TracesError::EmptyQueue);
             }
             self.queue = q;
         }
         if let Some(v) = layer.queue_bytes {
-            let bytes = parse_size(&v).map_err(|e| format!("queue_bytes: {e}"))?;
+            let bytes = parse_size(&v).map_err(TracesError::QueueBytes)?;
             if bytes == 0 {
-                return Err("queue_bytes: expected at least 1 byte (e.g. \"64MiB\")".into());
+                return Err(TracesError::NoQueueBytes);
             }
             self.queue_bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
         }
@@ -133,22 +152,18 @@ impl TracesSettings {
 }
 
 /// An http(s) URL; a base gets `/v1/traces` unless it already ends so.
-fn parse_url(text: &str, base: bool) -> Result<Uri, String> {
+fn parse_url(text: &str, base: bool) -> Result<Uri, TracesError> {
     let text = text.trim();
     // Messages show the URL without its password: they reach the terminal and logs.
     let shown = url_without_password(text);
-    let uri: Uri = text.parse().map_err(|e| {
-        format!("{shown:?} is not a URL: {e} (expected e.g. \"http://127.0.0.1:4318\")")
+    let uri: Uri = text.parse().map_err(|e: http::uri::InvalidUri| {
+        TracesError::NotAUrl(shown.to_string(), e.to_string())
     })?;
     if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-        return Err(format!(
-            "{shown:?} is not an http:// or https:// URL (expected e.g. \"http://127.0.0.1:4318\")"
-        ));
+        return Err(TracesError::NotHttp(shown.to_string()));
     }
     if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
-        return Err(format!(
-            "{shown:?} has credentials in it; a collector that needs them belongs behind a local agent"
-        ));
+        return Err(TracesError::Credentials(shown.to_string()));
     }
     if !base || uri.path().ends_with("/v1/traces") {
         return Ok(uri);
@@ -156,7 +171,7 @@ fn parse_url(text: &str, base: bool) -> Result<Uri, String> {
     let joined = format!("{}/v1/traces", text.trim_end_matches('/'));
     joined
         .parse()
-        .map_err(|e| format!("{joined:?} is not a URL: {e}"))
+        .map_err(|e: http::uri::InvalidUri| TracesError::NotAUrl(joined.clone(), e.to_string()))
 }
 
 /// The longest `tracestate` passed on (W3C Trace Context: 512 characters).

@@ -29,8 +29,24 @@ pub(super) enum Mode {
     VerifyFull,
 }
 
+/// An `sslmode` promptgate does not know.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("sslmode={0} is not one of disable, prefer, require, verify-ca, verify-full")]
+pub(crate) struct UnknownSslMode(String);
+
+/// Why the store's TLS settings cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PgTlsError {
+    #[error(transparent)]
+    Mode(#[from] UnknownSslMode),
+    #[error(
+        "sslmode={0} needs a root certificate to check the server's against: sslrootcert=FILE (PEM), sslrootcert=system for the public roots, or ~/.postgresql/root.crt"
+    )]
+    NoRoots(&'static str),
+}
+
 impl Mode {
-    fn parse(value: &str) -> Result<Mode, String> {
+    fn parse(value: &str) -> Result<Mode, UnknownSslMode> {
         Ok(match value {
             "disable" => Mode::Disable,
             "prefer" => Mode::Prefer,
@@ -38,11 +54,7 @@ impl Mode {
             "verify-ca" => Mode::VerifyCa,
             "verify-full" => Mode::VerifyFull,
             // libpq's `allow` tries plain text first: promptgate never prefers it.
-            other => {
-                return Err(format!(
-                    "sslmode={other} is not one of disable, prefer, require, verify-ca, verify-full"
-                ));
-            }
+            other => return Err(UnknownSslMode(other.to_owned())),
         })
     }
 }
@@ -68,7 +80,7 @@ impl PgTls {
     pub(super) fn from_params(
         sslmode: Option<&str>,
         sslrootcert: Option<&str>,
-    ) -> Result<PgTls, String> {
+    ) -> Result<PgTls, PgTlsError> {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mode = match sslmode.map(str::to_owned).or_else(|| env("PGSSLMODE")) {
             Some(m) => Mode::parse(&m)?,
@@ -86,16 +98,12 @@ impl PgTls {
                 .map(Roots::File),
         };
         if matches!(mode, Mode::VerifyCa | Mode::VerifyFull) && roots.is_none() {
-            return Err(format!(
-                "sslmode={} needs a root certificate to check the server's against: \
-                 sslrootcert=FILE (PEM), sslrootcert=system for the public roots, or \
-                 ~/.postgresql/root.crt",
-                if mode == Mode::VerifyCa {
-                    "verify-ca"
-                } else {
-                    "verify-full"
-                }
-            ));
+            let mode = if mode == Mode::VerifyCa {
+                "verify-ca"
+            } else {
+                "verify-full"
+            };
+            return Err(PgTlsError::NoRoots(mode));
         }
         Ok(PgTls { mode, roots })
     }
@@ -241,11 +249,11 @@ mod tests {
         assert_eq!(tls("prefer").unwrap().ssl_mode(), SslMode::Prefer);
         assert_eq!(tls("verify-full").unwrap().ssl_mode(), SslMode::Require);
         let e = tls("allow").unwrap_err();
-        assert!(e.contains("sslmode=allow"), "{e}");
+        assert!(e.to_string().contains("sslmode=allow"), "{e}");
         let e = PgTls::from_params(Some("verify-full"), None);
         // A home with ~/.postgresql/root.crt verifies against it; otherwise it says so.
         if let Err(e) = e {
-            assert!(e.contains("sslrootcert=FILE"), "{e}");
+            assert!(e.to_string().contains("sslrootcert=FILE"), "{e}");
         }
         assert!(tls("require").unwrap().connector().is_ok());
         let missing = PgTls::from_params(Some("verify-ca"), Some("/nonexistent/ca.pem")).unwrap();

@@ -56,7 +56,7 @@ pub(super) fn url_problem(url: &str) -> Option<String> {
         ));
     }
     if let Err(e) = PgTls::from_params(ours.sslmode.as_deref(), ours.sslrootcert.as_deref()) {
-        return Some(e);
+        return Some(e.to_string());
     }
     match tokio_postgres::Config::from_str(&rest) {
         Err(e) => Some(format!("{e}")),
@@ -117,7 +117,7 @@ fn config(url: &str) -> Result<(tokio_postgres::Config, PgTls), StoreError> {
     }
     let (rest, ours) = split_ours(url);
     let tls = PgTls::from_params(ours.sslmode.as_deref(), ours.sslrootcert.as_deref())
-        .map_err(StoreError::Url)?;
+        .map_err(|e| StoreError::Url(e.to_string()))?;
     let passfile = ours.passfile;
     let mut config =
         tokio_postgres::Config::from_str(&rest).map_err(|e| StoreError::Url(e.to_string()))?;
