@@ -376,18 +376,13 @@ fn test_response(
         };
         let effects = set.apply_response(&facts, status, &result.headers, &mut response);
         println!("response: {}", status.as_u16());
-        if effects.fired.is_empty() {
-            println!("fired: none");
-        }
-        for name in &effects.fired {
-            println!("fired: {name} (after_provider_response)");
-        }
-        for (rule, line) in &effects.logs {
-            println!("log: [{rule}] {line}");
-        }
-        if !effects.tags.is_empty() {
-            println!("tags: {}", effects.tags.join(", "));
-        }
+        print_fired(
+            &effects.fired,
+            &effects.logs,
+            &effects.tags,
+            "after_provider_response",
+            true,
+        );
         for line in header_changes(&before, &response, &effects.secret_headers) {
             println!("response header: {line}");
         }
@@ -535,6 +530,29 @@ fn print_request_result(
     }
 }
 
+/// What the rules of `phase` did: each that fired, its log lines, the tags.
+/// `none`: say so when none fired.
+fn print_fired(
+    fired: &[String],
+    logs: &[(String, String)],
+    tags: &[String],
+    phase: &str,
+    none: bool,
+) {
+    if none && fired.is_empty() {
+        println!("fired: none");
+    }
+    for name in fired {
+        println!("fired: {name} ({phase})");
+    }
+    for (rule, line) in logs {
+        println!("log: [{rule}] {line}");
+    }
+    if !tags.is_empty() {
+        println!("tags: {}", tags.join(", "));
+    }
+}
+
 /// Runs provider_stream_event over a recorded stream and prints what the client
 /// would receive. Held events are released by text and at block ends, as in the
 /// proxy (no rule holds by time).
@@ -569,15 +587,13 @@ fn print_stream(set: Arc<RuleSet>, cx: StreamContext, sse: &[u8]) {
         "stream: {events} event(s) read, {} edit(s)",
         report.edits.len()
     );
-    for name in &report.fired {
-        println!("fired: {name} (provider_stream_event)");
-    }
-    for (rule, line) in &report.logs {
-        println!("log: [{rule}] {line}");
-    }
-    if !report.tags.is_empty() {
-        println!("tags: {}", report.tags.join(", "));
-    }
+    print_fired(
+        &report.fired,
+        &report.logs,
+        &report.tags,
+        "provider_stream_event",
+        false,
+    );
     for e in &report.edits {
         println!(
             "edit: event #{} {} {} by {:?}",

@@ -1383,25 +1383,21 @@ fn the_rule_keys_reference_is_the_tables() {
          anew, and a test fails when it drifts. [rules.md](../rules.md) explains them.\n\n\
          ## Matchers (`when`)\n\n| key | phases | what it matches | example |\n|---|---|---|---|\n",
     );
-    let cell = |s: &str| s.replace('|', "\\|");
+    let row = |key: &str, p: &[Phase], doc: &str, example: &str| {
+        let cell = |s: &str| s.replace('|', "\\|");
+        format!(
+            "| `{key}` | {} | {} | `{}` |\n",
+            phases(p),
+            cell(doc),
+            cell(example)
+        )
+    };
     for m in MATCHERS {
-        md += &format!(
-            "| `{}` | {} | {} | `{}` |\n",
-            m.key,
-            phases(m.phases),
-            cell(m.doc),
-            cell(m.example)
-        );
+        md += &row(m.key, m.phases, m.doc, m.example);
     }
     md += "\n## Actions (`actions`)\n\n| key | phases | what it does | example |\n|---|---|---|---|\n";
     for a in ACTIONS {
-        md += &format!(
-            "| `{}` | {} | {} | `{}` |\n",
-            a.key,
-            phases(a.phases),
-            cell(a.doc),
-            cell(a.example)
-        );
+        md += &row(a.key, a.phases, a.doc, a.example);
     }
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/reference/rule-keys.md");
     if std::env::var_os("PROMPTGATE_BLESS").is_some() {
