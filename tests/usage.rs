@@ -8,7 +8,8 @@ use std::time::Duration;
 use serde_json::Value;
 use support::client;
 use support::shapes;
-use support::{Action, FakeProvider, Proxy, Reply};
+use support::in_process::InProcess;
+use support::{Action, FakeProvider, Reply};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -16,14 +17,14 @@ const WAIT: Duration = Duration::from_secs(10);
 /// returns the exchange line and the bytes the client got.
 async fn exchange(target: &str, body: &[u8], reply: Reply) -> (Value, Vec<u8>) {
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--upstream-openai",
-        &fake.url(),
-    ]);
+    let url = fake.url();
+    let mut proxy = InProcess::start(&format!(
+        "upstream_anthropic = \"{url}\"\nupstream_openai = \"{url}\"\n"
+    ))
+    .await;
     let response = client::post(proxy.addr, target, body).await;
-    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    let line = proxy.exchange_lines(1, WAIT).await.remove(0);
+    proxy.stop().await;
     (line, response.body.bytes)
 }
 

@@ -152,6 +152,29 @@ impl InProcess {
         }
     }
 
+    /// The exchange log lines of this server's first `n` finished records, in the
+    /// order they finished (the log line is written before the test's sink sees the
+    /// record; other servers of the test binary log to the same buffer).
+    pub async fn exchange_lines(&self, n: usize, limit: Duration) -> Vec<Value> {
+        let records = self.wait_records(n, limit).await;
+        let lines: Vec<Value> = self
+            .log()
+            .lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|v| v["message"] == "exchange")
+            .collect();
+        records
+            .iter()
+            .map(|r| {
+                lines
+                    .iter()
+                    .find(|l| l["id"] == r["id"])
+                    .cloned()
+                    .unwrap_or_else(|| panic!("no exchange line for {}", r["id"]))
+            })
+            .collect()
+    }
+
     /// Stops it as SIGTERM would, and waits until every record is written; the
     /// captures stay until it is dropped.
     pub async fn stop(&mut self) {
