@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::client;
-use support::shapes;
 use support::in_process::InProcess;
+use support::shapes;
 use support::{Action, FakeProvider, Reply};
 
 const WAIT: Duration = Duration::from_secs(10);

@@ -318,6 +318,20 @@ async fn supervise(
     }
 }
 
+/// How big a co-process's pipes are asked to be: a 200 KB event then crosses in one
+/// write and one wake-up of the reader, not four of 64 KiB each (Linux caps it at
+/// /proc/sys/fs/pipe-max-size, 1 MiB by default).
+// A `process` hook's added CPU at 200 KB c1 (with the co-process's): +371/+434 → +219..+275 µs.
+const PIPE_BYTES: usize = 1 << 20;
+
+/// Asks for [`PIPE_BYTES`] of pipe; where the system refuses, the pipe stays as it is.
+fn widen_pipe(pipe: &impl std::os::fd::AsFd) {
+    #[cfg(target_os = "linux")]
+    let _ = rustix::pipe::fcntl_setpipe_size(pipe, PIPE_BYTES);
+    #[cfg(not(target_os = "linux"))]
+    let _ = pipe;
+}
+
 /// Pumps events into `child` and answers back until it dies (`false`) or the
 /// senders are gone (`true`).
 async fn run_child(
@@ -330,6 +344,8 @@ async fn run_child(
     else {
         return false;
     };
+    widen_pipe(&stdin);
+    widen_pipe(&stdout);
     let waiters: Waiters = Arc::default();
     let log_name = name.to_owned();
     let stderr_task = tokio::spawn(async move {
