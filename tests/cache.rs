@@ -831,11 +831,9 @@ async fn openai_cached_tokens_beside_the_stable_prefix() {
         .filter(|l| l.contains("no price for model") && l.contains("gpt-5.6"))
         .count();
     assert_eq!(warnings, 1, "{}", proxy.log());
-    assert!(
-        proxy.log().contains(r#"[cache.prices.\"gpt-5.6\"]"#),
-        "{}",
-        proxy.log()
-    );
+    proxy
+        .wait_log(r#"[cache.prices.\"gpt-5.6\"]"#, Duration::from_secs(10))
+        .await;
     captures::wait_records(&proxy.captures, 3, WAIT).await;
     let report = captures::cache_report(&proxy.captures, &[]);
     assert!(
@@ -942,7 +940,12 @@ async fn openais_own_diagnosis_is_asked_for_and_set_beside_promptgates() {
     };
     // Turn 2 renames the tool (both see it); turn 3 changes nothing promptgate sees
     // (the provider blames a setting); turn 4's baseline is gone.
-    for tool in ["get_time", "get_date", "get_date", "get_date"] {
+    // A turn follows the last one's end, as an agent's does: the answer's id is
+    // noted when its exchange ends, just before the log line.
+    for (i, tool) in ["get_time", "get_date", "get_date", "get_date"]
+        .into_iter()
+        .enumerate()
+    {
         let r = client::post(
             proxy.addr,
             "/openai/v1/responses",
@@ -950,8 +953,8 @@ async fn openais_own_diagnosis_is_asked_for_and_set_beside_promptgates() {
         )
         .await;
         assert_eq!(r.status, 200, "{}", r.text());
+        proxy.wait_exchanges(i + 1, WAIT).await;
     }
-    proxy.wait_exchanges(4, WAIT).await;
     let sent: Vec<Value> = fake.requests().iter().map(|r| r.json()).collect();
     assert!(
         sent[0]

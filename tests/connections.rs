@@ -189,11 +189,9 @@ async fn connections_past_the_caps_get_a_503() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        proxy.log().contains("refused a connection"),
-        "{}",
-        proxy.log()
-    );
+    proxy
+        .wait_log("refused a connection", Duration::from_secs(10))
+        .await;
 
     // The total cap, with the per-address one off (behind a load balancer).
     let total = Proxy::start(&[

@@ -238,7 +238,9 @@ async fn other_hosts_get_a_blind_tunnel_or_a_refusal() {
         assert!(std::time::Instant::now() < deadline, "{}", proxy.log());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(proxy.log().contains("\"bytes_up\":6"), "{}", proxy.log());
+    proxy
+        .wait_log("\"bytes_up\":6", Duration::from_secs(10))
+        .await;
 
     // Ports outside connect_ports are refused (default: 443 only).
     let default = Proxy::start(&[]);
@@ -974,9 +976,7 @@ async fn the_ca_is_created_by_the_first_intercepted_connect_not_on_start() {
     s.read_exact(&mut head).await.unwrap();
     assert_eq!(&head, b"HTTP/1.1 200", "{}", proxy.log());
     assert!(certs.join("promptgate-ca.pem").exists());
-    assert!(
-        proxy.log().contains("created the forward-proxy CA"),
-        "{}",
-        proxy.log()
-    );
+    proxy
+        .wait_log("created the forward-proxy CA", Duration::from_secs(10))
+        .await;
 }

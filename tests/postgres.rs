@@ -952,16 +952,12 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
         "{health}"
     );
     assert_eq!(health["capture"]["failed"], 0, "{health}");
-    assert!(
-        proxy.log().contains("records wait in the spool"),
-        "{}",
-        proxy.log()
-    );
-    assert!(
-        proxy.log().contains("the spool is drained"),
-        "{}",
-        proxy.log()
-    );
+    proxy
+        .wait_log("records wait in the spool", Duration::from_secs(10))
+        .await;
+    proxy
+        .wait_log("the spool is drained", Duration::from_secs(10))
+        .await;
 }
 
 /// The per-turn analysis of a store's one Claude Code conversation: verdict,
@@ -1154,11 +1150,12 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
         assert!(Instant::now() < deadline, "{}", proxy.log());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(
-        proxy.log().contains("capture store unreachable at start"),
-        "{}",
-        proxy.log()
-    );
+    proxy
+        .wait_log(
+            "capture store unreachable at start",
+            Duration::from_secs(10),
+        )
+        .await;
     pg.start_server();
     let records = captures::wait_records(url.as_str(), TURNS, WAIT).await;
     assert_eq!(records.len(), TURNS);
@@ -1217,7 +1214,9 @@ async fn a_store_too_slow_to_answer_spools_and_then_catches_up() {
     holder.join().unwrap();
     let records = captures::wait_records(url.as_str(), 6, WAIT).await;
     assert_eq!(records.len(), 6);
-    assert!(proxy.log().contains("statement timeout"), "{}", proxy.log());
+    proxy
+        .wait_log("statement timeout", Duration::from_secs(10))
+        .await;
 }
 
 /// A paused server holds neither the writer nor a core: records spool meanwhile.
@@ -1260,7 +1259,9 @@ async fn a_paused_server_does_not_hold_the_writer() {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    assert!(proxy.log().contains("no answer in"), "{}", proxy.log());
+    proxy
+        .wait_log("no answer in", Duration::from_secs(10))
+        .await;
     pg.signal_all("-CONT");
     let records = captures::wait_records(url.as_str(), 6, WAIT).await;
     assert_eq!(records.len(), 6);
@@ -1310,11 +1311,9 @@ async fn a_hung_server_loses_no_record_however_many_arrive() {
         elapsed < Duration::from_secs(20),
         "{SENT} requests took {elapsed:?} while the server was frozen"
     );
-    assert!(
-        proxy.log().contains("has not answered in"),
-        "{}",
-        proxy.log()
-    );
+    proxy
+        .wait_log("has not answered in", Duration::from_secs(10))
+        .await;
 }
 
 /// Runs the futures together on this task (they borrow the proxy) until all end.

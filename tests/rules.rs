@@ -233,7 +233,9 @@ actions = [ { header.set = { "x-gateway-token" = "${env:PG_GATEWAY_TOKEN}" } }, 
         "a headers-only rule leaves the body as sent"
     );
     proxy.wait_exchanges(1, WAIT).await;
-    assert!(proxy.log().contains("token=<secret>"), "{}", proxy.log());
+    proxy
+        .wait_log("token=<secret>", Duration::from_secs(10))
+        .await;
     support::assert_absent(proxy.log().as_bytes(), CANARY_TOKEN, "the promptgate log");
 }
 
@@ -355,7 +357,9 @@ async fn hot_reload_applies_valid_changes_and_refuses_invalid_ones() {
     // A valid change is picked up.
     std::fs::write(dir.path().join("10-version.toml"), version_rule("2")).unwrap();
     wait_for_version(&proxy, &fake, &mut n, "2", "the change").await;
-    assert!(proxy.log().contains("rules reloaded"));
+    proxy
+        .wait_log("rules reloaded", Duration::from_secs(10))
+        .await;
 
     // An invalid file is refused with file:line:col, and version 2 stays live.
     let broken = dir.path().join("20-broken.toml");
@@ -540,7 +544,9 @@ async fn a_rules_directory_created_after_start_is_loaded() {
     std::fs::write(rules.join("10-version.toml"), version_rule("1")).unwrap();
     let mut n = 1;
     wait_for_version(&proxy, &fake, &mut n, "1", "the new directory").await;
-    assert!(proxy.log().contains("rules reloaded"), "{}", proxy.log());
+    proxy
+        .wait_log("rules reloaded", Duration::from_secs(10))
+        .await;
     let (status, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
     assert_eq!(status, 200);
     assert_eq!(health["rules"]["live"], 1, "{health}");
