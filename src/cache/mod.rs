@@ -281,37 +281,29 @@ impl ProviderSays {
     ) -> ProviderSays {
         let said = diagnosis.reason.as_str();
         let seen = reason.and_then(changed_part);
-        let (agrees, note) = match (provider_part(said), seen) {
+        let (agrees, note) = match (provider_parts(said), seen) {
+            (None, _) => (None, None),
             // OpenAI's `cache_hit`: it saw nothing that stops reuse.
-            (Some("nothing"), None) => (Some(true), None),
-            (Some("nothing"), Some(s)) => (
+            (Some([]), None) => (Some(true), None),
+            (Some([]), Some(s)) => (
                 Some(false),
                 Some(format!(
                     "the provider saw no change; promptgate saw the first change in the {s}"
                 )),
             ),
-            (None, _) => (None, None),
-            (Some(p), Some(s)) if p == s => (Some(true), None),
-            // Anthropic has no settings reason: a changed `tool_choice` or `thinking`
-            // invalidates the messages' cache, and it says so.
-            (Some("messages"), Some("settings")) if said == "messages_changed" => {
-                (Some(true), None)
-            }
-            // OpenAI's reasons have no instructions of their own: they open the input.
-            (Some("messages"), Some("instructions")) if said == "input_changed" => {
-                (Some(true), None)
-            }
+            (Some(parts), Some(s)) if parts.contains(&s) => (Some(true), None),
             (Some(_), Some(s)) => (
                 Some(false),
                 Some(format!(
                     "the provider says {said}; promptgate saw the first change in the {s}"
                 )),
             ),
-            (Some(p), None) => (
+            (Some(parts), None) => (
                 Some(false),
                 Some(format!(
-                    "the provider says {said}; promptgate saw the {p} unchanged: a change on the \
-                     provider's side, or one promptgate does not see"
+                    "the provider says {said}; promptgate saw the {} unchanged: a change on the \
+                     provider's side, or one promptgate does not see",
+                    parts[0]
                 )),
             ),
         };
@@ -324,25 +316,30 @@ impl ProviderSays {
     }
 }
 
-/// The part of the prompt a provider's reason names: Anthropic's `model_changed`,
-/// `system_changed`, `tools_changed`, `messages_changed`; OpenAI's `model_changed`,
-/// `tools_changed`, `input_changed` and `context_compacted` (the input), and its
-/// settings (`prompt_cache_key`, `text_format`, `reasoning_effort`, `verbosity`,
-/// `service_tier`). `nothing` for OpenAI's `cache_hit`; `None` when it names no
-/// change (`previous_message_not_found`, `comparison_response_not_found`, `unavailable`).
-fn provider_part(said: &str) -> Option<&'static str> {
+/// The parts of the prompt a provider's reason covers, in promptgate's words (the
+/// first is the one it names). Anthropic's `model_changed`, `system_changed`,
+/// `tools_changed`, and `messages_changed`, which also covers a changed setting
+/// (`tool_choice`, `thinking`: Anthropic has no settings reason); OpenAI's
+/// `input_changed`, which covers the instructions (its reasons have none of their
+/// own), `context_compacted`, and its settings (`prompt_cache_key`, `text_format`,
+/// `reasoning_effort`, `verbosity`, `service_tier`). None for OpenAI's `cache_hit`;
+/// `None` when it names no change (`previous_message_not_found`,
+/// `comparison_response_not_found`, `unavailable`).
+fn provider_parts(said: &str) -> Option<&'static [&'static str]> {
     Some(match said {
-        "cache_hit" => "nothing",
-        "model_changed" => "model",
-        "tools_changed" => "tools",
-        "system_changed" => "system",
-        "instructions_changed" => "instructions",
-        "messages_changed" | "input_changed" | "context_compacted" => "messages",
+        "cache_hit" => &[],
+        "model_changed" => &["model"],
+        "tools_changed" => &["tools"],
+        "system_changed" => &["system"],
+        "instructions_changed" => &["instructions"],
+        "messages_changed" => &["messages", "settings"],
+        "input_changed" => &["messages", "instructions"],
+        "context_compacted" => &["messages"],
         "prompt_cache_key_changed"
         | "text_format_changed"
         | "reasoning_effort_changed"
         | "verbosity_changed"
-        | "service_tier_changed" => "settings",
+        | "service_tier_changed" => &["settings"],
         _ => return None,
     })
 }

@@ -325,16 +325,13 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
         body: &body,
         prompt: &prompt,
     });
-    print_request_result(
-        &set,
-        &result,
-        &before,
-        path,
-        &body,
-        &plain,
-        model.as_deref(),
-        route.provider,
+    println!(
+        "request: POST {path} ({}, model {}, {} bytes)",
+        route.provider.name(),
+        model.as_deref().unwrap_or("-"),
+        body.len()
     );
+    print_request_result(&set, &result, &before, body.len(), &plain);
     test_response(args, &set, &route, model.as_deref(), &result)?;
     if let Some(out) = body_out {
         let bytes = result.body.as_ref().map_or(&body, |b| b.body());
@@ -450,23 +447,13 @@ fn test_input(args: &TestArgs<'_>) -> anyhow::Result<(Bytes, HeaderMap, String, 
 
 /// What the request phases did: what fired, each hook's turn, logs, tags, header
 /// edits, the verdict and the body's changes.
-#[allow(clippy::too_many_arguments)] // each is one fact of the run being printed
 fn print_request_result(
     set: &RuleSet,
     result: &crate::rules::RequestResult,
     before: &HeaderMap,
-    path: &str,
-    body: &Bytes,
+    received_len: usize,
     plain: &Bytes,
-    model: Option<&str>,
-    provider: crate::provider::Provider,
 ) {
-    println!(
-        "request: POST {path} ({}, model {}, {} bytes)",
-        provider.name(),
-        model.unwrap_or("-"),
-        body.len()
-    );
     if result.effects.fired.is_empty() {
         println!("fired: none");
     }
@@ -512,7 +499,7 @@ fn print_request_result(
     match &result.body {
         None => println!("body: unchanged (sent byte for byte)"),
         Some(new) => {
-            println!("body: changed, {} → {} bytes", body.len(), new.body().len());
+            println!("body: changed, {} → {} bytes", received_len, new.body().len());
             for p in &result.effects.body_diff {
                 println!("  changed {p}");
             }

@@ -103,25 +103,15 @@ impl Action for Diagnose {
                 let Some(id) = previous else { return Ok(None) };
                 let root = st.root()?;
                 // Beside the options the client set (`ttl`, `mode`): those key the cache.
-                let has_options = root
-                    .at(&["prompt_cache_options".to_owned()])
-                    .is_some_and(|o| o.is_object());
-                if has_options {
-                    body::set(
-                        root,
-                        &[
-                            "prompt_cache_options".to_owned(),
-                            "comparison_response_id".to_owned(),
-                        ],
+                let options = "prompt_cache_options".to_owned();
+                let (path, value) = match root.at(std::slice::from_ref(&options)) {
+                    Some(o) if o.is_object() => (
+                        vec![options, "comparison_response_id".to_owned()],
                         Value::String(id),
-                    )?;
-                } else {
-                    body::set(
-                        root,
-                        &["prompt_cache_options".to_owned()],
-                        json!({ "comparison_response_id": id }),
-                    )?;
-                }
+                    ),
+                    _ => (vec![options], json!({ "comparison_response_id": id })),
+                };
+                body::set(root, &path, value)?;
                 st.changed("/prompt_cache_options".into());
             }
             _ => {}
