@@ -499,7 +499,11 @@ fn print_request_result(
     match &result.body {
         None => println!("body: unchanged (sent byte for byte)"),
         Some(new) => {
-            println!("body: changed, {} → {} bytes", received_len, new.body().len());
+            println!(
+                "body: changed, {} → {} bytes",
+                received_len,
+                new.body().len()
+            );
             for p in &result.effects.body_diff {
                 println!("  changed {p}");
             }
