@@ -18,7 +18,6 @@ use timing::time;
 use bytes::Bytes;
 use promptgate::ExchangeId;
 use promptgate::ExchangeRecord;
-use promptgate::KeySource;
 use promptgate::Redactor;
 use promptgate::{CaptureRecord, Store, StoreLocation};
 
@@ -83,9 +82,8 @@ fn main() {
         record.api = Some(promptgate::Api::Messages);
         let body = Bytes::from(plain.clone());
         record.set_request_body(body.clone(), body);
-        let keys = KeySource::default();
         let t = time(budget, || {
-            std::hint::black_box(CaptureRecord::redacted(&record, &redactor, &keys));
+            std::hint::black_box(CaptureRecord::redacted(&record, &redactor));
         });
         println!(
             "record   {:>8} bytes            : {:>8.1} MB/s",
@@ -94,7 +92,6 @@ fn main() {
         );
     }
     // The store: a 100-turn conversation, each turn one record.
-    let keys = KeySource::default();
     let exchanges: Vec<ExchangeRecord> = (0..100)
         .map(|round| {
             let mut r = ExchangeRecord::begin(
@@ -123,7 +120,7 @@ fn main() {
     let start = Instant::now();
     let records: Vec<CaptureRecord> = exchanges
         .iter()
-        .map(|r| CaptureRecord::redacted_with(r, &redactor, &keys, &mut cache))
+        .map(|r| CaptureRecord::redacted_with(r, &redactor, &mut cache))
         .collect();
     let t_records = start.elapsed().as_secs_f64();
     let bytes: usize = records.iter().map(|r| r.request.body.bytes.len()).sum();
@@ -168,9 +165,7 @@ fn main() {
         let mut cache = promptgate::UnitCache::default();
         let start = Instant::now();
         for r in turns {
-            std::hint::black_box(CaptureRecord::redacted_with(
-                r, &redactor, &keys, &mut cache,
-            ));
+            std::hint::black_box(CaptureRecord::redacted_with(r, &redactor, &mut cache));
         }
         start.elapsed().as_secs_f64() * 1e6 / turns.len() as f64
     };

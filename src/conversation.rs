@@ -5,9 +5,11 @@
 //! `session_id` inside `metadata.user_id`; a configured header or JSON pointer; else
 //! a hash of the system prompt and the first user message (pi sends no session id).
 
+use std::sync::{Arc, OnceLock};
+
 use http::{HeaderMap, HeaderName};
 
-use crate::prompt::{Prompt, Value};
+use crate::prompt::{Prompt, PromptCell, Value};
 
 /// A configured extra source of conversation ids.
 #[derive(Debug, Clone, Default)]
@@ -18,28 +20,100 @@ pub struct KeySource {
     pub pointer: Option<String>,
 }
 
-/// The conversation key of a request: `cc:<uuid>`, `session:<uuid>`,
-/// `header:<value>`, `pointer:<value>`, or `hash:<16 hex>`. `None` when the body says
-/// nothing to hash (not JSON, no system and no user message). `prompt` is the
-/// request body's model (`None`: the headers alone).
-pub(crate) fn conversation_key(
-    headers: &HeaderMap,
-    prompt: Option<&Prompt>,
-    source: &KeySource,
-) -> Option<String> {
-    if let Some(id) = header_value(headers, "x-claude-code-session-id") {
-        return Some(format!("cc:{id}"));
+/// One exchange's conversation key: decided once, from what the client sent, by
+/// whichever reader first needs it (a policy on the request path, else the cache
+/// stage or the capture writer off it); every other reader gets the same answer.
+/// The headers are read when the cell is made; the body only if they do not name
+/// the conversation.
+#[derive(Clone, Default)]
+pub struct ConversationCell(Arc<Undecided>);
+
+#[derive(Clone, Default)]
+struct Undecided {
+    /// The configured header's value, read with the others when the cell was made.
+    configured: Option<String>,
+    /// The configured JSON pointer.
+    pointer: Option<String>,
+    /// The request body as received; `None` until it is read (or when it never was).
+    prompt: Option<PromptCell>,
+    key: OnceLock<Option<String>>,
+}
+
+impl std::fmt::Debug for ConversationCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.key.get() {
+            Some(key) => write!(f, "ConversationCell({key:?})"),
+            None => f.write_str("ConversationCell(undecided)"),
+        }
     }
+}
+
+impl ConversationCell {
+    /// The cell of a request with `headers`, before its body is read.
+    pub(crate) fn new(headers: &HeaderMap, source: &KeySource) -> ConversationCell {
+        let mut u = Undecided::default();
+        if let Some(id) = header_value(headers, "x-claude-code-session-id") {
+            u.key = OnceLock::from(Some(format!("cc:{id}")));
+        } else {
+            u.configured = source
+                .header
+                .as_ref()
+                .and_then(|name| header_value(headers, name.as_str()));
+            u.pointer.clone_from(&source.pointer);
+        }
+        ConversationCell(Arc::new(u))
+    }
+
+    /// A key decided elsewhere (a stored record's).
+    pub(crate) fn known(key: String) -> ConversationCell {
+        ConversationCell(Arc::new(Undecided {
+            key: OnceLock::from(Some(key)),
+            ..Undecided::default()
+        }))
+    }
+
+    /// Gives the cell the request's body, read when the headers do not name the
+    /// conversation. Before anyone else holds the cell (it is copied otherwise).
+    pub(crate) fn set_body(&mut self, prompt: PromptCell) {
+        if self.0.key.get().is_none() {
+            Arc::make_mut(&mut self.0).prompt = Some(prompt);
+        }
+    }
+
+    /// The key, decided now if nobody has yet: `cc:<uuid>`, `session:<uuid>`,
+    /// `header:<value>`, `pointer:<value>`, or `hash:<16 hex>`. `None` when nothing
+    /// names it (no body that is JSON with a system or a user message).
+    pub fn get(&self) -> Option<&str> {
+        let u = &*self.0;
+        u.key
+            .get_or_init(|| {
+                let prompt = u.prompt.as_ref().map(PromptCell::get);
+                decide(prompt, u.configured.as_deref(), u.pointer.as_deref())
+            })
+            .as_deref()
+    }
+
+    /// The key if somebody decided it (never reads the body).
+    pub(crate) fn if_decided(&self) -> Option<&str> {
+        self.0.key.get().and_then(Option::as_deref)
+    }
+}
+
+/// The body's part of the key, after the session header: `metadata.user_id`'s
+/// session, the configured header, the configured pointer, else the prompt's hash.
+fn decide(
+    prompt: Option<&Prompt>,
+    configured: Option<&str>,
+    pointer: Option<&str>,
+) -> Option<String> {
     let root = prompt?.root()?;
     if let Some(id) = metadata_session(root) {
         return Some(format!("session:{id}"));
     }
-    if let Some(name) = &source.header
-        && let Some(v) = header_value(headers, name.as_str())
-    {
+    if let Some(v) = configured {
         return Some(format!("header:{v}"));
     }
-    if let Some(pointer) = &source.pointer
+    if let Some(pointer) = pointer
         && let Some(v) = root.pointer(pointer).and_then(|v| v.str())
     {
         return Some(format!("pointer:{v}"));
@@ -145,12 +219,43 @@ mod tests {
     use super::*;
     use http::HeaderValue;
 
-    fn read(body: &str) -> Prompt {
-        Prompt::read(bytes::Bytes::copy_from_slice(body.as_bytes()), None)
+    fn key_by(headers: &HeaderMap, body: &str, source: &KeySource) -> Option<String> {
+        let mut cell = ConversationCell::new(headers, source);
+        let body = bytes::Bytes::copy_from_slice(body.as_bytes());
+        cell.set_body(PromptCell::new(body, None));
+        cell.get().map(str::to_owned)
     }
 
     fn key(headers: &HeaderMap, body: &str) -> Option<String> {
-        conversation_key(headers, Some(&read(body)), &KeySource::default())
+        key_by(headers, body, &KeySource::default())
+    }
+
+    #[test]
+    fn decided_once_and_the_body_read_only_when_the_headers_say_nothing() {
+        let mut h = HeaderMap::new();
+        h.insert("x-claude-code-session-id", HeaderValue::from_static("s1"));
+        let mut cell = ConversationCell::new(&h, &KeySource::default());
+        let body = PromptCell::new(bytes::Bytes::from_static(b"{}"), None);
+        cell.set_body(body.clone());
+        assert_eq!(cell.if_decided(), Some("cc:s1"));
+        assert!(
+            body.if_read().is_none(),
+            "the header named it: no body read"
+        );
+        let mut cell = ConversationCell::new(&HeaderMap::new(), &KeySource::default());
+        let pi = r#"{"system":"sys","messages":[{"role":"user","content":"hi"}]}"#;
+        let body = PromptCell::new(bytes::Bytes::from_static(pi.as_bytes()), None);
+        cell.set_body(body.clone());
+        let copy = cell.clone();
+        assert_eq!(cell.if_decided(), None);
+        let decided = cell.get().map(str::to_owned);
+        assert!(decided.as_deref().is_some_and(|k| k.starts_with("hash:")));
+        assert_eq!(
+            copy.if_decided(),
+            decided.as_deref(),
+            "every copy reads the one decision"
+        );
+        assert_eq!(ConversationCell::default().get(), None);
     }
 
     #[test]
@@ -177,21 +282,17 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("x-team-conv", HeaderValue::from_static("t-9"));
         let body = r#"{"extra":{"conv":"p-7"},"messages":[]}"#;
-        let view = read(body);
         let by_header = KeySource {
             header: Some(HeaderName::from_static("x-team-conv")),
             pointer: None,
         };
-        assert_eq!(
-            conversation_key(&h, Some(&view), &by_header).as_deref(),
-            Some("header:t-9")
-        );
+        assert_eq!(key_by(&h, body, &by_header).as_deref(), Some("header:t-9"));
         let by_pointer = KeySource {
             header: None,
             pointer: Some("/extra/conv".into()),
         };
         assert_eq!(
-            conversation_key(&HeaderMap::new(), Some(&view), &by_pointer).as_deref(),
+            key_by(&HeaderMap::new(), body, &by_pointer).as_deref(),
             Some("pointer:p-7")
         );
     }

@@ -283,7 +283,7 @@ impl Exchange {
             model: r.and_then(|r| r.model.as_deref()),
             encoded: self.encoded,
             tags,
-            conversation: r.and_then(|r| r.conversation.as_deref()),
+            conversation: r.and_then(|r| r.conversation.if_decided()),
             predicted_read: self.predicted_read,
         }
     }
@@ -309,7 +309,7 @@ impl Exchange {
             let ending = policy::Ending {
                 id: r.id,
                 model: r.model.as_deref(),
-                conversation: r.conversation.as_deref(),
+                conversation: r.conversation.if_decided(),
                 response_id: None,
                 usage: None,
                 answered: false,
@@ -428,6 +428,10 @@ impl Proxy {
         record.host = host.clone();
         // Known before the body: a request refused while reading it keeps its headers.
         record.request_headers = request.headers().clone();
+        record.conversation = crate::conversation::ConversationCell::new(
+            request.headers(),
+            &self.settings.conversation,
+        );
         let target = request.extensions().get::<Target>().cloned();
         if let Some(t) = &target {
             record.mode = t.mode;
@@ -478,7 +482,6 @@ impl Proxy {
             &mut ex,
             std::mem::take(&mut parts.headers),
             body,
-            &self.settings.conversation,
             self.cache.as_deref(),
         )
         .await
@@ -594,6 +597,7 @@ impl Proxy {
         // Whatever the first byte: whitespace or a byte order mark may precede the `{`.
         r.model = provider::sniff(&plain).model;
         r.set_request_body(body.clone(), plain);
+        r.conversation.set_body(r.prompt.clone());
         Ok(body)
     }
 
@@ -755,7 +759,6 @@ async fn request_policies(
     ex: &mut Exchange,
     received: HeaderMap,
     body: Bytes,
-    keys: &crate::conversation::KeySource,
     cache: Option<&crate::cache::CacheStage>,
 ) -> Result<Outgoing, Stop> {
     let prompt = ex.record().prompt.clone();
@@ -774,21 +777,17 @@ async fn request_policies(
             .any(|p| p.runs(Phase::BeforeProviderHeaders) || p.runs(Phase::BeforeProviderRequest))
     {
         if policies.iter().any(|p| p.reads_conversation()) {
-            // Decided once, from what the client sent; the sinks read it from the record.
-            let r = ex.record();
-            let prompt =
-                (!received.contains_key("x-claude-code-session-id")).then(|| r.prompt.get());
-            r.conversation = crate::conversation::conversation_key(&received, prompt, keys);
+            // Decided here, on the request path, for the policies that read it.
+            ex.record().conversation.get();
         }
         if let Some(cache) = cache
             && policies.iter().any(|p| p.reads_prediction())
         {
             let r = ex.record();
-            let prompt = r.prompt.clone();
-            let key = r.conversation.clone().or_else(|| {
-                crate::conversation::conversation_key(&received, Some(prompt.get()), keys)
-            });
-            ex.predicted_read = key.and_then(|k| cache.predict_read(&k, &prompt, cache.now()));
+            ex.predicted_read = r
+                .conversation
+                .get()
+                .and_then(|k| cache.predict_read(k, &r.prompt, cache.now()));
         }
         let tags = ex.record().tags.clone();
         let mut effects = std::mem::take(&mut ex.effects);
@@ -821,11 +820,9 @@ async fn request_policies(
     if outgoing.replaced && decision == Decision::Continue {
         r.set_sent_cell(outgoing.prompt.clone());
     }
-    // The model the provider reads: the last of a repeated key, when a policy read the body.
-    if let Some(prompt) = r.prompt.if_read()
-        && prompt.keys().repeated().is_some()
-    {
-        r.model = prompt.model();
+    // Settled once a policy read the body (the sinks then read it as it is).
+    if r.prompt.if_read().is_some() {
+        r.model = r.model_as_read();
     }
     match decision {
         Decision::Continue => Ok(outgoing),
@@ -1220,7 +1217,7 @@ fn finish_observed(mut pending: PendingRecord, read: Observed, tap: TapResult) {
             let end = policy::Ending {
                 id: record.id,
                 model: record.model.as_deref(),
-                conversation: record.conversation.as_deref(),
+                conversation: record.conversation.get(),
                 response_id: response_id.as_deref(),
                 usage: usage.as_ref(),
                 answered: record.status.is_some_and(|s| s.is_success()),

@@ -208,9 +208,9 @@ pub struct ExchangeRecord {
     pub stream_edits: Vec<crate::policy::EventEdit>,
     /// Each policy's turn at each phase, in order: its decision and its time.
     pub policy_runs: Vec<crate::policy::PolicyRun>,
-    /// The conversation key, when the exchange decided it for a policy that reads it
-    /// (the sinks then read it here instead of deciding it again).
-    pub conversation: Option<String>,
+    /// The conversation key, decided once by its first reader (a policy, the cache
+    /// stage or the capture) from what the client sent.
+    pub conversation: crate::conversation::ConversationCell,
     /// What the outgoing-secrets scanner found (never a value).
     pub findings: Vec<crate::policy::Finding>,
     /// When the rule set whose rules ran on the request was loaded (ms since the
@@ -299,6 +299,16 @@ impl ExchangeRecord {
         (self.request_body.len() + sent + response) as u64
     }
 
+    /// The model the provider reads. The sniff took the first `"model"` key without
+    /// reading the body; once the body is read and repeats a key, the provider's
+    /// reading (the last) is the one (the one home of that rule).
+    pub(crate) fn model_as_read(&self) -> Option<String> {
+        match self.prompt.if_read() {
+            Some(prompt) if prompt.keys().repeated().is_some() => prompt.model(),
+            _ => self.model.clone(),
+        }
+    }
+
     /// Sets the request body as received (`body`) and decoded (`plain`, the same
     /// bytes when it came uncompressed), a request of `provider` and `api` as set:
     /// it is also the body sent until [`ExchangeRecord::set_sent`].
@@ -372,7 +382,7 @@ impl ExchangeRecord {
             edits: Vec::new(),
             stream_edits: Vec::new(),
             policy_runs: Vec::new(),
-            conversation: None,
+            conversation: Default::default(),
             findings: Vec::new(),
             rules_loaded_ms: None,
             capture: true,
@@ -468,7 +478,7 @@ impl RecordStage for crate::cache::CacheStage {
             upstream_headers: record.timing.upstream_headers,
             sent_prompt: &record.sent_prompt,
             sent_headers: &record.sent_headers,
-            conversation: record.conversation.as_deref(),
+            conversation: &record.conversation,
         });
     }
 

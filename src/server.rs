@@ -167,13 +167,8 @@ fn start_capture(
         return Ok(None);
     }
     let store = &config.capture.store;
-    let capture = Capture::start(
-        &config.capture,
-        config.conversation.clone(),
-        redactor.clone(),
-        Some(live.clone()),
-    )
-    .with_context(|| format!("opening the capture store {store}"))?;
+    let capture = Capture::start(&config.capture, redactor.clone(), Some(live.clone()))
+        .with_context(|| format!("opening the capture store {store}"))?;
     match store.dir() {
         Some(dir) => tracing::info!(
             "capturing to {}",
@@ -235,7 +230,6 @@ fn sinks(
     let exporter = SpanExporter::start(
         &config.traces,
         redactor.clone(),
-        config.conversation.clone(),
         Upstream::new(&config.upstream_ca, config.connect_timeout)?,
     );
     let export_counts = exporter.as_ref().map(|(sink, _)| sink.counts());

@@ -662,6 +662,37 @@ async fn a_new_conversation_reading_another_ones_prefix_is_a_shared_hit() {
     );
 }
 
+/// The conversation is the one the client named: a rule that rewrites the session
+/// header on the way out (pooling sessions upstream) does not merge two
+/// conversations in the analysis, which groups by the key every sink reads.
+#[tokio::test]
+async fn conversations_are_keyed_by_what_the_client_sent_not_what_rules_send() {
+    let rig = Rig::start().await;
+    std::fs::write(
+        rig.server.rules.join("pool.toml"),
+        "[[rule]]\nname = \"pool\"\non = \"before_provider_headers\"\n\
+         actions = [{ header.set = { \"x-claude-code-session-id\" = \"pooled\" } }]\n",
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, rules) = client::get_json(rig.server.admin, "/api/rules").await;
+        if rules.to_string().contains("\"pool\"") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "the rule loaded");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let first = rig.send(&cc(1)).await;
+    assert_eq!(first.verdict(), "write", "{}", first.analysis);
+    let other = "0b5e1c2d-aaaa-4bbb-8ccc-123456789abc";
+    let body = shapes::claude_code_body(0, other);
+    let second = rig.send_as(&body, other, "sk-ant-api03-test").await;
+    assert_eq!(second.reason(), "shared_prefix", "{}", second.analysis);
+    let conversation = second.analysis["reason"]["conversation"].as_str().unwrap();
+    assert!(conversation.starts_with("cc:54c1eb09"), "{conversation}");
+}
+
 #[tokio::test]
 async fn a_fork_reads_the_conversation_prefix_the_first_session_wrote() {
     let rig = Rig::start().await;

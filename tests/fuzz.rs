@@ -24,7 +24,6 @@ use serde_json::Value;
 use promptgate::CaptureRecord;
 use promptgate::ExchangeId;
 use promptgate::ExchangeRecord;
-use promptgate::KeySource;
 use promptgate::SseDecoder;
 use promptgate::decode::{self, DecodeError};
 use promptgate::json;
@@ -1245,7 +1244,7 @@ fn capture_stream(sse: &[u8]) -> (Vec<u8>, Vec<u8>) {
     record.status = Some(http::StatusCode::OK);
     record.response_headers = headers;
     record.observation = Some(observation);
-    let stored = CaptureRecord::redacted(&record, &redactor(), &KeySource::default());
+    let stored = CaptureRecord::redacted(&record, &redactor());
     let message = stored
         .response
         .message

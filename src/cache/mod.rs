@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
-use crate::conversation::{KeySource, conversation_key};
+use crate::conversation::{ConversationCell, KeySource};
 use crate::id::ExchangeId;
 use crate::prompt::{Format, PromptCell, Region, Ttl};
 use crate::provider::Usage;
@@ -495,8 +495,9 @@ struct Began {
     start: Millis,
     began: Millis,
     format: Format,
-    /// The conversation key when a header names it; else the headers, for later.
-    key: Result<String, HeaderMap>,
+    /// The exchange's conversation key: decided here, off the request path, unless
+    /// a reader before did.
+    key: ConversationCell,
     /// The credential it was sent with (its header's name, and the value shared, not
     /// a copy); hashed into the workspace when prepared, off the request path.
     credential: Option<(&'static str, http::HeaderValue)>,
@@ -781,11 +782,7 @@ impl CacheStage {
     fn prepare(&self, state: &mut State, b: Began) {
         // The session header names most agent conversations without reading the
         // body; only the others (pi, SDK apps) need the model.
-        let key = match &b.key {
-            Ok(key) => Some(key.clone()),
-            Err(headers) => conversation_key(headers, Some(b.prompt.get()), &self.key_source),
-        }
-        .unwrap_or_else(|| "unkeyed".into());
+        let key = b.key.get().unwrap_or("unkeyed").to_owned();
         if let Some(shared) = &self.shared {
             self.catch_up(state, shared, &key, &b);
         }
@@ -848,7 +845,7 @@ impl CacheStage {
                 start,
                 began: start + r.upstream_headers_ms.map_or(0, |ms| ms as Millis),
                 format,
-                key: Ok(key.to_owned()),
+                key: ConversationCell::known(key.to_owned()),
                 // The stored fingerprint names the same workspace as the credential.
                 credential: credential(&r.headers),
                 prompt: PromptCell::new(r.body, Some(format)),
@@ -1204,7 +1201,11 @@ impl CacheStage {
             start,
             began: start,
             format,
-            key: conversation_key(headers, None, &self.key_source).ok_or_else(|| headers.clone()),
+            key: {
+                let mut key = ConversationCell::new(headers, &self.key_source);
+                key.set_body(prompt.clone());
+                key
+            },
             // Stored credentials are fingerprints, one per key: the same workspaces.
             credential: credential(headers),
             prompt,
@@ -1275,8 +1276,8 @@ pub struct ResponseBegan<'r> {
     /// What the provider reads: the body sent, decoded when it went on compressed.
     pub sent_prompt: &'r PromptCell,
     pub sent_headers: &'r HeaderMap,
-    /// The conversation key, when the exchange decided it (else it is read here).
-    pub conversation: Option<&'r str>,
+    /// The exchange's conversation key (decided here when no reader before did).
+    pub conversation: &'r ConversationCell,
 }
 
 impl CacheStage {
@@ -1303,11 +1304,7 @@ impl CacheStage {
             start,
             began,
             format,
-            key: match r.conversation {
-                Some(key) => Ok(key.to_owned()),
-                None => conversation_key(r.sent_headers, None, &self.key_source)
-                    .ok_or_else(|| r.sent_headers.clone()),
-            },
+            key: r.conversation.clone(),
             credential: credential(r.sent_headers),
             prompt,
         };

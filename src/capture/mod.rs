@@ -24,7 +24,6 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use crate::conversation::KeySource;
 use crate::id::ExchangeId;
 use crate::record::{ExchangeRecord, RecordSink, Refusal, StoredNotice};
 use crate::redact::Redactor;
@@ -173,7 +172,6 @@ impl Capture {
     /// `redactor` is the process's one redactor (the logs use it too).
     pub(crate) fn start(
         settings: &CaptureSettings,
-        keys: KeySource,
         redactor: Arc<Redactor>,
         live: Option<Arc<dyn StoredNotice>>,
     ) -> Result<Arc<Capture>, StoreError> {
@@ -235,7 +233,6 @@ impl Capture {
             store: writer::StoreThread::start(store, settings.store.clone(), live)?,
             cache: record::UnitCache::default(),
             redactor,
-            keys,
             retention: settings.retention,
             repeats: writer::BlockedRepeats::default(),
             spool,
@@ -459,7 +456,7 @@ mod tests {
             ..CaptureSettings::default()
         };
         let redactor = Arc::new(settings.redactor().unwrap());
-        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
+        let capture = Capture::start(&settings, redactor, None).unwrap();
         (dir, capture)
     }
 
@@ -488,7 +485,7 @@ mod tests {
             ..CaptureSettings::default()
         };
         let redactor = Arc::new(settings.redactor().unwrap());
-        let capture = Capture::start(&settings, KeySource::default(), redactor, None).unwrap();
+        let capture = Capture::start(&settings, redactor, None).unwrap();
         let record = |path: &str| {
             let mut r =
                 ExchangeRecord::begin(ExchangeId::new(), None, http::Method::POST, path.into());

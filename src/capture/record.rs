@@ -15,7 +15,6 @@ use serde_json::value::RawValue;
 
 use super::layout::{self, Parts};
 use super::timestamp;
-use crate::conversation::{KeySource, conversation_key};
 use crate::digest::{self, Algorithm};
 use crate::observer::{BodyFormat, SseDecoder};
 use crate::prompt::KeyCheck;
@@ -303,8 +302,8 @@ impl CaptureRecord {
     }
 
     /// The record of `r`, every header, body, path and message redacted in memory.
-    pub fn redacted(r: &ExchangeRecord, redactor: &Redactor, keys: &KeySource) -> CaptureRecord {
-        Self::redacted_with(r, redactor, keys, &mut UnitCache::default())
+    pub fn redacted(r: &ExchangeRecord, redactor: &Redactor) -> CaptureRecord {
+        Self::redacted_with(r, redactor, &mut UnitCache::default())
     }
 
     /// [`CaptureRecord::redacted`], redacting only the request units `cache` has not
@@ -312,7 +311,6 @@ impl CaptureRecord {
     pub fn redacted_with(
         r: &ExchangeRecord,
         redactor: &Redactor,
-        keys: &KeySource,
         cache: &mut UnitCache,
     ) -> CaptureRecord {
         let mut summary = Summary::new();
@@ -320,17 +318,11 @@ impl CaptureRecord {
         let started_ms = crate::capture::timestamp::ms_of(r.started_at);
         let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
         let (received_digest, sent_digest, same_body) = body_digests(r);
-        // The key is read from what the client sent, then redacted like any text.
-        // Claude Code's header names the conversation: no need to read the body for it.
+        // The key the exchange's cell decides (once), redacted like any text.
         let conversation = r
             .conversation
-            .clone()
-            .or_else(|| {
-                let prompt = (!r.request_headers.contains_key("x-claude-code-session-id"))
-                    .then(|| r.prompt.get());
-                conversation_key(&r.request_headers, prompt, keys)
-            })
-            .map(|k| redactor.redact_text(&k, extra, &mut summary));
+            .get()
+            .map(|k| redactor.redact_text(k, extra, &mut summary));
         // The one check of the model, which rules made if they looked, else made here.
         let not_checked = KeyCheck::NotChecked;
         let duplicate_key = match r.prompt.if_read() {
@@ -338,11 +330,7 @@ impl CaptureRecord {
             None if r.capture => r.prompt.get().keys(),
             None => &not_checked,
         };
-        // The model was sniffed first-wins; the provider reads the last.
-        let model = match duplicate_key.repeated() {
-            Some("/model") => r.prompt.get().model(),
-            _ => r.model.clone(),
-        };
+        let model = r.model_as_read();
         let observation = r.observation.as_ref();
         let summary_of = observation.map(|o| &o.summary);
         // Every field read out of a message is text a client or provider chose: a key
@@ -1028,7 +1016,6 @@ mod redacted_tests {
     #[test]
     fn a_derived_body_stores_what_a_body_read_afresh_stores() {
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let keys = KeySource::default();
         let rules = crate::rules::RuleSet::compile(&[(
             "r.toml".into(),
             r#"
@@ -1060,8 +1047,8 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         afresh.set_sent(Prompt::read(derived.body().clone(), derived.get().format()));
         r.set_sent_cell(derived);
         let mut cache = UnitCache::default();
-        let lent = CaptureRecord::redacted_with(&r, &redactor, &keys, &mut cache);
-        let read = CaptureRecord::redacted(&afresh, &redactor, &keys);
+        let lent = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
+        let read = CaptureRecord::redacted(&afresh, &redactor);
         let parts = |c: &CaptureRecord| c.request.sent_body.as_ref().unwrap().parts.clone();
         assert_eq!(parts(&lent), parts(&read));
         assert_eq!(lent.redactions, read.redactions);
@@ -1081,11 +1068,10 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
     #[test]
     fn cached_units_store_what_a_fresh_cache_stores() {
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let keys = KeySource::default();
         let mut r = exchange();
         // What a rule sends: the received message, one top-level key added.
         r.set_sent(Prompt::read(Bytes::from_static(br#"{"messages":[{"role":"user","content":"ticket internal-4242 and sk-ant-api03-RECORDSECRET0123456789"}],"max_tokens":5}"#), r.prompt.get().format()));
-        let fresh = CaptureRecord::redacted(&r, &redactor, &keys);
+        let fresh = CaptureRecord::redacted(&r, &redactor);
         let sent = fresh.request.sent_body.as_ref().unwrap();
         let parts = sent.parts.as_ref().unwrap();
         assert_eq!(parts.skeleton.1, digest::content(&parts.skeleton.0));
@@ -1098,7 +1084,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         for limit in [1 << 20, 64] {
             let mut cache = UnitCache::with_limit(limit);
             for _ in 0..3 {
-                let c = CaptureRecord::redacted_with(&r, &redactor, &keys, &mut cache);
+                let c = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
                 assert_eq!(c.request.body.parts, fresh.request.body.parts);
                 assert_eq!(c.request.body.digest, fresh.request.body.digest);
                 assert_eq!(c.request.body.bytes, fresh.request.body.bytes);
@@ -1115,7 +1101,6 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
     #[test]
     fn units_found_by_their_span_digest_store_what_a_fresh_cache_stores() {
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let keys = KeySource::default();
         let result = |id: u32, marked: bool| {
             let marker = if marked {
                 r#","cache_control":{"type":"ephemeral"}"#
@@ -1143,10 +1128,10 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
             for unit in prompt.units() {
                 unit.hash(prompt.body());
             }
-            let warm = CaptureRecord::redacted_with(&hashed, &redactor, &keys, &mut cache);
+            let warm = CaptureRecord::redacted_with(&hashed, &redactor, &mut cache);
             let mut unhashed = exchange();
             unhashed.set_request_body(body.clone(), body);
-            let fresh = CaptureRecord::redacted(&unhashed, &redactor, &keys);
+            let fresh = CaptureRecord::redacted(&unhashed, &redactor);
             assert_eq!(
                 warm.request.body.parts, fresh.request.body.parts,
                 "turn {n}"
@@ -1187,7 +1172,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         r.extra_redactions = vec![regex::Regex::new(r"internal-\d+").unwrap()];
         r.secret_headers = vec![http::HeaderName::from_static("x-team-secret")];
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let c = CaptureRecord::redacted(&r, &redactor, &KeySource::default());
+        let c = CaptureRecord::redacted(&r, &redactor);
         let body = std::str::from_utf8(&c.request.body.bytes).unwrap();
         assert!(
             body.contains("ticket [REDACTED:rule:") && !body.contains("4242"),
@@ -1280,7 +1265,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         let mut r = exchange();
         r.capture = false;
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let c = CaptureRecord::redacted(&r, &redactor, &KeySource::default());
+        let c = CaptureRecord::redacted(&r, &redactor);
         assert!(!c.captured);
         assert!(c.request.headers.is_empty() && c.request.body.bytes.is_empty());
         assert_eq!(

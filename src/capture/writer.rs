@@ -13,7 +13,6 @@ use super::record::{self, CaptureRecord};
 use super::spool;
 use super::store::{self, Store, StoreError, StoreLocation};
 use super::{BATCH, Shared, timestamp};
-use crate::conversation::KeySource;
 use crate::record::{ExchangeRecord, StoredNotice};
 use crate::redact::Redactor;
 
@@ -40,7 +39,6 @@ pub(super) struct Writer {
     pub(super) store: StoreThread,
     pub(super) cache: record::UnitCache,
     pub(super) redactor: Arc<Redactor>,
-    pub(super) keys: KeySource,
     pub(super) retention: store::Retention,
     pub(super) repeats: BlockedRepeats,
     /// With a PostgreSQL store: where records wait while it is away or slow.
@@ -153,7 +151,6 @@ impl Writer {
     fn write(&mut self, batch: &[ExchangeRecord]) {
         let Writer {
             redactor,
-            keys,
             cache,
             repeats,
             ..
@@ -162,7 +159,7 @@ impl Writer {
         for r in batch {
             // A record that cannot be prepared (a bug) is counted; the writer goes on.
             let prepared = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                CaptureRecord::redacted_with(r, redactor, keys, cache)
+                CaptureRecord::redacted_with(r, redactor, cache)
             }));
             match prepared {
                 Ok(mut record) => {

@@ -24,7 +24,6 @@ use prost::Message;
 use tokio::sync::mpsc;
 
 use super::{SpanContext, TracesSettings, semconv, span_of, text};
-use crate::conversation::KeySource;
 use crate::record::{ExchangeRecord, RecordSink};
 use crate::redact::Redactor;
 use crate::upstream::{Upstream, UpstreamBody};
@@ -97,7 +96,6 @@ pub(crate) struct SpanExporter {
     queue: mpsc::Sender<Item>,
     held: Arc<Held>,
     redactor: Arc<Redactor>,
-    conversation: KeySource,
     content: bool,
     counts: Arc<ExportCounts>,
 }
@@ -108,7 +106,6 @@ impl SpanExporter {
     pub(crate) fn start(
         settings: &TracesSettings,
         redactor: Arc<Redactor>,
-        conversation: KeySource,
         client: Upstream,
     ) -> Option<(Arc<SpanExporter>, impl Future<Output = ()> + Send + 'static)> {
         let url = settings.url.clone()?;
@@ -139,7 +136,6 @@ impl SpanExporter {
             queue: tx,
             held,
             redactor,
-            conversation,
             content: settings.content,
             counts,
         };
@@ -159,7 +155,6 @@ impl RecordSink for SpanExporter {
     fn record(&self, record: &ExchangeRecord) {
         let cx = SpanContext {
             redactor: &self.redactor,
-            conversation: &self.conversation,
             content: self.content,
         };
         let span = span_of(record, &cx);

@@ -17,7 +17,6 @@ use opentelemetry_proto::tonic::trace::v1::{Span, Status, span, status};
 use serde::Deserialize;
 use serde_json::{Value as Json, json};
 
-use crate::conversation::{KeySource, conversation_key};
 use crate::prompt::{Prompt, Region};
 use crate::provider::json::decode_str;
 use crate::provider::{Api, Provider};
@@ -180,7 +179,6 @@ const TRACESTATE_MAX: usize = 512;
 /// What a span needs beyond its record.
 pub(crate) struct SpanContext<'a> {
     pub redactor: &'a Redactor,
-    pub conversation: &'a KeySource,
     pub content: bool,
 }
 
@@ -305,9 +303,8 @@ pub(crate) fn span_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Span {
     if let Some(s) = record.observation.as_ref().map(|o| &o.summary) {
         response_attributes(s, &bounded, &mut attributes);
     }
-    let conversation = conversation_of(record, cx);
-    if let Some(c) = conversation {
-        attributes.push(text(GEN_AI_CONVERSATION_ID, bounded(&c, NAME_MAX)));
+    if let Some(c) = record.conversation.get() {
+        attributes.push(text(GEN_AI_CONVERSATION_ID, bounded(c, NAME_MAX)));
     }
     if let Some(cache) = &record.cache {
         cache_attributes(cache, &bounded, &mut attributes);
@@ -421,24 +418,6 @@ fn policy_events(
             ..Default::default()
         })
         .collect()
-}
-
-/// The conversation the exchange belongs to; the body is read only when no header
-/// names it.
-fn conversation_of(record: &ExchangeRecord, cx: &SpanContext<'_>) -> Option<String> {
-    match (&record.conversation, &record.cache) {
-        (Some(c), _) => Some(c.clone()),
-        (None, Some(c)) => Some(c.conversation.clone()),
-        (None, None) => {
-            conversation_key(&record.request_headers, None, cx.conversation).or_else(|| {
-                conversation_key(
-                    &record.request_headers,
-                    Some(record.prompt.get()),
-                    cx.conversation,
-                )
-            })
-        }
-    }
 }
 
 /// The upstream's address and port, from the URL the exchange went to.
@@ -688,10 +667,8 @@ mod tests {
             took_us: 1234,
         });
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let keys = KeySource::default();
         let cx = SpanContext {
             redactor: &redactor,
-            conversation: &keys,
             content: false,
         };
         let span = span_of(&record, &cx);
