@@ -1,14 +1,15 @@
 //! Byte-exact forwarding: what the client sends is what the provider receives
 //! (hop-by-hop headers and Host aside), and what the provider answers is what the
-//! client gets.
+//! client gets. Served in-process: nothing here needs a separate process.
 
 mod support;
 
 use std::time::Duration;
 
 use support::client::{self, request_bytes};
+use support::in_process::InProcess;
 use support::shapes;
-use support::{Action, FakeProvider, Proxy, Reply};
+use support::{Action, FakeProvider, Reply};
 
 const WAIT: Duration = Duration::from_secs(10);
 
@@ -37,7 +38,7 @@ async fn claude_code_request_arrives_byte_for_byte() {
         .header("anthropic-ratelimit-requests-remaining", "49");
     let sent_body = reply.body();
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let proxy = InProcess::start(&format!("upstream_anthropic = \"{}\"", fake.url())).await;
 
     let body = shapes::to_bytes(&shapes::claude_code_body(1, shapes::CC_SESSION));
     assert!(
@@ -89,7 +90,7 @@ async fn pi_request_arrives_byte_for_byte() {
         &shapes::anthropic_message("claude-sonnet-5-5", "hi", (5, 0, 2000, 3)),
     );
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let proxy = InProcess::start(&format!("upstream_anthropic = \"{}\"", fake.url())).await;
     for turns in [0, 1, 3] {
         let body = shapes::to_bytes(&shapes::pi_body(turns));
         let headers = shapes::pi_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-pi");
@@ -125,7 +126,7 @@ async fn openai_routes_live_under_the_openai_prefix() {
         &shapes::openai_chat_completion("gpt-5.6", "hi", (10, 0, 2)),
     );
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-    let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
+    let proxy = InProcess::start(&format!("upstream_openai = \"{}\"", fake.url())).await;
     let body = shapes::to_bytes(&shapes::openai_chat_body(false));
     let headers = vec![
         ("Host", proxy.addr.to_string()),
@@ -158,7 +159,7 @@ async fn other_anthropic_paths_pass_through() {
         ))
     })
     .await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &format!("{}/", fake.url())]);
+    let proxy = InProcess::start(&format!("upstream_anthropic = \"{}/\"", fake.url())).await;
     for (method, target) in [
         ("GET", "/v1/models?limit=5"),
         ("POST", "/v1/messages/count_tokens?beta=true"),
@@ -183,7 +184,7 @@ async fn other_anthropic_paths_pass_through() {
 #[tokio::test]
 async fn unknown_paths_get_a_provider_shaped_404() {
     let fake = FakeProvider::start(|_| Action::Close).await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let proxy = InProcess::start(&format!("upstream_anthropic = \"{}\"", fake.url())).await;
     let response = client::post(proxy.addr, "/v2/chat", b"{}").await;
     assert_eq!(response.status, 404);
     let error = response.json();
@@ -202,7 +203,7 @@ async fn unknown_paths_get_a_provider_shaped_404() {
             .starts_with("req_promptgate_")
     );
     assert!(fake.requests().is_empty(), "nothing was sent upstream");
-    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    let line = &proxy.exchange_lines(1, WAIT).await[0];
     assert_eq!(line["outcome"], "no_route");
     assert_eq!(line["status"], 404);
 }
@@ -217,7 +218,7 @@ async fn compressed_responses_reach_the_client_as_sent() {
         .compressed(coding);
         let sent = reply.body();
         let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-        let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+        let proxy = InProcess::start(&format!("upstream_anthropic = \"{}\"", fake.url())).await;
         let response = client::post(proxy.addr, "/v1/messages", b"{\"model\":\"m\"}").await;
         assert_eq!(response.header("content-encoding"), Some(coding));
         assert_eq!(response.body.bytes, sent, "{coding} bytes untouched");
@@ -229,7 +230,7 @@ async fn keep_alive_connections_carry_many_exchanges() {
     use tokio::io::{AsyncWriteExt, BufReader};
     let reply = Reply::json(200, &shapes::anthropic_message("m", "ok", (1, 0, 0, 1)));
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let proxy = InProcess::start(&format!("upstream_anthropic = \"{}\"", fake.url())).await;
     let stream = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
     let (read, mut write) = stream.into_split();
     let mut reader = BufReader::new(read);
@@ -255,7 +256,7 @@ async fn keep_alive_connections_carry_many_exchanges() {
         let body = support::wire::read_body(&mut reader, &head, WAIT).await;
         assert!(body.complete);
     }
-    let lines = proxy.wait_exchanges(5, WAIT).await;
+    let lines = proxy.exchange_lines(5, WAIT).await;
     // Records are written off the request path, so their lines may come in any order.
     let mut models: Vec<&str> = lines.iter().map(|l| l["model"].as_str().unwrap()).collect();
     models.sort_unstable();
@@ -269,7 +270,7 @@ async fn http2_clients_are_served_too() {
     let events = shapes::anthropic_events("claude-opus-5-5", &["h2", " client"], (1, 0, 0, 2));
     let reply = Reply::sse(events.clone(), Duration::from_millis(5));
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
-    let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
+    let proxy = InProcess::start(&format!("upstream_anthropic = \"{}\"", fake.url())).await;
     // HTTP/2 with prior knowledge, as gRPC-style and some SDK clients speak it.
     let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
@@ -292,7 +293,7 @@ async fn http2_clients_are_served_too() {
         received.header("host"),
         Some(fake.addr.to_string().as_str())
     );
-    let line = &proxy.wait_exchanges(1, WAIT).await[0];
+    let line = &proxy.exchange_lines(1, WAIT).await[0];
     assert_eq!(line["model"], "claude-sonnet-5-5");
     assert_eq!(line["outcome"], "ok");
 }

@@ -526,7 +526,12 @@ on_error = "allow"
         hooks.contains("error:") && hooks.ends_with("(allowed)"),
         "{hooks}"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Served once the new co-process is up (its start is logged).
+    let deadline = Instant::now() + WAIT;
+    while proxy.log().matches("co-process started").count() < 2 {
+        assert!(Instant::now() < deadline, "restarted: {}", proxy.log());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(post(&proxy, "m-after-pid").await.status, 200);
     let after = line_of(&proxy, "m-after-pid").await["tags"]
         .as_str()
@@ -844,7 +849,7 @@ async fn a_reload_lets_the_co_process_finish_what_is_in_flight() {
         tokio::spawn(async move { client::post(addr, "/v1/messages", &body).await })
     };
     // The co-process holds the event for 0.8 s: the set is replaced meanwhile.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    proxy.wait_log("holding", WAIT).await;
     std::fs::write(dir.path().join("10-hooks.toml"), rules("2s")).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     while !proxy.log().contains("rules reloaded") {

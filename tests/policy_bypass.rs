@@ -1,4 +1,4 @@
-//! Regression tests for policy bypasses, through the real binary: a compressed body,
+//! Regression tests for policy bypasses, through the in-process server: a compressed body,
 //! a key spelt with escapes or a byte order mark must not hide its model, and a key
 //! written twice must not read one way to the rules and another to the provider.
 
@@ -9,19 +9,15 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::client::{self, request_bytes};
 use support::fake_provider::compress;
-use support::{FakeProvider, Proxy, TempDir, captures};
+use support::in_process::InProcess;
+use support::{FakeProvider, TempDir, captures};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-fn start(fake: &FakeProvider, rules: &TempDir, extra: &[&str]) -> Proxy {
-    let mut args = vec![
-        "--upstream-anthropic",
-        fake.url().leak(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    Proxy::start(&args)
+/// `extra` is more `promptgate.toml` text.
+async fn start(fake: &FakeProvider, rules: &TempDir, extra: &str) -> InProcess {
+    let config = format!("upstream_anthropic = \"{}\"\n{extra}", fake.url());
+    InProcess::start_with_rules(&config, Some(rules.path())).await
 }
 
 fn rules(text: &str) -> TempDir {
@@ -31,7 +27,11 @@ fn rules(text: &str) -> TempDir {
 }
 
 /// Sends `body` to /v1/messages with `headers` besides the usual ones.
-async fn post(proxy: &Proxy, body: &[u8], headers: &[(&'static str, &str)]) -> client::RawResponse {
+async fn post(
+    proxy: &InProcess,
+    body: &[u8],
+    headers: &[(&'static str, &str)],
+) -> client::RawResponse {
     let mut all = vec![
         ("Host", proxy.addr.to_string()),
         ("content-type", "application/json".to_owned()),
@@ -56,7 +56,7 @@ fn opus_body() -> Vec<u8> {
 }
 
 /// The first `n` stored records, once there are that many.
-async fn records(proxy: &Proxy, n: usize) -> Vec<Value> {
+async fn records(proxy: &InProcess, n: usize) -> Vec<Value> {
     captures::wait_records(&proxy.captures, n, WAIT).await
 }
 
@@ -64,7 +64,7 @@ async fn records(proxy: &Proxy, n: usize) -> Vec<Value> {
 async fn compressed_bodies_show_their_model_to_model_rules() {
     let fake = support::fake_answering_ok().await;
     let dir = support::example_rules(&["20-block-opus-for-batch.toml"]);
-    let proxy = start(&fake, &dir, &[]);
+    let proxy = start(&fake, &dir, "").await;
     let plain = opus_body();
     for coding in ["gzip", "zstd", "br", "deflate"] {
         let packed = compress(coding, &plain);
@@ -119,7 +119,7 @@ const BOM: &[u8] = b"\xEF\xBB\xBF";
 async fn escaped_keys_and_a_leading_bom_show_their_model_to_model_rules() {
     let fake = support::fake_answering_ok().await;
     let dir = support::example_rules(&["20-block-opus-for-batch.toml"]);
-    let proxy = start(&fake, &dir, &[]);
+    let proxy = start(&fake, &dir, "").await;
     let plain = String::from_utf8(opus_body()).unwrap();
     // What Python, JavaScript and Go read as `"model"`, and the provider serves.
     let escaped = plain.replacen(r#""model""#, r#""mod\u0065l""#, 1);
@@ -174,7 +174,7 @@ async fn model_allow_passes_a_legitimate_compressed_request() {
         "[[rule]]\nname = \"sonnet-only\"\non = \"before_provider_request\"\n\
          actions = [ { model.allow = [\"claude-sonnet-*\"] } ]\n",
     );
-    let proxy = start(&fake, &dir, &[]);
+    let proxy = start(&fake, &dir, "").await;
     let body = String::from_utf8(opus_body())
         .unwrap()
         .replace("claude-opus-4-1", "claude-sonnet-4-5");
@@ -203,7 +203,7 @@ async fn model_allow_passes_a_legitimate_compressed_request() {
 async fn undecodable_request_bodies_are_refused_and_recorded() {
     let fake = support::fake_answering_ok().await;
     let dir = TempDir::new("no-rules");
-    let proxy = start(&fake, &dir, &["--max-body", "64KiB"]);
+    let proxy = start(&fake, &dir, "max_body = \"64KiB\"\n").await;
     let bomb = compress("gzip", &vec![b' '; 1 << 20]);
     assert!(bomb.len() < 64 << 10);
     let cases: [(&str, &[u8], u16, &str, &str); 3] = [
@@ -268,7 +268,7 @@ async fn duplicate_keys_are_refused_while_enforce_rules_are_loaded() {
          when = { body.\"/messages/0/content\" = { contains = \"forbidden\" } }\n\
          actions = [ { block = \"forbidden text\" } ]\n",
     );
-    let proxy = start(&fake, &dir, &[]);
+    let proxy = start(&fake, &dir, "").await;
     let cases = [
         (DUPLICATE_MODEL.to_owned(), "/model"),
         // The later `messages` is the one a last-wins provider reads.
@@ -325,7 +325,7 @@ async fn without_enforce_rules_read_the_last_of_a_repeated_key() {
          [[rule]]\nname = \"no-bash\"\non = \"before_provider_request\"\n\
          actions = [ { tools.remove = \"Bash\" } ]\n",
     );
-    let proxy = start(&fake, &dir, &[]);
+    let proxy = start(&fake, &dir, "").await;
     // The provider would run Opus: refused, as the rule says.
     let response = post(&proxy, DUPLICATE_MODEL.as_bytes(), &[]).await;
     assert_eq!(response.status, 451, "{}", response.text());
@@ -374,7 +374,7 @@ async fn without_enforce_rules_read_the_last_of_a_repeated_key() {
 async fn without_rules_a_repeated_key_is_forwarded_as_sent_and_flagged() {
     let fake = support::fake_answering_ok().await;
     let dir = TempDir::new("no-rules");
-    let proxy = start(&fake, &dir, &[]);
+    let proxy = start(&fake, &dir, "").await;
     let response = post(&proxy, DUPLICATE_MODEL.as_bytes(), &[]).await;
     assert_eq!(response.status, 200, "{}", response.text());
     let got = &fake.wait_requests(1, WAIT).await[0];

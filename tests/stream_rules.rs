@@ -1,4 +1,4 @@
-//! Per-event rules (`on = "provider_stream_event"`) through the real binary: a key
+//! Per-event rules (`on = "provider_stream_event"`) through the in-process server: a key
 //! split across deltas is masked in what the client receives and kept in the
 //! capture as the provider sent it; a stream no rule changes is byte-identical; a
 //! Bash call that deletes / is stopped; and the official SDKs see a masked text
@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::client::{self, request_bytes};
-use support::{Action, FakeProvider, Proxy, Reply, TempDir, captures, shapes};
+use support::in_process::InProcess;
+use support::{Action, FakeProvider, Reply, TempDir, captures, shapes};
 
 const WAIT: Duration = Duration::from_secs(15);
 
@@ -24,18 +25,15 @@ fn examples(names: &[&str]) -> TempDir {
     dir
 }
 
-fn start(fake: &FakeProvider, rules: &TempDir) -> Proxy {
-    Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--upstream-openai",
-        &fake.url(),
-        "--rules",
-        rules.path().to_str().unwrap(),
-    ])
+async fn start(fake: &FakeProvider, rules: &TempDir) -> InProcess {
+    let config = format!(
+        "upstream_anthropic = \"{0}\"\nupstream_openai = \"{0}\"\n",
+        fake.url()
+    );
+    InProcess::start_with_rules(&config, Some(rules.path())).await
 }
 
-fn stream_request(proxy: &Proxy) -> Vec<u8> {
+fn stream_request(proxy: &InProcess) -> Vec<u8> {
     let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
     let headers =
         shapes::claude_code_headers(&proxy.addr.to_string(), body.len(), "sk-ant-api03-client");
@@ -69,7 +67,7 @@ async fn a_key_split_across_deltas_is_masked_for_the_client_and_kept_as_sent_in_
     let reply = Reply::sse(events.clone(), Duration::from_millis(20));
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let rules = examples(&["80-mask-keys-in-output.toml"]);
-    let proxy = start(&fake, &rules);
+    let proxy = start(&fake, &rules).await;
     let r = client::send(proxy.addr, &stream_request(&proxy)).await;
     assert_eq!(r.status, 200);
     let body = r.body.bytes.clone();
@@ -118,7 +116,7 @@ async fn a_stream_no_per_event_rule_changes_reaches_the_client_byte_identical() 
         "81-block-rm-rf.toml",
         "82-tag-internal-hosts.toml",
     ]);
-    let proxy = start(&fake, &rules);
+    let proxy = start(&fake, &rules).await;
     let r = client::send(proxy.addr, &stream_request(&proxy)).await;
     assert_eq!(r.status, 200);
     assert_eq!(r.body.bytes, events.concat().as_bytes());
@@ -144,7 +142,7 @@ async fn a_bash_call_that_deletes_root_is_stopped_with_an_error_event_and_an_inc
     let reply = Reply::sse(events, Duration::from_millis(1));
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let rules = examples(&["81-block-rm-rf.toml", "82-tag-internal-hosts.toml"]);
-    let proxy = start(&fake, &rules);
+    let proxy = start(&fake, &rules).await;
     let r = client::send(proxy.addr, &stream_request(&proxy)).await;
     assert_eq!(r.status, 200);
     let text = r.text();
@@ -190,7 +188,7 @@ async fn the_sdks_get_masked_text_and_raise_on_a_blocked_stream() {
         "openai_chat_stream",
         "openai_responses_stream",
     ];
-    let env = |proxy: &Proxy| {
+    let env = |proxy: &InProcess| {
         vec![
             ("ANTHROPIC_BASE_URL", proxy.url()),
             ("ANTHROPIC_API_KEY", "sk-ant-api03-sdk-test".into()),
@@ -205,7 +203,7 @@ async fn the_sdks_get_masked_text_and_raise_on_a_blocked_stream() {
     ])
     .await;
     let rules = examples(&["80-mask-keys-in-output.toml"]);
-    let proxy = start(&fake, &rules);
+    let proxy = start(&fake, &rules).await;
     let result = support::sdk::run(calls, env(&proxy)).await;
     for call in calls {
         assert_eq!(
@@ -229,7 +227,7 @@ actions = [ { block = { message = "the answer said a forbidden word" } } ]
     )
     .unwrap();
     let fake = fake_saying(&["all good, ", "then FORBID", "DEN words"]).await;
-    let proxy = start(&fake, &blocking);
+    let proxy = start(&fake, &blocking).await;
     let result = support::sdk::run(calls, env(&proxy)).await;
     for call in calls {
         let got = &result[*call];
@@ -247,7 +245,7 @@ actions = [ { block = { message = "the answer said a forbidden word" } } ]
         );
         eprintln!("blocked: {call} raised {got}");
     }
-    let lines = proxy.wait_exchanges(calls.len(), WAIT).await;
+    let lines = proxy.exchange_lines(calls.len(), WAIT).await;
     assert!(lines.iter().all(|l| l["outcome"] == "blocked"), "{lines:?}");
 }
 
@@ -270,7 +268,7 @@ async fn a_key_in_five_deltas_250ms_apart_reaches_the_client_as_the_marker_only(
     reply.pauses = (4..8).map(|i| (i, Duration::from_millis(250))).collect();
     let fake = FakeProvider::start(move |_| Action::Respond(reply.clone())).await;
     let rules = examples(&["80-mask-keys-in-output.toml"]);
-    let proxy = start(&fake, &rules);
+    let proxy = start(&fake, &rules).await;
     let r = client::send(proxy.addr, &stream_request(&proxy)).await;
     assert_eq!(r.status, 200);
     let body = String::from_utf8_lossy(&r.body.bytes).into_owned();

@@ -70,12 +70,24 @@ impl InProcess {
     /// ephemeral loopback port, captures and the CA in a temp dir, and the admin API
     /// on another ephemeral port.
     pub async fn start(config: &str) -> InProcess {
+        Self::start_with_rules(config, None).await
+    }
+
+    /// As [`InProcess::start`], with the rules directory `rules` (loaded before the
+    /// first request, watched) instead of an empty one of its own.
+    pub async fn start_with_rules(config: &str, rules: Option<&std::path::Path>) -> InProcess {
         let dir = TempDir::new("in-process");
         let file = dir.path().join("promptgate.toml");
         std::fs::write(&file, config).unwrap();
         let captures = dir.path().join("captures");
-        let rules = dir.path().join("rules");
-        std::fs::create_dir(&rules).unwrap();
+        let rules = match rules {
+            Some(rules) => rules.to_owned(),
+            None => {
+                let rules = dir.path().join("rules");
+                std::fs::create_dir(&rules).unwrap();
+                rules
+            }
+        };
         let flags = ConfigLayer {
             admin: Some("off".into()),
             certs: Some(dir.path().join("certs")),
@@ -121,6 +133,11 @@ impl InProcess {
             served: Some(served),
             _dir: dir,
         }
+    }
+
+    /// The proxy's base URL.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
     }
 
     /// Everything every in-process promptgate of this test binary logged so far

@@ -285,6 +285,9 @@ async fn supervise(
         }
         match cmd.spawn() {
             Ok(mut child) => {
+                // An operator sees each (re)start, and which process to look at.
+                let pid = child.id().unwrap_or(0);
+                tracing::info!(target: "promptgate::hooks", hook = %name, "co-process started (pid {pid})");
                 if run_child(&name, &mut child, &mut rx).await {
                     return; // the rule set is gone: the child is killed on drop
                 }
