@@ -186,8 +186,17 @@ fn configure_budgets(config: &Config, clock: &Clock) {
         StoreLocation::Dir(dir) if config.capture.enabled => dir.clone(),
         _ => crate::runtime::data_dir(),
     };
+    // A fleet that shares a PostgreSQL capture store shares the budgets' counters.
+    let shared = match &config.capture.store {
+        StoreLocation::Postgres(_) if config.capture.enabled => Some(Arc::new(
+            crate::capture::fleet::FleetLedger::new(config.capture.store.clone()),
+        )
+            as Arc<dyn crate::rules::budget::SharedLedger>),
+        _ => None,
+    };
     crate::rules::budget::configure(
         Some(budget_dir.join("budgets.db")),
+        shared,
         clock.clone(),
         config.cache.prices.clone(),
     );

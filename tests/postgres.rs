@@ -1484,3 +1484,89 @@ fn serve_refuses_to_start_when_postgres_refuses_the_login() {
         assert!(!stderr.contains("wrong-password-1x2y") && !stderr.contains(canary));
     }
 }
+
+/// Two replicas on one PostgreSQL enforce one budget: of twelve requests sent at
+/// once, six to each, exactly the limit's four go, whichever replica they reach (a
+/// check locks its scope in the shared store and sees the other replica's holds);
+/// both replicas report the fleet's spend, and a replica started afterwards too.
+#[tokio::test]
+async fn two_replicas_enforce_one_budget() {
+    let Some(pg) = postgres() else { return };
+    let url = pg.create_db("budgets");
+    let fake = support::FakeProvider::start(|_| {
+        support::Action::Respond(
+            support::Reply::json(
+                200,
+                &shapes::anthropic_message("claude-sonnet-4-5", "ok", (1000, 0, 0, 10)),
+            )
+            .pause_before(0, Duration::from_millis(300)),
+        )
+    })
+    .await;
+    let rules = TempDir::new("fleet-budget");
+    std::fs::write(
+        rules.path().join("95-budget.toml"),
+        "[[budget]]\nname = \"fleet-four\"\nscope = [\"global\"]\nwindow = \"day\"\nrequests = 4\n",
+    )
+    .unwrap();
+    let dir = rules.path().to_str().unwrap();
+    let replicas = [
+        replica(&fake, &url, &["--rules", dir]),
+        replica(&fake, &url, &["--rules", dir]),
+    ];
+    let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
+    let sends: Vec<_> = (0..12)
+        .map(|i| {
+            let addr = replicas[i % 2].addr;
+            let h =
+                shapes::claude_code_headers(&addr.to_string(), body.len(), "sk-ant-api03-fleet");
+            let request = request_bytes("POST", "/v1/messages?beta=true", &h, &body);
+            tokio::spawn(async move { client::send(addr, &request).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    let mut refusal = String::new();
+    for s in sends {
+        let r = s.await.unwrap();
+        if r.status == 429 {
+            refusal = r.text();
+        }
+        statuses.push(r.status);
+    }
+    let passed = statuses.iter().filter(|&&s| s == 200).count();
+    assert_eq!(passed, 4, "{statuses:?}");
+    assert_eq!(
+        statuses.iter().filter(|&&s| s == 429).count(),
+        8,
+        "{statuses:?}"
+    );
+    assert!(
+        refusal.contains(r#"budget \"fleet-four\" (global) is spent"#),
+        "{refusal}"
+    );
+    assert_eq!(
+        fake.requests().len(),
+        4,
+        "only what passed reached the provider"
+    );
+    // Each replica reports the fleet's four requests once the charges are written.
+    let spent = |admin| async move {
+        let (_, b) = client::get_json(admin, "/api/budgets").await;
+        b["budgets"][0]["scopes"][0]["requests"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    let deadline = Instant::now() + WAIT;
+    for r in &replicas {
+        while spent(r.admin_addr()).await != 4 {
+            let (_, b) = client::get_json(r.admin_addr(), "/api/budgets").await;
+            assert!(Instant::now() < deadline, "the fleet's spend: {b}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    let later = replica(&fake, &url, &["--rules", dir]);
+    assert_eq!(spent(later.admin_addr()).await, 4, "kept in the store");
+    let h = shapes::claude_code_headers(&later.addr.to_string(), body.len(), "sk-ant-api03-fleet");
+    let request = request_bytes("POST", "/v1/messages?beta=true", &h, &body);
+    assert_eq!(client::send(later.addr, &request).await.status, 429);
+}

@@ -1,11 +1,13 @@
-//! The store the fleet shares (PostgreSQL), as the cache analysis reads it: the
-//! turns other replicas took, opened for lookups when first needed.
+//! The store the fleet shares (PostgreSQL): as the cache analysis reads it (the
+//! turns other replicas took, opened for lookups when first needed), and as the
+//! budgets keep their counters in it.
 
 use std::sync::Mutex;
 
 use super::store::{Store, StoreLocation};
 use crate::cache::{SHARED_STORE_WITHIN, SharedHistory, SharedHistoryError, SharedTurn};
 use crate::id::ExchangeId;
+use crate::rules::budget::{Charge, Reservation, SharedLedger, SharedLedgerError, Spent, Sums};
 
 /// The fleet's capture store, opened for reading when first asked; after a failure
 /// the connection is dropped and opened again on the next question.
@@ -80,5 +82,72 @@ impl SharedHistory for FleetStore {
         before: ExchangeId,
     ) -> Result<Vec<(String, String)>, SharedHistoryError> {
         self.ask(|store| store.prefix_writers(workspace, prefixes, since, &before.to_string()))
+    }
+}
+
+/// How long one call to the budgets' counters may take: a check waits on it before
+/// the request goes.
+const BUDGET_STORE_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The fleet's budget counters in the capture's PostgreSQL: connections opened
+/// when needed and kept idle between calls (one per check in flight, at most).
+pub(crate) struct FleetLedger {
+    location: StoreLocation,
+    idle: Mutex<Vec<Store>>,
+}
+
+impl FleetLedger {
+    /// The counters in the store at `location`, not opened yet.
+    pub(crate) fn new(location: StoreLocation) -> FleetLedger {
+        FleetLedger {
+            location,
+            idle: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Runs `call` on an idle connection (or a new one); a connection that failed is
+    /// dropped, as it may be what failed.
+    fn with<T>(
+        &self,
+        call: impl FnOnce(&Store) -> Result<T, super::StoreError>,
+    ) -> Result<T, SharedLedgerError> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let store = match idle {
+            Some(store) => store,
+            None => Store::open_for_budgets(&self.location, BUDGET_STORE_WITHIN)?,
+        };
+        let answer = call(&store)?;
+        self.idle
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(store);
+        Ok(answer)
+    }
+}
+
+impl SharedLedger for FleetLedger {
+    fn reserve(
+        &self,
+        reservation: &Reservation<'_>,
+        judge: &mut dyn FnMut(&[Sums]) -> bool,
+    ) -> Result<bool, SharedLedgerError> {
+        self.with(|store| store.budget_reserve(reservation, judge))
+    }
+
+    fn charge(
+        &self,
+        id: &str,
+        charges: &[Charge],
+        held_since: u64,
+    ) -> Result<(), SharedLedgerError> {
+        self.with(|store| store.budget_charge(id, charges, held_since))
+    }
+
+    fn scopes(
+        &self,
+        budget: &str,
+        since: u64,
+    ) -> Result<Vec<(String, Spent, u64)>, SharedLedgerError> {
+        self.with(|store| store.budget_scopes(budget, since))
     }
 }

@@ -15,7 +15,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use globset::GlobMatcher;
@@ -86,6 +86,16 @@ impl Window {
                 let size = (d.as_millis() as u64 / 60).max(1000);
                 now - now % size
             }
+        }
+    }
+
+    /// The first bucket start that counts now (a bucket counts when it began at or
+    /// after it): what a query of the shared counters asks for.
+    fn since(self, now: Millis) -> Millis {
+        match self {
+            Window::Lifetime => 0,
+            Window::Day => now - now % DAY_MS,
+            Window::Rolling(d) => (now + 1).saturating_sub(d.as_millis() as u64),
         }
     }
 
@@ -387,6 +397,78 @@ struct Held {
 /// before the answer): the longest an agent's turn takes, and some.
 const HOLD_MAX_MS: u64 = 30 * 60 * 1000;
 
+/// What one budget asks of the counters for one request: its scope's sums since
+/// `since` (the window's first bucket), and to hold `estimate` if the request goes.
+#[derive(Debug, Clone)]
+pub(crate) struct ScopeAsk {
+    pub budget: String,
+    pub scope: String,
+    pub since: Millis,
+    pub estimate: Spent,
+}
+
+/// What a scope spent in its window, what requests in flight hold for it, and
+/// when its oldest counted spend began.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Sums {
+    pub spent: Spent,
+    pub held: Spent,
+    pub oldest: Millis,
+}
+
+/// A request's check against the counters: exchange `id`'s asks at `at`; holds
+/// older than `held_since` belong to exchanges that never ended and count no more.
+pub(crate) struct Reservation<'a> {
+    pub id: &'a str,
+    pub at: Millis,
+    pub held_since: Millis,
+    pub asks: &'a [ScopeAsk],
+}
+
+/// What an ended exchange adds to one scope's bucket.
+#[derive(Debug, Clone)]
+pub(crate) struct Charge {
+    pub budget: String,
+    pub scope: String,
+    pub bucket: Millis,
+    pub spent: Spent,
+}
+
+/// Why the shared counters gave no answer (their own error, as text for the log).
+pub(crate) type SharedLedgerError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The counters a fleet of replicas shares (capture's PostgreSQL), so that every
+/// replica enforces one budget. Capture implements it.
+pub(crate) trait SharedLedger: Send + Sync {
+    /// Under a lock on each asked scope that every replica takes, reads each one's
+    /// [`Sums`] and asks `judge`; when it says the request goes, keeps the asks'
+    /// estimates as holds of the exchange, in the same transaction. Two replicas
+    /// checking one scope at once are served one after the other, the second seeing
+    /// the first's hold.
+    fn reserve(
+        &self,
+        reservation: &Reservation<'_>,
+        judge: &mut dyn FnMut(&[Sums]) -> bool,
+    ) -> Result<bool, SharedLedgerError>;
+
+    /// Replaces exchange `id`'s holds with `charges` (none: only releases them), and
+    /// forgets holds older than `held_since`, in one transaction.
+    fn charge(
+        &self,
+        id: &str,
+        charges: &[Charge],
+        held_since: Millis,
+    ) -> Result<(), SharedLedgerError>;
+
+    /// Each scope of `budget` with what it spent since `since` and its oldest
+    /// bucket, most spent first.
+    fn scopes(
+        &self,
+        budget: &str,
+        since: Millis,
+    ) -> Result<Vec<(String, Spent, Millis)>, SharedLedgerError>;
+}
+
 /// What every scope of every budget spent, by bucket, and what exchanges in flight
 /// hold: in memory, written through to a SQLite file when there is one.
 pub(crate) struct Ledger {
@@ -399,7 +481,24 @@ pub(crate) struct Ledger {
     failing: std::sync::atomic::AtomicBool,
     clock: Clock,
     prices: Table<Price>,
+    /// The fleet's counters, when capture goes to PostgreSQL: checks and charges go
+    /// there (charges through `charges`, off the request path), the memory keeping
+    /// only this replica's holds.
+    shared: Option<Arc<dyn SharedLedger>>,
+    charges: Arc<ChargeQueue>,
 }
+
+/// Charges on their way to the shared counters: gathered by ended exchanges, written
+/// by one thread (a failed write is tried again with the next).
+#[derive(Default)]
+struct ChargeQueue {
+    pending: Mutex<Vec<(String, Vec<Charge>)>>,
+    ready: std::sync::Condvar,
+}
+
+/// The most charges kept for a shared store that keeps failing; past it the
+/// oldest are dropped, and the log says so.
+const CHARGES_KEPT_MAX: usize = 100_000;
 
 /// Charges not yet in the file, by (budget, scope, bucket), and when the file was
 /// last written.
@@ -409,6 +508,29 @@ type Unwritten = (HashMap<(String, String, Millis), Spent>, Millis);
 struct LedgerState {
     spent: HashMap<(String, String), VecDeque<(Millis, Spent)>>,
     held: HashMap<ExchangeId, Vec<Held>>,
+}
+
+impl LedgerState {
+    /// What `scope` of `budget` spent in the buckets from `since` on, and what the
+    /// holds taken from `held_since` on hold for it.
+    fn sums(&self, budget: &str, scope: &str, since: Millis, held_since: Millis) -> Sums {
+        let mut sums = Sums {
+            oldest: Millis::MAX,
+            ..Sums::default()
+        };
+        if let Some(buckets) = self.spent.get(&(budget.to_owned(), scope.to_owned())) {
+            for (start, s) in buckets.iter().filter(|(start, _)| *start >= since) {
+                sums.spent.add(s);
+                sums.oldest = sums.oldest.min(*start);
+            }
+        }
+        for h in self.held.values().flatten() {
+            if h.budget == budget && h.scope == scope && h.at >= held_since {
+                sums.held.add(&h.estimate);
+            }
+        }
+        sums
+    }
 }
 
 /// The errors of the budget store.
@@ -431,7 +553,91 @@ impl Ledger {
             failing: Default::default(),
             clock,
             prices,
+            shared: None,
+            charges: Arc::default(),
         }
+    }
+
+    /// A ledger whose counters are `shared` by the fleet; a thread writes charges.
+    pub(crate) fn shared(
+        shared: Arc<dyn SharedLedger>,
+        clock: Clock,
+        prices: Table<Price>,
+    ) -> Ledger {
+        let ledger = Ledger {
+            shared: Some(shared.clone()),
+            ..Ledger::in_memory(clock.clone(), prices)
+        };
+        let queue = ledger.charges.clone();
+        let spawned = std::thread::Builder::new()
+            .name("promptgate-budgets".into())
+            .spawn(move || {
+                loop {
+                    let batch = {
+                        let mut pending = queue.pending.lock().unwrap_or_else(|p| p.into_inner());
+                        while pending.is_empty() {
+                            pending = queue.ready.wait(pending).unwrap_or_else(|p| p.into_inner());
+                        }
+                        std::mem::take(&mut *pending)
+                    };
+                    if !write_charges(shared.as_ref(), &clock, &queue, batch) {
+                        // The store fails: try again in a second, not in a loop.
+                        std::thread::sleep(Duration::from_secs(1));
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(target: "promptgate::budgets", "cannot start the budgets' writer: {e}");
+        }
+        ledger
+    }
+
+    /// Checks exchange `id`'s `asks` at `now` and, when `judge` lets it go, holds
+    /// their estimates, in one step (no other check of these scopes in between, in
+    /// this process or, with shared counters, in the fleet).
+    fn reserve(
+        &self,
+        id: ExchangeId,
+        asks: &[ScopeAsk],
+        model: Option<&str>,
+        now: Millis,
+        judge: &mut dyn FnMut(&[Sums]) -> bool,
+    ) -> Result<bool, SharedLedgerError> {
+        let held_since = now.saturating_sub(HOLD_MAX_MS);
+        let holds = || {
+            asks.iter().map(|a| Held {
+                budget: a.budget.clone(),
+                scope: a.scope.clone(),
+                estimate: a.estimate,
+                model: model.map(str::to_owned),
+                at: now,
+            })
+        };
+        if let Some(shared) = &self.shared {
+            let text = id.to_string();
+            let reservation = Reservation {
+                id: &text,
+                at: now,
+                held_since,
+                asks,
+            };
+            let goes = shared.reserve(&reservation, judge)?;
+            if goes && !asks.is_empty() {
+                // Kept here too: the charge is priced from them when the exchange ends.
+                self.lock().held.entry(id).or_default().extend(holds());
+            }
+            return Ok(goes);
+        }
+        let mut state = self.lock();
+        let sums: Vec<Sums> = asks
+            .iter()
+            .map(|a| state.sums(&a.budget, &a.scope, a.since, held_since))
+            .collect();
+        let goes = judge(&sums);
+        if goes && !asks.is_empty() {
+            state.held.entry(id).or_default().extend(holds());
+        }
+        Ok(goes)
     }
 
     /// A ledger kept in the SQLite file at `path` (made when missing), its counters
@@ -498,39 +704,6 @@ impl Ledger {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// What `scope` of `budget` spent in `window` now, and what is held for it.
-    fn spent(
-        &self,
-        budget: &str,
-        scope: &str,
-        window: Window,
-        now: Millis,
-    ) -> (Spent, Spent, Millis) {
-        let state = self.lock();
-        let mut spent = Spent::default();
-        let mut oldest = now;
-        if let Some(buckets) = state.spent.get(&(budget.to_owned(), scope.to_owned())) {
-            for (start, s) in buckets
-                .iter()
-                .filter(|(start, _)| window.holds(*start, now))
-            {
-                spent.add(s);
-                oldest = oldest.min(*start);
-            }
-        }
-        let mut held = Spent::default();
-        for h in state.held.values().flatten() {
-            if h.budget == budget && h.scope == scope && now.saturating_sub(h.at) < HOLD_MAX_MS {
-                held.add(&h.estimate);
-            }
-        }
-        (spent, held, oldest)
-    }
-
-    fn hold(&self, id: ExchangeId, held: Held) {
-        self.lock().held.entry(id).or_default().push(held);
-    }
-
     /// Charges what exchange `id` used (its holds released), returning what it
     /// charged, and whether it was the estimate for want of usage.
     fn charge(
@@ -547,11 +720,9 @@ impl Ledger {
         state
             .held
             .retain(|_, v| v.iter().all(|h| now.saturating_sub(h.at) < HOLD_MAX_MS));
-        if !end.answered {
-            return Vec::new();
-        }
         let mut charged = Vec::new();
-        for h in held {
+        let mut shared_charges = Vec::new();
+        for h in held.into_iter().filter(|_| end.answered) {
             let Some(window) = windows(&h.budget) else {
                 continue;
             };
@@ -560,6 +731,16 @@ impl Ledger {
                 Some(u) => (self.price(model, u), false),
                 None => (h.estimate, true),
             };
+            if self.shared.is_some() {
+                shared_charges.push(Charge {
+                    budget: h.budget.clone(),
+                    scope: h.scope,
+                    bucket: window.bucket(now),
+                    spent,
+                });
+                charged.push((h.budget, spent, estimated));
+                continue;
+            }
             let key = (h.budget.clone(), h.scope.clone());
             let bucket = window.bucket(now);
             let buckets = state.spent.entry(key).or_default();
@@ -570,6 +751,21 @@ impl Ledger {
             }
             self.write(&h.budget, &h.scope, bucket, &spent);
             charged.push((h.budget, spent, estimated));
+        }
+        drop(state);
+        if self.shared.is_some() {
+            // Also when nothing is charged: the fleet's holds of the exchange go.
+            let mut pending = self
+                .charges
+                .pending
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if pending.len() >= CHARGES_KEPT_MAX {
+                pending.remove(0);
+                tracing::warn!(target: "promptgate::budgets", "the budget store keeps failing: the oldest unwritten charge is dropped");
+            }
+            pending.push((end.id.to_string(), shared_charges));
+            self.charges.ready.notify_one();
         }
         charged
     }
@@ -597,8 +793,20 @@ impl Ledger {
         }
     }
 
-    /// Writes every gathered charge to the file, in one transaction.
+    /// Writes every gathered charge to the file, in one transaction (or to the
+    /// shared counters, what their writer has not yet).
     fn flush_now(&self) {
+        if let Some(shared) = &self.shared {
+            let batch = std::mem::take(
+                &mut *self
+                    .charges
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner()),
+            );
+            write_charges(shared.as_ref(), &self.clock, &self.charges, batch);
+            return;
+        }
         let Some(db) = &self.db else { return };
         let rows = {
             let mut dirty = self.dirty.lock().unwrap_or_else(|p| p.into_inner());
@@ -653,21 +861,25 @@ impl Ledger {
         }
     }
 
-    /// Each scope of `budget` with what it spent in `window` now, most first.
+    /// Each scope of `budget` with what it spent in `window` now and its oldest
+    /// counted bucket, most first (the fleet's, with shared counters).
     pub(crate) fn scopes(&self, budget: &str, window: Window) -> Vec<(String, Spent, Millis)> {
         let now = self.clock.now();
-        let scopes: Vec<String> = self
-            .lock()
+        let since = window.since(now);
+        if let Some(shared) = &self.shared {
+            return shared.scopes(budget, since).unwrap_or_else(|e| {
+                tracing::warn!(target: "promptgate::budgets", "the budget store cannot be read: {e}");
+                Vec::new()
+            });
+        }
+        let state = self.lock();
+        let mut out: Vec<(String, Spent, Millis)> = state
             .spent
             .keys()
             .filter(|(b, _)| b == budget)
-            .map(|(_, s)| s.clone())
-            .collect();
-        let mut out: Vec<(String, Spent, Millis)> = scopes
-            .into_iter()
-            .map(|s| {
-                let (spent, _, oldest) = self.spent(budget, &s, window, now);
-                (s, spent, oldest)
+            .map(|(_, scope)| {
+                let sums = state.sums(budget, scope, since, now);
+                (scope.clone(), sums.spent, sums.oldest.min(now))
             })
             .filter(|(_, s, _)| s.requests > 0)
             .collect();
@@ -680,10 +892,35 @@ impl Ledger {
     }
 }
 
+/// Writes `batch` (and what failed before) to the shared counters, each exchange
+/// in its own transaction; what fails goes back to the front of the queue.
+/// Whether everything was written.
+fn write_charges(
+    shared: &dyn SharedLedger,
+    clock: &Clock,
+    queue: &ChargeQueue,
+    batch: Vec<(String, Vec<Charge>)>,
+) -> bool {
+    let held_since = clock.now().saturating_sub(HOLD_MAX_MS);
+    let mut rest = batch.into_iter();
+    while let Some((id, charges)) = rest.next() {
+        if let Err(e) = shared.charge(&id, &charges, held_since) {
+            tracing::warn!(target: "promptgate::budgets", "budget store write failed: {e}");
+            let mut pending = queue.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let mut again: Vec<_> = std::iter::once((id, charges)).chain(rest).collect();
+            again.append(&mut pending);
+            *pending = again;
+            return false;
+        }
+    }
+    true
+}
+
 /// Where the process's ledger is kept and how it prices and tells time: set by the
 /// server at start ([`configure`]); the file is opened when a budget first needs it.
 struct LedgerConfig {
     path: Option<std::path::PathBuf>,
+    shared: Option<Arc<dyn SharedLedger>>,
     clock: Clock,
     prices: Table<Price>,
 }
@@ -691,11 +928,18 @@ struct LedgerConfig {
 static CONFIG: OnceLock<LedgerConfig> = OnceLock::new();
 static LEDGER: OnceLock<Ledger> = OnceLock::new();
 
-/// Sets where the process's ledger lives (`path`: its SQLite file; `None`: memory
-/// only), its clock and its prices. Once; later calls are ignored.
-pub(crate) fn configure(path: Option<std::path::PathBuf>, clock: Clock, prices: Table<Price>) {
+/// Sets where the process's ledger lives (`shared`: the fleet's counters; else
+/// `path`, its SQLite file; `None`: memory only), its clock and its prices. Once;
+/// later calls are ignored.
+pub(crate) fn configure(
+    path: Option<std::path::PathBuf>,
+    shared: Option<Arc<dyn SharedLedger>>,
+    clock: Clock,
+    prices: Table<Price>,
+) {
     let _ = CONFIG.set(LedgerConfig {
         path,
+        shared,
         clock,
         prices,
     });
@@ -709,6 +953,9 @@ pub(crate) fn ledger() -> &'static Ledger {
         let Some(c) = CONFIG.get() else {
             return Ledger::in_memory(Clock::system(), price::prices(Vec::new()));
         };
+        if let Some(shared) = &c.shared {
+            return Ledger::shared(shared.clone(), c.clock.clone(), c.prices.clone());
+        }
         let Some(path) = &c.path else {
             return Ledger::in_memory(c.clock.clone(), c.prices.clone());
         };
@@ -744,7 +991,7 @@ pub(crate) fn estimate_input(model: Option<&str>, body_bytes: usize) -> (u64, Op
 /// The budgets of one rule set, as one policy.
 #[derive(Debug)]
 pub(crate) struct Budgets {
-    pub(crate) budgets: Vec<Budget>,
+    pub(crate) budgets: Arc<[Budget]>,
 }
 
 impl Budgets {
@@ -928,16 +1175,23 @@ impl Budgets {
         }
     }
 
-    fn check(&self, facts: &Facts<'_>, request: &mut Outgoing, effects: &mut Effects) -> Decision {
+    /// The budgets that apply to a request and what each asks of the counters, or
+    /// the refusal when the store fails and a budget says `on_error = "block"`.
+    fn asks(
+        &self,
+        facts: &Facts<'_>,
+        request: &Outgoing,
+        now: Millis,
+    ) -> Result<(Vec<usize>, Vec<ScopeAsk>), Decision> {
         let ledger = ledger();
-        let now = ledger.clock.now();
         let input = request.body.len() as u64 / BYTES_PER_TOKEN;
         let price = facts
             .model
             .and_then(|m| ledger.prices.find(m))
             .map(|(_, p)| p);
-        let mut holds = Vec::new();
-        for b in &self.budgets {
+        let mut applies = Vec::new();
+        let mut asks = Vec::new();
+        for (i, b) in self.budgets.iter().enumerate() {
             if let Some((g, _)) = &b.models
                 && !facts.model.is_some_and(|m| g.is_match(m))
             {
@@ -946,72 +1200,192 @@ impl Budgets {
             if ledger.failing.load(std::sync::atomic::Ordering::Relaxed)
                 && b.on_error == OnError::Block
             {
-                return Decision::Respond(Block {
-                    status: StatusCode::SERVICE_UNAVAILABLE,
-                    error_type: Some("api_error".into()),
-                    message: format!(
-                        "budget {:?} cannot be checked: the budget store fails (on_error = \"block\")",
-                        b.name
-                    ),
-                    rule: b.name.clone(),
-                    retry_after: None,
-                });
+                return Err(Decision::Respond(store_fails(b)));
             }
-            let estimate = Spent {
-                usd: price.map_or(0.0, |p| {
-                    (p.input * input as f64 + p.output * b.output_estimate as f64) / 1e6
-                }),
-                input_tokens: input,
-                output_tokens: b.output_estimate,
-                requests: 1,
-            };
-            let scope = self.scope_key(b, facts, request);
-            let (spent, held, oldest) = ledger.spent(&b.name, &scope, b.window, now);
-            let mut total = spent;
-            total.add(&held);
-            total.add(&estimate);
-            if let Some(crossed) = b.limits.crossed(&total) {
-                let mut spent_only = spent;
-                spent_only.add(&held);
-                effects.fired.push(b.name.clone());
-                let resets = reset_in(b.window, oldest, now);
-                return Decision::Respond(spent_block(b, &scope, crossed, &spent_only, resets));
-            }
-            if let Some(w) = b.warn_at
-                && b.limits.share(&total) >= w
-            {
-                let tag = "budget-warning".to_owned();
-                if !effects.tags.contains(&tag) {
-                    effects.tags.push(tag);
-                }
-                if !effects.fired.contains(&b.name) {
-                    effects.fired.push(b.name.clone());
-                }
-                effects.note(
-                    &b.name,
-                    format!(
-                        "budget at {:.0} % ({} {}; limit {})",
-                        100.0 * b.limits.share(&total),
-                        scope,
-                        b.window.text(),
-                        limits_text(&b.limits)
-                    ),
-                );
-            }
-            holds.push(Held {
+            applies.push(i);
+            asks.push(ScopeAsk {
                 budget: b.name.clone(),
-                scope,
-                estimate,
-                model: facts.model.map(str::to_owned),
-                at: now,
+                scope: self.scope_key(b, facts, request),
+                since: b.window.since(now),
+                estimate: Spent {
+                    usd: price.map_or(0.0, |p| {
+                        (p.input * input as f64 + p.output * b.output_estimate as f64) / 1e6
+                    }),
+                    input_tokens: input,
+                    output_tokens: b.output_estimate,
+                    requests: 1,
+                },
             });
         }
-        if let Some(id) = facts.id {
-            for h in holds {
-                ledger.hold(id, h);
+        Ok((applies, asks))
+    }
+
+    /// Checks a request against its budgets and holds its estimates (see
+    /// [`Ledger::reserve`]); the verdict goes into `effects`.
+    fn check(&self, facts: &Facts<'_>, request: &mut Outgoing, effects: &mut Effects) -> Decision {
+        let now = ledger().clock.now();
+        let (applies, asks) = match self.asks(facts, request, now) {
+            Ok(asked) => asked,
+            Err(refused) => return refused,
+        };
+        let Some(id) = facts.id.filter(|_| !asks.is_empty()) else {
+            return Decision::Continue;
+        };
+        let budgets: Vec<&Budget> = applies.iter().map(|&i| &self.budgets[i]).collect();
+        let verdict = reserve(&budgets, id, &asks, facts.model, now);
+        verdict.into_decision(effects)
+    }
+
+    /// [`Budgets::check`] with shared counters: the store is asked off the runtime's
+    /// workers.
+    async fn check_shared(
+        &self,
+        facts: &Facts<'_>,
+        request: &mut Outgoing,
+        effects: &mut Effects,
+    ) -> Decision {
+        let now = ledger().clock.now();
+        let (applies, asks) = match self.asks(facts, request, now) {
+            Ok(asked) => asked,
+            Err(refused) => return refused,
+        };
+        let Some(id) = facts.id.filter(|_| !asks.is_empty()) else {
+            return Decision::Continue;
+        };
+        let budgets = self.budgets.clone();
+        let model = facts.model.map(str::to_owned);
+        let asked = tokio::task::spawn_blocking(move || {
+            let budgets: Vec<&Budget> = applies.iter().map(|&i| &budgets[i]).collect();
+            reserve(&budgets, id, &asks, model.as_deref(), now)
+        })
+        .await;
+        match asked {
+            Ok(verdict) => verdict.into_decision(effects),
+            // The check panicked: nothing was held; the request goes, as on an error.
+            Err(e) => {
+                tracing::error!(target: "promptgate::budgets", "the budget check failed: {e}");
+                Decision::Continue
             }
         }
-        Decision::Continue
+    }
+}
+
+/// What the budgets decided about one request.
+struct Verdict {
+    /// The refusal, when a limit would be crossed or the store fails and a budget
+    /// blocks then.
+    block: Option<Block>,
+    /// The budgets the request fired (refused it or warned).
+    fired: Vec<String>,
+    /// Warning lines, by budget.
+    notes: Vec<(String, String)>,
+}
+
+impl Verdict {
+    fn into_decision(self, effects: &mut Effects) -> Decision {
+        for name in self.fired {
+            if !effects.fired.contains(&name) {
+                effects.fired.push(name);
+            }
+        }
+        if !self.notes.is_empty() && !effects.tags.iter().any(|t| t == "budget-warning") {
+            effects.tags.push("budget-warning".into());
+        }
+        for (name, line) in self.notes {
+            effects.note(&name, line);
+        }
+        match self.block {
+            Some(block) => Decision::Respond(block),
+            None => Decision::Continue,
+        }
+    }
+}
+
+/// Checks `asks` (one per budget of `budgets`) against the counters and holds them
+/// when the request goes: the ledger's one step.
+fn reserve(
+    budgets: &[&Budget],
+    id: ExchangeId,
+    asks: &[ScopeAsk],
+    model: Option<&str>,
+    now: Millis,
+) -> Verdict {
+    let ledger = ledger();
+    let mut verdict = Verdict {
+        block: None,
+        fired: Vec::new(),
+        notes: Vec::new(),
+    };
+    let reserved = ledger.reserve(id, asks, model, now, &mut |sums| {
+        verdict = judge(budgets, asks, sums, now);
+        verdict.block.is_none()
+    });
+    let failing = reserved.is_err();
+    ledger
+        .failing
+        .store(failing, std::sync::atomic::Ordering::Relaxed);
+    if let Err(e) = reserved {
+        tracing::warn!(target: "promptgate::budgets", "the budget store cannot be checked: {e}");
+        verdict = Verdict {
+            block: budgets
+                .iter()
+                .find(|b| b.on_error == OnError::Block)
+                .map(|b| store_fails(b)),
+            fired: Vec::new(),
+            notes: Vec::new(),
+        };
+    }
+    verdict
+}
+
+/// The verdict on a request whose scopes have `sums` (one per ask).
+fn judge(budgets: &[&Budget], asks: &[ScopeAsk], sums: &[Sums], now: Millis) -> Verdict {
+    let mut verdict = Verdict {
+        block: None,
+        fired: Vec::new(),
+        notes: Vec::new(),
+    };
+    for ((b, ask), sums) in budgets.iter().zip(asks).zip(sums) {
+        let mut spent = sums.spent;
+        spent.add(&sums.held);
+        let mut total = spent;
+        total.add(&ask.estimate);
+        if let Some(crossed) = b.limits.crossed(&total) {
+            verdict.fired.push(b.name.clone());
+            let resets = reset_in(b.window, sums.oldest.min(now), now);
+            verdict.block = Some(spent_block(b, &ask.scope, crossed, &spent, resets));
+            return verdict;
+        }
+        if let Some(w) = b.warn_at
+            && b.limits.share(&total) >= w
+        {
+            verdict.fired.push(b.name.clone());
+            verdict.notes.push((
+                b.name.clone(),
+                format!(
+                    "budget at {:.0} % ({} {}; limit {})",
+                    100.0 * b.limits.share(&total),
+                    ask.scope,
+                    b.window.text(),
+                    limits_text(&b.limits)
+                ),
+            ));
+        }
+    }
+    verdict
+}
+
+/// The refusal of a budget with `on_error = "block"` while its store fails.
+fn store_fails(b: &Budget) -> Block {
+    Block {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        error_type: Some("api_error".into()),
+        message: format!(
+            "budget {:?} cannot be checked: the budget store fails (on_error = \"block\")",
+            b.name
+        ),
+        rule: b.name.clone(),
+        retry_after: None,
     }
 }
 
@@ -1041,6 +1415,20 @@ impl Policy for Budgets {
         effects: &mut Effects,
     ) -> Decision {
         self.check(facts, request, effects)
+    }
+
+    fn waits(&self, phase: Phase) -> bool {
+        phase == Phase::BeforeProviderRequest && ledger().shared.is_some()
+    }
+
+    fn request_waiting<'a>(
+        &'a self,
+        _phase: Phase,
+        facts: Facts<'a>,
+        request: &'a mut Outgoing,
+        effects: &'a mut Effects,
+    ) -> crate::policy::PolicyFuture<'a> {
+        Box::pin(async move { self.check_shared(&facts, request, effects).await })
     }
 
     fn exchange_ended(&self, end: &Ending<'_>) {

@@ -608,7 +608,7 @@ pub(crate) fn compile_sources(
     set.scanner = super::secrets::Scanner::new(scans.scans, scans.detectors, found).map(Arc::new);
     if !scans.budgets.is_empty() {
         set.budgets = Some(Arc::new(super::budget::Budgets {
-            budgets: scans.budgets,
+            budgets: scans.budgets.into(),
         }));
     }
     if errors.is_empty() {

@@ -6,6 +6,7 @@
 //! Every statement is written once (`sql.rs`); the pipeline and the readers never
 //! ask which database is behind it.
 
+mod budgets;
 mod pg_tls;
 mod postgres;
 mod sql;

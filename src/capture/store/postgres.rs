@@ -419,6 +419,17 @@ impl Postgres {
         Ok(store)
     }
 
+    /// Connects for writing without migrating the captures' schema (the budgets'
+    /// counters make their own tables), every call answered within `within`.
+    pub(super) fn open_within(url: &str, within: Duration) -> Result<Postgres, StoreError> {
+        Ok(Postgres::with(
+            url,
+            connect(url, Some(within))?,
+            false,
+            Some(within),
+        ))
+    }
+
     /// Connects (or takes an idle connection) for reading; also the schema version.
     /// With `within`, every call is answered within it, on a connection of its own.
     pub(super) fn open_read_only(
