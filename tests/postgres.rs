@@ -1570,3 +1570,46 @@ async fn two_replicas_enforce_one_budget() {
     let request = request_bytes("POST", "/v1/messages?beta=true", &h, &body);
     assert_eq!(client::send(later.addr, &request).await.status, 429);
 }
+
+/// The fleet's budget store down: a budget with `on_error = "allow"` lets requests
+/// go, one with `"block"` refuses them with a 503 that says why, and once the
+/// server is back the check works again.
+#[tokio::test]
+async fn a_fleet_budget_store_that_fails_follows_on_error() {
+    let Some(mut pg) = postgres() else { return };
+    let url = pg.create_db("budget_down");
+    let fake = support::fake_answering_ok().await;
+    let dirs: Vec<TempDir> = ["allow", "block"]
+        .iter()
+        .map(|on_error| {
+            let dir = TempDir::new("fleet-budget-down");
+            std::fs::write(
+                dir.path().join("95-budget.toml"),
+                format!("[[budget]]\nname = \"b\"\nscope = [\"key\"]\nwindow = \"day\"\nusd = 100\non_error = \"{on_error}\"\n"),
+            )
+            .unwrap();
+            dir
+        })
+        .collect();
+    let [allow, block] = [&dirs[0], &dirs[1]]
+        .map(|d| replica(&fake, &url, &["--rules", d.path().to_str().unwrap()]));
+    let body = br#"{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
+    let post = |proxy: &Proxy| client::post(proxy.addr, "/v1/messages", body);
+    assert_eq!(post(&allow).await.status, 200);
+    assert_eq!(post(&block).await.status, 200);
+    pg.stop_server();
+    assert_eq!(post(&allow).await.status, 200, "allow: the request goes");
+    let refused = post(&block).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    assert!(
+        refused.text().contains("the budget store fails"),
+        "{}",
+        refused.text()
+    );
+    pg.start_server();
+    let deadline = Instant::now() + WAIT;
+    while post(&block).await.status != 200 {
+        assert!(Instant::now() < deadline, "the check works again");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -1197,7 +1197,10 @@ impl Budgets {
             {
                 continue;
             }
-            if ledger.failing.load(std::sync::atomic::Ordering::Relaxed)
+            // A local file's writes fail apart from the check; the shared store's
+            // check is the call that fails, and tells again each time.
+            if ledger.shared.is_none()
+                && ledger.failing.load(std::sync::atomic::Ordering::Relaxed)
                 && b.on_error == OnError::Block
             {
                 return Err(Decision::Respond(store_fails(b)));
