@@ -134,13 +134,12 @@ impl SharedLedger for FleetLedger {
         self.with(|store| store.budget_reserve(reservation, judge))
     }
 
-    fn charge(
-        &self,
-        id: &str,
-        charges: &[Charge],
-        held_since: u64,
-    ) -> Result<(), SharedLedgerError> {
-        self.with(|store| store.budget_charge(id, charges, held_since))
+    fn charge(&self, id: &str, charges: &[Charge]) -> Result<(), SharedLedgerError> {
+        self.with(|store| store.budget_charge(id, charges))
+    }
+
+    fn forget_stale(&self, held_since: u64) -> Result<(), SharedLedgerError> {
+        self.with(|store| store.budget_forget_stale(held_since))
     }
 
     fn scopes(

@@ -296,6 +296,15 @@ impl CaptureRecord {
         readable_headers(&self.request.headers)
     }
 
+    /// The exchange's whole cost at the provider's prices (input, cache writes and
+    /// reads, output), when the cache analysis priced it.
+    pub fn cost_usd(&self) -> Option<f64> {
+        self.cache
+            .as_ref()
+            .and_then(|c| c.cost.as_ref())
+            .map(|c| c.usd.total_usd)
+    }
+
     /// The request headers as sent upstream, beside the stored sent body.
     pub fn sent_headers(&self) -> http::HeaderMap {
         readable_headers(&self.request.sent_headers)

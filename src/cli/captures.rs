@@ -275,7 +275,7 @@ pub(super) fn run(args: CapturesArgs) -> anyhow::Result<()> {
 // === list, conversations ===
 
 /// The columns of `list` and `tail`.
-const LIST_COLUMNS: [&str; 12] = [
+const LIST_COLUMNS: [&str; 13] = [
     "TIME (UTC)",
     "ID",
     "CONVERSATION",
@@ -286,6 +286,7 @@ const LIST_COLUMNS: [&str; 12] = [
     "OUT",
     "CACHE_R",
     "CACHE_W",
+    "COST",
     "CACHE",
     "RULES",
 ];
@@ -299,7 +300,7 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
     render_table(
         &table,
         &[
-            false, false, false, false, true, false, true, true, true, true, false, false,
+            false, false, false, false, true, false, true, true, true, true, true, false, false,
         ],
         out,
     );
@@ -323,7 +324,7 @@ fn list(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Result<()> 
 const TAIL_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 fn tail(store: &Store, filter: Filter) -> anyhow::Result<()> {
-    const WIDTHS: [usize; 12] = [19, 26, 28, 20, 6, 16, 7, 5, 7, 7, 20, 0];
+    const WIDTHS: [usize; 13] = [19, 26, 28, 20, 6, 16, 7, 5, 7, 7, 8, 20, 0];
     let line = |cells: &[String]| {
         let mut text = String::new();
         for (cell, width) in cells.iter().zip(WIDTHS) {
@@ -355,6 +356,11 @@ fn tail(store: &Store, filter: Filter) -> anyhow::Result<()> {
     }
 }
 
+/// A cost as the listings print it: `$0.0123`, `-` when nothing priced it.
+fn dollars(usd: Option<f64>) -> String {
+    usd.map_or_else(|| "-".into(), |u| format!("${u:.4}"))
+}
+
 fn row_cells(r: &Row) -> Vec<String> {
     let n = |v: Option<u64>| v.map_or("-".to_owned(), |v| v.to_string());
     vec![
@@ -368,6 +374,7 @@ fn row_cells(r: &Row) -> Vec<String> {
         n(r.output_tokens),
         n(r.cache_read_tokens),
         n(r.cache_write_tokens),
+        dollars(r.cost_usd),
         cut(r.cache.as_deref().unwrap_or("-"), 28),
         if r.rules.is_empty() {
             "-".into()
@@ -388,6 +395,7 @@ fn conversations(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Re
             "OUT",
             "CACHE_R",
             "CACHE_W",
+            "COST",
             "FIRST (UTC)",
             "LAST (UTC)",
         ]
@@ -403,13 +411,16 @@ fn conversations(store: &Store, filter: &Filter, out: &mut String) -> anyhow::Re
             c.output_tokens.to_string(),
             c.cache_read_tokens.to_string(),
             c.cache_write_tokens.to_string(),
+            dollars(c.cost_usd),
             timestamp::short(c.first_ms),
             timestamp::short(c.last_ms),
         ]);
     }
     render_table(
         &table,
-        &[false, true, false, true, true, true, true, false, false],
+        &[
+            false, true, false, true, true, true, true, true, false, false,
+        ],
         out,
     );
     let _ = writeln!(out, "{} conversation(s)", rows.len());

@@ -451,14 +451,13 @@ pub(crate) trait SharedLedger: Send + Sync {
         judge: &mut dyn FnMut(&[Sums]) -> bool,
     ) -> Result<bool, SharedLedgerError>;
 
-    /// Replaces exchange `id`'s holds with `charges` (none: only releases them), and
-    /// forgets holds older than `held_since`, in one transaction.
-    fn charge(
-        &self,
-        id: &str,
-        charges: &[Charge],
-        held_since: Millis,
-    ) -> Result<(), SharedLedgerError>;
+    /// Replaces exchange `id`'s holds with `charges` (none: only releases them), at
+    /// once.
+    fn charge(&self, id: &str, charges: &[Charge]) -> Result<(), SharedLedgerError>;
+
+    /// Forgets the holds taken before `held_since` (their exchanges never ended: a
+    /// replica stopped).
+    fn forget_stale(&self, held_since: Millis) -> Result<(), SharedLedgerError>;
 
     /// Each scope of `budget` with what it spent since `since` and its oldest
     /// bucket, most spent first.
@@ -494,6 +493,8 @@ pub(crate) struct Ledger {
 struct ChargeQueue {
     pending: Mutex<Vec<(String, Vec<Charge>)>>,
     ready: std::sync::Condvar,
+    /// When stale holds were last forgotten.
+    forgot_ms: std::sync::atomic::AtomicU64,
 }
 
 /// The most charges kept for a shared store that keeps failing; past it the
@@ -901,10 +902,9 @@ fn write_charges(
     queue: &ChargeQueue,
     batch: Vec<(String, Vec<Charge>)>,
 ) -> bool {
-    let held_since = clock.now().saturating_sub(HOLD_MAX_MS);
     let mut rest = batch.into_iter();
     while let Some((id, charges)) = rest.next() {
-        if let Err(e) = shared.charge(&id, &charges, held_since) {
+        if let Err(e) = shared.charge(&id, &charges) {
             tracing::warn!(target: "promptgate::budgets", "budget store write failed: {e}");
             let mut pending = queue.pending.lock().unwrap_or_else(|p| p.into_inner());
             let mut again: Vec<_> = std::iter::once((id, charges)).chain(rest).collect();
@@ -913,8 +913,22 @@ fn write_charges(
             return false;
         }
     }
+    // Now and then: a replica that stopped mid-exchange left its holds behind.
+    let now = clock.now();
+    let last = queue.forgot_ms.load(std::sync::atomic::Ordering::Relaxed);
+    if now.saturating_sub(last) >= STALE_EVERY_MS {
+        queue
+            .forgot_ms
+            .store(now, std::sync::atomic::Ordering::Relaxed);
+        if let Err(e) = shared.forget_stale(now.saturating_sub(HOLD_MAX_MS)) {
+            tracing::warn!(target: "promptgate::budgets", "budget store write failed: {e}");
+        }
+    }
     true
 }
+
+/// How often the writer forgets the fleet's stale holds.
+const STALE_EVERY_MS: u64 = 60_000;
 
 /// Where the process's ledger is kept and how it prices and tells time: set by the
 /// server at start ([`configure`]); the file is opened when a budget first needs it.

@@ -287,7 +287,7 @@ function showList(params) {
   const head = el("div", { id: "list-head", class: "grid" },
     el("span", { text: "time" }), el("span", { text: "conversation" }), el("span", { text: "model" }),
     el("span", { text: "status" }), el("span", { class: "num", text: "input" }), el("span", { class: "num", text: "cache rd" }),
-    el("span", { class: "num", text: "cache wr" }), el("span", { class: "num", text: "output" }), el("span", { text: "cache" }),
+    el("span", { class: "num", text: "cache wr" }), el("span", { class: "num", text: "output" }), el("span", { class: "num", text: "cost" }), el("span", { text: "cache" }),
     el("span", { text: "rules" }), el("span", { text: "tags" }));
   listEl = el("div", { id: "list", tabindex: "0" }, el("div", { id: "list-spacer" }, el("div", { id: "list-rows" })));
   listEl.addEventListener("scroll", () => paintRows());
@@ -340,7 +340,7 @@ function rowNode(id, index) {
       el("span", { text: fmtTime(s.started_ms) }), el("span", { text: "" }), el("span", { text: s.model || s.path || "" }),
       el("span", { class: p && p.stalled_ms ? "stalled" : "", text: p ? (p.stalled_ms ? `${p.status || ""} stalled ${Math.round(p.stalled_ms / 1000)}s` : `${p.status || ""} streaming`) : "sent" }), el("span", { class: "num", text: "" }),
       el("span", { class: "num", text: "" }), el("span", { class: "num", text: "" }), el("span", { class: "num", text: p ? fmtBytes(p.bytes) : "" }),
-      el("span", { text: "…" }), el("span", { class: "live-text", text }), el("span", {}));
+      el("span", { class: "num", text: "" }), el("span", { text: "…" }), el("span", { class: "live-text", text }), el("span", {}));
   }
   return el("div", { class: `row grid${index === state.selected ? " selected" : ""}`, "data-id": id, onclick: open },
     el("span", { text: fmtTime(r.started_ms) }),
@@ -351,6 +351,7 @@ function rowNode(id, index) {
     el("span", { class: "num", text: fmtNum(r.cache_read_tokens) }),
     el("span", { class: "num", text: fmtNum(r.cache_write_tokens) }),
     el("span", { class: "num", text: fmtNum(r.output_tokens) }),
+    el("span", { class: "num cost", text: r.cost_usd === null || r.cost_usd === undefined ? "" : fmtUsd(r.cost_usd) }),
     el("span", {}, r.cache ? el("span", { class: `badge ${verdictClass(r.cache)}`, text: r.cache }) : ""),
     el("span", { text: (r.rules || []).join(", ") }),
     el("span", {}, (r.tags || []).map((t) => el("span", { class: "badge", text: t }))));

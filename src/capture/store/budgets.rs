@@ -110,15 +110,20 @@ impl Store {
         }
     }
 
-    /// See [`crate::rules::budget::SharedLedger::reserve`].
+    /// See [`crate::rules::budget::SharedLedger::reserve`]. Five round trips
+    /// whatever the number of budgets: begin, the locks, the sums, the holds, commit.
     pub(crate) fn budget_reserve(
         &self,
         r: &Reservation<'_>,
         judge: &mut dyn FnMut(&[Sums]) -> bool,
     ) -> Result<bool, StoreError> {
         debug_assert_eq!(self.conn.dialect(), Dialect::Postgres);
+        if r.asks.is_empty() {
+            return Ok(judge(&[]));
+        }
         self.in_transaction(|s| {
-            // In one order, so that two checks of the same scopes never wait on each other.
+            // In one order, so that two checks of the same scopes never wait on each
+            // other (a target list is evaluated left to right).
             let mut locks: Vec<i64> = r
                 .asks
                 .iter()
@@ -126,96 +131,129 @@ impl Store {
                 .collect();
             locks.sort_unstable();
             locks.dedup();
-            for lock in locks {
-                s.conn
-                    .execute("SELECT pg_advisory_xact_lock(?1)", &[Value::Int(lock)])?;
-            }
-            let mut sums = Vec::with_capacity(r.asks.len());
-            for a in r.asks {
-                let row = s.conn.query_row(
-                    "SELECT s.u, s.i, s.o, s.r, s.oldest, h.u, h.i, h.o, h.r FROM
+            let calls: Vec<String> = (1..=locks.len())
+                .map(|i| format!("pg_advisory_xact_lock(?{i})"))
+                .collect();
+            let args: Vec<Value> = locks.into_iter().map(Value::Int).collect();
+            s.conn
+                .execute(&format!("SELECT {}", calls.join(", ")), &args)?;
+            // Every scope's sums in one statement, after the locks: one snapshot that
+            // holds every other replica's committed holds and charges.
+            let mut args = vec![Value::Int(r.held_since as i64)];
+            let mut parts = Vec::with_capacity(r.asks.len());
+            for (n, a) in r.asks.iter().enumerate() {
+                let at = args.len();
+                let (budget, scope, since) = (at + 1, at + 2, at + 3);
+                parts.push(format!(
+                    "SELECT {n} AS n, s.u, s.i, s.o, s.r, s.oldest, h.u, h.i, h.o, h.r FROM
                        (SELECT COALESCE(SUM(microusd), 0)::BIGINT AS u,
                                COALESCE(SUM(input_tokens), 0)::BIGINT AS i,
                                COALESCE(SUM(output_tokens), 0)::BIGINT AS o,
                                COALESCE(SUM(requests), 0)::BIGINT AS r, MIN(bucket) AS oldest
-                        FROM budget_spent WHERE budget = ?1 AND scope = ?2 AND bucket >= ?3) s,
+                        FROM budget_spent WHERE budget = ?{budget} AND scope = ?{scope}
+                          AND bucket >= ?{since}) s,
                        (SELECT COALESCE(SUM(microusd), 0)::BIGINT AS u,
                                COALESCE(SUM(input_tokens), 0)::BIGINT AS i,
                                COALESCE(SUM(output_tokens), 0)::BIGINT AS o,
                                COALESCE(SUM(requests), 0)::BIGINT AS r
-                        FROM budget_held WHERE budget = ?1 AND scope = ?2 AND at >= ?4) h",
-                    &[
-                        Value::from(a.budget.as_str()),
-                        Value::from(a.scope.as_str()),
-                        Value::Int(a.since as i64),
-                        Value::Int(r.held_since as i64),
-                    ],
-                )?;
-                let row = row.ok_or_else(|| StoreError::Corrupt("no sums".into()))?;
-                sums.push(Sums {
-                    spent: spent_of(&row, 0)?,
-                    oldest: row.opt_int(4)?.map_or(Millis::MAX, |b| b as Millis),
-                    held: spent_of(&row, 5)?,
-                });
+                        FROM budget_held WHERE budget = ?{budget} AND scope = ?{scope}
+                          AND at >= ?1) h"
+                ));
+                args.extend([
+                    Value::from(a.budget.as_str()),
+                    Value::from(a.scope.as_str()),
+                    Value::Int(a.since as i64),
+                ]);
+            }
+            let sql = format!("{} ORDER BY n", parts.join(" UNION ALL "));
+            let sums = s
+                .conn
+                .query(&sql, &args)?
+                .iter()
+                .map(|row| {
+                    Ok(Sums {
+                        spent: spent_of(row, 1)?,
+                        oldest: row.opt_int(5)?.map_or(Millis::MAX, |b| b as Millis),
+                        held: spent_of(row, 6)?,
+                    })
+                })
+                .collect::<Result<Vec<Sums>, StoreError>>()?;
+            if sums.len() != r.asks.len() {
+                return Err(StoreError::Corrupt(
+                    "budget sums: a scope is missing".into(),
+                ));
             }
             let goes = judge(&sums);
             if goes {
+                let mut rows = Vec::with_capacity(r.asks.len());
+                let mut args = Vec::with_capacity(r.asks.len() * 8);
                 for a in r.asks {
-                    let mut args = vec![
+                    rows.push(format!("({})", super::placeholders(args.len() + 1, 8)));
+                    args.extend([
                         Value::from(r.id),
                         Value::from(a.budget.as_str()),
                         Value::from(a.scope.as_str()),
                         Value::Int(r.at as i64),
-                    ];
+                    ]);
                     args.extend(counts(&a.estimate));
-                    s.conn.execute(
-                        "INSERT INTO budget_held (exchange, budget, scope, at, microusd,
-                           input_tokens, output_tokens, requests)
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-                        &args,
-                    )?;
                 }
+                s.conn.execute(
+                    &format!(
+                        "INSERT INTO budget_held (exchange, budget, scope, at, microusd,
+                           input_tokens, output_tokens, requests) VALUES {}",
+                        rows.join(", ")
+                    ),
+                    &args,
+                )?;
             }
             Ok(goes)
         })
     }
 
-    /// See [`crate::rules::budget::SharedLedger::charge`].
-    pub(crate) fn budget_charge(
-        &self,
-        id: &str,
-        charges: &[Charge],
-        held_since: Millis,
-    ) -> Result<(), StoreError> {
-        self.in_transaction(|s| {
-            s.conn.execute(
-                "DELETE FROM budget_held WHERE exchange = ?1",
-                &[Value::from(id)],
-            )?;
-            for c in charges {
-                let mut args = vec![
-                    Value::from(c.budget.as_str()),
-                    Value::from(c.scope.as_str()),
-                    Value::Int(c.bucket as i64),
-                ];
-                args.extend(counts(&c.spent));
-                s.conn.execute(
-                    "INSERT INTO budget_spent (budget, scope, bucket, microusd, input_tokens,
-                       output_tokens, requests) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)
-                     ON CONFLICT (budget, scope, bucket) DO UPDATE SET
-                       microusd = budget_spent.microusd + excluded.microusd,
-                       input_tokens = budget_spent.input_tokens + excluded.input_tokens,
-                       output_tokens = budget_spent.output_tokens + excluded.output_tokens,
-                       requests = budget_spent.requests + excluded.requests",
-                    &args,
-                )?;
-            }
-            s.conn.execute(
-                "DELETE FROM budget_held WHERE at < ?1",
-                &[Value::Int(held_since as i64)],
-            )?;
-            Ok(())
-        })
+    /// See [`crate::rules::budget::SharedLedger::charge`]: one statement, so the
+    /// holds go and the charges come at once (a check sees both or neither). One
+    /// exchange a statement: its shape stays the same, prepared once.
+    pub(crate) fn budget_charge(&self, id: &str, charges: &[Charge]) -> Result<(), StoreError> {
+        let mut args = vec![Value::from(id)];
+        let delete = "DELETE FROM budget_held WHERE exchange = ?1";
+        if charges.is_empty() {
+            self.conn.execute(delete, &args)?;
+            return Ok(());
+        }
+        let mut rows = Vec::with_capacity(charges.len());
+        for c in charges {
+            rows.push(format!("({})", super::placeholders(args.len() + 1, 7)));
+            args.extend([
+                Value::from(c.budget.as_str()),
+                Value::from(c.scope.as_str()),
+                Value::Int(c.bucket as i64),
+            ]);
+            args.extend(counts(&c.spent));
+        }
+        self.conn.execute(
+            &format!(
+                "WITH gone AS ({delete})
+                 INSERT INTO budget_spent (budget, scope, bucket, microusd, input_tokens,
+                   output_tokens, requests) VALUES {}
+                 ON CONFLICT (budget, scope, bucket) DO UPDATE SET
+                   microusd = budget_spent.microusd + excluded.microusd,
+                   input_tokens = budget_spent.input_tokens + excluded.input_tokens,
+                   output_tokens = budget_spent.output_tokens + excluded.output_tokens,
+                   requests = budget_spent.requests + excluded.requests",
+                rows.join(", ")
+            ),
+            &args,
+        )?;
+        Ok(())
+    }
+
+    /// See [`crate::rules::budget::SharedLedger::forget_stale`].
+    pub(crate) fn budget_forget_stale(&self, held_since: Millis) -> Result<(), StoreError> {
+        self.conn.execute(
+            "DELETE FROM budget_held WHERE at < ?1",
+            &[Value::Int(held_since as i64)],
+        )?;
+        Ok(())
     }
 
     /// See [`crate::rules::budget::SharedLedger::scopes`].

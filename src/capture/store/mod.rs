@@ -267,7 +267,7 @@ pub struct Filter {
 }
 
 /// One line of a listing.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Row {
     pub id: String,
     pub started_ms: u64,
@@ -291,10 +291,12 @@ pub struct Row {
     pub path: Option<String>,
     /// Not a model call (see [`Filter::side`]).
     pub side: bool,
+    /// The whole cost at the provider's prices, when the cache analysis priced it.
+    pub cost_usd: Option<f64>,
 }
 
-/// One conversation: its requests and tokens.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+/// One conversation: its requests, tokens and cost.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct ConversationRow {
     pub conversation: Option<String>,
     pub requests: u64,
@@ -303,6 +305,8 @@ pub struct ConversationRow {
     pub output_tokens: u64,
     pub cache_read_tokens: u64,
     pub cache_write_tokens: u64,
+    /// What its priced requests cost (`None`: none was priced).
+    pub cost_usd: Option<f64>,
     pub first_ms: u64,
     pub last_ms: u64,
 }
@@ -525,8 +529,8 @@ fn not_stored<'r>(
         .collect())
 }
 
-/// The 22 values of a record's row, in the order of the `records` columns.
-fn record_row(record: &CaptureRecord, meta: Vec<u8>, layouts: [Option<Vec<u8>>; 4]) -> [Value; 22] {
+/// The 23 values of a record's row, in the order of the `records` columns.
+fn record_row(record: &CaptureRecord, meta: Vec<u8>, layouts: [Option<Vec<u8>>; 4]) -> [Value; 23] {
     let [received, sent, response, message] = layouts;
     let usage = record.usage.as_ref();
     let count = |f: fn(&crate::provider::Usage) -> u64| usage.map(|u| f(u) as i64);
@@ -553,7 +557,13 @@ fn record_row(record: &CaptureRecord, meta: Vec<u8>, layouts: [Option<Vec<u8>>; 
         record.path.clone().into(),
         record.mode.clone().into(),
         record.side.into(),
+        record.cost_usd().map(micro_usd).into(),
     ]
+}
+
+/// Dollars in the millionths the store keeps.
+fn micro_usd(usd: f64) -> i64 {
+    (usd * 1e6).round() as i64
 }
 
 /// Indexes the breakpoint prefixes of `records` by workspace, for the fleet's
@@ -636,8 +646,8 @@ impl Store {
                 (Box::new(conn), version)
             }
             StoreLocation::Postgres(url) => {
-                let (conn, _) = postgres::Postgres::open_read_only(url, within)?;
-                (Box::new(conn), i64::MAX)
+                let (conn, version) = postgres::Postgres::open_read_only(url, within)?;
+                (Box::new(conn), postgres::as_sqlite_schema(version))
             }
         };
         Ok(Store {
@@ -718,7 +728,7 @@ impl Store {
             .zip(bodies.chunks(RECORDS_PER_STATEMENT))
         {
             let mut rows = Vec::with_capacity(chunk.len());
-            let mut args: Vec<Value> = Vec::with_capacity(chunk.len() * 22);
+            let mut args: Vec<Value> = Vec::with_capacity(chunk.len() * 23);
             for (record, parts) in chunk.iter().zip(parts) {
                 let meta = serde_json::to_vec(record)
                     .map_err(|e| StoreError::Corrupt(format!("record {}: {e}", record.id)))?;
@@ -727,7 +737,7 @@ impl Store {
                 })?;
                 let [received, sent, response, message] =
                     parts.each_ref().map(|p| p.as_deref().map(layout));
-                rows.push(format!("({})", placeholders(args.len() + 1, 22)));
+                rows.push(format!("({})", placeholders(args.len() + 1, 23)));
                 args.extend(record_row(
                     record,
                     meta,
@@ -738,7 +748,8 @@ impl Store {
                 &format!(
                     "INSERT INTO records (id, started_ms, conversation, model, provider, status,
                        outcome, input_tokens, output_tokens, cache_read_tokens, cache_write_tokens,
-                       rules, meta, received, sent, response, message, cache, tags, path, mode, side)
+                       rules, meta, received, sent, response, message, cache, tags, path, mode, side,
+                       cost_microusd)
                      VALUES {} ON CONFLICT (id) DO NOTHING",
                     rows.join(", ")
                 ),
@@ -945,11 +956,16 @@ impl Store {
         } else {
             "'', NULL, 0"
         };
+        let cost = if self.version >= sqlite::COST_SINCE {
+            "cost_microusd"
+        } else {
+            "NULL"
+        };
         let seq = self.conn.dialect().seq();
         let sql = format!(
             "SELECT id, started_ms, conversation, model, provider, status, outcome, input_tokens,
                output_tokens, cache_read_tokens, cache_write_tokens, rules, meta, received, sent,
-               response, message, {cache}, {seq}, {columns}
+               response, message, {cache}, {seq}, {columns}, {cost}
              FROM records {clause} ORDER BY id DESC LIMIT {limit}"
         );
         let mut out = Vec::new();
@@ -976,6 +992,7 @@ impl Store {
                 tags: comma_list(&r.text(19)?),
                 path: r.opt_text(20)?,
                 side: r.bool(21)?,
+                cost_usd: r.opt_int(22)?.map(|m| m as f64 / 1e6),
             };
             if let Some(needle) = &filter.grep {
                 let meta = r.take_blob(12)?.unwrap_or_default();
@@ -1065,6 +1082,7 @@ impl Store {
                     output_tokens: 0,
                     cache_read_tokens: 0,
                     cache_write_tokens: 0,
+                    cost_usd: None,
                     first_ms: row.started_ms,
                     last_ms: row.started_ms,
                 });
@@ -1081,6 +1099,9 @@ impl Store {
             g.output_tokens += row.output_tokens.unwrap_or(0);
             g.cache_read_tokens += row.cache_read_tokens.unwrap_or(0);
             g.cache_write_tokens += row.cache_write_tokens.unwrap_or(0);
+            if let Some(c) = row.cost_usd {
+                *g.cost_usd.get_or_insert(0.0) += c;
+            }
             g.first_ms = g.first_ms.min(row.started_ms);
             g.last_ms = g.last_ms.max(row.started_ms);
         }

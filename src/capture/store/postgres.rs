@@ -21,7 +21,17 @@ use super::sql::{
 };
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 5;
+
+/// The SQLite schema a PostgreSQL one has the columns of (the store's readers ask
+/// the SQLite numbers): every column since the first, the cost from schema 5.
+pub(super) fn as_sqlite_schema(version: i64) -> i64 {
+    if version >= 5 {
+        i64::MAX
+    } else {
+        super::sqlite::COST_SINCE - 1
+    }
+}
 /// Idle read connections kept per process (the admin API and the live feed open a
 /// store per request).
 const IDLE_READERS: usize = 4;
@@ -505,6 +515,7 @@ impl Postgres {
                     1 => self.batch(super::sql::PREFIX_INDEX)?,
                     2 => self.batch(super::sql::UNIT_USED)?,
                     3 => self.batch(&escape_existing())?,
+                    4 => self.batch(super::sql::COST_COLUMN)?,
                     _ => unreachable!("one migration per schema step"),
                 }
                 self.execute(

@@ -299,6 +299,11 @@ pub(super) const ESCAPED_COLUMNS: [(&str, &[&str]); 2] = [
 pub(super) const UNIT_USED: &str =
     "ALTER TABLE units ADD COLUMN used_ms BIGINT NOT NULL DEFAULT 0;";
 
+/// Each record's whole cost at the provider's prices (input, cache writes and
+/// reads, output), in millionths of a dollar, when the cache analysis priced it:
+/// SQLite's schema 7 and PostgreSQL's schema 5. Records stored before have none.
+pub(super) const COST_COLUMN: &str = "ALTER TABLE records ADD COLUMN cost_microusd BIGINT;";
+
 /// The index of cached prefixes: SQLite's schema 4 and PostgreSQL's schema 2.
 pub(super) const PREFIX_INDEX: &str = "
 CREATE TABLE cache_prefixes (

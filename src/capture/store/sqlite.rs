@@ -11,7 +11,10 @@ use super::sql::{Connection, Dialect, SqlRow, Value, escape_text, unescape_text}
 use super::{DB_FILE, StoreError, decode_meta};
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i64 = 6;
+pub(super) const SCHEMA_VERSION: i64 = 7;
+
+/// The first schema whose records carry their cost (`records.cost_microusd`).
+pub(super) const COST_SINCE: i64 = 7;
 
 /// An open SQLite store.
 pub(super) struct Sqlite {
@@ -98,6 +101,7 @@ impl Sqlite {
                 3 => migrate_3_to_4(&tx)?,
                 4 => tx.execute_batch(super::sql::UNIT_USED)?,
                 5 => migrate_5_to_6(&tx)?,
+                6 => tx.execute_batch(super::sql::COST_COLUMN)?,
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
