@@ -62,6 +62,16 @@ fn replica(fake: &support::FakeProvider, store: &str, extra: &[&str]) -> Proxy {
     Proxy::start(&args)
 }
 
+/// A replica as [`replica`], whose data directory (its spool, its budgets) is
+/// `home`: what it spools while its server does not answer is drained into its own
+/// store, not into another test's (every replica of a home drains its spool).
+fn replica_at(fake: &support::FakeProvider, store: &str, extra: &[&str], home: &TempDir) -> Proxy {
+    let upstream = fake.url();
+    let mut args = vec!["--upstream-anthropic", &upstream, "--captures", store];
+    args.extend_from_slice(extra);
+    Proxy::start_with_env(&args, &[("PROMPTGATE_HOME", home.path().to_str().unwrap())])
+}
+
 /// A replica whose data directory, and so its spool, is `home`.
 fn spooling_replica(fake: &support::FakeProvider, store: &str, home: &TempDir) -> Proxy {
     Proxy::start_with_env(
@@ -243,17 +253,18 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(proxy);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        4
+        5
     );
     // A second start finds the schema current and keeps what is there.
     let again = replica(&fake, &url, &[]);
     drop(again);
     assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
 
-    // A schema-1 database (before the prefix index and the units' used mark) is
-    // brought to 4, keeping its records.
+    // A schema-1 database (before the prefix index, the units' used mark and the
+    // records' cost) is brought to 5, keeping its records.
     pg.execute("schema", "DROP TABLE cache_prefixes");
     pg.execute("schema", "ALTER TABLE units DROP COLUMN used_ms");
+    pg.execute("schema", "ALTER TABLE records DROP COLUMN cost_microusd");
     pg.execute("schema", "UPDATE promptgate_schema SET version = 1");
     let upgraded = replica(&fake, &url, &[]);
     turn(&upgraded, 1).await;
@@ -261,7 +272,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(upgraded);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        4
+        5
     );
     assert!(pg.count("schema", "SELECT COUNT(*) FROM cache_prefixes") > 0);
     assert!(pg.count("schema", "SELECT COUNT(*) FROM units WHERE used_ms > 0") > 0);
@@ -270,7 +281,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
     assert_ne!(code, 0);
     assert!(
-        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 4)"),
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 5)"),
         "{stderr}"
     );
     let read = captures::cli(url.as_str(), &["list"]);
@@ -1098,9 +1109,22 @@ async fn a_new_conversation_reading_a_prefix_another_replica_saw_written_is_a_sh
     };
     let fleet = comparable(&url);
     let single = comparable(alone.captures.to_str().unwrap());
+    let stored = |store: &str| -> Vec<String> {
+        captures::export(store)
+            .iter()
+            .map(|r| {
+                format!(
+                    "{} {} {} {}",
+                    r["path"], r["outcome"], r["response"]["status"], r["error"]
+                )
+            })
+            .collect()
+    };
     assert_eq!(
-        fleet, single,
-        "the fleet's analysis, turn by turn, against one replica's"
+        fleet,
+        single,
+        "the fleet's analysis, turn by turn, against one replica's; stored: {:#?}",
+        stored(&url)
     );
     let analyses = analyses_of(&url);
     assert_eq!(analyses[1]["verdict"], "hit", "{:#}", analyses[1]);
@@ -1167,7 +1191,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     // The schema was made when the database first answered, and the bodies are whole.
     assert_eq!(
         pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
-        4
+        5
     );
     let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
     assert_eq!(
@@ -1510,9 +1534,10 @@ async fn two_replicas_enforce_one_budget() {
     )
     .unwrap();
     let dir = rules.path().to_str().unwrap();
+    let home = TempDir::new("fleet-budget-home");
     let replicas = [
-        replica(&fake, &url, &["--rules", dir]),
-        replica(&fake, &url, &["--rules", dir]),
+        replica_at(&fake, &url, &["--rules", dir], &home),
+        replica_at(&fake, &url, &["--rules", dir], &home),
     ];
     let body = shapes::to_bytes(&shapes::claude_code_body(0, shapes::CC_SESSION));
     let sends: Vec<_> = (0..12)
@@ -1564,19 +1589,21 @@ async fn two_replicas_enforce_one_budget() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
-    let later = replica(&fake, &url, &["--rules", dir]);
+    let later = replica_at(&fake, &url, &["--rules", dir], &home);
     assert_eq!(spent(later.admin_addr()).await, 4, "kept in the store");
     let h = shapes::claude_code_headers(&later.addr.to_string(), body.len(), "sk-ant-api03-fleet");
     let request = request_bytes("POST", "/v1/messages?beta=true", &h, &body);
     assert_eq!(client::send(later.addr, &request).await.status, 429);
 }
 
-/// The fleet's budget store down: a budget with `on_error = "allow"` lets requests
-/// go, one with `"block"` refuses them with a 503 that says why, and once the
-/// server is back the check works again.
+/// The fleet's budget store not answering (the server frozen: the check gives up
+/// after its 2 s): a budget with `on_error = "allow"` lets requests go, one with
+/// `"block"` refuses them with a 503 that says why, and once the server answers
+/// again the check works again. (Frozen, not stopped: a stopped test server's port
+/// may go to another test's server meanwhile.)
 #[tokio::test]
 async fn a_fleet_budget_store_that_fails_follows_on_error() {
-    let Some(mut pg) = postgres() else { return };
+    let Some(pg) = postgres() else { return };
     let url = pg.create_db("budget_down");
     let fake = support::fake_answering_ok().await;
     let dirs: Vec<TempDir> = ["allow", "block"]
@@ -1591,13 +1618,14 @@ async fn a_fleet_budget_store_that_fails_follows_on_error() {
             dir
         })
         .collect();
+    let home = TempDir::new("fleet-budget-down-home");
     let [allow, block] = [&dirs[0], &dirs[1]]
-        .map(|d| replica(&fake, &url, &["--rules", d.path().to_str().unwrap()]));
+        .map(|d| replica_at(&fake, &url, &["--rules", d.path().to_str().unwrap()], &home));
     let body = br#"{"model":"claude-sonnet-4-5","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#;
     let post = |proxy: &Proxy| client::post(proxy.addr, "/v1/messages", body);
     assert_eq!(post(&allow).await.status, 200);
     assert_eq!(post(&block).await.status, 200);
-    pg.stop_server();
+    pg.signal_all("-STOP");
     assert_eq!(post(&allow).await.status, 200, "allow: the request goes");
     let refused = post(&block).await;
     assert_eq!(refused.status, 503, "{}", refused.text());
@@ -1606,7 +1634,7 @@ async fn a_fleet_budget_store_that_fails_follows_on_error() {
         "{}",
         refused.text()
     );
-    pg.start_server();
+    pg.signal_all("-CONT");
     let deadline = Instant::now() + WAIT;
     while post(&block).await.status != 200 {
         assert!(Instant::now() < deadline, "the check works again");

@@ -1695,6 +1695,8 @@ mod tests {
             ["a\0b", "c\u{1}0"],
         )
         .unwrap();
+        raw.execute_batch("ALTER TABLE records DROP COLUMN cost_microusd")
+            .unwrap();
         raw.pragma_update(None, "user_version", 5).unwrap();
         drop(raw);
         let store = Store::open(&at(&d)).unwrap();
