@@ -364,7 +364,9 @@ async fn a_record_the_store_refuses_fails_alone_and_refuses_no_later_request() {
     let mut models: Vec<&str> = stored.iter().filter_map(|r| r["model"].as_str()).collect();
     models.sort_unstable();
     assert_eq!(models, ["claude-after", "claude-beside"]);
-    let rejected = home.path().join("spool").join("rejected");
+    let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    let spool = health["capture"]["spool_dir"].as_str().unwrap().to_owned();
+    let rejected = Path::new(&spool).join("rejected");
     let kept = captures::export(&rejected);
     assert_eq!(kept.len(), 1, "{}", proxy.log());
     assert_eq!(kept[0]["model"], "poison");
@@ -902,9 +904,12 @@ async fn postgres_going_away_mid_run_loses_no_exchange_and_stores_none_twice() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+    // The store's own spool, under the home's.
+    let spool = Path::new(health["capture"]["spool_dir"].as_str().unwrap());
     assert_eq!(
-        health["capture"]["spool_dir"],
-        home.path().join("spool").display().to_string()
+        spool.parent(),
+        Some(home.path().join("spool").as_path()),
+        "{health}"
     );
     let metrics = client::get(proxy.admin_addr(), "/metrics").await;
     let metrics = String::from_utf8_lossy(&metrics.body.bytes).into_owned();
@@ -1640,4 +1645,35 @@ async fn a_fleet_budget_store_that_fails_follows_on_error() {
         assert!(Instant::now() < deadline, "the check works again");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Two promptgates of one home on two stores each keep their own spool: what one
+/// spooled while its server was frozen goes to its store, never to the other's
+/// (each drains the spool it finds into its own store).
+#[tokio::test]
+async fn two_stores_of_one_home_keep_their_spools_apart() {
+    let Some(pg) = postgres() else { return };
+    let (ours, theirs) = (pg.create_db("spool_ours"), pg.create_db("spool_theirs"));
+    let fake = support::fake_answering_ok().await;
+    let home = TempDir::new("two-stores-home");
+    let a = replica_at(&fake, &ours, &[], &home);
+    turn(&a, 0).await;
+    captures::wait_records(ours.as_str(), 1, WAIT).await;
+    pg.signal_all("-STOP");
+    turn(&a, 1).await;
+    let deadline = Instant::now() + WAIT;
+    while spooled(&a).await == 0 {
+        assert!(Instant::now() < deadline, "spooled: {}", a.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(a);
+    pg.signal_all("-CONT");
+    let b = replica_at(&fake, &theirs, &[], &home);
+    turn(&b, 0).await;
+    captures::wait_records(theirs.as_str(), 1, WAIT).await;
+    let a_again = replica_at(&fake, &ours, &[], &home);
+    captures::wait_records(ours.as_str(), 2, WAIT).await;
+    drop((a_again, b));
+    assert_eq!(pg.count("spool_theirs", "SELECT COUNT(*) FROM records"), 1);
+    assert_eq!(pg.count("spool_ours", "SELECT COUNT(*) FROM records"), 2);
 }

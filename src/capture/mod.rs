@@ -167,6 +167,25 @@ impl std::fmt::Debug for Capture {
     }
 }
 
+/// The spool of `settings`' store: a directory of its own under the configured
+/// one. Every promptgate of a data directory drains the spool it finds into its
+/// own store, so two of them on different stores must not share one (records
+/// spooled for one store were written into the other's).
+fn spool_of(settings: &CaptureSettings) -> std::path::PathBuf {
+    let StoreLocation::Postgres(url) = &settings.store else {
+        return settings.spool_dir.clone();
+    };
+    let legacy = settings.spool_dir.join(store::DB_FILE);
+    if legacy.exists() {
+        tracing::warn!(
+            "{} is a spool of an older promptgate, for a store it did not name: not drained here (start the older promptgate with its store to drain it, or remove it)",
+            legacy.display()
+        );
+    }
+    let key = crate::digest::hex(&crate::digest::sha256(url.as_bytes())[..6]);
+    settings.spool_dir.join(key)
+}
+
 impl Capture {
     /// Opens the store at `settings.store` and starts the writer.
     /// `redactor` is the process's one redactor (the logs use it too).
@@ -175,6 +194,10 @@ impl Capture {
         redactor: Arc<Redactor>,
         live: Option<Arc<dyn StoredNotice>>,
     ) -> Result<Arc<Capture>, StoreError> {
+        let settings = &CaptureSettings {
+            spool_dir: spool_of(settings),
+            ..settings.clone()
+        };
         let mut store = match Store::open(&settings.store) {
             Ok(store) => Some(store),
             // A fleet replica serves while its database is away: the spool holds.
