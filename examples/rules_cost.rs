@@ -86,6 +86,7 @@ fn main() {
         let prompt =
             promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
         rules.apply_request_all(RequestCtx {
+            id: None,
             provider: Provider::Anthropic,
             api: Api::Messages,
             method: &Method::POST,
@@ -120,6 +121,7 @@ fn main() {
         let prompt =
             promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
         std::hint::black_box(set.apply_request_all(RequestCtx {
+            id: None,
             provider: Provider::Anthropic,
             api: Api::Messages,
             method: &Method::POST,

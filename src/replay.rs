@@ -213,6 +213,17 @@ pub(crate) fn replay(
     };
     let mut tally = Tally::new(rules);
     let mut impact = CacheImpact::new(settings);
+    // Budgets count on a clock at each captured request's start, so windows pass as
+    // they did, and each request that goes is charged what it really used.
+    let at = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    if rules.budgets().is_some() {
+        crate::rules::budget::configure(
+            None,
+            None,
+            crate::runtime::Clock::set_by(at.clone()),
+            settings.cache.prices.clone(),
+        );
+    }
     for row in rows {
         let Some(record) = Damaged::sift(&row.id, store.load(&row.id), &mut report.damaged)? else {
             report.skip("damaged: the record could not be read");
@@ -227,6 +238,10 @@ pub(crate) fn replay(
             continue;
         }
         report.replayed += 1;
+        at.store(
+            record.times.started_ms,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let outcome = replay_one(&record, format, rules);
         if !outcome.fired.is_empty() {
             report.matched += 1;
@@ -298,6 +313,21 @@ impl Tally {
                 description: r.description.clone(),
                 ..RuleEffect::default()
             })
+            // The budgets too: each refuses what would cross it.
+            .chain(
+                rules
+                    .budgets()
+                    .into_iter()
+                    .flat_map(|b| b.budgets.iter())
+                    .map(|b| RuleEffect {
+                        rule: b.name.clone(),
+                        phase: crate::policy::Phase::BeforeProviderRequest
+                            .name()
+                            .to_owned(),
+                        description: Some(b.describe()),
+                        ..RuleEffect::default()
+                    }),
+            )
             // The outgoing-secrets scans too: each acts as one policy of its own.
             .chain(
                 rules
@@ -543,7 +573,9 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &Arc<RuleSet>) -> O
     let model = provider::sniff(&body).model;
     let prompt = PromptCell::new(body.clone(), Some(format));
     // The hooks too, in load order: a hook can be tried over captured traffic.
+    let id = ExchangeId::parse(&record.id).unwrap_or_default();
     let result = rules.apply_request_all(RequestCtx {
+        id: Some(id),
         provider,
         api,
         method: &method,
@@ -555,6 +587,23 @@ fn replay_one(record: &CaptureRecord, format: Format, rules: &Arc<RuleSet>) -> O
         body: &body,
         prompt: &prompt,
     });
+    if result.verdict == Decision::Continue {
+        // What the budgets hold for it becomes what it used, as when it ended live.
+        let end = crate::policy::Ending {
+            id,
+            model: record.model.as_deref(),
+            conversation: record.conversation.as_deref(),
+            response_id: None,
+            usage: record.usage.as_ref(),
+            answered: record
+                .response
+                .status
+                .is_some_and(|s| (200..300).contains(&s)),
+        };
+        for p in rules.policies().iter().filter(|p| p.reads_end()) {
+            p.exchange_ended(&end);
+        }
+    }
     let blocked = match result.verdict {
         Decision::Respond(b) => Some(Blocked {
             id: record.id.clone(),

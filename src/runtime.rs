@@ -242,18 +242,30 @@ pub(crate) type Millis = u64;
 #[derive(Debug, Clone, Default)]
 pub struct Clock {
     offset_ms: Option<Arc<AtomicU64>>,
+    /// A time set by its holder instead of the wall clock's (replay: each captured
+    /// request's start).
+    set_ms: Option<Arc<AtomicU64>>,
 }
 
 impl Clock {
     /// The wall clock.
     pub fn system() -> Clock {
-        Clock { offset_ms: None }
+        Clock::default()
     }
 
     /// The wall clock plus `offset_ms`, read at each use.
     pub fn offset_by(offset_ms: Arc<AtomicU64>) -> Clock {
         Clock {
             offset_ms: Some(offset_ms),
+            set_ms: None,
+        }
+    }
+
+    /// A clock whose now is `set_ms` (ms since the Unix epoch), as its holder moves it.
+    pub fn set_by(set_ms: Arc<AtomicU64>) -> Clock {
+        Clock {
+            offset_ms: None,
+            set_ms: Some(set_ms),
         }
     }
 
@@ -272,6 +284,9 @@ impl Clock {
 impl Clock {
     /// Now, on this clock.
     pub fn now(&self) -> Millis {
-        self.at(SystemTime::now())
+        match &self.set_ms {
+            Some(set) => set.load(Ordering::Relaxed),
+            None => self.at(SystemTime::now()),
+        }
     }
 }

@@ -829,6 +829,7 @@ fn blocks(rules: &RuleSet, body: &[u8]) -> bool {
     let prompt =
         promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
     let result = rules.apply_request(RequestCtx {
+        id: None,
         provider: Provider::Anthropic,
         api: Api::Messages,
         method: &Method::POST,

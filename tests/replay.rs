@@ -308,3 +308,58 @@ fn broken_candidate_rules_are_reported_with_their_place() {
     assert!(out.stderr.contains("do not load"), "{}", out.stderr);
     assert!(out.stderr.contains(".toml:"), "{}", out.stderr);
 }
+
+/// A budget replayed over captured traffic refuses what it would have: checked at
+/// each request's captured start and charged its captured usage. Four turns of one
+/// session and one of another under a three-request session cap: the session's
+/// fourth turn is refused (451, the cap never resets), the other session is not;
+/// a dollar cap per day refuses once the captured spend crosses it.
+#[tokio::test]
+async fn budgets_replayed_refuse_what_they_would_have() {
+    let (store, _) = captured_store().await;
+    let dir = TempDir::new("replay-budgets");
+    std::fs::write(
+        dir.path().join("95-budget.toml"),
+        "[[budget]]\nname = \"three-per-session\"\nscope = [\"conversation\"]\nrequests = 3\n",
+    )
+    .unwrap();
+    let report = json_report(store.path(), dir.path(), &[]);
+    assert_eq!(report["blocked"], 1, "{report}");
+    let budget = rule(&report, "three-per-session");
+    assert_eq!(budget["blocked"], 1, "{budget}");
+    assert!(
+        budget["description"]
+            .as_str()
+            .is_some_and(|d| d.starts_with("budget: conversation")),
+        "{budget}"
+    );
+    let b = &report["blocks"][0];
+    assert_eq!(b["status"], 451, "{b}");
+    assert!(
+        b["message"]
+            .as_str()
+            .unwrap()
+            .contains("budget \"three-per-session\" (conversation=cc:"),
+        "{b}"
+    );
+    // The captured spend, priced: the first two turns go (their estimates fit) and
+    // are charged what they used ($0.07: a cache write, then a read); the next
+    // ones' estimates ($0.05 each) would cross $0.12, and are refused.
+    let cents = TempDir::new("replay-budgets-usd");
+    std::fs::write(
+        cents.path().join("95-budget.toml"),
+        "[[budget]]\nname = \"cents-a-day\"\nscope = [\"global\"]\nwindow = \"day\"\nusd = 0.12\noutput_estimate = 0\n",
+    )
+    .unwrap();
+    let report = json_report(store.path(), cents.path(), &[]);
+    assert_eq!(report["blocked"], 3, "{report}");
+    let first = &report["blocks"][0];
+    assert_eq!(first["status"], 429, "a day resets: {first}");
+    assert!(
+        first["message"]
+            .as_str()
+            .unwrap()
+            .contains("spent so far $0.07, 2 requests"),
+        "{first}"
+    );
+}

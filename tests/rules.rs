@@ -886,6 +886,7 @@ async fn a_large_body_changed_by_the_bench_rules_reaches_the_provider_exactly_as
     let prompt =
         promptgate::PromptCell::new(body.clone(), Some(promptgate::Format::AnthropicMessages));
     let applied = rules.apply_request(RequestCtx {
+        id: None,
         provider: Provider::Anthropic,
         api: Api::Messages,
         method: &http::Method::POST,

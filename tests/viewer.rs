@@ -868,6 +868,11 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
     .await;
     let rules = tagging_rules();
     audit_scan(&rules);
+    std::fs::write(
+        rules.path().join("30-budget.toml"),
+        "[[budget]]\nname = \"viewer-session\"\nscope = [\"conversation\"]\nusd = 1000\n",
+    )
+    .unwrap();
     let proxy = Proxy::start(&[
         "--upstream-anthropic",
         &fake.url(),
@@ -1218,6 +1223,49 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
             .is_some_and(|s| s.contains("audit-sdk-name") && s.contains("log")),
         "{scans}"
     );
+    // The budgets view: the session budget, its conversation's spend and share.
+    browser
+        .eval("location.hash = '#/budgets'; return true", vec![])
+        .await;
+    let budgets = browser
+        .wait_for(
+            "the budgets view",
+            "(() => { const t = (document.querySelector('#budgets') || {}).innerText || ''; return t.includes('conversation=cc:') && t; })()",
+            WAIT,
+        )
+        .await;
+    let budgets = budgets.as_str().unwrap_or_default();
+    assert!(
+        budgets.contains("viewer-session")
+            && budgets.contains("per conversation")
+            && budgets.contains("$1000.00"),
+        "{budgets}"
+    );
+    assert!(
+        browser
+            .eval(
+                "return document.querySelectorAll('#budgets meter').length",
+                vec![]
+            )
+            .await
+            .as_u64()
+            .is_some_and(|n| n >= 1)
+    );
+    // The list: each priced exchange's whole cost.
+    browser
+        .eval("location.hash = '#/'; return true", vec![])
+        .await;
+    let cost = browser
+        .wait_for(
+            "a row's cost",
+            "(() => { const c = [...document.querySelectorAll('#list-rows .cost')].find((c) => c.textContent.startsWith('$')); return c && c.textContent; })()",
+            WAIT,
+        )
+        .await;
+    assert!(cost.as_str().is_some_and(|c| c.starts_with('$')), "{cost}");
+    browser
+        .eval("location.hash = '#/rules'; return true", vec![])
+        .await;
     std::fs::write(
         rules.path().join("20-broken.toml"),
         "[[rule]]\nname = \"broken\"\non = \"before_provider_request\"\nwhen = { model = 5 }\nactions = [{ tag = \"x\" }]\n",

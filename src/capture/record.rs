@@ -1040,6 +1040,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         let mut r = exchange();
         r.set_request_body(body.clone(), body.clone());
         let applied = rules.apply_request(crate::rules::RequestCtx {
+            id: None,
             provider: crate::provider::Provider::Anthropic,
             api: Api::Messages,
             method: &http::Method::POST,

@@ -314,6 +314,7 @@ fn test(args: &TestArgs<'_>) -> anyhow::Result<ExitCode> {
     );
     // The hooks run too, for real: `rules test` shows what deploying the set does.
     let result = set.apply_request_all(RequestCtx {
+        id: None,
         provider: route.provider,
         api: route.api,
         method: &method,

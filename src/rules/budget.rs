@@ -223,6 +223,26 @@ const BUDGET_KEYS: &[&str] = &[
     "on_error",
 ];
 
+impl Budget {
+    /// What it caps, in a few words (`conversation, in this conversation: $5.00`).
+    pub(crate) fn describe(&self) -> String {
+        let scope = if self.scope.is_empty() {
+            "global".to_owned()
+        } else {
+            self.scope
+                .iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join("+")
+        };
+        format!(
+            "budget: {scope} {}: {}",
+            self.window.text(),
+            limits_text(&self.limits)
+        )
+    }
+}
+
 /// The answer's tokens a check assumes when a budget says nothing: a long answer
 /// of an agent turn (Claude Code's `max_tokens` is 32k–128k, its answers mostly a
 /// few hundred to a few thousand tokens).
@@ -1245,9 +1265,11 @@ impl Budgets {
             Ok(asked) => asked,
             Err(refused) => return refused,
         };
-        let Some(id) = facts.id.filter(|_| !asks.is_empty()) else {
+        if asks.is_empty() {
             return Decision::Continue;
-        };
+        }
+        // `rules test` checks a request that is no exchange: its hold is its own.
+        let id = facts.id.unwrap_or_default();
         let budgets: Vec<&Budget> = applies.iter().map(|&i| &self.budgets[i]).collect();
         let verdict = reserve(&budgets, id, &asks, facts.model, now);
         verdict.into_decision(effects)
@@ -1266,9 +1288,10 @@ impl Budgets {
             Ok(asked) => asked,
             Err(refused) => return refused,
         };
-        let Some(id) = facts.id.filter(|_| !asks.is_empty()) else {
+        if asks.is_empty() {
             return Decision::Continue;
-        };
+        }
+        let id = facts.id.unwrap_or_default();
         let budgets = self.budgets.clone();
         let model = facts.model.map(str::to_owned);
         let asked = tokio::task::spawn_blocking(move || {

@@ -106,6 +106,9 @@ pub(crate) const LIMITS_FIXER: &str = "cache_control policy";
 /// The request as rules see it: what was asked, the outgoing headers, the body.
 #[derive(Debug)]
 pub struct RequestCtx<'a> {
+    /// The exchange, when there is one (replay names the captured one; a budget
+    /// holds and charges by it).
+    pub id: Option<crate::id::ExchangeId>,
     pub provider: Provider,
     pub api: Api,
     pub method: &'a Method,
@@ -387,7 +390,7 @@ impl RuleSet {
         let encoded = crate::provider::content_coding(&req.headers).is_some();
         let model = req.model.map(str::to_owned);
         let facts = Facts {
-            id: None,
+            id: req.id,
             provider: req.provider,
             api: req.api,
             method: req.method,

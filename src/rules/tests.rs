@@ -71,6 +71,7 @@ impl Req {
             crate::prompt::Format::of_request(self.provider, Api::Messages),
         );
         rules.apply_request(RequestCtx {
+            id: None,
             provider: self.provider,
             api: Api::Messages,
             method: &Method::POST,

@@ -853,6 +853,34 @@ async function showRules() {
 
 let currentView = null, currentId = null;
 
+let budgetsTimer = null;
+// Budgets: each one's scope, window and limits, and what each of its scopes spent
+// (most first), with its share of the nearest limit and when it resets.
+async function showBudgets() {
+  navActive("budgets");
+  const r = await api("/api/budgets");
+  if (currentView !== "budgets") return;
+  // Spend moves with every exchange: the view follows every 2 s while it is open.
+  clearTimeout(budgetsTimer);
+  budgetsTimer = setTimeout(() => currentView === "budgets" && showBudgets().catch(showError), 2000);
+  const page = el("div", { class: "page", id: "budgets" }, el("h2", { text: "Budgets" }));
+  setMain(page);
+  for (const b of r.budgets) {
+    const table = el("table", { class: "turns" }, el("tr", {}, ["scope", "spent", "requests", "input tokens", "output tokens", "of the limit", "resets"].map((h) => el("th", { text: h }))));
+    for (const s of b.scopes) {
+      table.append(el("tr", { class: s.share >= 1 ? "spent" : "" },
+        el("td", { class: "mono", text: s.scope }), el("td", { class: "num", text: fmtUsd(s.usd) }), el("td", { class: "num", text: s.requests }),
+        el("td", { class: "num", text: fmtNum(s.input_tokens) }), el("td", { class: "num", text: fmtNum(s.output_tokens) }),
+        // A meter, not a styled bar: the viewer's policy allows no inline style.
+        el("td", {}, el("meter", { min: "0", max: "1", low: "0.8", high: "0.99", optimum: "0", value: String(Math.min(1, s.share)) }), ` ${(100 * s.share).toFixed(0)} %`),
+        el("td", { text: s.resets })));
+    }
+    if (!b.scopes.length) table.append(el("tr", {}, el("td", { class: "empty", colspan: "7", text: "nothing spent in this window yet" })));
+    page.append(el("h3", {}, el("b", { text: b.name })), el("div", { text: `per ${b.scope} · ${b.window} · limit ${b.limits}` }), table);
+  }
+  if (!r.budgets.length) page.append(el("p", { class: "empty", text: "No budgets are live. Declare [[budget]] tables in the rules directory (see docs/budgets.md)." }));
+}
+
 function showError(e) {
   setMain(el("div", { class: "page" }, el("p", { class: "error", text: String(e.message || e) })));
 }
@@ -873,6 +901,7 @@ function route() {
   else if (parts[0] === "c" && parts[1]) run("conversation", () => showConversation(parts.slice(1).join("/")));
   else if (parts[0] === "conversations") run("conversations", showConversations);
   else if (parts[0] === "rules") run("rules", showRules);
+  else if (parts[0] === "budgets") run("budgets", showBudgets);
   else run("list", () => showList(new URLSearchParams(query || "")));
 }
 

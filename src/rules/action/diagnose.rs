@@ -165,6 +165,7 @@ mod tests {
             crate::prompt::Format::of_request(Provider::OpenAi, Api::Responses),
         );
         let r = rules.apply_request(RequestCtx {
+            id: None,
             provider: Provider::OpenAi,
             api: Api::Responses,
             method: &Method::POST,
