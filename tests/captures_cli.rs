@@ -688,6 +688,36 @@ async fn anatomy_names_each_part_of_a_claude_code_prompt() {
         .map(|f| f["tokens"].as_u64().unwrap())
         .sum();
     assert_eq!(families, sum);
+    // Billed by the provider's count: the parts' tokens sum to its input, the
+    // cached prefix comes first, and the dollars sum to the record's input cost.
+    let record: Value =
+        serde_json::from_str(&captures::ok(dir, &["show", &ids[1], "--raw"])).unwrap();
+    let u = &record["usage"];
+    let input: u64 = ["input_tokens", "cache_read_tokens", "cache_write_tokens"]
+        .iter()
+        .map(|k| u[*k].as_u64().unwrap())
+        .sum();
+    assert_eq!(json["provider_input_tokens"], input, "{json}");
+    let billed = |k: &str| -> u64 { parts.iter().map(|p| p["billed"][k].as_u64().unwrap()).sum() };
+    assert_eq!(billed("tokens"), input);
+    assert_eq!(billed("read"), u["cache_read_tokens"].as_u64().unwrap());
+    assert_eq!(billed("write"), u["cache_write_tokens"].as_u64().unwrap());
+    let read_parts: Vec<bool> = parts.iter().map(|p| p["cached"] == true).collect();
+    let first_uncached = read_parts
+        .iter()
+        .position(|c| !c)
+        .unwrap_or(read_parts.len());
+    assert!(
+        read_parts[first_uncached..].iter().all(|c| !c),
+        "the cached prefix is a prefix"
+    );
+    let usd: f64 = parts
+        .iter()
+        .map(|p| p["billed"]["usd"].as_f64().unwrap())
+        .sum();
+    let priced = record["cache"]["cost"]["input_usd"].as_f64().unwrap();
+    assert!((usd - priced).abs() < 1e-6, "{usd} against {priced}");
+    assert!((json["input_usd"].as_f64().unwrap() - priced).abs() < 1e-6);
     let text = captures::ok(dir, &["anatomy", "last"]);
     assert!(
         text.lines().any(|l| l.trim_start().starts_with("tools ")),

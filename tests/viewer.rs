@@ -979,6 +979,21 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         third["system"][2]["text"].as_str().unwrap(),
         "the system block in full"
     );
+    // The prompt's anatomy: a bar of its families and each part, billed.
+    let anatomy = browser
+        .wait_for(
+            "the anatomy panel",
+            "(() => { const a = document.getElementById('anatomy'); return a && a.querySelectorAll('svg rect').length > 0 && a.innerText; })()",
+            WAIT,
+        )
+        .await;
+    let anatomy = anatomy.as_str().unwrap_or_default();
+    assert!(
+        anatomy.contains("Prompt anatomy")
+            && anatomy.contains("tools")
+            && anatomy.contains("system"),
+        "{anatomy}"
+    );
     // Each policy's turn is on the exchange page: the tagging rule ran as `rules`.
     let turns = browser
         .eval(

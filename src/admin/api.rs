@@ -70,6 +70,12 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             let record = store.load(id).map_err(store_error)?;
             json_bytes(&prompt_view(&record, query))
         }
+        ["api", "captures", id, "anatomy"] => {
+            let record = store.load(id).map_err(store_error)?;
+            let anatomy = crate::capture::anatomy::of(&record)
+                .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?;
+            json_bytes(&anatomy)
+        }
         ["api", "captures", id, "previous"] => {
             let id = store.resolve(id).map_err(store_error)?;
             let previous = store.previous_in_conversation(&id).map_err(store_error)?;
@@ -95,19 +101,7 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             let record = store.load(id).map_err(store_error)?;
             json_bytes(&json!({"command": curl(&record, state.proxy)}))
         }
-        ["api", "captures", id, "edits"] => {
-            // What the rules changed: the body as received against the body as sent.
-            let record = store.load(id).map_err(store_error)?;
-            let entries = match &record.request.sent_body {
-                Some(sent) => units::diff_bodies(&record.request.body.bytes, &sent.bytes)
-                    .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?
-                    .into_iter()
-                    .filter(|e| e.change != units::Change::Same)
-                    .collect(),
-                None => Vec::new(),
-            };
-            json_bytes(&json!({"id": record.id, "entries": entries}))
-        }
+        ["api", "captures", id, "edits"] => json_bytes(&edits(&store, id)?),
         ["api", "captures", a, "diff", b] => {
             let a = store.load(a).map_err(store_error)?;
             let b = store.load(b).map_err(store_error)?;
@@ -205,6 +199,20 @@ fn curl(record: &CaptureRecord, proxy: std::net::SocketAddr) -> String {
         record.id
     ));
     out
+}
+
+/// What the rules changed in a record: the body as received against the body as sent.
+fn edits(store: &Store, id: &str) -> Result<Value, (StatusCode, String)> {
+    let record = store.load(id).map_err(store_error)?;
+    let entries: Vec<units::DiffEntry> = match &record.request.sent_body {
+        Some(sent) => units::diff_bodies(&record.request.body.bytes, &sent.bytes)
+            .map_err(|e| (StatusCode::UNPROCESSABLE_ENTITY, e.to_string()))?
+            .into_iter()
+            .filter(|e| e.change != units::Change::Same)
+            .collect(),
+        None => Vec::new(),
+    };
+    Ok(json!({"id": record.id, "entries": entries}))
 }
 
 /// `/api/budgets`: each budget of the live set, its scope, window and limits, and

@@ -11,6 +11,8 @@ use serde::Serialize;
 
 use super::segment::{Segments, Unit};
 use crate::prompt::{Prompt, Region};
+use crate::provider::Usage;
+use crate::provider::price::Cost;
 
 /// Where a part of the prompt came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -330,6 +332,94 @@ pub(crate) fn by_family(parts: &[Part]) -> Vec<(Family, u64)> {
         .collect()
 }
 
+/// How the provider billed one part's tokens in one request.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub(crate) struct Billed {
+    /// Its tokens by the provider's count: the estimate scaled so that the parts
+    /// sum to the provider's whole input.
+    pub tokens: u64,
+    /// Of them, read from the cache, written to it, and sent uncached.
+    pub read: u64,
+    pub write: u64,
+    pub uncached: u64,
+    /// What they cost, at the rates the record was priced at (`None`: unpriced).
+    pub usd: Option<f64>,
+}
+
+impl Billed {
+    /// Whether the whole part was inside the cached prefix the provider read.
+    pub(crate) fn cached(&self) -> bool {
+        self.tokens > 0 && self.read == self.tokens
+    }
+}
+
+/// How the provider billed each of `parts` (in cache order) given its `usage`: the
+/// estimates scaled to its count (largest remainders, so they sum exactly), then,
+/// walking the prompt in order, the first `cache_read_tokens` read, the next
+/// `cache_write_tokens` written, the rest uncached (the cache is a prefix). `cost`,
+/// the record's own pricing, gives each kind's rate.
+pub(crate) fn bill(parts: &[Part], usage: &Usage, cost: Option<&Cost>) -> Vec<Billed> {
+    let total: u64 = parts.iter().map(|p| p.tokens).sum();
+    let input = usage.input_tokens + usage.cache_read_tokens + usage.cache_write_tokens;
+    let scaled = apportion(parts.iter().map(|p| p.tokens), total, input);
+    let rate = |usd: f64, tokens: u64| {
+        if tokens == 0 {
+            0.0
+        } else {
+            usd / tokens as f64
+        }
+    };
+    let rates = cost.map(|c| {
+        (
+            rate(c.read_usd, usage.cache_read_tokens),
+            rate(c.write_usd, usage.cache_write_tokens),
+            rate(c.input_usd - c.read_usd - c.write_usd, usage.input_tokens),
+        )
+    });
+    let (mut read_left, mut write_left) = (usage.cache_read_tokens, usage.cache_write_tokens);
+    scaled
+        .into_iter()
+        .map(|tokens| {
+            let read = tokens.min(read_left);
+            read_left -= read;
+            let write = (tokens - read).min(write_left);
+            write_left -= write;
+            let uncached = tokens - read - write;
+            Billed {
+                tokens,
+                read,
+                write,
+                uncached,
+                usd: rates
+                    .map(|(r, w, u)| r * read as f64 + w * write as f64 + u * uncached as f64),
+            }
+        })
+        .collect()
+}
+
+/// `shares` (summing to `total`) scaled to sum to `to` exactly: each its floor, and
+/// the units left over to the largest remainders.
+fn apportion(shares: impl Iterator<Item = u64>, total: u64, to: u64) -> Vec<u64> {
+    if total == 0 {
+        return shares.map(|_| 0).collect();
+    }
+    let exact: Vec<(u64, u64)> = shares
+        .map(|s| {
+            let n = u128::from(s) * u128::from(to);
+            let (q, r) = (n / u128::from(total), n % u128::from(total));
+            (q as u64, r as u64)
+        })
+        .collect();
+    let mut out: Vec<u64> = exact.iter().map(|(q, _)| *q).collect();
+    let left = to.saturating_sub(out.iter().sum());
+    let mut order: Vec<usize> = (0..exact.len()).collect();
+    order.sort_by(|&a, &b| exact[b].1.cmp(&exact[a].1).then(a.cmp(&b)));
+    for &i in order.iter().take(left as usize) {
+        out[i] += 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,5 +510,51 @@ mod tests {
                 "conversation"
             ]
         );
+    }
+
+    #[test]
+    fn parts_are_billed_in_cache_order_and_sum_to_the_providers_count() {
+        let part = |tokens| Part {
+            family: Family::System,
+            name: String::new(),
+            unit: String::new(),
+            bytes: 0,
+            tokens,
+        };
+        let parts = [part(100), part(50), part(50)];
+        // 300 by the provider's count: 150 read, 90 written, 60 uncached.
+        let usage = Usage {
+            input_tokens: 60,
+            cache_read_tokens: 150,
+            cache_write_tokens: 90,
+            ..Usage::default()
+        };
+        let cost = Cost {
+            read_usd: 0.15,
+            write_usd: 0.9,
+            input_usd: 0.15 + 0.9 + 0.6,
+            ..Cost::default()
+        };
+        let billed = bill(&parts, &usage, Some(&cost));
+        let tokens: Vec<u64> = billed.iter().map(|b| b.tokens).collect();
+        assert_eq!(tokens, [150, 75, 75]);
+        assert_eq!(
+            (billed[0].read, billed[0].write, billed[0].uncached),
+            (150, 0, 0)
+        );
+        assert!(billed[0].cached() && !billed[1].cached());
+        assert_eq!(
+            (billed[1].read, billed[1].write, billed[1].uncached),
+            (0, 75, 0)
+        );
+        assert_eq!(
+            (billed[2].read, billed[2].write, billed[2].uncached),
+            (0, 15, 60)
+        );
+        let usd: f64 = billed.iter().filter_map(|b| b.usd).sum();
+        assert!((usd - cost.input_usd).abs() < 1e-9, "{usd}");
+        // Remainders go to the largest: 1/3 each of 100 sums to 100.
+        assert_eq!(apportion([1, 1, 1].into_iter(), 3, 100), [34, 33, 33]);
+        assert!(bill(&parts, &usage, None).iter().all(|b| b.usd.is_none()));
     }
 }

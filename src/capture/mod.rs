@@ -6,6 +6,7 @@
 //! refused). It never holds a stream's bytes back.
 
 pub(crate) mod analysis;
+pub(crate) mod anatomy;
 pub(crate) mod cache_report;
 pub(crate) mod export;
 pub(crate) mod fleet;

@@ -4,30 +4,13 @@
 
 use std::fmt::Write as _;
 
-use anyhow::Context as _;
-
-use crate::cache::anatomy::{Family, Part, anatomy, by_family};
+use crate::cache::anatomy::{Family, Part, by_family};
 use crate::cache::explain::kilo;
-use crate::cache::segment::{IgnoreRule, segment};
 use crate::capture::CaptureRecord;
-use crate::prompt::Prompt;
 
 /// The parts of `record`'s prompt as sent upstream.
 fn parts_of(record: &CaptureRecord) -> anyhow::Result<Vec<Part>> {
-    let format = record
-        .request_format()
-        .with_context(|| format!("{} is not a model request promptgate reads", record.id))?;
-    let body = &record.sent().bytes;
-    if body.is_empty() {
-        anyhow::bail!(
-            "{} kept no request body (capture was off for it)",
-            record.id
-        );
-    }
-    let prompt = Prompt::read(body.clone(), Some(format));
-    let segs = segment(&prompt, &[IgnoreRule::billing_header()])
-        .with_context(|| format!("{}'s request body cannot be read as a prompt", record.id))?;
-    Ok(anatomy(&prompt, &segs))
+    Ok(crate::capture::anatomy::parts_of(record)?)
 }
 
 /// Tokens of `family` in a turn's families.
@@ -101,29 +84,15 @@ pub(super) fn print_conversation(
 }
 
 /// Prints the anatomy of `record`'s prompt as sent upstream: `text` (a table per
-/// family, then each part) or `json`.
+/// family, then each part, with how the provider billed it and its dollars when
+/// the record has its usage and price) or `json`.
 pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> anyhow::Result<()> {
-    let parts = parts_of(record)?;
-    let total: u64 = parts.iter().map(|p| p.tokens).sum();
-    // The provider's count of the whole input, when it gave one: each part's share of it.
-    let input = record
-        .usage
-        .map(|u| u.input_tokens + u.cache_read_tokens + u.cache_write_tokens)
-        .filter(|&n| n > 0);
+    let a = crate::capture::anatomy::of(record)?;
     if json {
-        let value = serde_json::json!({
-            "id": record.id,
-            "estimated_tokens": total,
-            "provider_input_tokens": input,
-            "families": by_family(&parts)
-                .iter()
-                .map(|(f, t)| serde_json::json!({"family": f, "tokens": t}))
-                .collect::<Vec<_>>(),
-            "parts": parts,
-        });
-        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&value)?);
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&a)?);
         return Ok(());
     }
+    let total = a.estimated_tokens;
     let share = |t: u64| {
         if total == 0 {
             0.0
@@ -131,43 +100,51 @@ pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> any
             t as f64 * 100.0 / total as f64
         }
     };
-    let scaled = |t: u64| input.map(|n| kilo(t * n / total.max(1)));
+    let scaled = |t: u64| a.provider_input_tokens.map(|n| kilo(t * n / total.max(1)));
     let _ = writeln!(
         out,
-        "{}  {} estimated tokens{}",
-        record.id,
+        "{}  {} estimated tokens{}{}",
+        a.id,
         kilo(total),
-        input.map_or(String::new(), |n| format!(
+        a.provider_input_tokens.map_or(String::new(), |n| format!(
             " ({} by the provider's count)",
             kilo(n)
-        ))
+        )),
+        a.input_usd
+            .map_or(String::new(), |d| format!(", input ${d:.4}"))
     );
-    for (family, tokens) in by_family(&parts) {
+    for f in &a.families {
         let _ = writeln!(
             out,
-            "  {:<13} {:>7}  {:>5.1} %{}",
-            family.name(),
-            kilo(tokens),
-            share(tokens),
-            scaled(tokens).map_or(String::new(), |k| format!("  ~{k} by the provider's count"))
+            "  {:<13} {:>7}  {:>5.1} %{}{}",
+            f.family.name(),
+            kilo(f.tokens),
+            share(f.tokens),
+            scaled(f.tokens).map_or(String::new(), |k| format!("  ~{k} by the provider's count")),
+            f.usd.map_or(String::new(), |d| format!("  ${d:.4}"))
         );
     }
     let _ = writeln!(out);
-    for Part {
-        family,
-        name,
-        unit,
-        tokens,
-        ..
-    } in &parts
-    {
+    for p in &a.parts {
+        // Where the provider billed it: read from the cache, written, or sent as is.
+        let how = p.billed.map_or(String::new(), |b| {
+            let kind = match (b.read, b.write, b.uncached) {
+                _ if b.tokens == 0 => "-",
+                (_, 0, 0) => "cached",
+                (0, _, 0) => "written",
+                (0, 0, _) => "uncached",
+                _ => "split",
+            };
+            let usd = b.usd.map_or(String::new(), |u| format!(" ${u:.4}"));
+            format!("{kind:<8}{usd:>9}  ")
+        });
         let _ = writeln!(
             out,
-            "  {:<13} {:>7}  {:<28} {}",
-            family.name(),
-            kilo(*tokens),
-            unit,
-            crate::redact::cut(name, crate::redact::NAME_MAX)
+            "  {:<13} {:>7}  {how}{:<28} {}",
+            p.part.family.name(),
+            kilo(p.part.tokens),
+            p.part.unit,
+            crate::redact::cut(&p.part.name, crate::redact::NAME_MAX)
         );
     }
     Ok(())

@@ -378,15 +378,17 @@ async function showExchange(id) {
     if (state.inflight.has(id)) return renderInflight(id);
     return showError(e);
   }
-  const [prompt, previous, edits] = await Promise.all([
+  const [prompt, previous, edits, anatomy] = await Promise.all([
     api(`/api/captures/${record.id}/prompt`).catch(() => null),
     api(`/api/captures/${record.id}/previous`).catch(() => ({})),
     record.request.sent_body ? api(`/api/captures/${record.id}/edits`).catch(() => null) : null,
+    api(`/api/captures/${record.id}/anatomy`).catch(() => null),
   ]);
   if (currentId !== id) return;
   const page = el("div", { class: "page", id: "exchange", "data-id": record.id });
   page.append(exchangeHeader(record, previous.previous));
   page.append(cacheSection(record, prompt && prompt.cache));
+  if (anatomy) page.append(anatomySection(anatomy));
   const promptBox = el("div", { id: "prompt" });
   const raw = el("pre", { id: "raw-json", hidden: true, text: JSON.stringify(record, null, 2) });
   const tabs = el("div", { class: "tabs" });
@@ -431,6 +433,40 @@ function exchangeHeader(r, previous) {
       el("a", { href: `/api/captures/${id}/body`, download: `${id}.json`, text: "body" }),
       curlButton),
     curl);
+}
+
+const FAMILY_COLOURS = { system: "#3b5bdb", tools: "#e8a33d", memory: "#2b8a3e", context: "#8c96a8", reminders: "#ae3ec9", conversation: "#4c9f70" };
+
+// The prompt's anatomy: a bar of its families by tokens, then each part with how
+// the provider billed it (read from the cache, written, uncached) and its dollars.
+function anatomySection(a) {
+  const box = el("div", { class: "section", id: "anatomy" });
+  const total = a.families.reduce((n, f) => n + f.tokens, 0) || 1;
+  const width = 560;
+  const bar = svg("svg", { width: String(width), height: "16", role: "img", "aria-label": "tokens per family" });
+  let x = 0;
+  for (const f of a.families) {
+    const w = (f.tokens / total) * width;
+    const rect = svg("rect", { x: String(x), y: "0", width: String(w), height: "16", fill: FAMILY_COLOURS[f.family] || "#999", class: `family-${f.family}` });
+    const title = svg("title", {});
+    title.textContent = `${f.family}: ${f.tokens} tokens`;
+    rect.append(title);
+    bar.append(rect);
+    x += w;
+  }
+  const legend = el("div", { class: "mono" }, a.families.map((f) => `${f.family} ${fmtNum(f.tokens)} (${((100 * f.tokens) / total).toFixed(0)} %)${f.usd !== undefined ? ` ${fmtUsd(f.usd)}` : ""}`).join(" · "));
+  const table = el("table", { class: "turns" }, el("tr", {}, ["family", "part", "unit", "tokens", "billed", "cost"].map((h) => el("th", { text: h }))));
+  for (const p of a.parts) {
+    const b = p.billed;
+    const how = !b ? "" : b.tokens === 0 ? "—" : b.read === b.tokens ? "cached" : b.write === b.tokens ? "written" : b.uncached === b.tokens ? "uncached" : "split";
+    table.append(el("tr", { class: p.cached ? "cached" : "" },
+      el("td", { text: p.family }), el("td", { text: p.name }), el("td", { class: "mono", text: p.unit }),
+      el("td", { class: "num", text: fmtNum(b ? b.tokens : p.tokens) }), el("td", { text: how }),
+      el("td", { class: "num", text: b && b.usd !== undefined && b.usd !== null ? fmtUsd(b.usd) : "" })));
+  }
+  const head = `Prompt anatomy: ${fmtNum(a.provider_input_tokens ?? a.estimated_tokens)} tokens` + (a.input_usd !== undefined && a.input_usd !== null ? `, input ${fmtUsd(a.input_usd)}` : "");
+  box.append(el("h3", { text: head }), bar, legend, el("details", {}, el("summary", { text: `${a.parts.length} parts` }), table));
+  return box;
 }
 
 function cacheSection(r, told) {

@@ -1,0 +1,123 @@
+//! A stored exchange's prompt anatomy: its parts named (see
+//! [`crate::cache::anatomy`]), each with its tokens by the provider's count, how the
+//! provider billed them (read from the cache, written, or uncached) and, at the
+//! rates the record was priced at, their dollars. One home for `captures anatomy`
+//! and the viewer's panel.
+
+use serde::Serialize;
+
+use super::record::CaptureRecord;
+use crate::cache::anatomy::{Billed, Family, Part, anatomy, bill, by_family};
+use crate::cache::segment::{IgnoreRule, segment};
+use crate::prompt::Prompt;
+
+/// Why a record has no anatomy.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum AnatomyError {
+    #[error("{0} is not a model request promptgate reads")]
+    NotAModelRequest(String),
+    #[error("{0} kept no request body (capture was off for it)")]
+    NoBody(String),
+    #[error("{0}'s request body cannot be read as a prompt")]
+    Unreadable(String),
+}
+
+/// One part with how it was billed (when the record has the provider's usage).
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct BilledPart {
+    #[serde(flatten)]
+    pub part: Part,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub billed: Option<Billed>,
+    /// Inside the cached prefix the provider read.
+    pub cached: bool,
+}
+
+/// One family's tokens and dollars.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FamilyTotal {
+    pub family: Family,
+    pub tokens: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usd: Option<f64>,
+}
+
+/// A record's anatomy.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Anatomy {
+    pub id: String,
+    pub estimated_tokens: u64,
+    /// The provider's count of the whole input, when it gave one.
+    pub provider_input_tokens: Option<u64>,
+    /// The whole input's dollars, when the record was priced.
+    pub input_usd: Option<f64>,
+    pub families: Vec<FamilyTotal>,
+    pub parts: Vec<BilledPart>,
+}
+
+/// The parts of `record`'s prompt as sent upstream.
+pub(crate) fn parts_of(record: &CaptureRecord) -> Result<Vec<Part>, AnatomyError> {
+    let format = record
+        .request_format()
+        .ok_or_else(|| AnatomyError::NotAModelRequest(record.id.clone()))?;
+    let body = &record.sent().bytes;
+    if body.is_empty() {
+        return Err(AnatomyError::NoBody(record.id.clone()));
+    }
+    let prompt = Prompt::read(body.clone(), Some(format));
+    let segs = segment(&prompt, &[IgnoreRule::billing_header()])
+        .map_err(|_| AnatomyError::Unreadable(record.id.clone()))?;
+    Ok(anatomy(&prompt, &segs))
+}
+
+/// `record`'s anatomy, billed by its usage at the rates it was priced at.
+pub(crate) fn of(record: &CaptureRecord) -> Result<Anatomy, AnatomyError> {
+    let parts = parts_of(record)?;
+    let cost = record
+        .cache
+        .as_ref()
+        .and_then(|c| c.cost.as_ref())
+        .map(|c| c.usd);
+    let usage = record
+        .usage
+        .filter(|u| u.input_tokens + u.cache_read_tokens + u.cache_write_tokens > 0);
+    let billed: Option<Vec<Billed>> = usage.map(|u| bill(&parts, &u, cost.as_ref()));
+    let families = by_family(&parts)
+        .into_iter()
+        .map(|(family, tokens)| FamilyTotal {
+            family,
+            tokens,
+            usd: billed.as_ref().and_then(|b| {
+                parts
+                    .iter()
+                    .zip(b)
+                    .filter(|(p, _)| p.family == family)
+                    .map(|(_, b)| b.usd)
+                    .sum::<Option<f64>>()
+            }),
+        })
+        .collect();
+    let input_usd = billed
+        .as_ref()
+        .and_then(|b| b.iter().map(|b| b.usd).sum::<Option<f64>>());
+    Ok(Anatomy {
+        id: record.id.clone(),
+        estimated_tokens: parts.iter().map(|p| p.tokens).sum(),
+        provider_input_tokens: usage
+            .map(|u| u.input_tokens + u.cache_read_tokens + u.cache_write_tokens),
+        input_usd,
+        families,
+        parts: parts
+            .into_iter()
+            .enumerate()
+            .map(|(i, part)| {
+                let billed = billed.as_ref().map(|b| b[i]);
+                BilledPart {
+                    part,
+                    billed,
+                    cached: billed.is_some_and(|b| b.cached()),
+                }
+            })
+            .collect(),
+    })
+}
