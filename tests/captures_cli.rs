@@ -735,7 +735,15 @@ async fn anatomy_names_each_part_of_a_claude_code_prompt() {
         &["anatomy", "--conversation", key, "--format", "json"],
     ))
     .unwrap();
-    let turns = turns.as_array().unwrap();
+    // Each family's dollars over the conversation, beside its turns.
+    let families = turns["families"].as_array().unwrap();
+    assert!(
+        families
+            .iter()
+            .any(|f| f["family"] == "tools" && f["usd"].as_f64().is_some_and(|u| u > 0.0)),
+        "{turns}"
+    );
+    let turns = turns["turns"].as_array().unwrap();
     assert!(turns.len() >= 2, "{turns:?}");
     let conversation = |t: &Value| {
         t["families"]

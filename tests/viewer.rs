@@ -1123,6 +1123,20 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         )
         .await;
     assert_eq!(turns, json!(3));
+    // The anatomy per turn: a bar of families for each of the three turns, and a
+    // row per turn with what each family added.
+    let anatomy = browser
+        .wait_for(
+            "the conversation's anatomy",
+            "(() => { const a = document.getElementById('conversation-anatomy'); return a && a.querySelectorAll('tr').length === 5 && a.innerText; })()",
+            WAIT,
+        )
+        .await;
+    let anatomy = anatomy.as_str().unwrap_or_default();
+    assert!(
+        anatomy.contains("conversation") && anatomy.contains("input $"),
+        "{anatomy}"
+    );
     // Each turn's whole cost, input and output, at the price table's prices.
     let totals = browser
         .eval(

@@ -110,6 +110,7 @@ pub(super) fn route(dir: &StoreLocation, path: &str, query: &str, state: &AdminS
             let breaks = prefix_break(&entries, &state.cache_ignore);
             json_bytes(&json!({"a": a.id, "b": b.id, "entries": entries, "breaks_prefix": breaks}))
         }
+        ["api", "anatomy"] => json_bytes(&conversation_anatomy(&store, query)?),
         ["api", "conversations"] => {
             let f = filter(query)?;
             let rows = store.conversations(&f).map_err(store_error)?;
@@ -199,6 +200,19 @@ fn curl(record: &CaptureRecord, proxy: std::net::SocketAddr) -> String {
         record.id
     ));
     out
+}
+
+/// `/api/anatomy?conversation=KEY`: a conversation's anatomy, turn by turn (the key
+/// in the query: keys may hold `/`).
+fn conversation_anatomy(store: &Store, query: &str) -> Result<Value, (StatusCode, String)> {
+    let key = filter(query)?.conversation.ok_or((
+        StatusCode::BAD_REQUEST,
+        "name the conversation: /api/anatomy?conversation=KEY".to_owned(),
+    ))?;
+    let (key, records) =
+        crate::capture::anatomy::conversation_records(store, &key).map_err(store_error)?;
+    serde_json::to_value(crate::capture::anatomy::conversation(&key, &records))
+        .map_err(|e| (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))
 }
 
 /// What the rules changed in a record: the body as received against the body as sent.

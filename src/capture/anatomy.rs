@@ -121,3 +121,109 @@ pub(crate) fn of(record: &CaptureRecord) -> Result<Anatomy, AnatomyError> {
             .collect(),
     })
 }
+
+/// One turn of a conversation: its families' tokens (by the provider's count when
+/// it gave one, else estimated) and dollars.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct TurnAnatomy {
+    pub id: String,
+    pub started_ms: u64,
+    pub families: Vec<FamilyTotal>,
+}
+
+/// A conversation's anatomy, turn by turn, and each family over all of it.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ConversationAnatomy {
+    pub conversation: String,
+    pub turns: Vec<TurnAnatomy>,
+    /// Each family's dollars summed over the turns (`None`: a turn was unpriced).
+    pub families: Vec<FamilyTotal>,
+    /// Turns that could not be read, and why.
+    pub skipped: Vec<String>,
+}
+
+/// The model calls of conversation `key` (a key, or a bare session id: Claude
+/// Code's `cc:` or a metadata `session:` one), oldest first.
+pub(crate) fn conversation_records(
+    store: &super::Store,
+    key: &str,
+) -> Result<(String, Vec<CaptureRecord>), super::StoreError> {
+    let of = |key: String| super::store::Filter {
+        conversation: Some(key),
+        side: Some(false),
+        ..super::store::Filter::default()
+    };
+    let mut key = key.to_owned();
+    let mut rows = store.list(&of(key.clone()))?;
+    for prefix in ["cc:", "session:"] {
+        if rows.is_empty() && !key.contains(':') {
+            let prefixed = format!("{prefix}{key}");
+            rows = store.list(&of(prefixed.clone()))?;
+            if !rows.is_empty() {
+                key = prefixed;
+            }
+        }
+    }
+    rows.sort_by(|x, y| (x.started_ms, &x.id).cmp(&(y.started_ms, &y.id)));
+    let records = rows
+        .iter()
+        .map(|r| store.load(&r.id))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((key, records))
+}
+
+/// The anatomy of each of `records` (a conversation's turns, oldest first).
+pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> ConversationAnatomy {
+    let mut turns = Vec::with_capacity(records.len());
+    let mut skipped = Vec::new();
+    for r in records {
+        match of(r) {
+            Ok(a) => {
+                // The provider's count when it gave one: the chart's bars then sum to it.
+                let families = Family::ALL
+                    .iter()
+                    .filter_map(|&family| {
+                        let parts = a.parts.iter().filter(|p| p.part.family == family);
+                        let tokens: u64 = parts
+                            .clone()
+                            .map(|p| p.billed.map_or(p.part.tokens, |b| b.tokens))
+                            .sum();
+                        let usd = a.families.iter().find(|f| f.family == family)?.usd;
+                        (tokens > 0).then_some(FamilyTotal {
+                            family,
+                            tokens,
+                            usd,
+                        })
+                    })
+                    .collect();
+                turns.push(TurnAnatomy {
+                    id: a.id,
+                    started_ms: r.times.started_ms,
+                    families,
+                });
+            }
+            Err(e) => skipped.push(e.to_string()),
+        }
+    }
+    let families = Family::ALL
+        .iter()
+        .filter_map(|&family| {
+            let of_family = turns
+                .iter()
+                .filter_map(|t| t.families.iter().find(|f| f.family == family));
+            let tokens: u64 = of_family.clone().map(|f| f.tokens).sum();
+            let usd = of_family.map(|f| f.usd).sum::<Option<f64>>();
+            (tokens > 0).then_some(FamilyTotal {
+                family,
+                tokens,
+                usd,
+            })
+        })
+        .collect();
+    ConversationAnatomy {
+        conversation: key.to_owned(),
+        turns,
+        families,
+        skipped,
+    }
+}

@@ -4,25 +4,22 @@
 
 use std::fmt::Write as _;
 
-use crate::cache::anatomy::{Family, Part, by_family};
+use crate::cache::anatomy::Family;
 use crate::cache::explain::kilo;
 use crate::capture::CaptureRecord;
-
-/// The parts of `record`'s prompt as sent upstream.
-fn parts_of(record: &CaptureRecord) -> anyhow::Result<Vec<Part>> {
-    Ok(crate::capture::anatomy::parts_of(record)?)
-}
+use crate::capture::anatomy::FamilyTotal;
 
 /// Tokens of `family` in a turn's families.
-fn of(families: &[(Family, u64)], family: Family) -> u64 {
+fn of(families: &[FamilyTotal], family: Family) -> u64 {
     families
         .iter()
-        .find(|(f, _)| *f == family)
-        .map_or(0, |(_, t)| *t)
+        .find(|f| f.family == family)
+        .map_or(0, |f| f.tokens)
 }
 
-/// Prints a conversation's turns, oldest first: estimated tokens per family per
-/// turn and the change from the turn before (`text`), or the same as `json`.
+/// Prints a conversation's turns, oldest first: tokens per family per turn (by
+/// the provider's count where it gave one) and the change from the turn before,
+/// then each family's dollars over the conversation (`text`), or the same as `json`.
 pub(super) fn print_conversation(
     key: &str,
     records: &[CaptureRecord],
@@ -32,53 +29,49 @@ pub(super) fn print_conversation(
     if records.is_empty() {
         anyhow::bail!("no model call of conversation {key:?} in the store");
     }
-    let mut turns = Vec::new();
-    for r in records {
-        // A turn that cannot be read (no body kept) is skipped and named.
-        match parts_of(r) {
-            Ok(parts) => turns.push((r.id.clone(), by_family(&parts))),
-            Err(e) => {
-                let _ = writeln!(out, "skipped: {e:#}");
-            }
-        }
-    }
+    let c = crate::capture::anatomy::conversation(key, records);
     if json {
-        let value: Vec<_> = turns
-            .iter()
-            .map(|(id, families)| {
-                serde_json::json!({
-                    "id": id,
-                    "families": families
-                        .iter()
-                        .map(|(f, t)| serde_json::json!({"family": f, "tokens": t}))
-                        .collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&value)?);
+        let _ = writeln!(out, "{}", serde_json::to_string_pretty(&c)?);
         return Ok(());
+    }
+    // A turn that cannot be read (no body kept) is skipped and named.
+    for why in &c.skipped {
+        let _ = writeln!(out, "skipped: {why}");
     }
     let _ = write!(out, "{:<28}", "TURN");
     for f in Family::ALL {
         let _ = write!(out, " {:>14}", f.name());
     }
     let _ = writeln!(out);
-    let mut before: Option<&[(Family, u64)]> = None;
-    for (id, now) in &turns {
-        let _ = write!(out, "{id:<28}");
+    let mut before: Option<&[FamilyTotal]> = None;
+    for t in &c.turns {
+        let _ = write!(out, "{:<28}", t.id);
         for f in Family::ALL {
-            let t = of(now, f);
+            let n = of(&t.families, f);
             let cell = match before.map(|b| of(b, f)) {
-                Some(b) if b != t => {
-                    let sign = if t > b { "+" } else { "-" };
-                    format!("{} {sign}{}", kilo(t), kilo(t.abs_diff(b)))
+                Some(b) if b != n => {
+                    let sign = if n > b { "+" } else { "-" };
+                    format!("{} {sign}{}", kilo(n), kilo(n.abs_diff(b)))
                 }
-                _ => kilo(t),
+                _ => kilo(n),
             };
             let _ = write!(out, " {cell:>14}");
         }
         let _ = writeln!(out);
-        before = Some(now);
+        before = Some(&t.families);
+    }
+    if c.families.iter().any(|f| f.usd.is_some()) {
+        let _ = write!(out, "{:<28}", "INPUT $");
+        for f in Family::ALL {
+            let usd = c
+                .families
+                .iter()
+                .find(|t| t.family == f)
+                .and_then(|t| t.usd)
+                .map_or("-".to_owned(), |u| format!("${u:.4}"));
+            let _ = write!(out, " {usd:>14}");
+        }
+        let _ = writeln!(out);
     }
     Ok(())
 }

@@ -243,23 +243,7 @@ pub(super) fn run(args: CapturesArgs) -> anyhow::Result<()> {
                 super::anatomy::print(&record, a.format == "json", &mut out)?;
             }
             (None, Some(key)) => {
-                let of = |key: String| Filter {
-                    conversation: Some(key),
-                    side: Some(false),
-                    ..Filter::default()
-                };
-                let mut rows = store.list(&of(key.clone()))?;
-                // A bare session id is a Claude Code session's (`cc:`) or a metadata one.
-                for prefix in ["cc:", "session:"] {
-                    if rows.is_empty() && !key.contains(':') {
-                        rows = store.list(&of(format!("{prefix}{key}")))?;
-                    }
-                }
-                rows.sort_by(|x, y| (x.started_ms, &x.id).cmp(&(y.started_ms, &y.id)));
-                let records = rows
-                    .iter()
-                    .map(|r| store.load(&r.id))
-                    .collect::<Result<Vec<_>, _>>()?;
+                let (_, records) = crate::capture::anatomy::conversation_records(&store, key)?;
                 super::anatomy::print_conversation(key, &records, a.format == "json", &mut out)?;
             }
             (None, None) => {

@@ -829,6 +829,47 @@ async function showConversation(key) {
     el("div", {}, `${s.requests} requests · hit rate ${(100 * s.hit_rate).toFixed(1)}% · read ${s.read_tokens} · write ${s.write_tokens} · uncached ${s.uncached_tokens}` + (s.priced ? ` · saved ${fmtUsd(s.saved_usd)} · lost ${fmtUsd(s.lost_usd)}` : "") +
       (s.unpriced.length ? ` · cost unknown for ${s.unpriced.join(", ")} (no price configured)` : "")),
     chart, el("h3", { text: "Turns" }), table, el("h3", { text: "Lost per miss reason" }), s.lost.length ? lost : el("p", { class: "empty", text: "No miss lost anything." }));
+  const anatomy = await api(`/api/anatomy?conversation=${encodeURIComponent(key)}`).catch(() => null);
+  if (anatomy && anatomy.turns.length && currentView === "conversation") page.append(conversationAnatomy(anatomy));
+}
+
+// A conversation's anatomy: per turn, a bar of its prompt's families (by the
+// provider's count), what each family added since the turn before, and each
+// family's dollars over the conversation.
+function conversationAnatomy(a) {
+  const box = el("div", { class: "section", id: "conversation-anatomy" });
+  const max = Math.max(1, ...a.turns.map((t) => t.families.reduce((n, f) => n + f.tokens, 0)));
+  const width = 560, barH = 14, gap = 4;
+  const plot = svg("svg", { width: String(width), height: String(a.turns.length * (barH + gap) + 4), role: "img", "aria-label": "tokens per family per turn" });
+  a.turns.forEach((t, i) => {
+    let x = 0;
+    for (const f of t.families) {
+      const w = (f.tokens / max) * width;
+      const rect = svg("rect", { x: String(x), y: String(i * (barH + gap)), width: String(w), height: String(barH), fill: FAMILY_COLOURS[f.family] || "#999", class: `family-${f.family}` });
+      const title = svg("title", {});
+      title.textContent = `turn ${i + 1}: ${f.family} ${f.tokens}`;
+      rect.append(title);
+      plot.append(rect);
+      x += w;
+    }
+  });
+  const families = a.families.map((f) => f.family);
+  const table = el("table", { class: "turns" }, el("tr", {}, ["turn", ...families].map((h) => el("th", { text: h }))));
+  let before = null;
+  a.turns.forEach((t, i) => {
+    const cells = families.map((name) => {
+      const now = (t.families.find((f) => f.family === name) || { tokens: 0 }).tokens;
+      const was = before ? (before.find((f) => f.family === name) || { tokens: 0 }).tokens : null;
+      const delta = was === null || was === now ? "" : ` (${now > was ? "+" : "−"}${fmtNum(Math.abs(now - was))})`;
+      return el("td", { class: "num", text: `${fmtNum(now)}${delta}` });
+    });
+    table.append(el("tr", {}, el("td", {}, el("a", { href: `#/x/${t.id}`, text: String(i + 1) })), ...cells));
+    before = t.families;
+  });
+  table.append(el("tr", {}, el("td", { text: "input $" }), ...a.families.map((f) => el("td", { class: "num", text: f.usd === undefined || f.usd === null ? "—" : fmtUsd(f.usd) }))));
+  const legend = el("div", { class: "legend" }, families.map((f) => el("span", { class: "mono", text: f })));
+  box.append(el("h3", { text: "Prompt anatomy per turn" }), legend, plot, table);
+  return box;
 }
 
 // ---------------------------------------------------------------- rules
