@@ -24,6 +24,9 @@ pub(crate) struct Report {
     /// Every conversation's exchanges together: hit rate, dollars, and the miss
     /// reasons by what they cost (no unit changes: those are per conversation).
     pub total: Summary,
+    /// Every exchange's prompt by where its parts came from: tokens by the
+    /// provider's count and input dollars per family, over the whole selection.
+    pub by_family: Vec<super::anatomy::FamilyTotal>,
     /// Records left out because they could not be read.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub damaged: Vec<Damaged>,
@@ -187,10 +190,12 @@ pub(crate) fn build(
     }
     let mut conversations = Vec::with_capacity(groups.len());
     let mut damaged = Vec::new();
+    let mut by_family = FamilySums::default();
     for (conversation, ids) in groups {
         let mut records = Vec::with_capacity(ids.len());
         for id in &ids {
             if let Some(record) = Damaged::sift(id, store.load(id), &mut damaged)? {
+                by_family.add(&record);
                 records.push(record);
             }
         }
@@ -212,8 +217,42 @@ pub(crate) fn build(
     Ok(Report {
         conversations,
         total,
+        by_family: by_family.totals(),
         damaged,
     })
+}
+
+/// Tokens and input dollars per family, summed over records.
+#[derive(Default)]
+struct FamilySums(std::collections::BTreeMap<crate::cache::anatomy::Family, (u64, Option<f64>)>);
+
+impl FamilySums {
+    /// Adds `record`'s anatomy (nothing for a record that is no model request).
+    fn add(&mut self, record: &CaptureRecord) {
+        let Ok(a) = super::anatomy::of(record) else {
+            return;
+        };
+        for p in &a.parts {
+            let (tokens, usd) = self.0.entry(p.part.family).or_insert((0, Some(0.0)));
+            *tokens += p.billed.map_or(p.part.tokens, |b| b.tokens);
+            // A family is priced only while every part of it was.
+            *usd = match (*usd, p.billed.and_then(|b| b.usd)) {
+                (Some(sum), Some(d)) => Some(sum + d),
+                _ => None,
+            };
+        }
+    }
+
+    fn totals(self) -> Vec<super::anatomy::FamilyTotal> {
+        self.0
+            .into_iter()
+            .map(|(family, (tokens, usd))| super::anatomy::FamilyTotal {
+                family,
+                tokens,
+                usd,
+            })
+            .collect()
+    }
 }
 
 /// The hit rate, and the losses by what they cost.

@@ -103,7 +103,34 @@ fn text(report: &Report) -> String {
         out.push_str("all conversations:\n");
         totals(&report.total, &mut out);
     }
+    by_family(&report.by_family, &mut out);
     out
+}
+
+/// Where the prompts' tokens and input dollars went, by part of the prompt.
+fn by_family(families: &[crate::capture::anatomy::FamilyTotal], out: &mut String) {
+    let tokens: u64 = families.iter().map(|f| f.tokens).sum();
+    if tokens == 0 {
+        return;
+    }
+    let dollars: Option<f64> = families.iter().map(|f| f.usd).sum();
+    out.push_str("by part of the prompt (captures anatomy):\n");
+    for f in families {
+        let share = f.tokens as f64 * 100.0 / tokens as f64;
+        let cost = match (f.usd, dollars) {
+            (Some(u), Some(all)) if all > 0.0 => {
+                format!("  {} ({:.0} % of input)", usd(u), u * 100.0 / all)
+            }
+            (Some(u), _) => format!("  {}", usd(u)),
+            (None, _) => String::new(),
+        };
+        let _ = writeln!(
+            out,
+            "  {:<13} {:>7} tokens  {share:>5.1} %{cost}",
+            f.family.name(),
+            kilo(f.tokens)
+        );
+    }
 }
 
 fn conversation(c: &ConversationReport, out: &mut String) {
