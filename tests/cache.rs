@@ -261,7 +261,30 @@ async fn a_date_changed_inside_a_system_block() {
     );
     // The analysis that is logged never carries prompt text: no excerpt of the changed date.
     assert!(!t.analysis.to_string().contains("2026-11-30."));
-    assert!(t.analysis["cost"]["lost_usd"].as_f64().unwrap() > 0.0);
+    let lost = t.analysis["cost"]["lost_usd"].as_f64().unwrap();
+    assert!(lost > 0.0);
+    // The anatomy names the part whose change missed, and what it lost.
+    let anatomy: Value = {
+        let dir = rig.server.captures.clone();
+        let key = format!("cc:{}", shapes::CC_SESSION);
+        captures::wait_records(&dir, 2, WAIT).await;
+        let out = captures::ok(
+            &dir,
+            &["anatomy", "--conversation", &key, "--format", "json"],
+        );
+        serde_json::from_str(&out).unwrap()
+    };
+    let misses = anatomy["misses"].as_array().unwrap();
+    assert_eq!(misses.len(), 1, "{anatomy}");
+    assert_eq!(misses[0]["misses"], 1);
+    assert_eq!(misses[0]["turns"][0], t.line["id"]);
+    let named = &misses[0]["family"];
+    let part = anatomy["turns"][1]["families"].as_array().unwrap();
+    assert!(part.iter().any(|f| f["family"] == *named), "{anatomy}");
+    assert!(
+        (misses[0]["lost_usd"].as_f64().unwrap() - lost).abs() < 1e-9,
+        "{anatomy}"
+    );
 }
 
 #[tokio::test]

@@ -138,8 +138,41 @@ pub(crate) struct ConversationAnatomy {
     pub turns: Vec<TurnAnatomy>,
     /// Each family's dollars summed over the turns (`None`: a turn was unpriced).
     pub families: Vec<FamilyTotal>,
+    /// The cache misses a family's change caused (the analysis' first changed
+    /// unit, or a tools change), and what they lost.
+    pub misses: Vec<FamilyMisses>,
     /// Turns that could not be read, and why.
     pub skipped: Vec<String>,
+}
+
+/// The cache misses one family's changes caused over a conversation.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct FamilyMisses {
+    pub family: Family,
+    pub misses: u32,
+    /// What reading the tokens those misses wrote again would have saved.
+    pub lost_usd: f64,
+    /// The turns, by id.
+    pub turns: Vec<String>,
+}
+
+/// The family whose change made `record` miss the cache, when the analysis names
+/// one: the part its first changed unit is (a re-spelling alone misses nothing),
+/// or the tools.
+fn missed_by(record: &CaptureRecord, parts: &[BilledPart]) -> Option<Family> {
+    use crate::cache::explain::Reason;
+    match record.cache.as_ref()?.reason.as_ref()? {
+        Reason::PrefixChanged {
+            unit,
+            spelling_only: false,
+            ..
+        } => parts
+            .iter()
+            .find(|p| p.part.unit == *unit)
+            .map(|p| p.part.family),
+        Reason::ToolsChanged { .. } => Some(Family::Tools),
+        _ => None,
+    }
 }
 
 /// The model calls of conversation `key` (a key, or a bare session id: Claude
@@ -176,9 +209,32 @@ pub(crate) fn conversation_records(
 pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> ConversationAnatomy {
     let mut turns = Vec::with_capacity(records.len());
     let mut skipped = Vec::new();
+    let mut misses: Vec<FamilyMisses> = Vec::new();
     for r in records {
         match of(r) {
             Ok(a) => {
+                if let Some(family) = missed_by(r, &a.parts) {
+                    let lost = r
+                        .cache
+                        .as_ref()
+                        .and_then(|c| c.cost.as_ref())
+                        .map_or(0.0, |c| c.usd.lost_usd);
+                    let at = match misses.iter().position(|m| m.family == family) {
+                        Some(at) => at,
+                        None => {
+                            misses.push(FamilyMisses {
+                                family,
+                                misses: 0,
+                                lost_usd: 0.0,
+                                turns: Vec::new(),
+                            });
+                            misses.len() - 1
+                        }
+                    };
+                    misses[at].misses += 1;
+                    misses[at].lost_usd += lost;
+                    misses[at].turns.push(r.id.clone());
+                }
                 // The provider's count when it gave one: the chart's bars then sum to it.
                 let families = Family::ALL
                     .iter()
@@ -220,10 +276,16 @@ pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> Conversation
             })
         })
         .collect();
+    misses.sort_by(|a, b| {
+        b.lost_usd
+            .total_cmp(&a.lost_usd)
+            .then(b.misses.cmp(&a.misses))
+    });
     ConversationAnatomy {
         conversation: key.to_owned(),
         turns,
         families,
+        misses,
         skipped,
     }
 }

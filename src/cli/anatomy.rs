@@ -73,6 +73,16 @@ pub(super) fn print_conversation(
         }
         let _ = writeln!(out);
     }
+    for m in &c.misses {
+        let _ = writeln!(
+            out,
+            "{} changed: {} cache miss(es), ${:.4} lost ({})",
+            m.family.name(),
+            m.misses,
+            m.lost_usd,
+            m.turns.join(", ")
+        );
+    }
     Ok(())
 }
 

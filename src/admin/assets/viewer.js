@@ -869,6 +869,11 @@ function conversationAnatomy(a) {
   table.append(el("tr", {}, el("td", { text: "input $" }), ...a.families.map((f) => el("td", { class: "num", text: f.usd === undefined || f.usd === null ? "—" : fmtUsd(f.usd) }))));
   const legend = el("div", { class: "legend" }, families.map((f) => el("span", { class: "mono", text: f })));
   box.append(el("h3", { text: "Prompt anatomy per turn" }), legend, plot, table);
+  // Which part's changes missed the cache, and what that lost.
+  for (const m of a.misses || []) {
+    box.append(el("div", { class: "mono miss-by-family" }, `${m.family} changed: ${m.misses} cache miss${m.misses === 1 ? "" : "es"}, ${fmtUsd(m.lost_usd)} lost (turn${m.turns.length === 1 ? "" : "s"} `,
+      ...m.turns.flatMap((id, i) => [i ? ", " : "", el("a", { href: `#/x/${id}`, text: id.slice(-6) })]), ")"));
+  }
   return box;
 }
 
