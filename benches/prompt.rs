@@ -1,7 +1,8 @@
 //! What reading the prompt model costs on Claude-Code-shaped bodies, one core:
 //! `cargo bench --bench prompt` (release). The structure pass, the repeated-key
 //! check, `Prompt::read` with and without units, and the unit digests it leaves
-//! for later (whole body against unit by unit, against a memcmp with the last turn).
+//! for later (whole body against unit by unit, against a memcmp with the last turn),
+//! and the prompt anatomy (cut into cache units and named).
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
@@ -56,6 +57,21 @@ fn main() {
                 }),
             ),
             (
+                "read, units, anatomy",
+                // Fresh each call: the cut hashes the units, and a read prompt keeps them.
+                time(budget, || {
+                    let p = Prompt::read(body.clone(), Some(Format::AnthropicMessages));
+                    std::hint::black_box(promptgate::classify_prompt(&p));
+                }),
+            ),
+            (
+                "read, units, cut",
+                time(budget, || {
+                    let p = Prompt::read(body.clone(), Some(Format::AnthropicMessages));
+                    std::hint::black_box(promptgate::cut_prompt(&p));
+                }),
+            ),
+            (
                 "digest, whole body",
                 time(budget, || {
                     std::hint::black_box(digest::content(&body));
@@ -79,8 +95,26 @@ fn main() {
             ),
         ];
         println!("{} bytes, {} units:", body.len(), spans.len());
-        for (name, us) in rows {
+        for (name, us) in &rows {
             println!("  {name:<22} {us:>8.1}");
         }
+        // The anatomy alone, off the request path where the prompt is already read:
+        // the cut into cache units (its unit digests included) and the naming.
+        let of = |name: &str| {
+            rows.iter()
+                .find(|(n, _)| *n == name)
+                .map_or(0.0, |(_, us)| *us)
+        };
+        println!(
+            "  {:<22} {:>8.1}",
+            "anatomy (cut + name)",
+            of("read, units, anatomy") - of("read, units")
+        );
+        // What the anatomy adds where the cache analysis has cut the prompt already.
+        println!(
+            "  {:<22} {:>8.1}",
+            "anatomy, naming only",
+            of("read, units, anatomy") - of("read, units, cut")
+        );
     }
 }
