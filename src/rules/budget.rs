@@ -1257,19 +1257,30 @@ impl Budgets {
         Ok((applies, asks))
     }
 
+    /// What a check asks now, for which exchange, or the decision already made (no
+    /// budget applies, or the store fails and one refuses then).
+    #[allow(clippy::type_complexity)] // one tuple, destructured at its two callers
+    fn asked(
+        &self,
+        facts: &Facts<'_>,
+        request: &Outgoing,
+    ) -> Result<(Vec<usize>, Vec<ScopeAsk>, ExchangeId, Millis), Decision> {
+        let now = ledger().clock.now();
+        let (applies, asks) = self.asks(facts, request, now)?;
+        if asks.is_empty() {
+            return Err(Decision::Continue);
+        }
+        // `rules test` checks a request that is no exchange: its hold is its own.
+        Ok((applies, asks, facts.id.unwrap_or_default(), now))
+    }
+
     /// Checks a request against its budgets and holds its estimates (see
     /// [`Ledger::reserve`]); the verdict goes into `effects`.
     fn check(&self, facts: &Facts<'_>, request: &mut Outgoing, effects: &mut Effects) -> Decision {
-        let now = ledger().clock.now();
-        let (applies, asks) = match self.asks(facts, request, now) {
+        let (applies, asks, id, now) = match self.asked(facts, request) {
             Ok(asked) => asked,
-            Err(refused) => return refused,
+            Err(decided) => return decided,
         };
-        if asks.is_empty() {
-            return Decision::Continue;
-        }
-        // `rules test` checks a request that is no exchange: its hold is its own.
-        let id = facts.id.unwrap_or_default();
         let budgets: Vec<&Budget> = applies.iter().map(|&i| &self.budgets[i]).collect();
         let verdict = reserve(&budgets, id, &asks, facts.model, now);
         verdict.into_decision(effects)
@@ -1283,15 +1294,10 @@ impl Budgets {
         request: &mut Outgoing,
         effects: &mut Effects,
     ) -> Decision {
-        let now = ledger().clock.now();
-        let (applies, asks) = match self.asks(facts, request, now) {
+        let (applies, asks, id, now) = match self.asked(facts, request) {
             Ok(asked) => asked,
-            Err(refused) => return refused,
+            Err(decided) => return decided,
         };
-        if asks.is_empty() {
-            return Decision::Continue;
-        }
-        let id = facts.id.unwrap_or_default();
         let budgets = self.budgets.clone();
         let model = facts.model.map(str::to_owned);
         let asked = tokio::task::spawn_blocking(move || {
