@@ -64,6 +64,13 @@ pub(crate) struct LiveFeed {
 }
 
 impl LiveFeed {
+    /// `text` through the process's one redactor: what the admin API shows that a
+    /// client chose (a budget's scope values are conversation keys as sent).
+    pub(crate) fn redact(&self, text: &str) -> String {
+        let mut uncounted = crate::redact::Summary::new();
+        self.redactor.redact_text(text, &[], &mut uncounted)
+    }
+
     pub(crate) fn new(redactor: Arc<Redactor>) -> Arc<LiveFeed> {
         Arc::new(LiveFeed {
             tx: broadcast::Sender::new(BACKLOG),

@@ -111,8 +111,34 @@ output_estimate = 1000
     // Another conversation has its own budget.
     let other = client::send(proxy.addr, &turn(proxy.addr, B, "sk-ant-api03-budget-a")).await;
     assert_eq!(other.status, 200);
+    // A session id is whatever the client sent: one that holds a key is shown
+    // through the redactor, never as it is.
+    let keyed = "sk-ant-api03-SCOPECANARY0123456789abcdefABCDEF";
+    let r = client::send(
+        proxy.addr,
+        &turn(proxy.addr, keyed, "sk-ant-api03-budget-a"),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    // Charged once the exchange has ended: the third scope shows up then.
+    let deadline = std::time::Instant::now() + WAIT;
+    let shown = loop {
+        let (_, shown) = client::get_json(proxy.admin_addr(), "/api/budgets").await;
+        if shown["budgets"][0]["scopes"]
+            .as_array()
+            .is_some_and(|s| s.len() == 3)
+        {
+            break shown;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "three scopes: {shown}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert!(!shown.to_string().contains("SCOPECANARY"), "{shown}");
     // The second turn crossed the warning share: tagged and logged.
-    let lines = proxy.wait_exchanges(4, WAIT).await;
+    let lines = proxy.wait_exchanges(5, WAIT).await;
     assert!(
         lines.iter().any(|l| l["tags"]
             .as_str()

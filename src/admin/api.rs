@@ -243,7 +243,7 @@ pub(super) fn budgets(state: &AdminState) -> Value {
                     "window": b.window,
                     "limits": b.limits,
                     "scopes": b.scopes.iter().map(|s| json!({
-                        "scope": s.scope,
+                        "scope": state.live.redact(&s.scope),
                         "usd": s.spent.usd,
                         "input_tokens": s.spent.input_tokens,
                         "output_tokens": s.spent.output_tokens,
