@@ -55,6 +55,51 @@ pub(crate) struct Anatomy {
     pub parts: Vec<BilledPart>,
 }
 
+impl Anatomy {
+    /// Its families by the provider's count where it gave one (a chart's bars then
+    /// sum to it), with their dollars.
+    pub(crate) fn billed_families(&self) -> Vec<FamilyTotal> {
+        Family::ALL
+            .iter()
+            .filter_map(|&family| {
+                let tokens: u64 = self
+                    .parts
+                    .iter()
+                    .filter(|p| p.part.family == family)
+                    .map(|p| p.billed.map_or(p.part.tokens, |b| b.tokens))
+                    .sum();
+                let usd = self.families.iter().find(|f| f.family == family)?.usd;
+                (tokens > 0).then_some(FamilyTotal {
+                    family,
+                    tokens,
+                    usd,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Families summed over several prompts: tokens added, dollars too while every one
+/// was priced.
+pub(crate) fn sum_families<'a>(lists: impl Iterator<Item = &'a [FamilyTotal]>) -> Vec<FamilyTotal> {
+    let mut sums: Vec<FamilyTotal> = Family::ALL
+        .iter()
+        .map(|&family| FamilyTotal {
+            family,
+            tokens: 0,
+            usd: Some(0.0),
+        })
+        .collect();
+    for f in lists.flatten() {
+        if let Some(sum) = sums.iter_mut().find(|s| s.family == f.family) {
+            sum.tokens += f.tokens;
+            sum.usd = sum.usd.zip(f.usd).map(|(a, b)| a + b);
+        }
+    }
+    sums.retain(|s| s.tokens > 0);
+    sums
+}
+
 /// The parts of `record`'s prompt as sent upstream.
 pub(crate) fn parts_of(record: &CaptureRecord) -> Result<Vec<Part>, AnatomyError> {
     let format = record
@@ -235,47 +280,16 @@ pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> Conversation
                     misses[at].lost_usd += lost;
                     misses[at].turns.push(r.id.clone());
                 }
-                // The provider's count when it gave one: the chart's bars then sum to it.
-                let families = Family::ALL
-                    .iter()
-                    .filter_map(|&family| {
-                        let parts = a.parts.iter().filter(|p| p.part.family == family);
-                        let tokens: u64 = parts
-                            .clone()
-                            .map(|p| p.billed.map_or(p.part.tokens, |b| b.tokens))
-                            .sum();
-                        let usd = a.families.iter().find(|f| f.family == family)?.usd;
-                        (tokens > 0).then_some(FamilyTotal {
-                            family,
-                            tokens,
-                            usd,
-                        })
-                    })
-                    .collect();
                 turns.push(TurnAnatomy {
+                    families: a.billed_families(),
                     id: a.id,
                     started_ms: r.times.started_ms,
-                    families,
                 });
             }
             Err(e) => skipped.push(e.to_string()),
         }
     }
-    let families = Family::ALL
-        .iter()
-        .filter_map(|&family| {
-            let of_family = turns
-                .iter()
-                .filter_map(|t| t.families.iter().find(|f| f.family == family));
-            let tokens: u64 = of_family.clone().map(|f| f.tokens).sum();
-            let usd = of_family.map(|f| f.usd).sum::<Option<f64>>();
-            (tokens > 0).then_some(FamilyTotal {
-                family,
-                tokens,
-                usd,
-            })
-        })
-        .collect();
+    let families = sum_families(turns.iter().map(|t| t.families.as_slice()));
     misses.sort_by(|a, b| {
         b.lost_usd
             .total_cmp(&a.lost_usd)

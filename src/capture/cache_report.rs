@@ -222,36 +222,21 @@ pub(crate) fn build(
     })
 }
 
-/// Tokens and input dollars per family, summed over records.
+/// Each record's prompt families (by the provider's count, with their dollars),
+/// summed when the report is done.
 #[derive(Default)]
-struct FamilySums(std::collections::BTreeMap<crate::cache::anatomy::Family, (u64, Option<f64>)>);
+struct FamilySums(Vec<Vec<super::anatomy::FamilyTotal>>);
 
 impl FamilySums {
     /// Adds `record`'s anatomy (nothing for a record that is no model request).
     fn add(&mut self, record: &CaptureRecord) {
-        let Ok(a) = super::anatomy::of(record) else {
-            return;
-        };
-        for p in &a.parts {
-            let (tokens, usd) = self.0.entry(p.part.family).or_insert((0, Some(0.0)));
-            *tokens += p.billed.map_or(p.part.tokens, |b| b.tokens);
-            // A family is priced only while every part of it was.
-            *usd = match (*usd, p.billed.and_then(|b| b.usd)) {
-                (Some(sum), Some(d)) => Some(sum + d),
-                _ => None,
-            };
+        if let Ok(a) = super::anatomy::of(record) {
+            self.0.push(a.billed_families());
         }
     }
 
     fn totals(self) -> Vec<super::anatomy::FamilyTotal> {
-        self.0
-            .into_iter()
-            .map(|(family, (tokens, usd))| super::anatomy::FamilyTotal {
-                family,
-                tokens,
-                usd,
-            })
-            .collect()
+        super::anatomy::sum_families(self.0.iter().map(Vec::as_slice))
     }
 }
 

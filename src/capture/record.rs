@@ -567,8 +567,6 @@ struct BodyContext<'a> {
     copied: Vec<(usize, CachedUnit)>,
 }
 
-/// Whether two bodies hold the same bytes; the sent body usually shares the received
-/// one's memory, which settles it without reading them.
 /// Each policy's turn, its decision redacted: a hook's error text may quote what
 /// its program printed.
 fn redacted_policies(r: &ExchangeRecord, redactor: &Redactor) -> Vec<crate::policy::PolicyRun> {
@@ -606,6 +604,8 @@ fn body_digests(r: &ExchangeRecord) -> (String, String, bool) {
     (received, sent, same)
 }
 
+/// Whether two bodies hold the same bytes; the sent body usually shares the received
+/// one's memory, which settles it without reading them.
 fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
     a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
 }

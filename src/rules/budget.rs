@@ -224,16 +224,20 @@ const BUDGET_KEYS: &[&str] = &[
 ];
 
 impl Budget {
+    /// Its scope's dimensions, `+`-joined (`key+model`; empty for a global one).
+    fn dims(&self) -> String {
+        self.scope
+            .iter()
+            .map(|d| d.name())
+            .collect::<Vec<_>>()
+            .join("+")
+    }
+
     /// What it caps, in a few words (`conversation, in this conversation: $5.00`).
     pub(crate) fn describe(&self) -> String {
-        let scope = if self.scope.is_empty() {
-            "global".to_owned()
-        } else {
-            self.scope
-                .iter()
-                .map(|d| d.name())
-                .collect::<Vec<_>>()
-                .join("+")
+        let scope = match self.dims() {
+            dims if dims.is_empty() => "global".to_owned(),
+            dims => dims,
         };
         format!(
             "budget: {scope} {}: {}",
@@ -1044,12 +1048,7 @@ impl Budgets {
             .iter()
             .map(|b| BudgetReport {
                 name: b.name.clone(),
-                scope: b
-                    .scope
-                    .iter()
-                    .map(|d| d.name())
-                    .collect::<Vec<_>>()
-                    .join("+"),
+                scope: b.dims(),
                 window: b.window.text(),
                 limits: limits_text(&b.limits),
                 scopes: ledger
@@ -1317,6 +1316,7 @@ impl Budgets {
 }
 
 /// What the budgets decided about one request.
+#[derive(Default)]
 struct Verdict {
     /// The refusal, when a limit would be crossed or the store fails and a budget
     /// blocks then.
@@ -1357,19 +1357,17 @@ fn reserve(
     now: Millis,
 ) -> Verdict {
     let ledger = ledger();
-    let mut verdict = Verdict {
-        block: None,
-        fired: Vec::new(),
-        notes: Vec::new(),
-    };
+    let mut verdict = Verdict::default();
     let reserved = ledger.reserve(id, asks, model, now, &mut |sums| {
         verdict = judge(budgets, asks, sums, now);
         verdict.block.is_none()
     });
-    let failing = reserved.is_err();
-    ledger
-        .failing
-        .store(failing, std::sync::atomic::Ordering::Relaxed);
+    // Only the shared store fails here; a local file's writes say so when they fail.
+    if ledger.shared.is_some() {
+        ledger
+            .failing
+            .store(reserved.is_err(), std::sync::atomic::Ordering::Relaxed);
+    }
     if let Err(e) = reserved {
         tracing::warn!(target: "promptgate::budgets", "the budget store cannot be checked: {e}");
         verdict = Verdict {
@@ -1377,8 +1375,7 @@ fn reserve(
                 .iter()
                 .find(|b| b.on_error == OnError::Block)
                 .map(|b| store_fails(b)),
-            fired: Vec::new(),
-            notes: Vec::new(),
+            ..Verdict::default()
         };
     }
     verdict
@@ -1386,11 +1383,7 @@ fn reserve(
 
 /// The verdict on a request whose scopes have `sums` (one per ask).
 fn judge(budgets: &[&Budget], asks: &[ScopeAsk], sums: &[Sums], now: Millis) -> Verdict {
-    let mut verdict = Verdict {
-        block: None,
-        fired: Vec::new(),
-        notes: Vec::new(),
-    };
+    let mut verdict = Verdict::default();
     for ((b, ask), sums) in budgets.iter().zip(asks).zip(sums) {
         let mut spent = sums.spent;
         spent.add(&sums.held);
