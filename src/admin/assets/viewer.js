@@ -435,7 +435,11 @@ function exchangeHeader(r, previous) {
     curl);
 }
 
-const FAMILY_COLOURS = { system: "#3b5bdb", tools: "#e8a33d", memory: "#2b8a3e", context: "#8c96a8", reminders: "#ae3ec9", conversation: "#4c9f70" };
+// The families' colours are the stylesheet's (`.family-NAME`): bars and legend agree,
+// and none is a cache colour (read, write, uncached) the charts beside them use.
+function familyLegend(families) {
+  return el("div", { class: "legend" }, families.map((f) => el("span", {}, el("i", { class: `family-${f}` }), f)));
+}
 
 // The prompt's anatomy: a bar of its families by tokens, then each part with how
 // the provider billed it (read from the cache, written, uncached) and its dollars.
@@ -447,14 +451,15 @@ function anatomySection(a) {
   let x = 0;
   for (const f of a.families) {
     const w = (f.tokens / total) * width;
-    const rect = svg("rect", { x: String(x), y: "0", width: String(w), height: "16", fill: FAMILY_COLOURS[f.family] || "#999", class: `family-${f.family}` });
+    const rect = svg("rect", { x: String(x), y: "0", width: String(w), height: "16", class: `family-${f.family}` });
     const title = svg("title", {});
     title.textContent = `${f.family}: ${f.tokens} tokens`;
     rect.append(title);
     bar.append(rect);
     x += w;
   }
-  const legend = el("div", { class: "mono" }, a.families.map((f) => `${f.family} ${fmtNum(f.tokens)} (${((100 * f.tokens) / total).toFixed(0)} %)${f.usd !== undefined ? ` ${fmtUsd(f.usd)}` : ""}`).join(" · "));
+  const legend = el("div", { class: "legend" }, a.families.map((f) => el("span", {}, el("i", { class: `family-${f.family}` }),
+    `${f.family} ${fmtNum(f.tokens)} (${((100 * f.tokens) / total).toFixed(0)} %)${f.usd !== undefined && f.usd !== null ? ` ${fmtUsd(f.usd)}` : ""}`)));
   const table = el("table", { class: "turns" }, el("tr", {}, ["family", "part", "unit", "tokens", "billed", "cost"].map((h) => el("th", { text: h }))));
   for (const p of a.parts) {
     const b = p.billed;
@@ -845,7 +850,7 @@ function conversationAnatomy(a) {
     let x = 0;
     for (const f of t.families) {
       const w = (f.tokens / max) * width;
-      const rect = svg("rect", { x: String(x), y: String(i * (barH + gap)), width: String(w), height: String(barH), fill: FAMILY_COLOURS[f.family] || "#999", class: `family-${f.family}` });
+      const rect = svg("rect", { x: String(x), y: String(i * (barH + gap)), width: String(w), height: String(barH), class: `family-${f.family}` });
       const title = svg("title", {});
       title.textContent = `turn ${i + 1}: ${f.family} ${f.tokens}`;
       rect.append(title);
@@ -867,7 +872,7 @@ function conversationAnatomy(a) {
     before = t.families;
   });
   table.append(el("tr", {}, el("td", { text: "input $" }), ...a.families.map((f) => el("td", { class: "num", text: f.usd === undefined || f.usd === null ? "—" : fmtUsd(f.usd) }))));
-  const legend = el("div", { class: "legend" }, families.map((f) => el("span", { class: "mono", text: f })));
+  const legend = familyLegend(families);
   box.append(el("h3", { text: "Prompt anatomy per turn" }), legend, plot, table);
   // Which part's changes missed the cache, and what that lost.
   for (const m of a.misses || []) {
@@ -901,7 +906,7 @@ async function showRules() {
     byFile.get(rule.file).push(rule);
   }
   for (const [file, rules] of byFile) {
-    const table = el("table", { class: "turns" }, el("tr", {}, ["rule", "phase", "when", "actions", "fired", "line"].map((h) => el("th", { text: h }))));
+    const table = el("table", { class: "turns" }, el("tr", {}, ["rule", "phase", "when", "actions", "fired", "line"].map((h) => el("th", { class: ["fired", "line"].includes(h) ? "num" : "", text: h }))));
     for (const rule of rules) {
       table.append(el("tr", { class: rule.enabled ? "" : "empty" },
         el("td", {}, el("b", { text: rule.name }), rule.description ? el("div", { class: "empty", text: rule.description }) : null),
