@@ -83,7 +83,7 @@ mod upstream;
 
 // What the binary, benches, examples, fuzz targets and tests drive directly; every
 // other item is crate-private, and `unreachable_pub` keeps it so.
-pub use cache::anatomy::{classify as classify_prompt, cut as cut_prompt};
+pub use cache::anatomy::{classify as classify_prompt, naming as prompt_naming};
 pub use cache::{CacheSettings, CacheStage};
 pub use capture::record::CaptureRecord;
 pub use capture::record::UnitCache;

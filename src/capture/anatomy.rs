@@ -7,7 +7,7 @@
 use serde::Serialize;
 
 use super::record::CaptureRecord;
-use crate::cache::anatomy::{Billed, Family, Part, anatomy, bill, by_family};
+use crate::cache::anatomy::{Billed, Family, Named, Part, anatomy, bill, by_family};
 use crate::cache::segment::{IgnoreRule, segment};
 use crate::prompt::Prompt;
 
@@ -46,6 +46,9 @@ pub(crate) struct FamilyTotal {
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Anatomy {
     pub id: String,
+    /// The agent whose request shape it has (`Claude Code 2.1.332`, `pi`, `Codex`,
+    /// `opencode`), or `unknown`.
+    pub agent: String,
     pub estimated_tokens: u64,
     /// The provider's count of the whole input, when it gave one.
     pub provider_input_tokens: Option<u64>,
@@ -100,8 +103,8 @@ pub(crate) fn sum_families<'a>(lists: impl Iterator<Item = &'a [FamilyTotal]>) -
     sums
 }
 
-/// The parts of `record`'s prompt as sent upstream.
-pub(crate) fn parts_of(record: &CaptureRecord) -> Result<Vec<Part>, AnatomyError> {
+/// The agent and parts of `record`'s prompt as sent upstream.
+pub(crate) fn parts_of(record: &CaptureRecord) -> Result<Named, AnatomyError> {
     let format = record
         .request_format()
         .ok_or_else(|| AnatomyError::NotAModelRequest(record.id.clone()))?;
@@ -117,7 +120,7 @@ pub(crate) fn parts_of(record: &CaptureRecord) -> Result<Vec<Part>, AnatomyError
 
 /// `record`'s anatomy, billed by its usage at the rates it was priced at.
 pub(crate) fn of(record: &CaptureRecord) -> Result<Anatomy, AnatomyError> {
-    let parts = parts_of(record)?;
+    let Named { agent, parts } = parts_of(record)?;
     let cost = record
         .cache
         .as_ref()
@@ -147,6 +150,7 @@ pub(crate) fn of(record: &CaptureRecord) -> Result<Anatomy, AnatomyError> {
         .and_then(|b| b.iter().map(|b| b.usd).sum::<Option<f64>>());
     Ok(Anatomy {
         id: record.id.clone(),
+        agent: agent.label(),
         estimated_tokens: parts.iter().map(|p| p.tokens).sum(),
         provider_input_tokens: usage
             .map(|u| u.input_tokens + u.cache_read_tokens + u.cache_write_tokens),

@@ -195,6 +195,8 @@ pub struct Unit {
     pub kind: Kind,
     /// Its exact bytes in the body: the block, or the string for string content.
     pub span: Span,
+    /// Its token in the prompt's tape (read its fields through [`super::Prompt::value`]).
+    pub tok: u32,
     /// The part of `span` a store keeps as the unit: a block less a trailing
     /// `cache_control` entry and its closing brace, so that the block with a
     /// breakpoint, with another ttl and without one is one stored unit (an agent
@@ -363,6 +365,7 @@ impl Cutter {
             path,
             kind: self::kind("text"),
             span: text.span(),
+            tok: text.index(),
             content: Some(text.span()),
             text: Some(text.span()),
             marker: None,
@@ -441,6 +444,7 @@ impl Cutter {
             path,
             kind,
             span,
+            tok: node.index(),
             stored,
             content,
             text,

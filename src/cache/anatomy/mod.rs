@@ -1,18 +1,26 @@
 //! Prompt anatomy: each part of an agent's prompt named by where it came from, with
 //! its estimated tokens, read off the cache units of one request.
 //!
-//! A unit is one part, except a `<system-reminder>` text that carries several
-//! `# name` sections (Claude Code's context block: `claudeMd`, `gitStatus`,
-//! `currentDate`, …) and a `claudeMd` section with several `Contents of PATH
-//! (scope):` files: those are split, each section's tokens its share of the unit's
-//! by bytes. What it cannot name it calls `other`, never a guess.
+//! A unit is one part, except a text that carries several sections (Claude Code's
+//! context reminder with its `# claudeMd`, `# gitStatus`, … keys and each memory
+//! file in it; pi's system block with its project context, date and directory;
+//! opencode's `<env>` and instructions; Codex's developer and context items): those
+//! are split, each section's tokens its share of the unit's by bytes. The agent is
+//! recognised by its prompt's own opening words ([`Agent`]); what cannot be named
+//! is called by its kind (`tool X`, `system text`), never a guess.
+
+mod agent;
+#[cfg(test)]
+mod fixtures;
+mod name;
 
 use serde::Serialize;
 
-use super::segment::{Segments, Unit};
-use crate::prompt::{Prompt, Region};
+use crate::prompt::Prompt;
 use crate::provider::Usage;
 use crate::provider::price::Cost;
+pub(crate) use agent::Agent;
+pub(crate) use name::{Named, anatomy};
 
 /// Where a part of the prompt came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
@@ -70,269 +78,21 @@ pub(crate) struct Part {
     pub tokens: u64,
 }
 
-/// Claude Code's built-in tools (as of 2.x): anything else not `mcp__…` is custom.
-const BUILT_IN: &[&str] = &[
-    "Agent",
-    "AskUserQuestion",
-    "Bash",
-    "BashOutput",
-    "Edit",
-    "EnterPlanMode",
-    "ExitPlanMode",
-    "Glob",
-    "Grep",
-    "KillShell",
-    "ListMcpResourcesTool",
-    "LSP",
-    "MultiEdit",
-    "NotebookEdit",
-    "Read",
-    "ReadMcpResourceTool",
-    "ScheduleWakeup",
-    "Skill",
-    "SlashCommand",
-    "Task",
-    "TaskOutput",
-    "TodoWrite",
-    "ToolSearch",
-    "WebFetch",
-    "WebSearch",
-    "Write",
-];
-
-/// The parts of `prompt`, whose cache units are `segs`, in prompt order.
-pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Vec<Part> {
-    let mut parts = Vec::with_capacity(segs.units.len());
-    let roles: Vec<String> = prompt
-        .messages()
-        .iter()
-        .map(|m| {
-            prompt
-                .value(m.tok)
-                .and_then(|v| v.get("role"))
-                .and_then(|r| r.str().map(|s| s.into_owned()))
-                .unwrap_or_default()
-        })
-        .collect();
-    // Tool results name their tool through the call's id.
-    let mut calls: Vec<(String, String)> = Vec::new();
-    for unit in &segs.units {
-        // Read through its tape, as the prompt is: a tree of the whole unit is not
-        // needed for a few fields (serde_json's was ~90 % of naming a 200 KB prompt).
-        let toks = crate::provider::json::tape(&unit.bytes).unwrap_or_default();
-        let value = crate::prompt::Value::root_of(&unit.bytes, &toks);
-        let field = |k: &str| {
-            value
-                .and_then(|v| v.get(k))
-                .and_then(|v| v.str())
-                .map(std::borrow::Cow::into_owned)
-        };
-        let text = value.and_then(|v| {
-            let s = if v.is_string() {
-                Some(v)
-            } else {
-                v.get("text")
-            };
-            s.and_then(|s| s.str()).map(std::borrow::Cow::into_owned)
-        });
-        let whole = |family, name: String| Part {
-            family,
-            name,
-            unit: unit.path.to_string(),
-            bytes: unit.bytes.len(),
-            tokens: u64::from(unit.tokens),
-        };
-        match unit.path.region {
-            Region::Tools => {
-                let name = unit.tool_name().unwrap_or_default();
-                let deferred = value
-                    .and_then(|v| v.get("defer_loading"))
-                    .is_some_and(|v| v.bytes() == b"true");
-                parts.push(whole(Family::Tools, tool_part(&name, deferred)));
-            }
-            Region::System | Region::Instructions => {
-                let t = text.as_deref().unwrap_or_default();
-                let name = system_part(t, unit.path.region);
-                parts.push(whole(Family::System, name.to_owned()));
-            }
-            Region::Messages | Region::Input => {
-                let role = roles
-                    .get(unit.path.index as usize)
-                    .map_or("", String::as_str);
-                match &*unit.kind {
-                    "tool_use" => {
-                        let name = field("name").unwrap_or_default();
-                        if let Some(id) = field("id") {
-                            calls.push((id, name.clone()));
-                        }
-                        parts.push(whole(Family::Conversation, format!("tool call {name}")));
-                    }
-                    "tool_result" => {
-                        let id = field("tool_use_id").unwrap_or_default();
-                        let name = calls
-                            .iter()
-                            .find(|(i, _)| *i == id)
-                            .map_or("a tool", |(_, n)| n.as_str());
-                        parts.push(whole(
-                            Family::Conversation,
-                            format!("tool result of {name}"),
-                        ));
-                    }
-                    "thinking" | "redacted_thinking" => {
-                        parts.push(whole(Family::Conversation, "thinking".into()));
-                    }
-                    "image" | "document" => {
-                        parts.push(whole(Family::Conversation, (*unit.kind).to_owned()));
-                    }
-                    _ if role == "system" => {
-                        parts.push(whole(Family::Context, "environment".into()));
-                    }
-                    _ => match text.as_deref() {
-                        Some(t) if t.trim_start().starts_with("<system-reminder>") => {
-                            split_reminder(unit, t, &mut parts);
-                        }
-                        _ if role == "assistant" => {
-                            parts.push(whole(Family::Conversation, "assistant text".into()));
-                        }
-                        _ => parts.push(whole(Family::Conversation, "user prompt".into())),
-                    },
-                }
-            }
-        }
-    }
-    parts
-}
-
-/// What a system block (or OpenAI's instructions) holding `text` is.
-fn system_part(text: &str, region: Region) -> &'static str {
-    if text.starts_with("x-anthropic-billing-header:") {
-        "billing header"
-    } else if text.starts_with("You are ") {
-        "base prompt"
-    } else if region == Region::Instructions {
-        "instructions"
-    } else {
-        "system text"
-    }
-}
-
-fn tool_part(name: &str, deferred: bool) -> String {
-    let kind = if let Some(rest) = name.strip_prefix("mcp__") {
-        let server = rest.split("__").next().unwrap_or(rest);
-        format!("MCP server {server}")
-    } else if BUILT_IN.contains(&name) {
-        format!("built-in {name}")
-    } else {
-        format!("custom {name}")
-    };
-    if deferred {
-        format!("{kind} (deferred)")
-    } else {
-        kind
-    }
-}
-
-/// A reminder's `# name` sections (and a claudeMd section's files), each a part.
-fn split_reminder(unit: &Unit, text: &str, parts: &mut Vec<Part>) {
-    let mut sections: Vec<(Family, String, usize)> = Vec::new();
-    let mut current: Option<(Family, String)> = None;
-    let mut size = 0usize;
-    for line in text.split_inclusive('\n') {
-        let heading = line.strip_prefix("# ").map(str::trim);
-        let file = line
-            .strip_prefix("Contents of ")
-            .and_then(|rest| rest.trim_end().strip_suffix(':'));
-        let next = match (heading, file) {
-            (Some(h), _) => Some(section(h)),
-            (None, Some(f)) => Some((Family::Memory, memory_file(f))),
-            _ => None,
-        };
-        if let Some(next) = next {
-            if let Some((family, name)) = current.take() {
-                sections.push((family, name, size));
-            } else if size > 0 {
-                sections.push((Family::Reminders, "reminder".into(), size));
-            }
-            current = Some(next);
-            size = 0;
-        }
-        size += line.len();
-    }
-    match current {
-        Some((family, name)) => sections.push((family, name, size)),
-        None => sections.push((Family::Reminders, "reminder".into(), size)),
-    }
-    let total = sections.iter().map(|s| s.2).sum::<usize>().max(1);
-    let tokens = u64::from(unit.tokens);
-    let mut given = 0u64;
-    let n = sections.len();
-    for (i, (family, name, size)) in sections.into_iter().enumerate() {
-        // The last section takes the rounding, so the parts sum to the unit.
-        let share = if i + 1 == n {
-            tokens - given
-        } else {
-            tokens * size as u64 / total as u64
-        };
-        given += share;
-        parts.push(Part {
-            family,
-            name,
-            unit: unit.path.to_string(),
-            bytes: size,
-            tokens: share,
-        });
-    }
-}
-
-/// A `# name` section of a reminder.
-fn section(name: &str) -> (Family, String) {
-    match name {
-        "claudeMd" => (Family::Memory, "memory files".into()),
-        "gitStatus" => (Family::Context, "git status".into()),
-        "currentDate" => (Family::Context, "date".into()),
-        "userEmail" | "attachedProject" | "Environment" => (Family::Context, name.into()),
-        "attribution" => (Family::Reminders, "attribution".into()),
-        _ => (Family::Reminders, format!("reminder {name}")),
-    }
-}
-
-/// `PATH (scope text)` of a memory file, as `PATH (scope)`: Claude Code writes
-/// "project instructions, checked into the codebase", "user's private project
-/// instructions, not checked in" (CLAUDE.local.md), "user's private global
-/// instructions for all projects", and managed (organisation) memory.
-fn memory_file(header: &str) -> String {
-    let (path, said) = match header.rsplit_once(" (") {
-        Some((p, s)) => (p, s.trim_end_matches(')')),
-        None => (header, ""),
-    };
-    let scope = [
-        ("not checked in", "local"),
-        ("private global", "user"),
-        ("project", "project"),
-        ("managed", "managed"),
-        ("organization", "managed"),
-        ("policy", "managed"),
-    ]
-    .into_iter()
-    .find(|(words, _)| said.contains(words))
-    .map_or("other", |(_, scope)| scope);
-    format!("{path} ({scope})")
-}
-
 /// Cuts `prompt` into its cache units and names their parts: how many parts (the
 /// `prompt` bench times it; `None` for a body that is no prompt).
 pub fn classify(prompt: &Prompt) -> Option<usize> {
     let segs =
         super::segment::segment(prompt, &[super::segment::IgnoreRule::billing_header()]).ok()?;
-    Some(anatomy(prompt, &segs).len())
+    Some(anatomy(prompt, &segs).parts.len())
 }
 
-/// Cuts `prompt` into its cache units, as [`classify`] does first: how many (the
-/// `prompt` bench times the naming as the difference).
-pub fn cut(prompt: &Prompt) -> Option<usize> {
+/// Cuts `prompt` into its cache units once and gives the naming alone, to call
+/// again and again (the `prompt` bench times it; `None` for a body that is no
+/// prompt). The closure gives how many parts it named.
+pub fn naming(prompt: &Prompt) -> Option<impl Fn() -> usize + '_> {
     let segs =
         super::segment::segment(prompt, &[super::segment::IgnoreRule::billing_header()]).ok()?;
-    Some(segs.units.len())
+    Some(move || anatomy(prompt, &segs).parts.len())
 }
 
 /// Tokens per family, in [`Family::ALL`] order.
@@ -453,7 +213,7 @@ mod tests {
             Some(Format::AnthropicMessages),
         );
         let segs = segment(&prompt, &[IgnoreRule::billing_header()]).unwrap();
-        let parts = anatomy(&prompt, &segs);
+        let parts = anatomy(&prompt, &segs).parts;
         let total: u64 = segs.units.iter().map(|u| u64::from(u.tokens)).sum();
         assert_eq!(
             parts.iter().map(|p| p.tokens).sum::<u64>(),
@@ -506,7 +266,7 @@ mod tests {
                 ("tools", "built-in WebFetch (deferred)"),
                 ("tools", "custom deploy"),
                 ("system", "billing header"),
-                ("system", "base prompt"),
+                ("system", "identity"),
                 ("reminders", "reminder"),
                 ("memory", "memory files"),
                 ("memory", "/home/u/.claude/CLAUDE.md (user)"),
