@@ -678,6 +678,9 @@ async fn anatomy_names_each_part_of_a_claude_code_prompt() {
     assert!(named("conversation", "tool call Bash"), "{json}");
     assert!(named("conversation", "tool result of Bash"), "{json}");
     assert!(named("conversation", "user prompt"), "{json}");
+    // The agent, by its billing header's version; the date closing its system turn.
+    assert_eq!(json["agent"], "Claude Code 2.1.332", "{json}");
+    assert!(named("context", "date"), "{json}");
     // Every unit is accounted for, and the parts sum to the estimate.
     let sum: u64 = parts.iter().map(|p| p["tokens"].as_u64().unwrap()).sum();
     assert_eq!(sum, json["estimated_tokens"].as_u64().unwrap());
@@ -718,6 +721,14 @@ async fn anatomy_names_each_part_of_a_claude_code_prompt() {
     let priced = record["cache"]["cost"]["input_usd"].as_f64().unwrap();
     assert!((usd - priced).abs() < 1e-6, "{usd} against {priced}");
     assert!((json["input_usd"].as_f64().unwrap() - priced).abs() < 1e-6);
+    let cc = captures::ok(dir, &["anatomy", &ids[1]]);
+    assert!(
+        cc.lines()
+            .next()
+            .unwrap_or_default()
+            .contains("  Claude Code 2.1.332  "),
+        "{cc}"
+    );
     let text = captures::ok(dir, &["anatomy", "last"]);
     assert!(
         text.lines().any(|l| l.trim_start().starts_with("tools ")),

@@ -989,11 +989,34 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         .await;
     let anatomy = anatomy.as_str().unwrap_or_default();
     assert!(
-        anatomy.contains("Prompt anatomy")
+        anatomy.contains("Prompt anatomy (Claude Code 2.1.332)")
             && anatomy.contains("tools")
             && anatomy.contains("system"),
         "{anatomy}"
     );
+    // The prompt view's units carry their parts' family labels, and a part's unit
+    // in the table links to it.
+    let labels = browser
+        .eval(
+            "return [...document.querySelectorAll('#prompt .unit[data-path=\"tools[0]\"] .family-label')].map(l => l.textContent)",
+            vec![],
+        )
+        .await;
+    assert_eq!(labels, serde_json::json!(["tools · built-in Agent"]));
+    let links = browser
+        .eval(
+            "return document.querySelectorAll('#anatomy a.unit-link').length",
+            vec![],
+        )
+        .await;
+    assert!(links.as_u64().unwrap_or(0) > 0, "{links}");
+    browser
+        .eval(
+            "document.querySelector('#anatomy details').open = true; document.getElementById('anatomy').scrollIntoView(); return 0",
+            vec![],
+        )
+        .await;
+    browser.screenshot(&shots.join("anatomy.png")).await;
     // Each policy's turn is on the exchange page: the tagging rule ran as `rules`.
     let turns = browser
         .eval(

@@ -56,6 +56,8 @@ pub(crate) struct Anatomy {
     pub input_usd: Option<f64>,
     pub families: Vec<FamilyTotal>,
     pub parts: Vec<BilledPart>,
+    /// What the numbers call for (a large memory file, a heavy MCP server).
+    pub advice: Vec<super::advice::Advice>,
 }
 
 impl Anatomy {
@@ -148,7 +150,7 @@ pub(crate) fn of(record: &CaptureRecord) -> Result<Anatomy, AnatomyError> {
     let input_usd = billed
         .as_ref()
         .and_then(|b| b.iter().map(|b| b.usd).sum::<Option<f64>>());
-    Ok(Anatomy {
+    let mut a = Anatomy {
         id: record.id.clone(),
         agent: agent.label(),
         estimated_tokens: parts.iter().map(|p| p.tokens).sum(),
@@ -168,7 +170,10 @@ pub(crate) fn of(record: &CaptureRecord) -> Result<Anatomy, AnatomyError> {
                 }
             })
             .collect(),
-    })
+        advice: Vec::new(),
+    };
+    a.advice = super::advice::request(&a);
+    Ok(a)
 }
 
 /// One turn of a conversation: its families' tokens (by the provider's count when
@@ -192,6 +197,8 @@ pub(crate) struct ConversationAnatomy {
     pub misses: Vec<FamilyMisses>,
     /// Turns that could not be read, and why.
     pub skipped: Vec<String>,
+    /// What the numbers call for over the conversation.
+    pub advice: Vec<super::advice::Advice>,
 }
 
 /// The cache misses one family's changes caused over a conversation.
@@ -205,21 +212,42 @@ pub(crate) struct FamilyMisses {
     pub turns: Vec<String>,
 }
 
-/// The family whose change made `record` miss the cache, when the analysis names
-/// one: the part its first changed unit is (a re-spelling alone misses nothing),
-/// or the tools.
-fn missed_by(record: &CaptureRecord, parts: &[BilledPart]) -> Option<Family> {
+/// What made `record` miss the cache, when the analysis names it: the part its
+/// first changed byte is in (a re-spelling alone misses nothing), or the tools.
+enum Missed {
+    /// The index of the part in the anatomy.
+    Part(usize),
+    Tools,
+}
+
+impl Missed {
+    fn family(&self, parts: &[BilledPart]) -> Family {
+        match self {
+            Missed::Part(i) => parts[*i].part.family,
+            Missed::Tools => Family::Tools,
+        }
+    }
+}
+
+fn missed_by(record: &CaptureRecord, parts: &[BilledPart]) -> Option<Missed> {
     use crate::cache::explain::Reason;
     match record.cache.as_ref()?.reason.as_ref()? {
         Reason::PrefixChanged {
             unit,
+            offset,
             spelling_only: false,
             ..
-        } => parts
-            .iter()
-            .find(|p| p.part.unit == *unit)
-            .map(|p| p.part.family),
-        Reason::ToolsChanged { .. } => Some(Family::Tools),
+        } => {
+            // The unit's last part that starts at or before the changed byte.
+            let mut found = None;
+            for (i, p) in parts.iter().enumerate() {
+                if p.part.unit == *unit && (found.is_none() || p.part.at <= *offset) {
+                    found = Some(i);
+                }
+            }
+            found.map(Missed::Part)
+        }
+        Reason::ToolsChanged { .. } => Some(Missed::Tools),
         _ => None,
     }
 }
@@ -259,15 +287,18 @@ pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> Conversation
     let mut turns = Vec::with_capacity(records.len());
     let mut skipped = Vec::new();
     let mut misses: Vec<FamilyMisses> = Vec::new();
+    let mut read: Vec<(Anatomy, Option<(usize, f64)>)> = Vec::with_capacity(records.len());
     for r in records {
         match of(r) {
             Ok(a) => {
-                if let Some(family) = missed_by(r, &a.parts) {
-                    let lost = r
-                        .cache
-                        .as_ref()
-                        .and_then(|c| c.cost.as_ref())
-                        .map_or(0.0, |c| c.usd.lost_usd);
+                let missed = missed_by(r, &a.parts);
+                let lost = r
+                    .cache
+                    .as_ref()
+                    .and_then(|c| c.cost.as_ref())
+                    .map_or(0.0, |c| c.usd.lost_usd);
+                if let Some(missed) = &missed {
+                    let family = missed.family(&a.parts);
                     let at = match misses.iter().position(|m| m.family == family) {
                         Some(at) => at,
                         None => {
@@ -286,9 +317,14 @@ pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> Conversation
                 }
                 turns.push(TurnAnatomy {
                     families: a.billed_families(),
-                    id: a.id,
+                    id: a.id.clone(),
                     started_ms: r.times.started_ms,
                 });
+                let part = match missed {
+                    Some(Missed::Part(i)) => Some((i, lost)),
+                    _ => None,
+                };
+                read.push((a, part));
             }
             Err(e) => skipped.push(e.to_string()),
         }
@@ -305,5 +341,6 @@ pub(crate) fn conversation(key: &str, records: &[CaptureRecord]) -> Conversation
         families,
         misses,
         skipped,
+        advice: super::advice::conversation(&read),
     }
 }

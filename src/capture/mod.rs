@@ -5,6 +5,7 @@
 //! dropped, counted and logged (or, with `capture.required`, new requests are
 //! refused). It never holds a stream's bytes back.
 
+pub(crate) mod advice;
 pub(crate) mod analysis;
 pub(crate) mod anatomy;
 pub(crate) mod cache_report;

@@ -83,6 +83,7 @@ pub(super) fn print_conversation(
             m.turns.join(", ")
         );
     }
+    advice(&c.advice, out);
     Ok(())
 }
 
@@ -106,8 +107,9 @@ pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> any
     let scaled = |t: u64| a.provider_input_tokens.map(|n| kilo(t * n / total.max(1)));
     let _ = writeln!(
         out,
-        "{}  {} estimated tokens{}{}",
+        "{}  {}  {} estimated tokens{}{}",
         a.id,
+        a.agent,
         kilo(total),
         a.provider_input_tokens.map_or(String::new(), |n| format!(
             " ({} by the provider's count)",
@@ -150,5 +152,17 @@ pub(super) fn print(record: &CaptureRecord, json: bool, out: &mut String) -> any
             crate::redact::cut(&p.part.name, crate::redact::NAME_MAX)
         );
     }
+    advice(&a.advice, out);
     Ok(())
+}
+
+/// The advice lines, after a blank line, when there is any.
+fn advice(advice: &[crate::capture::advice::Advice], out: &mut String) {
+    if advice.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "\nadvice:");
+    for a in advice {
+        let _ = writeln!(out, "  - {}", a.text);
+    }
 }

@@ -398,8 +398,10 @@ async function showExchange(id) {
   rawTab.addEventListener("click", () => { promptBox.hidden = true; raw.hidden = false; rawTab.className = "on"; promptTab.className = ""; });
   tabs.append(promptTab, rawTab);
   page.append(el("h3", { text: "Request" }), tabs, el("div", { class: "section" }, promptBox, raw));
-  if (prompt) renderPrompt(promptBox, prompt.view);
-  else promptBox.append(el("p", { class: "empty", text: "No prompt model for this body." }));
+  if (prompt) {
+    renderPrompt(promptBox, prompt.view);
+    if (anatomy) labelUnits(promptBox, anatomy);
+  } else promptBox.append(el("p", { class: "empty", text: "No prompt model for this body." }));
   page.append(rulesSection(record, edits));
   page.append(responseSection(record));
   page.append(headersSection(record));
@@ -465,13 +467,55 @@ function anatomySection(a) {
     const b = p.billed;
     const how = !b ? "" : b.tokens === 0 ? "—" : b.read === b.tokens ? "cached" : b.write === b.tokens ? "written" : b.uncached === b.tokens ? "uncached" : "split";
     table.append(el("tr", { class: p.cached ? "cached" : "" },
-      el("td", { text: p.family }), el("td", { text: p.name }), el("td", { class: "mono", text: p.unit }),
+      el("td", { text: p.family }), el("td", { text: p.name }), el("td", { class: "mono" }, unitLink(p.unit)),
       el("td", { class: "num", text: fmtNum(b ? b.tokens : p.tokens) }), el("td", { text: how }),
       el("td", { class: "num", text: b && b.usd !== undefined && b.usd !== null ? fmtUsd(b.usd) : "" })));
   }
-  const head = `Prompt anatomy: ${fmtNum(a.provider_input_tokens ?? a.estimated_tokens)} tokens` + (a.input_usd !== undefined && a.input_usd !== null ? `, input ${fmtUsd(a.input_usd)}` : "");
-  box.append(el("h3", { text: head }), bar, legend, el("details", {}, el("summary", { text: `${a.parts.length} parts` }), table));
+  const head = `Prompt anatomy (${a.agent}): ${fmtNum(a.provider_input_tokens ?? a.estimated_tokens)} tokens` + (a.input_usd !== undefined && a.input_usd !== null ? `, input ${fmtUsd(a.input_usd)}` : "");
+  box.append(el("h3", { text: head }), bar, legend);
+  const advice = adviceList(a.advice);
+  if (advice) box.append(advice);
+  box.append(el("details", {}, el("summary", { text: `${a.parts.length} parts` }), table));
   return box;
+}
+
+// What the anatomy's numbers call for, one line each (nothing when none).
+function adviceList(advice) {
+  if (!advice || !advice.length) return null;
+  return el("ul", { class: "advice" }, advice.map((x) => el("li", { "data-kind": x.kind, text: x.text })));
+}
+
+// A unit's path that scrolls the prompt view to it.
+function unitLink(path) {
+  const a = el("a", { href: "#", class: "unit-link", text: path });
+  a.addEventListener("click", (e) => {
+    e.preventDefault();
+    const node = document.querySelector(`#prompt .unit[data-path="${CSS.escape(path)}"]`);
+    if (node) { node.scrollIntoView({ block: "center" }); node.classList.add("flash"); setTimeout(() => node.classList.remove("flash"), 1200); }
+  });
+  return a;
+}
+
+// The prompt view's units gain their parts' family labels (a unit may hold several).
+function labelUnits(promptBox, a) {
+  const byUnit = new Map();
+  for (const p of a.parts) {
+    if (!byUnit.has(p.unit)) byUnit.set(p.unit, []);
+    byUnit.get(p.unit).push(p);
+  }
+  for (const [path, parts] of byUnit) {
+    // A tool's head is its summary line; other units have a head row.
+    const node = promptBox.querySelector(`.unit[data-path="${CSS.escape(path)}"]`);
+    const head = node && (node.querySelector(":scope > .head") || node.querySelector(":scope > details > summary"));
+    if (!head) continue;
+    const seen = new Set();
+    for (const p of parts) {
+      const key = `${p.family}: ${p.name}`;
+      if (seen.has(key)) continue;
+      seen.add(key);
+      head.prepend(el("span", { class: `family-label family-${p.family}`, title: key, text: p.family === "conversation" ? p.name : `${p.family} · ${p.name}` }));
+    }
+  }
 }
 
 function cacheSection(r, told) {
@@ -879,6 +923,8 @@ function conversationAnatomy(a) {
     box.append(el("div", { class: "mono miss-by-family" }, `${m.family} changed: ${m.misses} cache miss${m.misses === 1 ? "" : "es"}, ${fmtUsd(m.lost_usd)} lost (turn${m.turns.length === 1 ? "" : "s"} `,
       ...m.turns.flatMap((id, i) => [i ? ", " : "", el("a", { href: `#/x/${id}`, text: id.slice(-6) })]), ")"));
   }
+  const advice = adviceList(a.advice);
+  if (advice) box.append(el("h4", { text: "Advice" }), advice);
   return box;
 }
 

@@ -201,7 +201,7 @@ impl Agent {
 
     /// The first bytes of every line [`Agent::section`] accepts: the naming decodes
     /// only lines that start with one of them.
-    pub(crate) const SECTION_STARTS: &'static [u8] = b"<#CIYS";
+    pub(crate) const SECTION_STARTS: &'static [u8] = b"<#CIYST";
 
     /// The section a line of system or context text opens, if it opens one.
     pub(crate) fn section(&self, line: &str) -> Option<(Family, String)> {
@@ -261,6 +261,10 @@ fn context_tag(line: &str) -> Option<(Family, String)> {
 /// word: a memory file's own `# Heading` is not one), a memory file's `Contents of
 /// PATH (scope):`, and the headings of its system turn.
 fn claude_code_section(line: &str) -> Option<(Family, String)> {
+    // The last line of its system turn (Claude 5 models).
+    if line.starts_with("Today's date is ") {
+        return Some((Family::Context, "date".into()));
+    }
     if let Some(file) = line
         .strip_prefix("Contents of ")
         .and_then(|rest| rest.strip_suffix(':'))

@@ -73,6 +73,9 @@ pub(crate) struct Part {
     pub name: String,
     /// The unit it is (or is in).
     pub unit: String,
+    /// Where it starts in the unit's normalised bytes (a section's place in its
+    /// text; 0 for a whole unit): a changed byte's offset finds its part.
+    pub at: usize,
     pub bytes: usize,
     /// Estimated tokens (the analysis' estimator).
     pub tokens: u64,
@@ -267,7 +270,6 @@ mod tests {
                 ("tools", "custom deploy"),
                 ("system", "billing header"),
                 ("system", "identity"),
-                ("reminders", "reminder"),
                 ("memory", "memory files"),
                 ("memory", "/home/u/.claude/CLAUDE.md (user)"),
                 ("memory", "/repo/CLAUDE.md (project)"),
@@ -282,14 +284,7 @@ mod tests {
         let families: Vec<&str> = by_family(&parts).iter().map(|(f, _)| f.name()).collect();
         assert_eq!(
             families,
-            [
-                "system",
-                "tools",
-                "memory",
-                "context",
-                "reminders",
-                "conversation"
-            ]
+            ["system", "tools", "memory", "context", "conversation"]
         );
     }
 
@@ -299,6 +294,7 @@ mod tests {
             family: Family::System,
             name: String::new(),
             unit: String::new(),
+            at: 0,
             bytes: 0,
             tokens,
         };

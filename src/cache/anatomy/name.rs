@@ -41,6 +41,7 @@ pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Named {
             .collect(),
         calls: chat_calls(prompt),
         parts: Vec::with_capacity(segs.units.len()),
+        origin: 0,
     };
     let tapes: Vec<Vec<json::Tok>> = if same {
         Vec::new()
@@ -69,6 +70,13 @@ pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Named {
         }
     }
     for (i, unit) in segs.units.iter().enumerate() {
+        walk.origin = if same {
+            // String content is normalised as `{"type":"text","text":` and the string.
+            let wrapper = if own[i].path.string { 22 } else { 0 };
+            own[i].span.start as isize - wrapper
+        } else {
+            0
+        };
         walk.unit(unit, value(i));
     }
     Named {
@@ -98,6 +106,15 @@ fn chat_calls(prompt: &Prompt) -> Vec<(String, String)> {
     calls
 }
 
+/// A section of a unit's text, before its tokens are shared out.
+struct Piece {
+    family: Family,
+    name: String,
+    /// Where it starts in the unit's normalised bytes.
+    at: usize,
+    size: usize,
+}
+
 struct Walk<'p> {
     prompt: &'p Prompt,
     agent: Agent,
@@ -107,9 +124,17 @@ struct Walk<'p> {
     /// Tool calls seen so far (id → tool name): a result names its tool by the id.
     calls: Vec<(String, String)>,
     parts: Vec<Part>,
+    /// Where the current unit's normalised bytes begin, in the bytes its texts'
+    /// spans count in (the body, or the unit itself when read on its own).
+    origin: isize,
 }
 
 impl Walk<'_> {
+    /// Where text `t` starts in the current unit's normalised bytes.
+    fn at(&self, t: &Text<'_>) -> usize {
+        usize::try_from(t.0.span().start as isize + 1 - self.origin).unwrap_or(0)
+    }
+
     /// Whether `unit` is system text: a system block, instructions, or a system or
     /// developer message.
     fn is_system(&self, unit: &Unit, value: Option<Value<'_>>) -> bool {
@@ -262,7 +287,7 @@ impl Walk<'_> {
         let mut pieces = Vec::new();
         for t in texts {
             let lead = self.agent.system_lead(&t.opening());
-            sections(&self.agent, t.inner(), lead, &mut pieces);
+            sections(&self.agent, t.inner(), lead, self.at(t), &mut pieces);
         }
         self.pieces(unit, pieces);
     }
@@ -272,8 +297,14 @@ impl Walk<'_> {
     fn user(&mut self, unit: &Unit, texts: &[Text<'_>]) {
         let mut pieces = Vec::new();
         for t in texts {
+            let conversation = |name: &str| Piece {
+                family: Family::Conversation,
+                name: name.to_owned(),
+                at: self.at(t),
+                size: t.len(),
+            };
             if !t.may_open_a_section() {
-                pieces.push((Family::Conversation, "user prompt".to_owned(), t.len()));
+                pieces.push(conversation("user prompt"));
                 continue;
             }
             let opening = t.opening();
@@ -288,9 +319,9 @@ impl Walk<'_> {
                 }
             };
             if lead.0 == Family::Conversation {
-                pieces.push((lead.0, lead.1, t.len()));
+                pieces.push(conversation(&lead.1));
             } else {
-                sections(&self.agent, t.inner(), lead, &mut pieces);
+                sections(&self.agent, t.inner(), lead, self.at(t), &mut pieces);
             }
         }
         self.pieces(unit, pieces);
@@ -301,6 +332,7 @@ impl Walk<'_> {
             family,
             name,
             unit: unit.path.to_string(),
+            at: 0,
             bytes: unit.bytes.len(),
             tokens: u64::from(unit.tokens),
         });
@@ -308,18 +340,25 @@ impl Walk<'_> {
 
     /// A unit's sections as parts, its tokens shared by their bytes (exactly: the
     /// parts of a unit sum to it). Neighbours of one name are one part.
-    fn pieces(&mut self, unit: &Unit, pieces: Vec<(Family, String, usize)>) {
-        let mut merged: Vec<(Family, String, usize)> = Vec::with_capacity(pieces.len());
-        for (family, name, size) in pieces {
+    fn pieces(&mut self, unit: &Unit, pieces: Vec<Piece>) {
+        let mut merged: Vec<Piece> = Vec::with_capacity(pieces.len());
+        for piece in pieces {
             match merged.last_mut() {
-                Some(last) if last.0 == family && last.1 == name => last.2 += size,
-                _ => merged.push((family, name, size)),
+                Some(last) if last.family == piece.family && last.name == piece.name => {
+                    last.size += piece.size;
+                }
+                _ => merged.push(piece),
             }
         }
         if merged.is_empty() {
-            merged.push((Family::Conversation, "empty".into(), 0));
+            merged.push(Piece {
+                family: Family::Conversation,
+                name: "empty".into(),
+                at: 0,
+                size: 0,
+            });
         }
-        let total: u64 = merged.iter().map(|p| p.2 as u64).sum();
+        let total: u64 = merged.iter().map(|p| p.size as u64).sum();
         let tokens = if total == 0 {
             // Nothing to share by: the first takes all.
             let mut t = vec![0; merged.len()];
@@ -327,17 +366,18 @@ impl Walk<'_> {
             t
         } else {
             super::apportion(
-                merged.iter().map(|p| p.2 as u64),
+                merged.iter().map(|p| p.size as u64),
                 total,
                 u64::from(unit.tokens),
             )
         };
-        for ((family, name, size), tokens) in merged.into_iter().zip(tokens) {
+        for (piece, tokens) in merged.into_iter().zip(tokens) {
             self.parts.push(Part {
-                family,
-                name,
+                family: piece.family,
+                name: piece.name,
                 unit: unit.path.to_string(),
-                bytes: size,
+                at: piece.at,
+                bytes: piece.size,
                 tokens,
             });
         }
@@ -424,14 +464,9 @@ fn texts_of(value: Option<Value<'_>>) -> Vec<Text<'_>> {
 /// section lines open, the part before the first being `lead`; each with its size
 /// in bytes as sent. Read on the escaped bytes: only a line that may open a
 /// section is decoded (decoding whole system prompts was most of the naming).
-fn sections(
-    agent: &Agent,
-    raw: &[u8],
-    lead: (Family, String),
-    out: &mut Vec<(Family, String, usize)>,
-) {
+fn sections(agent: &Agent, raw: &[u8], lead: (Family, String), base: usize, out: &mut Vec<Piece>) {
     let mut current = lead;
-    let mut size = 0usize;
+    let (mut at, mut size) = (base, 0usize);
     for line in raw_lines(raw) {
         let next = line
             .first()
@@ -439,15 +474,28 @@ fn sections(
             .and_then(|_| decode_line(line))
             .and_then(|text| agent.section(&text));
         if let Some(next) = next {
-            if size > 0 {
-                out.push((current.0, std::mem::take(&mut current.1), size));
+            // A reminder's wrapper lines before its first section belong to it.
+            let wrapper = at == base && current.0 == Family::Reminders;
+            if size > 0 && !wrapper {
+                out.push(Piece {
+                    family: current.0,
+                    name: std::mem::take(&mut current.1),
+                    at,
+                    size,
+                });
+                at += size;
+                size = 0;
             }
             current = next;
-            size = 0;
         }
         size += line.len();
     }
-    out.push((current.0, current.1, size));
+    out.push(Piece {
+        family: current.0,
+        name: current.1,
+        at,
+        size,
+    });
 }
 
 /// The lines of an escaped JSON string, each with its `\n` escape.
