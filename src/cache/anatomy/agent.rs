@@ -24,32 +24,47 @@ pub(crate) enum Agent {
     Unknown,
 }
 
+/// The openings of Claude Code's own main prompts (2.1.x: `-p` and the SDK, the
+/// interactive CLI).
+const CLAUDE_CODE_PROMPTS: &[&str] = &[
+    "You are an agent working with the user",
+    "You are an interactive",
+];
+
 /// Claude Code's built-in tools (2.1.x): anything else not `mcp__…` is custom.
 const CLAUDE_CODE_TOOLS: &[&str] = &[
     "Agent",
     "AskUserQuestion",
     "Bash",
     "BashOutput",
+    "CronCreate",
+    "CronDelete",
+    "CronList",
     "DeferredToolPlaceholder",
     "Edit",
     "EnterPlanMode",
+    "EnterWorktree",
     "ExitPlanMode",
+    "ExitWorktree",
     "Glob",
     "Grep",
     "KillShell",
     "ListAgents",
     "ListMcpResourcesTool",
     "LSP",
+    "Monitor",
     "MultiEdit",
     "NotebookEdit",
     "Read",
     "ReadMcpResourceTool",
     "ReportFindings",
     "ScheduleWakeup",
+    "SendMessage",
     "Skill",
     "SlashCommand",
     "Task",
     "TaskOutput",
+    "TaskStop",
     "TodoWrite",
     "ToolSearch",
     "WebFetch",
@@ -177,8 +192,14 @@ impl Agent {
     }
 
     /// What a system text (a system block, OpenAI instructions, a system or
-    /// developer message) opening with `text` is, before any section in it.
-    pub(crate) fn system_lead(&self, text: &str) -> (Family, String) {
+    /// developer message) opening with `text` is, before any section in it; `turn`:
+    /// a system message among the messages (Claude Code's system turn).
+    pub(crate) fn system_lead(&self, text: &str, turn: bool) -> (Family, String) {
+        let text = text.trim_start();
+        let claude_code = matches!(self, Agent::ClaudeCode { .. });
+        if claude_code && turn {
+            return (Family::Context, "system turn".into());
+        }
         let name = if text.starts_with("x-anthropic-billing-header:") {
             "billing header"
         } else if text.starts_with("You are Claude Code")
@@ -187,31 +208,74 @@ impl Agent {
             "identity"
         } else if text.starts_with("You are a title generator") {
             "title generator prompt"
+        } else if claude_code {
+            // Claude Code's own prompts open with its words (2.1.x: the main one,
+            // the interactive one, a subagent's); anything else in their place is
+            // what `--system-prompt` (or an agent definition) gave.
+            if CLAUDE_CODE_PROMPTS.iter().any(|p| text.starts_with(p)) {
+                "base prompt"
+            } else if text.starts_with("You are an agent for Claude Code") {
+                "subagent prompt"
+            } else {
+                "custom system prompt"
+            }
         } else if text.starts_with("You are ") {
             "base prompt"
-        } else if matches!(self, Agent::ClaudeCode { .. }) {
-            // Claude Code's main prompt opens with its own words; anything else in
-            // its place is what `--system-prompt` (or an agent definition) gave.
-            return (Family::System, "custom system prompt".into());
         } else {
             "system text"
         };
         (Family::System, name.into())
     }
 
+    /// What a `<system-reminder>` whose first line (after the tag) is `line` is,
+    /// when it has no `# name` heading: Claude Code's runtime reminders by their
+    /// opening words, else `reminder`.
+    pub(crate) fn reminder(&self, line: &str) -> (Family, String) {
+        let line = line.trim();
+        let known: [(&str, Family, &str); 8] = [
+            (
+                "Attribution for git commits",
+                Family::Reminders,
+                "attribution",
+            ),
+            (
+                "Codebase and user instructions",
+                Family::Memory,
+                "memory files",
+            ),
+            ("Plan mode is active", Family::Reminders, "plan mode"),
+            ("The TodoWrite tool", Family::Reminders, "todos"),
+            ("Your todo list", Family::Reminders, "todos"),
+            ("<new-diagnostics>", Family::Reminders, "diagnostics"),
+            (
+                "The user opened the file",
+                Family::Reminders,
+                "file attachment",
+            ),
+            ("Called the Read tool", Family::Reminders, "file attachment"),
+        ];
+        known
+            .into_iter()
+            .find(|(opening, _, _)| line.starts_with(opening))
+            .map_or((Family::Reminders, "reminder".into()), |(_, f, n)| {
+                (f, n.into())
+            })
+    }
+
     /// The first bytes of every line [`Agent::section`] accepts: the naming decodes
     /// only lines that start with one of them.
-    pub(crate) const SECTION_STARTS: &'static [u8] = b"<#CIYST";
+    pub(crate) const SECTION_STARTS: &'static [u8] = b"<#ACIYST";
 
-    /// The section a line of system or context text opens, if it opens one.
-    pub(crate) fn section(&self, line: &str) -> Option<(Family, String)> {
+    /// The section a line of system or context text opens, if it opens one
+    /// (`turn`: in a system message among the messages, not a system block).
+    pub(crate) fn section(&self, line: &str, turn: bool) -> Option<(Family, String)> {
         let line = line.trim_end();
         // Shared by every agent: the wrappers the runtimes put around context.
         if let Some(found) = context_tag(line) {
             return Some(found);
         }
         match self {
-            Agent::ClaudeCode { .. } => claude_code_section(line),
+            Agent::ClaudeCode { .. } => claude_code_section(line, turn),
             Agent::Pi => {
                 if line == "# Project Context" {
                     Some((Family::Memory, "project context".into()))
@@ -228,8 +292,6 @@ impl Agent {
             Agent::OpenCode => {
                 if let Some(path) = line.strip_prefix("Instructions from: ") {
                     Some((Family::Memory, format!("{path} (project)")))
-                } else if line.starts_with("You are powered by the model named") {
-                    Some((Family::Context, "model".into()))
                 } else if line.starts_with("Skills provide specialized instructions") {
                     Some((Family::Context, "skills".into()))
                 } else {
@@ -247,6 +309,10 @@ impl Agent {
 /// The XML-ish wrappers agents put context in (`<env>`, `<environment_context>`,
 /// Codex's skills, permissions and deferred-tool lists).
 fn context_tag(line: &str) -> Option<(Family, String)> {
+    // Claude Code's system turn and opencode's system prompt name the model so.
+    if line.starts_with("You are powered by the model named") {
+        return Some((Family::Context, "model".into()));
+    }
     let (family, name) = match line {
         "<env>" | "<environment_context>" => (Family::Context, "environment"),
         "<skills_instructions>" | "<available_skills>" => (Family::Context, "skills"),
@@ -257,13 +323,41 @@ fn context_tag(line: &str) -> Option<(Family, String)> {
     Some((family, name.into()))
 }
 
-/// Claude Code's sections: a context reminder's `# name` keys (camelCase, one
-/// word: a memory file's own `# Heading` is not one), a memory file's `Contents of
-/// PATH (scope):`, and the headings of its system turn.
-fn claude_code_section(line: &str) -> Option<(Family, String)> {
-    // The last line of its system turn (Claude 5 models).
+/// Claude Code's sections. In its system prompt only the dynamic ones (its other
+/// headings are the static prompt's own): `# Memory` (auto memory) and `# Session-
+/// specific guidance`. In its system turn and its reminders: the context keys
+/// (`# gitStatus`, camelCase, one word: a memory file's own `# Heading` is not
+/// one), a memory file's `Contents of PATH (scope):`, `# Environment`, `# Memory`,
+/// and the system turn's paragraphs (deferred tools, agent types, skills, date).
+fn claude_code_section(line: &str, turn: bool) -> Option<(Family, String)> {
+    // A date line is one wherever it is (older prompts carried it in `system`).
     if line.starts_with("Today's date is ") {
         return Some((Family::Context, "date".into()));
+    }
+    let heading = line.strip_prefix("# ");
+    match heading {
+        Some("Memory") => return Some((Family::Memory, "auto memory".into())),
+        Some("Session-specific guidance") => {
+            return Some((Family::System, "session-specific guidance".into()));
+        }
+        _ if !turn => return None,
+        _ => {}
+    }
+    let paragraphs: [(&str, Family, &str); 3] = [
+        (
+            "The following deferred tools are now available",
+            Family::Tools,
+            "deferred tool list",
+        ),
+        ("Available agent types", Family::Context, "agent types"),
+        (
+            "The following skills are available",
+            Family::Context,
+            "skills",
+        ),
+    ];
+    if let Some((_, family, name)) = paragraphs.iter().find(|(p, _, _)| line.starts_with(p)) {
+        return Some((*family, (*name).into()));
     }
     if let Some(file) = line
         .strip_prefix("Contents of ")
@@ -271,7 +365,7 @@ fn claude_code_section(line: &str) -> Option<(Family, String)> {
     {
         return Some((Family::Memory, memory_file(file)));
     }
-    let heading = line.strip_prefix("# ")?;
+    let heading = heading?;
     let key = heading.chars().all(|c| c.is_ascii_alphanumeric())
         && heading.starts_with(|c: char| c.is_ascii_lowercase());
     Some(match heading {

@@ -148,3 +148,127 @@ fn an_unknown_agent_is_called_unknown_and_its_tools_are_not_guessed() {
         ]
     );
 }
+
+/// The parts of a recorded Claude Code body, less its tools: `family: name`.
+fn claude_code(name: &str) -> Vec<String> {
+    let (agent, parts) = named(name, Format::AnthropicMessages);
+    assert_eq!(agent, "Claude Code 2.1.332", "{name}");
+    names(&parts)
+        .into_iter()
+        .filter(|n| !n.starts_with("tools: built-in"))
+        .collect()
+}
+
+/// What every Claude Code 2.1.332 `-p` turn carries after its system prompt.
+const SYSTEM_TURN: [&str; 6] = [
+    "context: environment",
+    "context: model",
+    "tools: deferred tool list",
+    "context: agent types",
+    "context: skills",
+    "context: date",
+];
+
+fn with_turn(head: &[&str], tail: &[&str]) -> Vec<String> {
+    head.iter()
+        .chain(&SYSTEM_TURN)
+        .chain(tail)
+        .map(|s| (*s).to_owned())
+        .collect()
+}
+
+#[test]
+fn claude_code_default_names_its_system_blocks_reminders_and_system_turn() {
+    assert_eq!(
+        claude_code("claude-code-default.json"),
+        with_turn(
+            &[
+                "system: billing header",
+                "system: identity",
+                "system: base prompt",
+                "system: session-specific guidance",
+                "memory: auto memory",
+                "context: git status",
+                "reminders: attribution",
+                "conversation: user prompt",
+            ],
+            &[]
+        )
+    );
+}
+
+#[test]
+fn claude_code_modes_change_the_parts_they_should() {
+    // --system-prompt: its text in the main prompt's place; no git status.
+    let custom = claude_code("claude-code-system-prompt.json");
+    assert_eq!(custom[2], "system: custom system prompt");
+    assert!(
+        !custom.iter().any(|n| n.contains("git status")),
+        "{custom:?}"
+    );
+    // --append-system-prompt: the identity says so; the last paragraph is it.
+    let appended = claude_code("claude-code-append-system.json");
+    assert_eq!(appended[5], "system: appended prompt", "{appended:?}");
+    // --exclude-dynamic-system-prompt-sections: auto memory moves to a reminder
+    // and the session guidance is gone from the system prompt.
+    let excluded = claude_code("claude-code-exclude-dynamic.json");
+    assert_eq!(
+        &excluded[..6],
+        [
+            "system: billing header",
+            "system: identity",
+            "system: base prompt",
+            "context: git status",
+            "memory: auto memory",
+            "reminders: attribution",
+        ]
+    );
+    // Memory files by path and scope, .claude/rules included.
+    let memory = claude_code("claude-code-memory.json");
+    for file in [
+        "memory: /tmp/cc-fixture/home/.claude/CLAUDE.md (user)",
+        "memory: /tmp/cc-fixture/project/CLAUDE.md (project)",
+        "memory: /tmp/cc-fixture/project/.claude/rules/testing.md (project)",
+        "memory: /tmp/cc-fixture/project/CLAUDE.local.md (local)",
+    ] {
+        assert!(memory.contains(&file.to_owned()), "{file}: {memory:?}");
+    }
+    // MCP: with tool search the schemas stay out of `tools` (only the deferred list
+    // names them); without it, each tool is its server's.
+    let (_, parts) = named("claude-code-mcp-eager.json", Format::AnthropicMessages);
+    let acme: Vec<&Part> = parts
+        .iter()
+        .filter(|p| p.name == "MCP server acme")
+        .collect();
+    assert_eq!(acme.len(), 2);
+    let (_, parts) = named("claude-code-mcp.json", Format::AnthropicMessages);
+    assert!(!parts.iter().any(|p| p.name.starts_with("MCP server")));
+    // A tool round: the call and its result, named by the call's id.
+    let round = claude_code("claude-code-tool-round-2.json");
+    assert_eq!(
+        &round[round.len() - 2..],
+        [
+            "conversation: tool call Bash",
+            "conversation: tool result of Bash"
+        ]
+    );
+}
+
+#[test]
+fn a_claude_code_subagent_has_its_own_prompt() {
+    let sub = claude_code("claude-code-subagent-2.json");
+    assert_eq!(sub[2], "system: subagent prompt", "{sub:?}");
+    // Its system turn opens with the deferred tools.
+    assert!(
+        sub.iter().any(|n| n == "tools: deferred tool list"),
+        "{sub:?}"
+    );
+    let main = claude_code("claude-code-subagent-3.json");
+    assert_eq!(
+        &main[main.len() - 2..],
+        [
+            "conversation: tool call Agent",
+            "conversation: tool result of Agent"
+        ]
+    );
+}

@@ -42,6 +42,7 @@ pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Named {
         calls: chat_calls(prompt),
         parts: Vec::with_capacity(segs.units.len()),
         origin: 0,
+        appended: false,
     };
     let tapes: Vec<Vec<json::Tok>> = if same {
         Vec::new()
@@ -127,6 +128,8 @@ struct Walk<'p> {
     /// Where the current unit's normalised bytes begin, in the bytes its texts'
     /// spans count in (the body, or the unit itself when read on its own).
     origin: isize,
+    /// Claude Code's identity block said a prompt was appended to its main one.
+    appended: bool,
 }
 
 impl Walk<'_> {
@@ -201,7 +204,7 @@ impl Walk<'_> {
             }
             Region::System | Region::Instructions => {
                 let texts = texts_of(value);
-                self.system(unit, &texts);
+                self.system(unit, &texts, false);
             }
             Region::Messages | Region::Input => {
                 let role = match unit.path.region {
@@ -262,7 +265,7 @@ impl Walk<'_> {
             }
             _ if role == "system" || role == "developer" => {
                 let texts = texts_of(value);
-                self.system(unit, &texts);
+                self.system(unit, &texts, true);
             }
             _ if role == "assistant" => {
                 self.whole(unit, Family::Conversation, "assistant text".into());
@@ -283,11 +286,32 @@ impl Walk<'_> {
 
     /// System text: the agent is known by the first; each text is its lead
     /// (billing header, identity, base prompt, …) and the sections in it.
-    fn system(&mut self, unit: &Unit, texts: &[Text<'_>]) {
+    fn system(&mut self, unit: &Unit, texts: &[Text<'_>], turn: bool) {
         let mut pieces = Vec::new();
         for t in texts {
-            let lead = self.agent.system_lead(&t.opening());
-            sections(&self.agent, t.inner(), lead, self.at(t), &mut pieces);
+            let opening = t.opening();
+            // Claude Code says so in its identity block when a prompt was appended.
+            if opening.contains("running within the Claude Agent SDK") {
+                self.appended = true;
+            }
+            let lead = self.agent.system_lead(&opening, turn);
+            let base = lead.1 == "base prompt";
+            let at = self.at(t);
+            let raw = t.inner();
+            match appended_at(raw).filter(|_| base && self.appended) {
+                // `--append-system-prompt` adds a paragraph at the end of the main
+                // prompt: the last paragraph is taken for it.
+                Some(cut) => {
+                    sections(&self.agent, &raw[..cut], lead, at, turn, &mut pieces);
+                    pieces.push(Piece {
+                        family: Family::System,
+                        name: "appended prompt".into(),
+                        at: at + cut,
+                        size: raw.len() - cut,
+                    });
+                }
+                None => sections(&self.agent, raw, lead, at, turn, &mut pieces),
+            }
         }
         self.pieces(unit, pieces);
     }
@@ -309,11 +333,12 @@ impl Walk<'_> {
             }
             let opening = t.opening();
             let trimmed = opening.trim_start();
-            let lead = if trimmed.starts_with("<system-reminder>") {
-                (Family::Reminders, "reminder".to_owned())
+            let lead = if let Some(rest) = trimmed.strip_prefix("<system-reminder>") {
+                let first = rest.trim_start().lines().next().unwrap_or_default();
+                self.agent.reminder(first)
             } else {
                 let first = trimmed.lines().next().unwrap_or_default();
-                match self.agent.section(first) {
+                match self.agent.section(first, true) {
                     Some(section) => section,
                     None => (Family::Conversation, "user prompt".to_owned()),
                 }
@@ -321,7 +346,7 @@ impl Walk<'_> {
             if lead.0 == Family::Conversation {
                 pieces.push(conversation(&lead.1));
             } else {
-                sections(&self.agent, t.inner(), lead, self.at(t), &mut pieces);
+                sections(&self.agent, t.inner(), lead, self.at(t), true, &mut pieces);
             }
         }
         self.pieces(unit, pieces);
@@ -464,7 +489,14 @@ fn texts_of(value: Option<Value<'_>>) -> Vec<Text<'_>> {
 /// section lines open, the part before the first being `lead`; each with its size
 /// in bytes as sent. Read on the escaped bytes: only a line that may open a
 /// section is decoded (decoding whole system prompts was most of the naming).
-fn sections(agent: &Agent, raw: &[u8], lead: (Family, String), base: usize, out: &mut Vec<Piece>) {
+fn sections(
+    agent: &Agent,
+    raw: &[u8],
+    lead: (Family, String),
+    base: usize,
+    turn: bool,
+    out: &mut Vec<Piece>,
+) {
     let mut current = lead;
     let (mut at, mut size) = (base, 0usize);
     for line in raw_lines(raw) {
@@ -472,10 +504,10 @@ fn sections(agent: &Agent, raw: &[u8], lead: (Family, String), base: usize, out:
             .first()
             .filter(|b| Agent::SECTION_STARTS.contains(b))
             .and_then(|_| decode_line(line))
-            .and_then(|text| agent.section(&text));
+            .and_then(|text| agent.section(&text, turn));
         if let Some(next) = next {
             // A reminder's wrapper lines before its first section belong to it.
-            let wrapper = at == base && current.0 == Family::Reminders;
+            let wrapper = at == base && current == (Family::Reminders, "reminder".into());
             if size > 0 && !wrapper {
                 out.push(Piece {
                     family: current.0,
@@ -496,6 +528,11 @@ fn sections(agent: &Agent, raw: &[u8], lead: (Family, String), base: usize, out:
         at,
         size,
     });
+}
+
+/// Where the last paragraph of an escaped text begins (after its last blank line).
+fn appended_at(raw: &[u8]) -> Option<usize> {
+    memchr::memmem::rfind(raw, b"\\n\\n").map(|k| k + 4)
 }
 
 /// The lines of an escaped JSON string, each with its `\n` escape.
