@@ -324,6 +324,43 @@ async fn print_mode() {
     for (path, bytes) in support::captures::files_under(&proxy.captures) {
         support::assert_absent(&bytes, CANARY_KEY, &path.display().to_string());
     }
+    // The live request's anatomy: the agent by its version, its system blocks and
+    // system turn named as the recorded fixtures are (tests/fixtures/anatomy).
+    let id = record["id"].as_str().unwrap();
+    let anatomy: serde_json::Value = serde_json::from_str(&support::captures::ok(
+        &proxy.captures,
+        &["anatomy", id, "--format", "json"],
+    ))
+    .unwrap();
+    assert!(
+        anatomy["agent"]
+            .as_str()
+            .is_some_and(|a| a.starts_with("Claude Code 2.")),
+        "{}",
+        anatomy["agent"]
+    );
+    let names: Vec<String> = anatomy["parts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            format!(
+                "{}: {}",
+                p["family"].as_str().unwrap(),
+                p["name"].as_str().unwrap()
+            )
+        })
+        .collect();
+    for want in [
+        "system: billing header",
+        "system: identity",
+        "system: base prompt",
+        "context: environment",
+        "context: date",
+        "conversation: user prompt",
+    ] {
+        assert!(names.iter().any(|n| n == want), "{want}: {names:?}");
+    }
 }
 
 #[test]
