@@ -127,6 +127,35 @@ pub(crate) fn request(a: &Anatomy) -> Vec<Advice> {
     out
 }
 
+/// Adds `new` to `out`, or folds it into the advice of the same kind and part
+/// there: one more turn, dollars summed, the latest numbers and words.
+fn fold(out: &mut Vec<Advice>, new: Advice) {
+    match out
+        .iter_mut()
+        .find(|o| o.kind == new.kind && o.part == new.part)
+    {
+        Some(o) => {
+            o.usd = o.usd.zip(new.usd).map(|(x, y)| x + y);
+            o.turns += 1;
+            (o.tokens, o.share, o.text) = (new.tokens, new.share, new.text);
+        }
+        None => out.push(new),
+    }
+}
+
+/// One part's advice in one turn, its words given later.
+fn of_part(kind: &'static str, a: &Anatomy, p: &BilledPart, usd: Option<f64>) -> Advice {
+    Advice {
+        kind,
+        part: format!("{} ({})", p.part.name, p.part.unit),
+        tokens: tokens(p),
+        share: tokens(p) as f64 / input(a) as f64,
+        usd,
+        turns: 1,
+        text: String::new(),
+    }
+}
+
 /// Advice over a conversation's turns (their anatomies, oldest first, and each
 /// turn's part whose change made it miss, with what the miss lost).
 pub(crate) fn conversation(turns: &[(Anatomy, Option<(usize, f64)>)]) -> Vec<Advice> {
@@ -134,17 +163,7 @@ pub(crate) fn conversation(turns: &[(Anatomy, Option<(usize, f64)>)]) -> Vec<Adv
     // The per-request advice, once per part: the latest numbers, dollars summed.
     for (a, _) in turns {
         for advice in request(a) {
-            match out
-                .iter_mut()
-                .find(|o| o.kind == advice.kind && o.part == advice.part)
-            {
-                Some(o) => {
-                    o.usd = o.usd.zip(advice.usd).map(|(x, y)| x + y);
-                    o.turns += 1;
-                    (o.tokens, o.share, o.text) = (advice.tokens, advice.share, advice.text);
-                }
-                None => out.push(advice),
-            }
+            fold(&mut out, advice);
         }
     }
     for o in &mut out {
@@ -169,22 +188,11 @@ fn changes(turns: &[(Anatomy, Option<(usize, f64)>)]) -> Vec<Advice> {
     let mut out: Vec<Advice> = Vec::new();
     for (a, missed) in turns {
         let Some((at, lost)) = missed else { continue };
-        let Some(p) = a.parts.get(*at) else { continue };
-        let name = format!("{} ({})", p.part.name, p.part.unit);
-        match out.iter_mut().find(|o| o.part == name) {
-            Some(o) => {
-                o.turns += 1;
-                o.usd = o.usd.map(|u| u + lost);
-            }
-            None => out.push(Advice {
-                kind: "changes_inside_prefix",
-                part: name,
-                tokens: tokens(p),
-                share: tokens(p) as f64 / input(a) as f64,
-                usd: Some(*lost),
-                turns: 1,
-                text: String::new(),
-            }),
+        if let Some(p) = a.parts.get(*at) {
+            fold(
+                &mut out,
+                of_part("changes_inside_prefix", a, p, Some(*lost)),
+            );
         }
     }
     for o in &mut out {
@@ -207,51 +215,30 @@ fn changes(turns: &[(Anatomy, Option<(usize, f64)>)]) -> Vec<Advice> {
 /// Large tool results sent again in many turns.
 fn resent(turns: &[(Anatomy, Option<(usize, f64)>)]) -> Vec<Advice> {
     // By the unit they are: a conversation only appends, so a result keeps its place.
-    let mut seen: Vec<(String, String, u64, f64, u32, Option<f64>)> = Vec::new();
+    let mut out: Vec<Advice> = Vec::new();
     for (a, _) in turns {
         for p in &a.parts {
-            if !p.part.name.starts_with("tool result of ") {
-                continue;
-            }
-            let usd = p.billed.and_then(|b| b.usd);
-            let share = tokens(p) as f64 / input(a) as f64;
-            match seen.iter_mut().find(|s| s.0 == p.part.unit) {
-                Some(s) => {
-                    (s.2, s.3) = (tokens(p), share);
-                    s.4 += 1;
-                    s.5 = s.5.zip(usd).map(|(x, y)| x + y);
-                }
-                None => seen.push((
-                    p.part.unit.clone(),
-                    p.part.name.clone(),
-                    tokens(p),
-                    share,
-                    1,
-                    usd,
-                )),
+            if p.part.name.starts_with("tool result of ") {
+                let usd = p.billed.and_then(|b| b.usd);
+                fold(&mut out, of_part("resent_tool_result", a, p, usd));
             }
         }
     }
-    seen.into_iter()
-        .filter(|s| s.2 >= RESENT_TOKENS && s.4 >= RESENT_TURNS)
-        .map(|(unit, name, t, share, n, usd)| Advice {
-            kind: "resent_tool_result",
-            part: format!("{name} ({unit})"),
-            tokens: t,
-            share,
-            usd,
-            turns: n,
-            text: format!(
-                "{name} at {unit} is {} tokens and was sent in {n} turns ({} tokens in all{}): \
-                 a narrower read or a filtered command makes every later turn cheaper",
-                kilo(t),
-                kilo(t * u64::from(n)),
-                usd.map_or(String::new(), |u| format!(
-                    ", ${u:.4} over the conversation"
-                ))
-            ),
-        })
-        .collect()
+    out.retain(|o| o.tokens >= RESENT_TOKENS && o.turns >= RESENT_TURNS);
+    for o in &mut out {
+        o.text = format!(
+            "{} is {} tokens and was sent in {} turns ({} tokens in all{}): \
+             a narrower read or a filtered command makes every later turn cheaper",
+            o.part,
+            kilo(o.tokens),
+            o.turns,
+            kilo(o.tokens * u64::from(o.turns)),
+            o.usd.map_or(String::new(), |u| format!(
+                ", ${u:.4} over the conversation"
+            ))
+        );
+    }
+    out
 }
 
 #[cfg(test)]

@@ -22,17 +22,6 @@ impl std::fmt::Debug for Value<'_> {
 }
 
 impl<'p> Value<'p> {
-    /// The root of `body`, read through `toks` (its tape): a unit's bytes read on
-    /// their own, as the prompt's are.
-    pub(crate) fn root_of(body: &'p [u8], toks: &'p [Tok]) -> Option<Value<'p>> {
-        (!toks.is_empty()).then_some(Value {
-            body,
-            toks,
-            last_wins: true,
-            at: 0,
-        })
-    }
-
     fn tok(&self) -> Tok {
         self.toks[self.at as usize]
     }

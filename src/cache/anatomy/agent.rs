@@ -3,13 +3,10 @@
 //! prompt's own words (the opening of its system text), never by a header: a
 //! stored body is read without its headers, and a proxy's rules may rewrite them.
 
-use serde::Serialize;
-
 use super::Family;
 
 /// The agent whose request shape a prompt has.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(tag = "agent", rename_all = "snake_case")]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Agent {
     /// Claude Code (and the Agent SDK, which runs it), with the version its
     /// billing header names when it sends one.

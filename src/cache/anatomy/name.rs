@@ -18,11 +18,10 @@ pub(crate) struct Named {
 
 /// The parts of `prompt`, whose cache units are `segs`, in prompt order.
 pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Named {
-    // The cut's units are the prompt's, one for one; read their fields through the
-    // prompt's tape (~35 % of naming a 200 KB prompt was a tape of each unit).
-    let own = prompt.units();
-    let same =
-        own.len() == segs.units.len() && own.iter().zip(&segs.units).all(|(a, b)| a.path == b.path);
+    // The cut's units are the prompt's, one for one and in order (segment pushes
+    // each); their fields are read through the prompt's tape (~35 % of naming a
+    // 200 KB prompt was a tape of each unit).
+    let units = || segs.units.iter().zip(prompt.units());
     let mut walk = Walk {
         prompt,
         agent: Agent::Unknown,
@@ -44,41 +43,23 @@ pub(crate) fn anatomy(prompt: &Prompt, segs: &Segments) -> Named {
         origin: 0,
         appended: false,
     };
-    let tapes: Vec<Vec<json::Tok>> = if same {
-        Vec::new()
-    } else {
-        segs.units
-            .iter()
-            .map(|u| json::tape(&u.bytes).unwrap_or_default())
-            .collect()
-    };
-    let value = |i: usize| {
-        if same {
-            prompt.value(own[i].tok)
-        } else {
-            Value::root_of(&segs.units[i].bytes, &tapes[i])
-        }
-    };
     // The agent first: tools come before the system text that names it.
-    for (i, unit) in segs.units.iter().enumerate() {
+    for (unit, own) in units() {
         if walk.agent_known {
             break;
         }
-        if walk.is_system(unit, value(i)) {
-            for t in texts_of(value(i)) {
+        let value = prompt.value(own.tok);
+        if walk.is_system(unit, value) {
+            for t in texts_of(value) {
                 walk.recognise(&t.opening());
             }
         }
     }
-    for (i, unit) in segs.units.iter().enumerate() {
-        walk.origin = if same {
-            // String content is normalised as `{"type":"text","text":` and the string.
-            let wrapper = if own[i].path.string { 22 } else { 0 };
-            own[i].span.start as isize - wrapper
-        } else {
-            0
-        };
-        walk.unit(unit, value(i));
+    for (unit, own) in units() {
+        // String content is normalised as `{"type":"text","text":` and the string.
+        let wrapper = if own.path.string { 22 } else { 0 };
+        walk.origin = own.span.start as isize - wrapper;
+        walk.unit(unit, prompt.value(own.tok));
     }
     Named {
         agent: walk.agent,
@@ -125,8 +106,7 @@ struct Walk<'p> {
     /// Tool calls seen so far (id → tool name): a result names its tool by the id.
     calls: Vec<(String, String)>,
     parts: Vec<Part>,
-    /// Where the current unit's normalised bytes begin, in the bytes its texts'
-    /// spans count in (the body, or the unit itself when read on its own).
+    /// Where the current unit's normalised bytes begin in the body.
     origin: isize,
     /// Claude Code's identity block said a prompt was appended to its main one.
     appended: bool,
@@ -161,6 +141,10 @@ impl Walk<'_> {
             return;
         };
         let billing = text.starts_with("x-anthropic-billing-header:");
+        // Claude Code's identity block says so when a prompt was appended.
+        if text.contains("running within the Claude Agent SDK") {
+            self.appended = true;
+        }
         // Claude Code's identity block after its billing header keeps the version.
         let keep = matches!(
             (&self.agent, &agent),
@@ -289,12 +273,7 @@ impl Walk<'_> {
     fn system(&mut self, unit: &Unit, texts: &[Text<'_>], turn: bool) {
         let mut pieces = Vec::new();
         for t in texts {
-            let opening = t.opening();
-            // Claude Code says so in its identity block when a prompt was appended.
-            if opening.contains("running within the Claude Agent SDK") {
-                self.appended = true;
-            }
-            let lead = self.agent.system_lead(&opening, turn);
+            let lead = self.agent.system_lead(&t.opening(), turn);
             let base = lead.1 == "base prompt";
             let at = self.at(t);
             let raw = t.inner();
