@@ -1017,6 +1017,13 @@ async fn a_real_browser_shows_live_exchanges_prompts_diffs_and_filters() {
         )
         .await;
     browser.screenshot(&shots.join("anatomy.png")).await;
+    // Back as it was, so the exchange's own screenshot shows its top.
+    browser
+        .eval(
+            "document.querySelector('#anatomy details').open = false; window.scrollTo(0, 0); return 0",
+            vec![],
+        )
+        .await;
     // Each policy's turn is on the exchange page: the tagging rule ran as `rules`.
     let turns = browser
         .eval(
