@@ -9,7 +9,9 @@ pass_through_flags=(--no-capture --no-cache-analysis --admin off)
 # "verb V" for each `@requires-path P` / `@requires-verb V` line) and
 # variant_viewers (`@viewers N`: live-feed clients bench/stages keeps connected) and
 # variant_service (`@service CMD…`: a program bench/run starts before the variant,
-# such as a hook's HTTP policy service; its CPU is not promptgate's).
+# such as a hook's HTTP policy service; its CPU is not promptgate's) and
+# variant_bin (`@bin PATH`: another promptgate build to run, for an A/B of two
+# commits in one interleaved bench/stages run; empty: this tree's).
 # "pass-through" is built in. Returns 1 when the file does not exist.
 read_variant() {
   local name=$1 run=$2 file=bench/variants/$1.flags line words
@@ -17,6 +19,7 @@ read_variant() {
   variant_requires=()
   variant_viewers=0
   variant_service=()
+  variant_bin=
   if [ "$name" = pass-through ]; then
     variant_flags=("${pass_through_flags[@]}")
     return 0
@@ -32,6 +35,7 @@ read_variant() {
       @requires-verb) variant_requires+=("verb ${words[1]}") ;;
       @viewers) variant_viewers=${words[1]} ;;
       @service) variant_service=("${words[@]:1}") ;;
+      @bin) variant_bin=${words[1]} ;;
       *) variant_flags+=("${words[@]}") ;;
     esac
   done <"$file"

@@ -511,6 +511,35 @@ on_error = "allow"
     for r in runs {
         assert_eq!(r.await.unwrap(), 200);
     }
+    // Events larger than the pipe (1 MiB) go out whole, beside small ones, and the
+    // bodies still reach the provider byte for byte.
+    let big = |model: &str| {
+        let filler = "x".repeat(3 << 20);
+        format!(
+            "{{\n  \"model\": \"{model}\",\n  \"max_tokens\": 100,\n  \"messages\": [ {{\"role\": \"user\", \"content\": \"{filler}\"}} ]\n}}"
+        )
+        .into_bytes()
+    };
+    let runs: Vec<_> = ["m-big-0", "m-big-1", "m-small-pid"]
+        .into_iter()
+        .map(|model| {
+            let addr = proxy.addr;
+            let body = if model.starts_with("m-big") {
+                big(model)
+            } else {
+                body(model)
+            };
+            tokio::spawn(async move { client::post(addr, "/v1/messages", &body).await.status })
+        })
+        .collect();
+    for r in runs {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    assert_eq!(received(&fake, "m-big-1").await.body, big("m-big-1"));
+    assert_eq!(
+        line_of(&proxy, "m-big-0").await["hooks"],
+        "coproc@before_provider_request=continue"
+    );
     let pid = line_of(&proxy, "m-many-0-pid").await["tags"]
         .as_str()
         .unwrap()

@@ -336,32 +336,25 @@ impl Hook {
     }
 
     /// Sends the event (`id` its event id) and waits up to `timeout` for the answer.
-    async fn call(&self, id: String, event: Bytes) -> Result<Answer, HookError> {
+    async fn call(&self, id: String, event: EventBytes) -> Result<Answer, HookError> {
         let rt = transport::runtime();
         let mut handle = match &self.transport {
             Transport::Command(c) => {
-                let c = c.clone();
+                let (c, event) = (c.clone(), event.joined());
                 rt.spawn(async move { c.call(event).await })
             }
             Transport::Http(h) => {
-                let h = h.clone();
+                let (h, event) = (h.clone(), event.joined());
                 rt.spawn(async move { h.call(event).await })
             }
             Transport::Process(p) => {
-                // One line per event: JSON whitespace newlines become spaces (a
-                // newline inside a JSON string is always escaped).
-                let line = if memchr::memchr2(b'\n', b'\r', &event).is_some() {
-                    Bytes::from(
-                        event
-                            .iter()
-                            .map(|&b| if b == b'\n' || b == b'\r' { b' ' } else { b })
-                            .collect::<Vec<u8>>(),
-                    )
-                } else {
-                    event
+                // Called from the exchange's own worker: see transport::Process.
+                let line = event.line();
+                return match tokio::time::timeout(self.timeout, p.call(id, line)).await {
+                    Ok(Ok(answer)) => Ok(answer),
+                    Ok(Err(e)) => Err(HookError::Call(e)),
+                    Err(_) => Err(HookError::Timeout(self.timeout)),
                 };
-                let p = p.clone();
-                rt.spawn(async move { p.call(id, line).await })
             }
         };
         match tokio::time::timeout(self.timeout, &mut handle).await {
@@ -532,7 +525,7 @@ enum Prepared {
     /// Decided without calling it (an enforced `when` that cannot be evaluated).
     Decided(Decision),
     /// The event to send, with its id.
-    Call(String, Bytes),
+    Call(String, EventBytes),
 }
 
 impl HookTurn {
@@ -825,14 +818,56 @@ struct Event<'e> {
     payload: Option<Option<Bytes>>,
 }
 
+/// An event as written: every field but the payload, and the payload (the body's
+/// own bytes) that closes it, kept apart so a co-process gets both in one vectored
+/// write and the body is never copied on promptgate's side.
+// A `process` hook at 200 KB: the event's copy and its fresh pages were a quarter of the hook's samples.
+#[derive(Debug)]
+struct EventBytes {
+    /// The JSON up to `"payload":` when `payload` follows; the whole event otherwise.
+    head: Bytes,
+    payload: Option<Bytes>,
+}
+
+impl EventBytes {
+    /// The event in one buffer (a command's stdin, an HTTP body): one copy.
+    fn joined(self) -> Bytes {
+        let Some(payload) = self.payload else {
+            return self.head;
+        };
+        let mut out = Vec::with_capacity(self.head.len() + payload.len() + 1);
+        out.extend_from_slice(&self.head);
+        out.extend_from_slice(&payload);
+        out.push(b'}');
+        Bytes::from(out)
+    }
+
+    /// The event as a co-process's line, in pieces: JSON whitespace newlines become
+    /// spaces (a newline inside a JSON string is always escaped), then its one
+    /// newline. Only a body with raw newlines is copied.
+    fn line(self) -> Vec<Bytes> {
+        let Some(payload) = self.payload else {
+            return vec![self.head, Bytes::from_static(b"\n")];
+        };
+        let payload = if memchr::memchr2(b'\n', b'\r', &payload).is_some() {
+            let mut owned = payload.to_vec();
+            for b in &mut owned {
+                if *b == b'\n' || *b == b'\r' {
+                    *b = b' ';
+                }
+            }
+            Bytes::from(owned)
+        } else {
+            payload
+        };
+        vec![self.head, payload, Bytes::from_static(b"}\n")]
+    }
+}
+
 impl Event<'_> {
-    fn write(&self, redacted: &[HeaderName]) -> Bytes {
+    fn write(&self, redacted: &[HeaderName]) -> EventBytes {
         let f = self.facts;
-        let size = self
-            .payload
-            .as_ref()
-            .map_or(0, |p| p.as_ref().map_or(0, Bytes::len));
-        let mut out = Vec::with_capacity(size + 1024);
+        let mut out = Vec::with_capacity(1024);
         let mut head = serde_json::Map::new();
         head.insert("version".into(), EVENT_VERSION.into());
         head.insert("phase".into(), self.phase.name().into());
@@ -881,17 +916,20 @@ impl Event<'_> {
         }
         // Writing a Map to a Vec cannot fail.
         let _ = serde_json::to_writer(&mut out, &Value::Object(head));
-        if let Some(payload) = &self.payload {
-            // The body goes in as it is: spliced, never re-serialised (one copy).
+        let mut payload = None;
+        if let Some(body) = &self.payload {
+            // The body goes in as it is: spliced, never re-serialised.
             out.pop();
             out.extend_from_slice(b",\"payload\":");
-            match payload {
-                Some(bytes) => out.extend_from_slice(bytes),
-                None => out.extend_from_slice(b"null"),
+            match body {
+                Some(bytes) => payload = Some(bytes.clone()),
+                None => out.extend_from_slice(b"null}"),
             }
-            out.push(b'}');
         }
-        Bytes::from(out)
+        EventBytes {
+            head: Bytes::from(out),
+            payload,
+        }
     }
 }
 
