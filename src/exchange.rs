@@ -36,6 +36,9 @@ use crate::record::{ExchangeRecord, InFlight, Mode, Outcome, Recorder};
 use crate::setting::BaseUrl;
 use crate::upstream::{Upstream, UpstreamBody};
 
+mod websocket;
+pub(crate) use websocket::WebSocket;
+
 /// What an exchange needs of the configuration, taken from it once.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -57,6 +60,8 @@ pub struct Settings {
     pub upstream_openai: BaseUrl,
     /// The configured sources of conversation keys (for policies that read the key).
     pub conversation: crate::conversation::KeySource,
+    /// What a WebSocket upgrade gets (`websocket`).
+    pub websocket: WebSocket,
 }
 
 /// Everything an exchange needs, shared by all of them.
@@ -466,9 +471,15 @@ impl Proxy {
         if let Err(stop) = self.route(&mut ex, &parts) {
             return ex.answer(stop);
         }
-        if let Err(stop) = refuse_websocket(&parts.headers) {
-            return ex.answer(stop);
-        }
+        // A WebSocket keeps what hop-by-hop removal would take, and its client's upgrade.
+        let socket = if websocket::asks(&parts.headers) {
+            match self.socket(&ex, &mut parts) {
+                Ok(socket) => Some(socket),
+                Err(stop) => return ex.answer(stop),
+            }
+        } else {
+            None
+        };
         self.take_probe(&mut ex, &mut parts.headers);
         let body = match self.read(&mut ex, body, &parts.headers).await {
             Ok(body) => body,
@@ -496,6 +507,9 @@ impl Proxy {
         }
         self.live.started(ex.record());
         parts.headers = outgoing.headers;
+        if let Some((received, _)) = &socket {
+            websocket::keep_upgrade(received, &mut parts.headers);
+        }
         parts.uri = uri;
         // ALPN decides the upstream protocol; the client's own version does not matter.
         parts.version = Version::HTTP_11;
@@ -503,8 +517,75 @@ impl Proxy {
             Ok(response) => response,
             Err(stop) => return ex.answer(stop),
         };
+        if let Some((_, client)) = socket
+            && response.status() == StatusCode::SWITCHING_PROTOCOLS
+        {
+            return self.relay(ex, response, client);
+        }
         let (head, incoming) = response_policies(&mut ex, response).await;
         self.stream(ex, head, incoming)
+    }
+
+    /// Whether a WebSocket upgrade may be relayed: on an OpenAI route, with
+    /// `websocket = "relay"`, on a connection that can be upgraded. Takes the
+    /// client's upgrade and keeps the headers it came with.
+    fn socket(
+        &self,
+        ex: &Exchange,
+        parts: &mut http::request::Parts,
+    ) -> Result<(HeaderMap, hyper::upgrade::OnUpgrade), Stop> {
+        let refused = |why: &str| -> Stop {
+            ProxyError::new(
+                ErrorKind::WebSocketUpgrade,
+                format!("{why}: use HTTP (Codex falls back to it by itself)"),
+            )
+            .into()
+        };
+        if self.settings.websocket == WebSocket::Refuse {
+            return Err(refused(
+                "WebSockets are refused here (websocket = \"refuse\")",
+            ));
+        }
+        if ex.provider() != Provider::OpenAi {
+            return Err(refused("only OpenAI routes take a WebSocket"));
+        }
+        match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
+            Some(client) => Ok((parts.headers.clone(), client)),
+            None => Err(refused("this connection cannot be upgraded")),
+        }
+    }
+
+    /// The upstream said 101: the client gets the same answer, and the socket is
+    /// relayed on this worker until it closes; its record is emitted then.
+    fn relay(
+        &self,
+        mut ex: Exchange,
+        mut response: Response<Incoming>,
+        client: hyper::upgrade::OnUpgrade,
+    ) -> Response<ProxyBody> {
+        let upstream = hyper::upgrade::on(&mut response);
+        let (head, _) = response.into_parts();
+        let r = ex.record();
+        r.status = Some(head.status);
+        r.response_headers = head.headers.clone();
+        ex.take_effects();
+        let idle = self.settings.idle_timeout;
+        tokio::spawn(async move {
+            let relayed = websocket::relay(client, upstream, idle).await;
+            let r = ex.record();
+            r.bytes_in = relayed.from_client;
+            r.bytes_out = relayed.to_client;
+            let outcome = match (&relayed.error, relayed.client_broke) {
+                (None, _) => Outcome::Ok,
+                (Some(_), true) => Outcome::ClientCancelled,
+                (Some(_), false) => Outcome::UpstreamError,
+            };
+            ex.pending.emit(outcome, relayed.error);
+        });
+        let mut answer = Response::new(ProxyBody::Own(Full::default()));
+        *answer.status_mut() = head.status;
+        *answer.headers_mut() = head.headers;
+        answer
     }
 
     /// Routes the request: by the listener's target (forward mode) or by its path.
@@ -1381,28 +1462,6 @@ fn own_error_parts(
     }
     pending.emit(error.outcome, Some(error.message.to_owned()));
     response
-}
-
-/// Codex opens its Responses WebSocket with a GET that asks `Upgrade: websocket`.
-/// Not relayed yet: a 426 makes Codex fall back to HTTP after one try, where the
-/// upstream's 404 to a plain GET had it retry seven times (12.7 s for a two-turn task
-/// against 5.8 s).
-fn refuse_websocket(headers: &http::HeaderMap) -> Result<(), Stop> {
-    let asks = headers
-        .get_all(http::header::UPGRADE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("websocket"));
-    if !asks {
-        return Ok(());
-    }
-    Err(ProxyError::new(
-        ErrorKind::WebSocketUpgrade,
-        "promptgate does not relay WebSockets yet: use HTTP (Codex falls back to it by itself; \
-         for a custom provider, leave supports_websockets off)",
-    )
-    .into())
 }
 
 #[cfg(test)]

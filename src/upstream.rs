@@ -31,6 +31,8 @@ pub(crate) use crate::tls::ClientTlsError as UpstreamSetupError;
 #[derive(Clone)]
 pub(crate) struct Upstream {
     client: Client<Bounded<HttpsConnector<HttpConnector>>, UpstreamBody>,
+    /// HTTP/1.1 only (ALPN offers no h2): a WebSocket upgrade is an HTTP/1.1 affair.
+    upgrades: Client<Bounded<HttpsConnector<HttpConnector>>, UpstreamBody>,
 }
 
 /// A connector whose connections must be up, TCP and TLS, within `limit`
@@ -156,36 +158,53 @@ impl Upstream {
         // TCP and TLS together are bounded by `Bounded`, with one clock.
         http.set_connect_timeout(None);
         let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_http1()
             .enable_http2()
+            .wrap_connector(http.clone());
+        let http1 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
             .wrap_connector(http);
-
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            // Agents' header names reach the provider spelled as they sent them.
-            .http1_preserve_header_case(true)
-            .build(Bounded {
-                inner: https,
-                limit: connect_timeout,
-            });
-        Ok(Upstream { client })
+        let builder = || {
+            let mut b = Client::builder(TokioExecutor::new());
+            b.pool_idle_timeout(Duration::from_secs(90))
+                .pool_timer(TokioTimer::new())
+                .timer(TokioTimer::new())
+                // Agents' header names reach the provider spelled as they sent them.
+                .http1_preserve_header_case(true);
+            b
+        };
+        let client = builder().build(Bounded {
+            inner: https,
+            limit: connect_timeout,
+        });
+        let upgrades = builder().build(Bounded {
+            inner: http1,
+            limit: connect_timeout,
+        });
+        Ok(Upstream { client, upgrades })
     }
 
-    /// Sends a request; the response body streams as it arrives.
+    /// Sends a request; the response body streams as it arrives. A WebSocket
+    /// upgrade goes over HTTP/1.1, and its 101 answer can be upgraded.
     pub(crate) async fn send(
         &self,
         request: Request<UpstreamBody>,
     ) -> Result<Response<Incoming>, ProxyError> {
+        let client = if request.headers().contains_key(http::header::UPGRADE) {
+            &self.upgrades
+        } else {
+            &self.client
+        };
         let target = format!(
             "{}://{}",
             request.uri().scheme_str().unwrap_or("http"),
             request.uri().authority().map_or("", |a| a.as_str())
         );
-        self.client
+        client
             .request(request)
             .await
             .map_err(|e| classify(&e, &target))

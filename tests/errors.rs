@@ -226,10 +226,10 @@ async fn http2_upstream_over_tls_with_the_test_ca() {
 }
 
 #[tokio::test]
-async fn a_websocket_upgrade_gets_426_and_never_reaches_upstream() {
+async fn a_refused_websocket_upgrade_gets_426_and_never_reaches_upstream() {
     let fake =
         FakeProvider::start(|_| Action::Respond(Reply::json(404, &serde_json::json!({})))).await;
-    let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
+    let proxy = Proxy::start(&["--upstream-openai", &fake.url(), "--websocket", "refuse"]);
     // What Codex sends first with its built-in OpenAI provider.
     let headers = [
         ("Host", proxy.addr.to_string()),

@@ -38,6 +38,10 @@ pub(super) struct ServeArgs {
     /// Log format: text or json [default: text].
     #[arg(long, value_name = "FORMAT")]
     log_format: Option<String>,
+    /// What a WebSocket upgrade on an OpenAI route (Codex's Responses socket) gets:
+    /// relay or refuse (a 426, so the client falls back to HTTP) [default: relay].
+    #[arg(long, value_name = "MODE")]
+    websocket: Option<String>,
     /// Time allowed to connect to the upstream [default: 10s].
     #[arg(long, value_name = "DURATION")]
     connect_timeout: Option<String>,
@@ -194,6 +198,7 @@ impl ServeArgs {
             upstream_ca: (!self.upstream_ca.is_empty()).then_some(self.upstream_ca),
             max_body: self.max_body.map(Into::into),
             log_format: self.log_format,
+            websocket: self.websocket,
             connect_timeout: self.connect_timeout.map(Into::into),
             upstream_timeout: self.upstream_timeout.map(Into::into),
             idle_timeout: self.idle_timeout.map(Into::into),

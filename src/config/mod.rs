@@ -32,6 +32,8 @@ pub struct ConfigLayer {
     pub upstream_ca: Option<Vec<PathBuf>>,
     pub max_body: Option<Scalar>,
     pub log_format: Option<String>,
+    /// `"relay"` or `"refuse"`: what a WebSocket upgrade on an OpenAI route gets.
+    pub websocket: Option<String>,
     pub connect_timeout: Option<Scalar>,
     pub upstream_timeout: Option<Scalar>,
     pub idle_timeout: Option<Scalar>,
@@ -92,6 +94,8 @@ pub struct Config {
     /// The largest request body accepted, in bytes.
     pub max_body: u64,
     pub log_format: LogFormat,
+    /// What a WebSocket upgrade (Codex's Responses socket) gets.
+    pub websocket: crate::exchange::WebSocket,
     /// Time allowed to open a TCP connection (and TLS) to the upstream.
     pub connect_timeout: Duration,
     /// Time allowed for the upstream's response head (non-streamed answers can take minutes).
@@ -169,6 +173,7 @@ impl Default for Config {
             upstream_ca: Vec::new(),
             max_body: 32 << 20,
             log_format: LogFormat::Text,
+            websocket: crate::exchange::WebSocket::Relay,
             connect_timeout: Duration::from_secs(10),
             // The SDKs' own read timeout is 600 s; promptgate must not be the shorter one.
             upstream_timeout: Duration::from_secs(600),
@@ -380,6 +385,18 @@ impl Config {
                         message: format!(
                             "{v:?} is not a log format (expected \"text\" or \"json\")"
                         ),
+                    });
+                }
+            };
+        }
+        if let Some(v) = layer.websocket {
+            self.websocket = match v.as_str() {
+                "relay" => crate::exchange::WebSocket::Relay,
+                "refuse" => crate::exchange::WebSocket::Refuse,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        setting: "websocket",
+                        message: format!("{v:?} is not \"relay\" or \"refuse\""),
                     });
                 }
             };
@@ -658,6 +675,7 @@ impl Config {
             idle_timeout: self.idle_timeout,
             stream: self.stream,
             max_response: self.capture.max_response,
+            websocket: self.websocket,
             upstream_anthropic: self.upstream_anthropic.clone(),
             upstream_openai: self.upstream_openai.clone(),
             conversation: self.conversation.clone(),

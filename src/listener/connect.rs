@@ -195,7 +195,8 @@ async fn intercept(front: Arc<Front>, connect: Connect, provider: Provider) -> R
             async move { Ok::<_, std::convert::Infallible>(proxy.serve(begun, request).await) }
         });
         let builder = connection_builder(front.config.header_timeout);
-        let connection = builder.serve_connection(TokioIo::new(tls), service);
+        // With upgrades: a WebSocket inside the tunnel (Codex) is relayed like any other.
+        let connection = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
         tokio::pin!(connection);
         let mut draining = front.draining.clone();
         tokio::select! {

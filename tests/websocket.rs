@@ -1,0 +1,256 @@
+//! Codex's Responses WebSocket: the upgrade goes upstream first, a 101 is relayed
+//! and the frames cross byte for byte both ways; an upstream's refusal reaches the
+//! client as its own status; `--websocket refuse` answers 426 (tests/errors.rs).
+
+mod support;
+
+use std::time::Duration;
+
+use support::Proxy;
+use support::client::request_bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const WAIT: Duration = Duration::from_secs(10);
+
+/// What Codex sends to open the socket (CLIENTS.md §9), with permessage-deflate asked.
+fn upgrade_request(host: &str) -> Vec<u8> {
+    let headers = [
+        ("Host", host.to_owned()),
+        ("Connection", "Upgrade".to_owned()),
+        ("Upgrade", "websocket".to_owned()),
+        ("Sec-WebSocket-Version", "13".to_owned()),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==".to_owned()),
+        (
+            "Sec-WebSocket-Extensions",
+            "permessage-deflate; client_max_window_bits".to_owned(),
+        ),
+        ("openai-beta", "responses_websockets=2026-02-06".to_owned()),
+        ("session-id", "0199-session".to_owned()),
+        ("Authorization", "Bearer sk-test-websocket".to_owned()),
+    ];
+    request_bytes("GET", "/openai/v1/responses", &headers, b"")
+}
+
+/// A masked client text frame (RFC 6455 §5.2) carrying `payload`.
+fn client_frame(payload: &[u8]) -> Vec<u8> {
+    let mask = [0x37, 0xfa, 0x21, 0x3d];
+    let mut out = vec![0x81];
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n if n < 65536 => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(0x80 | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&mask);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ mask[i % 4]));
+    out
+}
+
+/// An unmasked server text frame.
+fn server_frame(payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![0x81];
+    if payload.len() < 126 {
+        out.push(payload.len() as u8);
+    } else {
+        out.push(126);
+        out.extend_from_slice(&(payload.len() as u16).to_be_bytes());
+    }
+    out.extend_from_slice(payload);
+    out
+}
+
+/// Reads up to the end of an HTTP head; `None` when the peer closes before its
+/// first byte (promptgate's start-up check of the upstream only connects).
+async fn try_head(stream: &mut TcpStream) -> Option<String> {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, stream.read(&mut byte))
+            .await
+            .expect("a head in time")
+            .expect("read");
+        if n == 0 && head.is_empty() {
+            return None;
+        }
+        assert_eq!(n, 1, "closed mid-head: {}", String::from_utf8_lossy(&head));
+        head.push(byte[0]);
+    }
+    Some(String::from_utf8(head).expect("an ASCII head"))
+}
+
+/// Reads up to the end of an HTTP head.
+async fn read_head(stream: &mut TcpStream) -> String {
+    try_head(stream).await.expect("a head, not a close")
+}
+
+/// Reads exactly `n` bytes.
+async fn read_n(stream: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut buf = vec![0u8; n];
+    tokio::time::timeout(WAIT, stream.read_exact(&mut buf))
+        .await
+        .expect("bytes in time")
+        .expect("read");
+    buf
+}
+
+/// An upstream that upgrades (or refuses with `refuse`), then answers each client
+/// frame it gets with `answers`, and sends back what it received.
+async fn upstream(
+    refuse: bool,
+    expect: usize,
+    answers: Vec<u8>,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<(String, Vec<u8>)>,
+) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let (mut s, head) = loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            if let Some(head) = try_head(&mut s).await {
+                break (s, head);
+            }
+        };
+        if refuse {
+            let body = br#"{"error":{"message":"no sockets here","type":"invalid_request_error"}}"#;
+            let answer = format!(
+                "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                body.len()
+            );
+            s.write_all(answer.as_bytes()).await.unwrap();
+            s.write_all(body).await.unwrap();
+            return (head, Vec::new());
+        }
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\
+              Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let got = read_n(&mut s, expect).await;
+        s.write_all(&answers).await.unwrap();
+        // The server closes (a close frame, then the TCP close).
+        s.write_all(&[0x88, 0x02, 0x03, 0xe8]).await.unwrap();
+        s.shutdown().await.unwrap();
+        (head, got)
+    });
+    (addr, task)
+}
+
+#[tokio::test]
+async fn a_websocket_is_relayed_byte_for_byte_after_the_upstreams_101() {
+    // A prewarm and a turn as Codex sends them, one of them over 64 KiB.
+    let prewarm = br#"{"type":"response.create","model":"gpt-5.5","generate":false,"instructions":"be brief","tools":[]}"#.to_vec();
+    let turn = format!(
+        r#"{{"type":"response.create","model":"gpt-5.5","previous_response_id":"resp_1","input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":"{}"}}]}}]}}"#,
+        "y".repeat(70_000)
+    );
+    let mut sent = client_frame(&prewarm);
+    sent.extend(client_frame(turn.as_bytes()));
+    let mut answers = server_frame(br#"{"type":"response.created","response":{"id":"resp_1"}}"#);
+    answers.extend(server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_2","usage":{"input_tokens":17000,"input_tokens_details":{"cached_tokens":0},"output_tokens":3}}}"#,
+    ));
+    let (up, task) = upstream(false, sent.len(), answers.clone()).await;
+    let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
+
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&upgrade_request(&proxy.addr.to_string()))
+        .await
+        .unwrap();
+    let head = read_head(&mut client).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let lower = head.to_ascii_lowercase();
+    assert!(lower.contains("upgrade: websocket"), "{head}");
+    assert!(
+        lower.contains("sec-websocket-accept: s3pplmbitxaq9kygzzhzrbk+xoo="),
+        "{head}"
+    );
+    assert!(
+        lower.contains("sec-websocket-extensions: permessage-deflate"),
+        "negotiated end to end: {head}"
+    );
+    client.write_all(&sent).await.unwrap();
+    let mut expected = answers.clone();
+    expected.extend([0x88, 0x02, 0x03, 0xe8]);
+    assert_eq!(read_n(&mut client, expected.len()).await, expected);
+    // The upstream's close reaches the client as a close.
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(WAIT, client.read_to_end(&mut rest))
+        .await
+        .expect("closed in time")
+        .unwrap();
+    assert_eq!(n, 0, "nothing after the close");
+    drop(client);
+
+    let (upstream_head, got) = task.await.unwrap();
+    assert_eq!(
+        got, sent,
+        "the client's frames reach the upstream unchanged"
+    );
+    let lower = upstream_head.to_ascii_lowercase();
+    assert!(
+        upstream_head.starts_with("GET /v1/responses HTTP/1.1"),
+        "{upstream_head}"
+    );
+    assert!(lower.contains("upgrade: websocket"), "{upstream_head}");
+    assert!(lower.contains("connection: upgrade"), "{upstream_head}");
+    assert!(
+        lower.contains("sec-websocket-key: dghlihnhbxbszsbub25jzq=="),
+        "{upstream_head}"
+    );
+    assert!(
+        lower.contains("openai-beta: responses_websockets=2026-02-06"),
+        "{upstream_head}"
+    );
+
+    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert_eq!(line["status"], 101, "{line}");
+    assert_eq!(line["outcome"], "ok", "{line}");
+    assert_eq!(line["bytes_in"], sent.len(), "{line}");
+    assert_eq!(line["bytes_out"], expected.len(), "{line}");
+}
+
+#[tokio::test]
+async fn an_upstreams_refusal_of_the_upgrade_reaches_the_client_as_its_own() {
+    let (up, task) = upstream(true, 0, Vec::new()).await;
+    let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&upgrade_request(&proxy.addr.to_string()))
+        .await
+        .unwrap();
+    let head = read_head(&mut client).await;
+    assert!(head.starts_with("HTTP/1.1 404"), "{head}");
+    task.await.unwrap();
+    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert_eq!(line["status"], 404, "{line}");
+}
+
+#[tokio::test]
+async fn an_anthropic_route_refuses_a_websocket_with_426() {
+    let proxy = Proxy::start(&["--upstream-anthropic", "http://127.0.0.1:9"]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    let headers = [
+        ("Host", proxy.addr.to_string()),
+        ("Connection", "Upgrade".to_owned()),
+        ("Upgrade", "websocket".to_owned()),
+        ("Sec-WebSocket-Version", "13".to_owned()),
+        ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ==".to_owned()),
+    ];
+    client
+        .write_all(&request_bytes("GET", "/v1/messages", &headers, b""))
+        .await
+        .unwrap();
+    let head = read_head(&mut client).await;
+    assert!(head.starts_with("HTTP/1.1 426"), "{head}");
+}
