@@ -558,7 +558,7 @@ impl Proxy {
     /// The upstream said 101: the client gets the same answer, and the socket is
     /// relayed on this worker until it closes; its record is emitted then.
     fn relay(
-        &self,
+        self: &Arc<Self>,
         mut ex: Exchange,
         mut response: Response<Incoming>,
         client: hyper::upgrade::OnUpgrade,
@@ -570,9 +570,30 @@ impl Proxy {
         r.response_headers = head.headers.clone();
         ex.take_effects();
         let idle = self.settings.idle_timeout;
+        let extensions = head
+            .headers
+            .get("sec-websocket-extensions")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned();
+        // One message is kept whole up to the larger of the two body limits.
+        let limit = usize::try_from(self.settings.max_body.max(self.settings.max_response))
+            .unwrap_or(usize::MAX);
+        let proxy = self.clone();
         tokio::spawn(async move {
-            let relayed = websocket::relay(client, upstream, idle).await;
+            let mut turns = websocket::Turns::new(&extensions, limit);
+            let socket = ex.record().clone();
+            let relayed = websocket::relay(client, upstream, idle, |way, chunk| {
+                turns.read(way, chunk, &mut |turn| proxy.record_turn(&socket, turn));
+            })
+            .await;
+            for turn in turns.unfinished() {
+                proxy.record_turn(&socket, turn);
+            }
             let r = ex.record();
+            if let Some(why) = turns.unread.take() {
+                r.tags.push(format!("websocket: {why}"));
+            }
             r.bytes_in = relayed.from_client;
             r.bytes_out = relayed.to_client;
             let outcome = match (&relayed.error, relayed.client_broke) {

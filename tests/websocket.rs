@@ -99,12 +99,12 @@ async fn read_n(stream: &mut TcpStream, n: usize) -> Vec<u8> {
     buf
 }
 
-/// An upstream that upgrades (or refuses with `refuse`), then answers each client
-/// frame it gets with `answers`, and sends back what it received.
+/// An upstream that upgrades (or refuses with `refuse`), then for each step reads
+/// that many bytes and answers with its frames; it closes after the last, and hands
+/// back the head and every byte it received.
 async fn upstream(
     refuse: bool,
-    expect: usize,
-    answers: Vec<u8>,
+    script: Vec<(usize, Vec<u8>)>,
 ) -> (
     std::net::SocketAddr,
     tokio::task::JoinHandle<(String, Vec<u8>)>,
@@ -135,8 +135,11 @@ async fn upstream(
         )
         .await
         .unwrap();
-        let got = read_n(&mut s, expect).await;
-        s.write_all(&answers).await.unwrap();
+        let mut got = Vec::new();
+        for (expect, answer) in script {
+            got.extend(read_n(&mut s, expect).await);
+            s.write_all(&answer).await.unwrap();
+        }
         // The server closes (a close frame, then the TCP close).
         s.write_all(&[0x88, 0x02, 0x03, 0xe8]).await.unwrap();
         s.shutdown().await.unwrap();
@@ -153,13 +156,23 @@ async fn a_websocket_is_relayed_byte_for_byte_after_the_upstreams_101() {
         r#"{{"type":"response.create","model":"gpt-5.5","previous_response_id":"resp_1","input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":"{}"}}]}}]}}"#,
         "y".repeat(70_000)
     );
-    let mut sent = client_frame(&prewarm);
-    sent.extend(client_frame(turn.as_bytes()));
-    let mut answers = server_frame(br#"{"type":"response.created","response":{"id":"resp_1"}}"#);
-    answers.extend(server_frame(
-        br#"{"type":"response.completed","response":{"id":"resp_2","usage":{"input_tokens":17000,"input_tokens_details":{"cached_tokens":0},"output_tokens":3}}}"#,
+    let (first, second) = (client_frame(&prewarm), client_frame(turn.as_bytes()));
+    let mut sent = first.clone();
+    sent.extend(second.clone());
+    let mut warmed = server_frame(br#"{"type":"response.created","response":{"id":"resp_1"}}"#);
+    warmed.extend(server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":900,"input_tokens_details":{"cached_tokens":0},"output_tokens":0}}}"#,
     ));
-    let (up, task) = upstream(false, sent.len(), answers.clone()).await;
+    let mut answered = server_frame(br#"{"type":"response.created","response":{"id":"resp_2"}}"#);
+    answered.extend(server_frame(
+        br#"{"type":"response.output_text.delta","delta":"ok"}"#,
+    ));
+    answered.extend(server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_2","usage":{"input_tokens":17000,"input_tokens_details":{"cached_tokens":512},"output_tokens":3}}}"#,
+    ));
+    let mut answers = warmed.clone();
+    answers.extend(answered.clone());
+    let (up, task) = upstream(false, vec![(first.len(), warmed), (second.len(), answered)]).await;
     let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
 
     let mut client = TcpStream::connect(proxy.addr).await.unwrap();
@@ -213,16 +226,62 @@ async fn a_websocket_is_relayed_byte_for_byte_after_the_upstreams_101() {
         "{upstream_head}"
     );
 
-    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
-    assert_eq!(line["status"], 101, "{line}");
-    assert_eq!(line["outcome"], "ok", "{line}");
-    assert_eq!(line["bytes_in"], sent.len(), "{line}");
-    assert_eq!(line["bytes_out"], expected.len(), "{line}");
+    // One record per turn, then the socket's own when it closes.
+    let lines = proxy.wait_exchanges(3, WAIT).await;
+    let (prewarmed, turned, socket) = (&lines[0], &lines[1], &lines[2]);
+    assert_eq!(socket["status"], 101, "{socket}");
+    assert_eq!(socket["outcome"], "ok", "{socket}");
+    assert_eq!(socket["bytes_in"], sent.len(), "{socket}");
+    assert_eq!(socket["bytes_out"], expected.len(), "{socket}");
+    assert_eq!(prewarmed["in_tokens"], 900, "{prewarmed}");
+    assert_eq!(turned["model"], "gpt-5.5", "{turned}");
+    // Uncached input, as every OpenAI record counts it: 17000 - 512.
+    assert_eq!(turned["in_tokens"], 16488, "{turned}");
+    assert_eq!(turned["cache_read"], 512, "{turned}");
+    assert_eq!(turned["out_tokens"], 3, "{turned}");
+    assert_eq!(turned["outcome"], "ok", "{turned}");
+    assert_eq!(
+        turned["bytes_in"],
+        turn.len(),
+        "the message, unmasked: {turned}"
+    );
+    let tags = turned["tags"].as_str().unwrap();
+    assert!(tags.starts_with("websocket,socket:"), "{tags}");
+}
+
+#[tokio::test]
+async fn a_turn_the_socket_cut_short_is_recorded_as_such() {
+    let create = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    let started = server_frame(br#"{"type":"response.created","response":{"id":"resp_9"}}"#);
+    // The upstream closes after the first event: the turn never completes.
+    let (up, task) = upstream(false, vec![(create.len(), started)]).await;
+    let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&upgrade_request(&proxy.addr.to_string()))
+        .await
+        .unwrap();
+    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    client.write_all(&create).await.unwrap();
+    let mut rest = Vec::new();
+    let _ = tokio::time::timeout(WAIT, client.read_to_end(&mut rest)).await;
+    drop(client);
+    task.await.unwrap();
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    let turn = lines
+        .iter()
+        .find(|l| l["status"] == 101 && l["method"] == "POST")
+        .expect("the turn's record");
+    assert_eq!(turn["outcome"], "client_cancelled", "{turn}");
+    assert_eq!(
+        turn["error"], "the socket closed before the turn ended",
+        "{turn}"
+    );
 }
 
 #[tokio::test]
 async fn an_upstreams_refusal_of_the_upgrade_reaches_the_client_as_its_own() {
-    let (up, task) = upstream(true, 0, Vec::new()).await;
+    let (up, task) = upstream(true, Vec::new()).await;
     let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
     let mut client = TcpStream::connect(proxy.addr).await.unwrap();
     client

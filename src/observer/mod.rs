@@ -7,6 +7,7 @@
 //! on the [`Observation`]; it never fails the exchange.
 
 pub mod decode;
+pub(crate) mod frames;
 mod rewrite;
 pub(crate) mod stall;
 mod tee;
