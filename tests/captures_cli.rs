@@ -887,3 +887,37 @@ async fn several_instances_the_cli_says_which_and_prefers_the_named_one() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn show_reads_a_codex_prompt_with_roles_texts_and_hosted_tools() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &serde_json::json!({"id": "resp_1", "object": "response", "output": [], "usage": {"input_tokens": 10, "output_tokens": 1}}),
+        ))
+    })
+    .await;
+    let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
+    let body = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/anatomy/codex-tool-round-2.json"),
+    )
+    .unwrap();
+    let r = client::post(proxy.addr, "/openai/v1/responses", &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let id = proxy.wait_exchanges(1, WAIT).await[0]["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let shown = captures::ok(&proxy.captures, &["show", &id]);
+    // Each item with its role and text, not its size alone.
+    assert!(shown.contains("input[0] message developer, "), "{shown}");
+    assert!(shown.contains("input[2] message user, "), "{shown}");
+    assert!(shown.contains("    │ <environment_context>"), "{shown}");
+    assert!(shown.contains("input[5] function_call_output, "), "{shown}");
+    assert!(
+        shown.contains("tool_search, web_search"),
+        "hosted tools by type: {shown}"
+    );
+    assert!(!shown.contains("(21609 bytes)"), "{shown}");
+}

@@ -889,6 +889,10 @@ fn unit_text(unit: &UnitView, out: &mut String) {
         None => unit.path.clone(),
     };
     let mut line = format!("{label} {}", unit.kind);
+    // A Responses input item is its own message: its role goes on its line.
+    if let (None, Some(role)) = (unit.message, &unit.role) {
+        let _ = write!(line, " {role}");
+    }
     if let Some(t) = &unit.text {
         let _ = write!(line, ", {} chars", t.chars().count());
         if unit.reminder {

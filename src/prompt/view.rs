@@ -84,22 +84,36 @@ impl PromptView {
             let raw = &body[unit.span.start..unit.span.end];
             let parsed: Option<Json> = serde_json::from_slice(raw).ok();
             let message = prompt.messages().iter().find(|m| m.units.contains(&i));
+            // A Responses input item is its own message: its role is its own.
             let role = message
                 .and_then(|m| prompt.value(m.tok))
                 .and_then(|v| v.get("role"))
-                .and_then(|r| r.str().map(|s| s.into_owned()));
+                .and_then(|r| r.str().map(|s| s.into_owned()))
+                .or_else(|| {
+                    let v = parsed.as_ref()?;
+                    v.get("role")?.as_str().map(str::to_owned)
+                });
+            // A hosted tool (`web_search`, `tool_search`) has no name but its type.
             let name = parsed.as_ref().and_then(|v| {
                 v.get("name")
                     .or_else(|| v.pointer("/function/name"))
                     .and_then(Json::as_str)
                     .map(str::to_owned)
+                    .or_else(|| {
+                        (unit.path.region == super::Region::Tools)
+                            .then(|| v.get("type").and_then(Json::as_str).map(str::to_owned))
+                            .flatten()
+                    })
             });
-            let text = unit.content.map(|span| {
-                let raw = &body[span.start..span.end];
-                serde_json::from_slice::<Json>(raw)
-                    .map(|v| display_text(&v))
-                    .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
-            });
+            let text = unit
+                .content
+                .map(|span| {
+                    let raw = &body[span.start..span.end];
+                    serde_json::from_slice::<Json>(raw)
+                        .map(|v| display_text(&v))
+                        .unwrap_or_else(|_| String::from_utf8_lossy(raw).into_owned())
+                })
+                .or_else(|| parsed.as_ref().and_then(item_text));
             let path = unit.path.to_string();
             let wants_json = text.is_none()
                 || unit.path.region == super::Region::Tools
@@ -147,6 +161,27 @@ impl PromptView {
     }
 }
 
+/// The readable text of a Responses input item that is not a block: a message's
+/// parts, a tool call's output, reasoning (its summary; encrypted content by size).
+fn item_text(v: &Json) -> Option<String> {
+    match v.get("type").and_then(Json::as_str)? {
+        "message" => v.get("content").map(display_text),
+        "function_call_output" | "custom_tool_call_output" => v.get("output").map(display_text),
+        "custom_tool_call" => v.get("input").map(display_text),
+        "reasoning" => {
+            let mut text = v.get("summary").map(display_text).unwrap_or_default();
+            if let Some(e) = v.get("encrypted_content").and_then(Json::as_str) {
+                if !text.is_empty() {
+                    text.push('\n');
+                }
+                text.push_str(&format!("[encrypted reasoning, {} bytes]", e.len()));
+            }
+            Some(text)
+        }
+        _ => None,
+    }
+}
+
 /// Readable text of a unit: text blocks as their text, other blocks as JSON.
 pub(crate) fn display_text(v: &Json) -> String {
     match v {
@@ -159,7 +194,10 @@ pub(crate) fn display_text(v: &Json) -> String {
         Json::Object(map) => {
             let kind = map.get("type").and_then(Json::as_str);
             match kind {
-                Some("text") => map.get("text").map(display_text).unwrap_or_default(),
+                Some("text" | "input_text" | "output_text" | "summary_text") => {
+                    map.get("text").map(display_text).unwrap_or_default()
+                }
+                Some("input_image") => "[image]".to_owned(),
                 Some("tool_result") => format!(
                     "[tool_result {}]\n{}",
                     map.get("tool_use_id").and_then(Json::as_str).unwrap_or(""),
@@ -179,5 +217,64 @@ pub(crate) fn display_text(v: &Json) -> String {
             }
         }
         other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::provider::{Api, Provider};
+
+    fn codex(name: &str) -> PromptView {
+        let path = format!(
+            "{}/tests/fixtures/anatomy/{name}.json",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        let body = std::fs::read(&path).expect("the fixture");
+        let prompt = Prompt::read(
+            bytes::Bytes::from(body),
+            super::super::Format::of_request(Provider::OpenAi, Api::Responses),
+        );
+        PromptView::of(&prompt, None)
+    }
+
+    #[test]
+    fn codex_items_read_with_their_role_text_and_tool_names() {
+        let view = codex("codex-tool-round-2");
+        let unit = |path: &str| {
+            view.units
+                .iter()
+                .find(|u| u.path == path)
+                .unwrap_or_else(|| panic!("no {path}"))
+        };
+        let developer = unit("input[0]");
+        assert_eq!(developer.role.as_deref(), Some("developer"));
+        assert!(
+            developer.text.as_deref().is_some_and(|t| t.len() > 10_000),
+            "the base prompt's text: {:?}",
+            developer.text.as_deref().map(|t| &t[..t.len().min(80)])
+        );
+        let env = unit("input[2]");
+        assert_eq!(env.role.as_deref(), Some("user"));
+        assert!(
+            env.text
+                .as_deref()
+                .unwrap()
+                .contains("<environment_context>")
+        );
+        let output = unit("input[5]");
+        assert_eq!(output.kind, "function_call_output");
+        assert!(output.text.as_deref().is_some_and(|t| !t.is_empty()));
+        assert_eq!(unit("tools[8]").name.as_deref(), Some("tool_search"));
+        assert_eq!(unit("tools[9]").name.as_deref(), Some("web_search"));
+    }
+
+    #[test]
+    fn reasoning_shows_its_summary_and_says_what_is_encrypted() {
+        let item = serde_json::json!({"type": "reasoning", "summary": [{"type": "summary_text", "text": "thought"}], "encrypted_content": "gAAAA"});
+        assert_eq!(
+            item_text(&item).as_deref(),
+            Some("thought\n[encrypted reasoning, 5 bytes]")
+        );
     }
 }
