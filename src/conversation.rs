@@ -54,6 +54,8 @@ impl ConversationCell {
         let mut u = Undecided::default();
         if let Some(id) = header_value(headers, "x-claude-code-session-id") {
             u.key = OnceLock::from(Some(format!("cc:{id}")));
+        } else if let Some(id) = codex_thread(headers) {
+            u.key = OnceLock::from(Some(format!("codex:{id}")));
         } else {
             u.configured = source
                 .header
@@ -80,8 +82,9 @@ impl ConversationCell {
         }
     }
 
-    /// The key, decided now if nobody has yet: `cc:<uuid>`, `session:<uuid>`,
-    /// `header:<value>`, `pointer:<value>`, or `hash:<16 hex>`. `None` when nothing
+    /// The key, decided now if nobody has yet: `cc:<uuid>`, `codex:<thread>`,
+    /// `session:<uuid>`, `header:<value>`, `pointer:<value>`, `cache-key:<value>`
+    /// (the body's `prompt_cache_key`), or `hash:<16 hex>`. `None` when nothing
     /// names it (no body that is JSON with a system or a user message).
     pub fn get(&self) -> Option<&str> {
         let u = &*self.0;
@@ -118,7 +121,26 @@ fn decide(
     {
         return Some(format!("pointer:{v}"));
     }
+    // OpenAI's cache-routing key: Codex sets it to its thread id.
+    if let Some(v) = root.get("prompt_cache_key").and_then(|v| v.str())
+        && !v.is_empty()
+    {
+        return Some(format!("cache-key:{v}"));
+    }
     prompt_hash(root).map(|h| format!("hash:{h}"))
+}
+
+/// Codex's thread (`thread-id`, else `session-id`), when the request says it is
+/// Codex's (`originator` or `user-agent` starts `codex`): its HTTP turns and its
+/// WebSocket's turns then group the same way.
+fn codex_thread(headers: &HeaderMap) -> Option<String> {
+    let codex = ["originator", "user-agent"].iter().any(|name| {
+        header_value(headers, name).is_some_and(|v| v.to_ascii_lowercase().starts_with("codex"))
+    });
+    if !codex {
+        return None;
+    }
+    header_value(headers, "thread-id").or_else(|| header_value(headers, "session-id"))
 }
 
 fn header_value(headers: &HeaderMap, name: &str) -> Option<String> {
@@ -319,5 +341,21 @@ mod tests {
         assert!(key(&h, responses).unwrap().starts_with("hash:"));
         assert_eq!(key(&h, "not json"), None);
         assert_eq!(key(&h, "{}"), None);
+    }
+
+    #[test]
+    fn codex_groups_by_its_thread_then_by_its_cache_key() {
+        let mut h = HeaderMap::new();
+        h.insert("thread-id", HeaderValue::from_static("019a-thread"));
+        h.insert("session-id", HeaderValue::from_static("019a-thread"));
+        // Without Codex's originator the ids are not taken as its thread.
+        assert!(key(&h, r#"{"input":"x"}"#).unwrap().starts_with("hash:"));
+        h.insert("originator", HeaderValue::from_static("codex_exec"));
+        assert_eq!(key(&h, "{}").as_deref(), Some("codex:019a-thread"));
+        let body = r#"{"model":"gpt-5.5","input":"x","prompt_cache_key":"019a-thread"}"#;
+        assert_eq!(
+            key(&HeaderMap::new(), body).as_deref(),
+            Some("cache-key:019a-thread")
+        );
     }
 }

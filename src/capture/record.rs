@@ -209,7 +209,7 @@ pub struct CaptureRecord {
     pub upstream_url: Option<String>,
     /// The model the provider read (the last of a repeated key), redacted and cut.
     pub model: Option<String>,
-    /// The conversation key (`cc:<session id>`, `session:…`, `header:…`, `pointer:…`, `hash:…`), redacted.
+    /// The conversation key (`cc:<session id>`, `codex:<thread>`, `session:…`, `header:…`, `pointer:…`, `cache-key:…`, `hash:…`), redacted.
     pub conversation: Option<String>,
     /// The JSON pointer of a key the request body repeats in one object: every
     /// reader took its last value, as the providers' parsers do.
