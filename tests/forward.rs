@@ -980,3 +980,67 @@ async fn the_ca_is_created_by_the_first_intercepted_connect_not_on_start() {
         .wait_log("created the forward-proxy CA", Duration::from_secs(10))
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_chatgpt_login_codex_turn_is_intercepted_by_default_and_read_as_responses() {
+    if !support::can_run(support::missing_command("curl", &["--version"])) {
+        return;
+    }
+    let ca = TestCa::new();
+    let fake = FakeProvider::start_tls(&ca, |_| {
+        support::Action::Respond(support::Reply::json(
+            200,
+            &serde_json::json!({"id": "resp_1", "object": "response", "output": [],
+                "usage": {"input_tokens": 4000, "input_tokens_details": {"cached_tokens": 3584}, "output_tokens": 5}}),
+        ))
+    })
+    .await;
+    let dir = TempDir::new("forward-chatgpt");
+    let upstream_ca = ca.write_pem(dir.path());
+    let chatgpt = format!("chatgpt.com={}", fake.url());
+    // No --intercept: chatgpt.com is in the default list.
+    let proxy = Proxy::start(&[
+        "--resolve",
+        &chatgpt,
+        "--upstream-ca",
+        upstream_ca.to_str().unwrap(),
+    ]);
+    let body = r#"{"model":"gpt-5.5","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]}],"prompt_cache_key":"019a-thread","stream":false}"#;
+    let out = curl_async(&[
+        "--proxy",
+        &proxy.url(),
+        "--cacert",
+        proxy.ca_cert().to_str().unwrap(),
+        "https://chatgpt.com/backend-api/codex/responses",
+        "-H",
+        "authorization: Bearer chatgpt-token-CANARY",
+        "-H",
+        "originator: codex_exec",
+        "-H",
+        "thread-id: 019a-thread",
+        "-H",
+        "content-type: application/json",
+        "-d",
+        body,
+    ])
+    .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let received = fake.wait_requests(1, WAIT).await;
+    assert_eq!(received[0].target, "/backend-api/codex/responses");
+    assert_eq!(received[0].body, body.as_bytes(), "byte for byte");
+    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert_eq!(line["mode"], "forward", "{line}");
+    assert_eq!(line["provider"], "openai", "{line}");
+    assert_eq!(line["model"], "gpt-5.5", "{line}");
+    // Read as the Responses API: usage and cached tokens (uncached input 4000 - 3584).
+    assert_eq!(line["in_tokens"], 416, "{line}");
+    assert_eq!(line["cache_read"], 3584, "{line}");
+    let id = line["id"].as_str().unwrap();
+    let shown = support::captures::ok(&proxy.captures, &["show", id]);
+    assert!(shown.contains("conversation  codex:019a-thread"), "{shown}");
+    assert!(shown.contains("upstream      openai responses "), "{shown}");
+}

@@ -155,7 +155,7 @@ pub(super) struct ForwardArgs {
     #[arg(long, value_name = "DIR")]
     pub certs: Option<PathBuf>,
     /// Host to intercept in CONNECT tunnels, PATTERN[=anthropic|openai]; repeatable;
-    /// replaces the default list [default: api.anthropic.com, api.openai.com].
+    /// replaces the default list [default: api.anthropic.com, api.openai.com, chatgpt.com].
     #[arg(long, value_name = "PATTERN")]
     pub intercept: Vec<String>,
     /// Send an intercepted host's requests to another upstream, HOST=URL; repeatable.

@@ -7,8 +7,10 @@
 
 use crate::provider::Provider;
 
-/// The hosts intercepted when none are configured.
-pub(crate) const DEFAULT_INTERCEPT: &[&str] = &["api.anthropic.com", "api.openai.com"];
+/// The hosts intercepted when none are configured: the two APIs, and the ChatGPT
+/// backend a ChatGPT-login Codex sends its turns to (`/backend-api/codex/responses`).
+pub(crate) const DEFAULT_INTERCEPT: &[&str] =
+    &["api.anthropic.com", "api.openai.com", "chatgpt.com"];
 
 /// One entry: a host pattern and the provider its traffic speaks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -92,7 +94,7 @@ impl InterceptRule {
             }
             None => match pattern.as_str() {
                 "api.anthropic.com" => Provider::Anthropic,
-                "api.openai.com" => Provider::OpenAi,
+                "api.openai.com" | "chatgpt.com" => Provider::OpenAi,
                 _ => {
                     return Err(BadPattern::NoProvider(entry.to_owned(), pattern));
                 }

@@ -330,7 +330,8 @@ pub(crate) fn api(provider: Provider, path: &str) -> Api {
         (Provider::Anthropic, "/v1/messages") => Api::Messages,
         (Provider::Anthropic, "/v1/messages/count_tokens") => Api::CountTokens,
         (Provider::OpenAi, "/v1/chat/completions") => Api::ChatCompletions,
-        (Provider::OpenAi, "/v1/responses") => Api::Responses,
+        // The ChatGPT backend's Codex endpoint speaks the Responses API.
+        (Provider::OpenAi, "/v1/responses" | "/backend-api/codex/responses") => Api::Responses,
         _ => Api::Other,
     }
 }
