@@ -239,6 +239,23 @@ pub struct ExchangeRecord {
     pub cache: Option<crate::cache::CacheReport>,
     /// The longest silence of a streamed answer past `stream.stall_after`.
     pub stall: Option<crate::observer::stall::Stall>,
+    /// A turn of a relayed WebSocket: its request body is the whole prompt put back
+    /// together, and this keeps the message as it crossed the socket.
+    pub websocket: Option<SocketTurn>,
+}
+
+/// One turn of a relayed WebSocket (Codex's Responses socket).
+#[derive(Debug, Clone)]
+pub struct SocketTurn {
+    /// The socket's own record (its upgrade).
+    pub socket: ExchangeId,
+    /// The client's `response.create` message exactly as it came off the socket.
+    pub frame: Bytes,
+    /// The earlier turns of the socket whose prompt and output this turn continues
+    /// (by `previous_response_id`), oldest first.
+    pub recovered_from: Vec<ExchangeId>,
+    /// Why the whole prompt could not be put back together, when it could not.
+    pub missing: Option<String>,
 }
 
 impl ExchangeRecord {
@@ -398,6 +415,7 @@ impl ExchangeRecord {
             observation: None,
             cache: None,
             stall: None,
+            websocket: None,
         }
     }
 }

@@ -247,6 +247,30 @@ async fn a_websocket_is_relayed_byte_for_byte_after_the_upstreams_101() {
     );
     let tags = turned["tags"].as_str().unwrap();
     assert!(tags.starts_with("websocket,socket:"), "{tags}");
+
+    // The turn's prompt is put back together: the prewarm's instructions, then its input.
+    let id = turned["id"].as_str().unwrap();
+    let shown = support::captures::ok(&proxy.captures, &["show", id]);
+    assert!(
+        shown.contains(&format!(
+            "  websocket     a turn of socket {} ({} bytes as sent); the prompt below is put back together from 1 earlier turn(s): {}",
+            socket["id"].as_str().unwrap(),
+            turn.len(),
+            prewarmed["id"].as_str().unwrap()
+        )),
+        "{shown}"
+    );
+    let raw: serde_json::Value = serde_json::from_str(&support::captures::ok(
+        &proxy.captures,
+        &["show", id, "--raw"],
+    ))
+    .unwrap();
+    assert_eq!(raw["websocket"]["frame"]["size"], turn.len(), "{raw}");
+    let body = support::captures::ok(&proxy.captures, &["show", id, "--raw", "--received"]);
+    let whole: serde_json::Value =
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    assert_eq!(whole["instructions"], "be brief", "{whole}");
+    assert_eq!(whole.get("previous_response_id"), None, "{whole}");
 }
 
 #[tokio::test]

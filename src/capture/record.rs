@@ -271,6 +271,24 @@ pub struct CaptureRecord {
     /// A streamed answer's longest silence past `stream.stall_after`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stall: Option<crate::observer::stall::Stall>,
+    /// A turn of a relayed WebSocket: the request body is its whole prompt put back
+    /// together; this keeps the message as it crossed the socket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub websocket: Option<StoredSocketTurn>,
+}
+
+/// A WebSocket turn as stored (see [`crate::record::SocketTurn`]).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StoredSocketTurn {
+    /// The id of the socket's own record.
+    pub socket: String,
+    /// The client's `response.create` message as it crossed the socket, redacted.
+    pub frame: BodyInfo,
+    /// The earlier turns this turn's prompt continues, oldest first.
+    pub recovered_from: Vec<String>,
+    /// Why the whole prompt could not be put back together, when it could not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub missing: Option<String>,
 }
 
 /// A stored header list as a map, for reading the body stored beside it: values
@@ -410,6 +428,12 @@ impl CaptureRecord {
                 .as_ref()
                 .map(|c| super::analysis::stored(c, redactor, extra)),
             stall: r.stall,
+            websocket: r.websocket.as_ref().map(|t| StoredSocketTurn {
+                socket: t.socket.to_string(),
+                frame: BodyInfo::default(),
+                recovered_from: t.recovered_from.iter().map(ToString::to_string).collect(),
+                missing: t.missing.clone(),
+            }),
         };
         if r.capture {
             record.capture_contents(r, redactor, cache, same_body, &mut summary);
@@ -464,6 +488,26 @@ impl CaptureRecord {
         for (kind, n) in sent_summary {
             let seen = summary.entry(kind).or_default();
             *seen = (*seen).max(n);
+        }
+        if let (Some(turn), Some(stored)) = (&r.websocket, self.websocket.as_mut()) {
+            // The message as it crossed the socket, stored and redacted like a body.
+            let format = r.prompt.get().format();
+            let frame = crate::prompt::Prompt::read(turn.frame.clone(), format);
+            let frame_digest = digest::content_hex(&turn.frame);
+            // Its text mostly repeats the body's: its redactions count once.
+            let mut frame_summary = Summary::new();
+            stored.frame = request_body(
+                &turn.frame,
+                &frame_digest,
+                None,
+                &frame,
+                ctx,
+                &mut frame_summary,
+            );
+            for (kind, n) in frame_summary {
+                let seen = summary.entry(kind).or_default();
+                *seen = (*seen).max(n);
+            }
         }
         if let Some(o) = r.observation.as_ref() {
             self.response_contents(o, redactor, extra, summary);

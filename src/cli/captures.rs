@@ -491,6 +491,21 @@ fn show_facts(store: &Store, r: &CaptureRecord, out: &mut String) {
             "  repeat of     {first} (the client sent this blocked request again)"
         );
     }
+    if let Some(ws) = &r.websocket {
+        let whole = match (&ws.missing, ws.recovered_from.len()) {
+            (Some(why), _) => format!("the prompt below is the message's only: {why}"),
+            (None, 0) => "the prompt below is the message's own".to_owned(),
+            (None, n) => format!(
+                "the prompt below is put back together from {n} earlier turn(s): {}",
+                ws.recovered_from.join(", ")
+            ),
+        };
+        let _ = writeln!(
+            out,
+            "  websocket     a turn of socket {} ({} bytes as sent); {whole}",
+            ws.socket, ws.frame.size
+        );
+    }
     match &r.usage {
         Some(u) => {
             let _ = writeln!(

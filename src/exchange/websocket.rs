@@ -194,8 +194,18 @@ fn kind_of(message: &[u8]) -> Option<String> {
 /// One turn of the socket: a `response.create` and the events that answer it.
 #[derive(Debug)]
 pub(super) struct Turn {
+    /// Its record's id, known when it starts: later turns name it.
+    pub(super) id: ExchangeId,
     /// The message as the client sent it (unmasked, inflated).
     pub(super) request: Bytes,
+    /// Its whole prompt: the earlier turns it continues, their output, its input.
+    pub(super) whole: Bytes,
+    /// The turns `whole` was put together from, oldest first.
+    pub(super) recovered_from: Vec<ExchangeId>,
+    /// Why `whole` is not the whole prompt, when it is not.
+    pub(super) missing: Option<String>,
+    /// `whole` as JSON, kept until the turn completes (its continuation needs it).
+    body: Option<serde_json::Map<String, serde_json::Value>>,
     pub(super) started: tokio::time::Instant,
     pub(super) first_event: Option<tokio::time::Instant>,
     /// The events as SSE (`event:` and `data:` lines), as the HTTP API streams them.
@@ -214,6 +224,36 @@ pub(super) struct Turns {
     pub(super) other: u64,
     /// A message too large to read, or framing that could not be followed.
     pub(super) unread: Option<String>,
+    /// Completed turns by their response id: what a later turn continues.
+    done: std::collections::HashMap<String, Done>,
+}
+
+/// A completed turn, as a later one that continues it needs it.
+struct Done {
+    id: ExchangeId,
+    body: serde_json::Map<String, serde_json::Value>,
+    /// The response's output items, which the next turn's prompt holds next.
+    output: Vec<serde_json::Value>,
+    from: Vec<ExchangeId>,
+}
+
+/// What a `response.create` message's whole prompt is, and where it came from.
+struct Recovered {
+    whole: Bytes,
+    body: Option<serde_json::Map<String, serde_json::Value>>,
+    from: Vec<ExchangeId>,
+    missing: Option<String>,
+}
+
+/// The items of an `input` (a string is one user message).
+fn items(input: Option<serde_json::Value>) -> Vec<serde_json::Value> {
+    match input {
+        Some(serde_json::Value::Array(items)) => items,
+        Some(serde_json::Value::String(text)) => {
+            vec![serde_json::json!({"role": "user", "content": text})]
+        }
+        _ => Vec::new(),
+    }
 }
 
 impl Turns {
@@ -228,7 +268,88 @@ impl Turns {
             messages: Vec::new(),
             other: 0,
             unread: None,
+            done: std::collections::HashMap::new(),
         }
+    }
+
+    /// The whole prompt of a `response.create` message: over the socket a turn sends
+    /// only its new input items and names the response it continues; the prompt the
+    /// provider works from is that response's prompt, its output, then these items.
+    /// The message's own fields win; `type` and the link are not part of a prompt.
+    fn recover(&self, message: &Bytes) -> Recovered {
+        let as_sent = |missing| Recovered {
+            whole: message.clone(),
+            body: None,
+            from: Vec::new(),
+            missing,
+        };
+        let Ok(serde_json::Value::Object(mut body)) = serde_json::from_slice(message) else {
+            return as_sent(None);
+        };
+        body.remove("type");
+        let mut from = Vec::new();
+        let mut missing = None;
+        if let Some(link) = body
+            .get("previous_response_id")
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned)
+        {
+            match self.done.get(&link) {
+                Some(done) => {
+                    body.remove("previous_response_id");
+                    let mut whole = done.body.clone();
+                    // A prewarm's `generate: false` is its own, not its successors'.
+                    whole.remove("generate");
+                    let mut input = items(whole.remove("input"));
+                    input.extend(done.output.iter().cloned());
+                    input.extend(items(body.remove("input")));
+                    for (k, v) in body {
+                        whole.insert(k, v);
+                    }
+                    whole.insert("input".into(), serde_json::Value::Array(input));
+                    body = whole;
+                    from.extend(done.from.iter().copied());
+                    from.push(done.id);
+                }
+                None => {
+                    missing = Some(format!(
+                        "it continues {link}, which this socket did not carry (a socket \
+                         opened earlier, or promptgate started mid-session): this is the \
+                         message's prompt only"
+                    ));
+                }
+            }
+        }
+        match serde_json::to_vec(&body) {
+            Ok(whole) => Recovered {
+                whole: Bytes::from(whole),
+                body: Some(body),
+                from,
+                missing,
+            },
+            Err(_) => as_sent(missing),
+        }
+    }
+
+    /// Keeps a completed turn for the turns that continue it.
+    fn completed(&mut self, turn: &mut Turn, event: &[u8]) {
+        let Ok(v) = serde_json::from_slice::<serde_json::Value>(event) else {
+            return;
+        };
+        let response = &v["response"];
+        let (Some(id), Some(body)) = (response["id"].as_str(), turn.body.take()) else {
+            return;
+        };
+        let output = response["output"].as_array().cloned().unwrap_or_default();
+        self.done.insert(
+            id.to_owned(),
+            Done {
+                id: turn.id,
+                body,
+                output,
+                from: turn.recovered_from.clone(),
+            },
+        );
     }
 
     /// Reads a chunk that crossed `way`; every turn that ended goes to `ended`.
@@ -259,13 +380,20 @@ impl Turns {
             };
             let kind = kind_of(&text);
             match (way, kind.as_deref()) {
-                (Way::Up, Some("response.create")) => self.open.push_back(Turn {
-                    request: text,
-                    started: tokio::time::Instant::now(),
-                    first_event: None,
-                    events: Vec::new(),
-                    ended_by: None,
-                }),
+                (Way::Up, Some("response.create")) => {
+                    self.open.push_back(Turn {
+                        id: ExchangeId::new(),
+                        whole: text.clone(),
+                        request: text,
+                        recovered_from: Vec::new(),
+                        missing: None,
+                        body: None,
+                        started: tokio::time::Instant::now(),
+                        first_event: None,
+                        events: Vec::new(),
+                        ended_by: None,
+                    });
+                }
                 (Way::Down, Some(kind)) if !self.open.is_empty() => {
                     let terminal = TERMINAL.contains(&kind);
                     if let Some(turn) = self.open.front_mut() {
@@ -280,7 +408,11 @@ impl Turns {
                             turn.ended_by = Some(kind.to_owned());
                         }
                     }
-                    if terminal && let Some(turn) = self.open.pop_front() {
+                    if terminal && let Some(mut turn) = self.open.pop_front() {
+                        self.recover_into(&mut turn);
+                        if kind == "response.completed" {
+                            self.completed(&mut turn, &text);
+                        }
                         ended(turn);
                     }
                 }
@@ -290,8 +422,23 @@ impl Turns {
     }
 
     /// The turns still open when the socket ended.
-    pub(super) fn unfinished(&mut self) -> impl Iterator<Item = Turn> + '_ {
-        self.open.drain(..)
+    pub(super) fn unfinished(&mut self) -> Vec<Turn> {
+        let mut open: Vec<Turn> = self.open.drain(..).collect();
+        for turn in &mut open {
+            self.recover_into(turn);
+        }
+        open
+    }
+
+    /// Puts `turn`'s whole prompt together when it ends: by then every turn before
+    /// it on the socket has ended too, whatever order the two directions' copies
+    /// were read in.
+    fn recover_into(&self, turn: &mut Turn) {
+        let recovered = self.recover(&turn.request);
+        turn.whole = recovered.whole;
+        turn.body = recovered.body;
+        turn.recovered_from = recovered.from;
+        turn.missing = recovered.missing;
     }
 }
 
@@ -301,7 +448,7 @@ impl super::Proxy {
     /// read by the same observer (usage, the message, the cache analysis).
     pub(super) fn record_turn(&self, socket: &ExchangeRecord, turn: Turn) {
         let mut r = socket.clone();
-        r.id = ExchangeId::new();
+        r.id = turn.id;
         r.started_at = std::time::SystemTime::now() - turn.started.elapsed();
         // A turn is what a POST of its message to the path would be.
         r.method = http::Method::POST;
@@ -312,8 +459,16 @@ impl super::Proxy {
         r.policy_runs.clear();
         r.findings.clear();
         r.tags = vec!["websocket".into(), format!("socket:{}", socket.id)];
-        r.model = crate::provider::sniff(&turn.request).model;
-        r.set_request_body(turn.request.clone(), turn.request.clone());
+        r.model = crate::provider::sniff(&turn.whole).model;
+        // Every reader (the prompt view, the diff, the cache analysis, replay) works
+        // on the whole prompt; the message as it crossed the socket is kept beside it.
+        r.set_request_body(turn.whole.clone(), turn.whole.clone());
+        r.websocket = Some(crate::record::SocketTurn {
+            socket: socket.id,
+            frame: turn.request.clone(),
+            recovered_from: turn.recovered_from.clone(),
+            missing: turn.missing.clone(),
+        });
         r.conversation = crate::conversation::ConversationCell::new(
             &r.request_headers,
             &self.settings.conversation,
@@ -375,5 +530,108 @@ impl super::Proxy {
             }),
             bytes,
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An unmasked text frame (the reader takes masked and unmasked alike).
+    fn frame(text: &str) -> Vec<u8> {
+        let mut out = vec![0x81];
+        match text.len() {
+            n if n < 126 => out.push(n as u8),
+            n => {
+                out.push(126);
+                out.extend_from_slice(&(n as u16).to_be_bytes());
+            }
+        }
+        out.extend_from_slice(text.as_bytes());
+        out
+    }
+
+    fn json(b: &[u8]) -> serde_json::Value {
+        serde_json::from_slice(b).unwrap()
+    }
+
+    #[test]
+    fn each_turns_whole_prompt_is_put_back_together_from_the_socket() {
+        let mut turns = Turns::new("", 1 << 20);
+        let mut ended = Vec::new();
+        let mut read = |turns: &mut Turns, way, text: &str| {
+            turns.read(way, &frame(text), &mut |t| ended.push(t));
+        };
+        read(
+            &mut turns,
+            Way::Up,
+            r#"{"type":"response.create","model":"gpt-5.5","instructions":"sys","tools":[{"type":"web_search"}],"input":[],"generate":false}"#,
+        );
+        read(
+            &mut turns,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r0","output":[]}}"#,
+        );
+        read(
+            &mut turns,
+            Way::Up,
+            r#"{"type":"response.create","model":"gpt-5.5","previous_response_id":"r0","input":[{"type":"message","role":"user","content":"one"}]}"#,
+        );
+        read(
+            &mut turns,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r1","output":[{"type":"function_call","call_id":"c1","name":"exec_command","arguments":"{}"}]}}"#,
+        );
+        read(
+            &mut turns,
+            Way::Up,
+            r#"{"type":"response.create","model":"gpt-5.5","previous_response_id":"r1","input":[{"type":"function_call_output","call_id":"c1","output":"hi"}]}"#,
+        );
+        read(
+            &mut turns,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r2","output":[]}}"#,
+        );
+        read(
+            &mut turns,
+            Way::Up,
+            r#"{"type":"response.create","previous_response_id":"r-elsewhere","input":[]}"#,
+        );
+        read(
+            &mut turns,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r3","output":[]}}"#,
+        );
+        assert_eq!(ended.len(), 4);
+        let (prewarm, first, second, orphan) = (&ended[0], &ended[1], &ended[2], &ended[3]);
+        assert_eq!(json(&prewarm.whole)["generate"], false);
+        assert!(prewarm.recovered_from.is_empty());
+
+        let whole = json(&first.whole);
+        assert_eq!(whole["instructions"], "sys", "inherited from the prewarm");
+        assert_eq!(whole["tools"][0]["type"], "web_search");
+        assert_eq!(whole.get("generate"), None, "the prewarm's own");
+        assert_eq!(whole.get("previous_response_id"), None);
+        assert_eq!(whole.get("type"), None);
+        assert_eq!(whole["input"].as_array().unwrap().len(), 1);
+        assert_eq!(first.recovered_from, vec![prewarm.id]);
+
+        let whole = json(&second.whole);
+        let input: Vec<&str> = whole["input"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["type"].as_str().unwrap_or("message"))
+            .collect();
+        assert_eq!(input, ["message", "function_call", "function_call_output"]);
+        assert_eq!(second.recovered_from, vec![prewarm.id, first.id]);
+        assert_eq!(
+            second.request.as_ref(),
+            br#"{"type":"response.create","model":"gpt-5.5","previous_response_id":"r1","input":[{"type":"function_call_output","call_id":"c1","output":"hi"}]}"#,
+            "the message stays as it was sent"
+        );
+
+        assert!(orphan.missing.as_deref().unwrap().contains("r-elsewhere"));
+        assert_eq!(json(&orphan.whole)["previous_response_id"], "r-elsewhere");
     }
 }
