@@ -549,6 +549,19 @@ impl Proxy {
         if ex.provider() != Provider::OpenAi {
             return Err(refused("only OpenAI routes take a WebSocket"));
         }
+        // Policies that read bodies or events would not see a socket's turns: the
+        // client falls back to HTTP, where they apply, rather than bypass them.
+        if let Some(p) = ex
+            .policies
+            .iter()
+            .find(|p| p.runs(Phase::BeforeProviderRequest) || p.runs(Phase::ProviderStreamEvent))
+        {
+            return Err(refused(&format!(
+                "policy {:?} reads request bodies or stream events here, and a \
+                 WebSocket's turns do not pass through policies yet",
+                p.name()
+            )));
+        }
         match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
             Some(client) => Ok((parts.headers.clone(), client)),
             None => Err(refused("this connection cannot be upgraded")),

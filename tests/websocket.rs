@@ -337,3 +337,39 @@ async fn an_anthropic_route_refuses_a_websocket_with_426() {
     let head = read_head(&mut client).await;
     assert!(head.starts_with("HTTP/1.1 426"), "{head}");
 }
+
+#[tokio::test]
+async fn a_socket_is_refused_while_policies_read_request_bodies() {
+    // A WebSocket's turns do not pass through policies yet: the client is sent to
+    // HTTP, where this rule applies, rather than past it.
+    let (up, _task) = upstream(false, Vec::new()).await;
+    let dir = support::TempDir::new("ws-rules");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        r#"[[rule]]
+name = "tag-openai"
+on = "before_provider_request"
+when = { provider = "openai" }
+actions = [ { tag = "seen" } ]
+"#,
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&upgrade_request(&proxy.addr.to_string()))
+        .await
+        .unwrap();
+    let head = read_head(&mut client).await;
+    assert!(head.starts_with("HTTP/1.1 426"), "{head}");
+    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert!(
+        line["error"].as_str().unwrap().contains("policy \"rules\" reads request bodies"),
+        "{line}"
+    );
+}
