@@ -592,14 +592,14 @@ impl Proxy {
         // One message is kept whole up to the larger of the two body limits.
         let limit = usize::try_from(self.settings.max_body.max(self.settings.max_response))
             .unwrap_or(usize::MAX);
+        // The copies are read on a thread of the socket's own, off the relay: a
+        // turn's prompt is put back together there, whatever it costs.
+        let (mut copies, reader) = websocket::Copies::new();
         let proxy = self.clone();
-        tokio::spawn(async move {
+        let read = move || {
             let mut turns = websocket::Turns::new(&extensions, limit);
             let socket = ex.record().clone();
-            let relayed = websocket::relay(client, upstream, idle, |way, chunk| {
-                turns.read(way, chunk, &mut |turn| proxy.record_turn(&socket, turn));
-            })
-            .await;
+            let relayed = reader.read(&mut turns, &mut |turn| proxy.record_turn(&socket, turn));
             for turn in turns.unfinished() {
                 proxy.record_turn(&socket, turn);
             }
@@ -615,6 +615,19 @@ impl Proxy {
                 (Some(_), false) => Outcome::UpstreamError,
             };
             ex.pending.emit(outcome, relayed.error);
+        };
+        if let Err(e) = std::thread::Builder::new()
+            .name("promptgate-socket".into())
+            .spawn(read)
+        {
+            // Its record then comes from the exchange's drop: the socket still relays.
+            tracing::warn!("cannot start a socket's reader thread ({e}); its turns go unrecorded");
+        }
+        tokio::spawn(async move {
+            let relayed =
+                websocket::relay(client, upstream, idle, |way, chunk| copies.send(way, chunk))
+                    .await;
+            copies.ended(relayed);
         });
         let mut answer = Response::new(ProxyBody::Own(Full::default()));
         *answer.status_mut() = head.status;

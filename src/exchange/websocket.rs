@@ -151,7 +151,12 @@ async fn pass(
     to: &mut (impl AsyncWrite + Unpin),
     open: &mut bool,
 ) -> std::io::Result<u64> {
-    let n = read?;
+    // A TLS peer that just closes (Codex never sends a close frame, nor TLS's
+    // close_notify) has ended its side, as a TCP end would.
+    let n = match read {
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => 0,
+        other => other?,
+    };
     if n == 0 {
         *open = false;
         let _ = to.shutdown().await;
@@ -168,6 +173,90 @@ pub(super) enum Way {
     Up,
     /// From the upstream to the client.
     Down,
+}
+
+/// The most bytes of copies a socket's reader may be behind the relay; past it the
+/// copies stop (the relay never waits for its reader) and the record says so.
+const MAX_BEHIND: usize = 64 << 20;
+
+/// What the relay hands its reader.
+enum Copy {
+    Chunk(Way, Bytes),
+    /// The reader fell behind by [`MAX_BEHIND`]: what follows was not copied.
+    Lost,
+    Ended(Relayed),
+}
+
+/// The relay's side of the copies: sends never wait.
+pub(super) struct Copies {
+    tx: std::sync::mpsc::Sender<Copy>,
+    behind: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    lost: bool,
+}
+
+/// The reader's side of the copies.
+pub(super) struct CopyReader {
+    rx: std::sync::mpsc::Receiver<Copy>,
+    behind: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Copies {
+    pub(super) fn new() -> (Copies, CopyReader) {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let behind = std::sync::Arc::default();
+        (
+            Copies {
+                tx,
+                behind: std::sync::Arc::clone(&behind),
+                lost: false,
+            },
+            CopyReader { rx, behind },
+        )
+    }
+
+    /// Copies a chunk that crossed `way` for the reader, unless it is too far behind.
+    pub(super) fn send(&mut self, way: Way, chunk: &[u8]) {
+        use std::sync::atomic::Ordering;
+        if self.lost {
+            return;
+        }
+        if self.behind.fetch_add(chunk.len(), Ordering::Relaxed) + chunk.len() > MAX_BEHIND {
+            self.lost = true;
+            let _ = self.tx.send(Copy::Lost);
+            return;
+        }
+        let _ = self
+            .tx
+            .send(Copy::Chunk(way, Bytes::copy_from_slice(chunk)));
+    }
+
+    /// The socket ended as `relayed` says.
+    pub(super) fn ended(self, relayed: Relayed) {
+        let _ = self.tx.send(Copy::Ended(relayed));
+    }
+}
+
+impl CopyReader {
+    /// Reads the copies into `turns` until the socket ends; how it ended.
+    pub(super) fn read(self, turns: &mut Turns, ended: &mut impl FnMut(Turn)) -> Relayed {
+        use std::sync::atomic::Ordering;
+        for copy in self.rx {
+            match copy {
+                Copy::Chunk(way, chunk) => {
+                    turns.read(way, &chunk, ended);
+                    self.behind.fetch_sub(chunk.len(), Ordering::Relaxed);
+                }
+                Copy::Lost => {
+                    turns.lost();
+                }
+                Copy::Ended(relayed) => return relayed,
+            }
+        }
+        Relayed {
+            error: Some("the relay ended without saying how".into()),
+            ..Relayed::default()
+        }
+    }
 }
 
 /// The events that end a turn of the Responses socket.
@@ -226,6 +315,8 @@ pub(super) struct Turns {
     pub(super) unread: Option<String>,
     /// Completed turns by their response id: what a later turn continues.
     done: std::collections::HashMap<String, Done>,
+    /// The copies stopped: open turns are dropped, nothing more is read.
+    broken: bool,
 }
 
 /// A completed turn, as a later one that continues it needs it.
@@ -269,6 +360,7 @@ impl Turns {
             other: 0,
             unread: None,
             done: std::collections::HashMap::new(),
+            broken: false,
         }
     }
 
@@ -355,6 +447,9 @@ impl Turns {
     /// Reads a chunk that crossed `way`; every turn that ended goes to `ended`.
     pub(super) fn read(&mut self, way: Way, chunk: &[u8], ended: &mut impl FnMut(Turn)) {
         use crate::observer::frames::Message;
+        if self.broken {
+            return;
+        }
         let frames = match way {
             Way::Up => &mut self.up,
             Way::Down => &mut self.down,
@@ -419,6 +514,17 @@ impl Turns {
                 _ => self.other += 1,
             }
         }
+    }
+
+    /// The copies stopped: nothing after this point can be read.
+    fn lost(&mut self) {
+        self.unread.get_or_insert_with(|| {
+            format!(
+                "the copies fell {} MiB behind the relay and stopped; later turns are not recorded",
+                MAX_BEHIND >> 20
+            )
+        });
+        self.broken = true;
     }
 
     /// The turns still open when the socket ended.

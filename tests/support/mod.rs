@@ -13,6 +13,7 @@ pub mod in_process;
 pub mod otlp;
 pub mod pg_server;
 pub mod proxy;
+pub mod responses_ws;
 pub mod sdk;
 pub mod shapes;
 pub mod tunnel;
