@@ -369,7 +369,10 @@ actions = [ { tag = "seen" } ]
     assert!(head.starts_with("HTTP/1.1 426"), "{head}");
     let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
     assert!(
-        line["error"].as_str().unwrap().contains("policy \"rules\" reads request bodies"),
+        line["error"]
+            .as_str()
+            .unwrap()
+            .contains("policy \"rules\" reads request bodies"),
         "{line}"
     );
 }
