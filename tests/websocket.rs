@@ -376,3 +376,66 @@ actions = [ { tag = "seen" } ]
         "{line}"
     );
 }
+
+#[tokio::test]
+async fn a_client_that_vanishes_mid_turn_is_on_the_turns_record() {
+    let create = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    // An upstream that upgrades, reads the turn, and answers only after the client left.
+    let (left_tx, left_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(async move {
+        let mut s = loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            if try_head(&mut s).await.is_some() {
+                break s;
+            }
+        };
+        s.write_all(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: x\r\n\r\n")
+            .await
+            .unwrap();
+        let _ = read_n(&mut s, create.len()).await;
+        let _ = left_rx.await;
+        let _ = s
+            .write_all(&server_frame(
+                br#"{"type":"response.created","response":{"id":"r"}}"#,
+            ))
+            .await;
+        // promptgate closes its side once the client is gone.
+        let mut rest = Vec::new();
+        let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
+    });
+    let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&upgrade_request(&proxy.addr.to_string()))
+        .await
+        .unwrap();
+    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    client
+        .write_all(&client_frame(
+            br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#,
+        ))
+        .await
+        .unwrap();
+    // Gone mid-turn: a reset, not a close frame.
+    let _ = client.set_linger(Some(Duration::ZERO));
+    drop(client);
+    let _ = left_tx.send(());
+    task.await.unwrap();
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    let turn = lines
+        .iter()
+        .find(|l| l["method"] == "POST")
+        .expect("the turn's record");
+    assert_eq!(turn["outcome"], "client_cancelled", "{turn}");
+    assert_eq!(
+        turn["error"], "the socket closed before the turn ended",
+        "{turn}"
+    );
+    let socket = lines
+        .iter()
+        .find(|l| l["method"] == "GET")
+        .expect("the socket's record");
+    assert_eq!(socket["outcome"], "client_cancelled", "{socket}");
+}
