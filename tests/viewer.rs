@@ -1637,3 +1637,112 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
         .collect();
     assert!(errors.is_empty(), "the viewer logged errors: {errors:?}");
 }
+
+/// A masked client text frame.
+fn client_text(payload: &[u8]) -> Vec<u8> {
+    let key = [9u8, 8, 7, 6];
+    let mut out = vec![0x81];
+    match payload.len() {
+        n if n < 126 => out.push(0x80 | n as u8),
+        n => {
+            out.push(0x80 | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+    }
+    out.extend_from_slice(&key);
+    out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+    out
+}
+
+#[tokio::test]
+async fn a_real_browser_shows_where_a_socket_turns_prompt_came_from() {
+    if !support::can_run(browser_missing()) {
+        return;
+    }
+    let fake =
+        support::responses_ws::ResponsesServer::start(support::responses_ws::Mode::Text).await;
+    let proxy = Proxy::start(&["--upstream-openai", fake.url().trim_end_matches("/v1")]);
+    let admin = proxy.admin_addr();
+    let mut s = tokio::net::TcpStream::connect(proxy.addr).await.unwrap();
+    let upgrade = format!(
+        "GET /openai/v1/responses HTTP/1.1\r\nHost: {}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\
+         Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n",
+        proxy.addr
+    );
+    s.write_all(upgrade.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut seen = Vec::new();
+    // Reads until `needle` has come `count` times in all.
+    async fn until(
+        s: &mut tokio::net::TcpStream,
+        buf: &mut [u8],
+        seen: &mut Vec<u8>,
+        needle: &[u8],
+        count: usize,
+    ) {
+        let deadline = std::time::Instant::now() + WAIT;
+        while seen.windows(needle.len()).filter(|w| *w == needle).count() < count {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}",
+                String::from_utf8_lossy(seen)
+            );
+            let n = tokio::time::timeout(WAIT, s.read(buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+    }
+    until(&mut s, &mut buf, &mut seen, b"\r\n\r\n", 1).await;
+    s.write_all(&client_text(br#"{"type":"response.create","model":"gpt-5.5","instructions":"be brief","input":[],"generate":false}"#))
+        .await
+        .unwrap();
+    until(&mut s, &mut buf, &mut seen, b"response.completed", 1).await;
+    let first_id = fake.answers()[0].id.clone();
+    let turn = format!(
+        r#"{{"type":"response.create","model":"gpt-5.5","previous_response_id":"{first_id}","input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":"hello"}}]}}]}}"#
+    );
+    s.write_all(&client_text(turn.as_bytes())).await.unwrap();
+    until(&mut s, &mut buf, &mut seen, b"response.completed", 2).await;
+    drop(s);
+    let records = captures::wait_records(&proxy.captures, 3, WAIT).await;
+    let turn = records
+        .iter()
+        .find(|r| {
+            r["websocket"]["recovered_from"]
+                .as_array()
+                .is_some_and(|a| a.len() == 1)
+        })
+        .expect("the second turn's record");
+    let id = turn["id"].as_str().unwrap();
+
+    let browser = support::browser::Browser::start().await;
+    browser.goto(&format!("http://{admin}/#/x/{id}")).await;
+    let text = browser
+        .wait_for(
+            "the socket turn's line",
+            "(document.getElementById('websocket-turn') || {}).innerText",
+            WAIT,
+        )
+        .await;
+    let text = text.as_str().unwrap();
+    assert!(
+        text.contains("put back together from 1 earlier turn(s)") && text.contains("bytes as sent"),
+        "{text}"
+    );
+    // The prompt view shows the whole prompt: the first turn's instructions, this turn's text.
+    let prompt = browser
+        .wait_for(
+            "the prompt view",
+            "(document.getElementById('prompt') || {}).innerText",
+            WAIT,
+        )
+        .await;
+    let prompt = prompt.as_str().unwrap();
+    assert!(
+        prompt.contains("be brief") && prompt.contains("hello"),
+        "{prompt}"
+    );
+}

@@ -408,6 +408,19 @@ async function showExchange(id) {
   setMain(page);
 }
 
+// A WebSocket turn: its socket, and where its whole prompt came from (or why not).
+function socketTurn(ws) {
+  const link = (id) => el("a", { href: `#/x/${id}`, text: id.slice(-8) });
+  const out = ["a turn of socket ", link(ws.socket), ` (${ws.frame.size} bytes as sent); `];
+  if (ws.missing) out.push(`the prompt is the message's only: ${ws.missing}`);
+  else if (!ws.recovered_from.length) out.push("the prompt is the message's own");
+  else {
+    out.push(`the prompt is put back together from ${ws.recovered_from.length} earlier turn(s): `);
+    ws.recovered_from.forEach((id, i) => out.push(...(i ? [", "] : []), link(id)));
+  }
+  return out;
+}
+
 function exchangeHeader(r, previous) {
   const id = r.id;
   const curl = el("pre", { id: "curl", hidden: true });
@@ -427,7 +440,8 @@ function exchangeHeader(r, previous) {
       el("dt", { text: "conversation" }), el("dd", {}, conv),
       el("dt", { text: "mode" }), el("dd", { text: `${r.mode}${r.host ? ` · ${r.host}` : ""}` }),
       r.error ? [el("dt", { text: "error" }), el("dd", { class: "error", text: r.error })] : null,
-      r.repeat_of ? [el("dt", { text: "repeat of" }), el("dd", {}, el("a", { href: `#/x/${r.repeat_of}`, text: r.repeat_of }))] : null),
+      r.repeat_of ? [el("dt", { text: "repeat of" }), el("dd", {}, el("a", { href: `#/x/${r.repeat_of}`, text: r.repeat_of }))] : null,
+      r.websocket ? [el("dt", { text: "websocket" }), el("dd", { id: "websocket-turn" }, ...socketTurn(r.websocket))] : null),
     el("div", { class: "actions" },
       previous ? el("a", { id: "diff-previous", href: `#/d/${previous}/${id}`, text: "diff against previous turn" }) : null,
       el("a", { href: `/api/captures/${id}`, download: `${id}.json`, text: "record JSON" }),
