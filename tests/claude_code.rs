@@ -24,7 +24,6 @@ use support::cache_emulator::{self, CacheEmulator};
 use support::shapes;
 use support::{Action, FakeProvider, Proxy, RecordingRelay, Reply, TempDir, TestCa};
 
-const INSIDE: &str = "PROMPTGATE_TEST_IN_NETNS";
 const CANARY_KEY: &str = "sk-ant-api03-CANARYclaudeCodeK3y";
 
 fn claude() -> PathBuf {
@@ -34,60 +33,6 @@ fn claude() -> PathBuf {
             PathBuf::from(env!("CARGO_MANIFEST_DIR"))
                 .join("target/test-env/npm/node_modules/.bin/claude")
         })
-}
-
-/// What the isolated runs need and this machine lacks: the CLI, and a network
-/// namespace (`unshare --net`, which needs root).
-fn missing_parts() -> Option<String> {
-    let cli = claude();
-    if !cli.exists() {
-        return Some(format!(
-            "no Claude Code CLI at {} — run tests/setup",
-            cli.display()
-        ));
-    }
-    support::missing_command("unshare", &["--net", "true"])
-        .map(|why| format!("no loopback-only network namespace: {why} (needs root)"))
-}
-
-/// Re-runs `test` of this binary inside a fresh loopback-only network namespace.
-fn run_isolated(test: &str) {
-    let exe = std::env::current_exe().unwrap();
-    let status = Command::new("unshare")
-        .args(["--net", "--"])
-        .arg(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(INSIDE, "1")
-        .status()
-        .expect("unshare runs (util-linux)");
-    assert!(
-        status.success(),
-        "{test} failed inside its network namespace ({status})"
-    );
-}
-
-/// Inside the namespace: bring loopback up and check nothing else is there.
-fn inside_namespace() -> bool {
-    if std::env::var_os(INSIDE).is_none() {
-        return false;
-    }
-    let up = Command::new("ip")
-        .args(["link", "set", "lo", "up"])
-        .status()
-        .unwrap();
-    assert!(up.success());
-    // /sys/class/net still shows the host's view; ask the namespace itself.
-    let links = Command::new("ip")
-        .args(["-o", "link", "show"])
-        .output()
-        .unwrap();
-    let interfaces: Vec<String> = String::from_utf8_lossy(&links.stdout)
-        .lines()
-        .filter_map(|l| l.split(':').nth(1))
-        .map(|name| name.trim().to_owned())
-        .collect();
-    assert_eq!(interfaces, ["lo"], "the namespace has only loopback");
-    true
 }
 
 /// The fake Anthropic API: a streamed answer to messages, 404 to everything else.
@@ -211,17 +156,7 @@ async fn claude_p(
 
 /// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
 fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
-    if !inside_namespace() {
-        if support::can_run(missing_parts()) {
-            run_isolated(test);
-        }
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(body());
+    support::netns::isolated(test, &claude(), "Claude Code CLI", body);
 }
 
 #[test]

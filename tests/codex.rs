@@ -27,7 +27,6 @@ use serde_json::Value;
 use support::responses_ws::{self, ANSWER, Kind, Mode, ResponsesServer, Via, Witness};
 use support::{Proxy, TempDir};
 
-const INSIDE: &str = "PROMPTGATE_TEST_IN_NETNS";
 const CANARY_KEY: &str = "sk-proj-CANARYcodexK3y0123456789";
 const WAIT: Duration = Duration::from_secs(15);
 /// Longer than any run here takes (a few seconds each); a hung Codex is killed.
@@ -51,72 +50,9 @@ fn codex() -> PathBuf {
         .join("bin/codex")
 }
 
-/// What the isolated runs need and this machine lacks: the CLI, and a network
-/// namespace (`unshare --net`, which needs root).
-fn missing_parts() -> Option<String> {
-    let cli = codex();
-    if !cli.exists() {
-        return Some(format!(
-            "no Codex CLI at {} — run tests/setup",
-            cli.display()
-        ));
-    }
-    support::missing_command("unshare", &["--net", "true"])
-        .map(|why| format!("no loopback-only network namespace: {why} (needs root)"))
-}
-
-/// Re-runs `test` of this binary inside a fresh loopback-only network namespace.
-fn run_isolated(test: &str) {
-    let exe = std::env::current_exe().unwrap();
-    let status = Command::new("unshare")
-        .args(["--net", "--"])
-        .arg(exe)
-        .args(["--exact", test, "--nocapture", "--test-threads", "1"])
-        .env(INSIDE, "1")
-        .status()
-        .expect("unshare runs (util-linux)");
-    assert!(
-        status.success(),
-        "{test} failed inside its network namespace ({status})"
-    );
-}
-
-/// Inside the namespace: bring loopback up and check nothing else is there.
-fn inside_namespace() -> bool {
-    if std::env::var_os(INSIDE).is_none() {
-        return false;
-    }
-    let up = Command::new("ip")
-        .args(["link", "set", "lo", "up"])
-        .status()
-        .unwrap();
-    assert!(up.success());
-    let links = Command::new("ip")
-        .args(["-o", "link", "show"])
-        .output()
-        .unwrap();
-    let interfaces: Vec<String> = String::from_utf8_lossy(&links.stdout)
-        .lines()
-        .filter_map(|l| l.split(':').nth(1))
-        .map(|name| name.trim().to_owned())
-        .collect();
-    assert_eq!(interfaces, ["lo"], "the namespace has only loopback");
-    true
-}
-
 /// Runs `body` inside a loopback-only namespace: outside it, re-runs `test` there.
 fn isolated<F: std::future::Future<Output = ()>>(test: &str, body: impl FnOnce() -> F) {
-    if !inside_namespace() {
-        if support::can_run(missing_parts()) {
-            run_isolated(test);
-        }
-        return;
-    }
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(body());
+    support::netns::isolated(test, &codex(), "Codex CLI", body);
 }
 
 /// A throwaway home for one run: `home/`, `codex-home/` (CODEX_HOME, a fixed path

@@ -32,6 +32,17 @@ fn upgrade_request(host: &str) -> Vec<u8> {
     request_bytes("GET", "/openai/v1/responses", &headers, b"")
 }
 
+/// Opens a socket through `proxy` as Codex does; the answer's head.
+async fn open(proxy: &Proxy) -> (TcpStream, String) {
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&upgrade_request(&proxy.addr.to_string()))
+        .await
+        .unwrap();
+    let head = read_head(&mut client).await;
+    (client, head)
+}
+
 /// A masked client text frame (RFC 6455 §5.2) carrying `payload`.
 fn client_frame(payload: &[u8]) -> Vec<u8> {
     let mask = [0x37, 0xfa, 0x21, 0x3d];
@@ -175,12 +186,7 @@ async fn a_websocket_is_relayed_byte_for_byte_after_the_upstreams_101() {
     let (up, task) = upstream(false, vec![(first.len(), warmed), (second.len(), answered)]).await;
     let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
 
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client
-        .write_all(&upgrade_request(&proxy.addr.to_string()))
-        .await
-        .unwrap();
-    let head = read_head(&mut client).await;
+    let (mut client, head) = open(&proxy).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     let lower = head.to_ascii_lowercase();
     assert!(lower.contains("upgrade: websocket"), "{head}");
@@ -280,12 +286,8 @@ async fn a_turn_the_socket_cut_short_is_recorded_as_such() {
     // The upstream closes after the first event: the turn never completes.
     let (up, task) = upstream(false, vec![(create.len(), started)]).await;
     let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client
-        .write_all(&upgrade_request(&proxy.addr.to_string()))
-        .await
-        .unwrap();
-    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     client.write_all(&create).await.unwrap();
     let mut rest = Vec::new();
     let _ = tokio::time::timeout(WAIT, client.read_to_end(&mut rest)).await;
@@ -307,12 +309,7 @@ async fn a_turn_the_socket_cut_short_is_recorded_as_such() {
 async fn an_upstreams_refusal_of_the_upgrade_reaches_the_client_as_its_own() {
     let (up, task) = upstream(true, Vec::new()).await;
     let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client
-        .write_all(&upgrade_request(&proxy.addr.to_string()))
-        .await
-        .unwrap();
-    let head = read_head(&mut client).await;
+    let (_client, head) = open(&proxy).await;
     assert!(head.starts_with("HTTP/1.1 404"), "{head}");
     task.await.unwrap();
     let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
@@ -360,12 +357,7 @@ actions = [ { tag = "seen" } ]
         "--rules",
         dir.path().to_str().unwrap(),
     ]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client
-        .write_all(&upgrade_request(&proxy.addr.to_string()))
-        .await
-        .unwrap();
-    let head = read_head(&mut client).await;
+    let (_client, head) = open(&proxy).await;
     assert!(head.starts_with("HTTP/1.1 426"), "{head}");
     let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
     assert!(
@@ -406,12 +398,8 @@ async fn a_client_that_vanishes_mid_turn_is_on_the_turns_record() {
         let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
     });
     let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client
-        .write_all(&upgrade_request(&proxy.addr.to_string()))
-        .await
-        .unwrap();
-    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     client
         .write_all(&client_frame(
             br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#,

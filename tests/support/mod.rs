@@ -10,6 +10,7 @@ pub mod client;
 pub mod fake_provider;
 pub mod golden;
 pub mod in_process;
+pub mod netns;
 pub mod otlp;
 pub mod pg_server;
 pub mod proxy;
