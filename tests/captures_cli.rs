@@ -909,6 +909,7 @@ async fn show_reads_a_codex_prompt_with_roles_texts_and_hosted_tools() {
         .as_str()
         .unwrap()
         .to_owned();
+    captures::wait_records(&proxy.captures, 1, WAIT).await;
     let shown = captures::ok(&proxy.captures, &["show", &id]);
     // Each item with its role and text, not its size alone.
     assert!(shown.contains("input[0] message developer, "), "{shown}");

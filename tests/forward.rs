@@ -1040,6 +1040,8 @@ async fn a_chatgpt_login_codex_turn_is_intercepted_by_default_and_read_as_respon
     assert_eq!(line["in_tokens"], 416, "{line}");
     assert_eq!(line["cache_read"], 3584, "{line}");
     let id = line["id"].as_str().unwrap();
+    // The log line can come before the store has the record.
+    support::captures::wait_records(&proxy.captures, 1, WAIT).await;
     let shown = support::captures::ok(&proxy.captures, &["show", id]);
     assert!(shown.contains("conversation  codex:019a-thread"), "{shown}");
     assert!(shown.contains("upstream      openai responses "), "{shown}");

@@ -256,6 +256,8 @@ async fn a_websocket_is_relayed_byte_for_byte_after_the_upstreams_101() {
 
     // The turn's prompt is put back together: the prewarm's instructions, then its input.
     let id = turned["id"].as_str().unwrap();
+    // The log lines can come before the store has the records.
+    support::captures::wait_records(&proxy.captures, 3, WAIT).await;
     let shown = support::captures::ok(&proxy.captures, &["show", id]);
     assert!(
         shown.contains(&format!(

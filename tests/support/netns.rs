@@ -42,16 +42,21 @@ pub fn isolated<F: std::future::Future<Output = ()>>(
 /// Re-runs `test` of this binary inside a fresh loopback-only network namespace.
 fn run_isolated(test: &str) {
     let exe = std::env::current_exe().unwrap();
-    let status = Command::new("unshare")
+    let out = Command::new("unshare")
         .args(["--net", "--"])
         .arg(exe)
         .args(["--exact", test, "--nocapture", "--test-threads", "1"])
         .env(INSIDE, "1")
-        .status()
+        .output()
         .expect("unshare runs (util-linux)");
+    // Through this test's own output (shown when it fails): the inner run's summary
+    // line must not reach tests/run's tally, which would count the test twice.
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
     assert!(
-        status.success(),
-        "{test} failed inside its network namespace ({status})"
+        out.status.success(),
+        "{test} failed inside its network namespace ({})",
+        out.status
     );
 }
 
