@@ -203,6 +203,16 @@ pub(crate) struct Exchange {
 }
 
 /// Why an exchange answers the client itself, not with the provider's answer.
+/// A WebSocket upgrade that may be relayed.
+struct Socket {
+    /// The upgrade's headers as the client sent them.
+    received: HeaderMap,
+    /// The client's side of the upgrade.
+    client: hyper::upgrade::OnUpgrade,
+    /// Whether request-phase policies run on its turns.
+    policed: bool,
+}
+
 enum Stop {
     Error(ProxyError),
     Blocked(Block),
@@ -507,8 +517,12 @@ impl Proxy {
         }
         self.live.started(ex.record());
         parts.headers = outgoing.headers;
-        if let Some((received, _)) = &socket {
-            websocket::keep_upgrade(received, &mut parts.headers);
+        if let Some(socket) = &socket {
+            websocket::keep_upgrade(&socket.received, &mut parts.headers);
+            if socket.policed {
+                // Uncompressed, a turn the policies change can be framed anew.
+                parts.headers.remove("sec-websocket-extensions");
+            }
         }
         parts.uri = uri;
         // ALPN decides the upstream protocol; the client's own version does not matter.
@@ -517,10 +531,10 @@ impl Proxy {
             Ok(response) => response,
             Err(stop) => return ex.answer(stop),
         };
-        if let Some((_, client)) = socket
+        if let Some(socket) = socket
             && response.status() == StatusCode::SWITCHING_PROTOCOLS
         {
-            return self.relay(ex, response, client);
+            return self.relay(ex, response, socket);
         }
         let (head, incoming) = response_policies(&mut ex, response).await;
         self.stream(ex, head, incoming)
@@ -529,11 +543,7 @@ impl Proxy {
     /// Whether a WebSocket upgrade may be relayed: on an OpenAI route, with
     /// `websocket = "relay"`, on a connection that can be upgraded. Takes the
     /// client's upgrade and keeps the headers it came with.
-    fn socket(
-        &self,
-        ex: &Exchange,
-        parts: &mut http::request::Parts,
-    ) -> Result<(HeaderMap, hyper::upgrade::OnUpgrade), Stop> {
+    fn socket(&self, ex: &Exchange, parts: &mut http::request::Parts) -> Result<Socket, Stop> {
         let refused = |why: &str| -> Stop {
             ProxyError::new(
                 ErrorKind::WebSocketUpgrade,
@@ -549,21 +559,30 @@ impl Proxy {
         if ex.provider() != Provider::OpenAi {
             return Err(refused("only OpenAI routes take a WebSocket"));
         }
-        // Policies that read bodies or events would not see a socket's turns: the
-        // client falls back to HTTP, where they apply, rather than bypass them.
+        // Per-event policies do not read a socket's frames yet: the client falls back
+        // to HTTP, where they apply, rather than bypass them.
         if let Some(p) = ex
             .policies
             .iter()
-            .find(|p| p.runs(Phase::BeforeProviderRequest) || p.runs(Phase::ProviderStreamEvent))
+            .find(|p| p.runs(Phase::ProviderStreamEvent))
         {
             return Err(refused(&format!(
-                "policy {:?} reads request bodies or stream events here, and a \
-                 WebSocket's turns do not pass through policies yet",
+                "policy {:?} reads stream events here, and a WebSocket's events do not \
+                 pass through policies yet",
                 p.name()
             )));
         }
+        // Request-phase policies run on each of its turns (see websocket::Gate).
+        let policed = ex
+            .policies
+            .iter()
+            .any(|p| p.runs(Phase::BeforeProviderRequest));
         match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
-            Some(client) => Ok((parts.headers.clone(), client)),
+            Some(client) => Ok(Socket {
+                received: parts.headers.clone(),
+                client,
+                policed,
+            }),
             None => Err(refused("this connection cannot be upgraded")),
         }
     }
@@ -574,8 +593,13 @@ impl Proxy {
         self: &Arc<Self>,
         mut ex: Exchange,
         mut response: Response<Incoming>,
-        client: hyper::upgrade::OnUpgrade,
+        socket: Socket,
     ) -> Response<ProxyBody> {
+        let Socket {
+            received,
+            client,
+            policed,
+        } = socket;
         let upstream = hyper::upgrade::on(&mut response);
         let (head, _) = response.into_parts();
         let r = ex.record();
@@ -595,13 +619,35 @@ impl Proxy {
         // The copies are read on a thread of the socket's own, off the relay: a
         // turn's prompt is put back together there, whatever it costs.
         let (mut copies, reader) = websocket::Copies::new();
+        let (notes, policed_turns) = std::sync::mpsc::channel();
+        let gate = policed.then(|| {
+            let police = websocket::TurnPolicies {
+                proxy: self.clone(),
+                socket: ex.record().clone(),
+                host: ex.host.clone(),
+                target: ex.target.clone(),
+                route: ex.route.clone(),
+                policies: ex.policies.clone(),
+                received,
+                notes,
+            };
+            websocket::Gate::new(police, limit)
+        });
+        let enders: Vec<Arc<dyn Policy>> = ex
+            .policies
+            .iter()
+            .filter(|p| p.reads_end())
+            .cloned()
+            .collect();
         let proxy = self.clone();
         let read = move || {
-            let mut turns = websocket::Turns::new(&extensions, limit);
+            let mut turns = websocket::Turns::new(&extensions, limit, policed_turns);
             let socket = ex.record().clone();
-            let relayed = reader.read(&mut turns, &mut |turn| proxy.record_turn(&socket, turn));
+            let relayed = reader.read(&mut turns, &mut |turn| {
+                proxy.record_turn(&socket, turn, &enders);
+            });
             for turn in turns.unfinished() {
-                proxy.record_turn(&socket, turn);
+                proxy.record_turn(&socket, turn, &enders);
             }
             let r = ex.record();
             if let Some(why) = turns.unread.take() {
@@ -624,9 +670,10 @@ impl Proxy {
             tracing::warn!("cannot start a socket's reader thread ({e}); its turns go unrecorded");
         }
         tokio::spawn(async move {
-            let relayed =
-                websocket::relay(client, upstream, idle, |way, chunk| copies.send(way, chunk))
-                    .await;
+            let relayed = websocket::relay(client, upstream, idle, gate, |way, chunk| {
+                copies.send(way, chunk);
+            })
+            .await;
             copies.ended(relayed);
         });
         let mut answer = Response::new(ProxyBody::Own(Full::default()));

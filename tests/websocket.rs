@@ -139,13 +139,20 @@ async fn upstream(
             s.write_all(body).await.unwrap();
             return (head, Vec::new());
         }
-        s.write_all(
-            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
-              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\
-              Sec-WebSocket-Extensions: permessage-deflate\r\n\r\n",
-        )
-        .await
-        .unwrap();
+        // Deflate is agreed only when it was offered, as a server must.
+        let offered = head
+            .to_ascii_lowercase()
+            .contains("sec-websocket-extensions: permessage-deflate");
+        let extension = if offered {
+            "Sec-WebSocket-Extensions: permessage-deflate\r\n"
+        } else {
+            ""
+        };
+        let answer = format!(
+            "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n{extension}\r\n"
+        );
+        s.write_all(answer.as_bytes()).await.unwrap();
         let mut got = Vec::new();
         for (expect, answer) in script {
             got.extend(read_n(&mut s, expect).await);
@@ -338,37 +345,121 @@ async fn an_anthropic_route_refuses_a_websocket_with_426() {
 }
 
 #[tokio::test]
-async fn a_socket_is_refused_while_policies_read_request_bodies() {
-    // A WebSocket's turns do not pass through policies yet: the client is sent to
-    // HTTP, where this rule applies, rather than past it.
-    let (up, _task) = upstream(false, Vec::new()).await;
+async fn request_policies_run_on_each_turn_and_a_block_keeps_the_socket_open() {
     let dir = support::TempDir::new("ws-rules");
     std::fs::write(
-        dir.path().join("10-tag.toml"),
+        dir.path().join("10-turns.toml"),
         r#"[[rule]]
-name = "tag-openai"
+name = "no-blocked-model"
+on = "before_provider_request"
+when = { provider = "openai", model = "gpt-blocked" }
+actions = [ { block = { message = "this model is not allowed here", status = 403 } } ]
+
+[[rule]]
+name = "cool-down"
 on = "before_provider_request"
 when = { provider = "openai" }
-actions = [ { tag = "seen" } ]
+actions = [ { json.set = { pointer = "/temperature", value = 0 } }, { tag = "seen" } ]
 "#,
     )
     .unwrap();
+    let blocked = client_frame(br#"{"type":"response.create","model":"gpt-blocked","input":[]}"#);
+    let allowed = br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#;
+    let answered = server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_1","output":[],"usage":{"input_tokens":10,"output_tokens":1}}}"#,
+    );
+    // What the rule leaves of the allowed message, as the upstream must get it.
+    let rewritten: &[u8] =
+        br#"{"type":"response.create","model":"gpt-5.5","input":[],"temperature":0}"#;
+    // The upstream gets one message: the allowed one, rewritten (a frame with a
+    // 7-byte head: short payload, a mask).
+    let (up, task) = upstream(false, vec![(2 + 4 + rewritten.len(), answered.clone())]).await;
     let proxy = Proxy::start(&[
         "--upstream-openai",
         &format!("http://{up}"),
         "--rules",
         dir.path().to_str().unwrap(),
     ]);
-    let (_client, head) = open(&proxy).await;
-    assert!(head.starts_with("HTTP/1.1 426"), "{head}");
-    let line = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
-        line["error"]
+        !head.to_ascii_lowercase().contains("permessage-deflate"),
+        "no compression while policies may rewrite messages: {head}"
+    );
+    // Blocked: an error event, and the socket stays open for the next turn.
+    client.write_all(&blocked).await.unwrap();
+    let mut got = Vec::new();
+    while !got.windows(15).any(|w| w == b"blocked_by_rule") {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    let at = if got[1] & 0x7f == 126 { 4 } else { 2 };
+    let event: serde_json::Value = serde_json::from_slice(&got[at..]).unwrap();
+    assert_eq!(event["type"], "error", "{event}");
+    assert_eq!(event["status"], 403, "{event}");
+    assert!(
+        event["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("policy \"rules\" reads request bodies"),
-        "{line}"
+            .contains("not allowed here"),
+        "{event}"
     );
+    client.write_all(&client_frame(allowed)).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    let (_, received) = task.await.unwrap();
+    let frames_payload = &received[6..];
+    let key = [received[2], received[3], received[4], received[5]];
+    let unmasked: Vec<u8> = frames_payload
+        .iter()
+        .enumerate()
+        .map(|(i, b)| b ^ key[i % 4])
+        .collect();
+    assert_eq!(received[0], 0x81, "one text frame");
+    assert_eq!(
+        unmasked,
+        rewritten,
+        "{}",
+        String::from_utf8_lossy(&unmasked)
+    );
+
+    let lines = proxy.wait_exchanges(3, WAIT).await;
+    let of = |model: &str| {
+        lines
+            .iter()
+            .find(|l| l["model"] == model && l["method"] == "POST")
+            .unwrap_or_else(|| panic!("no turn for {model}: {lines:?}"))
+            .clone()
+    };
+    let refused = of("gpt-blocked");
+    assert_eq!(refused["outcome"], "blocked", "{refused}");
+    assert!(
+        refused["tags"]
+            .as_str()
+            .unwrap()
+            .starts_with("websocket,socket:"),
+        "{refused}"
+    );
+    assert!(
+        refused["rules"]
+            .as_str()
+            .unwrap()
+            .contains("no-blocked-model"),
+        "{refused}"
+    );
+    let turned = of("gpt-5.5");
+    assert_eq!(turned["outcome"], "ok", "{turned}");
+    assert_eq!(turned["rules"], "cool-down", "{turned}");
+    assert!(
+        turned["tags"].as_str().unwrap().ends_with(",seen"),
+        "{turned}"
+    );
+    assert_eq!(turned["in_tokens"], 10, "{turned}");
 }
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 //! copied both ways unchanged (permessage-deflate, when the two ends agree on it, is
 //! theirs). Or refused with a 426, which makes Codex fall back to HTTP at once.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -68,6 +69,7 @@ pub(super) async fn relay(
     client: OnUpgrade,
     upstream: OnUpgrade,
     idle: Duration,
+    mut gate: Option<Gate<impl Police>>,
     mut watch: impl FnMut(Way, &[u8]),
 ) -> Relayed {
     let (client, upstream) = match tokio::join!(client, upstream) {
@@ -107,6 +109,17 @@ pub(super) async fn relay(
             }
             // A failed read is its side's; a failed write the other's.
             // Read after it is passed on: the copy costs the relay no latency.
+            // With policies on, each message the client sends waits for them.
+            Ok(Step::Up(Ok(n))) if n > 0 && gate.is_some() => {
+                out.from_client += n as u64;
+                match gate.as_mut() {
+                    Some(g) => g
+                        .pass(&up[..n], &mut upstream_write, &mut client_write, &mut watch)
+                        .await
+                        .map_err(|(side, e)| (side == Way::Down, e)),
+                    None => Ok(()),
+                }
+            }
             Ok(Step::Up(r)) => {
                 let client = r.is_err();
                 pass(r, &up, &mut upstream_write, &mut client_open)
@@ -136,6 +149,332 @@ pub(super) async fn relay(
         }
     }
     out
+}
+
+/// What a socket's policies decided on one `response.create` message.
+pub(super) enum Verdict {
+    /// Pass the message's frames on as they came.
+    Pass,
+    /// Send this message upstream instead.
+    Replace(Bytes),
+    /// Send nothing upstream; answer the client with this event instead.
+    Refuse(Bytes),
+}
+
+/// Decides on each `response.create` message a policed socket's client sends.
+pub(super) trait Police: Send {
+    fn check(&mut self, message: Bytes) -> impl std::future::Future<Output = Verdict> + Send;
+}
+
+/// Reads the client's frames on the relay's path when policies are on (the upgrade
+/// then offered no compression): control frames pass at once, each data message is
+/// held until it is whole and the policies have decided on it.
+pub(super) struct Gate<P> {
+    police: P,
+    /// Bytes of a frame not yet whole.
+    pending: Vec<u8>,
+    /// The held message: its frames as they came, its payload unmasked, and
+    /// whether it is text.
+    raw: Vec<u8>,
+    payload: Vec<u8>,
+    text: bool,
+    /// The largest message held; a larger one is refused, not passed unread.
+    limit: usize,
+    /// Bytes of an over-limit message still to drop, and whether it had ended.
+    dropping: Option<bool>,
+}
+
+impl<P: Police> Gate<P> {
+    pub(super) fn new(police: P, limit: usize) -> Gate<P> {
+        Gate {
+            police,
+            pending: Vec::new(),
+            raw: Vec::new(),
+            payload: Vec::new(),
+            text: false,
+            limit,
+            dropping: None,
+        }
+    }
+
+    /// Takes what the client sent, passing on whatever the policies let through;
+    /// a failed write is named by the side it went to.
+    async fn pass(
+        &mut self,
+        chunk: &[u8],
+        upstream: &mut (impl AsyncWrite + Unpin),
+        client: &mut (impl AsyncWrite + Unpin),
+        watch: &mut impl FnMut(Way, &[u8]),
+    ) -> Result<(), (Way, std::io::Error)> {
+        self.pending.extend_from_slice(chunk);
+        while let Some((head, len)) = frame_head(&self.pending) {
+            let end = head + len;
+            if self.pending.len() < end {
+                break;
+            }
+            let frame: Vec<u8> = self.pending.drain(..end).collect();
+            let (fin, opcode) = (frame[0] & 0x80 != 0, frame[0] & 0x0f);
+            if opcode & 0x08 != 0 {
+                // Control frames may come between a message's fragments: at once.
+                upstream.write_all(&frame).await.map_err(|e| (Way::Up, e))?;
+                watch(Way::Up, &frame);
+                continue;
+            }
+            if let Some(ended) = self.dropping.as_mut() {
+                *ended = fin;
+            } else {
+                if opcode != 0 {
+                    self.text = opcode == 0x1;
+                }
+                let mut payload = frame[head..].to_vec();
+                if frame[1] & 0x80 != 0 {
+                    let mask = [
+                        frame[head - 4],
+                        frame[head - 3],
+                        frame[head - 2],
+                        frame[head - 1],
+                    ];
+                    for (i, b) in payload.iter_mut().enumerate() {
+                        *b ^= mask[i % 4];
+                    }
+                }
+                self.payload.extend_from_slice(&payload);
+                self.raw.extend_from_slice(&frame);
+                if self.payload.len() > self.limit {
+                    self.dropping = Some(fin);
+                    self.raw.clear();
+                    self.payload.clear();
+                }
+            }
+            if !fin {
+                continue;
+            }
+            if self.dropping.take().is_some() {
+                let event = server_text_frame(&error_event(
+                    413,
+                    "request_too_large",
+                    &format!(
+                        "promptgate: the message is over the {} bytes policies read (--max-body); not sent",
+                        self.limit
+                    ),
+                ));
+                client.write_all(&event).await.map_err(|e| (Way::Down, e))?;
+                watch(Way::Down, &event);
+                continue;
+            }
+            let (raw, payload) = (
+                std::mem::take(&mut self.raw),
+                std::mem::take(&mut self.payload),
+            );
+            let verdict = if self.text && kind_of(&payload).as_deref() == Some("response.create") {
+                self.police.check(Bytes::from(payload)).await
+            } else {
+                Verdict::Pass
+            };
+            match verdict {
+                Verdict::Pass => {
+                    upstream.write_all(&raw).await.map_err(|e| (Way::Up, e))?;
+                    watch(Way::Up, &raw);
+                }
+                Verdict::Replace(message) => {
+                    let framed = client_text_frame(&message);
+                    upstream
+                        .write_all(&framed)
+                        .await
+                        .map_err(|e| (Way::Up, e))?;
+                    watch(Way::Up, &framed);
+                }
+                Verdict::Refuse(event) => {
+                    let framed = server_text_frame(&event);
+                    client
+                        .write_all(&framed)
+                        .await
+                        .map_err(|e| (Way::Down, e))?;
+                    watch(Way::Down, &framed);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A turn's record as it starts: the socket's facts, none of what policies did to
+/// the upgrade, tagged with its socket.
+fn turn_of(socket: &ExchangeRecord, id: ExchangeId) -> ExchangeRecord {
+    let mut r = socket.clone();
+    r.id = id;
+    r.started_at = std::time::SystemTime::now();
+    // A turn is what a POST of its message to the path would be.
+    r.method = http::Method::POST;
+    for list in [&mut r.rules_fired, &mut r.body_diff] {
+        list.clear();
+    }
+    r.edits.clear();
+    r.policy_runs.clear();
+    r.findings.clear();
+    r.tags = vec!["websocket".into(), format!("socket:{}", socket.id)];
+    r
+}
+
+/// The socket's request-phase policies, run on each `response.create` as on an
+/// HTTP request's body: what they let through carries their record to the turn's;
+/// what they refuse is answered with an `error` event and recorded as blocked.
+pub(super) struct TurnPolicies {
+    pub(super) proxy: Arc<super::Proxy>,
+    /// The socket's record, each turn's starting point.
+    pub(super) socket: ExchangeRecord,
+    pub(super) host: Option<String>,
+    pub(super) target: Option<super::Target>,
+    pub(super) route: Option<crate::provider::Route>,
+    pub(super) policies: Vec<Arc<dyn crate::policy::Policy>>,
+    /// The upgrade's headers as received: each turn's request headers.
+    pub(super) received: HeaderMap,
+    pub(super) notes: std::sync::mpsc::Sender<ExchangeRecord>,
+}
+
+impl Police for TurnPolicies {
+    async fn check(&mut self, message: Bytes) -> Verdict {
+        let mut r = turn_of(&self.socket, ExchangeId::new());
+        r.model = crate::provider::sniff(&message).model;
+        r.set_request_body(message.clone(), message.clone());
+        r.conversation = crate::conversation::ConversationCell::new(
+            &self.received,
+            &self.proxy.settings.conversation,
+        );
+        r.conversation.set_body(r.prompt.clone());
+        self.proxy.recorder.begin();
+        let mut ex = super::Exchange {
+            pending: super::PendingRecord {
+                record: Some(r),
+                recorder: self.proxy.recorder.clone(),
+                started: tokio::time::Instant::now(),
+            },
+            host: self.host.clone(),
+            target: self.target.clone(),
+            route: self.route.clone(),
+            encoded: false,
+            policies: self.policies.clone(),
+            effects: crate::policy::Effects::default(),
+            runs: Vec::new(),
+            predicted_read: None,
+        };
+        let decided = super::request_policies(
+            &mut ex,
+            self.received.clone(),
+            message.clone(),
+            self.proxy.cache.as_deref(),
+        )
+        .await;
+        match decided {
+            Ok(outgoing) => {
+                if let Some(record) = ex.pending.record.take() {
+                    let _ = self.notes.send(record);
+                }
+                if outgoing.body == message {
+                    Verdict::Pass
+                } else {
+                    Verdict::Replace(outgoing.body)
+                }
+            }
+            Err(stop) => {
+                let (status, code, text) = match &stop {
+                    super::Stop::Blocked(b) => (
+                        b.status,
+                        "blocked_by_rule",
+                        format!("{} (rule {:?})", b.message, b.rule),
+                    ),
+                    super::Stop::Error(e) => (e.kind.status(), e.kind.code(), e.message.clone()),
+                    super::Stop::Stalled(_) => (
+                        http::StatusCode::GATEWAY_TIMEOUT,
+                        "stalled",
+                        "stalled".to_owned(),
+                    ),
+                };
+                // Recorded (and budgets' holds released) as an HTTP block is.
+                drop(ex.answer(stop));
+                Verdict::Refuse(error_event(
+                    status.as_u16(),
+                    code,
+                    &format!("promptgate: {text}"),
+                ))
+            }
+        }
+    }
+}
+
+/// A frame's head length and payload length, once its head is whole.
+fn frame_head(b: &[u8]) -> Option<(usize, usize)> {
+    if b.len() < 2 {
+        return None;
+    }
+    let masked = if b[1] & 0x80 != 0 { 4 } else { 0 };
+    let (len, at) = match b[1] & 0x7f {
+        126 => (u64::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
+        127 => {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(b.get(2..10)?);
+            (u64::from_be_bytes(n), 10)
+        }
+        n => (u64::from(n), 2),
+    };
+    let head = at + masked;
+    (b.len() >= head).then_some((head, usize::try_from(len).ok()?))
+}
+
+/// A payload as one frame: `0x81`, its length, then a mask (`Some`) and the masked
+/// bytes, or the bytes as they are.
+fn text_frame(payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    let bit = if mask.is_some() { 0x80 } else { 0 };
+    let mut out = vec![0x81];
+    match payload.len() {
+        n if n < 126 => out.push(bit | n as u8),
+        n if n < 65536 => {
+            out.push(bit | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(bit | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    match mask {
+        Some(m) => {
+            out.extend_from_slice(&m);
+            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ m[i % 4]));
+        }
+        None => out.extend_from_slice(payload),
+    }
+    out
+}
+
+/// A message as a client sends it: one masked text frame (a fresh mask each time).
+fn client_text_frame(payload: &[u8]) -> Vec<u8> {
+    let key = ExchangeId::new().to_string();
+    let k = key.as_bytes();
+    let n = k.len();
+    text_frame(payload, Some([k[n - 1], k[n - 2], k[n - 3], k[n - 4]]))
+}
+
+/// An event as a server sends it: one unmasked text frame.
+fn server_text_frame(payload: &[u8]) -> Vec<u8> {
+    text_frame(payload, None)
+}
+
+/// An `error` event in the Responses socket's shape.
+pub(super) fn error_event(status: u16, code: &str, message: &str) -> Bytes {
+    let error_type = match status {
+        401 => "authentication_error",
+        403 => "permission_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        _ => "invalid_request_error",
+    };
+    let event = serde_json::json!({
+        "type": "error",
+        "status": status,
+        "error": { "type": error_type, "code": code, "message": message },
+    });
+    Bytes::from(serde_json::to_vec(&event).unwrap_or_default())
 }
 
 /// One read's outcome, by direction.
@@ -285,6 +624,9 @@ fn kind_of(message: &[u8]) -> Option<String> {
 pub(super) struct Turn {
     /// Its record's id, known when it starts: later turns name it.
     pub(super) id: ExchangeId,
+    /// What the socket's policies made of its message (their record, begun), when
+    /// they ran.
+    pub(super) policed: Option<ExchangeRecord>,
     /// The message as the client sent it (unmasked, inflated).
     pub(super) request: Bytes,
     /// Its whole prompt: the earlier turns it continues, their output, its input.
@@ -317,6 +659,8 @@ pub(super) struct Turns {
     done: std::collections::HashMap<String, Done>,
     /// The copies stopped: open turns are dropped, nothing more is read.
     broken: bool,
+    /// The policies' records of the messages they let through, in order.
+    policed: std::sync::mpsc::Receiver<ExchangeRecord>,
 }
 
 /// A whole prompt kept for the turn that continues it, in the two parts splicing
@@ -387,7 +731,11 @@ fn items(input: Option<serde_json::Value>) -> Vec<Vec<u8>> {
 
 impl Turns {
     /// For a socket whose 101 answer agreed on `extensions`; `limit` bounds one message.
-    pub(super) fn new(extensions: &str, limit: usize) -> Turns {
+    pub(super) fn new(
+        extensions: &str,
+        limit: usize,
+        policed: std::sync::mpsc::Receiver<ExchangeRecord>,
+    ) -> Turns {
         use crate::observer::frames::{Deflate, Frames};
         let (up, down) = Deflate::agreed(extensions);
         Turns {
@@ -399,6 +747,7 @@ impl Turns {
             unread: None,
             done: std::collections::HashMap::new(),
             broken: false,
+            policed,
         }
     }
 
@@ -536,8 +885,11 @@ impl Turns {
             let kind = kind_of(&text);
             match (way, kind.as_deref()) {
                 (Way::Up, Some("response.create")) => {
+                    // A policed socket's messages come in the order they were let through.
+                    let policed = self.policed.try_recv().ok();
                     self.open.push_back(Turn {
-                        id: ExchangeId::new(),
+                        id: policed.as_ref().map_or_else(ExchangeId::new, |p| p.id),
+                        policed,
                         whole: text.clone(),
                         request: text,
                         recovered_from: Vec::new(),
@@ -590,6 +942,22 @@ impl Turns {
     /// The turns still open when the socket ended.
     pub(super) fn unfinished(&mut self) -> Vec<Turn> {
         let mut open: Vec<Turn> = self.open.drain(..).collect();
+        // Let through, but their copies never read (the copies stopped): recorded too.
+        while let Ok(policed) = self.policed.try_recv() {
+            open.push(Turn {
+                id: policed.id,
+                whole: policed.request_body.clone(),
+                request: policed.request_body.clone(),
+                policed: Some(policed),
+                recovered_from: Vec::new(),
+                missing: None,
+                prompt: None,
+                started: tokio::time::Instant::now(),
+                first_event: None,
+                events: Vec::new(),
+                ended_by: None,
+            });
+        }
         for turn in &mut open {
             self.recover_into(turn);
         }
@@ -612,19 +980,28 @@ impl super::Proxy {
     /// Emits the record of one turn: the socket's facts, the client's message as the
     /// request, and its events as the SSE answer the HTTP API would have streamed,
     /// read by the same observer (usage, the message, the cache analysis).
-    pub(super) fn record_turn(&self, socket: &ExchangeRecord, turn: Turn) {
-        let mut r = socket.clone();
-        r.id = turn.id;
+    pub(super) fn record_turn(
+        &self,
+        socket: &ExchangeRecord,
+        mut turn: Turn,
+        enders: &[Arc<dyn crate::policy::Policy>],
+    ) {
+        let mut r = turn_of(socket, turn.id);
         r.started_at = std::time::SystemTime::now() - turn.started.elapsed();
-        // A turn is what a POST of its message to the path would be.
-        r.method = http::Method::POST;
-        for list in [&mut r.rules_fired, &mut r.body_diff] {
-            list.clear();
+        // What the policies did to its message is this turn's record's too.
+        let begun = turn.policed.is_some();
+        if let Some(p) = turn.policed.take() {
+            r.rules_fired = p.rules_fired;
+            r.policy_runs = p.policy_runs;
+            r.findings = p.findings;
+            r.edits = p.edits;
+            r.body_diff = p.body_diff;
+            for tag in p.tags {
+                if !r.tags.contains(&tag) {
+                    r.tags.push(tag);
+                }
+            }
         }
-        r.edits.clear();
-        r.policy_runs.clear();
-        r.findings.clear();
-        r.tags = vec!["websocket".into(), format!("socket:{}", socket.id)];
         r.model = crate::provider::sniff(&turn.whole).model;
         // Every reader (the prompt view, the diff, the cache analysis, replay) works
         // on the whole prompt; the message as it crossed the socket is kept beside it.
@@ -671,7 +1048,10 @@ impl super::Proxy {
         let recorder = self.recorder.clone();
         let message = recorder.reads_message();
         let bytes = r.held_bytes() + events.len() as u64;
-        self.recorder.begin();
+        let enders = enders.to_vec();
+        if !begun {
+            self.recorder.begin();
+        }
         self.recorder.submit(
             Box::new(move || {
                 let observation = crate::observer::observe(
@@ -692,6 +1072,21 @@ impl super::Proxy {
                 r.observation = Some(observation);
                 r.outcome = outcome;
                 r.error = error;
+                // Budgets charge what the turn used, as an HTTP exchange's end does.
+                if !enders.is_empty() {
+                    let summary = r.observation.as_ref().map(|o| &o.summary);
+                    let end = crate::policy::Ending {
+                        id: r.id,
+                        model: r.model.as_deref(),
+                        conversation: r.conversation.get(),
+                        response_id: summary.and_then(|s| s.response_id.as_deref()),
+                        usage: summary.and_then(|s| s.usage.as_ref()),
+                        answered: r.outcome == Outcome::Ok,
+                    };
+                    for p in &enders {
+                        p.exchange_ended(&end);
+                    }
+                }
                 recorder.emit(&mut r);
             }),
             bytes,
@@ -723,7 +1118,7 @@ mod tests {
 
     #[test]
     fn each_turns_whole_prompt_is_put_back_together_from_the_socket() {
-        let mut turns = Turns::new("", 1 << 20);
+        let mut turns = Turns::new("", 1 << 20, std::sync::mpsc::channel().1);
         let mut ended = Vec::new();
         let mut read = |turns: &mut Turns, way, text: &str| {
             turns.read(way, &frame(text), &mut |t| ended.push(t));
