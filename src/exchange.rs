@@ -631,7 +631,9 @@ impl Proxy {
                 received,
                 notes,
             };
-            websocket::Gate::new(police, limit)
+            // A turn's message is a request body: --max-body bounds what policies read.
+            let max_body = usize::try_from(self.settings.max_body).unwrap_or(usize::MAX);
+            websocket::Gate::new(police, max_body)
         });
         let enders: Vec<Arc<dyn Policy>> = ex
             .policies

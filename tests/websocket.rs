@@ -522,3 +522,65 @@ async fn a_client_that_vanishes_mid_turn_is_on_the_turns_record() {
         .expect("the socket's record");
     assert_eq!(socket["outcome"], "client_cancelled", "{socket}");
 }
+
+#[tokio::test]
+async fn a_policed_message_over_the_body_limit_is_answered_not_passed_unread() {
+    let dir = support::TempDir::new("ws-limit");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
+    )
+    .unwrap();
+    let small = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    let answered = server_frame(
+        br#"{"type":"response.completed","response":{"id":"r","output":[],"usage":{"input_tokens":1,"output_tokens":1}}}"#,
+    );
+    // The upstream gets only the small message.
+    let (up, task) = upstream(false, vec![(small.len(), answered.clone())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        dir.path().to_str().unwrap(),
+        "--max-body",
+        "2048",
+    ]);
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // Over the limit, in two fragments: the first alone already is.
+    let big = format!(
+        r#"{{"type":"response.create","model":"gpt-5.5","input":"{}"}}"#,
+        "z".repeat(3000)
+    );
+    let mut first = client_frame(&big.as_bytes()[..2500]);
+    first[0] = 0x01; // text, not final
+    let mut rest = client_frame(&big.as_bytes()[2500..]);
+    rest[0] = 0x80; // continuation, final
+    client.write_all(&first).await.unwrap();
+    client.write_all(&rest).await.unwrap();
+    let mut got = Vec::new();
+    while !got.windows(17).any(|w| w == b"request_too_large") {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The socket goes on.
+    client.write_all(&small).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    let (_, received) = task.await.unwrap();
+    assert_eq!(
+        received, small,
+        "the over-limit message never went upstream"
+    );
+    let lines = proxy.wait_exchanges(3, WAIT).await;
+    let refused = lines
+        .iter()
+        .find(|l| l["outcome"] == "too_large")
+        .unwrap_or_else(|| panic!("a record of the refused message: {lines:?}"));
+    assert_eq!(refused["bytes_in"], big.len(), "{refused}");
+}

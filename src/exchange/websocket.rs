@@ -164,6 +164,9 @@ pub(super) enum Verdict {
 /// Decides on each `response.create` message a policed socket's client sends.
 pub(super) trait Police: Send {
     fn check(&mut self, message: Bytes) -> impl std::future::Future<Output = Verdict> + Send;
+
+    /// A message over the limit was answered with an error and not sent: say so.
+    fn too_large(&mut self, size: usize, limit: usize);
 }
 
 /// Reads the client's frames on the relay's path when policies are on (the upgrade
@@ -180,8 +183,10 @@ pub(super) struct Gate<P> {
     text: bool,
     /// The largest message held; a larger one is refused, not passed unread.
     limit: usize,
-    /// Bytes of an over-limit message still to drop, and whether it had ended.
+    /// While an over-limit message is dropped: whether its last frame came.
     dropping: Option<bool>,
+    /// How many of its bytes have been dropped.
+    dropped: usize,
 }
 
 impl<P: Police> Gate<P> {
@@ -194,6 +199,7 @@ impl<P: Police> Gate<P> {
             text: false,
             limit,
             dropping: None,
+            dropped: 0,
         }
     }
 
@@ -222,6 +228,7 @@ impl<P: Police> Gate<P> {
             }
             if let Some(ended) = self.dropping.as_mut() {
                 *ended = fin;
+                self.dropped += len;
             } else {
                 if opcode != 0 {
                     self.text = opcode == 0x1;
@@ -242,6 +249,7 @@ impl<P: Police> Gate<P> {
                 self.raw.extend_from_slice(&frame);
                 if self.payload.len() > self.limit {
                     self.dropping = Some(fin);
+                    self.dropped = self.payload.len();
                     self.raw.clear();
                     self.payload.clear();
                 }
@@ -250,6 +258,8 @@ impl<P: Police> Gate<P> {
                 continue;
             }
             if self.dropping.take().is_some() {
+                self.police.too_large(self.dropped, self.limit);
+                self.dropped = 0;
                 let event = server_text_frame(&error_event(
                     413,
                     "request_too_large",
@@ -333,6 +343,24 @@ pub(super) struct TurnPolicies {
 }
 
 impl Police for TurnPolicies {
+    fn too_large(&mut self, size: usize, limit: usize) {
+        let mut r = turn_of(&self.socket, ExchangeId::new());
+        r.bytes_in = size as u64;
+        self.proxy.recorder.begin();
+        let pending = super::PendingRecord {
+            record: Some(r),
+            recorder: self.proxy.recorder.clone(),
+            started: tokio::time::Instant::now(),
+        };
+        pending.emit(
+            Outcome::TooLarge,
+            Some(format!(
+                "a message of {size} bytes, over the {limit} bytes policies read \
+                 (--max-body): answered with an error event, not sent"
+            )),
+        );
+    }
+
     async fn check(&mut self, message: Bytes) -> Verdict {
         let mut r = turn_of(&self.socket, ExchangeId::new());
         r.model = crate::provider::sniff(&message).model;
