@@ -584,3 +584,55 @@ async fn a_policed_message_over_the_body_limit_is_answered_not_passed_unread() {
         .unwrap_or_else(|| panic!("a record of the refused message: {lines:?}"));
     assert_eq!(refused["bytes_in"], big.len(), "{refused}");
 }
+
+#[tokio::test]
+async fn compressed_turns_with_context_takeover_are_read_and_pass_unchanged() {
+    use flate2::{Compress, Compression, FlushCompress};
+    // Both ends agree on permessage-deflate with context takeover: each message is
+    // compressed against the ones before it, and the relay never re-compresses.
+    let deflate = |c: &mut Compress, text: &[u8]| {
+        let mut out = Vec::with_capacity(text.len() + 64);
+        c.compress_vec(text, &mut out, FlushCompress::Sync).unwrap();
+        out.truncate(out.len() - 4);
+        out
+    };
+    let mut client_side = Compress::new(Compression::default(), false);
+    let mut server_side = Compress::new(Compression::default(), false);
+    let create = br#"{"type":"response.create","model":"gpt-5.5","input":[{"type":"message","role":"user","content":"compressed hello"}]}"#;
+    let mut up_frame = client_frame(&deflate(&mut client_side, create));
+    up_frame[0] |= 0x40; // RSV1: compressed
+    let mut answers = Vec::new();
+    for event in [
+        br#"{"type":"response.created","response":{"id":"resp_z"}}"#.as_slice(),
+        br#"{"type":"response.completed","response":{"id":"resp_z","output":[],"usage":{"input_tokens":77,"output_tokens":2}}}"#,
+    ] {
+        let mut f = server_frame(&deflate(&mut server_side, event));
+        f[0] |= 0x40;
+        answers.extend(f);
+    }
+    let (up, task) = upstream(false, vec![(up_frame.len(), answers.clone())]).await;
+    let proxy = Proxy::start(&["--upstream-openai", &format!("http://{up}")]);
+    let (mut client, head) = open(&proxy).await;
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("sec-websocket-extensions: permessage-deflate"),
+        "{head}"
+    );
+    client.write_all(&up_frame).await.unwrap();
+    assert_eq!(read_n(&mut client, answers.len()).await, answers);
+    drop(client);
+    let (_, received) = task.await.unwrap();
+    assert_eq!(received, up_frame, "compressed bytes pass as they came");
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    let turn = lines
+        .iter()
+        .find(|l| l["method"] == "POST")
+        .expect("the turn, read through deflate");
+    assert_eq!(turn["model"], "gpt-5.5", "{turn}");
+    assert_eq!(turn["in_tokens"], 77, "{turn}");
+    assert_eq!(
+        turn["bytes_in"],
+        create.len(),
+        "the message inflated: {turn}"
+    );
+}
