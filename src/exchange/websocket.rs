@@ -130,6 +130,16 @@ pub(super) async fn relay(
                     })
                     .map_err(|e| (client, e))
             }
+            Ok(Step::Down(Ok(n))) if n > 0 && gate.is_some() => {
+                out.to_client += n as u64;
+                match gate.as_mut() {
+                    Some(g) => g
+                        .pass_down(&down[..n], &mut client_write, &mut watch)
+                        .await
+                        .map_err(|(_, e)| (true, e)),
+                    None => Ok(()),
+                }
+            }
             Ok(Step::Down(r)) => {
                 let client = r.is_ok();
                 pass(r, &down, &mut client_write, &mut upstream_open)
@@ -187,6 +197,9 @@ pub(super) struct Gate<P> {
     dropping: Option<bool>,
     /// How many of its bytes have been dropped.
     dropped: usize,
+    /// The upstream's bytes of a frame not yet whole: with events of its own to put
+    /// in, the relay passes the upstream's frames whole.
+    down_pending: Vec<u8>,
 }
 
 impl<P: Police> Gate<P> {
@@ -200,7 +213,35 @@ impl<P: Police> Gate<P> {
             limit,
             dropping: None,
             dropped: 0,
+            down_pending: Vec::new(),
         }
+    }
+
+    /// Passes what the upstream sent to the client, whole frames only, so an event
+    /// of promptgate's own never lands inside one of the upstream's.
+    async fn pass_down(
+        &mut self,
+        chunk: &[u8],
+        client: &mut (impl AsyncWrite + Unpin),
+        watch: &mut impl FnMut(Way, &[u8]),
+    ) -> Result<(), (Way, std::io::Error)> {
+        self.down_pending.extend_from_slice(chunk);
+        let mut whole = 0;
+        while let Some((head, len)) = frame_head(&self.down_pending[whole..]) {
+            if self.down_pending.len() - whole < head + len {
+                break;
+            }
+            whole += head + len;
+        }
+        if whole > 0 {
+            let frames: Vec<u8> = self.down_pending.drain(..whole).collect();
+            client
+                .write_all(&frames)
+                .await
+                .map_err(|e| (Way::Down, e))?;
+            watch(Way::Down, &frames);
+        }
+        Ok(())
     }
 
     /// Takes what the client sent, passing on whatever the policies let through;
@@ -268,8 +309,9 @@ impl<P: Police> Gate<P> {
                         self.limit
                     ),
                 ));
+                // promptgate's own event: its turn is recorded apart, not read as the
+                // upstream's (it would end whichever turn is open).
                 client.write_all(&event).await.map_err(|e| (Way::Down, e))?;
-                watch(Way::Down, &event);
                 continue;
             }
             let (raw, payload) = (
@@ -295,12 +337,12 @@ impl<P: Police> Gate<P> {
                     watch(Way::Up, &framed);
                 }
                 Verdict::Refuse(event) => {
+                    // Between whole frames of the upstream's (see pass_down).
                     let framed = server_text_frame(&event);
                     client
                         .write_all(&framed)
                         .await
                         .map_err(|e| (Way::Down, e))?;
-                    watch(Way::Down, &framed);
                 }
             }
         }
