@@ -636,3 +636,87 @@ async fn compressed_turns_with_context_takeover_are_read_and_pass_unchanged() {
         "the message inflated: {turn}"
     );
 }
+
+#[tokio::test]
+async fn a_policed_socket_fails_closed_on_what_it_cannot_read() {
+    let dir = support::TempDir::new("ws-closed");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
+    )
+    .unwrap();
+    let good = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    let answered = server_frame(
+        br#"{"type":"response.completed","response":{"id":"r","output":[],"usage":{"input_tokens":1,"output_tokens":1}}}"#,
+    );
+    let (up, task) = upstream(false, vec![(good.len(), answered.clone())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // Not JSON; a repeated `type` (read one way here, another upstream); compressed
+    // though nothing was agreed: none is sent, each is answered.
+    let mut compressed = client_frame(br#"{"type":"response.create","input":[]}"#);
+    compressed[0] |= 0x40;
+    for bad in [
+        client_frame(b"not json"),
+        client_frame(br#"{"type":"x","type":"response.create","input":[]}"#),
+        compressed,
+    ] {
+        client.write_all(&bad).await.unwrap();
+        let mut got = Vec::new();
+        while !got.windows(18).any(|w| w == b"unreadable_message") {
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(WAIT, client.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+    }
+    client.write_all(&good).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    let (_, received) = task.await.unwrap();
+    assert_eq!(received, good, "only the readable message went upstream");
+    let lines = proxy.wait_exchanges(5, WAIT).await;
+    let refused = lines
+        .iter()
+        .filter(|l| l["outcome"] == "bad_request")
+        .count();
+    assert_eq!(refused, 3, "{lines:?}");
+}
+
+#[tokio::test]
+async fn a_huge_declared_frame_is_dropped_as_it_comes_not_held() {
+    let dir = support::TempDir::new("ws-huge");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
+    )
+    .unwrap();
+    let (up, _task) = upstream(false, vec![(1, Vec::new())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    // A text frame that says it carries 2^63 bytes, then a little of them.
+    let mut huge = vec![0x81, 0xff];
+    huge.extend_from_slice(&(1u64 << 63).to_be_bytes());
+    huge.extend_from_slice(&[1, 2, 3, 4]);
+    huge.extend_from_slice(&[b'x'; 4096]);
+    client.write_all(&huge).await.unwrap();
+    drop(client);
+    let socket = proxy.wait_exchanges(1, WAIT).await.remove(0);
+    assert_eq!(socket["status"], 101, "{socket}");
+    assert!(!proxy.log().contains("panicked"), "{}", proxy.log());
+}

@@ -136,7 +136,7 @@ pub(super) async fn relay(
                     Some(g) => g
                         .pass_down(&down[..n], &mut client_write, &mut watch)
                         .await
-                        .map_err(|(_, e)| (true, e)),
+                        .map_err(|e| (true, e)),
                     None => Ok(()),
                 }
             }
@@ -175,32 +175,78 @@ pub(super) enum Verdict {
 pub(super) trait Police: Send {
     fn check(&mut self, message: Bytes) -> impl std::future::Future<Output = Verdict> + Send;
 
-    /// A message over the limit was answered with an error and not sent: say so.
-    fn too_large(&mut self, size: usize, limit: usize);
+    /// A message was answered with an error and not sent (over the limit, or not
+    /// readable): its record says so.
+    fn unsent(&mut self, size: u64, outcome: Outcome, why: String);
 }
 
 /// Reads the client's frames on the relay's path when policies are on (the upgrade
 /// then offered no compression): control frames pass at once, each data message is
-/// held until it is whole and the policies have decided on it.
+/// held until it is whole and the policies have decided on it. It fails closed: a
+/// message it cannot read (compressed, no JSON `type`, over the limit) is answered
+/// with an error event and not sent.
 pub(super) struct Gate<P> {
     police: P,
-    /// Bytes of a frame not yet whole.
+    /// The client's bytes of a frame head not yet whole, or of a held frame.
     pending: Vec<u8>,
     /// The held message: its frames as they came, its payload unmasked, and
-    /// whether it is text.
+    /// whether any of its frames said compressed.
     raw: Vec<u8>,
     payload: Vec<u8>,
-    text: bool,
+    compressed: bool,
     /// The largest message held; a larger one is refused, not passed unread.
     limit: usize,
-    /// While an over-limit message is dropped: whether its last frame came.
-    dropping: Option<bool>,
-    /// How many of its bytes have been dropped.
-    dropped: usize,
-    /// The upstream's bytes of a frame not yet whole: with events of its own to put
-    /// in, the relay passes the upstream's frames whole.
-    down_pending: Vec<u8>,
+    /// While an over-limit message is dropped: its payload bytes still to drop in
+    /// this frame, whether this frame is its last, and its size so far.
+    dropping: Option<(u64, bool, u64)>,
+    /// The upstream's side: bytes of a frame head not yet whole, and the payload
+    /// bytes of the current frame still to pass. Events of promptgate's own wait in
+    /// `queued` until the upstream's frame in flight has passed whole.
+    down_head: Vec<u8>,
+    down_left: u64,
+    queued: Vec<u8>,
 }
+
+/// A frame's head, read: its length, its payload's, and its first two bytes.
+struct Head {
+    len: usize,
+    payload: u64,
+    fin: bool,
+    rsv: bool,
+    opcode: u8,
+    mask: Option<[u8; 4]>,
+}
+
+/// Reads a frame's head off `b`, once it is whole.
+fn read_head(b: &[u8]) -> Option<Head> {
+    let (b0, b1) = (*b.first()?, *b.get(1)?);
+    let (payload, at) = match b1 & 0x7f {
+        126 => (u64::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
+        127 => {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(b.get(2..10)?);
+            (u64::from_be_bytes(n), 10)
+        }
+        n => (u64::from(n), 2),
+    };
+    let mask = if b1 & 0x80 != 0 {
+        let m = b.get(at..at + 4)?;
+        Some([m[0], m[1], m[2], m[3]])
+    } else {
+        None
+    };
+    Some(Head {
+        len: at + if mask.is_some() { 4 } else { 0 },
+        payload,
+        fin: b0 & 0x80 != 0,
+        rsv: b0 & 0x70 != 0,
+        opcode: b0 & 0x0f,
+        mask,
+    })
+}
+
+/// A control frame's payload is at most 125 bytes (RFC 6455 §5.5).
+const MAX_CONTROL: u64 = 125;
 
 impl<P: Police> Gate<P> {
     pub(super) fn new(police: P, limit: usize) -> Gate<P> {
@@ -209,141 +255,227 @@ impl<P: Police> Gate<P> {
             pending: Vec::new(),
             raw: Vec::new(),
             payload: Vec::new(),
-            text: false,
+            compressed: false,
             limit,
             dropping: None,
-            dropped: 0,
-            down_pending: Vec::new(),
+            down_head: Vec::new(),
+            down_left: 0,
+            queued: Vec::new(),
         }
     }
 
-    /// Passes what the upstream sent to the client, whole frames only, so an event
-    /// of promptgate's own never lands inside one of the upstream's.
+    /// Passes what the upstream sent to the client as it comes, keeping count of
+    /// where its frames end, so that an event of promptgate's own goes out only
+    /// between two of them. Nothing is held but a frame head's few bytes.
     async fn pass_down(
         &mut self,
-        chunk: &[u8],
+        mut chunk: &[u8],
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
-    ) -> Result<(), (Way, std::io::Error)> {
-        self.down_pending.extend_from_slice(chunk);
-        let mut whole = 0;
-        while let Some((head, len)) = frame_head(&self.down_pending[whole..]) {
-            if self.down_pending.len() - whole < head + len {
-                break;
+    ) -> std::io::Result<()> {
+        while !chunk.is_empty() {
+            if self.down_left > 0 {
+                let n = self.down_left.min(chunk.len() as u64) as usize;
+                client.write_all(&chunk[..n]).await?;
+                watch(Way::Down, &chunk[..n]);
+                self.down_left -= n as u64;
+                chunk = &chunk[n..];
+            } else {
+                // A head is at most 14 bytes: take one byte at a time until it is whole.
+                self.down_head.push(chunk[0]);
+                chunk = &chunk[1..];
+                if let Some(head) = read_head(&self.down_head) {
+                    let bytes = std::mem::take(&mut self.down_head);
+                    client.write_all(&bytes).await?;
+                    watch(Way::Down, &bytes);
+                    self.down_left = head.payload;
+                }
             }
-            whole += head + len;
-        }
-        if whole > 0 {
-            let frames: Vec<u8> = self.down_pending.drain(..whole).collect();
-            client
-                .write_all(&frames)
-                .await
-                .map_err(|e| (Way::Down, e))?;
-            watch(Way::Down, &frames);
+            if self.down_left == 0 && self.down_head.is_empty() && !self.queued.is_empty() {
+                let own = std::mem::take(&mut self.queued);
+                client.write_all(&own).await?;
+            }
         }
         Ok(())
+    }
+
+    /// Sends an event of promptgate's own to the client: now, between the
+    /// upstream's frames, or as soon as the one in flight has passed.
+    async fn answer(
+        &mut self,
+        event: &[u8],
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        let frame = server_text_frame(event);
+        if self.down_left == 0 && self.down_head.is_empty() {
+            client.write_all(&frame).await
+        } else {
+            self.queued.extend_from_slice(&frame);
+            Ok(())
+        }
     }
 
     /// Takes what the client sent, passing on whatever the policies let through;
     /// a failed write is named by the side it went to.
     async fn pass(
         &mut self,
-        chunk: &[u8],
+        mut chunk: &[u8],
         upstream: &mut (impl AsyncWrite + Unpin),
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> Result<(), (Way, std::io::Error)> {
-        self.pending.extend_from_slice(chunk);
-        while let Some((head, len)) = frame_head(&self.pending) {
-            let end = head + len;
+        loop {
+            // An over-limit message's bytes are dropped as they come, never held.
+            if let Some((left, last, size)) = self.dropping.as_mut() {
+                let held = (*left).min(self.pending.len() as u64) as usize;
+                self.pending.drain(..held);
+                *left -= held as u64;
+                let n = (*left).min(chunk.len() as u64) as usize;
+                *left -= n as u64;
+                chunk = &chunk[n..];
+                if *left > 0 {
+                    return Ok(());
+                }
+                let (last, size) = (*last, *size);
+                if last {
+                    self.dropping = None;
+                    self.police.unsent(
+                        size,
+                        Outcome::TooLarge,
+                        format!(
+                            "a message of {size} bytes, over the {} bytes policies read \
+                             (--max-body): answered with an error event, not sent",
+                            self.limit
+                        ),
+                    );
+                    let event = error_event(
+                        413,
+                        "request_too_large",
+                        &format!(
+                            "promptgate: a message over the {} bytes policies read \
+                             (--max-body) is not sent",
+                            self.limit
+                        ),
+                    );
+                    self.answer(&event, client)
+                        .await
+                        .map_err(|e| (Way::Down, e))?;
+                }
+            }
+            self.pending.extend_from_slice(chunk);
+            chunk = &[];
+            let Some(head) = read_head(&self.pending) else {
+                return Ok(());
+            };
+            let control = head.opcode & 0x08 != 0;
+            if control && head.payload > MAX_CONTROL {
+                return Err((
+                    Way::Up,
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "a control frame over 125 bytes",
+                    ),
+                ));
+            }
+            if !control {
+                let held = self.payload.len() as u64;
+                if let Some((left, last, size)) = self.dropping.as_mut() {
+                    // A later fragment of the message being dropped.
+                    *left = head.payload;
+                    *last = head.fin;
+                    *size = size.saturating_add(head.payload);
+                } else if held.saturating_add(head.payload) > self.limit as u64 {
+                    self.dropping = Some((head.payload, head.fin, held + head.payload));
+                    self.raw.clear();
+                    self.payload.clear();
+                }
+                if self.dropping.is_some() {
+                    // Its payload is dropped at the loop's top, from what is pending on.
+                    self.pending.drain(..head.len);
+                    continue;
+                }
+            }
+            // Whole frames only from here: the payload is within the limit.
+            let end = head.len + head.payload as usize;
             if self.pending.len() < end {
-                break;
+                return Ok(());
             }
             let frame: Vec<u8> = self.pending.drain(..end).collect();
-            let (fin, opcode) = (frame[0] & 0x80 != 0, frame[0] & 0x0f);
-            if opcode & 0x08 != 0 {
+            if control {
                 // Control frames may come between a message's fragments: at once.
                 upstream.write_all(&frame).await.map_err(|e| (Way::Up, e))?;
                 watch(Way::Up, &frame);
                 continue;
             }
-            if let Some(ended) = self.dropping.as_mut() {
-                *ended = fin;
-                self.dropped += len;
-            } else {
-                if opcode != 0 {
-                    self.text = opcode == 0x1;
-                }
-                let mut payload = frame[head..].to_vec();
-                if frame[1] & 0x80 != 0 {
-                    let mask = [
-                        frame[head - 4],
-                        frame[head - 3],
-                        frame[head - 2],
-                        frame[head - 1],
-                    ];
-                    for (i, b) in payload.iter_mut().enumerate() {
-                        *b ^= mask[i % 4];
-                    }
-                }
-                self.payload.extend_from_slice(&payload);
-                self.raw.extend_from_slice(&frame);
-                if self.payload.len() > self.limit {
-                    self.dropping = Some(fin);
-                    self.dropped = self.payload.len();
-                    self.raw.clear();
-                    self.payload.clear();
+            let mut payload = frame[head.len..].to_vec();
+            if let Some(m) = head.mask {
+                for (i, b) in payload.iter_mut().enumerate() {
+                    *b ^= m[i % 4];
                 }
             }
-            if !fin {
+            self.compressed |= head.rsv;
+            self.payload.extend_from_slice(&payload);
+            self.raw.extend_from_slice(&frame);
+            if !head.fin {
                 continue;
             }
-            if self.dropping.take().is_some() {
-                self.police.too_large(self.dropped, self.limit);
-                self.dropped = 0;
-                let event = server_text_frame(&error_event(
-                    413,
-                    "request_too_large",
-                    &format!(
-                        "promptgate: the message is over the {} bytes policies read (--max-body); not sent",
-                        self.limit
-                    ),
-                ));
-                // promptgate's own event: its turn is recorded apart, not read as the
-                // upstream's (it would end whichever turn is open).
-                client.write_all(&event).await.map_err(|e| (Way::Down, e))?;
-                continue;
+            self.release(upstream, client, watch).await?;
+        }
+    }
+
+    /// The held message is whole: sends it, its replacement, or promptgate's answer.
+    async fn release(
+        &mut self,
+        upstream: &mut (impl AsyncWrite + Unpin),
+        client: &mut (impl AsyncWrite + Unpin),
+        watch: &mut impl FnMut(Way, &[u8]),
+    ) -> Result<(), (Way, std::io::Error)> {
+        let (raw, payload) = (
+            std::mem::take(&mut self.raw),
+            std::mem::take(&mut self.payload),
+        );
+        let compressed = std::mem::take(&mut self.compressed);
+        // Text or binary alike: a message is read by its JSON `type`.
+        let kind = if compressed { None } else { kind_of(&payload) };
+        let verdict = match kind.as_deref() {
+            Some("response.create") => self.police.check(Bytes::from(payload)).await,
+            Some(_) => Verdict::Pass,
+            None => {
+                self.police.unsent(
+                    raw.len() as u64,
+                    Outcome::BadRequest,
+                    "a message that is not JSON with a \"type\" (or came compressed), on a \
+                     socket whose messages policies read: answered with an error event, \
+                     not sent"
+                        .into(),
+                );
+                Verdict::Refuse(error_event(
+                    400,
+                    "unreadable_message",
+                    "promptgate: policies read every message here, and this one is not \
+                 JSON with a \"type\" (or came compressed): not sent",
+                ))
             }
-            let (raw, payload) = (
-                std::mem::take(&mut self.raw),
-                std::mem::take(&mut self.payload),
-            );
-            let verdict = if self.text && kind_of(&payload).as_deref() == Some("response.create") {
-                self.police.check(Bytes::from(payload)).await
-            } else {
-                Verdict::Pass
-            };
-            match verdict {
-                Verdict::Pass => {
-                    upstream.write_all(&raw).await.map_err(|e| (Way::Up, e))?;
-                    watch(Way::Up, &raw);
-                }
-                Verdict::Replace(message) => {
-                    let framed = client_text_frame(&message);
-                    upstream
-                        .write_all(&framed)
-                        .await
-                        .map_err(|e| (Way::Up, e))?;
-                    watch(Way::Up, &framed);
-                }
-                Verdict::Refuse(event) => {
-                    // Between whole frames of the upstream's (see pass_down).
-                    let framed = server_text_frame(&event);
-                    client
-                        .write_all(&framed)
-                        .await
-                        .map_err(|e| (Way::Down, e))?;
-                }
+        };
+        match verdict {
+            Verdict::Pass => {
+                upstream.write_all(&raw).await.map_err(|e| (Way::Up, e))?;
+                watch(Way::Up, &raw);
+            }
+            Verdict::Replace(message) => {
+                let framed = client_text_frame(&message);
+                upstream
+                    .write_all(&framed)
+                    .await
+                    .map_err(|e| (Way::Up, e))?;
+                watch(Way::Up, &framed);
+            }
+            // promptgate's own event: its turn is recorded apart, not read as the
+            // upstream's (it would end whichever turn is open).
+            Verdict::Refuse(event) => {
+                self.answer(&event, client)
+                    .await
+                    .map_err(|e| (Way::Down, e))?;
             }
         }
         Ok(())
@@ -385,22 +517,16 @@ pub(super) struct TurnPolicies {
 }
 
 impl Police for TurnPolicies {
-    fn too_large(&mut self, size: usize, limit: usize) {
+    fn unsent(&mut self, size: u64, outcome: Outcome, why: String) {
         let mut r = turn_of(&self.socket, ExchangeId::new());
-        r.bytes_in = size as u64;
+        r.bytes_in = size;
         self.proxy.recorder.begin();
         let pending = super::PendingRecord {
             record: Some(r),
             recorder: self.proxy.recorder.clone(),
             started: tokio::time::Instant::now(),
         };
-        pending.emit(
-            Outcome::TooLarge,
-            Some(format!(
-                "a message of {size} bytes, over the {limit} bytes policies read \
-                 (--max-body): answered with an error event, not sent"
-            )),
-        );
+        pending.emit(outcome, Some(why));
     }
 
     async fn check(&mut self, message: Bytes) -> Verdict {
@@ -437,8 +563,19 @@ impl Police for TurnPolicies {
         .await;
         match decided {
             Ok(outgoing) => {
-                if let Some(record) = ex.pending.record.take() {
-                    let _ = self.notes.send(record);
+                if let Some(record) = ex.pending.record.take()
+                    && let Err(std::sync::mpsc::SendError(record)) = self.notes.send(record)
+                {
+                    // The socket's reader is gone: its turn is recorded from here.
+                    super::PendingRecord {
+                        record: Some(record),
+                        recorder: self.proxy.recorder.clone(),
+                        started: tokio::time::Instant::now(),
+                    }
+                    .emit(
+                        self.proxy.recorder.cut_outcome(),
+                        Some("the socket's reader was gone; the turn went upstream unread".into()),
+                    );
                 }
                 if outgoing.body == message {
                     Verdict::Pass
@@ -470,25 +607,6 @@ impl Police for TurnPolicies {
             }
         }
     }
-}
-
-/// A frame's head length and payload length, once its head is whole.
-fn frame_head(b: &[u8]) -> Option<(usize, usize)> {
-    if b.len() < 2 {
-        return None;
-    }
-    let masked = if b[1] & 0x80 != 0 { 4 } else { 0 };
-    let (len, at) = match b[1] & 0x7f {
-        126 => (u64::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
-        127 => {
-            let mut n = [0u8; 8];
-            n.copy_from_slice(b.get(2..10)?);
-            (u64::from_be_bytes(n), 10)
-        }
-        n => (u64::from(n), 2),
-    };
-    let head = at + masked;
-    (b.len() >= head).then_some((head, usize::try_from(len).ok()?))
 }
 
 /// A payload as one frame: `0x81`, its length, then a mask (`Some`) and the masked
@@ -828,7 +946,7 @@ impl Turns {
     /// Put together by splicing the earlier prompt's bytes: only the message and the
     /// earlier turn's fields other than its input are parsed or written again.
     // Cloning and re-serialising the whole JSON tree each turn cost ~1.5 ms a turn at ~600 KB.
-    fn recover(&self, message: &Bytes) -> Recovered {
+    fn recover(&mut self, message: &Bytes) -> Recovered {
         let as_sent = |missing| Recovered {
             whole: message.clone(),
             prompt: None,
@@ -845,8 +963,10 @@ impl Turns {
             .get("previous_response_id")
             .and_then(serde_json::Value::as_str)
             .map(str::to_owned);
-        let done = link.as_ref().and_then(|l| self.done.get(l));
-        let new_items = match (&link, done) {
+        // Taken, not copied: a response is continued once, and what a socket keeps
+        // stays one prompt deep.
+        let done = link.as_ref().and_then(|l| self.done.remove(l));
+        let new_items = match (&link, &done) {
             (Some(_), Some(_)) => {
                 body.remove("previous_response_id");
                 items(body.remove("input"))
@@ -855,14 +975,14 @@ impl Turns {
         };
         let mut prompt = match (&link, done) {
             (Some(_), Some(done)) => {
-                let mut prompt = done.prompt.clone();
+                let mut prompt = done.prompt;
                 // A prewarm's `generate: false` is its own, not its successors'.
                 prompt.head.remove("generate");
                 for (k, v) in body {
                     prompt.head.insert(k, v);
                 }
-                prompt.push(done.output.iter().cloned());
-                from.extend(done.from.iter().copied());
+                prompt.push(done.output);
+                from.extend(done.from);
                 from.push(done.id);
                 prompt
             }
@@ -945,6 +1065,28 @@ impl Turns {
                     self.unread.get_or_insert_with(|| {
                         format!("a message of {n} bytes was over the limit")
                     });
+                    // A policed message that went out too large to read here: its
+                    // policies' record still pairs with it, not with the next turn.
+                    if way == Way::Up
+                        && let Ok(policed) = self.policed.try_recv()
+                    {
+                        self.open.push_back(Turn {
+                            id: policed.id,
+                            whole: policed.request_body.clone(),
+                            request: policed.request_body.clone(),
+                            policed: Some(policed),
+                            recovered_from: Vec::new(),
+                            missing: Some(format!(
+                                "the message as sent ({n} bytes) was over what the socket's \
+                                 reader keeps; this is the message before policies"
+                            )),
+                            prompt: None,
+                            started: tokio::time::Instant::now(),
+                            first_event: None,
+                            events: Vec::new(),
+                            ended_by: None,
+                        });
+                    }
                     continue;
                 }
                 Message::Binary(_) | Message::Close => {
@@ -1037,7 +1179,7 @@ impl Turns {
     /// Puts `turn`'s whole prompt together when it ends: by then every turn before
     /// it on the socket has ended too, whatever order the two directions' copies
     /// were read in.
-    fn recover_into(&self, turn: &mut Turn) {
+    fn recover_into(&mut self, turn: &mut Turn) {
         let recovered = self.recover(&turn.request);
         turn.whole = recovered.whole;
         turn.prompt = recovered.prompt;

@@ -30,6 +30,8 @@ pub(crate) enum FrameError {
     Inflate(String),
     #[error("reserved opcode {0:#x}")]
     Opcode(u8),
+    #[error("a control frame of {0} bytes (at most 125)")]
+    Control(u64),
 }
 
 /// The permessage-deflate terms of one direction.
@@ -74,6 +76,8 @@ pub(crate) struct Frames {
     skip_fin: bool,
     /// The message being skipped, by size, once over the limit.
     skipped: u64,
+    /// The message is over the limit and its last fragment has not come yet.
+    skipping: bool,
     deflate: Option<(Deflate, Decompress)>,
     limit: usize,
     broken: Option<FrameError>,
@@ -88,6 +92,7 @@ impl Frames {
             skip: 0,
             skip_fin: false,
             skipped: 0,
+            skipping: false,
             deflate: deflate.map(|d| (d, Decompress::new(false))),
             limit,
             broken: None,
@@ -106,7 +111,7 @@ impl Frames {
         }
         loop {
             if self.skip > 0 {
-                let n = (self.skip as usize).min(chunk.len());
+                let n = self.skip.min(chunk.len() as u64) as usize;
                 self.skip -= n as u64;
                 chunk = &chunk[n..];
                 if self.skip > 0 {
@@ -163,11 +168,16 @@ impl Frames {
             None
         };
         let control = opcode & 0x08 != 0;
+        if control && len > 125 {
+            return Err(FrameError::Control(len));
+        }
         let kept = self.message.as_ref().map_or(0, |(m, _, _)| m.len() as u64);
-        if !control && kept + len > self.limit as u64 {
-            // Too large to keep: its bytes pass unread, its size is told.
-            self.skipped = kept + len;
+        if !control && (self.skipping || kept.saturating_add(len) > self.limit as u64) {
+            // Too large to keep: its bytes pass unread, its size is told; every
+            // fragment up to the message's last goes the same way.
+            self.skipped = self.skipped.saturating_add(kept).saturating_add(len);
             self.message = None;
+            self.skipping = !fin;
             self.skip = len;
             self.skip_fin = fin;
             self.pending.drain(..at);
@@ -374,6 +384,42 @@ mod tests {
                 "chunks of {step}"
             );
         }
+    }
+
+    #[test]
+    fn a_message_over_the_limit_in_an_early_fragment_is_skipped_to_its_end() {
+        let mut bytes = frame(false, false, 0x1, &[b'a'; 1200], None);
+        bytes.extend(frame(false, false, 0x9, b"ping", None));
+        bytes.extend(frame(true, false, 0x0, &[b'a'; 10], None));
+        bytes.extend(frame(true, false, 0x1, b"next", None));
+        for step in [1, 7, bytes.len()] {
+            let mut frames = Frames::new(None, 1000);
+            let got = read_all(&mut frames, &bytes, step);
+            assert_eq!(
+                got,
+                vec![
+                    Message::TooLarge(1210),
+                    Message::Text(Bytes::from_static(b"next"))
+                ],
+                "chunks of {step}"
+            );
+            assert_eq!(frames.broken(), None);
+        }
+    }
+
+    #[test]
+    fn a_huge_declared_length_is_no_panic() {
+        let mut ping = vec![0x89, 0x7f];
+        ping.extend_from_slice(&u64::MAX.to_be_bytes());
+        let mut frames = Frames::new(None, 1000);
+        read_all(&mut frames, &ping, 3);
+        assert_eq!(frames.broken(), Some(&FrameError::Control(u64::MAX)));
+        let mut data = vec![0x81, 0x7f];
+        data.extend_from_slice(&u64::MAX.to_be_bytes());
+        data.extend_from_slice(b"xyz");
+        let mut frames = Frames::new(None, 1000);
+        assert!(read_all(&mut frames, &data, 4).is_empty());
+        assert_eq!(frames.broken(), None, "skipped, not broken");
     }
 
     #[test]
