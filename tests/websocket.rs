@@ -32,6 +32,33 @@ fn upgrade_request(host: &str) -> Vec<u8> {
     request_bytes("GET", "/openai/v1/responses", &headers, b"")
 }
 
+/// A rules directory with one body rule (a tag): every turn's message is then held
+/// for the request phase.
+fn tag_rule() -> support::TempDir {
+    let dir = support::TempDir::new("ws-tag");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
+    )
+    .unwrap();
+    dir
+}
+
+/// Reads from `client` until `needle` has come; all that came.
+async fn read_until(client: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
+    let mut got = Vec::new();
+    while !got.windows(needle.len()).any(|w| w == needle) {
+        let mut buf = [0u8; 4096];
+        let n = tokio::time::timeout(WAIT, client.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    got
+}
+
 /// Opens a socket through `proxy` as Codex does; the answer's head.
 async fn open(proxy: &Proxy) -> (TcpStream, String) {
     let mut client = TcpStream::connect(proxy.addr).await.unwrap();
@@ -388,16 +415,7 @@ actions = [ { json.set = { pointer = "/temperature", value = 0 } }, { tag = "see
     );
     // Blocked: an error event, and the socket stays open for the next turn.
     client.write_all(&blocked).await.unwrap();
-    let mut got = Vec::new();
-    while !got.windows(15).any(|w| w == b"blocked_by_rule") {
-        let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(WAIT, client.read(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
+    let got = read_until(&mut client, b"blocked_by_rule").await;
     let at = if got[1] & 0x7f == 126 { 4 } else { 2 };
     let event: serde_json::Value = serde_json::from_slice(&got[at..]).unwrap();
     assert_eq!(event["type"], "error", "{event}");
@@ -525,12 +543,7 @@ async fn a_client_that_vanishes_mid_turn_is_on_the_turns_record() {
 
 #[tokio::test]
 async fn a_policed_message_over_the_body_limit_is_answered_not_passed_unread() {
-    let dir = support::TempDir::new("ws-limit");
-    std::fs::write(
-        dir.path().join("10-tag.toml"),
-        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
-    )
-    .unwrap();
+    let dir = tag_rule();
     let small = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
     let answered = server_frame(
         br#"{"type":"response.completed","response":{"id":"r","output":[],"usage":{"input_tokens":1,"output_tokens":1}}}"#,
@@ -558,16 +571,7 @@ async fn a_policed_message_over_the_body_limit_is_answered_not_passed_unread() {
     rest[0] = 0x80; // continuation, final
     client.write_all(&first).await.unwrap();
     client.write_all(&rest).await.unwrap();
-    let mut got = Vec::new();
-    while !got.windows(17).any(|w| w == b"request_too_large") {
-        let mut buf = [0u8; 4096];
-        let n = tokio::time::timeout(WAIT, client.read(&mut buf))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
-        got.extend_from_slice(&buf[..n]);
-    }
+    read_until(&mut client, b"request_too_large").await;
     // The socket goes on.
     client.write_all(&small).await.unwrap();
     assert_eq!(read_n(&mut client, answered.len()).await, answered);
@@ -639,12 +643,7 @@ async fn compressed_turns_with_context_takeover_are_read_and_pass_unchanged() {
 
 #[tokio::test]
 async fn a_policed_socket_fails_closed_on_what_it_cannot_read() {
-    let dir = support::TempDir::new("ws-closed");
-    std::fs::write(
-        dir.path().join("10-tag.toml"),
-        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
-    )
-    .unwrap();
+    let dir = tag_rule();
     let good = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
     let answered = server_frame(
         br#"{"type":"response.completed","response":{"id":"r","output":[],"usage":{"input_tokens":1,"output_tokens":1}}}"#,
@@ -668,16 +667,7 @@ async fn a_policed_socket_fails_closed_on_what_it_cannot_read() {
         compressed,
     ] {
         client.write_all(&bad).await.unwrap();
-        let mut got = Vec::new();
-        while !got.windows(18).any(|w| w == b"unreadable_message") {
-            let mut buf = [0u8; 4096];
-            let n = tokio::time::timeout(WAIT, client.read(&mut buf))
-                .await
-                .unwrap()
-                .unwrap();
-            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&got));
-            got.extend_from_slice(&buf[..n]);
-        }
+        read_until(&mut client, b"unreadable_message").await;
     }
     client.write_all(&good).await.unwrap();
     assert_eq!(read_n(&mut client, answered.len()).await, answered);
@@ -694,12 +684,7 @@ async fn a_policed_socket_fails_closed_on_what_it_cannot_read() {
 
 #[tokio::test]
 async fn a_huge_declared_frame_is_dropped_as_it_comes_not_held() {
-    let dir = support::TempDir::new("ws-huge");
-    std::fs::write(
-        dir.path().join("10-tag.toml"),
-        "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
-    )
-    .unwrap();
+    let dir = tag_rule();
     let (up, _task) = upstream(false, vec![(1, Vec::new())]).await;
     let proxy = Proxy::start(&[
         "--upstream-openai",
