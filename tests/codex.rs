@@ -145,9 +145,16 @@ impl Run {
 /// directory with a clean environment (`env -i`: PATH, HOME, CODEX_HOME, the key)
 /// plus `env`.
 async fn run_codex(home: &Home, prompt: &str, env: &[(&str, String)]) -> Run {
+    let args = ["exec", "--skip-git-repo-check", "--color", "never", prompt];
+    run_codex_with(home, &args, env).await
+}
+
+/// `codex ARGS` as [`run_codex`] runs it.
+async fn run_codex_with(home: &Home, args: &[&str], env: &[(&str, String)]) -> Run {
+    let prompt = args.last().copied().unwrap_or_default();
     let mut command = tokio::process::Command::new(codex());
     command
-        .args(["exec", "--skip-git-repo-check", "--color", "never", prompt])
+        .args(args)
         .current_dir(home.path("work"))
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
@@ -712,4 +719,86 @@ async fn forward_mode() {
         assert_eq!(line["mode"], "forward", "{line}");
         assert_eq!(line["host"], "api.openai.com:443", "{line}");
     }
+}
+
+#[test]
+fn codex_exec_resume_with_another_model_opens_a_new_socket() {
+    isolated(
+        "codex_exec_resume_with_another_model_opens_a_new_socket",
+        resume_over_websocket,
+    );
+}
+
+/// `codex exec resume --last` with another model: a new process, a new socket, the
+/// same thread. Each turn is recorded with its model, in the thread's conversation.
+async fn resume_over_websocket() {
+    let fake = ResponsesServer::start(Mode::Text).await;
+    let home = Home::new();
+    let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
+    home.custom_provider(&format!("http://{}", proxy.addr), true);
+    run_codex(&home, "Say hello", &[])
+        .await
+        .assert_answered(&proxy);
+    let args = [
+        "exec",
+        "--skip-git-repo-check",
+        "--color",
+        "never",
+        "-c",
+        "model=\"gpt-5.4\"",
+        "resume",
+        "--last",
+        "Say hello again",
+    ];
+    let resumed = run_codex_with(&home, &args, &[]).await;
+    resumed.assert_answered(&proxy);
+    assert!(
+        !resumed.stderr.contains("Reconnecting"),
+        "{}",
+        resumed.stderr
+    );
+    let lines = wait_lines(&proxy, |l| {
+        l.iter()
+            .filter(|x| x["method"] == "GET" && x["status"] == 101)
+            .count()
+            == 2
+    })
+    .await;
+    let turns: Vec<&Value> = lines
+        .iter()
+        .filter(|l| l["method"] == "POST" && l["status"] == 101)
+        .collect();
+    assert!(turns.len() >= 3, "{lines:?}");
+    let models: Vec<&str> = turns.iter().filter_map(|t| t["model"].as_str()).collect();
+    assert_eq!(models.first(), Some(&"gpt-5.5"), "{models:?}");
+    assert_eq!(models.last(), Some(&"gpt-5.4"), "the switch: {models:?}");
+    let records = support::captures::wait_records(&proxy.captures, lines.len(), WAIT).await;
+    // One thread: the resumed turns group with the first session's.
+    let keys: std::collections::BTreeSet<&str> = records
+        .iter()
+        .filter(|r| r["websocket"].is_object())
+        .filter_map(|r| r["conversation"].as_str())
+        .collect();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert!(keys.iter().all(|k| k.starts_with("codex:")), "{keys:?}");
+    let last = records
+        .iter()
+        .filter(|r| r["websocket"].is_object())
+        .max_by_key(|r| r["id"].as_str().unwrap_or_default().to_owned())
+        .expect("the resumed turn's record");
+    // Its whole prompt: what the new socket carried, said plainly when it continues a
+    // response the socket did not carry.
+    eprintln!(
+        "resumed turn: recovered_from {}, missing {}",
+        last["websocket"]["recovered_from"], last["websocket"]["missing"]
+    );
+    let body = support::captures::ok(
+        &proxy.captures,
+        &["show", last["id"].as_str().unwrap(), "--raw", "--received"],
+    );
+    // The new socket carried the session again: the first answer is in the prompt.
+    assert!(
+        body.contains("Say hello again") && body.contains(ANSWER),
+        "{body}"
+    );
 }
