@@ -102,25 +102,21 @@ pub(super) async fn relay(
             }
         })
         .await;
-        let moved = match step {
-            Err(_) => {
+        let moved = match (step, gate.as_mut()) {
+            (Err(_), _) => {
                 out.error = Some(format!("silent for {} s (--idle-timeout)", idle.as_secs()));
                 break;
             }
             // A failed read is its side's; a failed write the other's.
-            // Read after it is passed on: the copy costs the relay no latency.
             // With policies on, each message the client sends waits for them.
-            Ok(Step::Up(Ok(n))) if n > 0 && gate.is_some() => {
+            (Ok(Step::Up(Ok(n))), Some(g)) if n > 0 => {
                 out.from_client += n as u64;
-                match gate.as_mut() {
-                    Some(g) => g
-                        .pass(&up[..n], &mut upstream_write, &mut client_write, &mut watch)
-                        .await
-                        .map_err(|(side, e)| (side == Way::Down, e)),
-                    None => Ok(()),
-                }
+                g.pass(&up[..n], &mut upstream_write, &mut client_write, &mut watch)
+                    .await
+                    .map_err(|(side, e)| (side == Way::Down, e))
             }
-            Ok(Step::Up(r)) => {
+            // Read after it is passed on: the copy costs the relay no latency.
+            (Ok(Step::Up(r)), _) => {
                 let client = r.is_err();
                 pass(r, &up, &mut upstream_write, &mut client_open)
                     .await
@@ -130,17 +126,13 @@ pub(super) async fn relay(
                     })
                     .map_err(|e| (client, e))
             }
-            Ok(Step::Down(Ok(n))) if n > 0 && gate.is_some() => {
+            (Ok(Step::Down(Ok(n))), Some(g)) if n > 0 => {
                 out.to_client += n as u64;
-                match gate.as_mut() {
-                    Some(g) => g
-                        .pass_down(&down[..n], &mut client_write, &mut watch)
-                        .await
-                        .map_err(|e| (true, e)),
-                    None => Ok(()),
-                }
+                g.pass_down(&down[..n], &mut client_write, &mut watch)
+                    .await
+                    .map_err(|e| (true, e))
             }
-            Ok(Step::Down(r)) => {
+            (Ok(Step::Down(r)), _) => {
                 let client = r.is_ok();
                 pass(r, &down, &mut client_write, &mut upstream_open)
                     .await
@@ -637,10 +629,13 @@ fn text_frame(payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
 
 /// A message as a client sends it: one masked text frame (a fresh mask each time).
 fn client_text_frame(payload: &[u8]) -> Vec<u8> {
-    let key = ExchangeId::new().to_string();
-    let k = key.as_bytes();
-    let n = k.len();
-    text_frame(payload, Some([k[n - 1], k[n - 2], k[n - 3], k[n - 4]]))
+    use std::hash::{BuildHasher, Hasher};
+    // RandomState is seeded from the OS and varied per instance (as ids are).
+    let k = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish()
+        .to_le_bytes();
+    text_frame(payload, Some([k[0], k[1], k[2], k[3]]))
 }
 
 /// An event as a server sends it: one unmasked text frame.
@@ -833,14 +828,37 @@ pub(super) struct Turn {
     pub(super) ended_by: Option<String>,
 }
 
+impl Turn {
+    /// A turn that starts with `request` (its whole prompt is put together when it
+    /// ends).
+    fn new(
+        id: ExchangeId,
+        request: Bytes,
+        policed: Option<ExchangeRecord>,
+        missing: Option<String>,
+    ) -> Turn {
+        Turn {
+            id,
+            policed,
+            whole: request.clone(),
+            request,
+            recovered_from: Vec::new(),
+            missing,
+            prompt: None,
+            started: tokio::time::Instant::now(),
+            first_event: None,
+            events: Vec::new(),
+            ended_by: None,
+        }
+    }
+}
+
 /// Splits a relayed Responses socket into turns, from copies of what crossed it.
 pub(super) struct Turns {
     up: crate::observer::frames::Frames,
     down: crate::observer::frames::Frames,
     open: std::collections::VecDeque<Turn>,
     messages: Vec<crate::observer::frames::Message>,
-    /// Messages read each way that were not turns or their events.
-    pub(super) other: u64,
     /// A message too large to read, or framing that could not be followed.
     pub(super) unread: Option<String>,
     /// Completed turns by their response id: what a later turn continues.
@@ -853,7 +871,7 @@ pub(super) struct Turns {
 
 /// A whole prompt kept for the turn that continues it, in the two parts splicing
 /// needs: every field but `input`, and the input items' JSON, comma-joined.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug)]
 pub(super) struct PromptParts {
     head: serde_json::Map<String, serde_json::Value>,
     items: Vec<u8>,
@@ -931,7 +949,6 @@ impl Turns {
             down: Frames::new(down, limit),
             open: std::collections::VecDeque::new(),
             messages: Vec::new(),
-            other: 0,
             unread: None,
             done: std::collections::HashMap::new(),
             broken: false,
@@ -1070,48 +1087,27 @@ impl Turns {
                     if way == Way::Up
                         && let Ok(policed) = self.policed.try_recv()
                     {
-                        self.open.push_back(Turn {
-                            id: policed.id,
-                            whole: policed.request_body.clone(),
-                            request: policed.request_body.clone(),
-                            policed: Some(policed),
-                            recovered_from: Vec::new(),
-                            missing: Some(format!(
+                        self.open.push_back(Turn::new(
+                            policed.id,
+                            policed.request_body.clone(),
+                            Some(policed),
+                            Some(format!(
                                 "the message as sent ({n} bytes) was over what the socket's \
                                  reader keeps; this is the message before policies"
                             )),
-                            prompt: None,
-                            started: tokio::time::Instant::now(),
-                            first_event: None,
-                            events: Vec::new(),
-                            ended_by: None,
-                        });
+                        ));
                     }
                     continue;
                 }
-                Message::Binary(_) | Message::Close => {
-                    self.other += 1;
-                    continue;
-                }
+                Message::Binary(_) | Message::Close => continue,
             };
             let kind = kind_of(&text);
             match (way, kind.as_deref()) {
                 (Way::Up, Some("response.create")) => {
                     // A policed socket's messages come in the order they were let through.
                     let policed = self.policed.try_recv().ok();
-                    self.open.push_back(Turn {
-                        id: policed.as_ref().map_or_else(ExchangeId::new, |p| p.id),
-                        policed,
-                        whole: text.clone(),
-                        request: text,
-                        recovered_from: Vec::new(),
-                        missing: None,
-                        prompt: None,
-                        started: tokio::time::Instant::now(),
-                        first_event: None,
-                        events: Vec::new(),
-                        ended_by: None,
-                    });
+                    let id = policed.as_ref().map_or_else(ExchangeId::new, |p| p.id);
+                    self.open.push_back(Turn::new(id, text, policed, None));
                 }
                 (Way::Down, Some(kind)) if !self.open.is_empty() => {
                     let terminal = TERMINAL.contains(&kind);
@@ -1135,7 +1131,7 @@ impl Turns {
                         ended(turn);
                     }
                 }
-                _ => self.other += 1,
+                _ => {}
             }
         }
     }
@@ -1156,19 +1152,12 @@ impl Turns {
         let mut open: Vec<Turn> = self.open.drain(..).collect();
         // Let through, but their copies never read (the copies stopped): recorded too.
         while let Ok(policed) = self.policed.try_recv() {
-            open.push(Turn {
-                id: policed.id,
-                whole: policed.request_body.clone(),
-                request: policed.request_body.clone(),
-                policed: Some(policed),
-                recovered_from: Vec::new(),
-                missing: None,
-                prompt: None,
-                started: tokio::time::Instant::now(),
-                first_event: None,
-                events: Vec::new(),
-                ended_by: None,
-            });
+            open.push(Turn::new(
+                policed.id,
+                policed.request_body.clone(),
+                Some(policed),
+                None,
+            ));
         }
         for turn in &mut open {
             self.recover_into(turn);
