@@ -559,24 +559,12 @@ impl Proxy {
         if ex.provider() != Provider::OpenAi {
             return Err(refused("only OpenAI routes take a WebSocket"));
         }
-        // Per-event policies do not read a socket's frames yet: the client falls back
-        // to HTTP, where they apply, rather than bypass them.
-        if let Some(p) = ex
-            .policies
-            .iter()
-            .find(|p| p.runs(Phase::ProviderStreamEvent))
-        {
-            return Err(refused(&format!(
-                "policy {:?} reads stream events here, and a WebSocket's events do not \
-                 pass through policies yet",
-                p.name()
-            )));
-        }
-        // Request-phase policies run on each of its turns (see websocket::Gate).
+        // Request-phase policies run on each of its turns, per-event policies on
+        // each turn's events (see websocket::Gate).
         let policed = ex
             .policies
             .iter()
-            .any(|p| p.runs(Phase::BeforeProviderRequest));
+            .any(|p| p.runs(Phase::BeforeProviderRequest) || p.runs(Phase::ProviderStreamEvent));
         match parts.extensions.remove::<hyper::upgrade::OnUpgrade>() {
             Some(client) => Ok(Socket {
                 received: parts.headers.clone(),
@@ -630,10 +618,15 @@ impl Proxy {
                 policies: ex.policies.clone(),
                 received,
                 notes,
+                engine: None,
             };
             // A turn's message is a request body: --max-body bounds what policies read.
             let max_body = usize::try_from(self.settings.max_body).unwrap_or(usize::MAX);
-            websocket::Gate::new(police, max_body)
+            let events_on = ex
+                .policies
+                .iter()
+                .any(|p| p.runs(Phase::ProviderStreamEvent));
+            websocket::Gate::new(police, max_body, events_on)
         });
         let enders: Vec<Arc<dyn Policy>> = ex
             .policies

@@ -802,3 +802,71 @@ async fn resume_over_websocket() {
         "{body}"
     );
 }
+
+#[test]
+fn codex_exec_over_a_policed_websocket() {
+    isolated("codex_exec_over_a_policed_websocket", policed_websocket);
+}
+
+/// Policies on the socket with the real client: a request rule sets a field on each
+/// `response.create` (so each goes out re-framed), a per-event rule masks words of
+/// the answer. Codex stays on the socket (no compression is agreed, no fallback to
+/// HTTP) and prints the answer as the rule left it.
+async fn policed_websocket() {
+    let fake = ResponsesServer::start(Mode::Text).await;
+    let home = Home::new();
+    let rules = TempDir::new("codex-policed");
+    std::fs::write(
+        rules.path().join("10-policies.toml"),
+        r#"[[rule]]
+name = "user-tag"
+on = "before_provider_request"
+when = { provider = "openai" }
+actions = [ { json.set = { pointer = "/user", value = "promptgate-test" } } ]
+
+[[rule]]
+name = "mask-fake"
+on = "provider_stream_event"
+actions = [ { mask = { regex = "fake Responses", with = "[masked]" } } ]
+"#,
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &fake.url(),
+        "--rules",
+        rules.path().to_str().unwrap(),
+    ]);
+    home.custom_provider(&format!("http://{}", proxy.addr), true);
+    let run = run_codex(&home, "Say hello", &[]).await;
+    assert!(
+        run.status.success(),
+        "codex exec failed:\n{}\n{}\n{}",
+        run.stdout,
+        run.stderr,
+        proxy.log()
+    );
+    let masked = ANSWER.replace("fake Responses", "[masked]");
+    assert!(
+        run.stdout.contains(&masked) && !run.stdout.contains(ANSWER),
+        "the answer as the rule left it:\n{}",
+        run.stdout
+    );
+    assert!(!run.stderr.contains("Reconnecting"), "{}", run.stderr);
+    assert!(fake.posts().is_empty(), "no turn fell back to HTTP");
+    let sockets = fake.wait_sockets_ended(WAIT).await;
+    assert_eq!(sockets.len(), 1, "{sockets:?}");
+    // Every message the fake got carries the request rule's field.
+    assert!(sockets[0].messages.len() >= 2, "a prewarm and a turn");
+    for m in &sockets[0].messages {
+        assert_eq!(json(m)["user"], "promptgate-test");
+    }
+    let lines = wait_lines(&proxy, |ls| {
+        ls.iter().filter(|l| l["method"] == "POST").count() >= sockets[0].messages.len()
+    })
+    .await;
+    for line in lines.iter().filter(|l| l["method"] == "POST") {
+        assert_eq!(line["outcome"], "ok", "{line}");
+        assert_eq!(line["rules"], "user-tag,mask-fake", "{line}");
+    }
+}

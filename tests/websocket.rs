@@ -705,3 +705,276 @@ async fn a_huge_declared_frame_is_dropped_as_it_comes_not_held() {
     assert_eq!(socket["status"], 101, "{socket}");
     assert!(!proxy.log().contains("panicked"), "{}", proxy.log());
 }
+
+/// The events of one Responses turn as a server frames them: created, the text in
+/// `deltas`, done, completed (with usage).
+fn turn_events(id: &str, deltas: &[&str]) -> Vec<Vec<u8>> {
+    let text: String = deltas.concat();
+    let mut events = vec![serde_json::json!({"type":"response.created","response":{"id":id}})];
+    events.push(serde_json::json!({"type":"response.output_item.added","output_index":0,"item":{"type":"message","id":"m1","role":"assistant","content":[]}}));
+    for d in deltas {
+        events.push(serde_json::json!({"type":"response.output_text.delta","output_index":0,"content_index":0,"delta":d}));
+    }
+    events.push(serde_json::json!({"type":"response.output_text.done","output_index":0,"content_index":0,"text":text}));
+    events.push(serde_json::json!({"type":"response.completed","response":{"id":id,"output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":text}]}],"usage":{"input_tokens":12,"output_tokens":5}}}));
+    events
+        .iter()
+        .map(|e| server_frame(&serde_json::to_vec(e).unwrap()))
+        .collect()
+}
+
+/// The JSON messages in the server frames in `bytes`, in order (a close frame
+/// that came in the same read, or a frame not yet whole, left out).
+fn server_payloads(bytes: &[u8]) -> Vec<serde_json::Value> {
+    let frames = support::responses_ws::parse_frames(bytes);
+    support::responses_ws::messages(&frames)
+        .iter()
+        .map(|m| serde_json::from_slice(m).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn per_event_rules_mask_and_block_a_sockets_events_and_the_socket_stays_open() {
+    let dir = support::TempDir::new("ws-events");
+    let mask = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("rules/examples/80-mask-keys-in-output.toml"),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("80-mask.toml"), mask).unwrap();
+    std::fs::write(
+        dir.path().join("90-stop.toml"),
+        r#"[[rule]]
+name = "stop-forbidden"
+on = "provider_stream_event"
+when = { text = { contains = "FORBIDDEN" } }
+actions = [ { block = { message = "the answer said a forbidden word" } } ]
+"#,
+    )
+    .unwrap();
+    let key = "sk-ant-api03-SocketCanary0123456789abcdef";
+    let masked = turn_events(
+        "resp_1",
+        &["Your key: ", &key[..20], &key[20..], " — keep it."],
+    );
+    let forbidden = turn_events("resp_2", &["all good, then FORBID", "DEN words"]);
+    let plain = turn_events("resp_3", &["nothing to see"]);
+    let message = |model: &str| {
+        client_frame(
+            format!(r#"{{"type":"response.create","model":"{model}","input":[]}}"#).as_bytes(),
+        )
+    };
+    let script = [&masked, &forbidden, &plain]
+        .iter()
+        .zip(["gpt-mask", "gpt-stop", "gpt-plain"])
+        .map(|(events, model)| (message(model).len(), events.concat()))
+        .collect();
+    let (up, task) = upstream(false, script).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let (mut client, head) = open(&proxy).await;
+    assert!(
+        head.starts_with("HTTP/1.1 101"),
+        "per-event rules relay the socket: {head}"
+    );
+    assert!(
+        !head.to_ascii_lowercase().contains("permessage-deflate"),
+        "{head}"
+    );
+
+    // The key: masked in every event that held it; the events it was not in are
+    // the upstream's own frames.
+    client.write_all(&message("gpt-mask")).await.unwrap();
+    let got = read_until(&mut client, b"response.completed").await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        !text.contains("SocketCanary") && !text.contains("sk-ant-api03"),
+        "{text}"
+    );
+    assert!(
+        got.starts_with(&masked[0]),
+        "the first event as it came: {text}"
+    );
+    let events = server_payloads(&got);
+    let deltas: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(deltas, "Your key: [key removed] — keep it.", "{events:?}");
+    let last = events.last().unwrap();
+    assert_eq!(
+        last["response"]["output"][0]["content"][0]["text"], "Your key: [key removed] — keep it.",
+        "{last}"
+    );
+
+    // A block: an error event, none of the turn's later events, the socket open.
+    client.write_all(&message("gpt-stop")).await.unwrap();
+    let got = read_until(&mut client, b"blocked_by_rule").await;
+    let events = server_payloads(&got);
+    let error = events.last().unwrap();
+    assert_eq!(error["type"], "error", "{events:?}");
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("forbidden word"),
+        "{error}"
+    );
+    assert!(
+        !String::from_utf8_lossy(&got).contains("FORBIDDEN"),
+        "{events:?}"
+    );
+    // The next turn's events are the first the client gets after the error: the
+    // blocked turn's rest (its done and completed) never came.
+    client.write_all(&message("gpt-plain")).await.unwrap();
+    let want = plain.concat();
+    let got = read_n(&mut client, want.len()).await;
+    assert_eq!(got, want, "a turn no rule changes crosses byte for byte");
+    drop(client);
+    task.await.unwrap();
+
+    support::captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let lines = proxy.wait_exchanges(4, WAIT).await;
+    let of = |model: &str| {
+        lines
+            .iter()
+            .find(|l| l["model"] == model && l["method"] == "POST")
+            .unwrap_or_else(|| panic!("no turn for {model}: {lines:?}"))
+            .clone()
+    };
+    let turn = of("gpt-mask");
+    assert_eq!(turn["outcome"], "ok", "{turn}");
+    assert_eq!(turn["rules"], "mask-keys-in-output", "{turn}");
+    assert_eq!(turn["in_tokens"], 12, "the upstream's usage: {turn}");
+    let records = support::captures::export(&proxy.captures);
+    let record = support::captures::by_id(&records, turn["id"].as_str().unwrap());
+    let edits = record["response"]["edits"].as_array().expect("edits");
+    assert!(
+        edits
+            .iter()
+            .any(|e| e["action"] == "mask" && e["event"] == "response.output_text.delta"),
+        "{edits:?}"
+    );
+    let stopped = of("gpt-stop");
+    assert_eq!(stopped["outcome"], "blocked", "{stopped}");
+    assert!(
+        stopped["rules"]
+            .as_str()
+            .unwrap()
+            .contains("stop-forbidden"),
+        "{stopped}"
+    );
+    assert_eq!(of("gpt-plain")["outcome"], "ok");
+    // Nothing stored holds the key (the capture's redactor ran on the upstream's).
+    for (what, bytes) in support::captures::stored_haystacks(&proxy.captures) {
+        assert!(
+            !bytes.windows(12).any(|w| w == b"SocketCanary"),
+            "the key is in {what}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_masked_secret_comes_back_in_the_sockets_events_and_never_reaches_the_upstream() {
+    const AWS_ID: &str = "AKIAQ3EGRT5KSOCKET7X";
+    let dir = support::TempDir::new("ws-restore");
+    std::fs::write(
+        dir.path().join("scans.toml"),
+        "[[scan]]\nname = \"cloud-credentials\"\ndetectors = [\"aws-access-key\"]\naction = \"mask_and_restore\"\n",
+    )
+    .unwrap();
+    // An upstream that answers with what it was sent: the placeholder in its place,
+    // split across deltas.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let mut s = loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            if try_head(&mut s).await.is_some() {
+                break s;
+            }
+        };
+        s.write_all(
+            b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+              Sec-WebSocket-Accept: s3pPLMBiTxaQ9kYGzzhZRbK+xOo=\r\n\r\n",
+        )
+        .await
+        .unwrap();
+        let mut got = Vec::new();
+        let message = loop {
+            if let Some((frame, _)) = support::responses_ws::parse_frame(&got) {
+                break frame.payload;
+            }
+            let mut buf = [0u8; 4096];
+            let n = tokio::time::timeout(WAIT, s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(n > 0);
+            got.extend_from_slice(&buf[..n]);
+        };
+        let text = String::from_utf8(message.clone()).unwrap();
+        let at = text.find("AKIAMASKED").expect("a placeholder upstream");
+        let ph = &text[at..at + AWS_ID.len()];
+        let events = turn_events("resp_1", &["Your key is ", &ph[..7], &ph[7..], " — done."]);
+        s.write_all(&events.concat()).await.unwrap();
+        s.write_all(&[0x88, 0x02, 0x03, 0xe8]).await.unwrap();
+        s.shutdown().await.unwrap();
+        message
+    });
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let (mut client, head) = open(&proxy).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    let turn = format!(
+        r#"{{"type":"response.create","model":"gpt-5.5","input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":"deploy with {AWS_ID} please"}}]}}]}}"#
+    );
+    client
+        .write_all(&client_frame(turn.as_bytes()))
+        .await
+        .unwrap();
+    let got = read_until(&mut client, b"response.completed").await;
+    let events = server_payloads(&got);
+    let said: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(said, format!("Your key is {AWS_ID} — done."), "{events:?}");
+    assert!(
+        !String::from_utf8_lossy(&got).contains("MASKED"),
+        "{events:?}"
+    );
+    drop(client);
+    let sent = task.await.unwrap();
+    assert!(
+        !String::from_utf8_lossy(&sent).contains(AWS_ID),
+        "the upstream got the key"
+    );
+    support::captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let records = support::captures::export(&proxy.captures);
+    let turn = records
+        .iter()
+        .find(|r| r["method"] == "POST")
+        .unwrap_or_else(|| panic!("no turn: {records:?}"));
+    let edits = turn["response"]["edits"].as_array().expect("edits");
+    assert!(
+        !edits.is_empty() && edits.iter().all(|e| e["action"] == "restore"),
+        "{edits:?}"
+    );
+    for (what, bytes) in support::captures::stored_haystacks(&proxy.captures) {
+        assert!(
+            !bytes.windows(AWS_ID.len()).any(|w| w == AWS_ID.as_bytes()),
+            "the key is in {what}"
+        );
+    }
+}

@@ -3,6 +3,10 @@
 //! client as its own status; on its 101 the client is upgraded too and the bytes are
 //! copied both ways unchanged (permessage-deflate, when the two ends agree on it, is
 //! theirs). Or refused with a 426, which makes Codex fall back to HTTP at once.
+//!
+//! While policies are on, a [`Gate`] reads the frames on the relay's path: each
+//! `response.create` runs the request phases, and each turn's events its per-event
+//! policies, as an HTTP request and its SSE answer would.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::id::ExchangeId;
+use crate::policy::{EventPolicy, SharedReport};
 use crate::provider::Provider;
 use crate::record::{ExchangeRecord, Outcome};
 
@@ -95,10 +100,13 @@ pub(super) async fn relay(
     let (mut client_open, mut upstream_open) = (true, true);
     // Either side's close is passed on as a half-close; the socket ends when both are.
     while client_open || upstream_open {
+        // Per-event policies may hold an event until a time.
+        let due = gate.as_ref().and_then(Gate::next_release);
         let step = tokio::time::timeout(idle, async {
             tokio::select! {
                 r = client_read.read(&mut up), if client_open => Step::Up(r),
                 r = upstream_read.read(&mut down), if upstream_open => Step::Down(r),
+                () = sleep_until(due), if due.is_some() => Step::Due,
             }
         })
         .await;
@@ -107,6 +115,11 @@ pub(super) async fn relay(
                 out.error = Some(format!("silent for {} s (--idle-timeout)", idle.as_secs()));
                 break;
             }
+            (Ok(Step::Due), Some(g)) => g
+                .release_due(&mut client_write)
+                .await
+                .map_err(|e| (true, e)),
+            (Ok(Step::Due), None) => Ok(()),
             // A failed read is its side's; a failed write the other's.
             // With policies on, each message the client sends waits for them.
             (Ok(Step::Up(Ok(n))), Some(g)) if n > 0 => {
@@ -170,6 +183,24 @@ pub(super) trait Police: Send {
     /// A message was answered with an error and not sent (over the limit, or not
     /// readable): its record says so.
     fn unsent(&mut self, size: u64, outcome: Outcome, why: String);
+
+    /// The per-event policies of the turn just let through, which read its events
+    /// as they come back (`None` when none acts on them).
+    fn events(&mut self) -> Option<Box<dyn EventPolicy>> {
+        None
+    }
+}
+
+/// The per-event policies of the turn whose events are streaming back.
+struct TurnEvents {
+    engine: Box<dyn EventPolicy>,
+    /// Events pushed and not yet seen released, with their frames as they came: an
+    /// event the policies leave alone goes out as its own bytes.
+    pushed: std::collections::VecDeque<(Vec<u8>, Vec<u8>)>,
+    /// Reads the events the policies release back into messages.
+    released: crate::provider::sse::SseDecoder,
+    /// A policy ended the turn for the client: its later events are dropped.
+    blocked: bool,
 }
 
 /// Reads the client's frames on the relay's path when policies are on (the upgrade
@@ -197,6 +228,16 @@ pub(super) struct Gate<P> {
     down_head: Vec<u8>,
     down_left: u64,
     queued: Vec<u8>,
+    /// Per-event policies are on: the upstream's messages are read whole (below) and
+    /// each turn's go through its [`TurnEvents`].
+    events_on: bool,
+    events: Option<TurnEvents>,
+    /// The upstream's message being read: its frames as they came and its payload;
+    /// `passing` while an over-limit message passes unread.
+    down_raw: Vec<u8>,
+    down_payload: Vec<u8>,
+    down_compressed: bool,
+    passing: bool,
 }
 
 /// A frame's head, read: its length, its payload's, and its first two bytes.
@@ -241,7 +282,9 @@ fn read_head(b: &[u8]) -> Option<Head> {
 const MAX_CONTROL: u64 = 125;
 
 impl<P: Police> Gate<P> {
-    pub(super) fn new(police: P, limit: usize) -> Gate<P> {
+    /// A gate that reads the client's messages (up to `limit` bytes each) and, with
+    /// `events_on`, the upstream's too.
+    pub(super) fn new(police: P, limit: usize, events_on: bool) -> Gate<P> {
         Gate {
             police,
             pending: Vec::new(),
@@ -253,7 +296,18 @@ impl<P: Police> Gate<P> {
             down_head: Vec::new(),
             down_left: 0,
             queued: Vec::new(),
+            events_on,
+            events: None,
+            down_raw: Vec::new(),
+            down_payload: Vec::new(),
+            down_compressed: false,
+            passing: false,
         }
+    }
+
+    /// Whether no frame of the upstream's is part-way out to the client.
+    fn between_frames(&self) -> bool {
+        self.down_left == 0 && (self.events_on || self.down_head.is_empty())
     }
 
     /// Passes what the upstream sent to the client as it comes, keeping count of
@@ -265,6 +319,9 @@ impl<P: Police> Gate<P> {
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> std::io::Result<()> {
+        if self.events_on {
+            return self.read_down(chunk, client, watch).await;
+        }
         while !chunk.is_empty() {
             if self.down_left > 0 {
                 let n = self.down_left.min(chunk.len() as u64) as usize;
@@ -291,6 +348,211 @@ impl<P: Police> Gate<P> {
         Ok(())
     }
 
+    /// With per-event policies on: reads what the upstream sent into whole messages
+    /// (control frames pass at once) and hands each to [`Gate::event`]. A message
+    /// over the limit passes unread, as an over-limit JSON answer does over HTTP.
+    async fn read_down(
+        &mut self,
+        chunk: &[u8],
+        client: &mut (impl AsyncWrite + Unpin),
+        watch: &mut impl FnMut(Way, &[u8]),
+    ) -> std::io::Result<()> {
+        self.down_head.extend_from_slice(chunk);
+        loop {
+            if self.down_left > 0 {
+                let n = self.down_left.min(self.down_head.len() as u64) as usize;
+                if n == 0 {
+                    return Ok(());
+                }
+                let bytes: Vec<u8> = self.down_head.drain(..n).collect();
+                client.write_all(&bytes).await?;
+                watch(Way::Down, &bytes);
+                self.down_left -= n as u64;
+                if self.down_left == 0 {
+                    self.flush_queued(client).await?;
+                }
+                continue;
+            }
+            let Some(head) = read_head(&self.down_head) else {
+                return Ok(());
+            };
+            let control = head.opcode & 0x08 != 0;
+            let held = self.down_payload.len() as u64;
+            if !control && (self.passing || held.saturating_add(head.payload) > self.limit as u64) {
+                let raw = std::mem::take(&mut self.down_raw);
+                self.down_payload.clear();
+                let head_bytes: Vec<u8> = self.down_head.drain(..head.len).collect();
+                for bytes in [raw, head_bytes] {
+                    client.write_all(&bytes).await?;
+                    watch(Way::Down, &bytes);
+                }
+                self.passing = !head.fin;
+                self.down_left = head.payload;
+                continue;
+            }
+            let end = head.len.saturating_add(head.payload as usize);
+            if self.down_head.len() < end {
+                return Ok(());
+            }
+            let frame: Vec<u8> = self.down_head.drain(..end).collect();
+            if control {
+                client.write_all(&frame).await?;
+                watch(Way::Down, &frame);
+                continue;
+            }
+            let mut payload = frame[head.len..].to_vec();
+            if let Some(m) = head.mask {
+                for (i, b) in payload.iter_mut().enumerate() {
+                    *b ^= m[i % 4];
+                }
+            }
+            self.down_compressed |= head.rsv;
+            self.down_payload.extend_from_slice(&payload);
+            self.down_raw.extend_from_slice(&frame);
+            if head.fin {
+                self.event(client, watch).await?;
+            }
+        }
+    }
+
+    /// One whole message from the upstream: through the turn's per-event policies
+    /// when it is an event of a turn they read, else on as it came. The copy the
+    /// turn's record reads is the upstream's, taken after the policies saw it (so
+    /// their report is whole when the turn's end is read).
+    async fn event(
+        &mut self,
+        client: &mut (impl AsyncWrite + Unpin),
+        watch: &mut impl FnMut(Way, &[u8]),
+    ) -> std::io::Result<()> {
+        let raw = std::mem::take(&mut self.down_raw);
+        let mut payload = std::mem::take(&mut self.down_payload);
+        // A raw CR can only be JSON whitespace, but it would end an SSE line.
+        for b in payload.iter_mut().filter(|b| **b == b'\r') {
+            *b = b' ';
+        }
+        let compressed = std::mem::take(&mut self.down_compressed);
+        let kind = if compressed { None } else { kind_of(&payload) };
+        let (Some(events), Some(kind)) = (self.events.as_mut(), kind) else {
+            client.write_all(&raw).await?;
+            watch(Way::Down, &raw);
+            return Ok(());
+        };
+        let terminal = TERMINAL.contains(&kind.as_str());
+        if !events.blocked {
+            let sse = Bytes::from(sse_event(&kind, &payload));
+            events.pushed.push_back((payload, raw.clone()));
+            let mut out = Vec::new();
+            let block = events
+                .engine
+                .push(sse, tokio::time::Instant::now(), &mut out);
+            if terminal && block.is_none() {
+                events.engine.finish(&mut out);
+            }
+            self.send_released(out, client).await?;
+            if let Some(block) = block {
+                let event = error_event(
+                    block.status.as_u16(),
+                    "blocked_by_rule",
+                    &format!("promptgate: {} (rule {:?})", block.message, block.rule),
+                );
+                client.write_all(&server_text_frame(&event)).await?;
+                if let Some(events) = self.events.as_mut() {
+                    events.blocked = true;
+                }
+            }
+        }
+        if terminal {
+            self.events = None;
+        }
+        watch(Way::Down, &raw);
+        Ok(())
+    }
+
+    /// Sends what the turn's policies released: each event as the frames it came
+    /// in when they left it alone, else as a new frame.
+    async fn send_released(
+        &mut self,
+        out: Vec<Bytes>,
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        let Some(events) = self.events.as_mut() else {
+            return Ok(());
+        };
+        let mut messages = Vec::new();
+        for bytes in &out {
+            events.released.feed(bytes, &mut |_, data| {
+                messages.push(data.as_bytes().to_vec())
+            });
+        }
+        let mut frames = Vec::new();
+        for message in messages {
+            match events.pushed.iter().position(|(p, _)| *p == message) {
+                Some(i) => {
+                    let (_, raw) = events.pushed.drain(..=i).next_back().unwrap_or_default();
+                    frames.extend_from_slice(&raw);
+                }
+                None => frames.extend_from_slice(&server_text_frame(&message)),
+            }
+        }
+        if !frames.is_empty() {
+            client.write_all(&frames).await?;
+        }
+        Ok(())
+    }
+
+    /// When the current turn's policies must release an event they hold.
+    pub(super) fn next_release(&self) -> Option<tokio::time::Instant> {
+        self.events.as_ref()?.engine.next_release()
+    }
+
+    /// Sends the held events whose time has come.
+    pub(super) async fn release_due(
+        &mut self,
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        let Some(events) = self.events.as_mut() else {
+            return Ok(());
+        };
+        let mut out = Vec::new();
+        events
+            .engine
+            .release_due(tokio::time::Instant::now(), &mut out);
+        self.send_released(out, client).await
+    }
+
+    /// A turn was let through: its events go through `engine`. A turn still
+    /// streaming (its end never came) lets its held events go first.
+    async fn start_events(
+        &mut self,
+        engine: Box<dyn EventPolicy>,
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        if let Some(events) = self.events.as_mut() {
+            let mut out = Vec::new();
+            events.engine.finish(&mut out);
+            self.send_released(out, client).await?;
+        }
+        self.events = Some(TurnEvents {
+            engine,
+            pushed: std::collections::VecDeque::new(),
+            released: crate::provider::sse::SseDecoder::default(),
+            blocked: false,
+        });
+        Ok(())
+    }
+
+    /// Sends promptgate's own events that waited for a frame boundary.
+    async fn flush_queued(
+        &mut self,
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        if self.queued.is_empty() {
+            return Ok(());
+        }
+        let own = std::mem::take(&mut self.queued);
+        client.write_all(&own).await
+    }
+
     /// Sends an event of promptgate's own to the client: now, between the
     /// upstream's frames, or as soon as the one in flight has passed.
     async fn answer(
@@ -299,7 +561,7 @@ impl<P: Police> Gate<P> {
         client: &mut (impl AsyncWrite + Unpin),
     ) -> std::io::Result<()> {
         let frame = server_text_frame(event);
-        if self.down_left == 0 && self.down_head.is_empty() {
+        if self.between_frames() {
             client.write_all(&frame).await
         } else {
             self.queued.extend_from_slice(&frame);
@@ -449,6 +711,13 @@ impl<P: Police> Gate<P> {
                 ))
             }
         };
+        if matches!(verdict, Verdict::Pass | Verdict::Replace(_))
+            && let Some(engine) = self.police.events()
+        {
+            self.start_events(engine, client)
+                .await
+                .map_err(|e| (Way::Down, e))?;
+        }
         match verdict {
             Verdict::Pass => {
                 upstream.write_all(&raw).await.map_err(|e| (Way::Up, e))?;
@@ -505,10 +774,35 @@ pub(super) struct TurnPolicies {
     pub(super) policies: Vec<Arc<dyn crate::policy::Policy>>,
     /// The upgrade's headers as received: each turn's request headers.
     pub(super) received: HeaderMap,
-    pub(super) notes: std::sync::mpsc::Sender<ExchangeRecord>,
+    pub(super) notes: std::sync::mpsc::Sender<Policed>,
+    /// The per-event policies of the turn last let through, until the gate takes them.
+    pub(super) engine: Option<Box<dyn EventPolicy>>,
+}
+
+/// A turn the policies let through, as the socket's reader gets it: their record
+/// (begun), and the reports its per-event policies fill as its events stream.
+pub(super) struct Policed {
+    record: ExchangeRecord,
+    reports: Vec<SharedReport>,
+}
+
+/// The per-event policies of a turn let through: those of an SSE answer to its
+/// message sent over HTTP (status 200, `text/event-stream`), which its events are.
+fn turn_events(ex: &super::Exchange) -> Option<(Box<dyn EventPolicy>, Vec<SharedReport>)> {
+    let route = ex.route.as_ref()?;
+    let (mut head, ()) = http::Response::new(()).into_parts();
+    head.headers.insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream"),
+    );
+    super::stream_policies(ex, route, &mut head, true)
 }
 
 impl Police for TurnPolicies {
+    fn events(&mut self) -> Option<Box<dyn EventPolicy>> {
+        self.engine.take()
+    }
+
     fn unsent(&mut self, size: u64, outcome: Outcome, why: String) {
         let mut r = turn_of(&self.socket, ExchangeId::new());
         r.bytes_in = size;
@@ -555,8 +849,14 @@ impl Police for TurnPolicies {
         .await;
         match decided {
             Ok(outgoing) => {
+                let (engine, reports) = match turn_events(&ex) {
+                    Some((engine, reports)) => (Some(engine), reports),
+                    None => (None, Vec::new()),
+                };
+                self.engine = engine;
                 if let Some(record) = ex.pending.record.take()
-                    && let Err(std::sync::mpsc::SendError(record)) = self.notes.send(record)
+                    && let Err(std::sync::mpsc::SendError(Policed { record, .. })) =
+                        self.notes.send(Policed { record, reports })
                 {
                     // The socket's reader is gone: its turn is recorded from here.
                     super::PendingRecord {
@@ -660,10 +960,19 @@ pub(super) fn error_event(status: u16, code: &str, message: &str) -> Bytes {
     Bytes::from(serde_json::to_vec(&event).unwrap_or_default())
 }
 
-/// One read's outcome, by direction.
+/// One read's outcome, by direction, or a held event's time come.
 enum Step {
     Up(std::io::Result<usize>),
     Down(std::io::Result<usize>),
+    Due,
+}
+
+/// Sleeps until `at` (forever when `None`; the branch is off then).
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
 }
 
 /// Writes what one read got to the other side (or half-closes it at the end).
@@ -802,6 +1111,22 @@ fn kind_of(message: &[u8]) -> Option<String> {
         .map(|k| k.kind.into_owned())
 }
 
+/// An event of the socket as the HTTP API streams it: its `type` as the SSE event's
+/// name, the message as its data (one `data:` line per line).
+fn sse_event(kind: &str, message: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(message.len() + kind.len() + 16);
+    out.extend_from_slice(b"event: ");
+    out.extend_from_slice(kind.as_bytes());
+    out.push(b'\n');
+    for line in message.split(|b| *b == b'\n') {
+        out.extend_from_slice(b"data: ");
+        out.extend_from_slice(line);
+        out.push(b'\n');
+    }
+    out.push(b'\n');
+    out
+}
+
 /// One turn of the socket: a `response.create` and the events that answer it.
 #[derive(Debug)]
 pub(super) struct Turn {
@@ -810,6 +1135,8 @@ pub(super) struct Turn {
     /// What the socket's policies made of its message (their record, begun), when
     /// they ran.
     pub(super) policed: Option<ExchangeRecord>,
+    /// What its per-event policies did to its events, filled as they stream.
+    reports: Vec<SharedReport>,
     /// The message as the client sent it (unmasked, inflated).
     pub(super) request: Bytes,
     /// Its whole prompt: the earlier turns it continues, their output, its input.
@@ -834,12 +1161,17 @@ impl Turn {
     fn new(
         id: ExchangeId,
         request: Bytes,
-        policed: Option<ExchangeRecord>,
+        policed: Option<Policed>,
         missing: Option<String>,
     ) -> Turn {
+        let (policed, reports) = match policed {
+            Some(p) => (Some(p.record), p.reports),
+            None => (None, Vec::new()),
+        };
         Turn {
             id,
             policed,
+            reports,
             whole: request.clone(),
             request,
             recovered_from: Vec::new(),
@@ -866,7 +1198,7 @@ pub(super) struct Turns {
     /// The copies stopped: open turns are dropped, nothing more is read.
     broken: bool,
     /// The policies' records of the messages they let through, in order.
-    policed: std::sync::mpsc::Receiver<ExchangeRecord>,
+    policed: std::sync::mpsc::Receiver<Policed>,
 }
 
 /// A whole prompt kept for the turn that continues it, in the two parts splicing
@@ -940,7 +1272,7 @@ impl Turns {
     pub(super) fn new(
         extensions: &str,
         limit: usize,
-        policed: std::sync::mpsc::Receiver<ExchangeRecord>,
+        policed: std::sync::mpsc::Receiver<Policed>,
     ) -> Turns {
         use crate::observer::frames::{Deflate, Frames};
         let (up, down) = Deflate::agreed(extensions);
@@ -1088,8 +1420,8 @@ impl Turns {
                         && let Ok(policed) = self.policed.try_recv()
                     {
                         self.open.push_back(Turn::new(
-                            policed.id,
-                            policed.request_body.clone(),
+                            policed.record.id,
+                            policed.record.request_body.clone(),
                             Some(policed),
                             Some(format!(
                                 "the message as sent ({n} bytes) was over what the socket's \
@@ -1106,7 +1438,9 @@ impl Turns {
                 (Way::Up, Some("response.create")) => {
                     // A policed socket's messages come in the order they were let through.
                     let policed = self.policed.try_recv().ok();
-                    let id = policed.as_ref().map_or_else(ExchangeId::new, |p| p.id);
+                    let id = policed
+                        .as_ref()
+                        .map_or_else(ExchangeId::new, |p| p.record.id);
                     self.open.push_back(Turn::new(id, text, policed, None));
                 }
                 (Way::Down, Some(kind)) if !self.open.is_empty() => {
@@ -1114,11 +1448,7 @@ impl Turns {
                     if let Some(turn) = self.open.front_mut() {
                         turn.first_event
                             .get_or_insert_with(tokio::time::Instant::now);
-                        turn.events.extend_from_slice(b"event: ");
-                        turn.events.extend_from_slice(kind.as_bytes());
-                        turn.events.extend_from_slice(b"\ndata: ");
-                        turn.events.extend_from_slice(&text);
-                        turn.events.extend_from_slice(b"\n\n");
+                        turn.events.extend_from_slice(&sse_event(kind, &text));
                         if terminal {
                             turn.ended_by = Some(kind.to_owned());
                         }
@@ -1153,8 +1483,8 @@ impl Turns {
         // Let through, but their copies never read (the copies stopped): recorded too.
         while let Ok(policed) = self.policed.try_recv() {
             open.push(Turn::new(
-                policed.id,
-                policed.request_body.clone(),
+                policed.record.id,
+                policed.record.request_body.clone(),
                 Some(policed),
                 None,
             ));
@@ -1174,6 +1504,52 @@ impl Turns {
         turn.prompt = recovered.prompt;
         turn.recovered_from = recovered.from;
         turn.missing = recovered.missing;
+    }
+}
+
+/// Writes what a turn's per-event policies did into its record and logs their
+/// lines; the block that ended the turn, if one did.
+fn take_reports(
+    r: &mut ExchangeRecord,
+    reports: Vec<SharedReport>,
+) -> Option<crate::policy::Block> {
+    let mut blocked = None;
+    for report in reports {
+        let mut report = std::mem::take(&mut *report.lock().unwrap_or_else(|p| p.into_inner()));
+        for (rule, line) in &report.logs {
+            tracing::info!(target: "promptgate::rules", id = %r.id, rule = %rule, "{line}");
+        }
+        blocked = blocked.or(report.blocked.take());
+        r.take_stream_report(report);
+    }
+    blocked
+}
+
+/// How a turn ended, for its record: blocked by a per-event policy, by its last
+/// event, or cut (`cut` is the outcome of a cut, which a shutdown changes).
+fn turn_outcome(
+    blocked: Option<&crate::policy::Block>,
+    ended_by: Option<&str>,
+    cut: Outcome,
+) -> (Outcome, Option<String>) {
+    match (blocked, ended_by) {
+        (Some(b), _) => (
+            Outcome::Blocked,
+            Some(format!(
+                "rule {:?} ended the turn: {}; the client got an error event and none \
+                 of the turn's later events",
+                b.rule, b.message
+            )),
+        ),
+        (None, Some("response.completed")) => (Outcome::Ok, None),
+        (None, Some(kind)) => (
+            Outcome::ProviderError,
+            Some(format!("the turn ended with {kind}")),
+        ),
+        (None, None) => (
+            cut,
+            Some("the socket closed before the turn ended".to_owned()),
+        ),
     }
 }
 
@@ -1224,17 +1600,14 @@ impl super::Proxy {
             total: turn.started.elapsed(),
             ..Default::default()
         };
-        let (outcome, error) = match turn.ended_by.as_deref() {
-            Some("response.completed") => (Outcome::Ok, None),
-            Some(kind) => (
-                Outcome::ProviderError,
-                Some(format!("the turn ended with {kind}")),
-            ),
-            None => (
-                self.recorder.cut_outcome(),
-                Some("the socket closed before the turn ended".to_owned()),
-            ),
-        };
+        // What its per-event policies did: the relay let them finish before the
+        // copy of the turn's last event reached this reader.
+        let blocked = take_reports(&mut r, std::mem::take(&mut turn.reports));
+        let (outcome, error) = turn_outcome(
+            blocked.as_ref(),
+            turn.ended_by.as_deref(),
+            self.recorder.cut_outcome(),
+        );
         let events = Bytes::from(turn.events);
         let mut sse = HeaderMap::new();
         sse.insert(
