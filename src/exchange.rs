@@ -607,6 +607,7 @@ impl Proxy {
         // The copies are read on a thread of the socket's own, off the relay: a
         // turn's prompt is put back together there, whatever it costs.
         let (mut copies, reader) = websocket::Copies::new();
+        let credential = websocket::credential_of(&ex.record().request_headers);
         let (notes, policed_turns) = std::sync::mpsc::channel();
         let gate = policed.then(|| {
             let police = websocket::TurnPolicies {
@@ -636,7 +637,7 @@ impl Proxy {
             .collect();
         let proxy = self.clone();
         let read = move || {
-            let mut turns = websocket::Turns::new(&extensions, limit, policed_turns);
+            let mut turns = websocket::Turns::new(&extensions, limit, policed_turns, credential);
             let socket = ex.record().clone();
             let relayed = reader.read(&mut turns, &mut |turn| {
                 proxy.record_turn(&socket, turn, &enders);

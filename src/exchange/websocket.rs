@@ -1193,8 +1193,9 @@ pub(super) struct Turns {
     messages: Vec<crate::observer::frames::Message>,
     /// A message too large to read, or framing that could not be followed.
     pub(super) unread: Option<String>,
-    /// Completed turns by their response id: what a later turn continues.
-    done: std::collections::HashMap<String, Done>,
+    /// Whose socket this is: a turn continues only responses made with the same
+    /// credential (see [`Continuable`]).
+    credential: u64,
     /// The copies stopped: open turns are dropped, nothing more is read.
     broken: bool,
     /// The policies' records of the messages they let through, in order.
@@ -1244,6 +1245,82 @@ struct Done {
     from: Vec<ExchangeId>,
 }
 
+impl Done {
+    /// About what it holds in memory.
+    fn size(&self) -> usize {
+        self.prompt.items.len()
+            + self.prompt.head.len() * 64
+            + self.output.iter().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// The most bytes of completed turns kept for the turns that continue them.
+const CONTINUABLE_BYTES: usize = 64 << 20;
+
+/// Completed turns a later turn may continue, across the sockets of this process:
+/// a client that opens a new socket may go on from a response an earlier socket
+/// carried. Keyed by the credential that made a response and its id, so one
+/// client's turn never takes in another's prompt. A response is continued once
+/// (taken, not copied); past [`CONTINUABLE_BYTES`] the oldest go.
+#[derive(Default)]
+struct Continuable {
+    done: std::collections::HashMap<(u64, String), Done>,
+    order: std::collections::VecDeque<(u64, String)>,
+    bytes: usize,
+}
+
+impl Continuable {
+    fn keep(&mut self, credential: u64, id: String, done: Done) {
+        let key = (credential, id);
+        self.bytes += done.size();
+        if let Some(old) = self.done.insert(key.clone(), done) {
+            self.bytes -= old.size();
+        }
+        self.order.push_back(key);
+        while self.bytes > CONTINUABLE_BYTES {
+            let Some(oldest) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(gone) = self.done.remove(&oldest) {
+                self.bytes -= gone.size();
+            }
+        }
+    }
+
+    fn take(&mut self, credential: u64, id: &str) -> Option<Done> {
+        let key = (credential, id.to_owned());
+        let done = self.done.remove(&key)?;
+        self.bytes -= done.size();
+        self.order.retain(|k| *k != key);
+        Some(done)
+    }
+}
+
+/// The process's completed turns (see [`Continuable`]).
+fn continuable() -> std::sync::MutexGuard<'static, Continuable> {
+    static KEPT: std::sync::OnceLock<std::sync::Mutex<Continuable>> = std::sync::OnceLock::new();
+    KEPT.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Who opened a socket, as [`Continuable`] keys it: a hash of its credential
+/// headers (never kept as text).
+pub(super) fn credential_of(headers: &HeaderMap) -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    // Seeded once per process: the same credential hashes the same in every socket.
+    static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let mut h = SEED.get_or_init(Default::default).build_hasher();
+    for name in ["authorization", "x-api-key", "chatgpt-account-id"] {
+        for v in headers.get_all(name) {
+            h.write(name.as_bytes());
+            h.write(v.as_bytes());
+        }
+    }
+    h.finish()
+}
+
 /// What a `response.create` message's whole prompt is, and where it came from.
 struct Recovered {
     whole: Bytes,
@@ -1273,6 +1350,7 @@ impl Turns {
         extensions: &str,
         limit: usize,
         policed: std::sync::mpsc::Receiver<Policed>,
+        credential: u64,
     ) -> Turns {
         use crate::observer::frames::{Deflate, Frames};
         let (up, down) = Deflate::agreed(extensions);
@@ -1282,7 +1360,7 @@ impl Turns {
             open: std::collections::VecDeque::new(),
             messages: Vec::new(),
             unread: None,
-            done: std::collections::HashMap::new(),
+            credential,
             broken: false,
             policed,
         }
@@ -1314,7 +1392,9 @@ impl Turns {
             .map(str::to_owned);
         // Taken, not copied: a response is continued once, and what a socket keeps
         // stays one prompt deep.
-        let done = link.as_ref().and_then(|l| self.done.remove(l));
+        let done = link
+            .as_ref()
+            .and_then(|l| continuable().take(self.credential, l));
         let new_items = match (&link, &done) {
             (Some(_), Some(_)) => {
                 body.remove("previous_response_id");
@@ -1337,8 +1417,9 @@ impl Turns {
             }
             (Some(link), None) => {
                 missing = Some(format!(
-                    "it continues {link}, which this socket did not carry (a socket \
-                     opened earlier, or promptgate started mid-session): this is the \
+                    "it continues {link}, which no socket of this promptgate carried \
+                     with this credential (promptgate started mid-session, the response \
+                     was made over HTTP, or it was continued before): this is the \
                      message's prompt only"
                 ));
                 PromptParts {
@@ -1381,7 +1462,8 @@ impl Turns {
                     .collect()
             })
             .unwrap_or_default();
-        self.done.insert(
+        continuable().keep(
+            self.credential,
             id.to_owned(),
             Done {
                 id: turn.id,
@@ -1691,8 +1773,56 @@ mod tests {
     }
 
     #[test]
+    fn a_turn_on_a_new_socket_continues_a_response_of_an_earlier_one_with_its_credential() {
+        let mut ended = Vec::new();
+        let mut read = |turns: &mut Turns, way, text: &str| {
+            turns.read(way, &frame(text), &mut |t| ended.push(t));
+        };
+        let mut first = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 7);
+        read(
+            &mut first,
+            Way::Up,
+            r#"{"type":"response.create","model":"gpt-5.5","instructions":"sys","input":[{"role":"user","content":"one"}]}"#,
+        );
+        read(
+            &mut first,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r-across-1","output":[{"type":"message","role":"assistant","content":[]}]}}"#,
+        );
+        drop(first);
+        // Another credential does not see it; the same one, on a new socket, does.
+        let next = r#"{"type":"response.create","model":"gpt-5.5","previous_response_id":"r-across-1","input":[{"role":"user","content":"two"}]}"#;
+        let mut other = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 8);
+        read(&mut other, Way::Up, next);
+        read(
+            &mut other,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r-other","output":[]}}"#,
+        );
+        let mut second = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 7);
+        read(&mut second, Way::Up, next);
+        read(
+            &mut second,
+            Way::Down,
+            r#"{"type":"response.completed","response":{"id":"r-across-2","output":[]}}"#,
+        );
+        assert_eq!(ended.len(), 3);
+        assert!(ended[1].missing.is_some(), "another credential's response");
+        let (from, turn) = (&ended[0], &ended[2]);
+        assert_eq!(turn.recovered_from, vec![from.id]);
+        assert_eq!(turn.missing, None);
+        let whole = json(&turn.whole);
+        assert_eq!(whole["instructions"], "sys");
+        let input = whole["input"].as_array().unwrap();
+        assert_eq!(input.len(), 3, "{whole}");
+        assert_eq!(input[0]["content"], "one");
+        assert_eq!(input[1]["role"], "assistant");
+        assert_eq!(input[2]["content"], "two");
+    }
+
+    #[test]
     fn each_turns_whole_prompt_is_put_back_together_from_the_socket() {
-        let mut turns = Turns::new("", 1 << 20, std::sync::mpsc::channel().1);
+        let mut turns = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 1);
         let mut ended = Vec::new();
         let mut read = |turns: &mut Turns, way, text: &str| {
             turns.read(way, &frame(text), &mut |t| ended.push(t));
