@@ -215,15 +215,10 @@ async fn the_sdks_get_masked_text_and_raise_on_a_blocked_stream() {
     drop(proxy);
 
     let blocking = TempDir::new("stream-block");
-    std::fs::write(
+    std::fs::copy(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
         blocking.path().join("stop.toml"),
-        r#"
-[[rule]]
-name = "stop-forbidden"
-on = "provider_stream_event"
-when = { text = { contains = "FORBIDDEN" } }
-actions = [ { block = { message = "the answer said a forbidden word" } } ]
-"#,
     )
     .unwrap();
     let fake = fake_saying(&["all good, ", "then FORBID", "DEN words"]).await;

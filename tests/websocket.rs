@@ -44,6 +44,15 @@ fn tag_rule() -> support::TempDir {
     dir
 }
 
+/// The exchange line of the turn that asked for `model`.
+fn turn_line(lines: &[serde_json::Value], model: &str) -> serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l["model"] == model && l["method"] == "POST")
+        .unwrap_or_else(|| panic!("no turn for {model}: {lines:?}"))
+        .clone()
+}
+
 /// Reads from `client` until `needle` has come; all that came.
 async fn read_until(client: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
@@ -68,6 +77,22 @@ async fn open(proxy: &Proxy) -> (TcpStream, String) {
         .unwrap();
     let head = read_head(&mut client).await;
     (client, head)
+}
+
+/// Starts promptgate before `up` with the rules in `rules` and opens a socket
+/// through it; the answer's head.
+async fn open_policed(
+    up: std::net::SocketAddr,
+    rules: &std::path::Path,
+) -> (Proxy, TcpStream, String) {
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--rules",
+        rules.to_str().unwrap(),
+    ]);
+    let (client, head) = open(&proxy).await;
+    (proxy, client, head)
 }
 
 /// A masked client text frame (RFC 6455 §5.2) carrying `payload`.
@@ -401,13 +426,7 @@ actions = [ { json.set = { pointer = "/temperature", value = 0 } }, { tag = "see
     // The upstream gets one message: the allowed one, rewritten (a frame with a
     // 7-byte head: short payload, a mask).
     let (up, task) = upstream(false, vec![(2 + 4 + rewritten.len(), answered.clone())]).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
-    let (mut client, head) = open(&proxy).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     assert!(
         !head.to_ascii_lowercase().contains("permessage-deflate"),
@@ -447,13 +466,7 @@ actions = [ { json.set = { pointer = "/temperature", value = 0 } }, { tag = "see
     );
 
     let lines = proxy.wait_exchanges(3, WAIT).await;
-    let of = |model: &str| {
-        lines
-            .iter()
-            .find(|l| l["model"] == model && l["method"] == "POST")
-            .unwrap_or_else(|| panic!("no turn for {model}: {lines:?}"))
-            .clone()
-    };
+    let of = |model: &str| turn_line(&lines, model);
     let refused = of("gpt-blocked");
     assert_eq!(refused["outcome"], "blocked", "{refused}");
     assert!(
@@ -649,13 +662,7 @@ async fn a_policed_socket_fails_closed_on_what_it_cannot_read() {
         br#"{"type":"response.completed","response":{"id":"r","output":[],"usage":{"input_tokens":1,"output_tokens":1}}}"#,
     );
     let (up, task) = upstream(false, vec![(good.len(), answered.clone())]).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
-    let (mut client, head) = open(&proxy).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     // Not JSON; a repeated `type` (read one way here, another upstream); compressed
     // though nothing was agreed: none is sent, each is answered.
@@ -686,13 +693,7 @@ async fn a_policed_socket_fails_closed_on_what_it_cannot_read() {
 async fn a_huge_declared_frame_is_dropped_as_it_comes_not_held() {
     let dir = tag_rule();
     let (up, _task) = upstream(false, vec![(1, Vec::new())]).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
-    let (mut client, head) = open(&proxy).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     // A text frame that says it carries 2^63 bytes, then a little of them.
     let mut huge = vec![0x81, 0xff];
@@ -742,14 +743,10 @@ async fn per_event_rules_mask_and_block_a_sockets_events_and_the_socket_stays_op
     )
     .unwrap();
     std::fs::write(dir.path().join("80-mask.toml"), mask).unwrap();
-    std::fs::write(
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
         dir.path().join("90-stop.toml"),
-        r#"[[rule]]
-name = "stop-forbidden"
-on = "provider_stream_event"
-when = { text = { contains = "FORBIDDEN" } }
-actions = [ { block = { message = "the answer said a forbidden word" } } ]
-"#,
     )
     .unwrap();
     let key = "sk-ant-api03-SocketCanary0123456789abcdef";
@@ -770,13 +767,7 @@ actions = [ { block = { message = "the answer said a forbidden word" } } ]
         .map(|(events, model)| (message(model).len(), events.concat()))
         .collect();
     let (up, task) = upstream(false, script).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
-    let (mut client, head) = open(&proxy).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
     assert!(
         head.starts_with("HTTP/1.1 101"),
         "per-event rules relay the socket: {head}"
@@ -840,13 +831,7 @@ actions = [ { block = { message = "the answer said a forbidden word" } } ]
 
     support::captures::wait_records(&proxy.captures, 4, WAIT).await;
     let lines = proxy.wait_exchanges(4, WAIT).await;
-    let of = |model: &str| {
-        lines
-            .iter()
-            .find(|l| l["model"] == model && l["method"] == "POST")
-            .unwrap_or_else(|| panic!("no turn for {model}: {lines:?}"))
-            .clone()
-    };
+    let of = |model: &str| turn_line(&lines, model);
     let turn = of("gpt-mask");
     assert_eq!(turn["outcome"], "ok", "{turn}");
     assert_eq!(turn["rules"], "mask-keys-in-output", "{turn}");
@@ -927,13 +912,7 @@ async fn a_masked_secret_comes_back_in_the_sockets_events_and_never_reaches_the_
         s.shutdown().await.unwrap();
         message
     });
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
-    let (mut client, head) = open(&proxy).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
     assert!(head.starts_with("HTTP/1.1 101"), "{head}");
     let turn = format!(
         r#"{{"type":"response.create","model":"gpt-5.5","input":[{{"type":"message","role":"user","content":[{{"type":"input_text","text":"deploy with {AWS_ID} please"}}]}}]}}"#

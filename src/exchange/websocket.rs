@@ -203,6 +203,30 @@ struct TurnEvents {
     blocked: bool,
 }
 
+/// A data message being read whole, one direction's: its frames as they came, its
+/// payload unmasked, and whether any of its frames said compressed.
+#[derive(Default)]
+struct Held {
+    raw: Vec<u8>,
+    payload: Vec<u8>,
+    compressed: bool,
+}
+
+impl Held {
+    /// Adds a whole frame whose head is `head`.
+    fn push(&mut self, frame: Vec<u8>, head: &Head) {
+        let at = self.payload.len();
+        self.payload.extend_from_slice(&frame[head.len..]);
+        if let Some(m) = head.mask {
+            for (i, b) in self.payload[at..].iter_mut().enumerate() {
+                *b ^= m[i % 4];
+            }
+        }
+        self.compressed |= head.rsv;
+        self.raw.extend(frame);
+    }
+}
+
 /// Reads the client's frames on the relay's path when policies are on (the upgrade
 /// then offered no compression): control frames pass at once, each data message is
 /// held until it is whole and the policies have decided on it. It fails closed: a
@@ -212,11 +236,8 @@ pub(super) struct Gate<P> {
     police: P,
     /// The client's bytes of a frame head not yet whole, or of a held frame.
     pending: Vec<u8>,
-    /// The held message: its frames as they came, its payload unmasked, and
-    /// whether any of its frames said compressed.
-    raw: Vec<u8>,
-    payload: Vec<u8>,
-    compressed: bool,
+    /// The client's message being held.
+    up: Held,
     /// The largest message held; a larger one is refused, not passed unread.
     limit: usize,
     /// While an over-limit message is dropped: its payload bytes still to drop in
@@ -232,11 +253,9 @@ pub(super) struct Gate<P> {
     /// each turn's go through its [`TurnEvents`].
     events_on: bool,
     events: Option<TurnEvents>,
-    /// The upstream's message being read: its frames as they came and its payload;
-    /// `passing` while an over-limit message passes unread.
-    down_raw: Vec<u8>,
-    down_payload: Vec<u8>,
-    down_compressed: bool,
+    /// The upstream's message being read; `passing` while an over-limit message
+    /// passes unread.
+    down: Held,
     passing: bool,
 }
 
@@ -288,9 +307,7 @@ impl<P: Police> Gate<P> {
         Gate {
             police,
             pending: Vec::new(),
-            raw: Vec::new(),
-            payload: Vec::new(),
-            compressed: false,
+            up: Held::default(),
             limit,
             dropping: None,
             down_head: Vec::new(),
@@ -298,9 +315,7 @@ impl<P: Police> Gate<P> {
             queued: Vec::new(),
             events_on,
             events: None,
-            down_raw: Vec::new(),
-            down_payload: Vec::new(),
-            down_compressed: false,
+            down: Held::default(),
             passing: false,
         }
     }
@@ -377,10 +392,9 @@ impl<P: Police> Gate<P> {
                 return Ok(());
             };
             let control = head.opcode & 0x08 != 0;
-            let held = self.down_payload.len() as u64;
+            let held = self.down.payload.len() as u64;
             if !control && (self.passing || held.saturating_add(head.payload) > self.limit as u64) {
-                let raw = std::mem::take(&mut self.down_raw);
-                self.down_payload.clear();
+                let raw = std::mem::take(&mut self.down).raw;
                 let head_bytes: Vec<u8> = self.down_head.drain(..head.len).collect();
                 for bytes in [raw, head_bytes] {
                     client.write_all(&bytes).await?;
@@ -400,15 +414,7 @@ impl<P: Police> Gate<P> {
                 watch(Way::Down, &frame);
                 continue;
             }
-            let mut payload = frame[head.len..].to_vec();
-            if let Some(m) = head.mask {
-                for (i, b) in payload.iter_mut().enumerate() {
-                    *b ^= m[i % 4];
-                }
-            }
-            self.down_compressed |= head.rsv;
-            self.down_payload.extend_from_slice(&payload);
-            self.down_raw.extend_from_slice(&frame);
+            self.down.push(frame, &head);
             if head.fin {
                 self.event(client, watch).await?;
             }
@@ -424,13 +430,15 @@ impl<P: Police> Gate<P> {
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> std::io::Result<()> {
-        let raw = std::mem::take(&mut self.down_raw);
-        let mut payload = std::mem::take(&mut self.down_payload);
+        let Held {
+            raw,
+            mut payload,
+            compressed,
+        } = std::mem::take(&mut self.down);
         // A raw CR can only be JSON whitespace, but it would end an SSE line.
         for b in payload.iter_mut().filter(|b| **b == b'\r') {
             *b = b' ';
         }
-        let compressed = std::mem::take(&mut self.down_compressed);
         let kind = if compressed { None } else { kind_of(&payload) };
         let (Some(events), Some(kind)) = (self.events.as_mut(), kind) else {
             client.write_all(&raw).await?;
@@ -632,7 +640,7 @@ impl<P: Police> Gate<P> {
                 ));
             }
             if !control {
-                let held = self.payload.len() as u64;
+                let held = self.up.payload.len() as u64;
                 if let Some((left, last, size)) = self.dropping.as_mut() {
                     // A later fragment of the message being dropped.
                     *left = head.payload;
@@ -640,8 +648,7 @@ impl<P: Police> Gate<P> {
                     *size = size.saturating_add(head.payload);
                 } else if held.saturating_add(head.payload) > self.limit as u64 {
                     self.dropping = Some((head.payload, head.fin, held + head.payload));
-                    self.raw.clear();
-                    self.payload.clear();
+                    self.up = Held::default();
                 }
                 if self.dropping.is_some() {
                     // Its payload is dropped at the loop's top, from what is pending on.
@@ -661,15 +668,7 @@ impl<P: Police> Gate<P> {
                 watch(Way::Up, &frame);
                 continue;
             }
-            let mut payload = frame[head.len..].to_vec();
-            if let Some(m) = head.mask {
-                for (i, b) in payload.iter_mut().enumerate() {
-                    *b ^= m[i % 4];
-                }
-            }
-            self.compressed |= head.rsv;
-            self.payload.extend_from_slice(&payload);
-            self.raw.extend_from_slice(&frame);
+            self.up.push(frame, &head);
             if !head.fin {
                 continue;
             }
@@ -684,11 +683,11 @@ impl<P: Police> Gate<P> {
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> Result<(), (Way, std::io::Error)> {
-        let (raw, payload) = (
-            std::mem::take(&mut self.raw),
-            std::mem::take(&mut self.payload),
-        );
-        let compressed = std::mem::take(&mut self.compressed);
+        let Held {
+            raw,
+            payload,
+            compressed,
+        } = std::mem::take(&mut self.up);
         // Text or binary alike: a message is read by its JSON `type`.
         let kind = if compressed { None } else { kind_of(&payload) };
         let verdict = match kind.as_deref() {
