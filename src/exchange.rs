@@ -37,7 +37,7 @@ use crate::setting::BaseUrl;
 use crate::upstream::{Upstream, UpstreamBody};
 
 mod websocket;
-pub(crate) use websocket::WebSocket;
+pub(crate) use websocket::{StoredTurn, StoredTurns, WebSocket};
 
 /// What an exchange needs of the configuration, taken from it once.
 #[derive(Debug, Clone)]
@@ -78,6 +78,9 @@ pub(crate) struct Proxy {
     /// The cache analysis, asked before a request goes when a policy reads its
     /// prediction ([`Policy::reads_prediction`]).
     pub cache: Option<Arc<crate::cache::CacheStage>>,
+    /// The capture store, where a socket's turn looks for the response it continues
+    /// when no socket of this process carried it.
+    pub stored_turns: Option<Arc<dyn StoredTurns>>,
 }
 
 /// Where a proxied request goes when the listener, not the path, decides: a request
@@ -608,6 +611,11 @@ impl Proxy {
         // turn's prompt is put back together there, whatever it costs.
         let (mut copies, reader) = websocket::Copies::new();
         let credential = websocket::credential_of(&ex.record().request_headers);
+        let lookup = self.stored_turns.clone().map(|store| websocket::Lookup {
+            store,
+            headers: ex.record().request_headers.clone(),
+            source: self.settings.conversation.clone(),
+        });
         let (notes, policed_turns) = std::sync::mpsc::channel();
         let gate = policed.then(|| {
             let police = websocket::TurnPolicies {
@@ -637,7 +645,8 @@ impl Proxy {
             .collect();
         let proxy = self.clone();
         let read = move || {
-            let mut turns = websocket::Turns::new(&extensions, limit, policed_turns, credential);
+            let mut turns =
+                websocket::Turns::new(&extensions, limit, policed_turns, credential, lookup);
             let socket = ex.record().clone();
             let relayed = reader.read(&mut turns, &mut |turn| {
                 proxy.record_turn(&socket, turn, &enders);

@@ -307,6 +307,14 @@ fn proxies(
     // The policies, in load order: the rules are the first.
     let policies: Vec<Arc<dyn PolicySource>> = vec![rules.clone()];
     let in_flight: Arc<dyn InFlight> = Arc::new(live.clone());
+    // A socket's turn that continues a response made before this process started
+    // finds it in the capture store.
+    let stored_turns: Option<Arc<dyn crate::exchange::StoredTurns>> =
+        config.capture.enabled.then(|| {
+            Arc::new(crate::capture::fleet::StoreLookups::new(
+                config.capture.store.clone(),
+            )) as Arc<dyn crate::exchange::StoredTurns>
+        });
     let proxy = |upstream| {
         Arc::new(Proxy {
             settings: config.exchange_settings(),
@@ -316,6 +324,7 @@ fn proxies(
             live: in_flight.clone(),
             probe_token: probe_token.clone(),
             cache: Some(cache.clone()),
+            stored_turns: stored_turns.clone(),
         })
     };
     let mut proxies = vec![proxy(first)];
@@ -374,7 +383,7 @@ fn cache_stage(
         .redacting(redactor.clone());
     match &config.capture.store {
         store @ StoreLocation::Postgres(_) if capturing => cache.sharing(Arc::new(
-            crate::capture::fleet::FleetStore::new(store.clone()),
+            crate::capture::fleet::StoreLookups::new(store.clone()),
         )),
         _ => cache,
     }

@@ -957,3 +957,100 @@ async fn a_masked_secret_comes_back_in_the_sockets_events_and_never_reaches_the_
         );
     }
 }
+
+#[tokio::test]
+async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
+    let captures = support::TempDir::new("ws-store");
+    let store = captures.path().to_str().unwrap().to_owned();
+    // Codex's headers: the conversation is codex:<thread>, in both processes.
+    let upgrade = |proxy: &Proxy| {
+        let mut head = String::from_utf8(upgrade_request(&proxy.addr.to_string())).unwrap();
+        head.truncate(head.len() - 2);
+        head.push_str("originator: codex_exec\r\nthread-id: 0199-thread-store\r\n\r\n");
+        head.into_bytes()
+    };
+    let first = client_frame(
+        br#"{"type":"response.create","model":"gpt-5.5","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"first question"}]}]}"#,
+    );
+    let answered = server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_stored_1","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"first answer"}]}],"usage":{"input_tokens":9,"output_tokens":2}}}"#,
+    );
+    let (up, task) = upstream(false, vec![(first.len(), answered.clone())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--captures",
+        &store,
+    ]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client.write_all(&upgrade(&proxy)).await.unwrap();
+    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    client.write_all(&first).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    task.await.unwrap();
+    let records = support::captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let earlier = records
+        .iter()
+        .find(|r| r["method"] == "POST")
+        .expect("the first turn's record")["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    drop(proxy);
+
+    // A new process on the same store; the turn names the response of the first.
+    let second = client_frame(
+        br#"{"type":"response.create","model":"gpt-5.5","previous_response_id":"resp_stored_1","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"second question"}]}]}"#,
+    );
+    let answered = server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_stored_2","output":[],"usage":{"input_tokens":20,"output_tokens":1}}}"#,
+    );
+    let (up, task) = upstream(false, vec![(second.len(), answered.clone())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--captures",
+        &store,
+    ]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client.write_all(&upgrade(&proxy)).await.unwrap();
+    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    client.write_all(&second).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    task.await.unwrap();
+    let records = support::captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let turn = records
+        .iter()
+        .filter(|r| r["method"] == "POST")
+        .find(|r| r["id"] != earlier.as_str())
+        .expect("the second turn's record");
+    assert_eq!(
+        turn["websocket"]["recovered_from"],
+        serde_json::json!([earlier]),
+        "{turn}"
+    );
+    assert_eq!(
+        turn["websocket"]["missing"],
+        serde_json::Value::Null,
+        "{turn}"
+    );
+    let body = support::captures::ok(
+        &proxy.captures,
+        &["show", turn["id"].as_str().unwrap(), "--raw", "--received"],
+    );
+    let whole: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(whole["instructions"], "be brief", "{whole}");
+    let texts: Vec<&str> = whole["input"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["content"][0]["text"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        texts,
+        ["first question", "first answer", "second question"],
+        "{whole}"
+    );
+}

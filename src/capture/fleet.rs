@@ -1,25 +1,28 @@
 //! The store the fleet shares (PostgreSQL): as the cache analysis reads it (the
 //! turns other replicas took, opened for lookups when first needed), and as the
-//! budgets keep their counters in it.
+//! budgets keep their counters in it. The same lookups find a socket's earlier
+//! turns after a restart, in either store.
 
 use std::sync::Mutex;
 
 use super::store::{Store, StoreLocation};
 use crate::cache::{SHARED_STORE_WITHIN, SharedHistory, SharedHistoryError, SharedTurn};
+use crate::exchange::StoredTurn;
 use crate::id::ExchangeId;
 use crate::rules::budget::{Charge, Reservation, SharedLedger, SharedLedgerError, Spent, Sums};
 
-/// The fleet's capture store, opened for reading when first asked; after a failure
-/// the connection is dropped and opened again on the next question.
-pub(crate) struct FleetStore {
+/// The capture store opened for lookups when first asked: the fleet's history for
+/// the cache analysis (PostgreSQL), and a socket's earlier turns (either store).
+/// After a failure the connection is dropped and opened again on the next question.
+pub(crate) struct StoreLookups {
     location: StoreLocation,
     store: Mutex<Option<Store>>,
 }
 
-impl FleetStore {
+impl StoreLookups {
     /// The store at `location`, not opened yet.
-    pub(crate) fn new(location: StoreLocation) -> FleetStore {
-        FleetStore {
+    pub(crate) fn new(location: StoreLocation) -> StoreLookups {
+        StoreLookups {
             location,
             store: Mutex::new(None),
         }
@@ -42,7 +45,53 @@ impl FleetStore {
     }
 }
 
-impl SharedHistory for FleetStore {
+/// How many of a conversation's newest stored turns a socket's turn looks through
+/// for the response it continues.
+const TURNS_LOOKED_AT: usize = 64;
+
+impl crate::exchange::StoredTurns for StoreLookups {
+    fn answered(&self, conversation: &str, response_id: &str) -> Option<StoredTurn> {
+        let found = self.ask(|store| {
+            let ids = store.turns(
+                conversation,
+                0,
+                &ExchangeId::new().to_string(),
+                TURNS_LOOKED_AT,
+            )?;
+            // Newest first: the turn continued is usually the last one.
+            for id in ids.iter().rev() {
+                let r = store.load(id)?;
+                if r.response.response_id.as_deref() != Some(response_id) {
+                    continue;
+                }
+                let Some(id) = ExchangeId::parse(id) else {
+                    continue;
+                };
+                return Ok(Some(StoredTurn {
+                    id,
+                    prompt: r
+                        .request
+                        .sent_body
+                        .as_ref()
+                        .unwrap_or(&r.request.body)
+                        .bytes
+                        .clone(),
+                    events: r.response.body.bytes.clone(),
+                }));
+            }
+            Ok(None)
+        });
+        match found {
+            Ok(found) => found,
+            Err(e) => {
+                tracing::warn!("the store did not answer for a socket's earlier turn: {e}");
+                None
+            }
+        }
+    }
+}
+
+impl SharedHistory for StoreLookups {
     fn turns(
         &self,
         conversation: &str,

@@ -1195,6 +1195,8 @@ pub(super) struct Turns {
     /// Whose socket this is: a turn continues only responses made with the same
     /// credential (see [`Continuable`]).
     credential: u64,
+    /// Where a response no socket of this process carried is looked for.
+    lookup: Option<Lookup>,
     /// The copies stopped: open turns are dropped, nothing more is read.
     broken: bool,
     /// The policies' records of the messages they let through, in order.
@@ -1250,6 +1252,72 @@ impl Done {
         self.prompt.items.len()
             + self.prompt.head.len() * 64
             + self.output.iter().map(Vec::len).sum::<usize>()
+    }
+}
+
+/// A completed turn as a capture store keeps it: what a turn that continues it
+/// after a restart needs.
+pub(crate) struct StoredTurn {
+    pub(crate) id: ExchangeId,
+    /// Its whole prompt (the request body stored, redacted as stored).
+    pub(crate) prompt: Bytes,
+    /// Its answer as SSE events (`response.completed` holds the output items).
+    pub(crate) events: Bytes,
+}
+
+/// The turns a capture store keeps, as a socket's reader asks for them when a turn
+/// continues a response no socket of this process carried (capture implements it).
+pub(crate) trait StoredTurns: Send + Sync {
+    /// The newest stored turn of `conversation` whose answer's id is `response_id`.
+    fn answered(&self, conversation: &str, response_id: &str) -> Option<StoredTurn>;
+}
+
+/// Where a socket's reader looks for a turn its process never saw: the store, by the
+/// conversation the socket's headers (or the message) name.
+pub(super) struct Lookup {
+    pub(super) store: Arc<dyn StoredTurns>,
+    pub(super) headers: HeaderMap,
+    pub(super) source: crate::conversation::KeySource,
+}
+
+impl Lookup {
+    /// The stored turn `message` continues (`link`), as a turn kept in memory.
+    fn done(&self, message: &Bytes, link: &str) -> Option<Done> {
+        let mut cell = crate::conversation::ConversationCell::new(&self.headers, &self.source);
+        cell.set_body(crate::prompt::PromptCell::of(crate::prompt::Prompt::read(
+            message.clone(),
+            Some(crate::prompt::Format::OpenAiResponses),
+        )));
+        let stored = self.store.answered(cell.get()?, link)?;
+        let serde_json::Value::Object(mut head) =
+            serde_json::from_slice::<serde_json::Value>(&stored.prompt).ok()?
+        else {
+            return None;
+        };
+        let mut prompt = PromptParts {
+            items: Vec::new(),
+            head: serde_json::Map::new(),
+        };
+        prompt.push(items(head.remove("input")));
+        prompt.head = head;
+        let mut output = Vec::new();
+        crate::provider::sse::SseDecoder::default().feed(&stored.events, &mut |event, data| {
+            if event == "response.completed"
+                && let Ok(v) = serde_json::from_str::<serde_json::Value>(data)
+                && let Some(items) = v["response"]["output"].as_array()
+            {
+                output = items
+                    .iter()
+                    .filter_map(|i| serde_json::to_vec(i).ok())
+                    .collect();
+            }
+        });
+        Some(Done {
+            id: stored.id,
+            prompt,
+            output,
+            from: Vec::new(),
+        })
     }
 }
 
@@ -1350,6 +1418,7 @@ impl Turns {
         limit: usize,
         policed: std::sync::mpsc::Receiver<Policed>,
         credential: u64,
+        lookup: Option<Lookup>,
     ) -> Turns {
         use crate::observer::frames::{Deflate, Frames};
         let (up, down) = Deflate::agreed(extensions);
@@ -1360,6 +1429,7 @@ impl Turns {
             messages: Vec::new(),
             unread: None,
             credential,
+            lookup,
             broken: false,
             policed,
         }
@@ -1391,9 +1461,11 @@ impl Turns {
             .map(str::to_owned);
         // Taken, not copied: a response is continued once, and what a socket keeps
         // stays one prompt deep.
-        let done = link
-            .as_ref()
-            .and_then(|l| continuable().take(self.credential, l));
+        let done = link.as_ref().and_then(|l| {
+            continuable()
+                .take(self.credential, l)
+                .or_else(|| self.lookup.as_ref()?.done(message, l))
+        });
         let new_items = match (&link, &done) {
             (Some(_), Some(_)) => {
                 body.remove("previous_response_id");
@@ -1417,9 +1489,10 @@ impl Turns {
             (Some(link), None) => {
                 missing = Some(format!(
                     "it continues {link}, which no socket of this promptgate carried \
-                     with this credential (promptgate started mid-session, the response \
-                     was made over HTTP, or it was continued before): this is the \
-                     message's prompt only"
+                     with this credential and the store does not hold for this \
+                     conversation (promptgate started mid-session without its store, \
+                     the response was made over HTTP, or it was continued before): \
+                     this is the message's prompt only"
                 ));
                 PromptParts {
                     head: body,
@@ -1777,7 +1850,7 @@ mod tests {
         let mut read = |turns: &mut Turns, way, text: &str| {
             turns.read(way, &frame(text), &mut |t| ended.push(t));
         };
-        let mut first = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 7);
+        let mut first = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 7, None);
         read(
             &mut first,
             Way::Up,
@@ -1791,14 +1864,14 @@ mod tests {
         drop(first);
         // Another credential does not see it; the same one, on a new socket, does.
         let next = r#"{"type":"response.create","model":"gpt-5.5","previous_response_id":"r-across-1","input":[{"role":"user","content":"two"}]}"#;
-        let mut other = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 8);
+        let mut other = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 8, None);
         read(&mut other, Way::Up, next);
         read(
             &mut other,
             Way::Down,
             r#"{"type":"response.completed","response":{"id":"r-other","output":[]}}"#,
         );
-        let mut second = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 7);
+        let mut second = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 7, None);
         read(&mut second, Way::Up, next);
         read(
             &mut second,
@@ -1821,7 +1894,7 @@ mod tests {
 
     #[test]
     fn each_turns_whole_prompt_is_put_back_together_from_the_socket() {
-        let mut turns = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 1);
+        let mut turns = Turns::new("", 1 << 20, std::sync::mpsc::channel().1, 1, None);
         let mut ended = Vec::new();
         let mut read = |turns: &mut Turns, way, text: &str| {
             turns.read(way, &frame(text), &mut |t| ended.push(t));
