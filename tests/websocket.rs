@@ -1054,3 +1054,38 @@ async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
         "{whole}"
     );
 }
+
+#[tokio::test]
+async fn a_per_event_rule_that_only_tags_sees_each_event_and_changes_no_byte() {
+    let dir = support::TempDir::new("ws-event-tag");
+    std::fs::write(
+        dir.path().join("10-tag.toml"),
+        r#"[[rule]]
+name = "greeted"
+on = "provider_stream_event"
+when = { text = { contains = "hello" } }
+actions = [ { tag = "said-hello" } ]
+"#,
+    )
+    .unwrap();
+    let events = turn_events("resp_1", &["well, hel", "lo there"]).concat();
+    let message = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    let (up, task) = upstream(false, vec![(message.len(), events.clone())]).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    client.write_all(&message).await.unwrap();
+    assert_eq!(
+        read_n(&mut client, events.len()).await,
+        events,
+        "byte for byte"
+    );
+    drop(client);
+    task.await.unwrap();
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    let turn = turn_line(&lines, "gpt-5.5");
+    assert_eq!(turn["outcome"], "ok", "{turn}");
+    assert!(
+        turn["tags"].as_str().unwrap().ends_with("said-hello"),
+        "the rule saw the text across deltas: {turn}"
+    );
+}

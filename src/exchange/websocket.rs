@@ -448,7 +448,16 @@ impl<P: Police> Gate<P> {
         let terminal = TERMINAL.contains(&kind.as_str());
         if !events.blocked {
             let sse = Bytes::from(sse_event(&kind, &payload));
-            events.pushed.push_back((payload, raw.clone()));
+            // Policies that only observe see the event after it went, as over HTTP.
+            let observing = !events.engine.may_change();
+            if observing {
+                client.write_all(&raw).await?;
+            } else {
+                events.pushed.push_back((payload, raw.clone()));
+            }
+            let Some(events) = self.events.as_mut() else {
+                return Ok(());
+            };
             let mut out = Vec::new();
             let block = events
                 .engine
@@ -456,7 +465,9 @@ impl<P: Police> Gate<P> {
             if terminal && block.is_none() {
                 events.engine.finish(&mut out);
             }
-            self.send_released(out, client).await?;
+            if !observing {
+                self.send_released(out, client).await?;
+            }
             if let Some(block) = block {
                 let event = error_event(
                     block.status.as_u16(),
