@@ -37,7 +37,7 @@ use crate::setting::BaseUrl;
 use crate::upstream::{Upstream, UpstreamBody};
 
 mod websocket;
-pub(crate) use websocket::{StoredTurn, StoredTurns, WebSocket};
+pub(crate) use websocket::{Credential, StoredTurn, StoredTurns, WebSocket};
 
 /// What an exchange needs of the configuration, taken from it once.
 #[derive(Debug, Clone)]
@@ -635,7 +635,8 @@ impl Proxy {
                 .policies
                 .iter()
                 .any(|p| p.runs(Phase::ProviderStreamEvent));
-            websocket::Gate::new(police, max_body, events_on)
+            // An upstream message is an answer: read whole up to the larger limit.
+            websocket::Gate::new(police, max_body, events_on.then_some(limit))
         });
         let enders: Vec<Arc<dyn Policy>> = ex
             .policies

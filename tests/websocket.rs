@@ -1053,6 +1053,36 @@ async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
         ["first question", "first answer", "second question"],
         "{whole}"
     );
+    drop(proxy);
+
+    // Another credential, same conversation and link: the store's turn is not its.
+    let (up, task) = upstream(false, vec![(second.len(), answered.clone())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--captures",
+        &store,
+    ]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    let other = String::from_utf8(upgrade(&proxy))
+        .unwrap()
+        .replace("sk-test-websocket", "sk-someone-else-entirely");
+    client.write_all(other.as_bytes()).await.unwrap();
+    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    client.write_all(&second).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    task.await.unwrap();
+    let records = support::captures::wait_records(&proxy.captures, 6, WAIT).await;
+    let newest = records
+        .iter()
+        .filter(|r| r["method"] == "POST")
+        .max_by_key(|r| r["id"].as_str().unwrap_or_default().to_owned())
+        .unwrap();
+    assert!(
+        newest["websocket"]["missing"].is_string(),
+        "another credential's turn is not recovered: {newest}"
+    );
 }
 
 #[tokio::test]
@@ -1087,5 +1117,106 @@ actions = [ { tag = "said-hello" } ]
     assert!(
         turn["tags"].as_str().unwrap().ends_with("said-hello"),
         "the rule saw the text across deltas: {turn}"
+    );
+}
+
+#[tokio::test]
+async fn a_new_turn_before_a_blocked_turns_end_is_policed_as_its_own() {
+    let dir = support::TempDir::new("ws-overlap");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("rules/examples/80-mask-keys-in-output.toml"),
+        dir.path().join("80-mask.toml"),
+    )
+    .unwrap();
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
+        dir.path().join("90-stop.toml"),
+    )
+    .unwrap();
+    let key = "sk-ant-api03-OverlapCanary0123456789abcdef";
+    let first = turn_events("resp_1", &["now FORBIDDEN", " and then more"]);
+    let second = turn_events("resp_2", &["the key: ", key, " ok"]);
+    let message = |model: &str| {
+        client_frame(
+            format!(r#"{{"type":"response.create","model":"{model}","input":[]}}"#).as_bytes(),
+        )
+    };
+    // The first turn's answer stops mid-way until the second message has come: the
+    // client sent it before the blocked turn's end.
+    let script = vec![
+        (message("gpt-one").len(), first[..3].concat()),
+        (
+            message("gpt-two").len(),
+            [first[3..].concat(), second.concat()].concat(),
+        ),
+    ];
+    let (up, task) = upstream(false, script).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    client.write_all(&message("gpt-one")).await.unwrap();
+    read_until(&mut client, b"blocked_by_rule").await;
+    client.write_all(&message("gpt-two")).await.unwrap();
+    let got = read_until(&mut client, b"\"id\":\"resp_2\",\"output\"").await;
+    let text = String::from_utf8_lossy(&got);
+    assert!(
+        !text.contains("OverlapCanary"),
+        "the second turn is policed: {text}"
+    );
+    assert!(
+        !text.contains("then more"),
+        "the blocked turn's rest is dropped: {text}"
+    );
+    assert!(!text.contains("blocked_by_rule"), "one block only: {text}");
+    let events = server_payloads(&got);
+    let said: String = events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect();
+    assert_eq!(said, "the key: [key removed] ok", "{events:?}");
+    drop(client);
+    task.await.unwrap();
+    let lines = proxy.wait_exchanges(3, WAIT).await;
+    assert_eq!(turn_line(&lines, "gpt-one")["outcome"], "blocked");
+    let two = turn_line(&lines, "gpt-two");
+    assert_eq!(two["outcome"], "ok", "{two}");
+    assert!(
+        two["rules"]
+            .as_str()
+            .unwrap()
+            .contains("mask-keys-in-output"),
+        "{two}"
+    );
+}
+
+#[tokio::test]
+async fn an_upstream_control_frame_over_125_bytes_ends_a_policed_socket() {
+    let dir = support::TempDir::new("ws-control");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
+        dir.path().join("90-stop.toml"),
+    )
+    .unwrap();
+    let message = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    // A ping declaring 200 bytes (RFC 6455 allows 125), then its bytes.
+    let mut ping = vec![0x89, 126, 0, 200];
+    ping.extend(std::iter::repeat_n(b'p', 200));
+    let (up, _task) = upstream(false, vec![(message.len(), ping)]).await;
+    let (proxy, mut client, head) = open_policed(up, dir.path()).await;
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    client.write_all(&message).await.unwrap();
+    let mut got = Vec::new();
+    let ended = tokio::time::timeout(WAIT, client.read_to_end(&mut got)).await;
+    assert!(ended.is_ok(), "the socket ends, not hangs");
+    assert!(!got.contains(&0x89), "the ping is not passed on: {got:?}");
+    let lines = proxy.wait_exchanges(2, WAIT).await;
+    let socket = lines.iter().find(|l| l["method"] == "GET").unwrap();
+    let error = socket["error"].as_str().unwrap_or("");
+    assert!(
+        error.contains("the upstream broke off") && error.contains("125 bytes"),
+        "{socket}"
     );
 }

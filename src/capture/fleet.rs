@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use super::store::{Store, StoreLocation};
 use crate::cache::{SHARED_STORE_WITHIN, SharedHistory, SharedHistoryError, SharedTurn};
-use crate::exchange::StoredTurn;
+use crate::exchange::{Credential, StoredTurn};
 use crate::id::ExchangeId;
 use crate::rules::budget::{Charge, Reservation, SharedLedger, SharedLedgerError, Spent, Sums};
 
@@ -50,7 +50,12 @@ impl StoreLookups {
 const TURNS_LOOKED_AT: usize = 64;
 
 impl crate::exchange::StoredTurns for StoreLookups {
-    fn answered(&self, conversation: &str, response_id: &str) -> Option<StoredTurn> {
+    fn answered(
+        &self,
+        conversation: &str,
+        credential: &Credential,
+        response_id: &str,
+    ) -> Option<StoredTurn> {
         let found = self.ask(|store| {
             let ids = store.turns(
                 conversation,
@@ -60,8 +65,14 @@ impl crate::exchange::StoredTurns for StoreLookups {
             )?;
             // Newest first: the turn continued is usually the last one.
             for id in ids.iter().rev() {
-                let r = store.load(id)?;
-                if r.response.response_id.as_deref() != Some(response_id) {
+                // A record that cannot be read is skipped, not the end of the search.
+                let Ok(r) = store.load(id) else {
+                    continue;
+                };
+                let same_credential = r.sent_headers().get(credential.header).is_some_and(|v| {
+                    crate::redact::credential_id(credential.header, v.as_bytes()) == credential.id
+                });
+                if r.response.response_id.as_deref() != Some(response_id) || !same_credential {
                     continue;
                 }
                 let Some(id) = ExchangeId::parse(id) else {

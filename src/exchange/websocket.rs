@@ -110,6 +110,16 @@ pub(super) async fn relay(
             }
         })
         .await;
+        // The upstream's end: what per-event policies hold goes out before it.
+        let upstream_closed = match &step {
+            Ok(Step::Down(Ok(0))) => true,
+            Ok(Step::Down(Err(e))) => e.kind() == std::io::ErrorKind::UnexpectedEof,
+            _ => false,
+        };
+        if upstream_closed && let Some(g) = gate.as_mut() {
+            // A failed write here is the client's, and shows at the close below too.
+            let _ = g.upstream_ended(&mut client_write).await;
+        }
         let moved = match (step, gate.as_mut()) {
             (Err(_), _) => {
                 out.error = Some(format!("silent for {} s (--idle-timeout)", idle.as_secs()));
@@ -141,9 +151,10 @@ pub(super) async fn relay(
             }
             (Ok(Step::Down(Ok(n))), Some(g)) if n > 0 => {
                 out.to_client += n as u64;
+                // Framing the upstream broke is its fault; a failed write the client's.
                 g.pass_down(&down[..n], &mut client_write, &mut watch)
                     .await
-                    .map_err(|e| (true, e))
+                    .map_err(|e| (e.kind() != std::io::ErrorKind::InvalidData, e))
             }
             (Ok(Step::Down(r)), _) => {
                 let client = r.is_ok();
@@ -249,10 +260,13 @@ pub(super) struct Gate<P> {
     down_head: Vec<u8>,
     down_left: u64,
     queued: Vec<u8>,
-    /// Per-event policies are on: the upstream's messages are read whole (below) and
-    /// each turn's go through its [`TurnEvents`].
-    events_on: bool,
-    events: Option<TurnEvents>,
+    /// Per-event policies are on: the upstream's messages up to this size are read
+    /// whole (below), and each turn's events go through its [`TurnEvents`].
+    down_limit: Option<usize>,
+    /// One slot per turn let through and not yet ended, oldest first: the upstream
+    /// answers them in order, so the front one owns the events that come.
+    /// `None`: no per-event policy reads that turn.
+    events: std::collections::VecDeque<Option<TurnEvents>>,
     /// The upstream's message being read; `passing` while an over-limit message
     /// passes unread.
     down: Held,
@@ -302,8 +316,8 @@ const MAX_CONTROL: u64 = 125;
 
 impl<P: Police> Gate<P> {
     /// A gate that reads the client's messages (up to `limit` bytes each) and, with
-    /// `events_on`, the upstream's too.
-    pub(super) fn new(police: P, limit: usize, events_on: bool) -> Gate<P> {
+    /// `down_limit`, the upstream's too (up to that many bytes each).
+    pub(super) fn new(police: P, limit: usize, down_limit: Option<usize>) -> Gate<P> {
         Gate {
             police,
             pending: Vec::new(),
@@ -313,16 +327,34 @@ impl<P: Police> Gate<P> {
             down_head: Vec::new(),
             down_left: 0,
             queued: Vec::new(),
-            events_on,
-            events: None,
+            down_limit,
+            events: std::collections::VecDeque::new(),
             down: Held::default(),
             passing: false,
         }
     }
 
-    /// Whether no frame of the upstream's is part-way out to the client.
+    /// Whether no frame of the upstream's, nor a fragmented message of its, is
+    /// part-way out to the client.
     fn between_frames(&self) -> bool {
-        self.down_left == 0 && (self.events_on || self.down_head.is_empty())
+        self.down_left == 0
+            && !self.passing
+            && (self.down_limit.is_some() || self.down_head.is_empty())
+    }
+
+    /// Sends frames of promptgate's own: now, or once the upstream's frame or
+    /// fragmented message in flight has passed.
+    async fn own(
+        &mut self,
+        frames: &[u8],
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        if self.between_frames() {
+            client.write_all(frames).await
+        } else {
+            self.queued.extend_from_slice(frames);
+            Ok(())
+        }
     }
 
     /// Passes what the upstream sent to the client as it comes, keeping count of
@@ -334,8 +366,8 @@ impl<P: Police> Gate<P> {
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> std::io::Result<()> {
-        if self.events_on {
-            return self.read_down(chunk, client, watch).await;
+        if let Some(limit) = self.down_limit {
+            return self.read_down(chunk, limit, client, watch).await;
         }
         while !chunk.is_empty() {
             if self.down_left > 0 {
@@ -353,11 +385,14 @@ impl<P: Police> Gate<P> {
                     client.write_all(&bytes).await?;
                     watch(Way::Down, &bytes);
                     self.down_left = head.payload;
+                    // Nothing of promptgate's own may come between a message's fragments.
+                    if head.opcode & 0x08 == 0 {
+                        self.passing = !head.fin;
+                    }
                 }
             }
-            if self.down_left == 0 && self.down_head.is_empty() && !self.queued.is_empty() {
-                let own = std::mem::take(&mut self.queued);
-                client.write_all(&own).await?;
+            if self.between_frames() {
+                self.flush_queued(client).await?;
             }
         }
         Ok(())
@@ -365,10 +400,12 @@ impl<P: Police> Gate<P> {
 
     /// With per-event policies on: reads what the upstream sent into whole messages
     /// (control frames pass at once) and hands each to [`Gate::event`]. A message
-    /// over the limit passes unread, as an over-limit JSON answer does over HTTP.
+    /// over `limit` passes unread, as an over-limit JSON answer does over HTTP (or is
+    /// dropped, when its turn was blocked).
     async fn read_down(
         &mut self,
         chunk: &[u8],
+        limit: usize,
         client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> std::io::Result<()> {
@@ -380,10 +417,12 @@ impl<P: Police> Gate<P> {
                     return Ok(());
                 }
                 let bytes: Vec<u8> = self.down_head.drain(..n).collect();
-                client.write_all(&bytes).await?;
+                if !self.front_blocked() {
+                    client.write_all(&bytes).await?;
+                }
                 watch(Way::Down, &bytes);
                 self.down_left -= n as u64;
-                if self.down_left == 0 {
+                if self.between_frames() {
                     self.flush_queued(client).await?;
                 }
                 continue;
@@ -392,12 +431,23 @@ impl<P: Police> Gate<P> {
                 return Ok(());
             };
             let control = head.opcode & 0x08 != 0;
+            if control && head.payload > MAX_CONTROL {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "the upstream sent a control frame over 125 bytes",
+                ));
+            }
             let held = self.down.payload.len() as u64;
-            if !control && (self.passing || held.saturating_add(head.payload) > self.limit as u64) {
+            if !control && (self.passing || held.saturating_add(head.payload) > limit as u64) {
+                if !self.passing {
+                    self.pass_unread(&head, client).await?;
+                }
                 let raw = std::mem::take(&mut self.down).raw;
                 let head_bytes: Vec<u8> = self.down_head.drain(..head.len).collect();
                 for bytes in [raw, head_bytes] {
-                    client.write_all(&bytes).await?;
+                    if !self.front_blocked() {
+                        client.write_all(&bytes).await?;
+                    }
                     watch(Way::Down, &bytes);
                 }
                 self.passing = !head.fin;
@@ -421,10 +471,52 @@ impl<P: Police> Gate<P> {
         }
     }
 
-    /// One whole message from the upstream: through the turn's per-event policies
-    /// when it is an event of a turn they read, else on as it came. The copy the
-    /// turn's record reads is the upstream's, taken after the policies saw it (so
-    /// their report is whole when the turn's end is read).
+    /// Whether the turn whose events come now was ended by a policy.
+    fn front_blocked(&self) -> bool {
+        matches!(self.events.front(), Some(Some(e)) if e.blocked)
+    }
+
+    /// An upstream message too large to read whole starts passing unread: when its
+    /// first bytes say it ends its turn, the turn's policies let out what they hold
+    /// first, and the turn is over.
+    async fn pass_unread(
+        &mut self,
+        head: &Head,
+        client: &mut (impl AsyncWrite + Unpin),
+    ) -> std::io::Result<()> {
+        let mut start = self.down.payload.clone();
+        let body = &self.down_head[head.len..];
+        let mut first = body[..body.len().min(256)].to_vec();
+        if let Some(m) = head.mask {
+            for (i, b) in first.iter_mut().enumerate() {
+                *b ^= m[i % 4];
+            }
+        }
+        start.extend_from_slice(&first);
+        if leading_kind(&start).is_some_and(|k| TERMINAL.contains(&k)) {
+            self.end_turn(client).await?;
+        }
+        Ok(())
+    }
+
+    /// The front turn ended: what its policies hold goes out, and the next turn's
+    /// events are the next to come.
+    async fn end_turn(&mut self, client: &mut (impl AsyncWrite + Unpin)) -> std::io::Result<()> {
+        if let Some(Some(events)) = self.events.front_mut()
+            && !events.blocked
+        {
+            let mut out = Vec::new();
+            events.engine.finish(&mut out);
+            self.send_released(out, client).await?;
+        }
+        self.events.pop_front();
+        Ok(())
+    }
+
+    /// One whole message from the upstream: through the front turn's per-event
+    /// policies when they read it, else on as it came. The copy the turn's record
+    /// reads is the upstream's, taken after the policies saw it (so their report is
+    /// whole when the turn's end is read).
     async fn event(
         &mut self,
         client: &mut (impl AsyncWrite + Unpin),
@@ -440,61 +532,55 @@ impl<P: Police> Gate<P> {
             *b = b' ';
         }
         let kind = if compressed { None } else { kind_of(&payload) };
-        let (Some(events), Some(kind)) = (self.events.as_mut(), kind) else {
-            client.write_all(&raw).await?;
-            watch(Way::Down, &raw);
-            return Ok(());
-        };
-        let terminal = TERMINAL.contains(&kind.as_str());
-        if !events.blocked {
-            let sse = Bytes::from(sse_event(&kind, &payload));
-            // Policies that only observe see the event after it went, as over HTTP.
-            let observing = !events.engine.may_change();
-            if observing {
-                client.write_all(&raw).await?;
-            } else {
-                events.pushed.push_back((payload, raw.clone()));
-            }
-            let Some(events) = self.events.as_mut() else {
-                return Ok(());
-            };
-            let mut out = Vec::new();
-            let block = events
-                .engine
-                .push(sse, tokio::time::Instant::now(), &mut out);
-            if terminal && block.is_none() {
-                events.engine.finish(&mut out);
-            }
-            if !observing {
-                self.send_released(out, client).await?;
-            }
-            if let Some(block) = block {
-                let event = error_event(
-                    block.status.as_u16(),
-                    "blocked_by_rule",
-                    &format!("promptgate: {} (rule {:?})", block.message, block.rule),
-                );
-                client.write_all(&server_text_frame(&event)).await?;
-                if let Some(events) = self.events.as_mut() {
-                    events.blocked = true;
+        let terminal = kind.as_deref().is_some_and(|k| TERMINAL.contains(&k));
+        match (self.events.front_mut(), kind) {
+            (Some(Some(events)), Some(kind)) if !events.blocked => {
+                let sse = Bytes::from(sse_event(&kind, &payload));
+                // Policies that only observe see the event after it went, as over HTTP.
+                let observing = !events.engine.may_change();
+                if !observing {
+                    events.pushed.push_back((payload, raw.clone()));
+                }
+                let mut out = Vec::new();
+                let block = events
+                    .engine
+                    .push(sse, tokio::time::Instant::now(), &mut out);
+                if observing {
+                    client.write_all(&raw).await?;
+                } else {
+                    self.send_released(out, client).await?;
+                }
+                if let Some(block) = block {
+                    let event = error_event(
+                        block.status.as_u16(),
+                        "blocked_by_rule",
+                        &format!("promptgate: {} (rule {:?})", block.message, block.rule),
+                    );
+                    self.own(&server_text_frame(&event), client).await?;
+                    if let Some(Some(events)) = self.events.front_mut() {
+                        events.blocked = true;
+                    }
                 }
             }
+            // The rest of a turn a policy ended: dropped.
+            (Some(Some(events)), _) if events.blocked => {}
+            _ => client.write_all(&raw).await?,
         }
         if terminal {
-            self.events = None;
+            self.end_turn(client).await?;
         }
         watch(Way::Down, &raw);
         Ok(())
     }
 
-    /// Sends what the turn's policies released: each event as the frames it came
-    /// in when they left it alone, else as a new frame.
+    /// Sends what the front turn's policies released: each event as the frames it
+    /// came in when they left it alone, else as a new frame.
     async fn send_released(
         &mut self,
         out: Vec<Bytes>,
         client: &mut (impl AsyncWrite + Unpin),
     ) -> std::io::Result<()> {
-        let Some(events) = self.events.as_mut() else {
+        let Some(Some(events)) = self.events.front_mut() else {
             return Ok(());
         };
         let mut messages = Vec::new();
@@ -513,15 +599,15 @@ impl<P: Police> Gate<P> {
                 None => frames.extend_from_slice(&server_text_frame(&message)),
             }
         }
-        if !frames.is_empty() {
-            client.write_all(&frames).await?;
+        if frames.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.own(&frames, client).await
     }
 
-    /// When the current turn's policies must release an event they hold.
+    /// When the front turn's policies must release an event they hold.
     pub(super) fn next_release(&self) -> Option<tokio::time::Instant> {
-        self.events.as_ref()?.engine.next_release()
+        self.events.front()?.as_ref()?.engine.next_release()
     }
 
     /// Sends the held events whose time has come.
@@ -529,7 +615,7 @@ impl<P: Police> Gate<P> {
         &mut self,
         client: &mut (impl AsyncWrite + Unpin),
     ) -> std::io::Result<()> {
-        let Some(events) = self.events.as_mut() else {
+        let Some(Some(events)) = self.events.front_mut() else {
             return Ok(());
         };
         let mut out = Vec::new();
@@ -539,25 +625,18 @@ impl<P: Police> Gate<P> {
         self.send_released(out, client).await
     }
 
-    /// A turn was let through: its events go through `engine`. A turn still
-    /// streaming (its end never came) lets its held events go first.
-    async fn start_events(
+    /// The upstream closed: every open turn's policies let out what they hold,
+    /// before the close reaches the client.
+    pub(super) async fn upstream_ended(
         &mut self,
-        engine: Box<dyn EventPolicy>,
         client: &mut (impl AsyncWrite + Unpin),
     ) -> std::io::Result<()> {
-        if let Some(events) = self.events.as_mut() {
-            let mut out = Vec::new();
-            events.engine.finish(&mut out);
-            self.send_released(out, client).await?;
+        while !self.events.is_empty() {
+            self.end_turn(client).await?;
         }
-        self.events = Some(TurnEvents {
-            engine,
-            pushed: std::collections::VecDeque::new(),
-            released: crate::provider::sse::SseDecoder::default(),
-            blocked: false,
-        });
-        Ok(())
+        self.passing = false;
+        self.down_left = 0;
+        self.flush_queued(client).await
     }
 
     /// Sends promptgate's own events that waited for a frame boundary.
@@ -579,13 +658,7 @@ impl<P: Police> Gate<P> {
         event: &[u8],
         client: &mut (impl AsyncWrite + Unpin),
     ) -> std::io::Result<()> {
-        let frame = server_text_frame(event);
-        if self.between_frames() {
-            client.write_all(&frame).await
-        } else {
-            self.queued.extend_from_slice(&frame);
-            Ok(())
-        }
+        self.own(&server_text_frame(event), client).await
     }
 
     /// Takes what the client sent, passing on whatever the policies let through;
@@ -642,11 +715,12 @@ impl<P: Police> Gate<P> {
             };
             let control = head.opcode & 0x08 != 0;
             if control && head.payload > MAX_CONTROL {
+                // The client's own framing: it is the side that broke the socket.
                 return Err((
-                    Way::Up,
+                    Way::Down,
                     std::io::Error::new(
                         std::io::ErrorKind::InvalidData,
-                        "a control frame over 125 bytes",
+                        "the client sent a control frame over 125 bytes",
                     ),
                 ));
             }
@@ -721,12 +795,16 @@ impl<P: Police> Gate<P> {
                 ))
             }
         };
-        if matches!(verdict, Verdict::Pass | Verdict::Replace(_))
-            && let Some(engine) = self.police.events()
-        {
-            self.start_events(engine, client)
-                .await
-                .map_err(|e| (Way::Down, e))?;
+        // Every turn let through is answered in order: its slot says whose policies
+        // read the events that come.
+        if matches!(verdict, Verdict::Pass | Verdict::Replace(_)) && self.down_limit.is_some() {
+            let engine = self.police.events();
+            self.events.push_back(engine.map(|engine| TurnEvents {
+                engine,
+                pushed: std::collections::VecDeque::new(),
+                released: crate::provider::sse::SseDecoder::default(),
+                blocked: false,
+            }));
         }
         match verdict {
             Verdict::Pass => {
@@ -1115,6 +1193,14 @@ struct Kind<'a> {
     kind: std::borrow::Cow<'a, str>,
 }
 
+/// The `type` a message's first bytes give, when it is its first key (as the
+/// Responses API writes its events): for a message too large to read whole.
+fn leading_kind(start: &[u8]) -> Option<&str> {
+    let rest = start.strip_prefix(b"{\"type\":\"")?;
+    let end = memchr::memchr(b'"', rest)?;
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
 fn kind_of(message: &[u8]) -> Option<String> {
     serde_json::from_slice::<Kind<'_>>(message)
         .ok()
@@ -1255,14 +1341,31 @@ struct Done {
     /// The response's output items' JSON, which the next turn's prompt holds next.
     output: Vec<Vec<u8>>,
     from: Vec<ExchangeId>,
+    /// About what it holds in memory, measured when it was made.
+    bytes: usize,
 }
 
 impl Done {
-    /// About what it holds in memory.
+    fn new(
+        id: ExchangeId,
+        prompt: PromptParts,
+        output: Vec<Vec<u8>>,
+        from: Vec<ExchangeId>,
+    ) -> Done {
+        // The fields besides the input (instructions, tools) are often tens of KB.
+        let head = serde_json::to_vec(&prompt.head).map_or(0, |h| h.len());
+        let bytes = head + prompt.items.len() + output.iter().map(Vec::len).sum::<usize>();
+        Done {
+            id,
+            prompt,
+            output,
+            from,
+            bytes,
+        }
+    }
+
     fn size(&self) -> usize {
-        self.prompt.items.len()
-            + self.prompt.head.len() * 64
-            + self.output.iter().map(Vec::len).sum::<usize>()
+        self.bytes
     }
 }
 
@@ -1276,11 +1379,40 @@ pub(crate) struct StoredTurn {
     pub(crate) events: Bytes,
 }
 
+/// Which credential made a request: the header that carried it and the id
+/// [`crate::redact::credential_id`] gives it (a stored fingerprint gives the same).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Credential {
+    pub(crate) header: &'static str,
+    pub(crate) id: String,
+}
+
+impl Credential {
+    /// The credential `headers` carry, if any.
+    pub(crate) fn of(headers: &HeaderMap) -> Option<Credential> {
+        ["authorization", "x-api-key"]
+            .into_iter()
+            .find_map(|header| {
+                let v = headers.get(header)?;
+                Some(Credential {
+                    header,
+                    id: crate::redact::credential_id(header, v.as_bytes()),
+                })
+            })
+    }
+}
+
 /// The turns a capture store keeps, as a socket's reader asks for them when a turn
 /// continues a response no socket of this process carried (capture implements it).
 pub(crate) trait StoredTurns: Send + Sync {
-    /// The newest stored turn of `conversation` whose answer's id is `response_id`.
-    fn answered(&self, conversation: &str, response_id: &str) -> Option<StoredTurn>;
+    /// The newest stored turn of `conversation` whose answer's id is `response_id`,
+    /// made with the credential `credential` names (`credential_id` of its header).
+    fn answered(
+        &self,
+        conversation: &str,
+        credential: &Credential,
+        response_id: &str,
+    ) -> Option<StoredTurn>;
 }
 
 /// Where a socket's reader looks for a turn its process never saw: the store, by the
@@ -1299,7 +1431,10 @@ impl Lookup {
             message.clone(),
             Some(crate::prompt::Format::OpenAiResponses),
         )));
-        let stored = self.store.answered(cell.get()?, link)?;
+        // Only a turn made with the same credential: one client never takes in
+        // another's prompt.
+        let credential = Credential::of(&self.headers)?;
+        let stored = self.store.answered(cell.get()?, &credential, link)?;
         let serde_json::Value::Object(mut head) =
             serde_json::from_slice::<serde_json::Value>(&stored.prompt).ok()?
         else {
@@ -1323,12 +1458,7 @@ impl Lookup {
                     .collect();
             }
         });
-        Some(Done {
-            id: stored.id,
-            prompt,
-            output,
-            from: Vec::new(),
-        })
+        Some(Done::new(stored.id, prompt, output, Vec::new()))
     }
 }
 
@@ -1473,9 +1603,9 @@ impl Turns {
         // Taken, not copied: a response is continued once, and what a socket keeps
         // stays one prompt deep.
         let done = link.as_ref().and_then(|l| {
-            continuable()
-                .take(self.credential, l)
-                .or_else(|| self.lookup.as_ref()?.done(message, l))
+            // Taken in its own statement: the lock is not held while the store is asked.
+            let kept = continuable().take(self.credential, l);
+            kept.or_else(|| self.lookup.as_ref()?.done(message, l))
         });
         let new_items = match (&link, &done) {
             (Some(_), Some(_)) => {
@@ -1548,12 +1678,7 @@ impl Turns {
         continuable().keep(
             self.credential,
             id.to_owned(),
-            Done {
-                id: turn.id,
-                prompt,
-                output,
-                from: turn.recovered_from.clone(),
-            },
+            Done::new(turn.id, prompt, output, turn.recovered_from.clone()),
         );
     }
 
