@@ -118,23 +118,22 @@ pub(super) async fn relay(
         };
         if upstream_closed && let Some(g) = gate.as_mut() {
             // A failed write here is the client's, and shows at the close below too.
-            let _ = g.upstream_ended(&mut client_write).await;
+            if g.upstream_ended().is_ok() {
+                let _ = g.flush(&mut client_write).await;
+            }
         }
         let moved = match (step, gate.as_mut()) {
             (Err(_), _) => {
                 out.error = Some(format!("silent for {} s (--idle-timeout)", idle.as_secs()));
                 break;
             }
-            (Ok(Step::Due), Some(g)) => g
-                .release_due(&mut client_write)
-                .await
-                .map_err(|e| (true, e)),
+            (Ok(Step::Due), Some(g)) => g.release_due().map_err(|e| (true, e)),
             (Ok(Step::Due), None) => Ok(()),
             // A failed read is its side's; a failed write the other's.
             // With policies on, each message the client sends waits for them.
             (Ok(Step::Up(Ok(n))), Some(g)) if n > 0 => {
                 out.from_client += n as u64;
-                g.pass(&up[..n], &mut upstream_write, &mut client_write, &mut watch)
+                g.pass(&up[..n], &mut upstream_write, &mut watch)
                     .await
                     .map_err(|(side, e)| (side == Way::Down, e))
             }
@@ -152,8 +151,7 @@ pub(super) async fn relay(
             (Ok(Step::Down(Ok(n))), Some(g)) if n > 0 => {
                 out.to_client += n as u64;
                 // Framing the upstream broke is its fault; a failed write the client's.
-                g.pass_down(&down[..n], &mut client_write, &mut watch)
-                    .await
+                g.pass_down(&down[..n], &mut watch)
                     .map_err(|e| (e.kind() != std::io::ErrorKind::InvalidData, e))
             }
             (Ok(Step::Down(r)), _) => {
@@ -166,6 +164,11 @@ pub(super) async fn relay(
                     })
                     .map_err(|e| (client, e))
             }
+        };
+        // What the gate has for the client goes in one write.
+        let moved = match (moved, gate.as_mut()) {
+            (Ok(()), Some(g)) => g.flush(&mut client_write).await.map_err(|e| (true, e)),
+            (moved, _) => moved,
         };
         if let Err((client, e)) = moved {
             let side = if client { "the client" } else { "the upstream" };
@@ -271,6 +274,8 @@ pub(super) struct Gate<P> {
     /// passes unread.
     down: Held,
     passing: bool,
+    /// What goes to the client at the end of this step (see [`Gate::flush`]).
+    out: Vec<u8>,
 }
 
 /// A frame's head, read: its length, its payload's, and its first two bytes.
@@ -330,6 +335,7 @@ impl<P: Police> Gate<P> {
             down_limit,
             events: std::collections::VecDeque::new(),
             down: Held::default(),
+            out: Vec::new(),
             passing: false,
         }
     }
@@ -342,15 +348,27 @@ impl<P: Police> Gate<P> {
             && (self.down_limit.is_some() || self.down_head.is_empty())
     }
 
-    /// Sends frames of promptgate's own: now, or once the upstream's frame or
-    /// fragmented message in flight has passed.
-    async fn own(
+    /// Writes what the gate has for the client, in one write: the relay calls it
+    /// after each of the gate's steps.
+    // Written frame by frame, a turn's 22 events were 44 writes: ~150-350 µs p50 a turn.
+    pub(super) async fn flush(
         &mut self,
-        frames: &[u8],
         client: &mut (impl AsyncWrite + Unpin),
     ) -> std::io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let result = client.write_all(&self.out).await;
+        self.out.clear();
+        result
+    }
+
+    /// Sends frames of promptgate's own: now, or once the upstream's frame or
+    /// fragmented message in flight has passed.
+    fn own(&mut self, frames: &[u8]) -> std::io::Result<()> {
         if self.between_frames() {
-            client.write_all(frames).await
+            self.out.extend_from_slice(frames);
+            Ok(())
         } else {
             self.queued.extend_from_slice(frames);
             Ok(())
@@ -360,19 +378,18 @@ impl<P: Police> Gate<P> {
     /// Passes what the upstream sent to the client as it comes, keeping count of
     /// where its frames end, so that an event of promptgate's own goes out only
     /// between two of them. Nothing is held but a frame head's few bytes.
-    async fn pass_down(
+    fn pass_down(
         &mut self,
         mut chunk: &[u8],
-        client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> std::io::Result<()> {
         if let Some(limit) = self.down_limit {
-            return self.read_down(chunk, limit, client, watch).await;
+            return self.read_down(chunk, limit, watch);
         }
         while !chunk.is_empty() {
             if self.down_left > 0 {
                 let n = self.down_left.min(chunk.len() as u64) as usize;
-                client.write_all(&chunk[..n]).await?;
+                self.out.extend_from_slice(&chunk[..n]);
                 watch(Way::Down, &chunk[..n]);
                 self.down_left -= n as u64;
                 chunk = &chunk[n..];
@@ -382,7 +399,7 @@ impl<P: Police> Gate<P> {
                 chunk = &chunk[1..];
                 if let Some(head) = read_head(&self.down_head) {
                     let bytes = std::mem::take(&mut self.down_head);
-                    client.write_all(&bytes).await?;
+                    self.out.extend_from_slice(&bytes);
                     watch(Way::Down, &bytes);
                     self.down_left = head.payload;
                     // Nothing of promptgate's own may come between a message's fragments.
@@ -392,7 +409,7 @@ impl<P: Police> Gate<P> {
                 }
             }
             if self.between_frames() {
-                self.flush_queued(client).await?;
+                self.flush_queued()?;
             }
         }
         Ok(())
@@ -402,11 +419,10 @@ impl<P: Police> Gate<P> {
     /// (control frames pass at once) and hands each to [`Gate::event`]. A message
     /// over `limit` passes unread, as an over-limit JSON answer does over HTTP (or is
     /// dropped, when its turn was blocked).
-    async fn read_down(
+    fn read_down(
         &mut self,
         chunk: &[u8],
         limit: usize,
-        client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> std::io::Result<()> {
         self.down_head.extend_from_slice(chunk);
@@ -418,12 +434,12 @@ impl<P: Police> Gate<P> {
                 }
                 let bytes: Vec<u8> = self.down_head.drain(..n).collect();
                 if !self.front_blocked() {
-                    client.write_all(&bytes).await?;
+                    self.out.extend_from_slice(&bytes);
                 }
                 watch(Way::Down, &bytes);
                 self.down_left -= n as u64;
                 if self.between_frames() {
-                    self.flush_queued(client).await?;
+                    self.flush_queued()?;
                 }
                 continue;
             }
@@ -440,13 +456,13 @@ impl<P: Police> Gate<P> {
             let held = self.down.payload.len() as u64;
             if !control && (self.passing || held.saturating_add(head.payload) > limit as u64) {
                 if !self.passing {
-                    self.pass_unread(&head, client).await?;
+                    self.pass_unread(&head)?;
                 }
                 let raw = std::mem::take(&mut self.down).raw;
                 let head_bytes: Vec<u8> = self.down_head.drain(..head.len).collect();
                 for bytes in [raw, head_bytes] {
                     if !self.front_blocked() {
-                        client.write_all(&bytes).await?;
+                        self.out.extend_from_slice(&bytes);
                     }
                     watch(Way::Down, &bytes);
                 }
@@ -460,13 +476,13 @@ impl<P: Police> Gate<P> {
             }
             let frame: Vec<u8> = self.down_head.drain(..end).collect();
             if control {
-                client.write_all(&frame).await?;
+                self.out.extend_from_slice(&frame);
                 watch(Way::Down, &frame);
                 continue;
             }
             self.down.push(frame, &head);
             if head.fin {
-                self.event(client, watch).await?;
+                self.event(watch)?;
             }
         }
     }
@@ -479,11 +495,7 @@ impl<P: Police> Gate<P> {
     /// An upstream message too large to read whole starts passing unread: when its
     /// first bytes say it ends its turn, the turn's policies let out what they hold
     /// first, and the turn is over.
-    async fn pass_unread(
-        &mut self,
-        head: &Head,
-        client: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<()> {
+    fn pass_unread(&mut self, head: &Head) -> std::io::Result<()> {
         let mut start = self.down.payload.clone();
         let body = &self.down_head[head.len..];
         let mut first = body[..body.len().min(256)].to_vec();
@@ -494,20 +506,20 @@ impl<P: Police> Gate<P> {
         }
         start.extend_from_slice(&first);
         if leading_kind(&start).is_some_and(|k| TERMINAL.contains(&k)) {
-            self.end_turn(client).await?;
+            self.end_turn()?;
         }
         Ok(())
     }
 
     /// The front turn ended: what its policies hold goes out, and the next turn's
     /// events are the next to come.
-    async fn end_turn(&mut self, client: &mut (impl AsyncWrite + Unpin)) -> std::io::Result<()> {
+    fn end_turn(&mut self) -> std::io::Result<()> {
         if let Some(Some(events)) = self.events.front_mut()
             && !events.blocked
         {
             let mut out = Vec::new();
             events.engine.finish(&mut out);
-            self.send_released(out, client).await?;
+            self.send_released(out)?;
         }
         self.events.pop_front();
         Ok(())
@@ -517,11 +529,7 @@ impl<P: Police> Gate<P> {
     /// policies when they read it, else on as it came. The copy the turn's record
     /// reads is the upstream's, taken after the policies saw it (so their report is
     /// whole when the turn's end is read).
-    async fn event(
-        &mut self,
-        client: &mut (impl AsyncWrite + Unpin),
-        watch: &mut impl FnMut(Way, &[u8]),
-    ) -> std::io::Result<()> {
+    fn event(&mut self, watch: &mut impl FnMut(Way, &[u8])) -> std::io::Result<()> {
         let Held {
             raw,
             mut payload,
@@ -546,9 +554,9 @@ impl<P: Police> Gate<P> {
                     .engine
                     .push(sse, tokio::time::Instant::now(), &mut out);
                 if observing {
-                    client.write_all(&raw).await?;
+                    self.out.extend_from_slice(&raw);
                 } else {
-                    self.send_released(out, client).await?;
+                    self.send_released(out)?;
                 }
                 if let Some(block) = block {
                     let event = error_event(
@@ -556,7 +564,7 @@ impl<P: Police> Gate<P> {
                         "blocked_by_rule",
                         &format!("promptgate: {} (rule {:?})", block.message, block.rule),
                     );
-                    self.own(&server_text_frame(&event), client).await?;
+                    self.own(&server_text_frame(&event))?;
                     if let Some(Some(events)) = self.events.front_mut() {
                         events.blocked = true;
                     }
@@ -564,10 +572,10 @@ impl<P: Police> Gate<P> {
             }
             // The rest of a turn a policy ended: dropped.
             (Some(Some(events)), _) if events.blocked => {}
-            _ => client.write_all(&raw).await?,
+            _ => self.out.extend_from_slice(&raw),
         }
         if terminal {
-            self.end_turn(client).await?;
+            self.end_turn()?;
         }
         watch(Way::Down, &raw);
         Ok(())
@@ -575,11 +583,7 @@ impl<P: Police> Gate<P> {
 
     /// Sends what the front turn's policies released: each event as the frames it
     /// came in when they left it alone, else as a new frame.
-    async fn send_released(
-        &mut self,
-        out: Vec<Bytes>,
-        client: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<()> {
+    fn send_released(&mut self, out: Vec<Bytes>) -> std::io::Result<()> {
         let Some(Some(events)) = self.events.front_mut() else {
             return Ok(());
         };
@@ -602,7 +606,7 @@ impl<P: Police> Gate<P> {
         if frames.is_empty() {
             return Ok(());
         }
-        self.own(&frames, client).await
+        self.own(&frames)
     }
 
     /// When the front turn's policies must release an event they hold.
@@ -611,10 +615,7 @@ impl<P: Police> Gate<P> {
     }
 
     /// Sends the held events whose time has come.
-    pub(super) async fn release_due(
-        &mut self,
-        client: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<()> {
+    pub(super) fn release_due(&mut self) -> std::io::Result<()> {
         let Some(Some(events)) = self.events.front_mut() else {
             return Ok(());
         };
@@ -622,43 +623,34 @@ impl<P: Police> Gate<P> {
         events
             .engine
             .release_due(tokio::time::Instant::now(), &mut out);
-        self.send_released(out, client).await
+        self.send_released(out)
     }
 
     /// The upstream closed: every open turn's policies let out what they hold,
     /// before the close reaches the client.
-    pub(super) async fn upstream_ended(
-        &mut self,
-        client: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<()> {
+    pub(super) fn upstream_ended(&mut self) -> std::io::Result<()> {
         while !self.events.is_empty() {
-            self.end_turn(client).await?;
+            self.end_turn()?;
         }
         self.passing = false;
         self.down_left = 0;
-        self.flush_queued(client).await
+        self.flush_queued()
     }
 
     /// Sends promptgate's own events that waited for a frame boundary.
-    async fn flush_queued(
-        &mut self,
-        client: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<()> {
+    fn flush_queued(&mut self) -> std::io::Result<()> {
         if self.queued.is_empty() {
             return Ok(());
         }
         let own = std::mem::take(&mut self.queued);
-        client.write_all(&own).await
+        self.out.extend_from_slice(&own);
+        Ok(())
     }
 
     /// Sends an event of promptgate's own to the client: now, between the
     /// upstream's frames, or as soon as the one in flight has passed.
-    async fn answer(
-        &mut self,
-        event: &[u8],
-        client: &mut (impl AsyncWrite + Unpin),
-    ) -> std::io::Result<()> {
-        self.own(&server_text_frame(event), client).await
+    fn answer(&mut self, event: &[u8]) -> std::io::Result<()> {
+        self.own(&server_text_frame(event))
     }
 
     /// Takes what the client sent, passing on whatever the policies let through;
@@ -667,7 +659,6 @@ impl<P: Police> Gate<P> {
         &mut self,
         mut chunk: &[u8],
         upstream: &mut (impl AsyncWrite + Unpin),
-        client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> Result<(), (Way, std::io::Error)> {
         loop {
@@ -703,9 +694,7 @@ impl<P: Police> Gate<P> {
                             self.limit
                         ),
                     );
-                    self.answer(&event, client)
-                        .await
-                        .map_err(|e| (Way::Down, e))?;
+                    self.answer(&event).map_err(|e| (Way::Down, e))?;
                 }
             }
             self.pending.extend_from_slice(chunk);
@@ -757,7 +746,7 @@ impl<P: Police> Gate<P> {
             if !head.fin {
                 continue;
             }
-            self.release(upstream, client, watch).await?;
+            self.release(upstream, watch).await?;
         }
     }
 
@@ -765,7 +754,6 @@ impl<P: Police> Gate<P> {
     async fn release(
         &mut self,
         upstream: &mut (impl AsyncWrite + Unpin),
-        client: &mut (impl AsyncWrite + Unpin),
         watch: &mut impl FnMut(Way, &[u8]),
     ) -> Result<(), (Way, std::io::Error)> {
         let Held {
@@ -822,9 +810,7 @@ impl<P: Police> Gate<P> {
             // promptgate's own event: its turn is recorded apart, not read as the
             // upstream's (it would end whichever turn is open).
             Verdict::Refuse(event) => {
-                self.answer(&event, client)
-                    .await
-                    .map_err(|e| (Way::Down, e))?;
+                self.answer(&event).map_err(|e| (Way::Down, e))?;
             }
         }
         Ok(())
