@@ -35,13 +35,10 @@ fn upgrade_request(host: &str) -> Vec<u8> {
 /// A rules directory with one body rule (a tag): every turn's message is then held
 /// for the request phase.
 fn tag_rule() -> support::TempDir {
-    let dir = support::TempDir::new("ws-tag");
-    std::fs::write(
-        dir.path().join("10-tag.toml"),
+    rules_text(
+        "ws-tag",
         "[[rule]]\nname = \"tag\"\non = \"before_provider_request\"\nwhen = { provider = \"openai\" }\nactions = [ { tag = \"seen\" } ]\n",
     )
-    .unwrap();
-    dir
 }
 
 /// The exchange line of the turn that asked for `model`.
@@ -51,6 +48,24 @@ fn turn_line(lines: &[serde_json::Value], model: &str) -> serde_json::Value {
         .find(|l| l["model"] == model && l["method"] == "POST")
         .unwrap_or_else(|| panic!("no turn for {model}: {lines:?}"))
         .clone()
+}
+
+/// A rules directory holding one file of rules, `toml`.
+fn rules_text(name: &str, toml: &str) -> support::TempDir {
+    let dir = support::TempDir::new(name);
+    std::fs::write(dir.path().join("10-rules.toml"), toml).unwrap();
+    dir
+}
+
+/// A rules directory holding copies of the repository's files `files`.
+fn rules_of(name: &str, files: &[&str]) -> support::TempDir {
+    let dir = support::TempDir::new(name);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in files {
+        let path = root.join(file);
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    dir
 }
 
 /// Reads from `client` until `needle` has come; all that came.
@@ -398,9 +413,8 @@ async fn an_anthropic_route_refuses_a_websocket_with_426() {
 
 #[tokio::test]
 async fn request_policies_run_on_each_turn_and_a_block_keeps_the_socket_open() {
-    let dir = support::TempDir::new("ws-rules");
-    std::fs::write(
-        dir.path().join("10-turns.toml"),
+    let dir = rules_text(
+        "ws-rules",
         r#"[[rule]]
 name = "no-blocked-model"
 on = "before_provider_request"
@@ -413,8 +427,7 @@ on = "before_provider_request"
 when = { provider = "openai" }
 actions = [ { json.set = { pointer = "/temperature", value = 0 } }, { tag = "seen" } ]
 "#,
-    )
-    .unwrap();
+    );
     let blocked = client_frame(br#"{"type":"response.create","model":"gpt-blocked","input":[]}"#);
     let allowed = br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#;
     let answered = server_frame(
@@ -724,6 +737,15 @@ fn turn_events(id: &str, deltas: &[&str]) -> Vec<Vec<u8>> {
         .collect()
 }
 
+/// The text of the `response.output_text.delta` events among `events`, joined.
+fn deltas_of(events: &[serde_json::Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["type"] == "response.output_text.delta")
+        .filter_map(|e| e["delta"].as_str())
+        .collect()
+}
+
 /// The JSON messages in the server frames in `bytes`, in order (a close frame
 /// that came in the same read, or a frame not yet whole, left out).
 fn server_payloads(bytes: &[u8]) -> Vec<serde_json::Value> {
@@ -736,19 +758,13 @@ fn server_payloads(bytes: &[u8]) -> Vec<serde_json::Value> {
 
 #[tokio::test]
 async fn per_event_rules_mask_and_block_a_sockets_events_and_the_socket_stays_open() {
-    let dir = support::TempDir::new("ws-events");
-    let mask = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("rules/examples/80-mask-keys-in-output.toml"),
-    )
-    .unwrap();
-    std::fs::write(dir.path().join("80-mask.toml"), mask).unwrap();
-    std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
-        dir.path().join("90-stop.toml"),
-    )
-    .unwrap();
+    let dir = rules_of(
+        "ws-events",
+        &[
+            "rules/examples/80-mask-keys-in-output.toml",
+            "tests/fixtures/stream-rules/stop-forbidden.toml",
+        ],
+    );
     let key = "sk-ant-api03-SocketCanary0123456789abcdef";
     let masked = turn_events(
         "resp_1",
@@ -791,11 +807,7 @@ async fn per_event_rules_mask_and_block_a_sockets_events_and_the_socket_stays_op
         "the first event as it came: {text}"
     );
     let events = server_payloads(&got);
-    let deltas: String = events
-        .iter()
-        .filter(|e| e["type"] == "response.output_text.delta")
-        .filter_map(|e| e["delta"].as_str())
-        .collect();
+    let deltas = deltas_of(&events);
     assert_eq!(deltas, "Your key: [key removed] — keep it.", "{events:?}");
     let last = events.last().unwrap();
     assert_eq!(
@@ -867,12 +879,10 @@ async fn per_event_rules_mask_and_block_a_sockets_events_and_the_socket_stays_op
 #[tokio::test]
 async fn a_masked_secret_comes_back_in_the_sockets_events_and_never_reaches_the_upstream() {
     const AWS_ID: &str = "AKIAQ3EGRT5KSOCKET7X";
-    let dir = support::TempDir::new("ws-restore");
-    std::fs::write(
-        dir.path().join("scans.toml"),
+    let dir = rules_text(
+        "ws-restore",
         "[[scan]]\nname = \"cloud-credentials\"\ndetectors = [\"aws-access-key\"]\naction = \"mask_and_restore\"\n",
-    )
-    .unwrap();
+    );
     // An upstream that answers with what it was sent: the placeholder in its place,
     // split across deltas.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -923,11 +933,7 @@ async fn a_masked_secret_comes_back_in_the_sockets_events_and_never_reaches_the_
         .unwrap();
     let got = read_until(&mut client, b"response.completed").await;
     let events = server_payloads(&got);
-    let said: String = events
-        .iter()
-        .filter(|e| e["type"] == "response.output_text.delta")
-        .filter_map(|e| e["delta"].as_str())
-        .collect();
+    let said = deltas_of(&events);
     assert_eq!(said, format!("Your key is {AWS_ID} — done."), "{events:?}");
     assert!(
         !String::from_utf8_lossy(&got).contains("MASKED"),
@@ -958,37 +964,52 @@ async fn a_masked_secret_comes_back_in_the_sockets_events_and_never_reaches_the_
     }
 }
 
+/// Codex's socket opening (its headers name the conversation `codex:<thread>`),
+/// with another bearer token when `token` says so.
+fn codex_upgrade(proxy: &Proxy, token: Option<&str>) -> Vec<u8> {
+    let mut head = String::from_utf8(upgrade_request(&proxy.addr.to_string())).unwrap();
+    head.truncate(head.len() - 2);
+    head.push_str("originator: codex_exec\r\nthread-id: 0199-thread-store\r\n\r\n");
+    match token {
+        Some(token) => head.replace("sk-test-websocket", token).into_bytes(),
+        None => head.into_bytes(),
+    }
+}
+
+/// Starts promptgate on the capture store `store` before a fake upstream that answers
+/// `message` with `answered`, and sends that one turn over a socket as Codex opens it.
+async fn turn_on_store(store: &str, message: &[u8], answered: &[u8], token: Option<&str>) -> Proxy {
+    let (up, task) = upstream(false, vec![(message.len(), answered.to_vec())]).await;
+    let proxy = Proxy::start(&[
+        "--upstream-openai",
+        &format!("http://{up}"),
+        "--captures",
+        store,
+    ]);
+    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
+    client
+        .write_all(&codex_upgrade(&proxy, token))
+        .await
+        .unwrap();
+    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
+    client.write_all(message).await.unwrap();
+    assert_eq!(read_n(&mut client, answered.len()).await, answered);
+    drop(client);
+    task.await.unwrap();
+    proxy
+}
+
 #[tokio::test]
 async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
     let captures = support::TempDir::new("ws-store");
     let store = captures.path().to_str().unwrap().to_owned();
-    // Codex's headers: the conversation is codex:<thread>, in both processes.
-    let upgrade = |proxy: &Proxy| {
-        let mut head = String::from_utf8(upgrade_request(&proxy.addr.to_string())).unwrap();
-        head.truncate(head.len() - 2);
-        head.push_str("originator: codex_exec\r\nthread-id: 0199-thread-store\r\n\r\n");
-        head.into_bytes()
-    };
     let first = client_frame(
         br#"{"type":"response.create","model":"gpt-5.5","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"first question"}]}]}"#,
     );
     let answered = server_frame(
         br#"{"type":"response.completed","response":{"id":"resp_stored_1","output":[{"type":"message","role":"assistant","content":[{"type":"output_text","text":"first answer"}]}],"usage":{"input_tokens":9,"output_tokens":2}}}"#,
     );
-    let (up, task) = upstream(false, vec![(first.len(), answered.clone())]).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--captures",
-        &store,
-    ]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client.write_all(&upgrade(&proxy)).await.unwrap();
-    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
-    client.write_all(&first).await.unwrap();
-    assert_eq!(read_n(&mut client, answered.len()).await, answered);
-    drop(client);
-    task.await.unwrap();
+    let proxy = turn_on_store(&store, &first, &answered, None).await;
     let records = support::captures::wait_records(&proxy.captures, 2, WAIT).await;
     let earlier = records
         .iter()
@@ -1006,20 +1027,7 @@ async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
     let answered = server_frame(
         br#"{"type":"response.completed","response":{"id":"resp_stored_2","output":[],"usage":{"input_tokens":20,"output_tokens":1}}}"#,
     );
-    let (up, task) = upstream(false, vec![(second.len(), answered.clone())]).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--captures",
-        &store,
-    ]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    client.write_all(&upgrade(&proxy)).await.unwrap();
-    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
-    client.write_all(&second).await.unwrap();
-    assert_eq!(read_n(&mut client, answered.len()).await, answered);
-    drop(client);
-    task.await.unwrap();
+    let proxy = turn_on_store(&store, &second, &answered, None).await;
     let records = support::captures::wait_records(&proxy.captures, 4, WAIT).await;
     let turn = records
         .iter()
@@ -1056,23 +1064,7 @@ async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
     drop(proxy);
 
     // Another credential, same conversation and link: the store's turn is not its.
-    let (up, task) = upstream(false, vec![(second.len(), answered.clone())]).await;
-    let proxy = Proxy::start(&[
-        "--upstream-openai",
-        &format!("http://{up}"),
-        "--captures",
-        &store,
-    ]);
-    let mut client = TcpStream::connect(proxy.addr).await.unwrap();
-    let other = String::from_utf8(upgrade(&proxy))
-        .unwrap()
-        .replace("sk-test-websocket", "sk-someone-else-entirely");
-    client.write_all(other.as_bytes()).await.unwrap();
-    assert!(read_head(&mut client).await.starts_with("HTTP/1.1 101"));
-    client.write_all(&second).await.unwrap();
-    assert_eq!(read_n(&mut client, answered.len()).await, answered);
-    drop(client);
-    task.await.unwrap();
+    let proxy = turn_on_store(&store, &second, &answered, Some("sk-someone-else-entirely")).await;
     let records = support::captures::wait_records(&proxy.captures, 6, WAIT).await;
     let newest = records
         .iter()
@@ -1087,17 +1079,15 @@ async fn a_turn_after_a_restart_continues_a_response_from_the_store() {
 
 #[tokio::test]
 async fn a_per_event_rule_that_only_tags_sees_each_event_and_changes_no_byte() {
-    let dir = support::TempDir::new("ws-event-tag");
-    std::fs::write(
-        dir.path().join("10-tag.toml"),
+    let dir = rules_text(
+        "ws-event-tag",
         r#"[[rule]]
 name = "greeted"
 on = "provider_stream_event"
 when = { text = { contains = "hello" } }
 actions = [ { tag = "said-hello" } ]
 "#,
-    )
-    .unwrap();
+    );
     let events = turn_events("resp_1", &["well, hel", "lo there"]).concat();
     let message = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
     let (up, task) = upstream(false, vec![(message.len(), events.clone())]).await;
@@ -1122,19 +1112,13 @@ actions = [ { tag = "said-hello" } ]
 
 #[tokio::test]
 async fn a_new_turn_before_a_blocked_turns_end_is_policed_as_its_own() {
-    let dir = support::TempDir::new("ws-overlap");
-    std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("rules/examples/80-mask-keys-in-output.toml"),
-        dir.path().join("80-mask.toml"),
-    )
-    .unwrap();
-    std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
-        dir.path().join("90-stop.toml"),
-    )
-    .unwrap();
+    let dir = rules_of(
+        "ws-overlap",
+        &[
+            "rules/examples/80-mask-keys-in-output.toml",
+            "tests/fixtures/stream-rules/stop-forbidden.toml",
+        ],
+    );
     let key = "sk-ant-api03-OverlapCanary0123456789abcdef";
     let first = turn_events("resp_1", &["now FORBIDDEN", " and then more"]);
     let second = turn_events("resp_2", &["the key: ", key, " ok"]);
@@ -1170,11 +1154,7 @@ async fn a_new_turn_before_a_blocked_turns_end_is_policed_as_its_own() {
     );
     assert!(!text.contains("blocked_by_rule"), "one block only: {text}");
     let events = server_payloads(&got);
-    let said: String = events
-        .iter()
-        .filter(|e| e["type"] == "response.output_text.delta")
-        .filter_map(|e| e["delta"].as_str())
-        .collect();
+    let said = deltas_of(&events);
     assert_eq!(said, "the key: [key removed] ok", "{events:?}");
     drop(client);
     task.await.unwrap();
@@ -1193,13 +1173,10 @@ async fn a_new_turn_before_a_blocked_turns_end_is_policed_as_its_own() {
 
 #[tokio::test]
 async fn an_upstream_control_frame_over_125_bytes_ends_a_policed_socket() {
-    let dir = support::TempDir::new("ws-control");
-    std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/fixtures/stream-rules/stop-forbidden.toml"),
-        dir.path().join("90-stop.toml"),
-    )
-    .unwrap();
+    let dir = rules_of(
+        "ws-control",
+        &["tests/fixtures/stream-rules/stop-forbidden.toml"],
+    );
     let message = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
     // A ping declaring 200 bytes (RFC 6455 allows 125), then its bytes.
     let mut ping = vec![0x89, 126, 0, 200];

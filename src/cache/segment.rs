@@ -321,12 +321,7 @@ impl<'p> Chain<'p> {
             && prev.bytes[..] == *bytes
         {
             unit.lend_hash(prev.hash);
-            return Measured {
-                hash: prev.hash,
-                tokens: prev.tokens,
-                ignored: prev.ignored,
-                respelled: false,
-            };
+            return Measured::of(prev, false);
         }
         // A unit past the earlier turn's last is new (an agent's new round): not looked for.
         if self
@@ -335,12 +330,7 @@ impl<'p> Chain<'p> {
             && let Some(prev) = self.moved_from(unit.path.region, bytes)
         {
             unit.lend_hash(prev.hash);
-            return Measured {
-                hash: prev.hash,
-                tokens: prev.tokens,
-                ignored: prev.ignored,
-                respelled: false,
-            };
+            return Measured::of(prev, false);
         }
         if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
             && prev.path == unit.path
@@ -348,12 +338,7 @@ impl<'p> Chain<'p> {
             // parsed, a few a turn; the digest is not lent: it names other bytes.
             && same_value(&prev.bytes, bytes)
         {
-            return Measured {
-                hash: prev.hash,
-                tokens: prev.tokens,
-                ignored: prev.ignored,
-                respelled: true,
-            };
+            return Measured::of(prev, true);
         }
         let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
         let ignored = text.is_some_and(|t| self.is_ignored(unit.path.region, t));
@@ -503,6 +488,18 @@ struct Measured {
     tokens: u32,
     ignored: bool,
     respelled: bool,
+}
+
+impl Measured {
+    /// An earlier turn's unit's measures, taken as they are.
+    fn of(prev: &Unit, respelled: bool) -> Measured {
+        Measured {
+            hash: prev.hash,
+            tokens: prev.tokens,
+            ignored: prev.ignored,
+            respelled,
+        }
+    }
 }
 
 /// Whether two units are the same JSON value: key order, escapes and spacing
