@@ -412,6 +412,7 @@ fn connection_builder(header_timeout: Duration) -> auto::Builder<TokioExecutor> 
     builder
         .http1()
         .preserve_header_case(true)
+        .max_buf_size(head::MAX_HEAD)
         .timer(TokioTimer::new())
         // Each request head, also the next one on a kept-alive connection; bodies
         // have their own timeout (--body-timeout).
