@@ -24,7 +24,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::responses_ws::{self, ANSWER, Kind, Mode, ResponsesServer, Via, Witness};
+use support::responses_ws::{self, ANSWER, Kind, Mode, ResponsesServer, Via};
 use support::{Proxy, TempDir};
 
 const CANARY_KEY: &str = "sk-proj-CANARYcodexK3y0123456789";
@@ -199,15 +199,6 @@ fn stored_request(proxy: &Proxy, id: &str) -> Vec<u8> {
     out.stdout
 }
 
-/// Headers that are the connection's, not the request's.
-fn end_to_end(headers: &[(String, String)]) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .filter(|(k, _)| !["host", "connection"].contains(&k.to_ascii_lowercase().as_str()))
-        .cloned()
-        .collect()
-}
-
 /// The usage fields of an exchange line for the fake's (input, cached, output):
 /// input counted uncached, as every OpenAI record counts it.
 fn assert_usage(line: &Value, usage: (u64, u64, u64)) {
@@ -244,7 +235,7 @@ fn codex_exec_over_http_completes_through_promptgate() {
 async fn over_http() {
     let fake = ResponsesServer::start(Mode::ToolRound).await;
     let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
-    let witness = Witness::start(proxy.addr).await;
+    let witness = support::RecordingRelay::start(proxy.addr).await;
     let home = Home::new();
     home.custom_provider(&witness.url(), false);
     let run = run_codex(&home, "Run echo hi in the shell, then say hello", &[]).await;
@@ -268,8 +259,8 @@ async fn over_http() {
             body.len()
         );
         assert_eq!(
-            end_to_end(&got.head.headers),
-            end_to_end(&head.headers),
+            support::end_to_end(&got.head.headers),
+            support::end_to_end(&head.headers),
             "headers as sent, case and order kept"
         );
         assert_eq!(got.head.header("originator"), Some("codex_exec"));
@@ -393,7 +384,7 @@ async fn socket_run(mode: Mode, prompt: &str, route: Route) -> SocketRun {
     let (proxy, witness, env) = match route {
         Route::Reverse => {
             let proxy = Proxy::start(&["--upstream-openai", &fake.url()]);
-            let witness = Witness::start(proxy.addr).await;
+            let witness = support::RecordingRelay::start(proxy.addr).await;
             home.custom_provider(&witness.url(), true);
             (proxy, Some(witness), Vec::new())
         }

@@ -13,15 +13,6 @@ use support::{Action, FakeProvider, Reply};
 
 const WAIT: Duration = Duration::from_secs(10);
 
-/// The headers a proxy may not forward as they are.
-fn end_to_end(headers: &[(String, String)]) -> Vec<(String, String)> {
-    headers
-        .iter()
-        .filter(|(k, _)| !["host", "connection"].contains(&k.to_ascii_lowercase().as_str()))
-        .cloned()
-        .collect()
-}
-
 fn owned(headers: &[(&str, String)]) -> Vec<(String, String)> {
     headers
         .iter()
@@ -63,8 +54,8 @@ async fn claude_code_request_arrives_byte_for_byte() {
     assert_eq!(got.target, "/v1/messages?beta=true");
     assert_eq!(got.body, body, "the body arrives byte for byte");
     // Every end-to-end header arrives, spelled and ordered as the client sent it.
-    let expected = end_to_end(&owned(&headers));
-    let received = end_to_end(&got.headers);
+    let expected = support::end_to_end(&owned(&headers));
+    let received = support::end_to_end(&got.headers);
     assert_eq!(received, expected);
     assert_eq!(got.header("host"), Some(fake.addr.to_string().as_str()));
     // The client receives the provider's bytes and headers.
@@ -107,7 +98,10 @@ async fn pi_request_arrives_byte_for_byte() {
             .unwrap();
         assert_eq!(got.target, "/v1/messages");
         assert_eq!(got.body, body);
-        assert_eq!(end_to_end(&got.headers), end_to_end(&owned(&headers)));
+        assert_eq!(
+            support::end_to_end(&got.headers),
+            support::end_to_end(&owned(&headers))
+        );
     }
 }
 

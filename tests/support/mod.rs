@@ -177,6 +177,15 @@ impl TestCa {
     }
 }
 
+/// Headers that are the connection's, not the request's, left out.
+pub fn end_to_end(headers: &[(String, String)]) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(k, _)| !["host", "connection"].contains(&k.to_ascii_lowercase().as_str()))
+        .cloned()
+        .collect()
+}
+
 /// Fails the test with a readable message when `haystack` contains `needle`.
 pub fn assert_absent(haystack: &[u8], needle: &str, what: &str) {
     let found = haystack
@@ -185,8 +194,9 @@ pub fn assert_absent(haystack: &[u8], needle: &str, what: &str) {
     assert!(!found, "the canary {needle:?} leaked into {what}");
 }
 
-/// A TCP relay in front of `target` that records every byte clients send through it:
-/// an independent witness of what a real client put on the wire.
+/// A TCP relay in front of `target` that records every byte clients send through it,
+/// per connection: an independent witness of what a real client put on the wire,
+/// WebSocket frames included.
 pub struct RecordingRelay {
     pub addr: std::net::SocketAddr,
     recorded: Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
@@ -207,6 +217,7 @@ impl RecordingRelay {
                     let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
+                    let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
                     let index = {
                         let mut l = log.lock().unwrap();
                         l.push(Vec::new());
@@ -239,20 +250,40 @@ impl RecordingRelay {
         }
     }
 
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// The requests clients sent through the relay, in connection order: (head, body).
     pub async fn requests(&self) -> Vec<(wire::Head, Vec<u8>)> {
+        self.traffic().await.0
+    }
+
+    /// The HTTP requests clients sent (up to an upgrade): (head, body), and for each
+    /// connection that became a WebSocket, its handshake and the bytes after it.
+    pub async fn traffic(&self) -> (Vec<(wire::Head, Vec<u8>)>, Vec<(wire::Head, Vec<u8>)>) {
+        use tokio::io::AsyncReadExt;
         let streams = self.recorded.lock().unwrap().clone();
-        let mut out = Vec::new();
+        let (mut requests, mut sockets) = (Vec::new(), Vec::new());
         for bytes in streams {
             let mut reader = tokio::io::BufReader::new(&bytes[..]);
             while let Ok(Some(head)) = wire::read_head(&mut reader).await {
+                if head
+                    .header("upgrade")
+                    .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
+                {
+                    let mut rest = Vec::new();
+                    reader.read_to_end(&mut rest).await.unwrap();
+                    sockets.push((head, rest));
+                    break;
+                }
                 let body =
                     wire::read_request_body(&mut reader, &head, std::time::Duration::from_secs(1))
                         .await;
-                out.push((head, body.bytes));
+                requests.push((head, body.bytes));
             }
         }
-        out
+        (requests, sockets)
     }
 }
 

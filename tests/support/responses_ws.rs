@@ -6,7 +6,7 @@
 //!
 //! It records what it received exactly: each POST's head and body, and for each
 //! socket its handshake, every byte after it (masked, as on the wire), and every
-//! message unmasked and reassembled. A [`Witness`] relay put in front of promptgate
+//! message unmasked and reassembled. A [`RecordingRelay`](super::RecordingRelay) put in front of promptgate
 //! records what the client itself sent, to compare with.
 //!
 //! Sec-WebSocket-Accept is SHA-1 (ring's, already a dependency) over the key and the
@@ -700,98 +700,4 @@ fn answer(state: &State, mode: Mode, request: &Value, via: Via) -> Vec<Value> {
     });
     state.changed.notify_waiters();
     events
-}
-
-/// A TCP relay in front of `target` that keeps every byte each client sent through
-/// it, per connection: an independent witness of what a real client put on the
-/// wire, WebSocket frames included.
-pub struct Witness {
-    pub addr: SocketAddr,
-    sent: Arc<Mutex<Vec<Vec<u8>>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Witness {
-    pub async fn start(target: SocketAddr) -> Witness {
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let sent: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-        let log = sent.clone();
-        let task = tokio::spawn(async move {
-            while let Ok((client, _)) = listener.accept().await {
-                let log = log.clone();
-                tokio::spawn(async move {
-                    let Ok(upstream) = TcpStream::connect(target).await else {
-                        return;
-                    };
-                    let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
-                    let index = {
-                        let mut l = log.lock().unwrap();
-                        l.push(Vec::new());
-                        l.len() - 1
-                    };
-                    let (mut cr, mut cw) = client.into_split();
-                    let (mut ur, mut uw) = upstream.into_split();
-                    let up = async {
-                        let mut buf = vec![0u8; 64 << 10];
-                        while let Ok(n) = cr.read(&mut buf).await {
-                            if n == 0 {
-                                break;
-                            }
-                            log.lock().unwrap()[index].extend_from_slice(&buf[..n]);
-                            if uw.write_all(&buf[..n]).await.is_err() {
-                                break;
-                            }
-                        }
-                        let _ = uw.shutdown().await;
-                    };
-                    let down = async {
-                        let _ = tokio::io::copy(&mut ur, &mut cw).await;
-                        let _ = cw.shutdown().await;
-                    };
-                    tokio::join!(up, down);
-                });
-            }
-        });
-        Witness { addr, sent, task }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-
-    /// What clients sent, one entry per connection, in connection order.
-    pub fn connections(&self) -> Vec<Vec<u8>> {
-        self.sent.lock().unwrap().clone()
-    }
-
-    /// The HTTP requests clients sent (up to an upgrade): (head, body), and for each
-    /// connection that became a WebSocket, its handshake and the bytes after it.
-    pub async fn traffic(&self) -> (Vec<(Head, Vec<u8>)>, Vec<(Head, Vec<u8>)>) {
-        let (mut requests, mut sockets) = (Vec::new(), Vec::new());
-        for bytes in self.connections() {
-            let mut reader = BufReader::new(&bytes[..]);
-            while let Ok(Some(head)) = wire::read_head(&mut reader).await {
-                if head
-                    .header("upgrade")
-                    .is_some_and(|v| v.eq_ignore_ascii_case("websocket"))
-                {
-                    let mut rest = Vec::new();
-                    reader.read_to_end(&mut rest).await.unwrap();
-                    sockets.push((head, rest));
-                    break;
-                }
-                let body =
-                    wire::read_request_body(&mut reader, &head, Duration::from_secs(1)).await;
-                requests.push((head, body.bytes));
-            }
-        }
-        (requests, sockets)
-    }
-}
-
-impl Drop for Witness {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
 }
