@@ -19,6 +19,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::id::ExchangeId;
+use crate::observer::frames::{self, Head, read_head};
 use crate::policy::{EventPolicy, SharedReport};
 use crate::provider::Provider;
 use crate::record::{ExchangeRecord, Outcome};
@@ -232,9 +233,7 @@ impl Held {
         let at = self.payload.len();
         self.payload.extend_from_slice(&frame[head.len..]);
         if let Some(m) = head.mask {
-            for (i, b) in self.payload[at..].iter_mut().enumerate() {
-                *b ^= m[i % 4];
-            }
+            frames::unmask(&mut self.payload[at..], m);
         }
         self.compressed |= head.rsv;
         self.raw.extend(frame);
@@ -276,44 +275,6 @@ pub(super) struct Gate<P> {
     passing: bool,
     /// What goes to the client at the end of this step (see [`Gate::flush`]).
     out: Vec<u8>,
-}
-
-/// A frame's head, read: its length, its payload's, and its first two bytes.
-struct Head {
-    len: usize,
-    payload: u64,
-    fin: bool,
-    rsv: bool,
-    opcode: u8,
-    mask: Option<[u8; 4]>,
-}
-
-/// Reads a frame's head off `b`, once it is whole.
-fn read_head(b: &[u8]) -> Option<Head> {
-    let (b0, b1) = (*b.first()?, *b.get(1)?);
-    let (payload, at) = match b1 & 0x7f {
-        126 => (u64::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
-        127 => {
-            let mut n = [0u8; 8];
-            n.copy_from_slice(b.get(2..10)?);
-            (u64::from_be_bytes(n), 10)
-        }
-        n => (u64::from(n), 2),
-    };
-    let mask = if b1 & 0x80 != 0 {
-        let m = b.get(at..at + 4)?;
-        Some([m[0], m[1], m[2], m[3]])
-    } else {
-        None
-    };
-    Some(Head {
-        len: at + if mask.is_some() { 4 } else { 0 },
-        payload,
-        fin: b0 & 0x80 != 0,
-        rsv: b0 & 0x70 != 0,
-        opcode: b0 & 0x0f,
-        mask,
-    })
 }
 
 /// A control frame's payload is at most 125 bytes (RFC 6455 §5.5).
@@ -500,9 +461,7 @@ impl<P: Police> Gate<P> {
         let body = &self.down_head[head.len..];
         let mut first = body[..body.len().min(256)].to_vec();
         if let Some(m) = head.mask {
-            for (i, b) in first.iter_mut().enumerate() {
-                *b ^= m[i % 4];
-            }
+            frames::unmask(&mut first, m);
         }
         start.extend_from_slice(&first);
         if leading_kind(&start).is_some_and(|k| TERMINAL.contains(&k)) {
@@ -975,32 +934,6 @@ impl Police for TurnPolicies {
     }
 }
 
-/// A payload as one frame: `0x81`, its length, then a mask (`Some`) and the masked
-/// bytes, or the bytes as they are.
-fn text_frame(payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
-    let bit = if mask.is_some() { 0x80 } else { 0 };
-    let mut out = vec![0x81];
-    match payload.len() {
-        n if n < 126 => out.push(bit | n as u8),
-        n if n < 65536 => {
-            out.push(bit | 126);
-            out.extend_from_slice(&(n as u16).to_be_bytes());
-        }
-        n => {
-            out.push(bit | 127);
-            out.extend_from_slice(&(n as u64).to_be_bytes());
-        }
-    }
-    match mask {
-        Some(m) => {
-            out.extend_from_slice(&m);
-            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ m[i % 4]));
-        }
-        None => out.extend_from_slice(payload),
-    }
-    out
-}
-
 /// A message as a client sends it: one masked text frame (a fresh mask each time).
 fn client_text_frame(payload: &[u8]) -> Vec<u8> {
     use std::hash::{BuildHasher, Hasher};
@@ -1009,12 +942,12 @@ fn client_text_frame(payload: &[u8]) -> Vec<u8> {
         .build_hasher()
         .finish()
         .to_le_bytes();
-    text_frame(payload, Some([k[0], k[1], k[2], k[3]]))
+    frames::text_frame(payload, Some([k[0], k[1], k[2], k[3]]))
 }
 
 /// An event as a server sends it: one unmasked text frame.
 fn server_text_frame(payload: &[u8]) -> Vec<u8> {
-    text_frame(payload, None)
+    frames::text_frame(payload, None)
 }
 
 /// An `error` event in the Responses socket's shape.

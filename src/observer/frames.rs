@@ -141,32 +141,18 @@ impl Frames {
 
     /// Reads one frame off `pending`; `false` when it is not whole yet.
     fn frame(&mut self, out: &mut Vec<Message>) -> Result<bool, FrameError> {
-        let b = &self.pending;
-        if b.len() < 2 {
+        let Some(head) = read_head(&self.pending) else {
             return Ok(false);
-        }
-        let (fin, rsv1, opcode) = (b[0] & 0x80 != 0, b[0] & 0x40 != 0, b[0] & 0x0f);
-        let masked = b[1] & 0x80 != 0;
-        let (len, mut at) = match b[1] & 0x7f {
-            126 if b.len() >= 4 => (u64::from(u16::from_be_bytes([b[2], b[3]])), 4),
-            127 if b.len() >= 10 => {
-                let mut n = [0u8; 8];
-                n.copy_from_slice(&b[2..10]);
-                (u64::from_be_bytes(n), 10)
-            }
-            126 | 127 => return Ok(false),
-            n => (u64::from(n), 2),
         };
-        let mask = if masked {
-            if b.len() < at + 4 {
-                return Ok(false);
-            }
-            let m = [b[at], b[at + 1], b[at + 2], b[at + 3]];
-            at += 4;
-            Some(m)
-        } else {
-            None
-        };
+        let (fin, rsv1, opcode, len, at, mask) = (
+            head.fin,
+            head.rsv1,
+            head.opcode,
+            head.payload,
+            head.len,
+            head.mask,
+        );
+        let b = &self.pending;
         let control = opcode & 0x08 != 0;
         if control && len > 125 {
             return Err(FrameError::Control(len));
@@ -196,9 +182,7 @@ impl Frames {
         let mut payload: Vec<u8> = b[at..end].to_vec();
         self.pending.drain(..end);
         if let Some(m) = mask {
-            for (i, byte) in payload.iter_mut().enumerate() {
-                *byte ^= m[i % 4];
-            }
+            unmask(&mut payload, m);
         }
         match opcode {
             0x8 => out.push(Message::Close),
@@ -275,34 +259,98 @@ impl Frames {
     }
 }
 
+/// A frame's head, read (RFC 6455 §5.2).
+pub(crate) struct Head {
+    /// The head's own length, mask included.
+    pub(crate) len: usize,
+    /// The payload's length, as declared.
+    pub(crate) payload: u64,
+    pub(crate) fin: bool,
+    /// RSV1: the frame is compressed (permessage-deflate).
+    pub(crate) rsv1: bool,
+    /// Any of RSV1-3.
+    pub(crate) rsv: bool,
+    pub(crate) opcode: u8,
+    pub(crate) mask: Option<[u8; 4]>,
+}
+
+/// Reads a frame's head off `b`, once it is whole.
+pub(crate) fn read_head(b: &[u8]) -> Option<Head> {
+    let (b0, b1) = (*b.first()?, *b.get(1)?);
+    let (payload, at) = match b1 & 0x7f {
+        126 => (u64::from(u16::from_be_bytes([*b.get(2)?, *b.get(3)?])), 4),
+        127 => {
+            let mut n = [0u8; 8];
+            n.copy_from_slice(b.get(2..10)?);
+            (u64::from_be_bytes(n), 10)
+        }
+        n => (u64::from(n), 2),
+    };
+    let mask = if b1 & 0x80 != 0 {
+        let m = b.get(at..at + 4)?;
+        Some([m[0], m[1], m[2], m[3]])
+    } else {
+        None
+    };
+    Some(Head {
+        len: at + if mask.is_some() { 4 } else { 0 },
+        payload,
+        fin: b0 & 0x80 != 0,
+        rsv1: b0 & 0x40 != 0,
+        rsv: b0 & 0x70 != 0,
+        opcode: b0 & 0x0f,
+        mask,
+    })
+}
+
+/// Unmasks (or masks) `bytes`, the start of a payload, with `mask`.
+pub(crate) fn unmask(bytes: &mut [u8], mask: [u8; 4]) {
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b ^= mask[i % 4];
+    }
+}
+
+/// `payload` as one text frame: masked with `mask` (a client's), or as it is.
+pub(crate) fn text_frame(payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
+    frame(true, false, 0x1, payload, mask)
+}
+
+/// One frame of `opcode` carrying `payload`.
+pub(crate) fn frame(
+    fin: bool,
+    rsv1: bool,
+    opcode: u8,
+    payload: &[u8],
+    mask: Option<[u8; 4]>,
+) -> Vec<u8> {
+    let mut out = vec![(u8::from(fin) << 7) | (u8::from(rsv1) << 6) | opcode];
+    let bit = u8::from(mask.is_some()) << 7;
+    match payload.len() {
+        n if n < 126 => out.push(bit | n as u8),
+        n if n < 65536 => {
+            out.push(bit | 126);
+            out.extend_from_slice(&(n as u16).to_be_bytes());
+        }
+        n => {
+            out.push(bit | 127);
+            out.extend_from_slice(&(n as u64).to_be_bytes());
+        }
+    }
+    let at = out.len() + if mask.is_some() { 4 } else { 0 };
+    if let Some(m) = mask {
+        out.extend_from_slice(&m);
+    }
+    out.extend_from_slice(payload);
+    if let Some(m) = mask {
+        unmask(&mut out[at..], m);
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use flate2::{Compress, Compression, FlushCompress};
-
-    fn frame(fin: bool, rsv1: bool, opcode: u8, payload: &[u8], mask: Option<[u8; 4]>) -> Vec<u8> {
-        let mut out = vec![(u8::from(fin) << 7) | (u8::from(rsv1) << 6) | opcode];
-        let m = u8::from(mask.is_some()) << 7;
-        match payload.len() {
-            n if n < 126 => out.push(m | n as u8),
-            n if n < 65536 => {
-                out.push(m | 126);
-                out.extend_from_slice(&(n as u16).to_be_bytes());
-            }
-            n => {
-                out.push(m | 127);
-                out.extend_from_slice(&(n as u64).to_be_bytes());
-            }
-        }
-        match mask {
-            Some(k) => {
-                out.extend_from_slice(&k);
-                out.extend(payload.iter().enumerate().map(|(i, b)| b ^ k[i % 4]));
-            }
-            None => out.extend_from_slice(payload),
-        }
-        out
-    }
 
     fn read_all(frames: &mut Frames, bytes: &[u8], step: usize) -> Vec<Message> {
         let mut out = Vec::new();
