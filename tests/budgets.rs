@@ -83,10 +83,13 @@ output_estimate = 1000
     let proxy = start(&fake, &rules, None);
     let mut statuses = Vec::new();
     let mut last = None;
-    for _ in 0..3 {
+    for i in 0..3 {
         let r = client::send(proxy.addr, &turn(proxy.addr, A, "sk-ant-api03-budget-a")).await;
         statuses.push(r.status);
         last = Some(r);
+        // A turn's cost is charged when its record is made, off the request path:
+        // the next turn starts after that, as an agent's next turn does.
+        proxy.wait_exchanges(i + 1, WAIT).await;
     }
     assert_eq!(
         statuses,
