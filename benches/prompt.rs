@@ -36,6 +36,16 @@ fn main() {
                 time(budget, || drop(std::hint::black_box(json::tape(&body)))),
             ),
             (
+                "tape, keys checked",
+                time(budget, || {
+                    drop(std::hint::black_box(json::tape_checking(
+                        &body,
+                        |_| false,
+                        &mut Vec::new(),
+                    )))
+                }),
+            ),
+            (
                 "repeated keys",
                 time(budget, || {
                     drop(std::hint::black_box(json::duplicate_key(&body, &toks)))
@@ -97,7 +107,13 @@ fn main() {
                 }),
             ),
         ];
-        println!("{} bytes, {} units:", body.len(), spans.len());
+        let proved =
+            json::tape_checking(&body, |_| false, &mut Vec::new()).is_ok_and(|(_, unique)| unique);
+        println!(
+            "{} bytes, {} units, keys proved distinct while taping: {proved}:",
+            body.len(),
+            spans.len()
+        );
         for (name, us) in &rows {
             println!("  {name:<22} {us:>8.1}");
         }

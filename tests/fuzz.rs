@@ -765,6 +765,15 @@ fn check_json(body: &[u8]) {
         let _ = json::decode_str(tok.of(body)); // decoding any span never panics
     }
     let dup = json::duplicate_key(body, &toks);
+    // The check made on the way proves distinct keys only where there are none, and
+    // tapes the same.
+    let (checked, unique) = json::tape_checking(body, |_| false, &mut Vec::new()).unwrap();
+    assert_eq!(checked, toks);
+    assert!(
+        !unique || dup.is_none(),
+        "{:?}",
+        String::from_utf8_lossy(body)
+    );
     match &serde {
         Ok(want) => {
             assert_eq!(

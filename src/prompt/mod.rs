@@ -145,12 +145,16 @@ impl Prompt {
     pub fn read(body: Bytes, format: Option<Format>) -> Prompt {
         let mut cache_control_keys = Vec::new();
         let object = body.get(json::skip_ws(&body, json::skip_bom(&body))) == Some(&b'{');
-        let tape = if body.is_empty() {
-            Err(ScanError(0))
+        let (tape, unique) = if body.is_empty() {
+            (Err(ScanError(0)), false)
         } else {
-            json::tape_noting(&body, may_spell_cache_control, &mut cache_control_keys)
+            match json::tape_checking(&body, may_spell_cache_control, &mut cache_control_keys) {
+                Ok((toks, unique)) => (Ok(toks), unique),
+                Err(e) => (Err(e), false),
+            }
         };
         let keys = match &tape {
+            Ok(_) if object && unique => KeyCheck::Unique,
             Ok(toks) if object => match json::duplicate_key(&body, toks) {
                 Some(pointer) => KeyCheck::Repeated(pointer),
                 None => KeyCheck::Unique,

@@ -154,14 +154,70 @@ pub fn tape_noting(
     note: impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
 ) -> Result<Vec<Tok>, ScanError> {
+    scan(body, &note, noted, &mut Keys::default())
+}
+
+/// [`tape_noting`], also telling whether every object's keys are distinct, compared
+/// on the way: `true` proves it, `false` means [`duplicate_key`] must decide (a key
+/// came twice, was spelt with an escape, or an object had too many to compare
+/// pairwise). Agent bodies are nearly always proven, which spares that second pass.
+pub fn tape_checking(
+    body: &[u8],
+    note: impl Fn(&[u8]) -> bool,
+    noted: &mut Vec<u32>,
+) -> Result<(Vec<Tok>, bool), ScanError> {
+    let mut keys = Keys {
+        on: true,
+        ..Keys::default()
+    };
+    let toks = scan(body, &note, noted, &mut keys)?;
+    Ok((toks, !keys.unsure))
+}
+
+/// The repeated-key check [`tape_checking`] makes as it scans.
+#[derive(Default)]
+struct Keys {
+    on: bool,
+    /// The key tokens of the open objects, outermost first.
+    open: Vec<u32>,
+    /// The check cannot prove the keys distinct; it stops looking.
+    unsure: bool,
+}
+
+impl Keys {
+    /// Notes the key token `key` (`escaped`: spelt with an escape) of the object
+    /// whose keys start at `base` in `open`.
+    fn key(&mut self, body: &[u8], toks: &[Tok], base: usize, key: u32, escaped: bool) {
+        if !self.on || self.unsure {
+            return;
+        }
+        // Past this many keys a pairwise check costs more than `duplicate_key`'s set.
+        const FEW: usize = 16;
+        let mine = &self.open[base..];
+        let raw = toks[key as usize].of(body);
+        if escaped || mine.len() >= FEW || mine.iter().any(|&k| toks[k as usize].of(body) == raw) {
+            self.unsure = true;
+        } else {
+            self.open.push(key);
+        }
+    }
+}
+
+fn scan(
+    body: &[u8],
+    note: &impl Fn(&[u8]) -> bool,
+    noted: &mut Vec<u32>,
+    keys: &mut Keys,
+) -> Result<Vec<Tok>, ScanError> {
     if u32::try_from(body.len()).is_err() {
         return Err(ScanError(0));
     }
     let at = |i: usize| i as u32; // in range: the length fits in a u32
     // Bodies carry a key or value every ~100 bytes; reserving about that avoids regrowth.
     let mut toks: Vec<Tok> = Vec::with_capacity(body.len() / 64 + 8);
-    // The open containers: their token index, and whether each is an object.
-    let mut open: Vec<(usize, bool)> = Vec::new();
+    // The open containers: their token index, whether each is an object, and where
+    // its keys start in `keys.open`.
+    let mut open: Vec<(usize, bool, usize)> = Vec::new();
     let mut i = skip_ws(body, skip_bom(body));
     'value: loop {
         // `i` is at a value.
@@ -173,12 +229,13 @@ pub fn tape_noting(
                     end: 0,
                     next: 0,
                 });
-                open.push((toks.len() - 1, c == b'{'));
+                let base = keys.open.len();
+                open.push((toks.len() - 1, c == b'{', base));
                 i = skip_ws(body, i + 1);
                 let close = if c == b'{' { b'}' } else { b']' };
                 if body.get(i) != Some(&close) {
                     if c == b'{' {
-                        i = tape_key(body, i, &mut toks, &note, noted)?;
+                        i = tape_key(body, i, &mut toks, note, noted, keys, base)?;
                     }
                     continue 'value;
                 }
@@ -205,7 +262,7 @@ pub fn tape_noting(
         // After a value (or at the close of an empty container): commas and closes.
         loop {
             i = skip_ws(body, i);
-            let Some(&(top, object)) = open.last() else {
+            let Some(&(top, object, base)) = open.last() else {
                 break 'value;
             };
             let close = if object { b'}' } else { b']' };
@@ -213,13 +270,14 @@ pub fn tape_noting(
                 Some(&c) if c == close => {
                     toks[top].end = at(i + 1);
                     toks[top].next = at(toks.len());
+                    keys.open.truncate(base);
                     open.pop();
                     i += 1;
                 }
                 Some(b',') => {
                     i = skip_ws(body, i + 1);
                     if object {
-                        i = tape_key(body, i, &mut toks, &note, noted)?;
+                        i = tape_key(body, i, &mut toks, note, noted, keys, base)?;
                     }
                     continue 'value;
                 }
@@ -233,20 +291,26 @@ pub fn tape_noting(
     Ok(toks)
 }
 
-/// `i` is at an object key: pushes it, and returns where its value starts.
+/// `i` is at a key of the object whose keys start at `base` in `keys.open`: pushes
+/// it, and returns where its value starts.
 fn tape_key(
     body: &[u8],
     i: usize,
     toks: &mut Vec<Tok>,
     note: &impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
+    keys: &mut Keys,
+    base: usize,
 ) -> Result<usize, ScanError> {
     if body.get(i) != Some(&b'"') {
         return Err(ScanError(i));
     }
-    let end = match short_key_end(body, i) {
-        Some(end) => end,
-        None => skip_string(body, i).ok_or(ScanError(i))?,
+    let (end, escaped) = match short_key_end(body, i) {
+        Some(end) => (end, false),
+        None => {
+            let end = skip_string(body, i).ok_or(ScanError(i))?;
+            (end, memchr::memchr(b'\\', &body[i..end]).is_some())
+        }
     };
     if note(&body[i..end]) {
         noted.push(toks.len() as u32);
@@ -256,6 +320,7 @@ fn tape_key(
         end: end as u32,
         next: (toks.len() + 1) as u32,
     });
+    keys.key(body, toks, base, (toks.len() - 1) as u32, escaped);
     let colon = skip_ws(body, end);
     if body.get(colon) != Some(&b':') {
         return Err(ScanError(colon));
@@ -483,7 +548,32 @@ mod tests {
     use super::*;
 
     fn dup(body: &str) -> Option<String> {
-        duplicate_key(body.as_bytes(), &tape(body.as_bytes()).unwrap())
+        let found = duplicate_key(body.as_bytes(), &tape(body.as_bytes()).unwrap());
+        let (_, unique) = tape_checking(body.as_bytes(), |_| false, &mut Vec::new()).unwrap();
+        assert!(!unique || found.is_none(), "proved distinct: {body}");
+        found
+    }
+
+    #[test]
+    fn the_scan_proves_distinct_keys_on_the_way_where_it_can() {
+        let proved = |body: &str| {
+            tape_checking(body.as_bytes(), |_| false, &mut Vec::new())
+                .unwrap()
+                .1
+        };
+        // Keys of closed objects are forgotten; the outer object's are kept.
+        assert!(proved(r#"{"a":{"k":1,"x":[{"k":2}]},"k":{"k":3},"b":[]}"#));
+        assert!(!proved(r#"{"a":{"x":1},"b":1,"a":2}"#));
+        assert!(!proved(r#"[{"a":1},{"a":1,"b":{"c":[{"d":1,"d":2}]}}]"#));
+        assert!(proved(r#"[{"a":1},{"a":1,"b":{"c":[{"d":1,"e":2}]}}]"#));
+        // An escaped key or a wide object is left to `duplicate_key`.
+        assert!(!proved(r#"{"model":"a","mod\u0065m":"b"}"#));
+        let keys = |n: usize| -> String {
+            let list: Vec<String> = (0..n).map(|i| format!("\"k{i}\":{i}")).collect();
+            format!("{{{}}}", list.join(","))
+        };
+        assert!(proved(&keys(16)));
+        assert!(!proved(&keys(17)));
     }
 
     #[test]
