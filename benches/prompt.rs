@@ -67,6 +67,14 @@ fn main() {
                 }),
             ),
             (
+                "read, units cut",
+                // Fresh each call: a read prompt keeps its cut.
+                time(budget, || {
+                    let p = Prompt::read(body.clone(), Some(Format::AnthropicMessages));
+                    std::hint::black_box(p.units().len());
+                }),
+            ),
+            (
                 "read, units, anatomy",
                 // Fresh each call: the cut hashes the units, and a read prompt keeps them.
                 time(budget, || {

@@ -271,7 +271,10 @@ pub struct Message {
 /// Cuts the units of `root` for `format`, in cache order.
 pub(super) fn cut(root: Value<'_>, format: super::Format) -> (Vec<Unit>, Vec<Message>) {
     let mut c = Cutter {
-        units: Vec::new(),
+        // Claude Code's bodies hold a unit per ~15 tape tokens: reserved for one per 10,
+        // the list does not regrow, and holds less than doubling would have left
+        // (at 1 MB the regrowths were half the cut: 212 -> 92-115 µs).
+        units: Vec::with_capacity(root.toks.len() / 10),
         messages: Vec::new(),
     };
     use super::Format;
