@@ -652,7 +652,11 @@ impl Proxy {
             let relayed = reader.read(&mut turns, &mut |turn| {
                 proxy.record_turn(&socket, turn, &enders);
             });
-            for turn in turns.unfinished() {
+            let unfinished = turns.unfinished();
+            // Codex keeps its socket open between turns: closed for the idle timeout
+            // with no turn under way, it ended as sockets do, not by a failure.
+            let rested = relayed.idle && unfinished.is_empty();
+            for turn in unfinished {
                 proxy.record_turn(&socket, turn, &enders);
             }
             let r = ex.record();
@@ -661,12 +665,16 @@ impl Proxy {
             }
             r.bytes_in = relayed.from_client;
             r.bytes_out = relayed.to_client;
-            let outcome = match (&relayed.error, relayed.client_broke) {
-                (None, _) => Outcome::Ok,
-                (Some(_), true) => Outcome::ClientCancelled,
-                (Some(_), false) => Outcome::UpstreamError,
+            let (outcome, error) = match (relayed.error, relayed.client_broke) {
+                (None, _) => (Outcome::Ok, None),
+                (Some(why), _) if rested => {
+                    r.tags.push(format!("websocket: closed, {why}"));
+                    (Outcome::Ok, None)
+                }
+                (Some(why), true) => (Outcome::ClientCancelled, Some(why)),
+                (Some(why), false) => (Outcome::UpstreamError, Some(why)),
             };
-            ex.pending.emit(outcome, relayed.error);
+            ex.pending.emit(outcome, error);
         };
         if let Err(e) = std::thread::Builder::new()
             .name("promptgate-socket".into())

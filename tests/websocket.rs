@@ -187,6 +187,19 @@ async fn upstream(
     std::net::SocketAddr,
     tokio::task::JoinHandle<(String, Vec<u8>)>,
 ) {
+    upstream_then(refuse, script, true).await
+}
+
+/// [`upstream`], which after its script closes (`close`) or stays silent until
+/// promptgate closes the socket.
+async fn upstream_then(
+    refuse: bool,
+    script: Vec<(usize, Vec<u8>)>,
+    close: bool,
+) -> (
+    std::net::SocketAddr,
+    tokio::task::JoinHandle<(String, Vec<u8>)>,
+) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
@@ -225,9 +238,14 @@ async fn upstream(
             got.extend(read_n(&mut s, expect).await);
             s.write_all(&answer).await.unwrap();
         }
-        // The server closes (a close frame, then the TCP close).
-        s.write_all(&[0x88, 0x02, 0x03, 0xe8]).await.unwrap();
-        s.shutdown().await.unwrap();
+        if close {
+            // The server closes (a close frame, then the TCP close).
+            s.write_all(&[0x88, 0x02, 0x03, 0xe8]).await.unwrap();
+            s.shutdown().await.unwrap();
+        } else {
+            let mut rest = Vec::new();
+            let _ = tokio::time::timeout(WAIT, s.read_to_end(&mut rest)).await;
+        }
         (head, got)
     });
     (addr, task)
@@ -379,6 +397,57 @@ async fn a_turn_the_socket_cut_short_is_recorded_as_such() {
         turn["error"], "the socket closed before the turn ended",
         "{turn}"
     );
+}
+
+#[tokio::test]
+async fn a_socket_left_silent_is_closed_for_the_idle_timeout_without_a_failure() {
+    let create = client_frame(br#"{"type":"response.create","model":"gpt-5.5","input":[]}"#);
+    let started = server_frame(br#"{"type":"response.created","response":{"id":"resp_1"}}"#);
+    let completed = server_frame(
+        br#"{"type":"response.completed","response":{"id":"resp_1","usage":{"input_tokens":5,"output_tokens":1}}}"#,
+    );
+    // Both sides silent after a whole turn (Codex between turns): a normal end, tagged.
+    // Silent in the middle of a turn: the upstream's failure, as over HTTP.
+    for (answer, socket_outcome) in [
+        ([started.clone(), completed].concat(), "ok"),
+        (started, "upstream_error"),
+    ] {
+        let (up, task) = upstream_then(false, vec![(create.len(), answer)], false).await;
+        let proxy = Proxy::start(&[
+            "--upstream-openai",
+            &format!("http://{up}"),
+            "--idle-timeout",
+            "1s",
+        ]);
+        let (mut client, head) = open(&proxy).await;
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        client.write_all(&create).await.unwrap();
+        let mut rest = Vec::new();
+        tokio::time::timeout(WAIT, client.read_to_end(&mut rest))
+            .await
+            .expect("promptgate closes the silent socket")
+            .unwrap();
+        task.await.unwrap();
+        let lines = proxy.wait_exchanges(2, WAIT).await;
+        let socket = lines
+            .iter()
+            .find(|l| l["method"] == "GET")
+            .expect("the socket's record");
+        assert_eq!(socket["outcome"], socket_outcome, "{socket}");
+        let tags = socket["tags"].as_str().unwrap_or_default();
+        if socket_outcome == "ok" {
+            assert!(
+                tags.contains("websocket: closed, silent for 1 s (--idle-timeout)"),
+                "{socket}"
+            );
+            assert!(socket["error"].is_null(), "{socket}");
+        } else {
+            assert_eq!(
+                socket["error"], "silent for 1 s (--idle-timeout)",
+                "{socket}"
+            );
+        }
+    }
 }
 
 #[tokio::test]

@@ -64,6 +64,8 @@ pub(super) struct Relayed {
     pub(super) error: Option<String>,
     /// Whether that was the client's side (it vanished), not the upstream's.
     pub(super) client_broke: bool,
+    /// Whether it ended because both sides were silent for the idle timeout.
+    pub(super) idle: bool,
 }
 
 /// How much of one direction is read at a time.
@@ -126,6 +128,7 @@ pub(super) async fn relay(
         let moved = match (step, gate.as_mut()) {
             (Err(_), _) => {
                 out.error = Some(format!("silent for {} s (--idle-timeout)", idle.as_secs()));
+                out.idle = true;
                 break;
             }
             (Ok(Step::Due), Some(g)) => g.release_due().map_err(|e| (true, e)),
