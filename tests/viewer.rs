@@ -1456,6 +1456,22 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
         )
         .await;
 
+    // The "side requests" checkbox sits beside its label, not in a text field's width.
+    let gap = browser
+        .eval(
+            "const box = document.getElementById('show-side').getBoundingClientRect(); \
+             const r = document.createRange(); r.selectNodeContents(document.getElementById('show-side').parentElement); \
+             const text = [...r.getClientRects()].map(c => c.left).filter(l => l >= box.right - 1); \
+             return [box.width, Math.min(...text) - box.right]",
+            vec![],
+        )
+        .await;
+    let (width, space) = (gap[0].as_f64().unwrap(), gap[1].as_f64().unwrap());
+    assert!(
+        width < 24.0 && space < 12.0,
+        "checkbox {width} px wide, {space} px from its label"
+    );
+
     // Search applies as one types, without Enter.
     browser.type_into("#search", "cat src/file_0.rs").await;
     browser
