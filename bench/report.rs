@@ -131,6 +131,7 @@ const TARGETS: &[&str] = &[
     "promptgate",
     "promptgate-full",
     "mitmproxy",
+    "mitmproxy-addon",
     "promptgate-forward",
 ];
 const DIRECT: &str = "direct";
@@ -496,8 +497,8 @@ impl<'a> Report<'a> {
         let _ = writeln!(
             out,
             "\n## Ratios (pair by pair, same run, same cell)\n\n\
-             | mode | payload | c | promptgate/nginx req/s | added p99: promptgate vs nginx | promptgate/mitmproxy req/s |\n\
-             |---|---|--:|--:|--:|--:|"
+             | mode | payload | c | promptgate/nginx req/s | added p99: promptgate vs nginx | promptgate/mitmproxy req/s | full/mitmproxy-addon req/s |\n\
+             |---|---|--:|--:|--:|--:|--:|"
         );
         let ratio = |r: Option<f64>| r.map_or("n/a".into(), |r| format!("{r:.2}"));
         let mut ratios = Vec::new();
@@ -507,12 +508,13 @@ impl<'a> Report<'a> {
             let p99 = added_comparison(self.added_p99(key, PG), self.added_p99(key, "nginx"));
             let _ = writeln!(
                 out,
-                "| {} | {} | {} | {} | {p99} | {} |",
+                "| {} | {} | {} | {} | {p99} | {} | {} |",
                 mode(key.0),
                 size_name(key.1),
                 key.2,
                 ratio(pg_nginx),
                 ratio(self.rps_ratio(key, PG, "mitmproxy")),
+                ratio(self.rps_ratio(key, "promptgate-full", "mitmproxy-addon")),
             );
         }
         write_geometric_mean(out, "promptgate/nginx req/s", &ratios);
