@@ -69,6 +69,14 @@ fn rules_of(name: &str, files: &[&str]) -> support::TempDir {
 }
 
 /// Reads from `client` until `needle` has come; all that came.
+/// The log line of the socket (`GET`) or of its one turn (`POST`).
+fn line_of<'a>(lines: &'a [serde_json::Value], method: &str) -> &'a serde_json::Value {
+    lines
+        .iter()
+        .find(|l| l["method"] == method)
+        .unwrap_or_else(|| panic!("no {method} line in {lines:?}"))
+}
+
 async fn read_until(client: &mut TcpStream, needle: &[u8]) -> Vec<u8> {
     let mut got = Vec::new();
     while !got.windows(needle.len()).any(|w| w == needle) {
@@ -429,10 +437,7 @@ async fn a_socket_left_silent_is_closed_for_the_idle_timeout_without_a_failure()
             .unwrap();
         task.await.unwrap();
         let lines = proxy.wait_exchanges(2, WAIT).await;
-        let socket = lines
-            .iter()
-            .find(|l| l["method"] == "GET")
-            .expect("the socket's record");
+        let socket = line_of(&lines, "GET");
         assert_eq!(socket["outcome"], socket_outcome, "{socket}");
         let tags = socket["tags"].as_str().unwrap_or_default();
         if socket_outcome == "ok" {
@@ -620,19 +625,13 @@ async fn a_client_that_vanishes_mid_turn_is_on_the_turns_record() {
     let _ = left_tx.send(());
     task.await.unwrap();
     let lines = proxy.wait_exchanges(2, WAIT).await;
-    let turn = lines
-        .iter()
-        .find(|l| l["method"] == "POST")
-        .expect("the turn's record");
+    let turn = line_of(&lines, "POST");
     assert_eq!(turn["outcome"], "client_cancelled", "{turn}");
     assert_eq!(
         turn["error"], "the socket closed before the turn ended",
         "{turn}"
     );
-    let socket = lines
-        .iter()
-        .find(|l| l["method"] == "GET")
-        .expect("the socket's record");
+    let socket = line_of(&lines, "GET");
     assert_eq!(socket["outcome"], "client_cancelled", "{socket}");
 }
 
@@ -723,10 +722,7 @@ async fn compressed_turns_with_context_takeover_are_read_and_pass_unchanged() {
     let (_, received) = task.await.unwrap();
     assert_eq!(received, up_frame, "compressed bytes pass as they came");
     let lines = proxy.wait_exchanges(2, WAIT).await;
-    let turn = lines
-        .iter()
-        .find(|l| l["method"] == "POST")
-        .expect("the turn, read through deflate");
+    let turn = line_of(&lines, "POST");
     assert_eq!(turn["model"], "gpt-5.5", "{turn}");
     assert_eq!(turn["in_tokens"], 77, "{turn}");
     assert_eq!(
@@ -1259,7 +1255,7 @@ async fn an_upstream_control_frame_over_125_bytes_ends_a_policed_socket() {
     assert!(ended.is_ok(), "the socket ends, not hangs");
     assert!(!got.contains(&0x89), "the ping is not passed on: {got:?}");
     let lines = proxy.wait_exchanges(2, WAIT).await;
-    let socket = lines.iter().find(|l| l["method"] == "GET").unwrap();
+    let socket = line_of(&lines, "GET");
     let error = socket["error"].as_str().unwrap_or("");
     assert!(
         error.contains("the upstream broke off") && error.contains("125 bytes"),
