@@ -1342,7 +1342,7 @@ async fn records_dropped_by_a_full_queue_are_counted_by_reason_and_logged_once_p
         "--config",
         config.to_str().unwrap(),
     ]);
-    // 24 uploads of 1 MiB at once: the queue holds one record at a time.
+    // Uploads of 1 MiB: the queue holds one record at a time.
     let text = "lorem ipsum ".repeat((1 << 20) / 12);
     let body = shapes::to_bytes(&json!({"model": "claude-opus-5-5", "max_tokens": 8,
         "messages": [{"role": "user", "content": text}]}));
@@ -1351,7 +1351,21 @@ async fn records_dropped_by_a_full_queue_are_counted_by_reason_and_logged_once_p
     // as a slow disk would: the writer falls behind and the queue fills.
     let db = rusqlite::Connection::open(proxy.captures.join("promptgate.db")).unwrap();
     db.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    let sends = (0..24).map(|_| {
+    // Two records fill the queue (an exchange in flight takes no room: only records
+    // waiting for the writer do), then a burst finds it full.
+    for _ in 0..2 {
+        assert_eq!(client::send(proxy.addr, &request).await.status, 200);
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let (_, health) = client::get_json(proxy.admin_addr(), "/healthz").await;
+        if health["capture"]["queued"].as_u64() >= Some(1) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{health}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sends = (0..22).map(|_| {
         let (addr, request) = (proxy.addr, request.clone());
         tokio::spawn(async move { client::send(addr, &request).await.status })
     });

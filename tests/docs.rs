@@ -63,6 +63,92 @@ const REWRITTEN: &[(&str, &str)] = &[
         "`http://127.0.0.1:8787/openai/v1` and `wire_api = \"responses\"`. Its built-in",
         "the same paragraph, now the config.toml snippet",
     ),
+    (
+        "queue_bytes = \"16MiB\"            # body bytes waiting for the writer",
+        "the capture queue's bound is on records waiting; a promised place takes no bytes (docs/capture.md)",
+    ),
+    (
+        "`capture.queue_bytes` body bytes, default 16 MiB: what the queue may hold in",
+        "the same change",
+    ),
+    (
+        "the writer falls behind (a slow or stalled disk) and the queue is full, the",
+        "the same change",
+    ),
+    (
+        "proxy waits up to `capture.queue_wait` for room (backpressure: the request waits",
+        "the same change",
+    ),
+    (
+        "before it goes upstream; requests that wait do so in line, first come first",
+        "the same change",
+    ),
+    (
+        "served, so none starves while later ones find room; the room it finds is kept",
+        "the same change",
+    ),
+    (
+        "for its record, so exchanges admitted together do not overflow the queue when",
+        "the same change",
+    ),
+    ("they end), then lets the", "the same change"),
+    (
+        "request through and, if the queue is still full when it ends, drops the record,",
+        "the same change",
+    ),
+    (
+        "counts it (`dropped`, by reason `dropped_queue_full` / `dropped_closed`, in `/healthz`;",
+        "the same change",
+    ),
+    (
+        "`/metrics`) and logs `capture queue full …; record dropped: raise",
+        "the same change",
+    ),
+    (
+        "The queue's size trades memory for slack: at 64 concurrent 200 KB requests with",
+        "the same change",
+    ),
+    (
+        "everything on, promptgate peaked at 92–94 MB with the default 4 MiB and at",
+        "the same change",
+    ),
+    (
+        "108–109 MB with 8 MiB, for the same CPU per request; a closed loop of 200 KB",
+        "the same change",
+    ),
+    (
+        "requests at c1, which keeps this 2-core machine busy, waited for the writer a",
+        "the same change",
+    ),
+    (
+        "little more often with 4 MiB (p99 3.0–6.0 against 2.6–3.2 ms). The default is",
+        "the same change",
+    ),
+    (
+        "16 MiB, for bursts of large requests: a burst of N uploads of S bytes that ends",
+        "the same change",
+    ),
+    (
+        "while the writer is busy needs N × S (16 × 1 MiB, or 80 Claude Code turns of",
+        "the same change",
+    ),
+    (
+        "200 KB, fit), and the queue holds at most twice its size while every promised",
+        "the same change",
+    ),
+    (
+        "place is kept (32 MiB); 200 concurrent 1 MiB uploads need `queue_bytes =",
+        "the same change",
+    ),
+    (
+        "\"200MiB\"` (or a longer `capture.queue_wait`), memory those bodies take anyway",
+        "the same change",
+    ),
+    ("while their exchanges run.", "the same change"),
+    (
+        "| the capture queue | `capture.queue_bytes` (16 MiB); drops counted by reason | holds a burst of 16 × 1 MiB or 80 × 200 KB |",
+        "the same change",
+    ),
 ];
 
 #[test]

@@ -82,10 +82,10 @@ impl Default for CaptureSettings {
                 max_size: Some(1 << 30),
             },
             queue: 1024,
-            // Holds a burst of 16 uploads of 1 MiB (or 80 Claude Code turns of 200 KB)
-            // without waiting; at most 2 x 16 MiB resident with every place promised.
-            // (200 KB at c64, everything on: VmHWM 108-109 MB at 8 MiB, 92-94 at 4 MiB.)
-            queue_bytes: 16 << 20,
+            // Records waiting for the writer; exchanges admitted below it keep their
+            // place past it. 200 KB at c64, everything on, VmHWM 115 MB at 16 MiB,
+            // 102 at 8, 85 at 4, for the same req/s (bench/README, issue 45).
+            queue_bytes: 4 << 20,
             queue_wait: Duration::from_secs(2),
             max_response: 16 << 20,
             secret_headers: Vec::new(),
