@@ -194,8 +194,11 @@ pub struct ExchangeRecord {
     pub sent_prompt: PromptCell,
     /// Request headers as sent upstream (hop-by-hop removed, rules applied).
     pub sent_headers: HeaderMap,
-    /// The request body exactly as sent upstream (the received bytes when unchanged).
+    /// The request body exactly as sent upstream (the received bytes when unchanged;
+    /// empty while dried, see [`ExchangeRecord::dry_sent`]).
     pub sent_body: Bytes,
+    /// The body sent, without its bytes, while the answer streams.
+    sent_dried: Option<Arc<crate::prompt::DriedPrompt>>,
     /// Names of the rules that fired, in order.
     pub rules_fired: Vec<String>,
     /// Labels that rules put on the exchange.
@@ -310,7 +313,7 @@ impl ExchangeRecord {
         let sent = if self.sent_unchanged() {
             0
         } else {
-            self.sent_body.len()
+            self.sent_body.len() + self.sent_dried.as_ref().map_or(0, |d| d.len())
         };
         let response = self.observation.as_ref().map_or(0, |o| o.body.len());
         (self.request_body.len() + sent + response) as u64
@@ -353,6 +356,45 @@ impl ExchangeRecord {
         self.sent_prompt = changed;
     }
 
+    /// Lets go of the body sent, once it went, when rules wrote it from the body
+    /// received: only what they wrote is kept until [`ExchangeRecord::restore_sent`]
+    /// (on the record pipeline, before anything reads it). Nothing reads it between.
+    pub(crate) fn dry_sent(&mut self) {
+        if self.sent_unchanged() || self.sent_dried.is_some() {
+            return;
+        }
+        let cell = std::mem::take(&mut self.sent_prompt);
+        let prompt = match cell.into_prompt() {
+            Ok(prompt) => prompt,
+            Err(cell) => {
+                self.sent_prompt = cell;
+                return;
+            }
+        };
+        match prompt.dry(self.prompt.body()) {
+            Ok(dried) => {
+                self.sent_body = Bytes::new();
+                self.sent_dried = Some(Arc::new(dried));
+            }
+            Err(prompt) => self.sent_prompt = PromptCell::of(*prompt),
+        }
+    }
+
+    /// The body sent again, when [`ExchangeRecord::dry_sent`] let it go.
+    pub(crate) fn restore_sent(&mut self) {
+        let Some(dried) = self.sent_dried.take() else {
+            return;
+        };
+        let received = self.prompt.body().clone();
+        match Arc::try_unwrap(dried) {
+            Ok(dried) => self.set_sent(dried.restore(&received)),
+            // Shared (a copy of the record): the same bytes, read afresh.
+            Err(dried) => {
+                self.set_sent_cell(PromptCell::new(dried.body(&received), dried.format()));
+            }
+        }
+    }
+
     /// Whether the body went upstream as it was received (no bytes compared).
     pub fn sent_unchanged(&self) -> bool {
         self.sent_body.as_ptr() == self.request_body.as_ptr()
@@ -393,6 +435,7 @@ impl ExchangeRecord {
             sent_prompt: PromptCell::default(),
             sent_headers: HeaderMap::new(),
             sent_body: Bytes::new(),
+            sent_dried: None,
             rules_fired: Vec::new(),
             tags: Vec::new(),
             body_diff: Vec::new(),
@@ -742,6 +785,7 @@ impl Recorder {
 
     /// Runs the stages on a finished record, then hands it to every sink.
     pub(crate) fn emit(&self, record: &mut ExchangeRecord) {
+        record.restore_sent();
         for stage in &self.stages {
             stage.apply(record);
         }

@@ -369,7 +369,13 @@ impl RecordSink for Capture {
         // Admission already waited (up to queue_wait) for room; a record that got none
         // and finds the queue still full is dropped.
         let promised = state.reserved.remove(&record.id);
-        if !promised && self.full(&state, size, false) {
+        // A record holding no body (its client left while it waited for room) takes
+        // none: only the count bound applies to it.
+        let full = match size {
+            0 => state.items.len() >= self.settings.queue,
+            _ => self.full(&state, size, false),
+        };
+        if !promised && full {
             let (queued, bytes) = (state.items.len(), state.bytes);
             drop(state);
             let dropped = self.shared.dropped.fetch_add(1, Ordering::SeqCst) + 1;
@@ -557,9 +563,18 @@ mod tests {
         assert!(!capture.has_room(&late));
         capture.record(&late);
         assert_eq!(capture.counters().dropped, 1);
+        // One that holds no body (its client left while it waited for room) is kept.
+        let left = ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages".into(),
+        );
+        capture.record(&left);
+        assert_eq!(capture.counters().dropped, 1);
         blocker.execute_batch("ROLLBACK").unwrap();
         capture.close();
-        assert_eq!(capture.counters().written, 5);
+        assert_eq!(capture.counters().written, 6);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -476,6 +476,10 @@ impl CaptureRecord {
                 ctx,
                 &mut sent_summary,
             ));
+            // Copies from a payload a hook replaced say nothing of the body received.
+            if !r.sent_prompt.get().copied_from(r.prompt.body()) {
+                ctx.copied.clear();
+            }
         }
         self.request.body = request_body(
             &r.request_body,
@@ -1117,6 +1121,96 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
             !text.contains("hunter2") && !text.contains("SYSTEMSECRET"),
             "{text}"
         );
+    }
+
+    /// The rules of the test above, applied to `body` as received by `r`.
+    fn derive(r: &ExchangeRecord, body: &Bytes) -> crate::prompt::PromptCell {
+        let rules = crate::rules::RuleSet::compile(&[(
+            "r.toml".into(),
+            r#"
+[[rule]]
+name = "preamble"
+on = "before_provider_request"
+actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h" } ]
+"#
+            .into(),
+        )])
+        .unwrap();
+        let applied = rules.apply_request(crate::rules::RequestCtx {
+            id: None,
+            provider: crate::provider::Provider::Anthropic,
+            api: Api::Messages,
+            method: &http::Method::POST,
+            host: None,
+            path: "/v1/messages",
+            model: None,
+            conversation: None,
+            headers: http::HeaderMap::new(),
+            body,
+            prompt: &r.prompt,
+        });
+        applied.body.expect("the rules change the body")
+    }
+
+    /// A body the rules of [`derive`] change in a few places: most of it is copied.
+    fn sent_body() -> Bytes {
+        let text = "lorem ipsum ".repeat(300);
+        Bytes::from(format!(
+            r#"{{"model":"claude-x","system":[{{"type":"text","text":"be brief"}}],"messages":[{{"role":"user","content":[{{"type":"text","text":"one DB_PASSWORD=hunter2hunter2 {text}"}},{{"type":"text","text":"two","cache_control":{{"type":"ephemeral"}}}}]}}],"max_tokens":5}}"#
+        ))
+    }
+
+    /// While the answer streams the body sent is held as what the rules wrote; the
+    /// record pipeline builds it again, and the record is the one it was.
+    #[test]
+    fn a_body_sent_dried_and_restored_stores_what_it_did_before() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let body = sent_body();
+        let record = || {
+            let mut r = exchange();
+            r.set_request_body(body.clone(), body.clone());
+            let sent = derive(&r, &body);
+            r.set_sent_cell(sent);
+            r
+        };
+        let kept = record();
+        let mut dried = record();
+        dried.sent_prompt.get().units();
+        dried.dry_sent();
+        assert!(dried.sent_body.is_empty(), "dried");
+        assert_eq!(dried.held_bytes(), kept.held_bytes());
+        dried.restore_sent();
+        assert_eq!(dried.sent_body, kept.sent_body);
+        let a = CaptureRecord::redacted(&kept, &redactor);
+        let b = CaptureRecord::redacted(&dried, &redactor);
+        let sent = |c: &CaptureRecord| {
+            let s = c.request.sent_body.as_ref().unwrap();
+            (s.bytes.clone(), s.digest.clone(), s.parts.clone())
+        };
+        assert_eq!(sent(&a), sent(&b));
+        assert_eq!(a.request.body.bytes, b.request.body.bytes);
+        assert_eq!(a.sent_digest, b.sent_digest);
+    }
+
+    /// Copies taken from a payload a hook replaced are not copies of the body
+    /// received: a received body of the same length, one word changed, is stored as
+    /// it came, and the body sent is not dried against it.
+    #[test]
+    fn copies_from_another_payload_lend_nothing_to_the_body_received() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let replaced = sent_body();
+        let received =
+            Bytes::from(String::from_utf8_lossy(&replaced).replace("one DB_", "uno DB_"));
+        let mut r = exchange();
+        r.set_request_body(replaced.clone(), replaced.clone());
+        let derived = derive(&r, &replaced);
+        r.set_request_body(received.clone(), received.clone());
+        r.set_sent_cell(derived);
+        let stored = CaptureRecord::redacted(&r, &redactor);
+        let text = String::from_utf8_lossy(&stored.request.body.bytes);
+        assert!(text.contains("uno DB_"), "{text}");
+        r.dry_sent();
+        assert!(!r.sent_body.is_empty(), "not dried against another body");
     }
 
     #[test]

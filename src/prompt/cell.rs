@@ -38,6 +38,17 @@ impl PromptCell {
         }))
     }
 
+    /// Its model, when this is the cell's only holder and the model was made.
+    pub(crate) fn into_prompt(self) -> Result<Prompt, PromptCell> {
+        match Arc::try_unwrap(self.0) {
+            Ok(source) => match source.prompt.into_inner() {
+                Some(prompt) => Ok(prompt),
+                None => Err(PromptCell::new(source.body, source.format)),
+            },
+            Err(shared) => Err(PromptCell(shared)),
+        }
+    }
+
     /// The body, unread.
     pub fn body(&self) -> &Bytes {
         &self.0.body

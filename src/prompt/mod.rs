@@ -111,6 +111,56 @@ pub struct Settings {
     pub images: bool,
 }
 
+/// A body rules wrote, held without its bytes while nothing reads it (an exchange
+/// streaming its answer): what it copied from the body received is taken from
+/// there again, and only the bytes the rules wrote are kept. 64 streams of 1 MB
+/// otherwise hold 64 MB of bodies sent beside the bodies received.
+#[derive(Debug)]
+pub(crate) struct DriedPrompt {
+    /// The model, its body emptied (its tape, units and copies are kept).
+    prompt: Prompt,
+    /// The body's length.
+    len: usize,
+    /// The bytes between the copies, in order.
+    written: Bytes,
+}
+
+impl DriedPrompt {
+    /// The body's length.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The request format it was read as.
+    pub(crate) fn format(&self) -> Option<Format> {
+        self.prompt.format
+    }
+
+    /// The body again, from `received`: the body the copies were taken from.
+    pub(crate) fn body(&self, received: &[u8]) -> Bytes {
+        let mut body = Vec::with_capacity(self.len);
+        let (mut at, mut w) = (0, 0);
+        for &(here, there, len) in &self.prompt.copied {
+            let (here, there, len) = (here as usize, there as usize, len as usize);
+            body.extend_from_slice(&self.written[w..w + here - at]);
+            w += here - at;
+            body.extend_from_slice(&received[there..there + len]);
+            at = here + len;
+        }
+        body.extend_from_slice(&self.written[w..]);
+        Bytes::from(body)
+    }
+
+    /// The model again, its body from `received` (see [`DriedPrompt::body`]).
+    pub(crate) fn restore(self, received: &[u8]) -> Prompt {
+        let body = self.body(received);
+        Prompt {
+            body,
+            ..self.prompt
+        }
+    }
+}
+
 /// A request body, read once. See the module docs.
 pub struct Prompt {
     body: Bytes,
@@ -124,6 +174,9 @@ pub struct Prompt {
     /// For a body rules wrote: the byte ranges copied from the body received, as
     /// (start here, start there, length), in order.
     copied: Vec<(u32, u32, u32)>,
+    /// Where the body they were copied from is in memory (address, length): a
+    /// payload a hook replaced is not the body received.
+    origin: (usize, usize),
 }
 
 impl std::fmt::Debug for Prompt {
@@ -169,6 +222,7 @@ impl Prompt {
             format,
             cut: std::sync::OnceLock::new(),
             copied: Vec::new(),
+            origin: (0, 0),
         }
     }
 
@@ -176,7 +230,7 @@ impl Prompt {
     /// wrote, with the tape derived from the received body's (`tape` and
     /// `cache_control_keys` exactly what [`Prompt::read`] would find, `keys` its
     /// check), and what it copied from that body (`copied`: start here, start there,
-    /// length, in order).
+    /// length, in order) of `origin`.
     pub(crate) fn derived(
         body: Bytes,
         tape: Vec<Tok>,
@@ -184,6 +238,7 @@ impl Prompt {
         keys: KeyCheck,
         format: Option<Format>,
         copied: Vec<(u32, u32, u32)>,
+        origin: &[u8],
     ) -> Prompt {
         Prompt {
             body,
@@ -193,7 +248,41 @@ impl Prompt {
             format,
             cut: std::sync::OnceLock::new(),
             copied,
+            origin: (origin.as_ptr() as usize, origin.len()),
         }
+    }
+
+    /// Whether rules wrote this body copying from `received` (these very bytes in
+    /// memory, so the same bytes): only then does [`Prompt::received_at`] say where
+    /// in `received` a span came from.
+    pub(crate) fn copied_from(&self, received: &[u8]) -> bool {
+        !self.copied.is_empty() && self.origin == (received.as_ptr() as usize, received.len())
+    }
+
+    /// This model without its bytes, when rules wrote it copying most of them from
+    /// `received` (which must hold them still: [`DriedPrompt::restore`] reads them
+    /// there); else itself.
+    pub(crate) fn dry(self, received: &[u8]) -> Result<DriedPrompt, Box<Prompt>> {
+        let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
+        if !self.copied_from(received) || copied_len < self.body.len() / 2 {
+            return Err(Box::new(self));
+        }
+        let mut written = Vec::with_capacity(self.body.len() - copied_len);
+        let mut at = 0;
+        for &(here, _, len) in &self.copied {
+            written.extend_from_slice(&self.body[at..here as usize]);
+            at = here as usize + len as usize;
+        }
+        written.extend_from_slice(&self.body[at..]);
+        let len = self.body.len();
+        Ok(DriedPrompt {
+            prompt: Prompt {
+                body: Bytes::new(),
+                ..self
+            },
+            len,
+            written: Bytes::from(written),
+        })
     }
 
     /// Where the bytes at `span` of this body, when rules wrote it, came from in the

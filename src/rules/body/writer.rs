@@ -196,7 +196,15 @@ impl<'o> BodyWriter<'o> {
                 None => KeyCheck::Unique,
             },
         };
-        let prompt = Prompt::derived(body, self.toks, self.noted, keys, format, self.copied);
+        let prompt = Prompt::derived(
+            body,
+            self.toks,
+            self.noted,
+            keys,
+            format,
+            self.copied,
+            self.orig.body,
+        );
         // Every debug build (the whole test suite) checks the derivation against a read.
         #[cfg(debug_assertions)]
         {
