@@ -544,10 +544,7 @@ impl Proxy {
             return self.relay(ex, response, socket);
         }
         let (head, incoming) = response_policies(&mut ex, response).await;
-        // The body sent is let go while the answer streams (a stream may run for
-        // minutes); the record pipeline rebuilds it. 64 streams of 200 KB: -13 MB.
         drop(outgoing.prompt);
-        ex.record().dry_sent();
         self.stream(ex, head, incoming)
     }
 
@@ -872,6 +869,10 @@ impl Proxy {
             return ex.answer(ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP).into());
         };
         self.recorder.response_began(ex.record());
+        // The body sent is let go while the answer streams (a stream may run for
+        // minutes) when nothing else holds it: the cache analysis, told just above,
+        // keeps its own until it has read it. The record pipeline rebuilds it.
+        ex.record().dry_sent();
         let is_sse = head
             .headers
             .get(header::CONTENT_TYPE)

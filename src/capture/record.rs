@@ -1073,34 +1073,10 @@ mod redacted_tests {
     #[test]
     fn a_derived_body_stores_what_a_body_read_afresh_stores() {
         let redactor = Redactor::new(&[], &[]).unwrap();
-        let rules = crate::rules::RuleSet::compile(&[(
-            "r.toml".into(),
-            r#"
-[[rule]]
-name = "preamble"
-on = "before_provider_request"
-actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h" } ]
-"#
-            .into(),
-        )])
-        .unwrap();
         let body = Bytes::from_static(br#"{"model":"claude-x","system":[{"type":"text","text":"be brief sk-ant-api03-SYSTEMSECRET0123456789"}],"messages":[{"role":"user","content":[{"type":"text","text":"one DB_PASSWORD=hunter2hunter2"},{"type":"text","text":"two","cache_control":{"type":"ephemeral"}}]}],"max_tokens":5}"#);
         let mut r = exchange();
         r.set_request_body(body.clone(), body.clone());
-        let applied = rules.apply_request(crate::rules::RequestCtx {
-            id: None,
-            provider: crate::provider::Provider::Anthropic,
-            api: Api::Messages,
-            method: &http::Method::POST,
-            host: None,
-            path: "/v1/messages",
-            model: None,
-            conversation: None,
-            headers: http::HeaderMap::new(),
-            body: &body,
-            prompt: &r.prompt,
-        });
-        let derived = applied.body.expect("the rules change the body");
+        let derived = derive(&r, &body);
         let mut afresh = r.clone();
         afresh.set_sent(Prompt::read(derived.body().clone(), derived.get().format()));
         r.set_sent_cell(derived);
@@ -1123,7 +1099,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         );
     }
 
-    /// The rules of the test above, applied to `body` as received by `r`.
+    /// A system preamble and a 1 h ttl, applied to `body` as received by `r`.
     fn derive(r: &ExchangeRecord, body: &Bytes) -> crate::prompt::PromptCell {
         let rules = crate::rules::RuleSet::compile(&[(
             "r.toml".into(),
