@@ -486,6 +486,8 @@ pub trait RecordSink: Send + Sync {
     }
 
     /// Whether the sink could take `record` (as it stands before it goes upstream) now.
+    /// A sink that keeps places keeps one for it when it answers yes: the look and
+    /// the promise are one step, so no record lands between them.
     fn has_room(&self, _record: &ExchangeRecord) -> bool {
         true
     }

@@ -421,10 +421,13 @@ impl RecordSink for Capture {
         if required && !self.shared.healthy.load(Ordering::SeqCst) {
             return Err(Refusal::StoreFailing);
         }
-        // The recorder already waited up to queue_wait for room (has_room). A place is
-        // kept for this record, whatever the queue holds when the exchange ends.
+        // The recorder already waited up to queue_wait for room: when it found some,
+        // `has_room` kept the place then (a record landing since cannot take it).
         let size = record.held_bytes();
         let mut state = self.shared.lock();
+        if state.reserved.contains(&record.id) {
+            return Ok(());
+        }
         if state.closed || self.full(&state, size, true) {
             return match required {
                 true => Err(Refusal::QueueFull),
@@ -437,7 +440,17 @@ impl RecordSink for Capture {
     }
 
     fn has_room(&self, record: &ExchangeRecord) -> bool {
-        self.room_for(record.held_bytes())
+        let mut state = self.shared.lock();
+        if state.closed || state.reserved.contains(&record.id) {
+            return true;
+        }
+        // Room found is kept at once: a record landing before `admit` would take it
+        // (seen: an exchange let through unpromised, its record dropped, no wait).
+        let room = !self.full(&state, record.held_bytes(), true);
+        if room {
+            state.reserved.insert(record.id);
+        }
+        room
     }
 
     fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
@@ -543,7 +556,9 @@ mod tests {
         }
         // Three exchanges of ~6 KB admitted together, 18 KB against a 16 KiB queue:
         // being in flight takes no room, so each finds it and is promised a place.
-        let [first, second, third, other, late] = [(); 5].map(|_| exchange_of(6000));
+        let [first, second, third, other, late, early] = [(); 6].map(|_| exchange_of(6000));
+        // The look and the promise are one step: room found is kept while records land.
+        assert!(capture.has_room(&early));
         for r in [&first, &second, &third] {
             assert!(capture.has_room(r), "a promise takes no bytes");
             capture.admit(r).unwrap();
@@ -555,9 +570,11 @@ mod tests {
             capture.record(r);
         }
         let state = capture.shared.lock();
-        assert_eq!((state.items.len(), state.reserved.len()), (4, 0));
+        assert_eq!((state.items.len(), state.reserved.len()), (4, 1));
         assert!(state.bytes > 16 << 10, "{} bytes queued", state.bytes);
         drop(state);
+        capture.admit(&early).unwrap();
+        capture.record(&early);
         assert_eq!(capture.counters().dropped, 0);
         // Past its bound the queue admits nobody, and drops a record it promised nothing.
         assert!(!capture.has_room(&late));
@@ -574,7 +591,7 @@ mod tests {
         assert_eq!(capture.counters().dropped, 1);
         blocker.execute_batch("ROLLBACK").unwrap();
         capture.close();
-        assert_eq!(capture.counters().written, 6);
+        assert_eq!(capture.counters().written, 7);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
