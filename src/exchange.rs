@@ -544,6 +544,7 @@ impl Proxy {
             return self.relay(ex, response, socket);
         }
         let (head, incoming) = response_policies(&mut ex, response).await;
+        // The record is then the body sent's only holder, and may let it go (stream).
         drop(outgoing.prompt);
         self.stream(ex, head, incoming)
     }

@@ -338,6 +338,21 @@ impl Capture {
         );
     }
 
+    /// Keeps a place for `record` when there is room (or one is kept for it already).
+    /// The look and the promise are one step: a record landing between them would
+    /// take the room (seen: an exchange let through unpromised, its record dropped
+    /// with no wait).
+    fn promise(&self, state: &mut QueueState, record: &ExchangeRecord) -> bool {
+        if state.reserved.contains(&record.id) {
+            return true;
+        }
+        let room = !self.full(state, record.held_bytes(), true);
+        if room {
+            state.reserved.insert(record.id);
+        }
+        room
+    }
+
     /// No room for a record of `extra_bytes`. The byte bound is on records waiting
     /// for the writer: an exchange in flight holds its bodies whether or not it is
     /// captured, so a promise takes no bytes (it would otherwise cap how many
@@ -423,34 +438,22 @@ impl RecordSink for Capture {
         }
         // The recorder already waited up to queue_wait for room: when it found some,
         // `has_room` kept the place then (a record landing since cannot take it).
-        let size = record.held_bytes();
         let mut state = self.shared.lock();
-        if state.reserved.contains(&record.id) {
-            return Ok(());
+        let kept = match state.closed {
+            true => state.reserved.contains(&record.id),
+            false => self.promise(&mut state, record),
+        };
+        match (kept, required) {
+            (true, _) => Ok(()),
+            (false, true) => Err(Refusal::QueueFull),
+            // It goes upstream; its record is dropped if the queue is still full.
+            (false, false) => Ok(()),
         }
-        if state.closed || self.full(&state, size, true) {
-            return match required {
-                true => Err(Refusal::QueueFull),
-                // It goes upstream; its record is dropped if the queue is still full.
-                false => Ok(()),
-            };
-        }
-        state.reserved.insert(record.id);
-        Ok(())
     }
 
     fn has_room(&self, record: &ExchangeRecord) -> bool {
         let mut state = self.shared.lock();
-        if state.closed || state.reserved.contains(&record.id) {
-            return true;
-        }
-        // Room found is kept at once: a record landing before `admit` would take it
-        // (seen: an exchange let through unpromised, its record dropped, no wait).
-        let room = !self.full(&state, record.held_bytes(), true);
-        if room {
-            state.reserved.insert(record.id);
-        }
-        room
+        state.closed || self.promise(&mut state, record)
     }
 
     fn room_freed(&self) -> Option<tokio::sync::futures::Notified<'_>> {
