@@ -1472,6 +1472,24 @@ async fn the_viewer_slips_of_the_first_hour_stay_fixed() {
         "checkbox {width} px wide, {space} px from its label"
     );
 
+    // Each column header is one line ("cache wr" wrapped at 64 px), and a badge
+    // stays inside its cell.
+    let lines = browser
+        .eval(
+            "const heads = [...document.querySelectorAll('#list-head > span')]; \
+             const tall = heads.filter(h => h.getClientRects().length && h.getBoundingClientRect().height > 24).map(h => h.textContent); \
+             const out = [...document.querySelectorAll('#list .row .badge')].filter(b => \
+               b.getBoundingClientRect().right > b.parentElement.getBoundingClientRect().right + 1).map(b => b.textContent); \
+             return [tall, out]",
+            vec![],
+        )
+        .await;
+    assert_eq!(
+        lines,
+        json!([[], []]),
+        "headers on two lines, badges out of their cell"
+    );
+
     // Search applies as one types, without Enter.
     browser.type_into("#search", "cat src/file_0.rs").await;
     browser
