@@ -313,7 +313,7 @@ impl ExchangeRecord {
         let sent = if self.sent_unchanged() {
             0
         } else {
-            self.sent_body.len() + self.sent_dried.as_ref().map_or(0, |d| d.len())
+            self.sent_body.len() + self.sent_dried.as_ref().map_or(0, |d| d.held())
         };
         let response = self.observation.as_ref().map_or(0, |o| o.body.len());
         (self.request_body.len() + sent + response) as u64
@@ -371,12 +371,11 @@ impl ExchangeRecord {
                 return;
             }
         };
+        // Only the prompt's own handle may be left, or drying frees nothing.
+        self.sent_body = Bytes::new();
         match prompt.dry(self.prompt.body()) {
-            Ok(dried) => {
-                self.sent_body = Bytes::new();
-                self.sent_dried = Some(Arc::new(dried));
-            }
-            Err(prompt) => self.sent_prompt = PromptCell::of(*prompt),
+            Ok(dried) => self.sent_dried = Some(Arc::new(dried)),
+            Err(prompt) => self.set_sent(*prompt),
         }
     }
 

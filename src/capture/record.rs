@@ -463,6 +463,7 @@ impl CaptureRecord {
             extra,
             cache,
             copied: Vec::new(),
+            received: r.prompt.body(),
         };
         // The body sent first: the cache stage took its units' digests, which
         // find them in the cache unread; the body received takes what was copied.
@@ -473,6 +474,7 @@ impl CaptureRecord {
                 // A changed body goes upstream identity-encoded.
                 None,
                 r.sent_prompt.get(),
+                None,
                 ctx,
                 &mut sent_summary,
             ));
@@ -481,11 +483,26 @@ impl CaptureRecord {
                 ctx.copied.clear();
             }
         }
+        // Cut where the body sent copied it: those units are the sent body's, already
+        // redacted; what rules changed is a unit of its own. Cutting it afresh was
+        // ~60 µs of the writer's ~340 a request at 200 KB (full, resend, perf).
+        let received = r.prompt.get();
+        // (Rules that copied one value twice overlap: that body is cut afresh.)
+        let split = (!ctx.copied.is_empty())
+            .then(|| {
+                let spans = ctx.copied.iter().map(|(at, unit)| Span {
+                    start: *at,
+                    end: at + unit.sent.len(),
+                });
+                layout::split_around(received.body(), spans)
+            })
+            .filter(|split| !split.units.is_empty());
         self.request.body = request_body(
             &r.request_body,
             &self.received_digest,
             crate::provider::content_coding(&r.request_headers),
-            r.prompt.get(),
+            received,
+            split,
             ctx,
             summary,
         );
@@ -505,6 +522,7 @@ impl CaptureRecord {
                 &frame_digest,
                 None,
                 &frame,
+                None,
                 ctx,
                 &mut frame_summary,
             );
@@ -613,6 +631,8 @@ struct BodyContext<'a> {
     /// The units the body sent copied unchanged from the body received, as stored,
     /// by where they start in that one: it takes them without reading them again.
     copied: Vec<(usize, CachedUnit)>,
+    /// The body received (decoded), where copies are found.
+    received: &'a [u8],
 }
 
 /// Each policy's turn, its decision redacted: a hook's error text may quote what
@@ -659,13 +679,15 @@ fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
 }
 
 /// A request body, redacted: stored as `prompt` holds it (decoded once by the
-/// exchange when it came compressed with `coding`), cut at the prompt's units.
-/// `raw_digest` is the digest of `raw`, reused when the stored bytes are the same.
+/// exchange when it came compressed with `coding`), cut as `split` says, else at
+/// the prompt's units. `raw_digest` is the digest of `raw`, reused when the stored
+/// bytes are the same.
 fn request_body(
     raw: &Bytes,
     raw_digest: &str,
     coding: Option<&str>,
     prompt: &Prompt,
+    split: Option<layout::Split<'_>>,
     ctx: &mut BodyContext<'_>,
     summary: &mut Summary,
 ) -> BodyInfo {
@@ -683,12 +705,13 @@ fn request_body(
         Some(c) => Some(format!("decoded from {c}")),
         None => None,
     };
-    let split = layout::split(prompt);
+    let split = split.unwrap_or_else(|| layout::split(prompt));
     let mut info = match ctx.cache.redact(
         &plain,
         split,
         prompt,
         &mut ctx.copied,
+        ctx.received,
         ctx.redactor,
         ctx.extra,
         summary,
@@ -841,6 +864,7 @@ impl UnitCache {
         split: layout::Split<'_>,
         prompt: &Prompt,
         copied: &mut Vec<(usize, CachedUnit)>,
+        received: &[u8],
         redactor: &Redactor,
         extra: &[regex::Regex],
         summary: &mut Summary,
@@ -856,13 +880,10 @@ impl UnitCache {
         if skeleton.redacted() {
             return whole(summary);
         }
-        // The digests already taken, by where each unit's stored bytes start.
-        let mut digests: Vec<(usize, crate::digest::Digest)> = prompt
-            .units()
-            .iter()
-            .filter_map(|u| Some((u.stored.start, u.span_digest()?)))
-            .collect();
-        digests.sort_unstable_by_key(|(start, _)| *start);
+        // The digests already taken, by where each unit's stored bytes start; looked
+        // up only for a unit not lent, and only when the prompt was cut (a body cut
+        // where another copied it was not: its other units are found by their bytes).
+        let mut digests: Option<Vec<(usize, crate::digest::Digest)>> = None;
         let mut changed = false;
         let mut units = Vec::with_capacity(split.units.len());
         let lent = std::mem::take(copied);
@@ -876,6 +897,15 @@ impl UnitCache {
             let unit = match from_sent {
                 Some(unit) => unit.clone(),
                 None => {
+                    let digests = digests.get_or_insert_with(|| {
+                        let mut d: Vec<_> = prompt
+                            .units_if_cut()
+                            .iter()
+                            .filter_map(|u| Some((u.stored.start, u.span_digest()?)))
+                            .collect();
+                        d.sort_unstable_by_key(|(start, _)| *start);
+                        d
+                    });
                     let digest = digests
                         .binary_search_by_key(&start, |(s, _)| *s)
                         .ok()
@@ -887,7 +917,7 @@ impl UnitCache {
                 start,
                 end: start + bytes.len(),
             };
-            if let Some(at) = prompt.received_at(span) {
+            if let Some(at) = prompt.received_at_or_near(span, received) {
                 copied.push((at, unit.clone()));
             }
             for (kind, n) in &unit.counts {
@@ -1101,17 +1131,21 @@ mod redacted_tests {
 
     /// A system preamble and a 1 h ttl, applied to `body` as received by `r`.
     fn derive(r: &ExchangeRecord, body: &Bytes) -> crate::prompt::PromptCell {
-        let rules = crate::rules::RuleSet::compile(&[(
-            "r.toml".into(),
+        derive_with(
+            r,
+            body,
             r#"
 [[rule]]
 name = "preamble"
 on = "before_provider_request"
 actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h" } ]
-"#
-            .into(),
-        )])
-        .unwrap();
+"#,
+        )
+    }
+
+    /// The rules `toml`, applied to `body` as received by `r`.
+    fn derive_with(r: &ExchangeRecord, body: &Bytes, toml: &str) -> crate::prompt::PromptCell {
+        let rules = crate::rules::RuleSet::compile(&[("r.toml".into(), toml.into())]).unwrap();
         let applied = rules.apply_request(crate::rules::RequestCtx {
             id: None,
             provider: crate::provider::Provider::Anthropic,
@@ -1154,7 +1188,8 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         dried.sent_prompt.get().units();
         dried.dry_sent();
         assert!(dried.sent_body.is_empty(), "dried");
-        assert_eq!(dried.held_bytes(), kept.held_bytes());
+        // It holds what the rules wrote, not the bytes they copied.
+        assert!(dried.held_bytes() < kept.held_bytes() - kept.sent_body.len() as u64 / 2);
         dried.restore_sent();
         assert_eq!(dried.sent_body, kept.sent_body);
         let a = CaptureRecord::redacted(&kept, &redactor);
@@ -1166,6 +1201,87 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         assert_eq!(sent(&a), sent(&b));
         assert_eq!(a.request.body.bytes, b.request.body.bytes);
         assert_eq!(a.sent_digest, b.sent_digest);
+    }
+
+    /// A body rules changed: the body received is cut where the body sent copied it
+    /// (its units are the sent body's, redacted once), not cut afresh, and is stored
+    /// as a body read on its own is.
+    #[test]
+    fn the_body_received_is_cut_where_the_body_sent_copied_it() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let body = sent_body();
+        let mut r = exchange();
+        r.set_request_body(body.clone(), body.clone());
+        let mut own = exchange();
+        own.set_request_body(body.clone(), body.clone());
+        let alone = CaptureRecord::redacted(&own, &redactor);
+        let sent = derive(&r, &body);
+        r.set_sent_cell(sent);
+        let c = CaptureRecord::redacted(&r, &redactor);
+        assert!(!r.prompt.get().is_cut(), "the body received was cut afresh");
+        let parts = c.request.body.parts.as_ref().unwrap();
+        let sent_units: std::collections::HashSet<[u8; 32]> = c
+            .request
+            .sent_body
+            .as_ref()
+            .unwrap()
+            .parts
+            .as_ref()
+            .unwrap()
+            .units
+            .iter()
+            .map(|u| u.2)
+            .collect();
+        // Every unit a fresh cut finds, the block whose `cache_control` the ttl rule
+        // rewrote included (its keys written anew, found by the copy inside it).
+        let fresh = alone.request.body.parts.as_ref().unwrap();
+        assert_eq!(parts.units, fresh.units);
+        assert!(parts.units.iter().all(|u| sent_units.contains(&u.2)));
+        let rebuilt = layout::join(
+            &parts.skeleton.0,
+            parts.units.iter().map(|(o, u, _)| (*o, &u[..])),
+        );
+        assert_eq!(rebuilt, c.request.body.bytes);
+        assert_eq!(c.request.body.bytes, alone.request.body.bytes);
+        assert_eq!(c.request.body.digest, alone.request.body.digest);
+        assert_eq!(c.redactions, alone.redactions);
+        assert!(!String::from_utf8_lossy(&c.request.body.bytes).contains("hunter2"));
+    }
+
+    /// A long value rules rewrote is not copied: in the body received it is a unit of
+    /// its own (stored once by its digest), not part of every turn's skeleton.
+    #[test]
+    fn a_long_value_rules_rewrote_is_a_unit_of_the_body_received() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let long = "work in /home/alice/src and keep it tidy. ".repeat(40);
+        let body = Bytes::from(format!(
+            r#"{{"model":"claude-x","system":[{{"type":"text","text":"{long}"}}],"messages":[{{"role":"user","content":[{{"type":"text","text":"hello there"}}]}}],"max_tokens":5}}"#
+        ));
+        let mut r = exchange();
+        r.set_request_body(body.clone(), body.clone());
+        let sent = derive_with(
+            &r,
+            &body,
+            r#"
+[[rule]]
+name = "scrub"
+on = "before_provider_request"
+actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
+"#,
+        );
+        assert!(!String::from_utf8_lossy(sent.body()).contains("/home/alice/"));
+        r.set_sent_cell(sent);
+        let c = CaptureRecord::redacted(&r, &redactor);
+        let parts = c.request.body.parts.as_ref().unwrap();
+        assert!(!String::from_utf8_lossy(&parts.skeleton.0).contains("/home/alice/"));
+        assert!(
+            parts
+                .units
+                .iter()
+                .any(|(_, u, _)| String::from_utf8_lossy(u).contains("/home/alice/"))
+        );
+        assert_eq!(c.request.body.bytes, body);
+        assert_eq!(c.received_digest, digest::content_hex(&body));
     }
 
     /// Copies taken from a payload a hook replaced are not copies of the body
@@ -1349,6 +1465,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
                     split,
                     &prompt,
                     &mut Vec::new(),
+                    &[],
                     &redactor,
                     &[],
                     &mut units,

@@ -126,9 +126,9 @@ pub(crate) struct DriedPrompt {
 }
 
 impl DriedPrompt {
-    /// The body's length.
-    pub(crate) fn len(&self) -> usize {
-        self.len
+    /// The bytes of the body it still holds (what rules wrote).
+    pub(crate) fn held(&self) -> usize {
+        self.written.len()
     }
 
     /// The request format it was read as.
@@ -264,7 +264,9 @@ impl Prompt {
     /// there); else itself.
     pub(crate) fn dry(self, received: &[u8]) -> Result<DriedPrompt, Box<Prompt>> {
         let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
-        if !self.copied_from(received) || copied_len < self.body.len() / 2 {
+        // Bytes shared elsewhere (a cache history's units) stay whatever this does.
+        if !self.copied_from(received) || copied_len < self.body.len() / 2 || !self.body.is_unique()
+        {
             return Err(Box::new(self));
         }
         let mut written = Vec::with_capacity(self.body.len() - copied_len);
@@ -295,6 +297,30 @@ impl Prompt {
         let (here, there, len) = self.copied[i];
         let (here, there, len) = (here as usize, there as usize, len as usize);
         (span.end <= here + len).then(|| there + span.start - here)
+    }
+
+    /// [`Prompt::received_at`], or, for a span rules wrote around bytes they copied
+    /// (a block whose `cache_control` they changed: its keys written anew, its values
+    /// copied), where the same bytes stand in `received`, found by a copy inside the
+    /// span and checked byte for byte.
+    pub(crate) fn received_at_or_near(&self, span: Span, received: &[u8]) -> Option<usize> {
+        if let Some(at) = self.received_at(span) {
+            return Some(at);
+        }
+        if !self.copied_from(received) {
+            return None;
+        }
+        // The first copy that ends past the span's start.
+        let i = self
+            .copied
+            .partition_point(|&(here, _, len)| (here + len) as usize <= span.start);
+        let &(here, there, _) = self.copied.get(i)?;
+        if here as usize >= span.end {
+            return None;
+        }
+        let start = (there as usize + span.start).checked_sub(here as usize)?;
+        let bytes = self.body.get(span.start..span.end)?;
+        (received.get(start..start + bytes.len()) == Some(bytes)).then_some(start)
     }
 
     /// The bytes it was read from.
@@ -348,6 +374,17 @@ impl Prompt {
     /// Repeated keys (`NotChecked` for a body that is no JSON object).
     pub fn keys(&self) -> &KeyCheck {
         &self.keys
+    }
+
+    /// Whether its units were cut (a test's look at work not done).
+    #[cfg(test)]
+    pub(crate) fn is_cut(&self) -> bool {
+        self.cut.get().is_some()
+    }
+
+    /// Its units, when somebody cut them already (no cut is made for the asking).
+    pub(crate) fn units_if_cut(&self) -> &[Unit] {
+        self.cut.get().map_or(&[], |(units, _)| units)
     }
 
     /// The units and messages, cut now if nobody has asked yet.
