@@ -478,10 +478,6 @@ impl CaptureRecord {
                 ctx,
                 &mut sent_summary,
             ));
-            // Copies from a payload a hook replaced say nothing of the body received.
-            if !r.sent_prompt.get().copied_from(r.prompt.body()) {
-                ctx.copied.clear();
-            }
         }
         // Cut where the body sent copied it: those units are the sent body's, already
         // redacted; what rules changed is a unit of its own. Cutting it afresh was
@@ -880,10 +876,15 @@ impl UnitCache {
         if skeleton.redacted() {
             return whole(summary);
         }
-        // The digests already taken, by where each unit's stored bytes start; looked
-        // up only for a unit not lent, and only when the prompt was cut (a body cut
-        // where another copied it was not: its other units are found by their bytes).
-        let mut digests: Option<Vec<(usize, crate::digest::Digest)>> = None;
+        // The digests already taken, by where each unit's stored bytes start, when the
+        // prompt was cut (a body cut where another copied it was not: its units not
+        // lent are found by their bytes).
+        let mut digests: Vec<(usize, crate::digest::Digest)> = prompt
+            .units_if_cut()
+            .iter()
+            .filter_map(|u| Some((u.stored.start, u.span_digest()?)))
+            .collect();
+        digests.sort_unstable_by_key(|(start, _)| *start);
         let mut changed = false;
         let mut units = Vec::with_capacity(split.units.len());
         let lent = std::mem::take(copied);
@@ -897,15 +898,6 @@ impl UnitCache {
             let unit = match from_sent {
                 Some(unit) => unit.clone(),
                 None => {
-                    let digests = digests.get_or_insert_with(|| {
-                        let mut d: Vec<_> = prompt
-                            .units_if_cut()
-                            .iter()
-                            .filter_map(|u| Some((u.stored.start, u.span_digest()?)))
-                            .collect();
-                        d.sort_unstable_by_key(|(start, _)| *start);
-                        d
-                    });
                     let digest = digests
                         .binary_search_by_key(&start, |(s, _)| *s)
                         .ok()
@@ -917,7 +909,7 @@ impl UnitCache {
                 start,
                 end: start + bytes.len(),
             };
-            if let Some(at) = prompt.received_at_or_near(span, received) {
+            if let Some(at) = prompt.received_at(span, received) {
                 copied.push((at, unit.clone()));
             }
             for (kind, n) in &unit.counts {
@@ -1218,7 +1210,10 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
         let sent = derive(&r, &body);
         r.set_sent_cell(sent);
         let c = CaptureRecord::redacted(&r, &redactor);
-        assert!(!r.prompt.get().is_cut(), "the body received was cut afresh");
+        assert!(
+            r.prompt.get().units_if_cut().is_empty(),
+            "the body received was cut afresh"
+        );
         let parts = c.request.body.parts.as_ref().unwrap();
         let sent_units: std::collections::HashSet<[u8; 32]> = c
             .request

@@ -287,26 +287,11 @@ impl Prompt {
         })
     }
 
-    /// Where the bytes at `span` of this body, when rules wrote it, came from in the
-    /// body received: `Some(start)` when they were copied from it unchanged.
-    pub fn received_at(&self, span: Span) -> Option<usize> {
-        let i = self
-            .copied
-            .partition_point(|&(here, _, _)| here as usize <= span.start)
-            .checked_sub(1)?;
-        let (here, there, len) = self.copied[i];
-        let (here, there, len) = (here as usize, there as usize, len as usize);
-        (span.end <= here + len).then(|| there + span.start - here)
-    }
-
-    /// [`Prompt::received_at`], or, for a span rules wrote around bytes they copied
-    /// (a block whose `cache_control` they changed: its keys written anew, its values
-    /// copied), where the same bytes stand in `received`, found by a copy inside the
-    /// span and checked byte for byte.
-    pub(crate) fn received_at_or_near(&self, span: Span, received: &[u8]) -> Option<usize> {
-        if let Some(at) = self.received_at(span) {
-            return Some(at);
-        }
+    /// Where the bytes at `span` of this body stand in `received`, when rules wrote
+    /// it copying from that body: inside one copy, or, for a span rules wrote around
+    /// bytes they copied (a block whose `cache_control` they changed: its keys written
+    /// anew, its values copied), found by the copy inside it and checked byte for byte.
+    pub(crate) fn received_at(&self, span: Span, received: &[u8]) -> Option<usize> {
         if !self.copied_from(received) {
             return None;
         }
@@ -314,11 +299,15 @@ impl Prompt {
         let i = self
             .copied
             .partition_point(|&(here, _, len)| (here + len) as usize <= span.start);
-        let &(here, there, _) = self.copied.get(i)?;
-        if here as usize >= span.end {
+        let &(here, there, len) = self.copied.get(i)?;
+        let (here, there, len) = (here as usize, there as usize, len as usize);
+        if here >= span.end {
             return None;
         }
-        let start = (there as usize + span.start).checked_sub(here as usize)?;
+        let start = (there + span.start).checked_sub(here)?;
+        if here <= span.start && span.end <= here + len {
+            return Some(start);
+        }
         let bytes = self.body.get(span.start..span.end)?;
         (received.get(start..start + bytes.len()) == Some(bytes)).then_some(start)
     }
@@ -374,12 +363,6 @@ impl Prompt {
     /// Repeated keys (`NotChecked` for a body that is no JSON object).
     pub fn keys(&self) -> &KeyCheck {
         &self.keys
-    }
-
-    /// Whether its units were cut (a test's look at work not done).
-    #[cfg(test)]
-    pub(crate) fn is_cut(&self) -> bool {
-        self.cut.get().is_some()
     }
 
     /// Its units, when somebody cut them already (no cut is made for the asking).
