@@ -344,7 +344,11 @@ impl CaptureRecord {
         let extra = &r.extra_redactions;
         let started_ms = crate::capture::timestamp::ms_of(r.started_at);
         let ms = |d: Duration| (d.as_micros() as f64 / 1000.0 * 1000.0).round() / 1000.0;
-        let (received_digest, sent_digest, same_body) = body_digests(r);
+        let known = cache.request_seen(r);
+        let (received_digest, sent_digest, same_body) = match &known {
+            Some(k) => (k.received_digest.clone(), k.sent_digest.clone(), k.same),
+            None => body_digests(r),
+        };
         // The key the exchange's cell decides (once), redacted like any text.
         let conversation = r
             .conversation
@@ -436,7 +440,7 @@ impl CaptureRecord {
             }),
         };
         if r.capture {
-            record.capture_contents(r, redactor, cache, same_body, &mut summary);
+            record.capture_contents(r, redactor, cache, known, same_body, &mut summary);
         }
         record.redactions = summary;
         record
@@ -448,6 +452,7 @@ impl CaptureRecord {
         r: &ExchangeRecord,
         redactor: &Redactor,
         cache: &mut UnitCache,
+        known: Option<StoredRequest>,
         same_body: bool,
         summary: &mut Summary,
     ) {
@@ -465,43 +470,22 @@ impl CaptureRecord {
             copied: Vec::new(),
             received: r.prompt.body(),
         };
-        // The body sent first: the cache stage took its units' digests, which
-        // find them in the cache unread; the body received takes what was copied.
-        if !same_body {
-            self.request.sent_body = Some(request_body(
-                &r.sent_body,
-                &self.sent_digest,
-                // A changed body goes upstream identity-encoded.
-                None,
-                r.sent_prompt.get(),
-                None,
-                ctx,
-                &mut sent_summary,
-            ));
+        let stored = match known {
+            Some(known) => known,
+            None => {
+                let stored = self.request_bodies(r, ctx, same_body);
+                ctx.cache.keep_request(r, &stored);
+                stored
+            }
+        };
+        self.request.body = stored.body;
+        self.request.sent_body = stored.sent_body;
+        for (kind, n) in stored.counts {
+            *summary.entry(kind).or_default() += n;
         }
-        // Cut where the body sent copied it: those units are the sent body's, already
-        // redacted; what rules changed is a unit of its own. Cutting it afresh was
-        // ~60 µs of the writer's ~340 a request at 200 KB (full, resend, perf).
-        let received = r.prompt.get();
-        // (Rules that copied one value twice overlap: that body is cut afresh.)
-        let split = (!ctx.copied.is_empty())
-            .then(|| {
-                let spans = ctx.copied.iter().map(|(at, unit)| Span {
-                    start: *at,
-                    end: at + unit.sent.len(),
-                });
-                layout::split_around(received.body(), spans)
-            })
-            .filter(|split| !split.units.is_empty());
-        self.request.body = request_body(
-            &r.request_body,
-            &self.received_digest,
-            crate::provider::content_coding(&r.request_headers),
-            received,
-            split,
-            ctx,
-            summary,
-        );
+        for (kind, n) in stored.sent_counts {
+            *sent_summary.entry(kind).or_default() += n;
+        }
         for (kind, n) in sent_summary {
             let seen = summary.entry(kind).or_default();
             *seen = (*seen).max(n);
@@ -541,6 +525,63 @@ impl CaptureRecord {
                 ..e.clone()
             })
             .collect();
+    }
+
+    /// The request bodies (received, and sent when it differs), redacted and cut.
+    fn request_bodies(
+        &self,
+        r: &ExchangeRecord,
+        ctx: &mut BodyContext<'_>,
+        same_body: bool,
+    ) -> StoredRequest {
+        let mut counts = Summary::new();
+        let mut sent_counts = Summary::new();
+        // The body sent first: the cache stage took its units' digests, which
+        // find them in the cache unread; the body received takes what was copied.
+        let sent_body = (!same_body).then(|| {
+            request_body(
+                &r.sent_body,
+                &self.sent_digest,
+                // A changed body goes upstream identity-encoded.
+                None,
+                r.sent_prompt.get(),
+                None,
+                ctx,
+                &mut sent_counts,
+            )
+        });
+        // Cut where the body sent copied it: those units are the sent body's, already
+        // redacted; what rules changed is a unit of its own. Cutting it afresh was
+        // ~60 µs of the writer's ~340 a request at 200 KB (full, resend, perf).
+        let received = r.prompt.get();
+        // (Rules that copied one value twice overlap: that body is cut afresh.)
+        let split = (!ctx.copied.is_empty())
+            .then(|| {
+                let spans = ctx.copied.iter().map(|(at, unit)| Span {
+                    start: *at,
+                    end: at + unit.sent.len(),
+                });
+                layout::split_around(received.body(), spans)
+            })
+            .filter(|split| !split.units.is_empty());
+        let body = request_body(
+            &r.request_body,
+            &self.received_digest,
+            crate::provider::content_coding(&r.request_headers),
+            received,
+            split,
+            ctx,
+            &mut counts,
+        );
+        StoredRequest {
+            received_digest: self.received_digest.clone(),
+            sent_digest: self.sent_digest.clone(),
+            same: same_body,
+            body,
+            sent_body,
+            counts,
+            sent_counts,
+        }
     }
 
     /// Adds the response body and, for a stream, its reassembled message, redacted.
@@ -765,6 +806,10 @@ pub struct UnitCache {
     /// Bytes held by `current`.
     bytes: usize,
     limit: usize,
+    /// The last requests stored, newest last: one sent again byte for byte takes its
+    /// digests and stored bodies from here, without reading its bytes but to compare.
+    // 200 KB resend, full, c16: the writer thread 269–293 µs a request → 72–74.
+    recent: std::collections::VecDeque<RecentRequest>,
 }
 
 impl Default for UnitCache {
@@ -772,6 +817,57 @@ impl Default for UnitCache {
         Self::with_limit(UNIT_CACHE_BYTES)
     }
 }
+
+/// A request's bodies as the writer stored them, with their digests: what a
+/// byte-identical resend (a retry, a replay, a benchmark) stores again.
+#[derive(Debug, Clone)]
+struct StoredRequest {
+    received_digest: String,
+    sent_digest: String,
+    /// The body sent is the body received.
+    same: bool,
+    body: BodyInfo,
+    sent_body: Option<BodyInfo>,
+    /// Redactions in the body received, and in the body sent, per kind.
+    counts: Summary,
+    sent_counts: Summary,
+}
+
+/// A request stored lately, with the bytes that identify it.
+#[derive(Debug)]
+struct RecentRequest {
+    received: Bytes,
+    sent: Bytes,
+    coding: Option<String>,
+    stored: StoredRequest,
+}
+
+impl RecentRequest {
+    /// Memory it keeps alive: each body once (they often share it).
+    fn size(&self) -> usize {
+        let stored = &self.stored;
+        let bodies = [
+            Some(&self.received),
+            Some(&self.sent),
+            Some(&stored.body.bytes),
+            stored.sent_body.as_ref().map(|b| &b.bytes),
+        ];
+        let mut seen: Vec<*const u8> = Vec::with_capacity(4);
+        let mut size = 0;
+        for b in bodies.into_iter().flatten() {
+            if !seen.contains(&b.as_ptr()) {
+                seen.push(b.as_ptr());
+                size += b.len();
+            }
+        }
+        size
+    }
+}
+
+/// The most requests [`UnitCache`] remembers whole, and the most bytes they keep alive:
+/// enough for the retries of a few agents; a growing conversation never repeats.
+const RECENT_REQUESTS: usize = 4;
+const RECENT_REQUEST_BYTES: usize = 4 << 20;
 
 /// What [`UnitCache`] finds a unit by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -847,7 +943,55 @@ impl UnitCache {
             previous: HashMap::default(),
             bytes: 0,
             limit,
+            recent: Default::default(),
         }
+    }
+
+    /// What was stored for a request with these exact bodies, if it was lately: only
+    /// a request that stores its bodies as they are (no socket frame, no patterns a
+    /// rule added).
+    fn request_seen(&self, r: &ExchangeRecord) -> Option<StoredRequest> {
+        if !Self::rememberable(r) {
+            return None;
+        }
+        let coding = crate::provider::content_coding(&r.request_headers);
+        self.recent
+            .iter()
+            .rev()
+            .find(|k| {
+                k.received.len() == r.request_body.len()
+                    && k.sent.len() == r.sent_body.len()
+                    && k.coding.as_deref() == coding
+                    && same_bytes(&k.received, &r.request_body)
+                    && same_bytes(&k.sent, &r.sent_body)
+            })
+            .map(|k| k.stored.clone())
+    }
+
+    /// Remembers what was stored for `r`, dropping the oldest past the bounds.
+    fn keep_request(&mut self, r: &ExchangeRecord, stored: &StoredRequest) {
+        if !Self::rememberable(r) {
+            return;
+        }
+        let recent = RecentRequest {
+            received: r.request_body.clone(),
+            sent: r.sent_body.clone(),
+            coding: crate::provider::content_coding(&r.request_headers).map(str::to_owned),
+            stored: stored.clone(),
+        };
+        if recent.size() > RECENT_REQUEST_BYTES / 2 {
+            return;
+        }
+        self.recent.push_back(recent);
+        while self.recent.len() > RECENT_REQUESTS
+            || self.recent.iter().map(RecentRequest::size).sum::<usize>() > RECENT_REQUEST_BYTES
+        {
+            self.recent.pop_front();
+        }
+    }
+
+    fn rememberable(r: &ExchangeRecord) -> bool {
+        r.capture && r.websocket.is_none() && r.extra_redactions.is_empty()
     }
 
     /// `body` (cut as `split`, the body of `prompt`) with its units redacted, each
@@ -1328,6 +1472,64 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
                 assert_eq!(c.redactions, fresh.redactions);
             }
         }
+    }
+
+    /// A request sent again byte for byte (in other memory) takes what was stored for
+    /// it, digests and redaction counts included; one byte changed, it does not.
+    #[test]
+    fn a_request_sent_again_byte_for_byte_stores_what_it_stored() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let record = |body: Bytes| {
+            let mut r = exchange();
+            r.set_request_body(body.clone(), body.clone());
+            let sent = derive(&r, &body);
+            r.set_sent_cell(sent);
+            r
+        };
+        let body = sent_body();
+        let mut cache = UnitCache::default();
+        let first = CaptureRecord::redacted_with(&record(body.clone()), &redactor, &mut cache);
+        let parts = |c: &CaptureRecord| {
+            let sent = c.request.sent_body.as_ref().unwrap();
+            (
+                c.request.body.parts.clone().unwrap(),
+                sent.parts.clone().unwrap(),
+            )
+        };
+        let again = record(Bytes::copy_from_slice(&body));
+        let second = CaptureRecord::redacted_with(&again, &redactor, &mut cache);
+        let (a, b) = (parts(&first), parts(&second));
+        assert!(std::sync::Arc::ptr_eq(&a.0, &b.0) && std::sync::Arc::ptr_eq(&a.1, &b.1));
+        let fresh = CaptureRecord::redacted(&again, &redactor);
+        assert_eq!(
+            second.received_digest,
+            digest::content_hex(&again.request_body)
+        );
+        assert_eq!(second.sent_digest, digest::content_hex(&again.sent_body));
+        assert_eq!(second.redactions, fresh.redactions);
+        assert!(!second.redactions.is_empty(), "{:?}", second.redactions);
+        assert_eq!(second.request.body.bytes, fresh.request.body.bytes);
+        let sent = |c: &CaptureRecord| c.request.sent_body.as_ref().unwrap().bytes.clone();
+        assert_eq!(sent(&second), sent(&fresh));
+        // The same length, one byte apart.
+        let mut other = body.to_vec();
+        let at = body.iter().rposition(|&b| b == b'l').expect("lorem");
+        other[at] = b'x';
+        let changed = record(Bytes::from(other));
+        let third = CaptureRecord::redacted_with(&changed, &redactor, &mut cache);
+        assert!(!std::sync::Arc::ptr_eq(&a.0, &parts(&third).0));
+        assert_eq!(
+            third.received_digest,
+            digest::content_hex(&changed.request_body)
+        );
+        assert_ne!(third.received_digest, first.received_digest);
+        assert_eq!(
+            third.request.body.bytes,
+            CaptureRecord::redacted(&changed, &redactor)
+                .request
+                .body
+                .bytes
+        );
     }
 
     /// Units the cache stage hashed are found by that digest, unread; a block that
