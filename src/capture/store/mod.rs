@@ -406,12 +406,17 @@ impl UnitWriter {
         let mut ids = DigestMap::default();
         let mut wanted: Vec<([u8; 32], &Bytes)> = Vec::new();
         let mut asked = DigestSet::default();
+        // One clock read for the batch, not one per unit: per unit it was ~8 % of the
+        // store thread on the 200 KB resend (perf).
+        let looked = Instant::now();
         for parts in bodies {
             let units = parts.units.iter().map(|(_, bytes, hash)| (*hash, bytes));
             for (hash, bytes) in std::iter::once((parts.skeleton.1, &parts.skeleton.0)).chain(units)
             {
                 match self.known.get(&hash) {
-                    Some((id, touched)) if touched.elapsed() < self.touch_every => {
+                    Some((id, touched))
+                        if looked.saturating_duration_since(*touched) < self.touch_every =>
+                    {
                         ids.insert(hash, *id);
                     }
                     _ if asked.insert(hash) => wanted.push((hash, bytes)),
