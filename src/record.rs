@@ -198,7 +198,7 @@ pub struct ExchangeRecord {
     /// empty while dried, see [`ExchangeRecord::dry_sent`]).
     pub sent_body: Bytes,
     /// The body sent, without its bytes, while the answer streams.
-    sent_dried: Option<Arc<crate::prompt::DriedPrompt>>,
+    pub(crate) sent_dried: Option<Arc<crate::prompt::DriedPrompt>>,
     /// Names of the rules that fired, in order.
     pub rules_fired: Vec<String>,
     /// Labels that rules put on the exchange.
@@ -539,6 +539,10 @@ impl RecordStage for crate::cache::CacheStage {
             started_at: record.started_at,
             upstream_headers: record.timing.upstream_headers,
             sent_prompt: &record.sent_prompt,
+            sent_dried: record
+                .sent_dried
+                .as_ref()
+                .map(|d| (d, record.prompt.body())),
             sent_headers: &record.sent_headers,
             conversation: &record.conversation,
         });
@@ -786,10 +790,12 @@ impl Recorder {
 
     /// Runs the stages on a finished record, then hands it to every sink.
     pub(crate) fn emit(&self, record: &mut ExchangeRecord) {
-        record.restore_sent();
+        // The stages first: the cache stage's hold on a dried body ends when it is
+        // prepared, so the body is restored with the units it cut.
         for stage in &self.stages {
             stage.apply(record);
         }
+        record.restore_sent();
         for sink in &self.sinks {
             sink.record(record);
         }

@@ -1416,3 +1416,49 @@ async fn records_dropped_by_a_full_queue_are_counted_by_reason_and_logged_once_p
         "one line per burst, not per record: {lines} lines for {dropped} drops"
     );
 }
+
+/// A large body rules changed is let go while its answer streams and put back
+/// together for the record: the body sent that the record keeps is the one the
+/// provider got, byte for byte, on a first request and on its byte-identical resend.
+#[tokio::test]
+async fn a_large_body_rules_changed_is_stored_as_it_went_upstream() {
+    let events = shapes::anthropic_events("claude-opus-5-5", &["ab", "cd"], (10, 4, 0, 0));
+    let fake = FakeProvider::start(move |_| {
+        Action::Respond(Reply::sse(events.clone(), Duration::from_millis(20)))
+    })
+    .await;
+    let dir = TempDir::new("dried-rules");
+    std::fs::write(
+        dir.path().join("rules.toml"),
+        "[[rule]]\nname = \"preamble\"\non = \"before_provider_request\"\nactions = [ { system.prepend = { text = \"policy\" } } ]\n",
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    // Past the size from which a body sent is let go while its answer streams.
+    let body = shapes::claude_code_body_of_size(600_000);
+    for _ in 0..2 {
+        let r = client::send(proxy.addr, &messages_request(&proxy, "large", &body)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let records = captures::wait_records(&proxy.captures, 2, WAIT).await;
+    let upstream = fake.requests();
+    assert_eq!(upstream.len(), 2);
+    assert_eq!(upstream[0].body, upstream[1].body);
+    assert_ne!(upstream[0].body, body, "the rule changed it");
+    let exported = captures::export(&proxy.captures);
+    for r in &records {
+        assert_eq!(r["received_digest"], support::blake3_hex(&body));
+        assert_eq!(r["sent_digest"], support::blake3_hex(&upstream[0].body));
+        let id = r["id"].as_str().unwrap();
+        let line = captures::by_id(&exported, id);
+        let stored: Value = serde_json::from_value(line["request"]["sent_body"]["content"].clone())
+            .expect("the body sent, stored");
+        let went: Value = serde_json::from_slice(&upstream[0].body).unwrap();
+        assert_eq!(stored, went, "{id}");
+    }
+}

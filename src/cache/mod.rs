@@ -16,12 +16,13 @@ pub(crate) mod segment;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
 use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use crate::conversation::{ConversationCell, KeySource};
 use crate::id::ExchangeId;
-use crate::prompt::{Format, PromptCell, Region, Ttl};
+use crate::prompt::{DriedPrompt, Format, PromptCell, Region, Ttl};
 use crate::provider::Usage;
 use crate::provider::price::{self as cost, Cost, Price, Table};
 use crate::redact::{NAME_MAX, Redactor};
@@ -503,7 +504,20 @@ struct Began {
     credential: Option<(&'static str, http::HeaderValue)>,
     /// The body as sent; joined and read here, off the request path, unless a
     /// reader before did.
-    prompt: PromptCell,
+    prompt: Sent,
+}
+
+/// The body sent, as the exchange holds it while its answer streams.
+enum Sent {
+    /// Its model, shared with the exchange.
+    Cell(PromptCell),
+    /// Let go by the exchange (a large body rules wrote, see
+    /// [`crate::record::ExchangeRecord::dry_sent`]): put back together from the body
+    /// received when prepared, and let go again after, its units given back.
+    Dried {
+        received: Bytes,
+        dried: Arc<DriedPrompt>,
+    },
 }
 
 /// A request cut and predicted, waiting for its record.
@@ -848,7 +862,7 @@ impl CacheStage {
                 key: ConversationCell::known(key.to_owned()),
                 // The stored fingerprint names the same workspace as the credential.
                 credential: credential(&r.headers),
-                prompt: PromptCell::new(r.body, Some(format)),
+                prompt: Sent::Cell(PromptCell::new(r.body, Some(format))),
             };
             self.prepare_keyed(state, began, key.to_owned(), None);
             let _ = self.judge(state, id, &usage);
@@ -906,25 +920,38 @@ impl CacheStage {
         key: String,
         shared: Option<&SharedStore>,
     ) {
-        let body = b.prompt.body();
+        let mut wet = None;
+        let (prompt, derived) = match &b.prompt {
+            Sent::Cell(cell) => (cell.get(), None),
+            Sent::Dried { received, dried } => (
+                &*wet.insert(dried.wet(received)),
+                Some((received, dried.written_body(received.clone()))),
+            ),
+        };
+        let body = prompt.body();
         let previous = state
             .history
             .get(&key)
             .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
         let segments = match previous {
             // A byte-identical resend (a retry, a replay) is the same units.
-            Some(p) if p.format == b.format && p.body == *body => p,
+            Some(p) if p.format == b.format && p.body.is(body) => p,
             _ => {
-                let Ok(s) = segment::segment_after(
-                    b.prompt.get(),
+                let Ok(s) = segment::segment_derived(
+                    prompt,
                     &self.settings.ignore,
                     previous.as_deref(),
+                    derived,
                 ) else {
                     return;
                 };
                 Arc::new(s)
             }
         };
+        if let (Some(wet), Sent::Dried { dried, .. }) = (wet, &b.prompt) {
+            // The body put back together goes; its units stay with the exchange.
+            dried.keep_cut(wet);
+        }
         let min = self.settings.min_tokens_for(&segments.settings.model);
         let conv = state.history.conversation(&key, b.start);
         let workspace = b.credential.as_ref().map(workspace);
@@ -1208,7 +1235,7 @@ impl CacheStage {
             },
             // Stored credentials are fingerprints, one per key: the same workspaces.
             credential: credential(headers),
-            prompt,
+            prompt: Sent::Cell(prompt),
         };
         let mut state = self.lock();
         self.prepare(&mut state, began);
@@ -1275,6 +1302,9 @@ pub struct ResponseBegan<'r> {
     pub upstream_headers: Option<std::time::Duration>,
     /// What the provider reads: the body sent, decoded when it went on compressed.
     pub sent_prompt: &'r PromptCell,
+    /// That body, when the exchange let it go while the answer streams, and the body
+    /// received it is put back together from.
+    pub(crate) sent_dried: Option<(&'r Arc<DriedPrompt>, &'r Bytes)>,
     pub sent_headers: &'r HeaderMap,
     /// The exchange's conversation key (decided here when no reader before did).
     pub conversation: &'r ConversationCell,
@@ -1293,10 +1323,17 @@ impl CacheStage {
         let Some(format) = Format::of(provider, api) else {
             return;
         };
-        let prompt = r.sent_prompt.clone();
-        if prompt.body().first() != Some(&b'{') {
-            return;
-        }
+        let prompt = match r.sent_dried {
+            // Rules wrote it from a JSON object.
+            Some((dried, received)) => Sent::Dried {
+                received: received.clone(),
+                dried: dried.clone(),
+            },
+            None if r.sent_prompt.body().first() == Some(&b'{') => {
+                Sent::Cell(r.sent_prompt.clone())
+            }
+            None => return,
+        };
         let start = self.clock.at(r.started_at);
         let began = start + r.upstream_headers.map_or(0, |d| d.as_millis() as Millis);
         let began = Began {
@@ -1347,6 +1384,133 @@ impl CacheStage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An exchange whose body `rules` changed, answered 200; its body sent dried
+    /// with `dry`.
+    fn derived_record(
+        body: &Bytes,
+        rules: &crate::rules::RuleSet,
+        dry: bool,
+    ) -> crate::record::ExchangeRecord {
+        use crate::provider::{Api, Provider};
+        let mut r = crate::record::ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages".into(),
+        );
+        r.provider = Some(Provider::Anthropic);
+        r.api = Some(Api::Messages);
+        r.status = Some(http::StatusCode::OK);
+        r.set_request_body(body.clone(), body.clone());
+        let applied = rules.apply_request(crate::rules::RequestCtx {
+            id: None,
+            provider: Provider::Anthropic,
+            api: Api::Messages,
+            method: &http::Method::POST,
+            host: None,
+            path: "/v1/messages",
+            model: None,
+            conversation: None,
+            headers: HeaderMap::new(),
+            body,
+            prompt: &r.prompt,
+        });
+        r.set_sent_cell(applied.body.expect("the rules change the body"));
+        if dry {
+            r.dry_sent();
+            assert!(r.sent_body.is_empty(), "dried");
+        }
+        r
+    }
+
+    /// A large body sent, let go while its answer streams: the cache stage puts it
+    /// back together to read it and lets it go again, its units copied unchanged
+    /// sharing the body received; the units it cut come back with the body restored;
+    /// the analysis is the one of a body kept; the same body again is known.
+    #[test]
+    fn a_body_sent_dried_while_the_answer_streams_is_judged_as_one_kept() {
+        use crate::record::RecordStage;
+        let lorem = "lorem ipsum ".repeat(2000);
+        let body = Bytes::from(format!(
+            r#"{{"model":"claude-x","system":[{{"type":"text","text":"be brief"}}],"messages":[{{"role":"user","content":[{{"type":"text","text":"{lorem}"}},{{"type":"text","text":"two","cache_control":{{"type":"ephemeral"}}}}]}}],"max_tokens":5}}"#
+        ));
+        let toml = r#"
+[[rule]]
+name = "preamble"
+on = "before_provider_request"
+actions = [ { system.prepend = { text = "policy" } } ]
+"#;
+        let rules = crate::rules::RuleSet::compile(&[("r.toml".into(), toml.into())]).unwrap();
+        let record = |dry: bool| derived_record(&body, &rules, dry);
+        // The first turn writes the prefix, the second reads it.
+        let usage = |turn: usize| Usage {
+            input_tokens: 20,
+            cache_write_tokens: if turn == 0 { 6000 } else { 0 },
+            cache_read_tokens: if turn == 0 { 0 } else { 6000 },
+            output_tokens: 5,
+            ..Usage::default()
+        };
+        let run = |dry: bool| {
+            let stage = CacheStage::new(
+                CacheSettings::default(),
+                KeySource::default(),
+                crate::runtime::Clock::system(),
+            );
+            let mut reports = Vec::new();
+            for turn in 0..2 {
+                let mut r = record(dry);
+                stage.response_began(&r);
+                let mut report = stage
+                    .judge_exchange(r.id, Some(&usage(turn)))
+                    .expect("judged");
+                if dry {
+                    let dried = r.sent_dried.as_ref().expect("still dried");
+                    assert_eq!(Arc::strong_count(dried), 1, "the stage let it go");
+                }
+                r.restore_sent();
+                let sent = r.sent_prompt.get();
+                assert_eq!(sent.body().len(), r.sent_body.len());
+                if turn == 0 {
+                    assert!(!sent.units_if_cut().is_empty(), "restored with its units");
+                    let state = stage.lock();
+                    let key = state
+                        .pending
+                        .is_empty()
+                        .then(|| report.conversation.clone());
+                    let conv = state.history.get(&key.unwrap()).expect("kept");
+                    let segments = &conv.snapshots.back().expect("a snapshot").segments;
+                    let lorem_unit = segments
+                        .units
+                        .iter()
+                        .find(|u| u.bytes.len() > lorem.len())
+                        .expect("the long block");
+                    let inside = |b: &Bytes| {
+                        let (at, end) = (b.as_ptr() as usize, body.as_ptr() as usize);
+                        at >= end && at + b.len() <= end + body.len()
+                    };
+                    assert_eq!(
+                        inside(&lorem_unit.bytes),
+                        dry,
+                        "a unit copied unchanged shares the body received when dried"
+                    );
+                }
+                report.started_ms = 0;
+                report.baseline = None;
+                report.prediction.read_from = None;
+                reports.push(serde_json::to_value(&report).unwrap());
+            }
+            reports
+        };
+        let (kept, dried) = (run(false), run(true));
+        assert_eq!(kept, dried);
+        // The second is the first again: what it wrote is read.
+        assert_eq!(dried[1]["verdict"], "hit");
+        assert_eq!(
+            dried[1]["prediction"]["read_through"],
+            dried[0]["prediction"]["write_through"]
+        );
+    }
 
     /// Each provider reason, OpenAI's and Anthropic's, set against promptgate's.
     #[test]

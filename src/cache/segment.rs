@@ -16,7 +16,7 @@ use regex::Regex;
 
 use super::estimate;
 use crate::digest::{self, Hasher};
-use crate::prompt::{Format, Prompt, Region, Settings, Shape, Ttl, UnitPath};
+use crate::prompt::{Format, Prompt, Region, Settings, Shape, Ttl, UnitPath, WrittenBody};
 use crate::provider::json::ScanError;
 
 /// A content digest (BLAKE3).
@@ -61,11 +61,31 @@ pub(crate) struct Unit {
     pub respelled: bool,
 }
 
+/// The body units were cut from, kept to know a byte-identical resend.
+#[derive(Debug, Clone)]
+pub(crate) enum CutFrom {
+    /// The body itself (its units share its bytes).
+    Body(Bytes),
+    /// A body rules wrote, as the body received and what rules wrote (its units
+    /// share the body received): the body sent itself is let go.
+    Written(WrittenBody),
+}
+
+impl CutFrom {
+    /// Whether `body` is the body the units were cut from, byte for byte.
+    pub(crate) fn is(&self, body: &[u8]) -> bool {
+        match self {
+            CutFrom::Body(b) => b[..] == *body,
+            CutFrom::Written(w) => w.is(body),
+        }
+    }
+}
+
 /// A request as cache units.
 #[derive(Debug, Clone)]
 pub(crate) struct Segments {
     /// The body the units were cut from.
-    pub body: Bytes,
+    pub body: CutFrom,
     pub format: Format,
     pub units: Vec<Unit>,
     pub settings: Settings,
@@ -144,6 +164,19 @@ pub(crate) fn segment_after(
     ignore: &[IgnoreRule],
     previous: Option<&Segments>,
 ) -> Result<Segments, SegmentError> {
+    segment_derived(prompt, ignore, previous, None)
+}
+
+/// [`segment_after`] of a body rules wrote copying from `received` (`written`: that
+/// body held as the two): its units copied unchanged share `received`'s bytes, the
+/// others are copies of their own, so the segments keep no part of the body sent.
+pub(crate) fn segment_derived(
+    prompt: &Prompt,
+    ignore: &[IgnoreRule],
+    previous: Option<&Segments>,
+    derived: Option<(&Bytes, WrittenBody)>,
+) -> Result<Segments, SegmentError> {
+    let (received, written) = derived.unzip();
     let format = prompt.format().ok_or(SegmentError::NoFormat)?;
     match prompt.shape() {
         Shape::Object(_) => {}
@@ -152,6 +185,7 @@ pub(crate) fn segment_after(
         Shape::NotObject => return Err(SegmentError::NotObject),
     }
     let mut chain = Chain::new(prompt, format, ignore, previous);
+    chain.received = received;
     let units = prompt.units();
     let region_end = |from: usize, region: Region| {
         from + units[from..]
@@ -181,7 +215,7 @@ pub(crate) fn segment_after(
             chain.units(tools..units.len());
         }
     }
-    Ok(chain.finish())
+    Ok(chain.finish(written))
 }
 
 // === impl Chain ===
@@ -189,6 +223,8 @@ pub(crate) fn segment_after(
 /// Builds the cache unit list; owns the running prefix hash.
 struct Chain<'p> {
     prompt: &'p Prompt,
+    /// The body received, when rules wrote `prompt`'s copying from it.
+    received: Option<&'p Bytes>,
     previous: Option<&'p Segments>,
     format: Format,
     ignore: &'p [IgnoreRule],
@@ -225,6 +261,7 @@ impl<'p> Chain<'p> {
         seed.update(settings.model.as_bytes());
         Chain {
             prompt,
+            received: None,
             previous,
             format,
             ignore,
@@ -384,7 +421,16 @@ impl<'p> Chain<'p> {
         let body = self.prompt.body();
         let unit = &self.prompt.units()[i];
         let path = unit.path;
-        let bytes = unit.bytes(body);
+        let bytes = match self.received {
+            // Held from the body received, else a copy: never a slice of the body sent.
+            Some(received) if unit.normalized.is_none() => {
+                match self.prompt.received_at(unit.span, received) {
+                    Some(at) => received.slice(at..at + unit.span.end - unit.span.start),
+                    None => Bytes::copy_from_slice(&unit.bytes(body)),
+                }
+            }
+            _ => unit.bytes(body),
+        };
         let text = unit.text.map(|t| t.of(body));
         let counted = unit.content.map_or(&bytes[..], |c| c.of(body));
         let Measured {
@@ -429,7 +475,7 @@ impl<'p> Chain<'p> {
         });
     }
 
-    fn finish(mut self) -> Segments {
+    fn finish(mut self, written: Option<WrittenBody>) -> Segments {
         // Images are known only after the messages were read, so they are mixed in
         // afterwards: every message unit's prefix hash is rechained with the flag.
         if self.settings.images
@@ -473,7 +519,10 @@ impl<'p> Chain<'p> {
             .map(|(i, _)| i)
             .collect();
         Segments {
-            body: self.prompt.body().clone(),
+            body: match written {
+                Some(w) => CutFrom::Written(w),
+                None => CutFrom::Body(self.prompt.body().clone()),
+            },
             format: self.format,
             units: self.units,
             settings: self.settings,

@@ -10,6 +10,7 @@
 //! Objects with a repeated key read its last value, as the providers' parsers do.
 
 mod cell;
+pub(crate) mod spare;
 mod tree;
 mod units;
 mod view;
@@ -138,17 +139,47 @@ impl DriedPrompt {
 
     /// The body again, from `received`: the body the copies were taken from.
     pub(crate) fn body(&self, received: &[u8]) -> Bytes {
-        let mut body = Vec::with_capacity(self.len);
-        let (mut at, mut w) = (0, 0);
-        for &(here, there, len) in &self.prompt.copied {
-            let (here, there, len) = (here as usize, there as usize, len as usize);
-            body.extend_from_slice(&self.written[w..w + here - at]);
-            w += here - at;
-            body.extend_from_slice(&received[there..there + len]);
-            at = here + len;
+        let mut body = spare::take(self.len);
+        for piece in pieces(&self.prompt.copied, &self.written, received) {
+            body.extend_from_slice(piece);
         }
-        body.extend_from_slice(&self.written[w..]);
         Bytes::from(body)
+    }
+
+    /// The model with its body again, for a reader that needs both while the record
+    /// keeps this one dried (the cache stage, as the answer streams). What that
+    /// reader cuts comes back with [`DriedPrompt::keep_cut`].
+    pub(crate) fn wet(&self, received: &[u8]) -> Prompt {
+        let p = &self.prompt;
+        Prompt {
+            body: self.body(received),
+            tape: p.tape.clone(),
+            cache_control_keys: p.cache_control_keys.clone(),
+            keys: p.keys.clone(),
+            format: p.format,
+            cut: p.cut.clone(),
+            copied: p.copied.clone(),
+            origin: p.origin,
+        }
+    }
+
+    /// Keeps the units `wet` cut (and the digests taken of them), so that the body
+    /// restored has them without cutting again; `wet`'s body is let go.
+    pub(crate) fn keep_cut(&self, wet: Prompt) {
+        if let Some(cut) = wet.cut.into_inner() {
+            let _ = self.prompt.cut.set(cut);
+        }
+        spare::give(wet.body);
+    }
+
+    /// The body as `received` and what rules wrote, sharing both.
+    pub(crate) fn written_body(&self, received: Bytes) -> WrittenBody {
+        WrittenBody {
+            received,
+            copied: self.prompt.copied.clone(),
+            written: self.written.clone(),
+            len: self.len,
+        }
     }
 
     /// The model again, its body from `received` (see [`DriedPrompt::body`]).
@@ -159,6 +190,50 @@ impl DriedPrompt {
             ..self.prompt
         }
     }
+}
+
+/// A body rules wrote, held as the body received it copied from and the bytes they
+/// wrote: what a reader keeps to know the body again (a byte-identical resend)
+/// without a second copy of the bytes copied.
+#[derive(Debug, Clone)]
+pub(crate) struct WrittenBody {
+    received: Bytes,
+    copied: Vec<(u32, u32, u32)>,
+    written: Bytes,
+    len: usize,
+}
+
+impl WrittenBody {
+    /// Whether `body` is this body, byte for byte.
+    pub(crate) fn is(&self, body: &[u8]) -> bool {
+        if body.len() != self.len {
+            return false;
+        }
+        let mut at = 0;
+        for piece in pieces(&self.copied, &self.written, &self.received) {
+            if body[at..at + piece.len()] != *piece {
+                return false;
+            }
+            at += piece.len();
+        }
+        true
+    }
+}
+
+/// A derived body's bytes in order: what was written, then a copy from `received`,
+/// and so on (`copied`: start here, start there, length, in order).
+fn pieces<'a>(copied: &[(u32, u32, u32)], written: &'a [u8], received: &'a [u8]) -> Vec<&'a [u8]> {
+    let mut out = Vec::with_capacity(2 * copied.len() + 1);
+    let (mut at, mut w) = (0, 0);
+    for &(here, there, len) in copied {
+        let (here, there, len) = (here as usize, there as usize, len as usize);
+        out.push(&written[w..w + here - at]);
+        w += here - at;
+        out.push(&received[there..there + len]);
+        at = here + len;
+    }
+    out.push(&written[w..]);
+    out
 }
 
 /// A request body, read once. See the module docs.
