@@ -1385,13 +1385,9 @@ impl CacheStage {
 mod tests {
     use super::*;
 
-    /// An exchange whose body `rules` changed, answered 200; its body sent dried
-    /// with `dry`.
-    fn derived_record(
-        body: &Bytes,
-        rules: &crate::rules::RuleSet,
-        dry: bool,
-    ) -> crate::record::ExchangeRecord {
+    /// An exchange whose body the rules `toml` changed, answered 200; its body sent
+    /// dried with `dry`.
+    fn derived_record(body: &Bytes, toml: &str, dry: bool) -> crate::record::ExchangeRecord {
         use crate::provider::{Api, Provider};
         let mut r = crate::record::ExchangeRecord::begin(
             ExchangeId::new(),
@@ -1403,20 +1399,7 @@ mod tests {
         r.api = Some(Api::Messages);
         r.status = Some(http::StatusCode::OK);
         r.set_request_body(body.clone(), body.clone());
-        let applied = rules.apply_request(crate::rules::RequestCtx {
-            id: None,
-            provider: Provider::Anthropic,
-            api: Api::Messages,
-            method: &http::Method::POST,
-            host: None,
-            path: "/v1/messages",
-            model: None,
-            conversation: None,
-            headers: HeaderMap::new(),
-            body,
-            prompt: &r.prompt,
-        });
-        r.set_sent_cell(applied.body.expect("the rules change the body"));
+        r.set_sent_cell(crate::rules::derive_for_test(&r.prompt, body, toml));
         if dry {
             r.dry_sent();
             assert!(r.sent_body.is_empty(), "dried");
@@ -1441,8 +1424,7 @@ name = "preamble"
 on = "before_provider_request"
 actions = [ { system.prepend = { text = "policy" } } ]
 "#;
-        let rules = crate::rules::RuleSet::compile(&[("r.toml".into(), toml.into())]).unwrap();
-        let record = |dry: bool| derived_record(&body, &rules, dry);
+        let record = |dry: bool| derived_record(&body, toml, dry);
         // The first turn writes the prefix, the second reads it.
         let usage = |turn: usize| Usage {
             input_tokens: 20,

@@ -1281,21 +1281,7 @@ actions = [ { system.prepend = { text = "policy" } }, { cache_control.ttl = "1h"
 
     /// The rules `toml`, applied to `body` as received by `r`.
     fn derive_with(r: &ExchangeRecord, body: &Bytes, toml: &str) -> crate::prompt::PromptCell {
-        let rules = crate::rules::RuleSet::compile(&[("r.toml".into(), toml.into())]).unwrap();
-        let applied = rules.apply_request(crate::rules::RequestCtx {
-            id: None,
-            provider: crate::provider::Provider::Anthropic,
-            api: Api::Messages,
-            method: &http::Method::POST,
-            host: None,
-            path: "/v1/messages",
-            model: None,
-            conversation: None,
-            headers: http::HeaderMap::new(),
-            body,
-            prompt: &r.prompt,
-        });
-        applied.body.expect("the rules change the body")
+        crate::rules::derive_for_test(&r.prompt, body, toml)
     }
 
     /// A body the rules of [`derive`] change in a few places: most of it is copied.

@@ -757,3 +757,24 @@ fn unevaluable(rule: &Rule, why: &str) -> Block {
 
 #[cfg(test)]
 mod tests;
+
+/// The rules `toml` applied to the Anthropic Messages request `body`, received as
+/// `prompt`: the body they send (for the tests of the readers of such a body).
+#[cfg(test)]
+pub(crate) fn derive_for_test(prompt: &PromptCell, body: &Bytes, toml: &str) -> PromptCell {
+    let rules = RuleSet::compile(&[("r.toml".into(), toml.into())]).expect("rules that compile");
+    let applied = rules.apply_request(RequestCtx {
+        id: None,
+        provider: Provider::Anthropic,
+        api: Api::Messages,
+        method: &Method::POST,
+        host: None,
+        path: "/v1/messages",
+        model: None,
+        conversation: None,
+        headers: HeaderMap::new(),
+        body,
+        prompt,
+    });
+    applied.body.expect("the rules change the body")
+}
