@@ -308,12 +308,15 @@ impl ExchangeRecord {
 
     /// The body bytes it holds (received, sent when rules changed it, response): what
     /// a queue of records is bounded by. A sent body sharing the received one's memory
-    /// counts once; comparing their bytes would read them all.
+    /// counts once; comparing their bytes would read them all. A body sent dried
+    /// counts whole: the record pipeline restores it before the record waits anywhere
+    /// else (counted as the bytes rules wrote, the pipeline's 16 MiB let twice as many
+    /// 1 MB records wait as it meant to).
     pub fn held_bytes(&self) -> u64 {
         let sent = if self.sent_unchanged() {
             0
         } else {
-            self.sent_body.len() + self.sent_dried.as_ref().map_or(0, |d| d.held())
+            self.sent_body.len() + self.sent_dried.as_ref().map_or(0, |d| d.len())
         };
         let response = self.observation.as_ref().map_or(0, |o| o.body.len());
         (self.request_body.len() + sent + response) as u64

@@ -127,9 +127,9 @@ pub(crate) struct DriedPrompt {
 }
 
 impl DriedPrompt {
-    /// The bytes of the body it still holds (what rules wrote).
-    pub(crate) fn held(&self) -> usize {
-        self.written.len()
+    /// The body's length: what it holds again once restored.
+    pub(crate) fn len(&self) -> usize {
+        self.len
     }
 
     /// The request format it was read as.
