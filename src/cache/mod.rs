@@ -29,7 +29,7 @@ use crate::redact::{NAME_MAX, Redactor};
 use explain::{Explanation, Prediction, Reason, Request, Verdict, kilo};
 pub(crate) use history::Clock;
 use history::{History, Millis, Snapshot};
-use segment::{IgnoreRule, Segments};
+use segment::{CutFrom, IgnoreRule, Segments};
 
 // === settings ===
 
@@ -920,38 +920,43 @@ impl CacheStage {
         key: String,
         shared: Option<&SharedStore>,
     ) {
-        let mut wet = None;
-        let (prompt, derived) = match &b.prompt {
-            Sent::Cell(cell) => (cell.get(), None),
-            Sent::Dried { received, dried } => (
-                &*wet.insert(dried.wet(received)),
-                Some((received, dried.written_body(received.clone()))),
-            ),
+        // The body as the segments keep it: compared with the earlier turn's as held,
+        // and a dried one put back together only when it is cut.
+        let cut_from = match &b.prompt {
+            Sent::Cell(cell) => CutFrom::Body(cell.body().clone()),
+            Sent::Dried { received, dried } => {
+                CutFrom::Written(dried.written_body(received.clone()))
+            }
         };
-        let body = prompt.body();
         let previous = state
             .history
             .get(&key)
             .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
         let segments = match previous {
             // A byte-identical resend (a retry, a replay) is the same units.
-            Some(p) if p.format == b.format && p.body.is(body) => p,
+            Some(p) if p.format == b.format && p.body.same(&cut_from) => p,
             _ => {
-                let Ok(s) = segment::segment_derived(
+                let mut wet = None;
+                let prompt = match &b.prompt {
+                    Sent::Cell(cell) => cell.get(),
+                    Sent::Dried { received, dried } => &*wet.insert(dried.wet(received)),
+                };
+                let cut = segment::segment_from(
                     prompt,
                     &self.settings.ignore,
                     previous.as_deref(),
-                    derived,
-                ) else {
+                    cut_from,
+                );
+                if let (Some(wet), Sent::Dried { dried, .. }) = (wet, &b.prompt) {
+                    // The body put back together goes; its units stay with the exchange.
+                    dried.keep_cut(wet);
+                }
+                let Ok(s) = cut else {
                     return;
                 };
                 Arc::new(s)
             }
         };
-        if let (Some(wet), Sent::Dried { dried, .. }) = (wet, &b.prompt) {
-            // The body put back together goes; its units stay with the exchange.
-            dried.keep_cut(wet);
-        }
         let min = self.settings.min_tokens_for(&segments.settings.model);
         let conv = state.history.conversation(&key, b.start);
         let workspace = b.credential.as_ref().map(workspace);

@@ -72,11 +72,16 @@ pub(crate) enum CutFrom {
 }
 
 impl CutFrom {
-    /// Whether `body` is the body the units were cut from, byte for byte.
-    pub(crate) fn is(&self, body: &[u8]) -> bool {
+    /// Whether both are the same bytes, compared as they are held (a body rules
+    /// wrote is not put back together to be compared).
+    pub(crate) fn same(&self, other: &CutFrom) -> bool {
+        crate::prompt::same_pieces(&self.pieces(), &other.pieces())
+    }
+
+    fn pieces(&self) -> Vec<&[u8]> {
         match self {
-            CutFrom::Body(b) => b[..] == *body,
-            CutFrom::Written(w) => w.is(body),
+            CutFrom::Body(b) => vec![&b[..]],
+            CutFrom::Written(w) => w.pieces(),
         }
     }
 }
@@ -164,19 +169,23 @@ pub(crate) fn segment_after(
     ignore: &[IgnoreRule],
     previous: Option<&Segments>,
 ) -> Result<Segments, SegmentError> {
-    segment_derived(prompt, ignore, previous, None)
+    segment_from(
+        prompt,
+        ignore,
+        previous,
+        CutFrom::Body(prompt.body().clone()),
+    )
 }
 
-/// [`segment_after`] of a body rules wrote copying from `received` (`written`: that
-/// body held as the two): its units copied unchanged share `received`'s bytes, the
-/// others are copies of their own, so the segments keep no part of the body sent.
-pub(crate) fn segment_derived(
+/// [`segment_after`], the segments keeping `body` as the prompt's body. A body rules
+/// wrote ([`CutFrom::Written`]) keeps no part of the body sent: its units copied
+/// unchanged share the body received's bytes, the others are copies of their own.
+pub(crate) fn segment_from(
     prompt: &Prompt,
     ignore: &[IgnoreRule],
     previous: Option<&Segments>,
-    derived: Option<(&Bytes, WrittenBody)>,
+    body: CutFrom,
 ) -> Result<Segments, SegmentError> {
-    let (received, written) = derived.unzip();
     let format = prompt.format().ok_or(SegmentError::NoFormat)?;
     match prompt.shape() {
         Shape::Object(_) => {}
@@ -185,7 +194,9 @@ pub(crate) fn segment_derived(
         Shape::NotObject => return Err(SegmentError::NotObject),
     }
     let mut chain = Chain::new(prompt, format, ignore, previous);
-    chain.received = received;
+    if let CutFrom::Written(w) = &body {
+        chain.received = Some(w.received().clone());
+    }
     let units = prompt.units();
     let region_end = |from: usize, region: Region| {
         from + units[from..]
@@ -215,7 +226,7 @@ pub(crate) fn segment_derived(
             chain.units(tools..units.len());
         }
     }
-    Ok(chain.finish(written))
+    Ok(chain.finish(body))
 }
 
 // === impl Chain ===
@@ -224,7 +235,7 @@ pub(crate) fn segment_derived(
 struct Chain<'p> {
     prompt: &'p Prompt,
     /// The body received, when rules wrote `prompt`'s copying from it.
-    received: Option<&'p Bytes>,
+    received: Option<Bytes>,
     previous: Option<&'p Segments>,
     format: Format,
     ignore: &'p [IgnoreRule],
@@ -421,7 +432,7 @@ impl<'p> Chain<'p> {
         let body = self.prompt.body();
         let unit = &self.prompt.units()[i];
         let path = unit.path;
-        let bytes = match self.received {
+        let bytes = match &self.received {
             // Held from the body received, else a copy: never a slice of the body sent.
             Some(received) if unit.normalized.is_none() => {
                 match self.prompt.received_at(unit.span, received) {
@@ -475,7 +486,7 @@ impl<'p> Chain<'p> {
         });
     }
 
-    fn finish(mut self, written: Option<WrittenBody>) -> Segments {
+    fn finish(mut self, body: CutFrom) -> Segments {
         // Images are known only after the messages were read, so they are mixed in
         // afterwards: every message unit's prefix hash is rechained with the flag.
         if self.settings.images
@@ -519,10 +530,7 @@ impl<'p> Chain<'p> {
             .map(|(i, _)| i)
             .collect();
         Segments {
-            body: match written {
-                Some(w) => CutFrom::Written(w),
-                None => CutFrom::Body(self.prompt.body().clone()),
-            },
+            body,
             format: self.format,
             units: self.units,
             settings: self.settings,

@@ -178,7 +178,6 @@ impl DriedPrompt {
             received,
             copied: self.prompt.copied.clone(),
             written: self.written.clone(),
-            len: self.len,
         }
     }
 
@@ -200,23 +199,47 @@ pub(crate) struct WrittenBody {
     received: Bytes,
     copied: Vec<(u32, u32, u32)>,
     written: Bytes,
-    len: usize,
 }
 
 impl WrittenBody {
-    /// Whether `body` is this body, byte for byte.
-    pub(crate) fn is(&self, body: &[u8]) -> bool {
-        if body.len() != self.len {
+    /// The body received it copied from.
+    pub(crate) fn received(&self) -> &Bytes {
+        &self.received
+    }
+
+    /// Its bytes, in order.
+    pub(crate) fn pieces(&self) -> Vec<&[u8]> {
+        pieces(&self.copied, &self.written, &self.received)
+    }
+}
+
+/// Whether two bodies, each held as pieces in order, are the same bytes.
+pub(crate) fn same_pieces(a: &[&[u8]], b: &[&[u8]]) -> bool {
+    let len = |p: &[&[u8]]| p.iter().map(|p| p.len()).sum::<usize>();
+    if len(a) != len(b) {
+        return false;
+    }
+    let (mut a, mut b) = (a.iter().copied(), b.iter().copied());
+    let (mut x, mut y): (&[u8], &[u8]) = (&[], &[]);
+    loop {
+        while x.is_empty() {
+            match a.next() {
+                Some(p) => x = p,
+                // As long as each other: `b` is at its end too.
+                None => return true,
+            }
+        }
+        while y.is_empty() {
+            match b.next() {
+                Some(p) => y = p,
+                None => return false,
+            }
+        }
+        let n = x.len().min(y.len());
+        if x[..n] != y[..n] {
             return false;
         }
-        let mut at = 0;
-        for piece in pieces(&self.copied, &self.written, &self.received) {
-            if body[at..at + piece.len()] != *piece {
-                return false;
-            }
-            at += piece.len();
-        }
-        true
+        (x, y) = (&x[n..], &y[n..]);
     }
 }
 

@@ -372,3 +372,14 @@ fn holds_image(v: &Json) -> bool {
         _ => false,
     }
 }
+
+/// Bodies held as pieces compare by their bytes, wherever the pieces are cut.
+#[test]
+fn bodies_in_pieces_compare_by_their_bytes() {
+    let whole: &[&[u8]] = &[b"abcdef"];
+    assert!(same_pieces(whole, &[b"ab", b"", b"cde", b"f"]));
+    assert!(same_pieces(&[b"abc", b"def"], &[b"a", b"bcdef"]));
+    assert!(!same_pieces(whole, &[b"abc", b"deF"]));
+    assert!(!same_pieces(whole, &[b"abcde"]));
+    assert!(same_pieces(&[b""], &[]));
+}
