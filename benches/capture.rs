@@ -183,6 +183,31 @@ fn main() {
         median(&mut by_bytes),
         median(&mut by_digest)
     );
+    // The whole-body digest of each turn alone, and after the turn before (its blocks
+    // kept, as the writer keeps each conversation's last turn), medians of rounds.
+    let bodies: Vec<Bytes> = exchanges.iter().map(|r| r.request_body.clone()).collect();
+    let (mut alone, mut after) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let start = Instant::now();
+        for body in &bodies {
+            std::hint::black_box(promptgate::digest::content(body));
+        }
+        alone.push(start.elapsed().as_secs_f64() * 1e6 / bodies.len() as f64);
+        let start = Instant::now();
+        let mut last = None;
+        for body in &bodies {
+            let (d, blocks) = promptgate::digest::content_after(body, last.as_ref());
+            std::hint::black_box(d);
+            last = Some(blocks);
+        }
+        after.push(start.elapsed().as_secs_f64() * 1e6 / bodies.len() as f64);
+    }
+    let mean_len = bodies.iter().map(Bytes::len).sum::<usize>() / bodies.len();
+    println!(
+        "digest   100 turns, {mean_len} bytes a turn on average: alone {:.1} µs a turn; after the turn before {:.1} µs (medians of {rounds} rounds)",
+        median(&mut alone),
+        median(&mut after)
+    );
     let dir = std::env::temp_dir().join(format!("pg-bench-{}", std::process::id()));
     // (name, store, records per transaction): each pass starts from an empty store.
     let mut passes: Vec<(&str, StoreLocation, usize)> = vec![

@@ -82,6 +82,96 @@ impl Hasher {
     }
 }
 
+/// The bytes of one block of [`Blocks`]: 16 BLAKE3 chunks, as many as the AVX2 and
+/// AVX-512 paths hash side by side, so a block costs what the same bytes cost in one
+/// call; smaller blocks would repeat more of a body that changed in one place.
+const BLOCK: usize = 16 * blake3::CHUNK_LEN;
+
+/// A body with the chaining values of its whole [`BLOCK`]s: what lets a later body
+/// that repeats some of those blocks at the same offsets be hashed by its other bytes
+/// only. BLAKE3 is a tree whose inner nodes depend only on their bytes and their
+/// offset, so a block found again byte for byte keeps its value.
+// An agent resends its conversation each turn with one round added near the end of
+// `messages`: most 16 KiB blocks of the body stand where they stood a turn ago.
+#[derive(Debug, Clone)]
+pub struct Blocks {
+    body: bytes::Bytes,
+    values: Vec<blake3::hazmat::ChainingValue>,
+}
+
+impl Blocks {
+    /// The body these blocks are of.
+    pub fn body(&self) -> &bytes::Bytes {
+        &self.body
+    }
+}
+
+/// [`content`] of `body`, taking the value of each block that `earlier` (an earlier
+/// body's blocks) has byte for byte at the same offset, and `body`'s own blocks for
+/// the next call. The digest is exactly [`content`]'s.
+pub fn content_after(body: &bytes::Bytes, earlier: Option<&Blocks>) -> (Digest, Blocks) {
+    use blake3::hazmat::{Mode, merge_subtrees_root};
+    if body.len() <= BLOCK {
+        let blocks = Blocks {
+            body: body.clone(),
+            values: Vec::new(),
+        };
+        return (content(body), blocks);
+    }
+    let whole = body.len() / BLOCK;
+    let mut values = Vec::with_capacity(whole);
+    for k in 0..whole {
+        let bytes = &body[k * BLOCK..(k + 1) * BLOCK];
+        let kept = earlier.and_then(|e| {
+            let value = e.values.get(k)?;
+            (e.body.get(k * BLOCK..(k + 1) * BLOCK) == Some(bytes)).then_some(*value)
+        });
+        values.push(kept.unwrap_or_else(|| block_value(bytes, k)));
+    }
+    let blocks = Blocks {
+        body: body.clone(),
+        values,
+    };
+    let tail = (whole * BLOCK < body.len()).then(|| block_value(&body[whole * BLOCK..], whole));
+    let leaf = |k: usize| blocks.values.get(k).copied().or(tail).unwrap_or_default();
+    let left = blake3::hazmat::left_subtree_len(body.len() as u64) as usize;
+    let digest = merge_subtrees_root(
+        &subtree(0, left, &leaf),
+        &subtree(left, body.len() - left, &leaf),
+        Mode::Hash,
+    );
+    (*digest.as_bytes(), blocks)
+}
+
+/// The chaining value of the block (whole, or the body's last and shorter) at `k`.
+fn block_value(bytes: &[u8], k: usize) -> blake3::hazmat::ChainingValue {
+    use blake3::hazmat::HasherExt;
+    blake3::Hasher::new()
+        .set_input_offset((k * BLOCK) as u64)
+        .update(bytes)
+        .finalize_non_root()
+}
+
+/// The chaining value of the subtree of `len` bytes at `offset` (a multiple of
+/// [`BLOCK`]; BLAKE3 splits a subtree longer than a block at a power of two of at
+/// least a block), from its blocks' values (`leaf`, by block index).
+fn subtree(
+    offset: usize,
+    len: usize,
+    leaf: &impl Fn(usize) -> blake3::hazmat::ChainingValue,
+) -> blake3::hazmat::ChainingValue {
+    use blake3::hazmat::{Mode, merge_subtrees_non_root};
+    if len <= BLOCK {
+        return leaf(offset / BLOCK);
+    }
+    let left = blake3::hazmat::left_subtree_len(len as u64) as usize;
+    merge_subtrees_non_root(
+        &subtree(offset, left, leaf),
+        &subtree(offset + left, len - left, leaf),
+        Mode::Hash,
+    )
+}
+
 /// SHA-256, for fingerprints that must not change between versions.
 pub fn sha256(bytes: &[u8]) -> Digest {
     let mut out = [0u8; 32];
@@ -123,6 +213,59 @@ mod tests {
         let mut h = Hasher::new();
         h.update(b"a").update(b"bc");
         assert_eq!(h.finish(), Algorithm::Blake3.of(b"abc"));
+    }
+
+    #[test]
+    fn a_body_hashed_after_another_has_its_own_digest_whatever_it_repeats() {
+        // Lengths around the block and chunk edges, and bodies that repeat the earlier
+        // one in part, wholly, shifted, or not at all.
+        let noise = |n: usize, seed: u8| -> Vec<u8> {
+            (0..n)
+                .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 7) as u8)
+                .collect()
+        };
+        let lens = [
+            0,
+            1,
+            1024,
+            BLOCK - 1,
+            BLOCK,
+            BLOCK + 1,
+            2 * BLOCK,
+            3 * BLOCK + 5,
+            200_000,
+            262_144,
+            1_000_003,
+        ];
+        for &len in &lens {
+            let earlier = bytes::Bytes::from(noise(len, 1));
+            let (d, blocks) = content_after(&earlier, None);
+            assert_eq!(d, content(&earlier), "alone, {len} bytes");
+            let mut grown = noise(len, 1);
+            grown.extend_from_slice(&noise(9_000, 2));
+            let mut edited = noise(len, 1);
+            if let Some(b) = edited.get_mut(len * 2 / 3) {
+                *b ^= 1;
+            }
+            let mut shifted = vec![b'x'];
+            shifted.extend_from_slice(&earlier);
+            let later = [
+                earlier.to_vec(),
+                grown,
+                edited,
+                shifted,
+                noise(len / 2, 1),
+                noise(len, 3),
+            ];
+            for body in later {
+                let body = bytes::Bytes::from(body);
+                let (d, again) = content_after(&body, Some(&blocks));
+                assert_eq!(d, content(&body), "after {len} bytes, {} bytes", body.len());
+                assert_eq!(again.body(), &body);
+                let (d2, _) = content_after(&body, Some(&again));
+                assert_eq!(d2, d, "itself again, {} bytes", body.len());
+            }
+        }
     }
 
     #[test]

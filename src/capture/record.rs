@@ -347,7 +347,7 @@ impl CaptureRecord {
         let known = cache.request_seen(r);
         let (received_digest, sent_digest, same_body) = match &known {
             Some(k) => (k.received_digest.clone(), k.sent_digest.clone(), k.same),
-            None => body_digests(r),
+            None => cache.body_digests(r),
         };
         // The key the exchange's cell decides (once), redacted like any text.
         let conversation = r
@@ -696,19 +696,6 @@ fn redacted_findings(r: &ExchangeRecord, redactor: &Redactor) -> Vec<crate::poli
         .collect()
 }
 
-/// The digests of the body received and of the body sent (taken once when they are
-/// the same bytes), and whether they are.
-fn body_digests(r: &ExchangeRecord) -> (String, String, bool) {
-    let received = digest::content_hex(&r.request_body);
-    let same = same_bytes(&r.sent_body, &r.request_body);
-    let sent = if same {
-        received.clone()
-    } else {
-        digest::content_hex(&r.sent_body)
-    };
-    (received, sent, same)
-}
-
 /// Whether two bodies hold the same bytes; the sent body usually shares the received
 /// one's memory, which settles it without reading them.
 fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
@@ -810,6 +797,38 @@ pub struct UnitCache {
     /// digests and stored bodies from here, without reading its bytes but to compare.
     // 200 KB resend, full, c16: the writer thread 269–293 µs a request → 72–74.
     recent: std::collections::VecDeque<RecentRequest>,
+    /// The bodies each conversation sent last, with their blocks' digests: the next
+    /// turn repeats most of those blocks where they stood, and is hashed by the rest.
+    // Conversations at 200–250 KB, full, c16: the two whole-body digests were ~44 % of
+    // the writer thread (perf), for bytes mostly digested a turn before.
+    last_turns: std::collections::VecDeque<LastTurn>,
+}
+
+/// The most conversations [`UnitCache`] keeps the last bodies of, and the most bytes
+/// those bodies keep alive (bodies the cache analysis holds too cost nothing more).
+const LAST_TURNS: usize = 64;
+const LAST_TURN_BYTES: usize = 16 << 20;
+
+/// A conversation's last bodies, received and (when rules changed it) sent, with
+/// their blocks' digests.
+#[derive(Debug)]
+struct LastTurn {
+    conversation: String,
+    received: digest::Blocks,
+    sent: Option<digest::Blocks>,
+}
+
+impl LastTurn {
+    fn size(&self) -> usize {
+        self.received.body().len() + self.sent.as_ref().map_or(0, |s| s.body().len())
+    }
+
+    /// Lets its bodies go; a large body sent put back together serves the next one.
+    fn release(self) {
+        if let Some(sent) = self.sent {
+            crate::prompt::spare::give(sent.body().clone());
+        }
+    }
 }
 
 impl Default for UnitCache {
@@ -944,7 +963,57 @@ impl UnitCache {
             bytes: 0,
             limit,
             recent: Default::default(),
+            last_turns: Default::default(),
         }
+    }
+
+    /// The digests of the body received and of the body sent (taken once when they
+    /// are the same bytes), and whether they are: each by the blocks that its
+    /// conversation's last turn did not have where they stand now.
+    fn body_digests(&mut self, r: &ExchangeRecord) -> (String, String, bool) {
+        let same = same_bytes(&r.sent_body, &r.request_body);
+        let Some(conversation) = r.conversation.get() else {
+            let received = digest::content_hex(&r.request_body);
+            let sent = if same {
+                received.clone()
+            } else {
+                digest::content_hex(&r.sent_body)
+            };
+            return (received, sent, same);
+        };
+        let last = self
+            .last_turns
+            .iter()
+            .position(|t| t.conversation == conversation)
+            .and_then(|i| self.last_turns.remove(i));
+        let (received, received_blocks) =
+            digest::content_after(&r.request_body, last.as_ref().map(|t| &t.received));
+        let (sent, sent_blocks) = if same {
+            (received, None)
+        } else {
+            let earlier = last
+                .as_ref()
+                .map(|t| t.sent.as_ref().unwrap_or(&t.received));
+            let (d, blocks) = digest::content_after(&r.sent_body, earlier);
+            (d, Some(blocks))
+        };
+        if let Some(last) = last {
+            last.release();
+        }
+        self.last_turns.push_back(LastTurn {
+            conversation: conversation.to_owned(),
+            received: received_blocks,
+            sent: sent_blocks,
+        });
+        while self.last_turns.len() > LAST_TURNS
+            || self.last_turns.iter().map(LastTurn::size).sum::<usize>() > LAST_TURN_BYTES
+        {
+            match self.last_turns.pop_front() {
+                Some(oldest) => oldest.release(),
+                None => break,
+            }
+        }
+        (digest::hex(&received), digest::hex(&sent), same)
     }
 
     /// What was stored for a request with these exact bodies, if it was lately: only
@@ -1516,6 +1585,64 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
                 .body
                 .bytes
         );
+    }
+
+    /// Each turn of a conversation is hashed by the blocks its last turn did not have
+    /// where they stand, and its digests are still those of its own bytes, received
+    /// and sent; the writer keeps one last turn per conversation.
+    #[test]
+    fn each_turn_of_a_conversation_has_the_digests_of_its_own_bytes() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let turn = |rounds: usize, conversation: &str| {
+            let messages: Vec<String> = (0..rounds)
+                .map(|i| {
+                    let text = format!("{conversation} round {i} ").repeat(4_000);
+                    let marker = if i + 1 == rounds {
+                        r#","cache_control":{"type":"ephemeral"}"#
+                    } else {
+                        ""
+                    };
+                    format!(
+                        r#"{{"role":"user","content":[{{"type":"text","text":"{text}"{marker}}}]}},{{"role":"assistant","content":"ok {i}"}}"#
+                    )
+                })
+                .collect();
+            Bytes::from(format!(
+                r#"{{"model":"claude-x","messages":[{}],"system":[{{"type":"text","text":"be brief"}}],"max_tokens":5}}"#,
+                messages.join(",")
+            ))
+        };
+        let record = |body: Bytes, conversation: &str| {
+            let mut r = exchange();
+            r.conversation = crate::conversation::ConversationCell::known(conversation.into());
+            r.set_request_body(body.clone(), body.clone());
+            let sent = derive(&r, &body);
+            r.set_sent_cell(sent);
+            r
+        };
+        let mut cache = UnitCache::default();
+        for (rounds, conversation) in [(2, "a"), (3, "a"), (3, "b"), (5, "a")] {
+            let r = record(turn(rounds, conversation), conversation);
+            assert!(
+                r.request_body.len() > 4 * 16_384,
+                "{}",
+                r.request_body.len()
+            );
+            assert_ne!(r.sent_body, r.request_body);
+            let c = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
+            assert_eq!(c.received_digest, digest::content_hex(&r.request_body));
+            assert_eq!(c.sent_digest, digest::content_hex(&r.sent_body));
+            let last = cache.last_turns.back().unwrap();
+            assert_eq!(last.conversation, conversation);
+            assert_eq!(last.received.body(), &r.request_body);
+            assert_eq!(last.sent.as_ref().unwrap().body(), &r.sent_body);
+        }
+        let kept: Vec<&str> = cache
+            .last_turns
+            .iter()
+            .map(|t| t.conversation.as_str())
+            .collect();
+        assert_eq!(kept, ["b", "a"]);
     }
 
     /// Units the cache stage hashed are found by that digest, unread; a block that
