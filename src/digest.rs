@@ -104,6 +104,11 @@ impl Blocks {
     pub fn body(&self) -> &bytes::Bytes {
         &self.body
     }
+
+    /// The body, its blocks let go.
+    pub fn into_body(self) -> bytes::Bytes {
+        self.body
+    }
 }
 
 /// [`content`] of `body`, taking the value of each block that `earlier` (an earlier
@@ -133,7 +138,15 @@ pub fn content_after(body: &bytes::Bytes, earlier: Option<&Blocks>) -> (Digest, 
         values,
     };
     let tail = (whole * BLOCK < body.len()).then(|| block_value(&body[whole * BLOCK..], whole));
-    let leaf = |k: usize| blocks.values.get(k).copied().or(tail).unwrap_or_default();
+    // `subtree` asks only for whole blocks and, past them, the tail.
+    let leaf = |k: usize| {
+        blocks
+            .values
+            .get(k)
+            .copied()
+            .or(tail)
+            .expect("a block or the tail")
+    };
     let left = blake3::hazmat::left_subtree_len(body.len() as u64) as usize;
     let digest = merge_subtrees_root(
         &subtree(0, left, &leaf),

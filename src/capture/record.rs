@@ -823,10 +823,11 @@ impl LastTurn {
         self.received.body().len() + self.sent.as_ref().map_or(0, |s| s.body().len())
     }
 
-    /// Lets its bodies go; a large body sent put back together serves the next one.
+    /// Lets its bodies go; a large body sent put back together serves the next one
+    /// (given whole: a clone given while the blocks still hold it is never kept).
     fn release(self) {
         if let Some(sent) = self.sent {
-            crate::prompt::spare::give(sent.body().clone());
+            crate::prompt::spare::give(sent.into_body());
         }
     }
 }
@@ -969,22 +970,13 @@ impl UnitCache {
 
     /// The digests of the body received and of the body sent (taken once when they
     /// are the same bytes), and whether they are: each by the blocks that its
-    /// conversation's last turn did not have where they stand now.
+    /// conversation's last turn did not have where they stand now (all of them for a
+    /// request that names no conversation).
     fn body_digests(&mut self, r: &ExchangeRecord) -> (String, String, bool) {
         let same = same_bytes(&r.sent_body, &r.request_body);
-        let Some(conversation) = r.conversation.get() else {
-            let received = digest::content_hex(&r.request_body);
-            let sent = if same {
-                received.clone()
-            } else {
-                digest::content_hex(&r.sent_body)
-            };
-            return (received, sent, same);
-        };
-        let last = self
-            .last_turns
-            .iter()
-            .position(|t| t.conversation == conversation)
+        let conversation = r.conversation.get();
+        let last = conversation
+            .and_then(|c| self.last_turns.iter().position(|t| t.conversation == c))
             .and_then(|i| self.last_turns.remove(i));
         let (received, received_blocks) =
             digest::content_after(&r.request_body, last.as_ref().map(|t| &t.received));
@@ -1000,11 +992,19 @@ impl UnitCache {
         if let Some(last) = last {
             last.release();
         }
-        self.last_turns.push_back(LastTurn {
-            conversation: conversation.to_owned(),
-            received: received_blocks,
-            sent: sent_blocks,
-        });
+        if let Some(conversation) = conversation {
+            self.keep_turn(LastTurn {
+                conversation: conversation.to_owned(),
+                received: received_blocks,
+                sent: sent_blocks,
+            });
+        }
+        (digest::hex(&received), digest::hex(&sent), same)
+    }
+
+    /// Keeps a conversation's last turn, letting the oldest go past the bounds.
+    fn keep_turn(&mut self, turn: LastTurn) {
+        self.last_turns.push_back(turn);
         while self.last_turns.len() > LAST_TURNS
             || self.last_turns.iter().map(LastTurn::size).sum::<usize>() > LAST_TURN_BYTES
         {
@@ -1013,7 +1013,6 @@ impl UnitCache {
                 None => break,
             }
         }
-        (digest::hex(&received), digest::hex(&sent), same)
     }
 
     /// What was stored for a request with these exact bodies, if it was lately: only
