@@ -858,8 +858,53 @@ struct StoredRequest {
 struct RecentRequest {
     received: Bytes,
     sent: Bytes,
+    making: Making,
     coding: Option<String>,
     stored: StoredRequest,
+}
+
+/// How a request's body sent was made from its body received: what proves two
+/// bodies sent the same once their bodies received are, without comparing the
+/// bytes they share. On the 200 KB resend that second compare of a cold body was
+/// 18 of the capture writer's 65 µs a record (perf).
+#[derive(Debug, PartialEq)]
+enum Making {
+    /// Sent as received.
+    Received,
+    /// Written by rules copying these ranges (start here, start there, length).
+    Copies(Vec<(u32, u32, u32)>),
+    /// Anything else: only its bytes tell.
+    Other,
+}
+
+impl Making {
+    fn of(r: &ExchangeRecord) -> Making {
+        if r.sent_unchanged() {
+            return Making::Received;
+        }
+        // The copies are of the body as read: the same bytes as received only when
+        // it came uncompressed.
+        let plain = &r.request_plain;
+        if plain.as_ptr() != r.request_body.as_ptr() || plain.len() != r.request_body.len() {
+            return Making::Other;
+        }
+        match r.sent_prompt.if_read().and_then(|p| p.copies_of(plain)) {
+            Some(copies) => Making::Copies(copies.to_vec()),
+            None => Making::Other,
+        }
+    }
+
+    /// Whether `sent`, made as `self`, is `other_sent`, made as `other`, from
+    /// bodies received that are the same bytes.
+    fn same_sent(&self, sent: &Bytes, other: &Making, other_sent: &Bytes) -> bool {
+        match (self, other) {
+            (Making::Received, Making::Received) => true,
+            (Making::Copies(a), Making::Copies(b)) => {
+                crate::prompt::same_writing(sent, a, other_sent, b)
+            }
+            _ => same_bytes(sent, other_sent),
+        }
+    }
 }
 
 impl RecentRequest {
@@ -1023,6 +1068,7 @@ impl UnitCache {
             return None;
         }
         let coding = crate::provider::content_coding(&r.request_headers);
+        let making = Making::of(r);
         self.recent
             .iter()
             .rev()
@@ -1031,7 +1077,7 @@ impl UnitCache {
                     && k.sent.len() == r.sent_body.len()
                     && k.coding.as_deref() == coding
                     && same_bytes(&k.received, &r.request_body)
-                    && same_bytes(&k.sent, &r.sent_body)
+                    && k.making.same_sent(&k.sent, &making, &r.sent_body)
             })
             .map(|k| k.stored.clone())
     }
@@ -1044,6 +1090,7 @@ impl UnitCache {
         let recent = RecentRequest {
             received: r.request_body.clone(),
             sent: r.sent_body.clone(),
+            making: Making::of(r),
             coding: crate::provider::content_coding(&r.request_headers).map(str::to_owned),
             stored: stored.clone(),
         };
@@ -1584,6 +1631,48 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
                 .body
                 .bytes
         );
+    }
+
+    /// A body received again byte for byte but sent otherwise (rules that wrote other
+    /// bytes of the same length, or none) takes nothing stored for the first: what
+    /// proves a body sent the same is the bytes the rules wrote, compared.
+    #[test]
+    fn a_body_received_again_but_written_otherwise_is_not_taken_as_stored() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let rules = |text: &str| {
+            format!(
+                "[[rule]]\nname = \"preamble\"\non = \"before_provider_request\"\n\
+                 actions = [ {{ system.prepend = {{ text = \"{text}\" }} }} ]\n"
+            )
+        };
+        let record = |text: Option<&str>| {
+            let body = Bytes::copy_from_slice(&sent_body());
+            let mut r = exchange();
+            r.set_request_body(body.clone(), body.clone());
+            if let Some(text) = text {
+                let sent = derive_with(&r, &body, &rules(text));
+                r.set_sent_cell(sent);
+            }
+            r
+        };
+        let mut cache = UnitCache::default();
+        let sent_of = |c: &CaptureRecord| c.request.sent_body.as_ref().map(|s| s.bytes.clone());
+        let mut seen = Vec::new();
+        for text in [Some("policy"), Some("POLICY"), Some("policy"), None] {
+            let r = record(text);
+            let c = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
+            let fresh = CaptureRecord::redacted(&r, &redactor);
+            assert_eq!(c.sent_digest, digest::content_hex(&r.sent_body), "{text:?}");
+            assert_eq!(sent_of(&c), sent_of(&fresh), "{text:?}");
+            if let Some(text) = text {
+                let sent = String::from_utf8_lossy(&r.sent_body).into_owned();
+                assert!(sent.contains(text), "{sent}");
+            }
+            seen.push(c.sent_digest);
+        }
+        assert_ne!(seen[0], seen[1], "other bytes written, another digest");
+        assert_eq!(seen[0], seen[2], "the same bytes written, the same digest");
+        assert_ne!(seen[0], seen[3], "nothing written: the body received");
     }
 
     /// Each turn of a conversation is hashed by the blocks its last turn did not have
