@@ -36,6 +36,7 @@ use crate::record::{ExchangeRecord, InFlight, Mode, Outcome, Recorder};
 use crate::setting::BaseUrl;
 use crate::upstream::{Upstream, UpstreamBody};
 
+mod resent;
 mod websocket;
 pub(crate) use websocket::{Credential, StoredTurn, StoredTurns, WebSocket};
 
@@ -780,7 +781,10 @@ impl Proxy {
             self.settings.body_timeout,
             self.settings.body_total_timeout,
         );
-        let body = read_body(body, headers, limits).await?;
+        let mut body = read_body(body, headers, limits).await?;
+        if self.recorder.compares_bodies() {
+            body = resent::as_received_before(body);
+        }
         let started = ex.pending.started;
         ex.record().timing.body_read = Some(started.elapsed());
         ex.encoded = provider::content_coding(headers).is_some();

@@ -487,6 +487,13 @@ pub trait RecordSink: Send + Sync {
         false
     }
 
+    /// Whether it compares a body with earlier exchanges' bodies (to know a resend):
+    /// the exchange then holds a body received again as the bytes of its first
+    /// arrival, so that compare is of pointers.
+    fn compares_bodies(&self) -> bool {
+        false
+    }
+
     /// Whether the sink could take `record` (as it stands before it goes upstream) now.
     /// A sink that keeps places keeps one for it when it answers yes: the look and
     /// the promise are one step, so no record lands between them.
@@ -528,11 +535,22 @@ pub trait RecordStage: Send + Sync {
     fn response_began(&self, _record: &ExchangeRecord) {}
     /// Annotates a finished record; runs once per record, before the sinks.
     fn apply(&self, record: &mut ExchangeRecord);
+
+    /// Whether it compares a body with earlier exchanges' bodies (to know a resend):
+    /// the exchange then holds a body received again as the bytes of its first
+    /// arrival, so that compare is of pointers.
+    fn compares_bodies(&self) -> bool {
+        false
+    }
 }
 
 /// Cache analysis as a stage: told of each answer as it begins, it sets the record's
 /// `cache` once the exchange ends.
 impl RecordStage for crate::cache::CacheStage {
+    fn compares_bodies(&self) -> bool {
+        true
+    }
+
     fn response_began(&self, record: &ExchangeRecord) {
         self.note_response(crate::cache::ResponseBegan {
             id: record.id,
@@ -542,10 +560,8 @@ impl RecordStage for crate::cache::CacheStage {
             started_at: record.started_at,
             upstream_headers: record.timing.upstream_headers,
             sent_prompt: &record.sent_prompt,
-            sent_dried: record
-                .sent_dried
-                .as_ref()
-                .map(|d| (d, record.prompt.body())),
+            sent_dried: record.sent_dried.as_ref(),
+            received: record.prompt.body(),
             sent_headers: &record.sent_headers,
             conversation: &record.conversation,
         });
@@ -829,6 +845,12 @@ impl Recorder {
                 std::future::pending::<()>().await;
             }
         }
+    }
+
+    /// Whether a stage or a sink compares bodies with earlier exchanges'.
+    pub(crate) fn compares_bodies(&self) -> bool {
+        self.stages.iter().any(|s| s.compares_bodies())
+            || self.sinks.iter().any(|s| s.compares_bodies())
     }
 
     /// Whether a sink reads the message reassembled from a streamed answer.

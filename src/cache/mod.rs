@@ -509,8 +509,12 @@ struct Began {
 
 /// The body sent, as the exchange holds it while its answer streams.
 enum Sent {
-    /// Its model, shared with the exchange.
-    Cell(PromptCell),
+    /// Its model, shared with the exchange, and the body received (decoded) when
+    /// rules may have written it from that.
+    Cell {
+        cell: PromptCell,
+        received: Option<Bytes>,
+    },
     /// Let go by the exchange (a large body rules wrote, see
     /// [`crate::record::ExchangeRecord::dry_sent`]): put back together from the body
     /// received when prepared, and let go again after, its units given back.
@@ -518,6 +522,28 @@ enum Sent {
         received: Bytes,
         dried: Arc<DriedPrompt>,
     },
+}
+
+impl Sent {
+    /// The body as the segments keep it: compared with the earlier turn's as held,
+    /// and a dried one put back together only when it is cut. A body rules wrote is
+    /// held as they wrote it: a resend is known by what they wrote, not by every
+    /// byte they copied.
+    fn cut_from(&self) -> CutFrom {
+        match self {
+            Sent::Cell {
+                cell,
+                received: Some(received),
+            } => match cell.if_read().and_then(|p| p.written_body(received)) {
+                Some(written) => CutFrom::Written(written),
+                None => CutFrom::Body(cell.body().clone()),
+            },
+            Sent::Cell { cell, .. } => CutFrom::Body(cell.body().clone()),
+            Sent::Dried { received, dried } => {
+                CutFrom::Written(dried.written_body(received.clone()))
+            }
+        }
+    }
 }
 
 /// A request cut and predicted, waiting for its record.
@@ -862,7 +888,10 @@ impl CacheStage {
                 key: ConversationCell::known(key.to_owned()),
                 // The stored fingerprint names the same workspace as the credential.
                 credential: credential(&r.headers),
-                prompt: Sent::Cell(PromptCell::new(r.body, Some(format))),
+                prompt: Sent::Cell {
+                    cell: PromptCell::new(r.body, Some(format)),
+                    received: None,
+                },
             };
             self.prepare_keyed(state, began, key.to_owned(), None);
             let _ = self.judge(state, id, &usage);
@@ -920,14 +949,7 @@ impl CacheStage {
         key: String,
         shared: Option<&SharedStore>,
     ) {
-        // The body as the segments keep it: compared with the earlier turn's as held,
-        // and a dried one put back together only when it is cut.
-        let cut_from = match &b.prompt {
-            Sent::Cell(cell) => CutFrom::Body(cell.body().clone()),
-            Sent::Dried { received, dried } => {
-                CutFrom::Written(dried.written_body(received.clone()))
-            }
-        };
+        let cut_from = b.prompt.cut_from();
         let previous = state
             .history
             .get(&key)
@@ -938,7 +960,7 @@ impl CacheStage {
             _ => {
                 let mut wet = None;
                 let prompt = match &b.prompt {
-                    Sent::Cell(cell) => cell.get(),
+                    Sent::Cell { cell, .. } => cell.get(),
                     Sent::Dried { received, dried } => &*wet.insert(dried.wet(received)),
                 };
                 let cut = segment::segment_from(
@@ -1240,7 +1262,10 @@ impl CacheStage {
             },
             // Stored credentials are fingerprints, one per key: the same workspaces.
             credential: credential(headers),
-            prompt: Sent::Cell(prompt),
+            prompt: Sent::Cell {
+                cell: prompt,
+                received: None,
+            },
         };
         let mut state = self.lock();
         self.prepare(&mut state, began);
@@ -1309,7 +1334,9 @@ pub struct ResponseBegan<'r> {
     pub sent_prompt: &'r PromptCell,
     /// That body, when the exchange let it go while the answer streams, and the body
     /// received it is put back together from.
-    pub(crate) sent_dried: Option<(&'r Arc<DriedPrompt>, &'r Bytes)>,
+    pub(crate) sent_dried: Option<&'r Arc<DriedPrompt>>,
+    /// The body received (decoded): what rules wrote the body sent from, if they did.
+    pub received: &'r Bytes,
     pub sent_headers: &'r HeaderMap,
     /// The exchange's conversation key (decided here when no reader before did).
     pub conversation: &'r ConversationCell,
@@ -1330,13 +1357,14 @@ impl CacheStage {
         };
         let prompt = match r.sent_dried {
             // Rules wrote it from a JSON object.
-            Some((dried, received)) => Sent::Dried {
-                received: received.clone(),
+            Some(dried) => Sent::Dried {
+                received: r.received.clone(),
                 dried: dried.clone(),
             },
-            None if r.sent_prompt.body().first() == Some(&b'{') => {
-                Sent::Cell(r.sent_prompt.clone())
-            }
+            None if r.sent_prompt.body().first() == Some(&b'{') => Sent::Cell {
+                cell: r.sent_prompt.clone(),
+                received: Some(r.received.clone()),
+            },
             None => return,
         };
         let start = self.clock.at(r.started_at);
@@ -1476,10 +1504,10 @@ actions = [ { system.prepend = { text = "policy" } } ]
                         let (at, end) = (b.as_ptr() as usize, body.as_ptr() as usize);
                         at >= end && at + b.len() <= end + body.len()
                     };
-                    assert_eq!(
+                    // Dried or kept, the body sent is held as what rules wrote.
+                    assert!(
                         inside(&lorem_unit.bytes),
-                        dry,
-                        "a unit copied unchanged shares the body received when dried"
+                        "a unit copied unchanged shares the body received"
                     );
                 }
                 report.started_ms = 0;

@@ -75,7 +75,10 @@ impl CutFrom {
     /// Whether both are the same bytes, compared as they are held (a body rules
     /// wrote is not put back together to be compared).
     pub(crate) fn same(&self, other: &CutFrom) -> bool {
-        crate::prompt::same_pieces(&self.pieces(), &other.pieces())
+        match (self, other) {
+            (CutFrom::Written(a), CutFrom::Written(b)) => a.same(b),
+            _ => crate::prompt::same_pieces(&self.pieces(), &other.pieces()),
+        }
     }
 
     fn pieces(&self) -> Vec<&[u8]> {

@@ -372,6 +372,10 @@ impl RecordSink for Capture {
         true
     }
 
+    fn compares_bodies(&self) -> bool {
+        true
+    }
+
     fn record(&self, record: &ExchangeRecord) {
         let size = record.held_bytes();
         let mut state = self.shared.lock();

@@ -211,6 +211,17 @@ impl WrittenBody {
     pub(crate) fn pieces(&self) -> Vec<&[u8]> {
         pieces(&self.copied, &self.written, &self.received)
     }
+
+    /// Whether both are the same bytes. Written from the same bytes received in
+    /// memory (a body received again, see `exchange::resent`) with the same copies,
+    /// only what the rules wrote is compared.
+    pub(crate) fn same(&self, other: &WrittenBody) -> bool {
+        let (a, b) = (&self.received, &other.received);
+        if self.copied == other.copied && a.as_ptr() == b.as_ptr() && a.len() == b.len() {
+            return self.written == other.written;
+        }
+        same_pieces(&self.pieces(), &other.pieces())
+    }
 }
 
 /// Whether two bodies, each held as pieces in order, are the same bytes.
@@ -236,7 +247,8 @@ pub(crate) fn same_pieces(a: &[&[u8]], b: &[&[u8]]) -> bool {
             }
         }
         let n = x.len().min(y.len());
-        if x[..n] != y[..n] {
+        // The same bytes in memory (a body received again, see `exchange::resent`).
+        if x.as_ptr() != y.as_ptr() && x[..n] != y[..n] {
             return false;
         }
         (x, y) = (&x[n..], &y[n..]);
@@ -396,13 +408,7 @@ impl Prompt {
         {
             return Err(Box::new(self));
         }
-        let mut written = Vec::with_capacity(self.body.len() - copied_len);
-        let mut at = 0;
-        for &(here, _, len) in &self.copied {
-            written.extend_from_slice(&self.body[at..here as usize]);
-            at = here as usize + len as usize;
-        }
-        written.extend_from_slice(&self.body[at..]);
+        let written = self.written(copied_len);
         let len = self.body.len();
         Ok(DriedPrompt {
             prompt: Prompt {
@@ -411,6 +417,33 @@ impl Prompt {
             },
             len,
             written: Bytes::from(written),
+        })
+    }
+
+    /// The bytes between the copies, in order: what rules wrote (`copied_len` the
+    /// bytes copied).
+    fn written(&self, copied_len: usize) -> Vec<u8> {
+        let mut written = Vec::with_capacity(self.body.len().saturating_sub(copied_len));
+        let mut at = 0;
+        for &(here, _, len) in &self.copied {
+            written.extend_from_slice(&self.body[at..here as usize]);
+            at = here as usize + len as usize;
+        }
+        written.extend_from_slice(&self.body[at..]);
+        written
+    }
+
+    /// This body as `received` and what rules wrote, when they wrote it copying from
+    /// those very bytes.
+    pub(crate) fn written_body(&self, received: &Bytes) -> Option<WrittenBody> {
+        if !self.copied_from(received) {
+            return None;
+        }
+        let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
+        Some(WrittenBody {
+            received: received.clone(),
+            copied: self.copied.clone(),
+            written: Bytes::from(self.written(copied_len)),
         })
     }
 

@@ -383,3 +383,42 @@ fn bodies_in_pieces_compare_by_their_bytes() {
     assert!(!same_pieces(whole, &[b"abcde"]));
     assert!(same_pieces(&[b""], &[]));
 }
+
+/// Bodies rules wrote from the same bytes received in memory (a body received
+/// again, held as its first arrival) are known the same by what the rules wrote;
+/// from the same bytes elsewhere, by every byte; other bytes written are another body.
+#[test]
+fn bodies_written_from_the_same_bytes_are_known_by_what_was_written() {
+    let body = Bytes::from(format!(
+        r#"{{"model":"claude-x","system":"be brief","messages":[{{"role":"user","content":"{}"}}],"max_tokens":5}}"#,
+        "lorem ".repeat(5000)
+    ));
+    let written = |received: &Bytes, text: &str| {
+        let toml = format!(
+            "[[rule]]\nname = \"p\"\non = \"before_provider_request\"\n\
+             actions = [ {{ system.prepend = {{ text = \"{text}\" }} }} ]\n"
+        );
+        let cell = PromptCell::new(received.clone(), Some(Format::AnthropicMessages));
+        let sent = crate::rules::derive_for_test(&cell, received, &toml);
+        assert!(sent.body().len() > body.len(), "rules wrote it");
+        sent.get().written_body(received).expect("written from it")
+    };
+    let again = Bytes::copy_from_slice(&body);
+    let first = written(&body, "policy");
+    assert!(first.same(&written(&body, "policy")), "the same memory");
+    assert!(
+        first.same(&written(&again, "policy")),
+        "the same bytes elsewhere"
+    );
+    assert!(
+        !first.same(&written(&body, "POLICY")),
+        "other bytes written"
+    );
+    assert!(
+        !first.same(&written(&again, "POLICY")),
+        "elsewhere, other bytes written"
+    );
+    // Not written from `received`: no written body.
+    let cell = PromptCell::new(body.clone(), Some(Format::AnthropicMessages));
+    assert!(cell.get().written_body(&body).is_none());
+}
