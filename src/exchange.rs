@@ -781,13 +781,11 @@ impl Proxy {
             self.settings.body_timeout,
             self.settings.body_total_timeout,
         );
-        let mut body = read_body(body, headers, limits).await?;
-        if self.recorder.compares_bodies() {
-            body = resent::as_received_before(body);
-        }
+        let body = read_body(body, headers, limits).await?;
         let started = ex.pending.started;
         ex.record().timing.body_read = Some(started.elapsed());
-        ex.encoded = provider::content_coding(headers).is_some();
+        let encoded = provider::content_coding(headers).is_some();
+        ex.encoded = encoded;
         let plain = match decode::request_plain(headers, &body, self.settings.max_body) {
             Ok(plain) => plain,
             Err(e) => {
@@ -801,9 +799,16 @@ impl Proxy {
         r.bytes_in = body.len() as u64;
         // Whatever the first byte: whitespace or a byte order mark may precede the `{`.
         r.model = provider::sniff(&plain).model;
-        r.set_request_body(body.clone(), plain);
+        if !encoded && self.recorder.compares_bodies() {
+            // A body received again is held as its first arrival: read once, and
+            // known again later by its place in memory.
+            let model = resent::model_of(plain, r.request_format());
+            r.set_request_model(model.body().clone(), model);
+        } else {
+            r.set_request_body(body, plain);
+        }
         r.conversation.set_body(r.prompt.clone());
-        Ok(body)
+        Ok(r.request_body.clone())
     }
 
     /// The upstream URL: the target's (forward mode) or the provider's base joined

@@ -336,15 +336,27 @@ impl ExchangeRecord {
     /// bytes when it came uncompressed), a request of `provider` and `api` as set:
     /// it is also the body sent until [`ExchangeRecord::set_sent`].
     pub fn set_request_body(&mut self, body: Bytes, plain: Bytes) {
-        let format = match (self.provider, self.api) {
-            (Some(p), Some(a)) => Format::of_request(p, a),
-            _ => None,
-        };
-        self.prompt = PromptCell::new(plain.clone(), format);
+        let model = PromptCell::new(plain, self.request_format());
+        self.set_request_model(body, model);
+    }
+
+    /// Sets the request body as received (`body`) and the model of it decoded
+    /// (shared with an earlier exchange that received the same bytes, see
+    /// `exchange::resent`).
+    pub(crate) fn set_request_model(&mut self, body: Bytes, model: PromptCell) {
+        self.request_plain = model.body().clone();
+        self.prompt = model;
         self.sent_prompt = self.prompt.clone();
         self.sent_body = body.clone();
         self.request_body = body;
-        self.request_plain = plain;
+    }
+
+    /// The grammar of this exchange's request bodies, when promptgate reads it.
+    pub(crate) fn request_format(&self) -> Option<Format> {
+        match (self.provider, self.api) {
+            (Some(p), Some(a)) => Format::of_request(p, a),
+            _ => None,
+        }
     }
 
     /// Sets the body rules wrote to send upstream instead, with its model.

@@ -1469,3 +1469,66 @@ async fn a_large_body_rules_changed_is_stored_as_it_went_upstream() {
         assert_eq!(stored, went, "{id}");
     }
 }
+
+/// One 200 KB body received four times, written by rules in two ways of the same
+/// length (a rule per header value): every record keeps the body received and the
+/// body its request sent, byte for byte as the provider got it, whichever earlier
+/// arrival its bytes were held as.
+#[tokio::test]
+async fn a_body_received_again_and_written_otherwise_is_stored_as_it_went() {
+    let fake = FakeProvider::start(|_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message("claude-opus-5-5", "ok", (10, 2, 0, 0)),
+        ))
+    })
+    .await;
+    let dir = TempDir::new("resent-written");
+    let rule = |case: &str, text: &str| {
+        format!(
+            "[[rule]]\nname = \"{case}\"\non = \"before_provider_request\"\n\
+             when = {{ header.\"x-test-case\" = \"{case}\" }}\n\
+             actions = [ {{ system.prepend = {{ text = \"{text}\" }} }} ]\n"
+        )
+    };
+    std::fs::write(
+        dir.path().join("rules.toml"),
+        rule("lower", "policy") + &rule("upper", "POLICY"),
+    )
+    .unwrap();
+    let proxy = Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ]);
+    let body = shapes::claude_code_body_of_size(200_000);
+    let cases = ["lower", "upper", "lower", "upper"];
+    for case in cases {
+        let r = client::send(proxy.addr, &messages_request(&proxy, case, &body)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let records = captures::wait_records(&proxy.captures, 4, WAIT).await;
+    let upstream = fake.requests();
+    assert_eq!(upstream.len(), 4);
+    assert_ne!(upstream[0].body, upstream[1].body, "written otherwise");
+    assert_eq!(upstream[0].body, upstream[2].body);
+    let exported = captures::export(&proxy.captures);
+    for (i, went) in upstream.iter().enumerate() {
+        let case = cases[i];
+        let text = String::from_utf8_lossy(&went.body);
+        assert!(
+            text.contains(if case == "lower" { "policy" } else { "POLICY" }),
+            "{case}"
+        );
+        // The records in the order the requests were sent (one at a time).
+        let r = &records[i];
+        assert_eq!(r["received_digest"], support::blake3_hex(&body));
+        assert_eq!(r["sent_digest"], support::blake3_hex(&went.body), "{case}");
+        let line = captures::by_id(&exported, r["id"].as_str().unwrap());
+        let stored: Value = serde_json::from_value(line["request"]["sent_body"]["content"].clone())
+            .expect("the body sent, stored");
+        let went: Value = serde_json::from_slice(&went.body).unwrap();
+        assert_eq!(stored, went, "{case}");
+    }
+}

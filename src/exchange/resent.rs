@@ -1,14 +1,17 @@
 //! Bodies received lately, so that a body received again byte for byte (a retry, a
-//! replay, a client that resends) is held as the bytes of its first arrival. It is
-//! compared once, here, while it is still in the cache of the core that read it;
-//! every later reader (the cache analysis, the capture writer) then finds the same
-//! bytes in memory and compares pointers. On the 200 KB resend the capture writer's
-//! compare of two such bodies gone cold was ~30 of its ~57 µs a record (perf).
+//! replay, a client that resends) is held as the bytes and the model of its first
+//! arrival. It is compared once, here, while it is still in the cache of the core
+//! that read it; every later reader then finds the same bytes in memory and
+//! compares pointers (on the 200 KB resend the capture writer's compare of two such
+//! bodies gone cold was ~30 of its ~57 µs a record, perf), and the model read once
+//! (its structure pass, units and digests) is not read again.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
 
 use bytes::Bytes;
+
+use crate::prompt::{Format, PromptCell};
 
 /// Bodies kept, newest last.
 const KEPT: usize = 4;
@@ -21,44 +24,50 @@ const SMALLEST: usize = 16 << 10;
 /// The process's bodies received lately.
 static LATELY: Lately = Lately(Mutex::new(VecDeque::new()));
 
-/// `body`, or the bytes of an earlier arrival of the same body still kept; `body`
-/// is kept for the next one when it is new.
-pub(crate) fn as_received_before(body: Bytes) -> Bytes {
-    LATELY.as_received_before(body)
+/// The model of `body` (uncompressed), a request of `format`: an earlier arrival's,
+/// with its bytes, when the same body of the same format is still kept; else a new
+/// one, kept for the next.
+pub(crate) fn model_of(body: Bytes, format: Option<Format>) -> PromptCell {
+    LATELY.model_of(body, format)
 }
 
-/// Bodies received lately, newest last.
-struct Lately(Mutex<VecDeque<Bytes>>);
+/// Models of bodies received lately, newest last.
+struct Lately(Mutex<VecDeque<PromptCell>>);
 
 impl Lately {
-    fn as_received_before(&self, body: Bytes) -> Bytes {
+    fn model_of(&self, body: Bytes, format: Option<Format>) -> PromptCell {
         if body.len() < SMALLEST || body.len() > KEPT_BYTES {
-            return body;
+            return PromptCell::new(body, format);
         }
         // Compared outside the lock: a body that differs usually differs early, and
         // one that does not takes a full compare that nobody else should wait for.
-        let candidates: Vec<Bytes> = self
+        let candidates: Vec<PromptCell> = self
             .lock()
             .iter()
-            .filter(|b| b.len() == body.len())
+            .filter(|c| c.body().len() == body.len() && c.format() == format)
             .cloned()
             .collect();
-        if let Some(before) = candidates.into_iter().rev().find(|b| b[..] == body[..]) {
+        if let Some(before) = candidates
+            .into_iter()
+            .rev()
+            .find(|c| c.body()[..] == body[..])
+        {
             return before;
         }
+        let cell = PromptCell::new(body, format);
         let mut lately = self.lock();
-        lately.push_back(body.clone());
-        let mut bytes: usize = lately.iter().map(Bytes::len).sum();
+        lately.push_back(cell.clone());
+        let mut bytes: usize = lately.iter().map(|c| c.body().len()).sum();
         while lately.len() > KEPT || bytes > KEPT_BYTES {
             match lately.pop_front() {
-                Some(old) => bytes -= old.len(),
+                Some(old) => bytes -= old.body().len(),
                 None => break,
             }
         }
-        body
+        cell
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Bytes>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<PromptCell>> {
         // A panic elsewhere while it was held leaves a list of whole bodies: still good.
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -71,11 +80,22 @@ mod tests {
     #[test]
     fn a_body_received_again_is_held_as_its_first_arrival() {
         let lately = Lately(Mutex::new(VecDeque::new()));
-        let as_received_before = |b: Bytes| lately.as_received_before(b);
+        let format = Some(Format::AnthropicMessages);
+        let model_of = |b: Bytes| lately.model_of(b, format);
+        let as_received_before = |b: Bytes| model_of(b).body().clone();
         let body = |fill: u8, len: usize| Bytes::from(vec![fill; len]);
-        let first = as_received_before(body(7, 100_003));
-        let again = as_received_before(body(7, 100_003));
-        assert_eq!(first.as_ptr(), again.as_ptr(), "the same bytes in memory");
+        let first = model_of(body(7, 100_003));
+        let again = model_of(body(7, 100_003));
+        assert!(first.same(&again), "the same model");
+        let first = first.body().clone();
+        assert_eq!(
+            first.as_ptr(),
+            again.body().as_ptr(),
+            "the same bytes in memory"
+        );
+        // Read as another format: another model.
+        let other_format = lately.model_of(body(7, 100_003), Some(Format::OpenAiChat));
+        assert!(!other_format.same(&again));
         // The same length and one byte apart: its own bytes.
         let mut other = vec![7u8; 100_003];
         other[100_002] = 8;
@@ -94,6 +114,6 @@ mod tests {
         }
         let kept = lately.lock();
         assert!(kept.len() <= KEPT);
-        assert!(kept.iter().map(Bytes::len).sum::<usize>() <= KEPT_BYTES);
+        assert!(kept.iter().map(|c| c.body().len()).sum::<usize>() <= KEPT_BYTES);
     }
 }

@@ -49,6 +49,11 @@ impl PromptCell {
         }
     }
 
+    /// The request format it is read as.
+    pub(crate) fn format(&self) -> Option<Format> {
+        self.0.format
+    }
+
     /// The body, unread.
     pub fn body(&self) -> &Bytes {
         &self.0.body
