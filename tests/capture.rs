@@ -43,6 +43,40 @@ fn small_body(stream: bool) -> Vec<u8> {
     )
 }
 
+/// A provider that answers every request with one Messages JSON answer of `model`.
+async fn answering_json(model: &'static str, usage: (u64, u64, u64, u64)) -> FakeProvider {
+    FakeProvider::start(move |_| {
+        Action::Respond(Reply::json(
+            200,
+            &shapes::anthropic_message(model, "ok", usage),
+        ))
+    })
+    .await
+}
+
+/// The record `r`'s digests and its stored body sent, against the body `received`
+/// and the body the provider got (`went`), byte for byte.
+fn assert_stored_as_it_went(exported: &[Value], r: &Value, received: &[u8], went: &[u8]) {
+    let id = r["id"].as_str().unwrap();
+    assert_eq!(r["received_digest"], support::blake3_hex(received), "{id}");
+    assert_eq!(r["sent_digest"], support::blake3_hex(went), "{id}");
+    let line = captures::by_id(exported, id);
+    let stored: Value = serde_json::from_value(line["request"]["sent_body"]["content"].clone())
+        .expect("the body sent, stored");
+    let went: Value = serde_json::from_slice(went).unwrap();
+    assert_eq!(stored, went, "{id}");
+}
+
+/// promptgate in front of `fake`, with the rules in `dir`.
+fn with_rules(fake: &FakeProvider, dir: &TempDir) -> Proxy {
+    Proxy::start(&[
+        "--upstream-anthropic",
+        &fake.url(),
+        "--rules",
+        dir.path().to_str().unwrap(),
+    ])
+}
+
 fn outcome_handler(r: &support::Received) -> Action {
     let events = shapes::anthropic_events("claude-opus-5-5", &["a", "b", "c", "d"], (10, 0, 0, 4));
     match r.header("x-test-case").unwrap_or("") {
@@ -1130,13 +1164,7 @@ const CANARY_SESSION: &str = "sk-ant-api03-CanarySess5Wy9Eu3Ri7To1Pa4Gf";
 
 #[tokio::test]
 async fn secrets_in_log_templates_paths_models_and_session_ids_are_redacted_everywhere() {
-    let fake = FakeProvider::start(|_| {
-        Action::Respond(Reply::json(
-            200,
-            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (3, 0, 0, 1)),
-        ))
-    })
-    .await;
+    let fake = answering_json("claude-sonnet-4-5", (3, 0, 0, 1)).await;
     let rules = TempDir::new("template-rules");
     std::fs::write(
         rules.path().join("10-log.toml"),
@@ -1237,13 +1265,7 @@ async fn secrets_in_log_templates_paths_models_and_session_ids_are_redacted_ever
 
 #[tokio::test]
 async fn stored_bodies_are_served_as_stored_and_export_lines_parse_anywhere() {
-    let fake = FakeProvider::start(|_| {
-        Action::Respond(Reply::json(
-            200,
-            &shapes::anthropic_message("claude-sonnet-4-5", "ok", (3, 0, 0, 1)),
-        ))
-    })
-    .await;
+    let fake = answering_json("claude-sonnet-4-5", (3, 0, 0, 1)).await;
     let proxy = Proxy::start(&["--upstream-anthropic", &fake.url()]);
     let deep = format!("{}1{}", "[".repeat(300), "]".repeat(300));
     let escaped_key = "\\u0073k-ant-api03-CanaryEsc3Ty7Ui1Op5As9Df";
@@ -1440,12 +1462,7 @@ async fn a_large_body_rules_changed_is_stored_as_it_went_upstream() {
         "[[rule]]\nname = \"preamble\"\non = \"before_provider_request\"\nactions = [ { system.prepend = { text = \"policy\" } } ]\n",
     )
     .unwrap();
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = with_rules(&fake, &dir);
     // Past the size from which a body sent is let go while its answer streams.
     let body = shapes::claude_code_body_of_size(600_000);
     for _ in 0..2 {
@@ -1459,14 +1476,7 @@ async fn a_large_body_rules_changed_is_stored_as_it_went_upstream() {
     assert_ne!(upstream[0].body, body, "the rule changed it");
     let exported = captures::export(&proxy.captures);
     for r in &records {
-        assert_eq!(r["received_digest"], support::blake3_hex(&body));
-        assert_eq!(r["sent_digest"], support::blake3_hex(&upstream[0].body));
-        let id = r["id"].as_str().unwrap();
-        let line = captures::by_id(&exported, id);
-        let stored: Value = serde_json::from_value(line["request"]["sent_body"]["content"].clone())
-            .expect("the body sent, stored");
-        let went: Value = serde_json::from_slice(&upstream[0].body).unwrap();
-        assert_eq!(stored, went, "{id}");
+        assert_stored_as_it_went(&exported, r, &body, &upstream[0].body);
     }
 }
 
@@ -1476,13 +1486,7 @@ async fn a_large_body_rules_changed_is_stored_as_it_went_upstream() {
 /// arrival its bytes were held as.
 #[tokio::test]
 async fn a_body_received_again_and_written_otherwise_is_stored_as_it_went() {
-    let fake = FakeProvider::start(|_| {
-        Action::Respond(Reply::json(
-            200,
-            &shapes::anthropic_message("claude-opus-5-5", "ok", (10, 2, 0, 0)),
-        ))
-    })
-    .await;
+    let fake = answering_json("claude-opus-5-5", (10, 2, 0, 0)).await;
     let dir = TempDir::new("resent-written");
     let rule = |case: &str, text: &str| {
         format!(
@@ -1496,12 +1500,7 @@ async fn a_body_received_again_and_written_otherwise_is_stored_as_it_went() {
         rule("lower", "policy") + &rule("upper", "POLICY"),
     )
     .unwrap();
-    let proxy = Proxy::start(&[
-        "--upstream-anthropic",
-        &fake.url(),
-        "--rules",
-        dir.path().to_str().unwrap(),
-    ]);
+    let proxy = with_rules(&fake, &dir);
     let body = shapes::claude_code_body_of_size(200_000);
     let cases = ["lower", "upper", "lower", "upper"];
     for case in cases {
@@ -1522,13 +1521,6 @@ async fn a_body_received_again_and_written_otherwise_is_stored_as_it_went() {
             "{case}"
         );
         // The records in the order the requests were sent (one at a time).
-        let r = &records[i];
-        assert_eq!(r["received_digest"], support::blake3_hex(&body));
-        assert_eq!(r["sent_digest"], support::blake3_hex(&went.body), "{case}");
-        let line = captures::by_id(&exported, r["id"].as_str().unwrap());
-        let stored: Value = serde_json::from_value(line["request"]["sent_body"]["content"].clone())
-            .expect("the body sent, stored");
-        let went: Value = serde_json::from_slice(&went.body).unwrap();
-        assert_eq!(stored, went, "{case}");
+        assert_stored_as_it_went(&exported, &records[i], &body, &went.body);
     }
 }
