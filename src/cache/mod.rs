@@ -531,14 +531,12 @@ impl Sent {
     /// byte they copied.
     fn cut_from(&self) -> CutFrom {
         match self {
-            Sent::Cell {
-                cell,
-                received: Some(received),
-            } => match cell.if_read().and_then(|p| p.written_body(received)) {
-                Some(written) => CutFrom::Written(written),
-                None => CutFrom::Body(cell.body().clone()),
-            },
-            Sent::Cell { cell, .. } => CutFrom::Body(cell.body().clone()),
+            Sent::Cell { cell, received } => {
+                let written = received
+                    .as_ref()
+                    .and_then(|r| cell.if_read()?.written_body(r));
+                written.map_or_else(|| CutFrom::Body(cell.body().clone()), CutFrom::Written)
+            }
             Sent::Dried { received, dried } => {
                 CutFrom::Written(dried.written_body(received.clone()))
             }

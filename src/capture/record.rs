@@ -867,12 +867,12 @@ struct RecentRequest {
 /// bodies sent the same once their bodies received are, without comparing the
 /// bytes they share. On the 200 KB resend that second compare of a cold body was
 /// 18 of the capture writer's 65 µs a record (perf).
-#[derive(Debug, PartialEq)]
+#[derive(Debug)]
 enum Making {
     /// Sent as received.
     Received,
-    /// Written by rules copying these ranges (start here, start there, length).
-    Copies(Vec<(u32, u32, u32)>),
+    /// Written by rules from the body received.
+    Written(crate::prompt::WrittenBody),
     /// Anything else: only its bytes tell.
     Other,
 }
@@ -882,14 +882,12 @@ impl Making {
         if r.sent_unchanged() {
             return Making::Received;
         }
-        // The copies are of the body as read: the same bytes as received only when
-        // it came uncompressed.
-        let plain = &r.request_plain;
-        if plain.as_ptr() != r.request_body.as_ptr() || plain.len() != r.request_body.len() {
-            return Making::Other;
-        }
-        match r.sent_prompt.if_read().and_then(|p| p.copies_of(plain)) {
-            Some(copies) => Making::Copies(copies.to_vec()),
+        match r
+            .sent_prompt
+            .if_read()
+            .and_then(|p| p.written_body(&r.request_plain))
+        {
+            Some(written) => Making::Written(written),
             None => Making::Other,
         }
     }
@@ -899,9 +897,7 @@ impl Making {
     fn same_sent(&self, sent: &Bytes, other: &Making, other_sent: &Bytes) -> bool {
         match (self, other) {
             (Making::Received, Making::Received) => true,
-            (Making::Copies(a), Making::Copies(b)) => {
-                crate::prompt::same_writing(sent, a, other_sent, b)
-            }
+            (Making::Written(a), Making::Written(b)) => a.same(b),
             _ => same_bytes(sent, other_sent),
         }
     }

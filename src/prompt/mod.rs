@@ -255,29 +255,6 @@ pub(crate) fn same_pieces(a: &[&[u8]], b: &[&[u8]]) -> bool {
     }
 }
 
-/// Whether two bodies rules wrote are the same bytes, given that the bodies they
-/// copied from are (compared by the caller): the same copies, and the same bytes
-/// between them. Only the bytes the rules wrote are compared, not the copies.
-pub(crate) fn same_writing(
-    a: &[u8],
-    a_copied: &[(u32, u32, u32)],
-    b: &[u8],
-    b_copied: &[(u32, u32, u32)],
-) -> bool {
-    if a.len() != b.len() || a_copied != b_copied {
-        return false;
-    }
-    let mut at = 0;
-    for &(here, _, len) in a_copied {
-        let here = here as usize;
-        if a.get(at..here) != b.get(at..here) {
-            return false;
-        }
-        at = here + len as usize;
-    }
-    a.get(at..) == b.get(at..)
-}
-
 /// A derived body's bytes in order: what was written, then a copy from `received`,
 /// and so on (`copied`: start here, start there, length, in order).
 fn pieces<'a>(copied: &[(u32, u32, u32)], written: &'a [u8], received: &'a [u8]) -> Vec<&'a [u8]> {
@@ -392,12 +369,6 @@ impl Prompt {
         !self.copied.is_empty() && self.origin == (received.as_ptr() as usize, received.len())
     }
 
-    /// What rules copied into this body from `received`, as (start here, start there,
-    /// length), when they wrote it from those very bytes; else `None`.
-    pub(crate) fn copies_of(&self, received: &[u8]) -> Option<&[(u32, u32, u32)]> {
-        self.copied_from(received).then_some(self.copied.as_slice())
-    }
-
     /// This model without its bytes, when rules wrote it copying most of them from
     /// `received` (which must hold them still: [`DriedPrompt::restore`] reads them
     /// there); else itself.
@@ -408,7 +379,7 @@ impl Prompt {
         {
             return Err(Box::new(self));
         }
-        let written = self.written(copied_len);
+        let written = self.written();
         let len = self.body.len();
         Ok(DriedPrompt {
             prompt: Prompt {
@@ -420,9 +391,9 @@ impl Prompt {
         })
     }
 
-    /// The bytes between the copies, in order: what rules wrote (`copied_len` the
-    /// bytes copied).
-    fn written(&self, copied_len: usize) -> Vec<u8> {
+    /// The bytes between the copies, in order: what rules wrote.
+    fn written(&self) -> Vec<u8> {
+        let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
         let mut written = Vec::with_capacity(self.body.len().saturating_sub(copied_len));
         let mut at = 0;
         for &(here, _, len) in &self.copied {
@@ -439,11 +410,10 @@ impl Prompt {
         if !self.copied_from(received) {
             return None;
         }
-        let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
         Some(WrittenBody {
             received: received.clone(),
             copied: self.copied.clone(),
-            written: Bytes::from(self.written(copied_len)),
+            written: Bytes::from(self.written()),
         })
     }
 
