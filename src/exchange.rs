@@ -1003,7 +1003,7 @@ async fn request_policies(
             ex.predicted_read = r
                 .conversation
                 .get()
-                .and_then(|k| cache.predict_read(k, &r.prompt, cache.now()));
+                .and_then(|k| cache.predict_read(r.id, k, &r.prompt, cache.now()));
         }
         let tags = ex.record().tags.clone();
         let mut effects = std::mem::take(&mut ex.effects);

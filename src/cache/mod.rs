@@ -544,6 +544,30 @@ impl Sent {
     }
 }
 
+/// A request's units cut before it went, for a policy's prediction
+/// ([`CacheStage::predict_read`]), and the turn they were cut after.
+struct CutAhead {
+    segments: Arc<Segments>,
+    after: Option<Arc<Segments>>,
+}
+
+/// The most requests cut ahead kept waiting for their analysis.
+const CUT_AHEAD_MAX: usize = 1024;
+
+impl CutAhead {
+    /// Whether these are the units the analysis would cut from `body` of `format`
+    /// after `previous`: the same bytes, and the same turn before them (a unit's
+    /// measure is taken against that turn's).
+    fn fits(&self, previous: Option<&Arc<Segments>>, format: Format, body: &CutFrom) -> bool {
+        let same_turn = match (&self.after, previous) {
+            (None, None) => true,
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        };
+        same_turn && self.segments.format == format && self.segments.body.same(body)
+    }
+}
+
 /// A request cut and predicted, waiting for its record.
 struct Pending {
     key: String,
@@ -558,6 +582,8 @@ struct Pending {
 
 struct State {
     pending: HashMap<ExchangeId, Pending>,
+    /// Requests cut on the request path for a prediction, until their analysis.
+    cut_ahead: HashMap<ExchangeId, CutAhead>,
     history: History,
     /// Models already warned about for having no price.
     unpriced: Unpriced,
@@ -787,6 +813,7 @@ impl CacheStage {
             began: Mutex::new(Vec::new()),
             state: Mutex::new(State {
                 pending: HashMap::new(),
+                cut_ahead: HashMap::new(),
                 history,
                 unpriced: Default::default(),
             }),
@@ -905,9 +932,11 @@ impl CacheStage {
     /// `conversation` not sent yet, from what this stage saw of the conversation,
     /// changing nothing (a policy asks before the request goes: a hook's event).
     /// `None` when analysis is off, the body is not one promptgate cuts, or the
-    /// conversation is new here.
+    /// conversation is new here. The units cut for it are kept for exchange `id`'s
+    /// analysis, which takes them when it would cut the same body after the same turn.
     pub fn predict_read(
         &self,
+        id: ExchangeId,
         conversation: &str,
         prompt: &PromptCell,
         now: Millis,
@@ -920,18 +949,35 @@ impl CacheStage {
             let conv = state.history.get(conversation)?;
             conv.snapshots.back().map(|s| s.segments.clone())
         };
-        // Cut outside the lock: the analysis thread goes on meanwhile.
-        let segments =
-            segment::segment_after(prompt.get(), &self.settings.ignore, previous.as_deref())
-                .ok()?;
+        let body = CutFrom::Body(prompt.body().clone());
+        let segments = match &previous {
+            // A byte-identical resend is the same units, as the analysis knows it.
+            Some(p) if Some(p.format) == prompt.format() && p.body.same(&body) => p.clone(),
+            // Cut outside the lock: the analysis thread goes on meanwhile.
+            _ => Arc::new(
+                segment::segment_after(prompt.get(), &self.settings.ignore, previous.as_deref())
+                    .ok()?,
+            ),
+        };
+        let min = self.settings.min_tokens_for(&segments.settings.model);
+        let mut state = self.lock();
+        if state.cut_ahead.len() >= CUT_AHEAD_MAX {
+            // Exchanges whose records never came (a bound, not a path taken).
+            state.cut_ahead.clear();
+        }
+        state.cut_ahead.insert(
+            id,
+            CutAhead {
+                segments: segments.clone(),
+                after: previous,
+            },
+        );
         if segments.format != Format::AnthropicMessages {
             return None;
         }
-        let min = self.settings.min_tokens_for(&segments.settings.model);
-        let state = self.lock();
         let conv = state.history.get(conversation)?;
         let request = Request {
-            id: ExchangeId::new(),
+            id,
             start: now,
             segments: &segments,
         };
@@ -952,10 +998,16 @@ impl CacheStage {
             .history
             .get(&key)
             .and_then(|c| c.snapshots.back().map(|s| s.segments.clone()));
-        let segments = match previous {
+        let ahead = state
+            .cut_ahead
+            .remove(&b.id)
+            .filter(|p| p.fits(previous.as_ref(), b.format, &cut_from));
+        let segments = match (previous, ahead) {
             // A byte-identical resend (a retry, a replay) is the same units.
-            Some(p) if p.format == b.format && p.body.same(&cut_from) => p,
-            _ => {
+            (Some(p), _) if p.format == b.format && p.body.same(&cut_from) => p,
+            // Cut on the request path for a policy: this body, after this turn.
+            (_, Some(p)) => p.segments,
+            (previous, None) => {
                 let mut wet = None;
                 let prompt = match &b.prompt {
                     Sent::Cell { cell, .. } => cell.get(),
@@ -1397,6 +1449,8 @@ impl CacheStage {
         for b in queued {
             self.prepare(state, b);
         }
+        // Cut for a prediction and not taken: its request got no answer to analyse.
+        state.cut_ahead.remove(&id);
         let Some(usage) = usage else {
             state.pending.remove(&id);
             return None;
@@ -1436,6 +1490,96 @@ mod tests {
             assert!(r.sent_body.is_empty(), "dried");
         }
         r
+    }
+
+    /// A request of conversation `conv` whose body went as received, answered 200.
+    fn plain_record(body: &Bytes, conv: &str) -> crate::record::ExchangeRecord {
+        use crate::provider::{Api, Provider};
+        let mut r = crate::record::ExchangeRecord::begin(
+            ExchangeId::new(),
+            None,
+            http::Method::POST,
+            "/v1/messages".into(),
+        );
+        r.provider = Some(Provider::Anthropic);
+        r.api = Some(Api::Messages);
+        r.status = Some(http::StatusCode::OK);
+        r.set_request_body(body.clone(), body.clone());
+        r.conversation = ConversationCell::known(conv.into());
+        r
+    }
+
+    /// The units cut on the request path for a policy's prediction are the ones the
+    /// analysis takes (one cut per body), and it judges as if it had cut them; units
+    /// cut after a turn that is no longer the last are cut again.
+    #[test]
+    fn a_body_cut_for_a_prediction_is_not_cut_again() {
+        use crate::record::RecordStage;
+        let body = |turns: usize| {
+            let lorem = "lorem ipsum ".repeat(600);
+            let mut messages = Vec::new();
+            for t in 0..=turns {
+                let last = if t == turns {
+                    r#","cache_control":{"type":"ephemeral"}"#
+                } else {
+                    ""
+                };
+                messages.push(format!(
+                    r#"{{"role":"user","content":[{{"type":"text","text":"{t} {lorem}"{last}}}]}}"#
+                ));
+                if t < turns {
+                    messages.push(format!(
+                        r#"{{"role":"assistant","content":[{{"type":"text","text":"answer {t}"}}]}}"#
+                    ));
+                }
+            }
+            Bytes::from(format!(
+                r#"{{"model":"claude-x","system":[{{"type":"text","text":"be brief {lorem}","cache_control":{{"type":"ephemeral"}}}}],"messages":[{}],"max_tokens":5}}"#,
+                messages.join(",")
+            ))
+        };
+        let usage = Usage {
+            input_tokens: 20,
+            cache_write_tokens: 3000,
+            cache_read_tokens: 2000,
+            output_tokens: 5,
+            ..Usage::default()
+        };
+        let records: Vec<_> = (0..3).map(|t| plain_record(&body(t), "conv")).collect();
+        let stage = || {
+            CacheStage::new(
+                CacheSettings::default(),
+                KeySource::default(),
+                crate::runtime::Clock::system(),
+            )
+        };
+        let last_cut = |stage: &CacheStage| {
+            let state = stage.lock();
+            let conv = state.history.get("conv").expect("kept");
+            conv.snapshots.back().expect("a snapshot").segments.clone()
+        };
+        let judged = |stage: &CacheStage, r: &crate::record::ExchangeRecord| {
+            stage.response_began(r);
+            let report = stage.judge_exchange(r.id, Some(&usage)).expect("judged");
+            serde_json::to_value(report).unwrap()
+        };
+        let (ahead, plain) = (stage(), stage());
+        assert_eq!(judged(&ahead, &records[0]), judged(&plain, &records[0]));
+        // Turns 1 and 2 predicted after turn 0, then analysed in order.
+        let mut cut = Vec::new();
+        for r in &records[1..] {
+            let read = ahead.predict_read(r.id, "conv", &r.prompt, ahead.now());
+            assert!(read.is_some(), "predicted");
+            cut.push(ahead.lock().cut_ahead[&r.id].segments.clone());
+        }
+        assert_eq!(judged(&ahead, &records[1]), judged(&plain, &records[1]));
+        assert!(Arc::ptr_eq(&last_cut(&ahead), &cut[0]), "taken");
+        assert_eq!(judged(&ahead, &records[2]), judged(&plain, &records[2]));
+        assert!(
+            !Arc::ptr_eq(&last_cut(&ahead), &cut[1]),
+            "cut after turn 0, not 1"
+        );
+        assert!(ahead.lock().cut_ahead.is_empty(), "each let go");
     }
 
     /// A large body sent, let go while its answer streams: the cache stage puts it
