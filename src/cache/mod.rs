@@ -551,8 +551,9 @@ struct CutAhead {
     after: Option<Arc<Segments>>,
 }
 
-/// The most requests cut ahead kept waiting for their analysis.
-const CUT_AHEAD_MAX: usize = 1024;
+/// The most requests cut ahead kept waiting for their analysis. Each is taken or let
+/// go when its record is judged (every exchange's is); this bounds a path not taken.
+const CUT_AHEAD_MAX: usize = 256;
 
 impl CutAhead {
     /// Whether these are the units the analysis would cut from `body` of `format`
@@ -962,7 +963,6 @@ impl CacheStage {
         let min = self.settings.min_tokens_for(&segments.settings.model);
         let mut state = self.lock();
         if state.cut_ahead.len() >= CUT_AHEAD_MAX {
-            // Exchanges whose records never came (a bound, not a path taken).
             state.cut_ahead.clear();
         }
         state.cut_ahead.insert(
