@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Limited};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -116,7 +116,8 @@ pub(crate) struct Command {
 }
 
 impl Command {
-    pub(crate) async fn call(&self, event: Bytes) -> Result<Answer, CallError> {
+    /// Runs the program with the event (`event`, its pieces in order) on its stdin.
+    pub(crate) async fn call(&self, event: Vec<Bytes>) -> Result<Answer, CallError> {
         let program = self.argv.first().cloned().unwrap_or_default();
         let mut cmd = tokio::process::Command::new(&program);
         cmd.args(&self.argv[1..])
@@ -141,7 +142,11 @@ impl Command {
         // Written while stdout is read: a large event must not deadlock on full pipes.
         let write = async move {
             // A program that does not read its stdin may exit first: not an error.
-            let _ = stdin.write_all(&event).await;
+            for piece in &event {
+                if stdin.write_all(piece).await.is_err() {
+                    break;
+                }
+            }
             let _ = stdin.shutdown().await;
         };
         let mut out = Vec::new();
@@ -512,7 +517,38 @@ pub(crate) struct Http {
     pub(crate) url: http::Uri,
 }
 
-type HookClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>;
+type HookClient = Client<hyper_rustls::HttpsConnector<HttpConnector>, EventBody>;
+
+/// An event as an HTTP request body: its pieces as frames, in order (the payload
+/// never copied on promptgate's side), its length known.
+#[derive(Debug)]
+struct EventBody {
+    pieces: std::collections::VecDeque<Bytes>,
+}
+
+impl http_body::Body for EventBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.pieces
+                .pop_front()
+                .map(|b| Ok(http_body::Frame::data(b))),
+        )
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.pieces.is_empty()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        http_body::SizeHint::with_exact(self.pieces.iter().map(|b| b.len() as u64).sum())
+    }
+}
 
 /// The TLS roots HTTP hooks trust, set once at start from `--upstream-ca` (the
 /// upstream's own); the public web roots until then.
@@ -546,10 +582,13 @@ fn client() -> &'static HookClient {
 }
 
 impl Http {
-    pub(crate) async fn call(&self, event: Bytes) -> Result<Answer, CallError> {
+    /// POSTs the event (`event`, its pieces in order) and reads the decision.
+    pub(crate) async fn call(&self, event: Vec<Bytes>) -> Result<Answer, CallError> {
         let request = http::Request::post(self.url.clone())
             .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Full::new(event))
+            .body(EventBody {
+                pieces: event.into(),
+            })
             .map_err(|e| CallError::Http(e.to_string()))?;
         let response = client()
             .request(request)
