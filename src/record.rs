@@ -560,7 +560,7 @@ pub trait RecordStage: Send + Sync {
 /// `cache` once the exchange ends.
 impl RecordStage for crate::cache::CacheStage {
     fn compares_bodies(&self) -> bool {
-        true
+        self.enabled()
     }
 
     fn response_began(&self, record: &ExchangeRecord) {

@@ -924,6 +924,11 @@ impl CacheStage {
         }
     }
 
+    /// Whether the analysis runs (`cache.enabled`); off, the stage reads nothing.
+    pub(crate) fn enabled(&self) -> bool {
+        self.settings.enabled
+    }
+
     /// Now, on the analysis clock.
     pub fn now(&self) -> Millis {
         self.clock.now()
@@ -1490,6 +1495,25 @@ mod tests {
             assert!(r.sent_body.is_empty(), "dried");
         }
         r
+    }
+
+    /// Analysis off (pass-through), the stage compares no body with an earlier
+    /// one, so no body received is held or compared on its account.
+    #[test]
+    fn a_stage_that_is_off_compares_no_bodies() {
+        use crate::record::RecordStage;
+        let stage = |enabled: bool| {
+            CacheStage::new(
+                CacheSettings {
+                    enabled,
+                    ..CacheSettings::default()
+                },
+                KeySource::default(),
+                crate::runtime::Clock::system(),
+            )
+        };
+        assert!(stage(true).compares_bodies());
+        assert!(!stage(false).compares_bodies());
     }
 
     /// A request of conversation `conv` whose body went as received, answered 200.
