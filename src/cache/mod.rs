@@ -1478,17 +1478,7 @@ mod tests {
     /// An exchange whose body the rules `toml` changed, answered 200; its body sent
     /// dried with `dry`.
     fn derived_record(body: &Bytes, toml: &str, dry: bool) -> crate::record::ExchangeRecord {
-        use crate::provider::{Api, Provider};
-        let mut r = crate::record::ExchangeRecord::begin(
-            ExchangeId::new(),
-            None,
-            http::Method::POST,
-            "/v1/messages".into(),
-        );
-        r.provider = Some(Provider::Anthropic);
-        r.api = Some(Api::Messages);
-        r.status = Some(http::StatusCode::OK);
-        r.set_request_body(body.clone(), body.clone());
+        let mut r = received_record(body);
         r.set_sent_cell(crate::rules::derive_for_test(&r.prompt, body, toml));
         if dry {
             r.dry_sent();
@@ -1516,8 +1506,8 @@ mod tests {
         assert!(!stage(false).compares_bodies());
     }
 
-    /// A request of conversation `conv` whose body went as received, answered 200.
-    fn plain_record(body: &Bytes, conv: &str) -> crate::record::ExchangeRecord {
+    /// A Messages request with `body`, answered 200, its body sent as received.
+    fn received_record(body: &Bytes) -> crate::record::ExchangeRecord {
         use crate::provider::{Api, Provider};
         let mut r = crate::record::ExchangeRecord::begin(
             ExchangeId::new(),
@@ -1529,6 +1519,12 @@ mod tests {
         r.api = Some(Api::Messages);
         r.status = Some(http::StatusCode::OK);
         r.set_request_body(body.clone(), body.clone());
+        r
+    }
+
+    /// [`received_record`] of conversation `conv`.
+    fn plain_record(body: &Bytes, conv: &str) -> crate::record::ExchangeRecord {
+        let mut r = received_record(body);
         r.conversation = ConversationCell::known(conv.into());
         r
     }
