@@ -565,7 +565,7 @@ impl CutAhead {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             _ => false,
         };
-        same_turn && self.segments.format == format && self.segments.body.same(body)
+        same_turn && self.segments.are_of(format, body)
     }
 }
 
@@ -955,10 +955,11 @@ impl CacheStage {
             let conv = state.history.get(conversation)?;
             conv.snapshots.back().map(|s| s.segments.clone())
         };
+        let format = prompt.format()?;
         let body = CutFrom::Body(prompt.body().clone());
         let segments = match &previous {
             // A byte-identical resend is the same units, as the analysis knows it.
-            Some(p) if Some(p.format) == prompt.format() && p.body.same(&body) => p.clone(),
+            Some(p) if p.are_of(format, &body) => p.clone(),
             // Cut outside the lock: the analysis thread goes on meanwhile.
             _ => Arc::new(
                 segment::segment_after(prompt.get(), &self.settings.ignore, previous.as_deref())
@@ -1009,7 +1010,7 @@ impl CacheStage {
             .filter(|p| p.fits(previous.as_ref(), b.format, &cut_from));
         let segments = match (previous, ahead) {
             // A byte-identical resend (a retry, a replay) is the same units.
-            (Some(p), _) if p.format == b.format && p.body.same(&cut_from) => p,
+            (Some(p), _) if p.are_of(b.format, &cut_from) => p,
             // Cut on the request path for a policy: this body, after this turn.
             (_, Some(p)) => p.segments,
             (previous, None) => {

@@ -126,6 +126,12 @@ impl Segments {
     pub(crate) fn region_start(&self, region: Region) -> Option<usize> {
         self.units.iter().position(|u| u.path.region == region)
     }
+
+    /// Whether these are the units of `body` read as `format`: a byte-identical
+    /// body is the same units.
+    pub(crate) fn are_of(&self, format: Format, body: &CutFrom) -> bool {
+        self.format == format && self.body.same(body)
+    }
 }
 
 /// A unit the prefix hash leaves out: text blocks of a region whose text matches.
