@@ -136,13 +136,26 @@ pub fn stored_haystacks(dir: &Path) -> Vec<(String, Vec<u8>)> {
             .collect();
         assert!(!blobs.is_empty());
         for blob in blobs {
-            haystacks.push((
-                format!("{table}.{col} (decompressed)"),
-                zstd::decode_all(&blob[..]).unwrap(),
-            ));
+            haystacks.push((format!("{table}.{col} (decompressed)"), unpack(&blob)));
         }
     }
     haystacks
+}
+
+/// A stored blob decompressed: a record's metadata names the dictionary it was
+/// compressed against (src/capture/store/meta.dict), a unit none.
+fn unpack(blob: &[u8]) -> Vec<u8> {
+    use std::io::Read;
+    if zstd::zstd_safe::get_dict_id_from_frame(blob).is_none() {
+        return zstd::decode_all(blob).unwrap();
+    }
+    let dictionary = include_bytes!("../../src/capture/store/meta.dict");
+    let mut out = Vec::new();
+    zstd::stream::read::Decoder::with_dictionary(blob, dictionary)
+        .unwrap()
+        .read_to_end(&mut out)
+        .unwrap();
+    out
 }
 
 /// Runs `promptgate replay <args> --captures <dir>`.

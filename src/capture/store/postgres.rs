@@ -21,7 +21,7 @@ use super::sql::{
 };
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 5;
+const SCHEMA_VERSION: i64 = 6;
 
 /// The SQLite schema a PostgreSQL one has the columns of (the store's readers ask
 /// the SQLite numbers): every column since the first, the cost from schema 5.
@@ -516,6 +516,9 @@ impl Postgres {
                     2 => self.batch(super::sql::UNIT_USED)?,
                     3 => self.batch(&escape_existing())?,
                     4 => self.batch(super::sql::COST_COLUMN)?,
+                    // Metadata against the built-in dictionary (`meta.rs`), as
+                    // SQLite's schema 8: no table changes.
+                    5 => {}
                     _ => unreachable!("one migration per schema step"),
                 }
                 self.execute(

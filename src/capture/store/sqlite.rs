@@ -11,7 +11,7 @@ use super::sql::{Connection, Dialect, SqlRow, Value, escape_text, unescape_text}
 use super::{DB_FILE, StoreError, decode_meta};
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i64 = 7;
+pub(super) const SCHEMA_VERSION: i64 = 8;
 
 /// The first schema whose records carry their cost (`records.cost_microusd`).
 pub(super) const COST_SINCE: i64 = 7;
@@ -102,6 +102,10 @@ impl Sqlite {
                 4 => tx.execute_batch(super::sql::UNIT_USED)?,
                 5 => migrate_5_to_6(&tx)?,
                 6 => tx.execute_batch(super::sql::COST_COLUMN)?,
+                // No table changes: from here records' metadata may be compressed
+                // against the built-in dictionary (`meta.rs`), which an older
+                // promptgate cannot read; the version makes it say so.
+                7 => {}
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
