@@ -360,7 +360,8 @@ struct UnitWriter {
     // 200 KB resend, full, c16: the store thread 66–75 → 60–65 µs a record (/proc).
     laid_out: std::collections::VecDeque<LaidOut>,
     zstd: zstd::bulk::Compressor<'static>,
-    meta: meta::MetaWriter,
+    /// Made on the first record written: a reader's store never needs it.
+    meta: Option<meta::MetaWriter>,
     touch_every: Duration,
 }
 
@@ -381,9 +382,18 @@ impl UnitWriter {
             known: DigestMap::default(),
             laid_out: Default::default(),
             zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(StoreError::Zstd)?,
-            meta: meta::MetaWriter::new().map_err(StoreError::Zstd)?,
+            meta: None,
             touch_every: TOUCH_EVERY,
         })
+    }
+
+    /// A record's metadata JSON compressed (`meta.rs`).
+    fn compress_meta(&mut self, json: &[u8]) -> Result<Vec<u8>, std::io::Error> {
+        let writer = match &mut self.meta {
+            Some(writer) => writer,
+            None => self.meta.insert(meta::MetaWriter::new()?),
+        };
+        writer.compress(json)
     }
 
     /// Forgets every id: after a rollback they may not exist.
@@ -823,7 +833,7 @@ impl Store {
             for (record, layouts) in chunk.iter().zip(parts.iter_mut()) {
                 let meta = serde_json::to_vec(record)
                     .map_err(|e| StoreError::Corrupt(format!("record {}: {e}", record.id)))?;
-                let meta = self.units.meta.compress(&meta).map_err(|e| {
+                let meta = self.units.compress_meta(&meta).map_err(|e| {
                     StoreError::Corrupt(format!("compressing record {}: {e}", record.id))
                 })?;
                 let [received, sent, response, message] = std::mem::take(layouts);
