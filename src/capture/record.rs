@@ -611,6 +611,16 @@ impl CaptureRecord {
     }
 
     /// The stored bodies, in a fixed order: received, sent, response, message.
+    pub fn bodies(&self) -> [Option<&BodyInfo>; 4] {
+        [
+            Some(&self.request.body),
+            self.request.sent_body.as_ref(),
+            Some(&self.response.body),
+            self.response.message.as_ref(),
+        ]
+    }
+
+    /// [`CaptureRecord::bodies`], to change them.
     pub fn bodies_mut(&mut self) -> [Option<&mut BodyInfo>; 4] {
         [
             Some(&mut self.request.body),

@@ -371,10 +371,14 @@ struct LaidOut {
     parts: std::sync::Arc<Parts>,
     layout: Vec<u8>,
     marked: Instant,
+    /// The bytes its parts keep alive.
+    size: usize,
 }
 
-/// The most layouts [`UnitWriter`] keeps: a resend's body received and body sent.
+/// The most layouts [`UnitWriter`] keeps (a resend's body received and body sent),
+/// and the most bytes their parts may keep alive: as `exchange::resent` holds.
 const LAID_OUT: usize = 4;
+const LAID_OUT_BYTES: usize = 2 << 20;
 
 impl UnitWriter {
     fn new() -> Result<UnitWriter, StoreError> {
@@ -418,18 +422,23 @@ impl UnitWriter {
             .chain(parts.units.iter().map(|(_, _, hash)| hash))
             .filter_map(|hash| self.known.get(hash).map(|(_, at)| *at))
             .min();
-        let Some(marked) = marked else {
+        let size =
+            parts.skeleton.0.len() + parts.units.iter().map(|(_, u, _)| u.len()).sum::<usize>();
+        let (Some(marked), true) = (marked, size <= LAID_OUT_BYTES) else {
             return;
         };
         self.laid_out
             .retain(|l| !std::sync::Arc::ptr_eq(&l.parts, &parts));
-        if self.laid_out.len() == LAID_OUT {
+        while self.laid_out.len() == LAID_OUT
+            || self.laid_out.iter().map(|l| l.size).sum::<usize>() + size > LAID_OUT_BYTES
+        {
             self.laid_out.pop_front();
         }
         self.laid_out.push_back(LaidOut {
             parts,
             layout: layout.to_vec(),
             marked,
+            size,
         });
     }
 
@@ -770,16 +779,10 @@ impl Store {
             .iter()
             .map(|record| {
                 let format = record.request_format();
-                let all = [
-                    Some(&record.request.body),
-                    record.request.sent_body.as_ref(),
-                    Some(&record.response.body),
-                    record.response.message.as_ref(),
-                ];
                 let mut parts: [Option<std::borrow::Cow<'_, Parts>>; 4] = Default::default();
                 let mut layouts: [Option<Vec<u8>>; 4] = Default::default();
                 if record.captured {
-                    for (i, (slot, body)) in parts.iter_mut().zip(all).enumerate() {
+                    for (i, (slot, body)) in parts.iter_mut().zip(record.bodies()).enumerate() {
                         if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
                             let known = body
                                 .parts
@@ -809,13 +812,7 @@ impl Store {
             layout::encode(ids[&parts.skeleton.1], &units)
         };
         for (record, (parts, layouts)) in new.iter().zip(bodies.iter().zip(&mut laid_out)) {
-            let shared = [
-                Some(&record.request.body),
-                record.request.sent_body.as_ref(),
-                Some(&record.response.body),
-                record.response.message.as_ref(),
-            ];
-            for ((part, slot), body) in parts.iter().zip(layouts.iter_mut()).zip(shared) {
+            for ((part, slot), body) in parts.iter().zip(layouts.iter_mut()).zip(record.bodies()) {
                 let Some(part) = part else { continue };
                 let encoded = layout(part);
                 if let Some(arc) = body.and_then(|b| b.parts.clone()) {
