@@ -159,6 +159,7 @@ impl DriedPrompt {
             format: p.format,
             cut: p.cut.clone(),
             copied: p.copied.clone(),
+            written: p.written.clone(),
             origin: p.origin,
         }
     }
@@ -284,6 +285,9 @@ pub struct Prompt {
     /// For a body rules wrote: the byte ranges copied from the body received, as
     /// (start here, start there, length), in order.
     copied: Vec<(u32, u32, u32)>,
+    /// The bytes between the copies, taken on first ask: the cache stage and the
+    /// capture writer both read them (each took its own copy before).
+    written: std::sync::OnceLock<Bytes>,
     /// Where the body they were copied from is in memory (address, length): a
     /// payload a hook replaced is not the body received.
     origin: (usize, usize),
@@ -332,6 +336,7 @@ impl Prompt {
             format,
             cut: std::sync::OnceLock::new(),
             copied: Vec::new(),
+            written: std::sync::OnceLock::new(),
             origin: (0, 0),
         }
     }
@@ -358,6 +363,7 @@ impl Prompt {
             format,
             cut: std::sync::OnceLock::new(),
             copied,
+            written: std::sync::OnceLock::new(),
             origin: (origin.as_ptr() as usize, origin.len()),
         }
     }
@@ -387,21 +393,25 @@ impl Prompt {
                 ..self
             },
             len,
-            written: Bytes::from(written),
+            written,
         })
     }
 
     /// The bytes between the copies, in order: what rules wrote.
-    fn written(&self) -> Vec<u8> {
-        let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
-        let mut written = Vec::with_capacity(self.body.len().saturating_sub(copied_len));
-        let mut at = 0;
-        for &(here, _, len) in &self.copied {
-            written.extend_from_slice(&self.body[at..here as usize]);
-            at = here as usize + len as usize;
-        }
-        written.extend_from_slice(&self.body[at..]);
-        written
+    fn written(&self) -> Bytes {
+        self.written
+            .get_or_init(|| {
+                let copied_len: usize = self.copied.iter().map(|c| c.2 as usize).sum();
+                let mut written = Vec::with_capacity(self.body.len().saturating_sub(copied_len));
+                let mut at = 0;
+                for &(here, _, len) in &self.copied {
+                    written.extend_from_slice(&self.body[at..here as usize]);
+                    at = here as usize + len as usize;
+                }
+                written.extend_from_slice(&self.body[at..]);
+                Bytes::from(written)
+            })
+            .clone()
     }
 
     /// This body as `received` and what rules wrote, when they wrote it copying from
@@ -413,7 +423,7 @@ impl Prompt {
         Some(WrittenBody {
             received: received.clone(),
             copied: self.copied.clone(),
-            written: Bytes::from(self.written()),
+            written: self.written(),
         })
     }
 

@@ -421,4 +421,14 @@ fn bodies_written_from_the_same_bytes_are_known_by_what_was_written() {
     // Not written from `received`: no written body.
     let cell = PromptCell::new(body.clone(), Some(Format::AnthropicMessages));
     assert!(cell.get().written_body(&body).is_none());
+    // Its readers (the cache stage, the capture writer) share one copy of what was written.
+    let toml = "[[rule]]\nname = \"p\"\non = \"before_provider_request\"\n\
+                actions = [ { system.prepend = { text = \"policy\" } } ]\n";
+    let sent = crate::rules::derive_for_test(&cell, &body, toml);
+    let (a, b) = (
+        sent.get().written_body(&body).expect("written from it"),
+        sent.get().written_body(&body).expect("written from it"),
+    );
+    assert_eq!(a.written.as_ptr(), b.written.as_ptr());
+    assert!(a.same(&b) && !a.written.is_empty());
 }
