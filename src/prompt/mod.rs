@@ -118,12 +118,11 @@ pub struct Settings {
 /// otherwise hold 64 MB of bodies sent beside the bodies received.
 #[derive(Debug)]
 pub(crate) struct DriedPrompt {
-    /// The model, its body emptied (its tape, units and copies are kept).
+    /// The model, its body emptied (its tape, units, copies and the bytes between
+    /// the copies are kept).
     prompt: Prompt,
     /// The body's length.
     len: usize,
-    /// The bytes between the copies, in order.
-    written: Bytes,
 }
 
 impl DriedPrompt {
@@ -140,7 +139,7 @@ impl DriedPrompt {
     /// The body again, from `received`: the body the copies were taken from.
     pub(crate) fn body(&self, received: &[u8]) -> Bytes {
         let mut body = spare::take(self.len);
-        for piece in pieces(&self.prompt.copied, &self.written, received) {
+        for piece in pieces(&self.prompt.copied, &self.prompt.written(), received) {
             body.extend_from_slice(piece);
         }
         Bytes::from(body)
@@ -178,7 +177,7 @@ impl DriedPrompt {
         WrittenBody {
             received,
             copied: self.prompt.copied.clone(),
-            written: self.written.clone(),
+            written: self.prompt.written(),
         }
     }
 
@@ -385,7 +384,8 @@ impl Prompt {
         {
             return Err(Box::new(self));
         }
-        let written = self.written();
+        // Taken before the body is let go: the dried model keeps them.
+        self.written();
         let len = self.body.len();
         Ok(DriedPrompt {
             prompt: Prompt {
@@ -393,7 +393,6 @@ impl Prompt {
                 ..self
             },
             len,
-            written,
         })
     }
 

@@ -418,9 +418,9 @@ impl UnitWriter {
 
     /// Keeps the layout of `parts`, each of whose units [`UnitWriter::ids`] knows.
     fn keep_layout(&mut self, parts: std::sync::Arc<Parts>, layout: &[u8]) {
-        // A response is one unit in parts made for its record alone: kept, the
-        // responses of one batch pushed the requests' layouts out (on a 200 KB
-        // resend half of the request bodies missed and were looked up unit by unit).
+        // A layout saves its units' lookups: parts without units (a response, kept
+        // whole in parts made for its record alone) save none, and kept, a batch's
+        // answers pushed the requests' layouts out (half of a 200 KB resend's missed).
         if parts.units.is_empty() {
             return;
         }
