@@ -19,6 +19,14 @@ pub struct Parts {
     pub units: Vec<(usize, Bytes, [u8; 32])>,
 }
 
+impl Parts {
+    /// Each stored piece's digest and bytes: the skeleton, then the units in order.
+    pub(crate) fn pieces(&self) -> impl Iterator<Item = (&[u8; 32], &Bytes)> {
+        std::iter::once((&self.skeleton.1, &self.skeleton.0))
+            .chain(self.units.iter().map(|(_, bytes, hash)| (hash, bytes)))
+    }
+}
+
 /// A body cut into a skeleton and units.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Split<'a> {

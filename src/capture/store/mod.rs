@@ -416,23 +416,20 @@ impl UnitWriter {
             .map(|l| l.layout.clone())
     }
 
-    /// Keeps the layout of `parts`, each of whose units [`UnitWriter::ids`] knows.
-    fn keep_layout(&mut self, parts: std::sync::Arc<Parts>, layout: &[u8]) {
+    /// Keeps the layout of `parts`, whose units [`UnitWriter::ids`] found, the oldest
+    /// marked at `marked`.
+    fn keep_layout(&mut self, parts: std::sync::Arc<Parts>, layout: &[u8], marked: Instant) {
         // A layout saves its units' lookups: parts without units (a response, kept
         // whole in parts made for its record alone) save none, and kept, a batch's
         // answers pushed the requests' layouts out (half of a 200 KB resend's missed).
         if parts.units.is_empty() {
             return;
         }
-        let marked = std::iter::once(&parts.skeleton.1)
-            .chain(parts.units.iter().map(|(_, _, hash)| hash))
-            .filter_map(|hash| self.known.get(hash).map(|(_, at)| *at))
-            .min();
         let size =
             parts.skeleton.0.len() + parts.units.iter().map(|(_, u, _)| u.len()).sum::<usize>();
-        let (Some(marked), true) = (marked, size <= LAID_OUT_BYTES) else {
+        if size > LAID_OUT_BYTES {
             return;
-        };
+        }
         self.laid_out
             .retain(|l| !std::sync::Arc::ptr_eq(&l.parts, &parts));
         while self.laid_out.len() == LAID_OUT
@@ -478,41 +475,57 @@ impl UnitWriter {
     /// The ids of every unit of `bodies`, storing those the store lacks: a few
     /// statements for a whole batch, whatever its size (a round trip each to a
     /// PostgreSQL server). Units another replica stores at the same moment are
-    /// taken as theirs (`ON CONFLICT`).
+    /// taken as theirs (`ON CONFLICT`). Each body's ids come in its order, the
+    /// skeleton's first, with the oldest mark among them.
+    // By place, not in a map by digest: each unit was hashed once here instead of
+    // three times (the lookup, the map, the layout's read of it).
     fn ids(
         &mut self,
         conn: &dyn Connection,
         bodies: &[&Parts],
-    ) -> Result<DigestMap<i64>, StoreError> {
-        let mut ids = DigestMap::default();
+    ) -> Result<Vec<BodyIds>, StoreError> {
+        let mut out: Vec<BodyIds> = Vec::with_capacity(bodies.len());
+        // (body, place) of each id not known yet, and the units to ask for.
+        let mut unknown: Vec<(usize, usize, [u8; 32])> = Vec::new();
         let mut wanted: Vec<([u8; 32], &Bytes)> = Vec::new();
         let mut asked = DigestSet::default();
         // One clock read for the batch, not one per unit: per unit it was ~8 % of the
         // store thread on the 200 KB resend (perf).
         let looked = Instant::now();
-        for parts in bodies {
-            let units = parts.units.iter().map(|(_, bytes, hash)| (*hash, bytes));
-            for (hash, bytes) in std::iter::once((parts.skeleton.1, &parts.skeleton.0)).chain(units)
-            {
-                match self.known.get(&hash) {
+        for (b, parts) in bodies.iter().enumerate() {
+            let mut ids = Vec::with_capacity(parts.units.len() + 1);
+            let mut marked: Option<Instant> = None;
+            for (hash, bytes) in parts.pieces() {
+                match self.known.get(hash) {
                     Some((id, touched))
                         if looked.saturating_duration_since(*touched) < self.touch_every =>
                     {
-                        ids.insert(hash, *id);
+                        ids.push(*id);
+                        marked = Some(marked.map_or(*touched, |m| m.min(*touched)));
                     }
-                    _ if asked.insert(hash) => wanted.push((hash, bytes)),
-                    _ => {}
+                    _ => {
+                        unknown.push((b, ids.len(), *hash));
+                        ids.push(0);
+                        if asked.insert(*hash) {
+                            wanted.push((*hash, bytes));
+                        }
+                    }
                 }
             }
+            out.push(BodyIds { ids, marked });
         }
+        if wanted.is_empty() {
+            return Ok(out);
+        }
+        let mut found = DigestMap::default();
         let now = Value::Int(super::timestamp::now_ms() as i64);
-        let found_rows = |rows: Vec<SqlRow>, ids: &mut DigestMap<i64>| {
+        let found_rows = |rows: Vec<SqlRow>, found: &mut DigestMap<i64>| {
             for row in rows {
                 let hash: [u8; 32] = row
                     .blob(0)?
                     .try_into()
                     .map_err(|_| StoreError::Corrupt("a unit hash is not 32 bytes".into()))?;
-                ids.insert(hash, row.int(1)?);
+                found.insert(hash, row.int(1)?);
             }
             Ok::<(), StoreError>(())
         };
@@ -527,11 +540,11 @@ impl UnitWriter {
                 ),
                 &args,
             )?;
-            found_rows(rows, &mut ids)?;
+            found_rows(rows, &mut found)?;
         }
         let missing: Vec<_> = wanted
             .iter()
-            .filter(|(h, _)| !ids.contains_key(h))
+            .filter(|(h, _)| !found.contains_key(h))
             .collect();
         for chunk in missing.chunks(UNITS_PER_STATEMENT) {
             let mut rows = Vec::with_capacity(chunk.len());
@@ -557,17 +570,32 @@ impl UnitWriter {
                 ),
                 &args,
             )?;
-            found_rows(stored, &mut ids)?;
+            found_rows(stored, &mut found)?;
         }
         let touched = Instant::now();
         for (hash, _) in &wanted {
-            let id = ids
+            let id = found
                 .get(hash)
                 .ok_or_else(|| StoreError::Corrupt("a unit vanished as it was stored".into()))?;
             self.known.insert(*hash, (*id, touched));
         }
-        Ok(ids)
+        for (b, place, hash) in unknown {
+            let body = &mut out[b];
+            body.ids[place] = *found
+                .get(&hash)
+                .ok_or_else(|| StoreError::Corrupt("a unit vanished as it was stored".into()))?;
+            body.marked = Some(body.marked.map_or(touched, |m| m.min(touched)));
+        }
+        Ok(out)
     }
+}
+
+/// A body's unit ids, as [`UnitWriter::ids`] found them.
+struct BodyIds {
+    /// The skeleton's id, then each unit's.
+    ids: Vec<i64>,
+    /// The oldest mark among them: until [`TOUCH_EVERY`] after it, all are trusted.
+    marked: Option<Instant>,
 }
 
 /// Units looked up or stored per statement: SQLite takes at most 32,766 parameters
@@ -808,21 +836,24 @@ impl Store {
             })
             .collect();
         let every: Vec<&Parts> = bodies.iter().flatten().flatten().map(|p| &**p).collect();
-        let ids = self.units.ids(conn, &every)?;
-        let layout = |parts: &Parts| {
-            let units: Vec<(usize, i64)> = parts
-                .units
-                .iter()
-                .map(|(offset, _, hash)| (*offset, ids[hash]))
-                .collect();
-            layout::encode(ids[&parts.skeleton.1], &units)
-        };
+        let mut ids = self.units.ids(conn, &every)?.into_iter();
         for (record, (parts, layouts)) in new.iter().zip(bodies.iter().zip(&mut laid_out)) {
             for ((part, slot), body) in parts.iter().zip(layouts.iter_mut()).zip(record.bodies()) {
                 let Some(part) = part else { continue };
-                let encoded = layout(part);
-                if let Some(arc) = body.and_then(|b| b.parts.clone()) {
-                    self.units.keep_layout(arc, &encoded);
+                let found = ids
+                    .next()
+                    .ok_or_else(|| StoreError::Corrupt("a body without its unit ids".into()))?;
+                let units: Vec<(usize, i64)> = part
+                    .units
+                    .iter()
+                    .zip(&found.ids[1..])
+                    .map(|((offset, _, _), id)| (*offset, *id))
+                    .collect();
+                let encoded = layout::encode(found.ids[0], &units);
+                if let (Some(arc), Some(marked)) =
+                    (body.and_then(|b| b.parts.clone()), found.marked)
+                {
+                    self.units.keep_layout(arc, &encoded, marked);
                 }
                 *slot = Some(encoded);
             }
