@@ -485,7 +485,7 @@ impl UnitWriter {
         bodies: &[&Parts],
     ) -> Result<Vec<BodyIds>, StoreError> {
         let mut out: Vec<BodyIds> = Vec::with_capacity(bodies.len());
-        // (body, place) of each id not known yet, and the units to ask for.
+        // (body, place, digest) of each id not known yet, and the units to ask for.
         let mut unknown: Vec<(usize, usize, [u8; 32])> = Vec::new();
         let mut wanted: Vec<([u8; 32], &Bytes)> = Vec::new();
         let mut asked = DigestSet::default();
