@@ -425,8 +425,7 @@ impl UnitWriter {
         if parts.units.is_empty() {
             return;
         }
-        let size =
-            parts.skeleton.0.len() + parts.units.iter().map(|(_, u, _)| u.len()).sum::<usize>();
+        let size: usize = parts.pieces().map(|(_, bytes)| bytes.len()).sum();
         if size > LAID_OUT_BYTES {
             return;
         }
