@@ -340,7 +340,8 @@ function rowNode(id, index) {
       el("span", { text: fmtTime(s.started_ms) }), el("span", { text: "" }), el("span", { text: s.model || s.path || "" }),
       el("span", { class: p && p.stalled_ms ? "stalled" : "", text: p ? (p.stalled_ms ? `${p.status || ""} stalled ${Math.round(p.stalled_ms / 1000)}s` : `${p.status || ""} streaming`) : "sent" }), el("span", { class: "num", text: "" }),
       el("span", { class: "num", text: "" }), el("span", { class: "num", text: "" }), el("span", { class: "num", text: p ? fmtBytes(p.bytes) : "" }),
-      el("span", { class: "num", text: "" }), el("span", { text: "…" }), el("span", { class: "live-text", text }), el("span", {}));
+      // The answer so far runs across the cache, rules and tags columns: none is known yet.
+      el("span", { class: "num", text: "" }), el("span", { class: "live-text", title: "the answer so far", text }));
   }
   return el("div", { class: `row grid${index === state.selected ? " selected" : ""}`, "data-id": id, onclick: open },
     el("span", { text: fmtTime(r.started_ms) }),
