@@ -90,7 +90,16 @@ impl Entry {
     }
 
     fn expired_at(&self, now: Millis) -> bool {
-        self.uses.iter().all(|u| now >= u.at + u.ttl.secs() * 1000)
+        now >= self.expiry()
+    }
+
+    /// When its last use runs out (0 with no use: expired from the start).
+    fn expiry(&self) -> Millis {
+        self.uses
+            .iter()
+            .map(|u| u.at + u.ttl.secs() * 1000)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -110,7 +119,14 @@ pub(crate) struct Snapshot {
 #[derive(Debug, Default)]
 pub(crate) struct Conversation {
     /// Keyed by a content digest already: a fast hasher is enough (SipHash cost ~10 % of a resend).
+    /// Entries are added or given uses only through [`Conversation::cache`] and
+    /// [`History::share`], which keep `next_expiry` true.
     pub entries: crate::digest::DigestMap<Entry>,
+    /// No entry runs out before this (a lower bound; 0 is always true): a prune
+    /// before it has nothing to drop and walks nothing.
+    // 1 h entries pile up ~4 a turn; walking them all every turn was ~4 % of the
+    // record pipeline at 200 KB (perf) and grows with the conversation.
+    next_expiry: Millis,
     /// The newest few requests, oldest first by start.
     pub snapshots: VecDeque<Arc<Snapshot>>,
     /// Provider tokens per estimated token, from the last usage seen.
@@ -197,6 +213,8 @@ impl Conversation {
             ttl,
             by,
         });
+        // Keeping the newest uses may drop one that ran out later.
+        self.next_expiry = self.next_expiry.min(entry.expiry());
     }
 
     /// Forgets what request `by` was thought to cache (the provider says it cached nothing).
@@ -205,11 +223,25 @@ impl Conversation {
             entry.uses.retain(|u| u.by != by);
         }
         self.entries.retain(|_, e| !e.uses.is_empty());
+        self.next_expiry = self.first_expiry();
     }
 
     /// Drops entries whose every use has expired by `now`.
     pub(crate) fn prune(&mut self, now: Millis) {
+        if now < self.next_expiry {
+            return;
+        }
         self.entries.retain(|_, e| !e.expired_at(now));
+        self.next_expiry = self.first_expiry();
+    }
+
+    /// When the first of its entries runs out.
+    fn first_expiry(&self) -> Millis {
+        self.entries
+            .values()
+            .map(Entry::expiry)
+            .min()
+            .unwrap_or(Millis::MAX)
     }
 }
 
@@ -284,10 +316,9 @@ impl History {
                     Some((k.clone(), entry.clone(), by))
                 });
             if let Some((other, entry, by)) = found {
-                self.conversations
-                    .get_mut(key)?
-                    .entries
-                    .insert(*prefix, entry);
+                let own = self.conversations.get_mut(key)?;
+                own.next_expiry = own.next_expiry.min(entry.expiry());
+                own.entries.insert(*prefix, entry);
                 return Some((other, by));
             }
         }
@@ -376,6 +407,49 @@ mod tests {
         assert_eq!(conv.entries.len(), 1);
         conv.prune(551_000);
         assert!(conv.entries.is_empty());
+    }
+
+    #[test]
+    fn a_prune_drops_what_ran_out_however_its_entries_changed() {
+        let (a, b) = (ExchangeId::new(), ExchangeId::new());
+        let mut conv = Conversation::default();
+        let h = [3u8; 32];
+        conv.cache(h, 0, 0, Ttl::OneHour, a);
+        conv.prune(1);
+        // Sixteen newer 5-minute uses push the hour-long one out: the entry now runs
+        // out at 16 s + 5 min, not at 1 h.
+        for i in 1..=16 {
+            conv.cache(h, i * 1_000, i * 1_000, Ttl::FiveMinutes, ExchangeId::new());
+        }
+        conv.prune(315_999);
+        assert_eq!(conv.entries.len(), 1);
+        conv.prune(316_000);
+        assert!(conv.entries.is_empty(), "ran out at 316 s");
+        // Forgetting a writer can also bring an entry's end nearer.
+        conv.cache(h, 0, 0, Ttl::OneHour, a);
+        conv.cache(h, 0, 0, Ttl::FiveMinutes, b);
+        conv.prune(1);
+        conv.uncache(a);
+        conv.prune(300_000);
+        assert!(conv.entries.is_empty(), "only the 5-minute use was left");
+    }
+
+    #[test]
+    fn an_entry_borrowed_from_another_conversation_is_pruned_when_it_runs_out() {
+        let mut h = History::new(4);
+        let h1 = [9u8; 32];
+        for key in ["a", "b"] {
+            h.conversation(key, 0).workspace = Some("w".into());
+        }
+        h.conversation("b", 0)
+            .cache(h1, 0, 0, Ttl::FiveMinutes, ExchangeId::new());
+        h.conversation("a", 0).prune(1);
+        assert!(h.share("a", "w", &[h1], 10, ExchangeId::new()).is_some());
+        let a = h.conversation("a", 20);
+        a.prune(299_999);
+        assert_eq!(a.entries.len(), 1);
+        a.prune(300_000);
+        assert!(a.entries.is_empty());
     }
 
     #[test]
