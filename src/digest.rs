@@ -104,11 +104,6 @@ impl Blocks {
     pub fn body(&self) -> &bytes::Bytes {
         &self.body
     }
-
-    /// The body, its blocks let go.
-    pub fn into_body(self) -> bytes::Bytes {
-        self.body
-    }
 }
 
 /// [`content`] of `body`, taking the value of each block that `earlier` (an earlier

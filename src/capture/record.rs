@@ -832,14 +832,6 @@ impl LastTurn {
     fn size(&self) -> usize {
         self.received.body().len() + self.sent.as_ref().map_or(0, |s| s.body().len())
     }
-
-    /// Lets its bodies go; a large body sent put back together serves the next one
-    /// (given whole: a clone given while the blocks still hold it is never kept).
-    fn release(self) {
-        if let Some(sent) = self.sent {
-            crate::prompt::spare::give(sent.into_body());
-        }
-    }
 }
 
 impl Default for UnitCache {
@@ -1040,9 +1032,7 @@ impl UnitCache {
             let (d, blocks) = digest::content_after(&r.sent_body, earlier);
             (d, Some(blocks))
         };
-        if let Some(last) = last {
-            last.release();
-        }
+        drop(last);
         if let Some(conversation) = conversation {
             self.keep_turn(LastTurn {
                 conversation: conversation.to_owned(),
@@ -1059,9 +1049,8 @@ impl UnitCache {
         while self.last_turns.len() > LAST_TURNS
             || self.last_turns.iter().map(LastTurn::size).sum::<usize>() > LAST_TURN_BYTES
         {
-            match self.last_turns.pop_front() {
-                Some(oldest) => oldest.release(),
-                None => break,
+            if self.last_turns.pop_front().is_none() {
+                break;
             }
         }
     }

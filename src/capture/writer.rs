@@ -117,13 +117,6 @@ impl Writer {
             if !batch.is_empty() {
                 self.write(&batch);
             }
-            for mut r in batch {
-                // A body sent put back together (a large one, dried while its answer
-                // streamed) gives its memory to the next one.
-                let sent = std::mem::take(&mut r.sent_body);
-                drop(r);
-                crate::prompt::spare::give(sent);
-            }
             if last_prune.elapsed() >= PRUNE_EVERY && self.store.outstanding == 0 {
                 last_prune = Instant::now();
                 self.store

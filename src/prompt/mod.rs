@@ -10,7 +10,6 @@
 //! Objects with a repeated key read its last value, as the providers' parsers do.
 
 mod cell;
-pub(crate) mod spare;
 mod tree;
 mod units;
 mod view;
@@ -138,7 +137,7 @@ impl DriedPrompt {
 
     /// The body again, from `received`: the body the copies were taken from.
     pub(crate) fn body(&self, received: &[u8]) -> Bytes {
-        let mut body = spare::take(self.len);
+        let mut body = Vec::with_capacity(self.len);
         for piece in pieces(&self.prompt.copied, &self.prompt.written(), received) {
             body.extend_from_slice(piece);
         }
@@ -169,7 +168,6 @@ impl DriedPrompt {
         if let Some(cut) = wet.cut.into_inner() {
             let _ = self.prompt.cut.set(cut);
         }
-        spare::give(wet.body);
     }
 
     /// The body as `received` and what rules wrote, sharing both.
