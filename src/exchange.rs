@@ -884,18 +884,20 @@ impl Proxy {
         let Some(route) = ex.route.clone() else {
             return ex.answer(ProxyError::new(ErrorKind::NoRoute, provider::ROUTES_HELP).into());
         };
-        // A large body sent is let go while the answer streams (a stream may run for
-        // minutes), before the cache analysis is told: it takes the dried body and
-        // puts it back together when it reads it. The record pipeline rebuilds it.
-        if ex.record().sent_body.len() >= DRY_FROM {
-            ex.record().dry_sent();
-        }
-        self.recorder.response_began(ex.record());
         let is_sse = head
             .headers
             .get(header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())
             .is_some_and(|ct| ct.starts_with("text/event-stream"));
+        // A large body sent is let go while the answer streams (a stream may run for
+        // minutes), before the cache analysis is told: it takes the dried body and
+        // puts it back together when it reads it. The record pipeline rebuilds it.
+        // An answer that is not a stream comes at once: drying would cost the two
+        // rebuilds and free nothing for longer than that.
+        if is_sse && ex.record().sent_body.len() >= DRY_FROM {
+            ex.record().dry_sent();
+        }
+        self.recorder.response_began(ex.record());
         let encoded = head.headers.contains_key(header::CONTENT_ENCODING);
         let can_append_error =
             is_sse && !head.headers.contains_key(header::CONTENT_LENGTH) && !encoded;
