@@ -110,6 +110,17 @@ impl Blocks {
 /// body's blocks) has byte for byte at the same offset, and `body`'s own blocks for
 /// the next call. The digest is exactly [`content`]'s.
 pub fn content_after(body: &bytes::Bytes, earlier: Option<&Blocks>) -> (Digest, Blocks) {
+    content_sharing(body, earlier, None)
+}
+
+/// [`content_after`], also taking the value of each block within the first `shared.1`
+/// bytes from `shared.0`, another body's blocks known to hold those same bytes
+/// (a body sent that rules wrote from the one received): neither compared nor hashed.
+pub fn content_sharing(
+    body: &bytes::Bytes,
+    earlier: Option<&Blocks>,
+    shared: Option<(&Blocks, usize)>,
+) -> (Digest, Blocks) {
     use blake3::hazmat::{Mode, merge_subtrees_root};
     if body.len() <= BLOCK {
         let blocks = Blocks {
@@ -122,6 +133,15 @@ pub fn content_after(body: &bytes::Bytes, earlier: Option<&Blocks>) -> (Digest, 
     let mut values = Vec::with_capacity(whole);
     for k in 0..whole {
         let bytes = &body[k * BLOCK..(k + 1) * BLOCK];
+        let same = shared.and_then(|(other, len)| {
+            ((k + 1) * BLOCK <= len)
+                .then(|| other.values.get(k).copied())
+                .flatten()
+        });
+        if let Some(value) = same {
+            values.push(value);
+            continue;
+        }
         let kept = earlier.and_then(|e| {
             let value = e.values.get(k)?;
             (e.body.get(k * BLOCK..(k + 1) * BLOCK) == Some(bytes)).then_some(*value)
@@ -273,6 +293,27 @@ mod tests {
                 let (d2, _) = content_after(&body, Some(&again));
                 assert_eq!(d2, d, "itself again, {} bytes", body.len());
             }
+        }
+    }
+
+    #[test]
+    fn a_body_sharing_another_s_first_bytes_has_its_own_digest() {
+        let received: Vec<u8> = (0..100_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let (_, blocks) = content_after(&bytes::Bytes::from(received.clone()), None);
+        // Rules edited at 50,000: blocks 0-2 end by then, block 3 runs past it.
+        for edit in [0, 1, BLOCK - 1, BLOCK, 50_000, 99_999] {
+            let mut sent = received[..edit].to_vec();
+            sent.extend_from_slice(b"\"policy\",");
+            sent.extend_from_slice(&received[edit..]);
+            let sent = bytes::Bytes::from(sent);
+            let (d, _) = content_sharing(&sent, None, Some((&blocks, edit)));
+            assert_eq!(d, content(&sent), "edited at {edit}");
+            let (d, _) = content_sharing(&sent, Some(&blocks), Some((&blocks, edit)));
+            assert_eq!(
+                d,
+                content(&sent),
+                "edited at {edit}, after the body received"
+            );
         }
     }
 

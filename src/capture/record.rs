@@ -712,6 +712,11 @@ fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
     a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
 }
 
+/// Whether both are the one range of memory (no byte read).
+fn same_memory(a: &Bytes, b: &Bytes) -> bool {
+    a.len() == b.len() && a.as_ptr() == b.as_ptr()
+}
+
 /// A request body, redacted: stored as `prompt` holds it (decoded once by the
 /// exchange when it came compressed with `coding`), cut as `split` says, else at
 /// the prompt's units. `raw_digest` is the digest of `raw`, reused when the stored
@@ -1029,7 +1034,20 @@ impl UnitCache {
             let earlier = last
                 .as_ref()
                 .map(|t| t.sent.as_ref().unwrap_or(&t.received));
-            let (d, blocks) = digest::content_after(&r.sent_body, earlier);
+            // The bytes rules copied ahead of their first edit are the received
+            // body's, block for block: their values are taken, not compared again.
+            // 400 KB band, full: proving those blocks equal to the last turn's was
+            // half of the writer's memcmp, ~7 % of the thread (perf).
+            let shared = match r.sent_prompt.if_read() {
+                Some(p)
+                    if same_memory(&r.request_body, &r.request_plain)
+                        && same_memory(p.body(), &r.sent_body) =>
+                {
+                    Some((&received_blocks, p.copied_prefix(&r.request_plain)))
+                }
+                _ => None,
+            };
+            let (d, blocks) = digest::content_sharing(&r.sent_body, earlier, shared);
             (d, Some(blocks))
         };
         drop(last);

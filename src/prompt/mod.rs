@@ -372,6 +372,24 @@ impl Prompt {
         !self.copied.is_empty() && self.origin == (received.as_ptr() as usize, received.len())
     }
 
+    /// How many of its first bytes are `received`'s first bytes: the copies rules
+    /// made from those very bytes at the same offsets, and the few bytes they wrote
+    /// between them (keys written anew), compared (0 when not written from them).
+    pub(crate) fn copied_prefix(&self, received: &[u8]) -> usize {
+        if !self.copied_from(received) {
+            return 0;
+        }
+        let mut at = 0;
+        for &(here, there, len) in &self.copied {
+            let (here, there) = (here as usize, there as usize);
+            if here != there || self.body.get(at..here) != received.get(at..here) {
+                break;
+            }
+            at = here + len as usize;
+        }
+        at
+    }
+
     /// This model without its bytes, when rules wrote it copying most of them from
     /// `received` (which must hold them still: [`DriedPrompt::restore`] reads them
     /// there); else itself.

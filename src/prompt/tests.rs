@@ -432,3 +432,37 @@ fn bodies_written_from_the_same_bytes_are_known_by_what_was_written() {
     assert_eq!(a.written.as_ptr(), b.written.as_ptr());
     assert!(a.same(&b) && !a.written.is_empty());
 }
+
+/// The prefix a body rules wrote shares with the body received is only ever bytes
+/// they share: a value rewritten in place at the same length (a ttl) ends it there.
+#[test]
+fn a_body_written_shares_only_the_first_bytes_it_copied_or_wrote_the_same() {
+    let body = Bytes::from(format!(
+        r#"{{"model":"claude-x","messages":[{{"role":"user","content":[{{"type":"text","text":"{}","cache_control":{{"type":"ephemeral","ttl":"5m"}}}}]}}],"system":"be brief","max_tokens":5}}"#,
+        "lorem ".repeat(5000)
+    ));
+    let ttl_at = body.windows(4).position(|w| w == b"\"5m\"").expect("a ttl");
+    for (actions, up_to) in [
+        (r#"{ cache_control.ttl = "1h" }"#, ttl_at + 1),
+        (r#"{ system.prepend = { text = "policy" } }"#, body.len()),
+    ] {
+        let toml = format!(
+            "[[rule]]\nname = \"p\"\non = \"before_provider_request\"\nactions = [ {actions} ]\n"
+        );
+        let cell = PromptCell::new(body.clone(), Some(Format::AnthropicMessages));
+        let sent = crate::rules::derive_for_test(&cell, &body, &toml);
+        let prompt = sent.get();
+        let shared = prompt.copied_prefix(&body);
+        assert!(
+            prompt.body()[..shared] == body[..shared],
+            "{actions}: shared bytes only, not {shared}"
+        );
+        assert!(
+            shared > 30_000 && shared <= up_to,
+            "{actions}: {shared} of {up_to}"
+        );
+    }
+    // Not written from these bytes: nothing shared.
+    let cell = PromptCell::new(body.clone(), Some(Format::AnthropicMessages));
+    assert_eq!(cell.get().copied_prefix(&body), 0);
+}
