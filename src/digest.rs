@@ -133,11 +133,9 @@ pub fn content_sharing(
     let mut values = Vec::with_capacity(whole);
     for k in 0..whole {
         let bytes = &body[k * BLOCK..(k + 1) * BLOCK];
-        let same = shared.and_then(|(other, len)| {
-            ((k + 1) * BLOCK <= len)
-                .then(|| other.values.get(k).copied())
-                .flatten()
-        });
+        let same = shared
+            .filter(|(_, len)| (k + 1) * BLOCK <= *len)
+            .and_then(|(other, _)| other.values.get(k).copied());
         if let Some(value) = same {
             values.push(value);
             continue;

@@ -709,7 +709,7 @@ fn redacted_findings(r: &ExchangeRecord, redactor: &Redactor) -> Vec<crate::poli
 /// Whether two bodies hold the same bytes; the sent body usually shares the received
 /// one's memory, which settles it without reading them.
 fn same_bytes(a: &Bytes, b: &Bytes) -> bool {
-    a.len() == b.len() && (a.as_ptr() == b.as_ptr() || a == b)
+    same_memory(a, b) || a == b
 }
 
 /// Whether both are the one range of memory (no byte read).
