@@ -32,6 +32,19 @@ fn main() {
         let copy = body.to_vec();
         let rows = [
             (
+                // The yardsticks: one copy of the body, and a walk that only skips it.
+                "copy",
+                time(budget, || {
+                    std::hint::black_box(body.to_vec());
+                }),
+            ),
+            (
+                "walk, no tape",
+                time(budget, || {
+                    std::hint::black_box(json::skip_value(&body, 0));
+                }),
+            ),
+            (
                 "tape",
                 time(budget, || drop(std::hint::black_box(json::tape(&body)))),
             ),
