@@ -359,6 +359,11 @@ struct UnitWriter {
     /// the parts stored for it) is laid out as it was, its units not looked up.
     // 200 KB resend, full, c16: the store thread 66–75 → 60–65 µs a record (/proc).
     laid_out: std::collections::VecDeque<LaidOut>,
+    /// The units of each conversation's last request body, by place.
+    placed: std::collections::VecDeque<PlacedIds>,
+    /// Ids found by place (tests).
+    #[cfg(test)]
+    placed_hits: usize,
     zstd: zstd::bulk::Compressor<'static>,
     /// Made on the first record written: a reader's store never needs it.
     meta: Option<meta::MetaWriter>,
@@ -375,6 +380,36 @@ struct LaidOut {
     size: usize,
 }
 
+/// A conversation's last request body: its units' digests and ids in order, trusted
+/// as a layout is. The next turn sends most of them again in the same order and
+/// takes their ids here, not from [`UnitWriter::known`].
+// Conversations at the 400 KB band, full, c16: the lookups in `known` (a cold bucket
+// a unit) grew with the body (perf).
+struct PlacedIds {
+    conversation: String,
+    /// The units' digests (the skeleton's left out), and their ids.
+    hashes: Vec<[u8; 32]>,
+    ids: Vec<i64>,
+    marked: Instant,
+}
+
+impl PlacedIds {
+    /// The id of the unit at `cursor` or a few places on whose digest is `hash`;
+    /// the cursor moves past it.
+    fn find(&self, cursor: &mut usize, hash: &[u8; 32]) -> Option<i64> {
+        let end = (*cursor + PLACES_AHEAD).min(self.hashes.len());
+        let k = (*cursor..end).find(|&k| self.hashes[k] == *hash)?;
+        *cursor = k + 1;
+        Some(self.ids[k])
+    }
+}
+
+/// How far past the cursor [`PlacedIds::find`] looks: a unit not found by place (new
+/// or changed) does not move it.
+const PLACES_AHEAD: usize = 8;
+/// The most conversations [`UnitWriter`] keeps the last request body of.
+const PLACED: usize = 64;
+
 /// The most layouts [`UnitWriter`] keeps (a resend's body received and body sent),
 /// and the most bytes their parts may keep alive: as `exchange::resent` holds.
 const LAID_OUT: usize = 4;
@@ -385,6 +420,9 @@ impl UnitWriter {
         Ok(UnitWriter {
             known: DigestMap::default(),
             laid_out: Default::default(),
+            placed: Default::default(),
+            #[cfg(test)]
+            placed_hits: 0,
             zstd: zstd::bulk::Compressor::new(ZSTD_LEVEL).map_err(StoreError::Zstd)?,
             meta: None,
             touch_every: TOUCH_EVERY,
@@ -404,6 +442,22 @@ impl UnitWriter {
     fn forget(&mut self) {
         self.known.clear();
         self.laid_out.clear();
+        self.placed.clear();
+    }
+
+    /// Keeps the ids of a conversation's request body (`ids`: the skeleton's first),
+    /// the oldest marked at `marked`, for its next turn.
+    fn keep_placed(&mut self, conversation: &str, parts: &Parts, ids: &[i64], marked: Instant) {
+        self.placed.retain(|p| p.conversation != conversation);
+        if self.placed.len() == PLACED {
+            self.placed.pop_front();
+        }
+        self.placed.push_back(PlacedIds {
+            conversation: conversation.to_owned(),
+            hashes: parts.units.iter().map(|(_, _, hash)| *hash).collect(),
+            ids: ids[1..].to_vec(),
+            marked,
+        });
     }
 
     /// The layout of `parts` when they were laid out lately and their units are
@@ -471,6 +525,55 @@ impl UnitWriter {
         })
     }
 
+    /// The ids of body `b`'s pieces this writer trusts from memory (its
+    /// conversation's last turn by place, else the ids it knows); the others go in
+    /// `asking`, a 0 in their place.
+    fn remembered<'b>(
+        &mut self,
+        b: usize,
+        parts: &'b Parts,
+        conversation: Option<&str>,
+        looked: Instant,
+        asking: &mut Asking<'b>,
+    ) -> BodyIds {
+        let mut ids = Vec::with_capacity(parts.units.len() + 1);
+        let mut marked: Option<Instant> = None;
+        let previous = conversation
+            .and_then(|c| self.placed.iter().rev().find(|p| p.conversation == c))
+            .filter(|p| looked.saturating_duration_since(p.marked) < self.touch_every);
+        let mut cursor = 0;
+        for (place, (hash, bytes)) in parts.pieces().enumerate() {
+            if place > 0
+                && let Some(p) = previous
+                && let Some(id) = p.find(&mut cursor, hash)
+            {
+                ids.push(id);
+                marked = Some(marked.map_or(p.marked, |m| m.min(p.marked)));
+                #[cfg(test)]
+                {
+                    self.placed_hits += 1;
+                }
+                continue;
+            }
+            match self.known.get(hash) {
+                Some((id, touched))
+                    if looked.saturating_duration_since(*touched) < self.touch_every =>
+                {
+                    ids.push(*id);
+                    marked = Some(marked.map_or(*touched, |m| m.min(*touched)));
+                }
+                seen => {
+                    asking.unknown.push((b, ids.len(), *hash));
+                    ids.push(0);
+                    if asking.asked.insert(*hash) {
+                        asking.wanted.push((*hash, bytes, seen.is_some()));
+                    }
+                }
+            }
+        }
+        BodyIds { ids, marked }
+    }
+
     /// The ids of every unit of `bodies`, storing those the store lacks: a few
     /// statements for a whole batch, whatever its size (a round trip each to a
     /// PostgreSQL server). Units another replica stores at the same moment are
@@ -481,39 +584,22 @@ impl UnitWriter {
     fn ids(
         &mut self,
         conn: &dyn Connection,
-        bodies: &[&Parts],
+        bodies: &[(&Parts, Option<&str>)],
     ) -> Result<Vec<BodyIds>, StoreError> {
-        let mut out: Vec<BodyIds> = Vec::with_capacity(bodies.len());
-        // (body, place, digest) of each id not known yet, and the units to ask for.
-        let mut unknown: Vec<(usize, usize, [u8; 32])> = Vec::new();
-        // With whether this store knew it once (then it is likely still stored).
-        let mut wanted: Vec<([u8; 32], &Bytes, bool)> = Vec::new();
-        let mut asked = DigestSet::default();
         // One clock read for the batch, not one per unit: per unit it was ~8 % of the
         // store thread on the 200 KB resend (perf).
         let looked = Instant::now();
-        for (b, parts) in bodies.iter().enumerate() {
-            let mut ids = Vec::with_capacity(parts.units.len() + 1);
-            let mut marked: Option<Instant> = None;
-            for (hash, bytes) in parts.pieces() {
-                match self.known.get(hash) {
-                    Some((id, touched))
-                        if looked.saturating_duration_since(*touched) < self.touch_every =>
-                    {
-                        ids.push(*id);
-                        marked = Some(marked.map_or(*touched, |m| m.min(*touched)));
-                    }
-                    seen => {
-                        unknown.push((b, ids.len(), *hash));
-                        ids.push(0);
-                        if asked.insert(*hash) {
-                            wanted.push((*hash, bytes, seen.is_some()));
-                        }
-                    }
-                }
-            }
-            out.push(BodyIds { ids, marked });
-        }
+        let mut asking = Asking::default();
+        let mut out: Vec<BodyIds> = bodies
+            .iter()
+            .enumerate()
+            .map(|(b, (parts, conversation))| {
+                self.remembered(b, parts, *conversation, looked, &mut asking)
+            })
+            .collect();
+        let Asking {
+            unknown, wanted, ..
+        } = asking;
         if wanted.is_empty() {
             return Ok(out);
         }
@@ -596,12 +682,41 @@ impl UnitWriter {
     }
 }
 
+/// The units a batch asks the store for.
+#[derive(Default)]
+struct Asking<'b> {
+    /// (body, place, digest) of each id not known yet.
+    unknown: Vec<(usize, usize, [u8; 32])>,
+    /// The units to ask for, with whether this writer knew them once (then they
+    /// are likely still stored).
+    wanted: Vec<([u8; 32], &'b Bytes, bool)>,
+    asked: DigestSet,
+}
+
 /// A body's unit ids, as [`UnitWriter::ids`] found them.
 struct BodyIds {
     /// The skeleton's id, then each unit's.
     ids: Vec<i64>,
     /// The oldest mark among them: until [`TOUCH_EVERY`] after it, all are trusted.
     marked: Option<Instant>,
+}
+
+/// Every body to lay out, in order; a request body (the first two) with its
+/// record's conversation.
+fn named_bodies<'a>(
+    records: &[&'a CaptureRecord],
+    bodies: &'a [[Option<std::borrow::Cow<'_, Parts>>; 4]],
+) -> Vec<(&'a Parts, Option<&'a str>)> {
+    records
+        .iter()
+        .zip(bodies)
+        .flat_map(|(record, parts)| {
+            parts.iter().enumerate().filter_map(|(i, p)| {
+                let conversation = record.conversation.as_deref().filter(|_| i < 2);
+                Some((&**p.as_ref()?, conversation))
+            })
+        })
+        .collect()
 }
 
 /// Units looked up or stored per statement: SQLite takes at most 32,766 parameters
@@ -841,10 +956,15 @@ impl Store {
                 parts
             })
             .collect();
-        let every: Vec<&Parts> = bodies.iter().flatten().flatten().map(|p| &**p).collect();
+        let every = named_bodies(&new, &bodies);
         let mut ids = self.units.ids(conn, &every)?.into_iter();
         for (record, (parts, layouts)) in new.iter().zip(bodies.iter().zip(&mut laid_out)) {
-            for ((part, slot), body) in parts.iter().zip(layouts.iter_mut()).zip(record.bodies()) {
+            for (i, ((part, slot), body)) in parts
+                .iter()
+                .zip(layouts.iter_mut())
+                .zip(record.bodies())
+                .enumerate()
+            {
                 let Some(part) = part else { continue };
                 let found = ids
                     .next()
@@ -856,6 +976,12 @@ impl Store {
                     .map(|((offset, _, _), id)| (*offset, *id))
                     .collect();
                 let encoded = layout::encode(found.ids[0], &units);
+                // The body sent, after the body received: the next turn's finds its ids.
+                if let (Some(c), Some(marked), true) =
+                    (record.conversation.as_deref(), found.marked, i < 2)
+                {
+                    self.units.keep_placed(c, part, &found.ids, marked);
+                }
                 if let (Some(arc), Some(marked)) =
                     (body.and_then(|b| b.parts.clone()), found.marked)
                 {
@@ -1362,7 +1488,7 @@ impl Store {
         }
         if self.stats()?.records == 0 {
             self.conn.execute("DELETE FROM units", &[])?;
-            self.units.known.clear();
+            self.units.forget();
             self.conn.reclaim()?;
         }
         Ok(())
@@ -1433,7 +1559,7 @@ impl Store {
             )?;
         }
         if removed > 0 {
-            self.units.known.clear();
+            self.units.forget();
             self.conn.reclaim()?;
         }
         Ok(removed)
@@ -1789,6 +1915,51 @@ mod tests {
         assert_eq!(
             a.load("01C").unwrap().request.body.bytes,
             turn(3).as_bytes()
+        );
+        let _ = std::fs::remove_dir_all(&d);
+    }
+
+    /// A conversation's next turn takes its last turn's unit ids by place while they
+    /// are trusted, and every turn reads back as it was sent; past the trust, after
+    /// another replica collected the units, they are looked for and stored again.
+    #[test]
+    fn a_turn_takes_its_last_turn_s_unit_ids_by_place_while_they_are_trusted() {
+        let d = dir("placed");
+        let mut a = Store::open(&at(&d)).unwrap();
+        let mut b = Store::open(&at(&d)).unwrap();
+        let of = |id: &str, at: u64, n: usize| {
+            let mut r = record(id, at, &turn(n));
+            r.conversation = Some("c".into());
+            r
+        };
+        let mut hits = Vec::new();
+        for (i, n) in [3, 4, 5].into_iter().enumerate() {
+            let id = format!("01A{i}");
+            let before = a.units.placed_hits;
+            a.insert(&[of(&id, i as u64, n)]).unwrap();
+            hits.push(a.units.placed_hits - before);
+            assert_eq!(a.load(&id).unwrap().request.body.bytes, turn(n).as_bytes());
+        }
+        // The first turn has none; each later one every message of the one before.
+        assert_eq!(hits, [0, 3, 4]);
+        // Another conversation's turn does not take them.
+        let before = a.units.placed_hits;
+        let mut other = record("01B", 9, &turn(6));
+        other.conversation = Some("other".into());
+        a.insert(&[other]).unwrap();
+        assert_eq!(a.units.placed_hits, before);
+        // Another replica drops the records and, long after, their units; A's trust
+        // has run out: no id is taken by place, and the turn reads back whole.
+        b.conn.execute("DELETE FROM records", &[]).unwrap();
+        let later = crate::capture::timestamp::now_ms() + UNTOUCHED_FOR.as_millis() as u64 + 1;
+        assert!(b.prune(&Retention::default(), later).unwrap().units > 0);
+        a.units.touch_every = Duration::ZERO;
+        let before = a.units.placed_hits;
+        a.insert(&[of("01C", 10, 6)]).unwrap();
+        assert_eq!(a.units.placed_hits, before);
+        assert_eq!(
+            a.load("01C").unwrap().request.body.bytes,
+            turn(6).as_bytes()
         );
         let _ = std::fs::remove_dir_all(&d);
     }
