@@ -1849,6 +1849,27 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
         assert_eq!(kept, ["b", "a"]);
     }
 
+    /// `warm`, a record made with a cache, stores what a record of `body` made with
+    /// a fresh one stores, and no `secret`.
+    fn assert_stored_as_fresh(
+        warm: &CaptureRecord,
+        body: Bytes,
+        redactor: &Redactor,
+        secret: &str,
+        what: &str,
+    ) {
+        let mut unhashed = exchange();
+        unhashed.set_request_body(body.clone(), body);
+        let fresh = CaptureRecord::redacted(&unhashed, redactor);
+        assert_eq!(warm.request.body.parts, fresh.request.body.parts, "{what}");
+        assert_eq!(warm.request.body.bytes, fresh.request.body.bytes, "{what}");
+        assert_eq!(warm.redactions, fresh.redactions, "{what}");
+        assert!(
+            !String::from_utf8_lossy(&warm.request.body.bytes).contains(secret),
+            "{what}"
+        );
+    }
+
     /// A conversation's next turn takes the units its last turn stored by place (the
     /// new round, the unit its breakpoint left and a unit with a secret are found
     /// the other ways): each turn stores what a fresh cache stores.
@@ -1889,18 +1910,8 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
             let before = cache.placed_hits;
             let warm = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
             hits.push(cache.placed_hits - before);
-            let mut unhashed = exchange();
-            unhashed.set_request_body(body.clone(), body);
-            let fresh = CaptureRecord::redacted(&unhashed, &redactor);
-            assert_eq!(
-                warm.request.body.parts, fresh.request.body.parts,
-                "{rounds} rounds"
-            );
-            assert_eq!(warm.redactions, fresh.redactions, "{rounds} rounds");
-            assert!(
-                !String::from_utf8_lossy(&warm.request.body.bytes).contains("PLACESECRET"),
-                "{rounds} rounds"
-            );
+            let what = format!("{rounds} rounds");
+            assert_stored_as_fresh(&warm, body, &redactor, "PLACESECRET", &what);
         }
         // The first turn has no last turn; each later one finds by place the units the
         // turn before kept by their span digest: the first round's block, the rounds
@@ -1944,22 +1955,7 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
                 unit.hash(prompt.body());
             }
             let warm = CaptureRecord::redacted_with(&hashed, &redactor, &mut cache);
-            let mut unhashed = exchange();
-            unhashed.set_request_body(body.clone(), body);
-            let fresh = CaptureRecord::redacted(&unhashed, &redactor);
-            assert_eq!(
-                warm.request.body.parts, fresh.request.body.parts,
-                "turn {n}"
-            );
-            assert_eq!(
-                warm.request.body.bytes, fresh.request.body.bytes,
-                "turn {n}"
-            );
-            assert_eq!(warm.redactions, fresh.redactions, "turn {n}");
-            assert!(
-                !String::from_utf8_lossy(&warm.request.body.bytes).contains("UNITSECRET"),
-                "turn {n}"
-            );
+            assert_stored_as_fresh(&warm, body, &redactor, "UNITSECRET", &format!("turn {n}"));
         }
         // The system block and the two blocks that lost their breakpoint are kept by
         // digest, each sharing the memory of the unit first kept by its bytes.
