@@ -866,9 +866,7 @@ impl PlacedUnits {
     /// turn changes the unit its breakpoint left, and units found by their bytes or
     /// with a secret hold no digest here); the cursor moves past it.
     fn find(&self, cursor: &mut usize, digest: crate::digest::Digest) -> Option<CachedUnit> {
-        let end = (*cursor + PLACES_AHEAD).min(self.spans.len());
-        let k = (*cursor..end).find(|&k| self.spans[k] == Some(digest))?;
-        *cursor = k + 1;
+        let k = layout::find_by_place(&self.spans, cursor, &Some(digest))?;
         let (_, stored, hash) = &self.parts.units[k];
         Some(CachedUnit {
             sent: stored.clone(),
@@ -878,10 +876,6 @@ impl PlacedUnits {
         })
     }
 }
-
-/// How far past the cursor [`PlacedUnits::find`] looks: a unit not found by place
-/// (new, changed, or redacted) does not move it.
-const PLACES_AHEAD: usize = 8;
 
 /// The units of a conversation's last turn, offered to the first body cut now (the
 /// body sent), and that body's units, kept for the next turn.

@@ -397,16 +397,10 @@ impl PlacedIds {
     /// The id of the unit at `cursor` or a few places on whose digest is `hash`;
     /// the cursor moves past it.
     fn find(&self, cursor: &mut usize, hash: &[u8; 32]) -> Option<i64> {
-        let end = (*cursor + PLACES_AHEAD).min(self.hashes.len());
-        let k = (*cursor..end).find(|&k| self.hashes[k] == *hash)?;
-        *cursor = k + 1;
-        Some(self.ids[k])
+        Some(self.ids[layout::find_by_place(&self.hashes, cursor, hash)?])
     }
 }
 
-/// How far past the cursor [`PlacedIds::find`] looks: a unit not found by place (new
-/// or changed) does not move it.
-const PLACES_AHEAD: usize = 8;
 /// The most conversations [`UnitWriter`] keeps the last request body of.
 const PLACED: usize = 64;
 
@@ -701,6 +695,16 @@ struct BodyIds {
     marked: Option<Instant>,
 }
 
+/// The conversation of `record` when its body at `place` is its last request body
+/// (the one sent, when rules changed it): the next turn finds its unit ids by place.
+fn placed_by(record: &CaptureRecord, place: usize) -> Option<&str> {
+    let last_request = usize::from(record.request.sent_body.is_some());
+    record
+        .conversation
+        .as_deref()
+        .filter(|_| place == last_request)
+}
+
 /// Every body to lay out, in order; a request body (the first two) with its
 /// record's conversation.
 fn named_bodies<'a>(
@@ -976,10 +980,7 @@ impl Store {
                     .map(|((offset, _, _), id)| (*offset, *id))
                     .collect();
                 let encoded = layout::encode(found.ids[0], &units);
-                // The body sent, after the body received: the next turn's finds its ids.
-                if let (Some(c), Some(marked), true) =
-                    (record.conversation.as_deref(), found.marked, i < 2)
-                {
+                if let (Some(c), Some(marked)) = (placed_by(record, i), found.marked) {
                     self.units.keep_placed(c, part, &found.ids, marked);
                 }
                 if let (Some(arc), Some(marked)) =
