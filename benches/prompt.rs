@@ -30,6 +30,8 @@ fn main() {
         let prompt = Prompt::read(body.clone(), Some(Format::AnthropicMessages));
         let spans: Vec<_> = prompt.units().iter().map(|u| u.span).collect();
         let copy = body.to_vec();
+        let before = turn_before(&body, &toks);
+        let before_toks = json::tape(&before).expect("JSON");
         let rows = [
             (
                 // The yardsticks: one copy of the body, and a walk that only skips it.
@@ -53,6 +55,25 @@ fn main() {
                 time(budget, || {
                     drop(std::hint::black_box(json::tape_checking(
                         &body,
+                        |_| false,
+                        &mut Vec::new(),
+                    )))
+                }),
+            ),
+            (
+                // A conversation's next turn: the structure of the bytes it shares
+                // with the turn before (one message less) taken from that turn's tape.
+                "tape, continuing the turn before",
+                time(budget, || {
+                    let before = json::Before {
+                        body: &before,
+                        toks: &before_toks,
+                        noted: &[],
+                        unique: true,
+                    };
+                    drop(std::hint::black_box(json::tape_continuing(
+                        &body,
+                        before,
                         |_| false,
                         &mut Vec::new(),
                     )))
@@ -151,4 +172,27 @@ fn main() {
             of("read, units, anatomy") - of("read, units")
         );
     }
+}
+
+/// `body` without its last message: the turn before it, as a conversation grows.
+fn turn_before(body: &[u8], toks: &[json::Tok]) -> Vec<u8> {
+    let mut key = 1;
+    while key < toks[0].next as usize {
+        let value = key + 1;
+        if toks[key].of(body) == b"\"messages\"" {
+            let mut children = Vec::new();
+            let mut c = value + 1;
+            while c < toks[value].next as usize {
+                children.push(c);
+                c = toks[c].next as usize;
+            }
+            let [.., before_last, last] = children[..] else {
+                break;
+            };
+            let (from, to) = (toks[before_last].end as usize, toks[last].end as usize);
+            return [&body[..from], &body[to..]].concat();
+        }
+        key = toks[value].next as usize;
+    }
+    panic!("the shapes have two messages or more")
 }

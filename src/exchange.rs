@@ -795,13 +795,19 @@ impl Proxy {
                 return Err(undecodable(e, self.settings.max_body).into());
             }
         };
+        let read_later = self.recorder.compares_bodies()
+            || ex
+                .policies
+                .iter()
+                .any(|p| p.runs(Phase::BeforeProviderRequest));
         let r = ex.record();
         r.bytes_in = body.len() as u64;
         // Whatever the first byte: whitespace or a byte order mark may precede the `{`.
         r.model = provider::sniff(&plain).model;
-        if !encoded && self.recorder.compares_bodies() {
+        if !encoded && read_later {
             // A body received again is held as its first arrival: read once, and
-            // known again later by its place in memory.
+            // known again later by its place in memory. A conversation's next turn
+            // takes the structure of what it shares with its last.
             let model = resent::model_of(plain, r.request_format());
             r.set_request_model(model.body().clone(), model);
         } else {

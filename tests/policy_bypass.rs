@@ -386,3 +386,66 @@ async fn without_rules_a_repeated_key_is_forwarded_as_sent_and_flagged() {
         "the model the provider reads: {r}"
     );
 }
+
+/// A conversation's next turn is read taking the structure of what it shares with
+/// its last turn from that turn's model: what the turn adds is read all the same. A
+/// key repeated in the new message, or written before the settings it shares at its
+/// end and repeated there, is refused; a clean turn goes to the provider as sent.
+#[tokio::test]
+async fn a_repeated_key_in_a_conversation_s_next_turn_is_refused_like_any() {
+    let fake = support::fake_answering_ok().await;
+    let dir = rules(
+        "[[rule]]\nname = \"sonnet-only\"\non = \"before_provider_request\"\nenforce = true\n\
+         actions = [ { model.allow = [\"claude-sonnet-*\"] } ]\n",
+    );
+    let proxy = start(&fake, &dir, "").await;
+    // Long enough to be kept for the next turn (16 KB and more).
+    let turn = |messages: &[String], between: &str| {
+        format!(
+            r#"{{"model":"claude-sonnet-4-5","messages":[{}]{between},"max_tokens":5,"system":"{}","stream":false}}"#,
+            messages.join(","),
+            "be brief. ".repeat(200)
+        )
+    };
+    let message = |i: usize| {
+        format!(
+            r#"{{"role":"{}","content":"{}"}}"#,
+            if i % 2 == 0 { "user" } else { "assistant" },
+            format!("turn {i} says something long. ").repeat(100)
+        )
+    };
+    let mut messages: Vec<String> = (0..9).map(message).collect();
+    let first = turn(&messages, "");
+    let cases = [
+        (
+            r#"{"role":"user","content":"a","role":"assistant"}"#.to_owned(),
+            "",
+            "/messages/9/role",
+        ),
+        // Its second time is in the settings shared with the last turn.
+        (message(9), r#","max_tokens":4096"#, "/max_tokens"),
+    ];
+    for (new, between, pointer) in &cases {
+        // Each continues a turn whose keys were distinct.
+        assert_eq!(post(&proxy, first.as_bytes(), &[]).await.status, 200);
+        let mut grown = messages.clone();
+        grown.push(new.clone());
+        let body = turn(&grown, between);
+        let response = post(&proxy, body.as_bytes(), &[]).await;
+        assert_eq!(response.status, 451, "{pointer}: {}", response.text());
+        let message = response.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            message.contains(&format!("repeats the key at {pointer} ")),
+            "{message}"
+        );
+    }
+    messages.push(message(9));
+    let clean = turn(&messages, "");
+    assert_eq!(post(&proxy, clean.as_bytes(), &[]).await.status, 200);
+    let sent: Vec<Vec<u8>> = fake.requests().iter().map(|r| r.body.clone()).collect();
+    let first = first.into_bytes();
+    assert_eq!(sent, [first.clone(), first, clean.into_bytes()]);
+}

@@ -1,6 +1,6 @@
 //! A request body's model, read on first use and shared.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
 
@@ -17,6 +17,9 @@ struct PromptSource {
     body: Bytes,
     format: Option<Format>,
     prompt: OnceLock<Prompt>,
+    /// A read body this one may continue (the conversation's last turn): its tape
+    /// is taken over where the bytes are the same, and let go once this is read.
+    before: Mutex<Option<PromptCell>>,
 }
 
 impl PromptCell {
@@ -26,6 +29,22 @@ impl PromptCell {
             body,
             format,
             prompt: OnceLock::new(),
+            before: Mutex::new(None),
+        }))
+    }
+
+    /// The cell of `body`, which may continue `before`'s body (already read): when
+    /// read, the structure of the bytes they share is taken from `before`'s model.
+    pub(crate) fn continuing(
+        body: Bytes,
+        format: Option<Format>,
+        before: PromptCell,
+    ) -> PromptCell {
+        PromptCell(Arc::new(PromptSource {
+            body,
+            format,
+            prompt: OnceLock::new(),
+            before: Mutex::new(Some(before)),
         }))
     }
 
@@ -35,6 +54,7 @@ impl PromptCell {
             body: prompt.body().clone(),
             format: prompt.format(),
             prompt: OnceLock::from(prompt),
+            before: Mutex::new(None),
         }))
     }
 
@@ -43,7 +63,10 @@ impl PromptCell {
         match Arc::try_unwrap(self.0) {
             Ok(source) => match source.prompt.into_inner() {
                 Some(prompt) => Ok(prompt),
-                None => Err(PromptCell::new(source.body, source.format)),
+                None => Err(PromptCell(Arc::new(PromptSource {
+                    prompt: OnceLock::new(),
+                    ..source
+                }))),
             },
             Err(shared) => Err(PromptCell(shared)),
         }
@@ -61,9 +84,19 @@ impl PromptCell {
 
     /// The model, read now if nobody has yet.
     pub fn get(&self) -> &Prompt {
-        self.0
-            .prompt
-            .get_or_init(|| Prompt::read(self.0.body.clone(), self.0.format))
+        self.0.prompt.get_or_init(|| {
+            // Taken, so that no chain of turns stays held.
+            let before = self
+                .0
+                .before
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .take();
+            match before.as_ref().and_then(PromptCell::if_read) {
+                Some(before) => Prompt::read_after(self.0.body.clone(), self.0.format, before),
+                None => Prompt::read(self.0.body.clone(), self.0.format),
+            }
+        })
     }
 
     /// The model, if somebody has read it.

@@ -308,14 +308,52 @@ impl Prompt {
     /// is read past, as the provider's parser does; spans stay offsets into `body`.
     pub fn read(body: Bytes, format: Option<Format>) -> Prompt {
         let mut cache_control_keys = Vec::new();
-        let object = body.get(json::skip_ws(&body, json::skip_bom(&body))) == Some(&b'{');
-        let (tape, unique) = if body.is_empty() {
-            (Err(ScanError(0)), false)
+        let scanned = if body.is_empty() {
+            Err(ScanError(0))
         } else {
-            match json::tape_checking(&body, may_spell_cache_control, &mut cache_control_keys) {
-                Ok((toks, unique)) => (Ok(toks), unique),
-                Err(e) => (Err(e), false),
-            }
+            json::tape_checking(&body, may_spell_cache_control, &mut cache_control_keys)
+        };
+        Prompt::scanned(body, format, scanned, cache_control_keys)
+    }
+
+    /// [`Prompt::read`] of a body that may continue `before`'s (a conversation's
+    /// next turn): the tokens of the bytes both begin and end with are `before`'s,
+    /// and only the bytes between are scanned. The same model as `read` makes.
+    pub(crate) fn read_after(body: Bytes, format: Option<Format>, before: &Prompt) -> Prompt {
+        let (Ok(toks), KeyCheck::Unique) = (&before.tape, &before.keys) else {
+            return Prompt::read(body, format);
+        };
+        if body.is_empty() || before.format != format {
+            return Prompt::read(body, format);
+        }
+        let before = json::Before {
+            body: &before.body,
+            toks,
+            noted: &before.cache_control_keys,
+            unique: true,
+        };
+        let mut cache_control_keys = Vec::new();
+        let scanned = json::tape_continuing(
+            &body,
+            before,
+            may_spell_cache_control,
+            &mut cache_control_keys,
+        );
+        Prompt::scanned(body, format, scanned, cache_control_keys)
+    }
+
+    /// The model of `body` from its structure pass: its tape, and whether the pass
+    /// proved every object's keys distinct.
+    fn scanned(
+        body: Bytes,
+        format: Option<Format>,
+        scanned: Result<(Vec<Tok>, bool), ScanError>,
+        cache_control_keys: Vec<u32>,
+    ) -> Prompt {
+        let object = body.get(json::skip_ws(&body, json::skip_bom(&body))) == Some(&b'{');
+        let (tape, unique) = match scanned {
+            Ok((toks, unique)) => (Ok(toks), unique),
+            Err(e) => (Err(e), false),
         };
         let keys = match &tape {
             Ok(_) if object && unique => KeyCheck::Unique,

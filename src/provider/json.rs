@@ -10,6 +10,10 @@
 
 use std::borrow::Cow;
 
+mod continued;
+
+pub use continued::{Before, tape_continuing};
+
 /// A byte range of the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Span {
@@ -154,7 +158,7 @@ pub fn tape_noting(
     note: impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
 ) -> Result<Vec<Tok>, ScanError> {
-    scan(body, &note, noted, &mut Keys::default())
+    scan(body, &note, noted, &mut Keys::default(), Start::fresh(body))
 }
 
 /// [`tape_noting`], also telling whether every object's keys are distinct, compared
@@ -170,7 +174,7 @@ pub fn tape_checking(
         on: true,
         ..Keys::default()
     };
-    let toks = scan(body, &note, noted, &mut keys)?;
+    let toks = scan(body, &note, noted, &mut keys, Start::fresh(body))?;
     Ok((toks, !keys.unsure))
 }
 
@@ -203,64 +207,109 @@ impl Keys {
     }
 }
 
+/// Where [`scan`] begins: at the body's first value, or part way in, with the
+/// tokens before taken from another body's tape ([`continued`]).
+struct Start<'a> {
+    toks: Vec<Tok>,
+    /// The open containers: their token index, whether each is an object, and where
+    /// its keys start in `keys.open`.
+    open: Vec<(usize, bool, usize)>,
+    i: usize,
+    /// `i` is just past a value (else at one).
+    after_value: bool,
+    /// Another tape's end, to take over once the scan stands where it stood.
+    tail: Option<continued::Tail<'a>>,
+}
+
+impl Start<'_> {
+    fn fresh(body: &[u8]) -> Start<'static> {
+        Start {
+            // Bodies carry a key or value every ~100 bytes; reserving about that
+            // avoids regrowth.
+            toks: Vec::with_capacity(body.len() / 64 + 8),
+            open: Vec::new(),
+            i: skip_ws(body, skip_bom(body)),
+            after_value: false,
+            tail: None,
+        }
+    }
+}
+
 fn scan(
     body: &[u8],
     note: &impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
     keys: &mut Keys,
+    from: Start<'_>,
 ) -> Result<Vec<Tok>, ScanError> {
     if u32::try_from(body.len()).is_err() {
         return Err(ScanError(0));
     }
     let at = |i: usize| i as u32; // in range: the length fits in a u32
-    // Bodies carry a key or value every ~100 bytes; reserving about that avoids regrowth.
-    let mut toks: Vec<Tok> = Vec::with_capacity(body.len() / 64 + 8);
-    // The open containers: their token index, whether each is an object, and where
-    // its keys start in `keys.open`.
-    let mut open: Vec<(usize, bool, usize)> = Vec::new();
-    let mut i = skip_ws(body, skip_bom(body));
+    let Start {
+        mut toks,
+        mut open,
+        mut i,
+        after_value,
+        mut tail,
+    } = from;
+    // Where the other tape's end may be taken over; never for a fresh scan.
+    let mut tail_from = tail.as_ref().map_or(usize::MAX, continued::Tail::from);
+    let mut at_value = !after_value;
     'value: loop {
-        // `i` is at a value.
-        let start = i;
-        match body.get(i) {
-            Some(&c @ (b'{' | b'[')) => {
-                toks.push(Tok {
-                    start: at(i),
-                    end: 0,
-                    next: 0,
-                });
-                let base = keys.open.len();
-                open.push((toks.len() - 1, c == b'{', base));
-                i = skip_ws(body, i + 1);
-                let close = if c == b'{' { b'}' } else { b']' };
-                if body.get(i) != Some(&close) {
-                    if c == b'{' {
-                        i = tape_key(body, i, &mut toks, note, noted, keys, base)?;
+        if !at_value {
+            at_value = true;
+        } else {
+            // `i` is at a value.
+            let start = i;
+            match body.get(i) {
+                Some(&c @ (b'{' | b'[')) => {
+                    toks.push(Tok {
+                        start: at(i),
+                        end: 0,
+                        next: 0,
+                    });
+                    let base = keys.open.len();
+                    open.push((toks.len() - 1, c == b'{', base));
+                    i = skip_ws(body, i + 1);
+                    let close = if c == b'{' { b'}' } else { b']' };
+                    if body.get(i) != Some(&close) {
+                        if c == b'{' {
+                            i = tape_key(body, i, &mut toks, note, noted, keys, base)?;
+                        }
+                        continue 'value;
                     }
-                    continue 'value;
+                    // Empty: closed just below.
                 }
-                // Empty: closed just below.
+                Some(b'"') => {
+                    i = skip_string(body, i).ok_or(ScanError(i))?;
+                    toks.push(Tok {
+                        start: at(start),
+                        end: at(i),
+                        next: at(toks.len() + 1),
+                    });
+                }
+                Some(_) => {
+                    i = skip_value(body, i).ok_or(ScanError(i))?;
+                    toks.push(Tok {
+                        start: at(start),
+                        end: at(i),
+                        next: at(toks.len() + 1),
+                    });
+                }
+                None => return Err(ScanError(i)),
             }
-            Some(b'"') => {
-                i = skip_string(body, i).ok_or(ScanError(i))?;
-                toks.push(Tok {
-                    start: at(start),
-                    end: at(i),
-                    next: at(toks.len() + 1),
-                });
-            }
-            Some(_) => {
-                i = skip_value(body, i).ok_or(ScanError(i))?;
-                toks.push(Tok {
-                    start: at(start),
-                    end: at(i),
-                    next: at(toks.len() + 1),
-                });
-            }
-            None => return Err(ScanError(i)),
         }
         // After a value (or at the close of an empty container): commas and closes.
         loop {
+            if i >= tail_from
+                && let Some(t) = tail.as_mut()
+            {
+                if t.take_over(body, &mut toks, &open, i, keys, noted) {
+                    return Ok(fitted(toks));
+                }
+                tail_from = t.from();
+            }
             i = skip_ws(body, i);
             let Some(&(top, object, base)) = open.last() else {
                 break 'value;
@@ -288,12 +337,16 @@ fn scan(
     if i != body.len() {
         return Err(ScanError(i));
     }
-    // Reserved for dense bodies; agent bodies use about half (a tape of 1 MB kept ~90
-    // KB it never used, 64 in flight ~6 MB). Shrinking in place copies nothing.
+    Ok(fitted(toks))
+}
+
+/// Reserved for dense bodies; agent bodies use about half (a tape of 1 MB kept ~90
+/// KB it never used, 64 in flight ~6 MB). Shrinking in place copies nothing.
+fn fitted(mut toks: Vec<Tok>) -> Vec<Tok> {
     if toks.capacity() - toks.len() > toks.len() / 4 {
         toks.shrink_to_fit();
     }
-    Ok(toks)
+    toks
 }
 
 /// `i` is at a key of the object whose keys start at `base` in `keys.open`: pushes
