@@ -2,6 +2,7 @@
 //! `cargo bench --bench prompt` (release). The structure pass, the repeated-key
 //! check, `Prompt::read` with and without units, and the unit digests it leaves
 //! for later (whole body against unit by unit, against a memcmp with the last turn),
+//! the structure pass of a next turn that takes over what it shares with its last,
 //! and the prompt anatomy (cut into cache units and named).
 
 #[path = "../tests/support/shapes.rs"]
@@ -63,7 +64,7 @@ fn main() {
             (
                 // A conversation's next turn: the structure of the bytes it shares
                 // with the turn before (one message less) taken from that turn's tape.
-                "tape, continuing the turn before",
+                "tape, after last turn",
                 time(budget, || {
                     let before = json::Before {
                         body: &before,
