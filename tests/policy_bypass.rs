@@ -410,7 +410,11 @@ async fn a_repeated_key_in_a_conversation_s_next_turn_is_refused_like_any() {
     let message = |i: usize| {
         format!(
             r#"{{"role":"{}","content":"{}"}}"#,
-            if i.is_multiple_of(2) { "user" } else { "assistant" },
+            if i.is_multiple_of(2) {
+                "user"
+            } else {
+                "assistant"
+            },
             format!("turn {i} says something long. ").repeat(100)
         )
     };

@@ -73,10 +73,11 @@ impl Lately {
             lately.retain(|c| !c.same(&before));
         }
         lately.push_back(cell.clone());
-        let mut bytes: usize = lately.iter().map(|c| c.body().len()).sum();
+        // A body not read yet still holds the one it continues: counted too.
+        let mut bytes: usize = lately.iter().map(PromptCell::held_bytes).sum();
         while lately.len() > KEPT || bytes > KEPT_BYTES {
             match lately.pop_front() {
-                Some(old) => bytes -= old.body().len(),
+                Some(old) => bytes = bytes.saturating_sub(old.held_bytes()),
                 None => break,
             }
         }
@@ -143,7 +144,7 @@ mod tests {
         }
         let kept = lately.lock();
         assert!(kept.len() <= KEPT);
-        assert!(kept.iter().map(|c| c.body().len()).sum::<usize>() <= KEPT_BYTES);
+        assert!(kept.iter().map(PromptCell::held_bytes).sum::<usize>() <= KEPT_BYTES);
     }
 
     #[test]

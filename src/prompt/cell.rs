@@ -99,6 +99,12 @@ impl PromptCell {
         })
     }
 
+    /// The bytes it holds: its body, and the body it continues until it is read.
+    pub(crate) fn held_bytes(&self) -> usize {
+        let before = self.0.before.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.body.len() + before.as_ref().map_or(0, |b| b.body().len())
+    }
+
     /// The model, if somebody has read it.
     pub fn if_read(&self) -> Option<&Prompt> {
         self.0.prompt.get()
