@@ -55,6 +55,20 @@ fn opus_body() -> Vec<u8> {
     .unwrap()
 }
 
+/// `body` is refused (451) for the key it repeats at `pointer`.
+async fn assert_refused_for_repeating(proxy: &InProcess, body: &str, pointer: &str) {
+    let response = post(proxy, body.as_bytes(), &[]).await;
+    assert_eq!(response.status, 451, "{pointer}: {}", response.text());
+    let message = response.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains(&format!("repeats the key at {pointer} ")),
+        "{message}"
+    );
+}
+
 /// The first `n` stored records, once there are that many.
 async fn records(proxy: &InProcess, n: usize) -> Vec<Value> {
     captures::wait_records(&proxy.captures, n, WAIT).await
@@ -287,16 +301,7 @@ async fn duplicate_keys_are_refused_while_enforce_rules_are_loaded() {
         ),
     ];
     for (body, pointer) in &cases {
-        let response = post(&proxy, body.as_bytes(), &[]).await;
-        assert_eq!(response.status, 451, "{body}: {}", response.text());
-        let message = response.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        assert!(
-            message.contains(&format!("repeats the key at {pointer} ")),
-            "{message}"
-        );
+        assert_refused_for_repeating(&proxy, body, pointer).await;
     }
     // Compressed, it is found all the same.
     let response = post(
@@ -434,17 +439,7 @@ async fn a_repeated_key_in_a_conversation_s_next_turn_is_refused_like_any() {
         assert_eq!(post(&proxy, first.as_bytes(), &[]).await.status, 200);
         let mut grown = messages.clone();
         grown.push(new.clone());
-        let body = turn(&grown, between);
-        let response = post(&proxy, body.as_bytes(), &[]).await;
-        assert_eq!(response.status, 451, "{pointer}: {}", response.text());
-        let message = response.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        assert!(
-            message.contains(&format!("repeats the key at {pointer} ")),
-            "{message}"
-        );
+        assert_refused_for_repeating(&proxy, &turn(&grown, between), pointer).await;
     }
     messages.push(message(9));
     let clean = turn(&messages, "");

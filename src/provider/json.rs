@@ -170,10 +170,7 @@ pub fn tape_checking(
     note: impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
 ) -> Result<(Vec<Tok>, bool), ScanError> {
-    let mut keys = Keys {
-        on: true,
-        ..Keys::default()
-    };
+    let mut keys = Keys::checking();
     let toks = scan(body, &note, noted, &mut keys, Start::fresh(body))?;
     Ok((toks, !keys.unsure))
 }
@@ -189,6 +186,14 @@ struct Keys {
 }
 
 impl Keys {
+    /// A check that compares keys (the default does not).
+    fn checking() -> Keys {
+        Keys {
+            on: true,
+            ..Keys::default()
+        }
+    }
+
     /// Notes the key token `key` (`escaped`: spelt with an escape) of the object
     /// whose keys start at `base` in `open`.
     fn key(&mut self, body: &[u8], toks: &[Tok], base: usize, key: u32, escaped: bool) {

@@ -37,20 +37,14 @@ pub fn tape_continuing(
     note: impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
 ) -> Result<(Vec<Tok>, bool), ScanError> {
-    let mut keys = Keys {
-        on: true,
-        ..Keys::default()
-    };
-    let from = if before.unique && u32::try_from(body.len()).is_ok() {
+    let mut keys = Keys::checking();
+    let resumed = if before.unique && u32::try_from(body.len()).is_ok() {
         resume(body, before, &mut keys, noted)
     } else {
         None
     };
-    let from = from.unwrap_or_else(|| {
-        keys = Keys {
-            on: true,
-            ..Keys::default()
-        };
+    let from = resumed.unwrap_or_else(|| {
+        keys = Keys::checking();
         noted.clear();
         Start::fresh(body)
     });
