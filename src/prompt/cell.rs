@@ -92,7 +92,7 @@ impl PromptCell {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .take();
-            match before.as_ref().and_then(PromptCell::if_read) {
+            match &before {
                 Some(before) => Prompt::read_after(self.0.body.clone(), self.0.format, before),
                 None => Prompt::read(self.0.body.clone(), self.0.format),
             }

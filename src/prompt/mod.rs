@@ -156,6 +156,7 @@ impl DriedPrompt {
             keys: p.keys.clone(),
             format: p.format,
             cut: p.cut.clone(),
+            lender: std::sync::Mutex::new(None),
             copied: p.copied.clone(),
             written: p.written.clone(),
             origin: p.origin,
@@ -279,6 +280,9 @@ pub struct Prompt {
     format: Option<Format>,
     /// The units and messages, cut on first ask: rules read only the tape.
     cut: std::sync::OnceLock<(Vec<Unit>, Vec<Message>)>,
+    /// For a body read after the turn it continues, that turn's units, lent to the
+    /// cut where the tokens are that turn's; let go once it is cut.
+    lender: std::sync::Mutex<Option<units::Lender>>,
     /// For a body rules wrote: the byte ranges copied from the body received, as
     /// (start here, start there, length), in order.
     copied: Vec<(u32, u32, u32)>,
@@ -319,17 +323,20 @@ impl Prompt {
     /// [`Prompt::read`] of a body that may continue `before`'s (a conversation's
     /// next turn): the tokens of the bytes both begin and end with are `before`'s,
     /// and only the bytes between are scanned. The same model as `read` makes.
-    pub(crate) fn read_after(body: Bytes, format: Option<Format>, before: &Prompt) -> Prompt {
-        let (Ok(toks), KeyCheck::Unique) = (&before.tape, &before.keys) else {
+    pub(crate) fn read_after(body: Bytes, format: Option<Format>, cell: &PromptCell) -> Prompt {
+        let Some(last) = cell.if_read() else {
             return Prompt::read(body, format);
         };
-        if body.is_empty() || before.format != format {
+        let (Ok(toks), KeyCheck::Unique) = (&last.tape, &last.keys) else {
+            return Prompt::read(body, format);
+        };
+        if body.is_empty() || last.format != format {
             return Prompt::read(body, format);
         }
         let before = json::Before {
-            body: &before.body,
+            body: &last.body,
             toks,
-            noted: &before.cache_control_keys,
+            noted: &last.cache_control_keys,
             unique: true,
         };
         let mut cache_control_keys = Vec::new();
@@ -339,7 +346,18 @@ impl Prompt {
             may_spell_cache_control,
             &mut cache_control_keys,
         );
-        Prompt::scanned(body, format, scanned, cache_control_keys)
+        let reused = scanned.as_ref().ok().map(|s| s.2);
+        let prompt = Prompt::scanned(
+            body,
+            format,
+            scanned.map(|(toks, unique, _)| (toks, unique)),
+            cache_control_keys,
+        );
+        if let (Some(reused), Some(_)) = (reused, last.cut.get()) {
+            *prompt.lender.lock().unwrap_or_else(|p| p.into_inner()) =
+                Some(units::Lender::new(cell.clone(), reused));
+        }
+        prompt
     }
 
     /// The model of `body` from its structure pass: its tape, and whether the pass
@@ -370,6 +388,7 @@ impl Prompt {
             keys,
             format,
             cut: std::sync::OnceLock::new(),
+            lender: std::sync::Mutex::new(None),
             copied: Vec::new(),
             written: std::sync::OnceLock::new(),
             origin: (0, 0),
@@ -397,6 +416,7 @@ impl Prompt {
             keys,
             format,
             cut: std::sync::OnceLock::new(),
+            lender: std::sync::Mutex::new(None),
             copied,
             written: std::sync::OnceLock::new(),
             origin: (origin.as_ptr() as usize, origin.len()),
@@ -565,9 +585,12 @@ impl Prompt {
 
     /// The units and messages, cut now if nobody has asked yet.
     fn cut(&self) -> &(Vec<Unit>, Vec<Message>) {
-        self.cut.get_or_init(|| match (self.format, self.shape()) {
-            (Some(format), Shape::Object(root)) => units::cut(root, format),
-            _ => (Vec::new(), Vec::new()),
+        self.cut.get_or_init(|| {
+            let lender = self.lender.lock().unwrap_or_else(|p| p.into_inner()).take();
+            match (self.format, self.shape()) {
+                (Some(format), Shape::Object(root)) => units::cut(root, format, lender),
+                _ => (Vec::new(), Vec::new()),
+            }
         })
     }
 

@@ -309,6 +309,42 @@ proptest! {
         std::env::var("PROMPTGATE_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256)
     ))]
 
+    /// A next turn read after its last turn (whose units were cut and hashed) cuts
+    /// the units and messages a fresh read cuts, with the same digests.
+    #[test]
+    fn a_next_turn_s_units_are_what_a_fresh_read_cuts((body, format) in body(), new in content()) {
+        let format = [Format::AnthropicMessages, Format::OpenAiChat, Format::OpenAiResponses][format];
+        let mut v: Json = serde_json::from_slice(&body).unwrap();
+        for list in ["messages", "input"] {
+            if let Some(items) = v[list].as_array_mut() {
+                items.push(json!({"role": "user", "content": new.clone()}));
+            }
+        }
+        let next = if body.contains(&b'\n') {
+            serde_json::to_vec_pretty(&v)
+        } else {
+            serde_json::to_vec(&v)
+        }
+        .unwrap();
+        let last = PromptCell::of(Prompt::read(Bytes::from(body), Some(format)));
+        for u in last.get().units() {
+            u.hash(last.get().body());
+        }
+        let next = Bytes::from(next);
+        let after = Prompt::read_after(next.clone(), Some(format), &last);
+        let fresh = Prompt::read(next.clone(), Some(format));
+        prop_assert_eq!(after.tape(), fresh.tape());
+        prop_assert_eq!(after.units().len(), fresh.units().len());
+        for (a, f) in after.units().iter().zip(fresh.units()) {
+            prop_assert_eq!(unit_fields(a), unit_fields(f));
+            prop_assert_eq!(a.hash(&next), f.hash(&next), "{}", f.path);
+        }
+        let messages = |p: &Prompt| -> Vec<(u32, u32, std::ops::Range<usize>)> {
+            p.messages().iter().map(|m| (m.index, m.tok, m.units.clone())).collect()
+        };
+        prop_assert_eq!(messages(&after), messages(&fresh));
+    }
+
     /// Every unit is where serde_json finds it, its span is that value byte for byte,
     /// its normalised bytes are the value the provider caches, its marker is the
     /// value's `cache_control` and its digest is of those bytes.
@@ -465,4 +501,84 @@ fn a_body_written_shares_only_the_first_bytes_it_copied_or_wrote_the_same() {
     // Not written from these bytes: nothing shared.
     let cell = PromptCell::new(body.clone(), Some(Format::AnthropicMessages));
     assert_eq!(cell.get().copied_prefix(&body), 0);
+}
+
+/// What a unit says, but its digest (taken on first ask).
+fn unit_fields(u: &Unit) -> String {
+    format!(
+        "{} {} {:?} {} {:?} {:?} {:?} {:?} {} {} {:?}",
+        u.path,
+        u.kind,
+        u.span,
+        u.tok,
+        u.stored,
+        u.content,
+        u.text,
+        u.marker,
+        u.has_cache_control,
+        u.image,
+        u.normalized
+    )
+}
+
+#[test]
+fn a_next_turn_takes_the_units_it_shares_with_its_last_from_it() {
+    let turn = |n: usize| {
+        let messages: Vec<Json> = (0..n)
+            .map(|i| {
+                let mut block = json!({"type": "text", "text": format!("turn {i} ").repeat(30)});
+                if i + 1 == n {
+                    block["cache_control"] = json!({"type": "ephemeral"});
+                }
+                json!({"role": if i % 2 == 0 { "user" } else { "assistant" }, "content": [block]})
+            })
+            .collect();
+        let tools: Vec<Json> = (0..10)
+            .map(|i| json!({"name": format!("tool{i}"), "input_schema": {"type": "object"}}))
+            .collect();
+        let body = json!({"model": "claude-x", "messages": messages, "system": "be brief", "tools": tools});
+        Bytes::from(serde_json::to_vec(&body).unwrap())
+    };
+    let last = PromptCell::of(Prompt::read(turn(20), Some(Format::AnthropicMessages)));
+    for u in last.get().units() {
+        u.hash(last.get().body());
+    }
+    let lent_before = units::LENT.load(std::sync::atomic::Ordering::Relaxed);
+    let after = Prompt::read_after(turn(21), Some(Format::AnthropicMessages), &last);
+    let fresh = Prompt::read(turn(21), Some(Format::AnthropicMessages));
+    assert_eq!(after.units().len(), fresh.units().len());
+    for (a, f) in after.units().iter().zip(fresh.units()) {
+        assert_eq!(unit_fields(a), unit_fields(f));
+        assert_eq!(a.hash(after.body()), f.hash(fresh.body()));
+    }
+    // The tools and the system moved with the shared end, and the first 18 messages
+    // stayed (the 19th lost its breakpoint, the 20th is new): all lent.
+    let lent = units::LENT.load(std::sync::atomic::Ordering::Relaxed) - lent_before;
+    assert!(lent >= 10 + 1 + 18, "{lent} units lent");
+    // Their digests came with them.
+    assert!(
+        after
+            .units()
+            .iter()
+            .filter(|u| u.path.region == Region::Tools || u.path.index < 18)
+            .filter(|u| u.path.region != Region::System)
+            .all(|u| u.span_digest().is_some())
+    );
+}
+
+#[test]
+fn a_block_whose_bytes_moved_to_another_region_is_cut_afresh() {
+    let model = "m".repeat(80);
+    let long = "n".repeat(80);
+    let last = format!(r#"{{"model":"{model}","tools":[{{"a":1}},{{"name":"{long}"}}]}}"#);
+    let next = format!(r#"{{"model":"{model}","system":["x",{{"name":"{long}"}}]}}"#);
+    let format = Some(Format::AnthropicMessages);
+    let last = PromptCell::of(Prompt::read(Bytes::from(last), format));
+    assert_eq!(last.get().units()[1].kind, "tool");
+    let next = Bytes::from(next);
+    let after = Prompt::read_after(next.clone(), format, &last);
+    let fresh = Prompt::read(next, format);
+    let fields = |p: &Prompt| p.units().iter().map(unit_fields).collect::<Vec<_>>();
+    assert_eq!(fields(&after), fields(&fresh));
+    assert_eq!(after.units()[1].path.region, Region::System);
 }

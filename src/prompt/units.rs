@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 
 use super::tree::Value;
 use crate::digest::{self, Digest};
-use crate::provider::json::Span;
 use crate::provider::json::key_is;
+use crate::provider::json::{Reused, Span};
 
 /// Which part of the prompt a unit belongs to, in cache order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
@@ -268,14 +268,87 @@ pub struct Message {
     pub units: Range<usize>,
 }
 
-/// Cuts the units of `root` for `format`, in cache order.
-pub(super) fn cut(root: Value<'_>, format: super::Format) -> (Vec<Unit>, Vec<Message>) {
+/// Units lent so far (tests count them).
+#[cfg(test)]
+pub(super) static LENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The units of the turn a body continues, lent to its cut: a block whose tokens are
+/// all that turn's ([`Reused`]) is that turn's unit, moved where the bytes moved.
+pub(crate) struct Lender {
+    /// That turn's model, read and cut; held until this body is cut.
+    last: super::PromptCell,
+    reused: Reused,
+    /// Where the search for the next unit to lend starts in `last`'s units: both
+    /// cuts go in the same order.
+    cursor: usize,
+}
+
+impl Lender {
+    pub(super) fn new(last: super::PromptCell, reused: Reused) -> Lender {
+        Lender {
+            last,
+            reused,
+            cursor: 0,
+        }
+    }
+
+    /// The unit at `path` cut from the token `tok` (its subtree ending before
+    /// `next`), when that turn cut the same bytes there.
+    fn lend(&mut self, path: UnitPath, tok: u32, next: u32) -> Option<Unit> {
+        /// How far past the cursor a unit is looked for (a turn's new units do
+        /// not move it).
+        const AHEAD: usize = 8;
+        let (old, shift) = if next <= self.reused.same_below {
+            (tok, 0)
+        } else {
+            let moved = self.reused.moved.filter(|m| tok >= m.from)?;
+            (
+                u32::try_from(i64::from(tok) - moved.tokens).ok()?,
+                moved.bytes,
+            )
+        };
+        let units = self.last.if_read()?.units_if_cut();
+        let end = (self.cursor + AHEAD).min(units.len());
+        let k = (self.cursor..end).find(|&k| units[k].tok == old)?;
+        self.cursor = k + 1;
+        let unit = &units[k];
+        // A block's unit depends on its region (a tool's kind) and on being a
+        // string or not, besides its bytes.
+        if unit.path.region != path.region || unit.path.string != path.string {
+            return None;
+        }
+        let by = |s: Span| Span {
+            start: (s.start as i64 + shift) as usize,
+            end: (s.end as i64 + shift) as usize,
+        };
+        #[cfg(test)]
+        LENT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Some(Unit {
+            path,
+            tok,
+            span: by(unit.span),
+            stored: by(unit.stored),
+            content: unit.content.map(by),
+            text: unit.text.map(by),
+            ..unit.clone()
+        })
+    }
+}
+
+/// Cuts the units of `root` for `format`, in cache order; the units `lender` holds
+/// for the same bytes are taken from it.
+pub(super) fn cut(
+    root: Value<'_>,
+    format: super::Format,
+    lender: Option<Lender>,
+) -> (Vec<Unit>, Vec<Message>) {
     let mut c = Cutter {
         // Claude Code's bodies hold a unit per ~15 tape tokens: reserved for one per 10,
         // the list does not regrow, and holds less than doubling would have left
         // (at 1 MB the regrowths were half the cut: 212 -> 92-115 µs).
         units: Vec::with_capacity(root.toks.len() / 10),
         messages: Vec::new(),
+        lender,
     };
     use super::Format;
     match format {
@@ -302,9 +375,17 @@ pub(super) fn cut(root: Value<'_>, format: super::Format) -> (Vec<Unit>, Vec<Mes
 struct Cutter {
     units: Vec<Unit>,
     messages: Vec<Message>,
+    lender: Option<Lender>,
 }
 
 impl Cutter {
+    /// The unit the turn continued cut from the same bytes, moved here.
+    fn lent(&mut self, path: UnitPath, node: Value<'_>) -> Option<Unit> {
+        let tok = node.index();
+        let next = node.toks.get(tok as usize)?.next;
+        self.lender.as_mut()?.lend(path, tok, next)
+    }
+
     /// A region that is one string or a list of blocks (`system`, `input`).
     fn string_or_list(&mut self, value: Option<Value<'_>>, region: Region, default_kind: &str) {
         match value {
@@ -359,6 +440,10 @@ impl Cutter {
 
     /// String content: one text block `{"type":"text","text":<string as sent>}`.
     fn string(&mut self, path: UnitPath, text: Value<'_>) {
+        if let Some(unit) = self.lent(path, text) {
+            self.units.push(unit);
+            return;
+        }
         let raw = text.bytes();
         let mut bytes = Vec::with_capacity(raw.len() + 24);
         bytes.extend_from_slice(b"{\"type\":\"text\",\"text\":");
@@ -382,6 +467,10 @@ impl Cutter {
 
     /// A block (or tool, or input item) as sent, less its `cache_control`.
     fn block(&mut self, path: UnitPath, node: Value<'_>, default_kind: &str) {
+        if let Some(unit) = self.lent(path, node) {
+            self.units.push(unit);
+            return;
+        }
         let span = node.span();
         // One pass over the entries; a repeated key reads its last value, as `get` does.
         let (mut declared, mut cache_control, mut text, mut content) = (None, None, None, None);

@@ -12,7 +12,7 @@ use std::borrow::Cow;
 
 mod continued;
 
-pub use continued::{Before, tape_continuing};
+pub use continued::{Before, Moved, Reused, tape_continuing};
 
 /// A byte range of the body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,7 +158,14 @@ pub fn tape_noting(
     note: impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
 ) -> Result<Vec<Tok>, ScanError> {
-    scan(body, &note, noted, &mut Keys::default(), Start::fresh(body))
+    scan(
+        body,
+        &note,
+        noted,
+        &mut Keys::default(),
+        Start::fresh(body),
+        &mut None,
+    )
 }
 
 /// [`tape_noting`], also telling whether every object's keys are distinct, compared
@@ -171,7 +178,7 @@ pub fn tape_checking(
     noted: &mut Vec<u32>,
 ) -> Result<(Vec<Tok>, bool), ScanError> {
     let mut keys = Keys::checking();
-    let toks = scan(body, &note, noted, &mut keys, Start::fresh(body))?;
+    let toks = scan(body, &note, noted, &mut keys, Start::fresh(body), &mut None)?;
     Ok((toks, !keys.unsure))
 }
 
@@ -246,6 +253,7 @@ fn scan(
     noted: &mut Vec<u32>,
     keys: &mut Keys,
     from: Start<'_>,
+    taken: &mut Option<Moved>,
 ) -> Result<Vec<Tok>, ScanError> {
     if u32::try_from(body.len()).is_err() {
         return Err(ScanError(0));
@@ -310,7 +318,8 @@ fn scan(
             if i >= tail_from
                 && let Some(t) = tail.as_mut()
             {
-                if t.take_over(body, &mut toks, &open, i, keys, noted) {
+                if let Some(moved) = t.take_over(body, &mut toks, &open, i, keys, noted) {
+                    *taken = Some(moved);
                     return Ok(fitted(toks));
                 }
                 tail_from = t.from();

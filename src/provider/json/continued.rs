@@ -28,28 +28,53 @@ pub struct Before<'a> {
     pub unique: bool,
 }
 
+/// Which tokens of a continued tape are the other tape's, so that what was read
+/// of those (a unit cut from them) can be taken over too.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reused {
+    /// Tokens below this index whose subtree ends below it too are the other
+    /// tape's, the same bytes at the same places.
+    pub same_below: u32,
+    /// Tokens from here on are the other tape's, moved.
+    pub moved: Option<Moved>,
+}
+
+/// The tokens [`Tail`] took over: from the new tape's index `from`, each is the
+/// other tape's token `tokens` places before, `bytes` further on in the body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    pub from: u32,
+    pub tokens: i64,
+    pub bytes: i64,
+}
+
 /// [`super::tape_checking`] of `body`, taking the tokens of what it shares with
 /// `before` at its start and at its end from `before`'s tape. The same answer as
-/// a fresh scan, in the time of comparing the shared bytes and scanning the rest.
+/// a fresh scan, in the time of comparing the shared bytes and scanning the rest;
+/// also which tokens were taken over.
 pub fn tape_continuing(
     body: &[u8],
     before: Before<'_>,
     note: impl Fn(&[u8]) -> bool,
     noted: &mut Vec<u32>,
-) -> Result<(Vec<Tok>, bool), ScanError> {
+) -> Result<(Vec<Tok>, bool, Reused), ScanError> {
     let mut keys = Keys::checking();
     let resumed = if before.unique && u32::try_from(body.len()).is_ok() {
         resume(body, before, &mut keys, noted)
     } else {
         None
     };
+    let mut reused = Reused {
+        same_below: resumed.as_ref().map_or(0, |s| s.toks.len() as u32),
+        moved: None,
+    };
     let from = resumed.unwrap_or_else(|| {
         keys = Keys::checking();
         noted.clear();
         Start::fresh(body)
     });
-    let toks = scan(body, &note, noted, &mut keys, from)?;
-    Ok((toks, !keys.unsure))
+    let toks = scan(body, &note, noted, &mut keys, from, &mut reused.moved)?;
+    Ok((toks, !keys.unsure, reused))
 }
 
 /// Where `body` stops being `before.body`: the first byte that differs.
@@ -247,8 +272,8 @@ impl<'a> Tail<'a> {
     /// when `before`'s scan stood just past a value there too, with containers of
     /// the same kinds open, appends `before`'s remaining tokens (moved by the shift)
     /// and closes the open containers where `before` closed them; the keys taken
-    /// over into open objects are compared with theirs. `false`: not the same
-    /// place; the scan goes on.
+    /// over into open objects are compared with theirs. Which tokens it took, or
+    /// `None`: not the same place; the scan goes on.
     pub(super) fn take_over(
         &mut self,
         body: &[u8],
@@ -257,19 +282,22 @@ impl<'a> Tail<'a> {
         i: usize,
         keys: &mut Keys,
         noted: &mut Vec<u32>,
-    ) -> bool {
+    ) -> Option<Moved> {
         self.tries += 1;
         if self.tries >= TRIES {
             self.from = usize::MAX;
         }
-        let Some(path) = self.place(open, i) else {
-            return false;
-        };
+        let path = self.place(open, i)?;
         let old = self.before.toks;
         let w = path[path.len() - 1];
         let rest = old[w].next as usize;
         let (shift, dt) = (self.shift, toks.len() as i64 - rest as i64);
         let moved = |v: u32, by: i64| (i64::from(v) + by) as u32;
+        let taken = Moved {
+            from: toks.len() as u32,
+            tokens: dt,
+            bytes: shift,
+        };
         toks.extend(old[rest..].iter().map(|t| Tok {
             start: moved(t.start, shift),
             end: moved(t.end, shift),
@@ -299,7 +327,7 @@ impl<'a> Tail<'a> {
         self.from = usize::MAX;
         #[cfg(test)]
         tests::TAKEN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        true
+        Some(taken)
     }
 
     /// `before`'s containers open at the new body's `i`, outermost first, then the
@@ -515,7 +543,7 @@ mod tests {
             unique,
         };
         let mut noted = vec![7, 7, 7];
-        let got = tape_continuing(body, before, note, &mut noted);
+        let got = tape_continuing(body, before, note, &mut noted).map(|(t, p, _)| (t, p));
         let text = String::from_utf8_lossy(body);
         match (&want, &got) {
             (Ok((w, w_proven)), Ok((g, g_proven))) => {
