@@ -27,24 +27,6 @@ impl Parts {
     }
 }
 
-/// How far past its cursor [`find_by_place`] looks: a unit not found by place (new,
-/// changed, or with a secret) does not move it.
-const PLACES_AHEAD: usize = 8;
-
-/// Where `key` stands in `keys` (a conversation's last turn's units, in order) at
-/// `cursor` or a few places on; the cursor moves past it. A turn sends most of its
-/// last turn's units again in the same order, so this walk replaces a lookup a unit.
-pub(crate) fn find_by_place<T: PartialEq>(
-    keys: &[T],
-    cursor: &mut usize,
-    key: &T,
-) -> Option<usize> {
-    let end = (*cursor + PLACES_AHEAD).min(keys.len());
-    let k = (*cursor..end).find(|&k| keys[k] == *key)?;
-    *cursor = k + 1;
-    Some(k)
-}
-
 /// A body cut into a skeleton and units.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Split<'a> {

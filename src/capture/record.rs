@@ -866,7 +866,9 @@ impl PlacedUnits {
     /// turn changes the unit its breakpoint left, and units found by their bytes or
     /// with a secret hold no digest here); the cursor moves past it.
     fn find(&self, cursor: &mut usize, digest: crate::digest::Digest) -> Option<CachedUnit> {
-        let k = layout::find_by_place(&self.spans, cursor, &Some(digest))?;
+        let k = crate::prompt::find_by_place(self.spans.len(), cursor, |k| {
+            self.spans[k] == Some(digest)
+        })?;
         let (_, stored, hash) = &self.parts.units[k];
         Some(CachedUnit {
             sent: stored.clone(),

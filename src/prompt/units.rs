@@ -268,6 +268,25 @@ pub struct Message {
     pub units: Range<usize>,
 }
 
+/// How far past its cursor [`find_by_place`] looks: a unit not found by place (new,
+/// changed, or with a secret) does not move it.
+const PLACES_AHEAD: usize = 8;
+
+/// Where the unit that `is` stands among a turn's last units (`len` of them, in
+/// order): at `cursor` or a few places on; the cursor moves past it. A turn sends
+/// most of its last turn's units again in the same order, so this walk replaces a
+/// lookup a unit (the cut's lent units, the capture writer's units, the store's ids).
+pub(crate) fn find_by_place(
+    len: usize,
+    cursor: &mut usize,
+    is: impl Fn(usize) -> bool,
+) -> Option<usize> {
+    let end = (*cursor + PLACES_AHEAD).min(len);
+    let k = (*cursor..end).find(|&k| is(k))?;
+    *cursor = k + 1;
+    Some(k)
+}
+
 /// Units lent so far (tests count them).
 #[cfg(test)]
 pub(super) static LENT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
@@ -295,9 +314,6 @@ impl Lender {
     /// The unit at `path` cut from the token `tok` (its subtree ending before
     /// `next`), when that turn cut the same bytes there.
     fn lend(&mut self, path: UnitPath, tok: u32, next: u32) -> Option<Unit> {
-        /// How far past the cursor a unit is looked for (a turn's new units do
-        /// not move it).
-        const AHEAD: usize = 8;
         let (old, shift) = if next <= self.reused.same_below {
             (tok, 0)
         } else {
@@ -308,10 +324,7 @@ impl Lender {
             )
         };
         let units = self.last.if_read()?.units_if_cut();
-        let end = (self.cursor + AHEAD).min(units.len());
-        let k = (self.cursor..end).find(|&k| units[k].tok == old)?;
-        self.cursor = k + 1;
-        let unit = &units[k];
+        let unit = &units[find_by_place(units.len(), &mut self.cursor, |k| units[k].tok == old)?];
         // A block's unit depends on its region (a tool's kind) and on being a
         // string or not, besides its bytes.
         if unit.path.region != path.region || unit.path.string != path.string {

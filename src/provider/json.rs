@@ -465,18 +465,14 @@ fn path_to(body: &[u8], toks: &[Tok], target: usize) -> Vec<String> {
     let mut at = 0;
     'down: while at < target {
         let object = body.get(toks[at].start as usize) == Some(&b'{');
-        let end = toks[at].next as usize;
-        let (mut c, mut index) = (at + 1, 0usize);
-        while c < end {
-            let (key, value) = if object { (Some(c), c + 1) } else { (None, c) };
-            let Some(v) = toks.get(value) else { break };
+        for (index, (key, value)) in children(toks, at, object).enumerate() {
             if let Some(key) = key
                 && key == target
             {
                 path.push(key_text(toks[key].of(body)).into_owned());
                 break 'down;
             }
-            if (value..v.next as usize).contains(&target) {
+            if (value..toks[value].next as usize).contains(&target) {
                 path.push(match key {
                     Some(key) => key_text(toks[key].of(body)).into_owned(),
                     None => index.to_string(),
@@ -484,12 +480,29 @@ fn path_to(body: &[u8], toks: &[Tok], target: usize) -> Vec<String> {
                 at = value;
                 continue 'down;
             }
-            c = v.next as usize;
-            index += 1;
         }
         break;
     }
     path
+}
+
+/// The value tokens directly inside the container `c` (for an object, each key's
+/// value, with the key), in order.
+fn children(toks: &[Tok], c: usize, object: bool) -> impl Iterator<Item = (Option<usize>, usize)> {
+    let end = toks[c].next as usize;
+    let mut idx = c + 1;
+    std::iter::from_fn(move || {
+        if idx >= end {
+            return None;
+        }
+        let (key, value) = if object {
+            (Some(idx), idx + 1)
+        } else {
+            (None, idx)
+        };
+        idx = toks.get(value)?.next as usize;
+        Some((key, value))
+    })
 }
 
 /// The RFC 6901 text of pointer tokens (`~` and `/` escaped).

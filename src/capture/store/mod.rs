@@ -397,7 +397,9 @@ impl PlacedIds {
     /// The id of the unit at `cursor` or a few places on whose digest is `hash`;
     /// the cursor moves past it.
     fn find(&self, cursor: &mut usize, hash: &[u8; 32]) -> Option<i64> {
-        Some(self.ids[layout::find_by_place(&self.hashes, cursor, hash)?])
+        let k =
+            crate::prompt::find_by_place(self.hashes.len(), cursor, |k| self.hashes[k] == *hash)?;
+        Some(self.ids[k])
     }
 }
 

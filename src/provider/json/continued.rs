@@ -7,7 +7,7 @@
 //! the same bodies (objects taken whole were proven in the other body; the keys
 //! of objects open across the scanned bytes are compared again).
 
-use super::{Keys, ScanError, Start, Tok, scan};
+use super::{Keys, ScanError, Start, Tok, children, scan};
 
 /// The shortest run shared at either end worth taking over: below it a fresh scan
 /// costs less than finding where to take over.
@@ -118,25 +118,6 @@ fn is_container(body: &[u8], tok: Tok) -> Option<bool> {
         Some(b'[') => Some(false),
         _ => None,
     }
-}
-
-/// The value tokens directly inside the container `c` (for an object, each key's
-/// value, with the key), in order.
-fn children(toks: &[Tok], c: usize, object: bool) -> impl Iterator<Item = (Option<usize>, usize)> {
-    let end = toks[c].next as usize;
-    let mut idx = c + 1;
-    std::iter::from_fn(move || {
-        if idx >= end {
-            return None;
-        }
-        let (key, value) = if object {
-            (Some(idx), idx + 1)
-        } else {
-            (None, idx)
-        };
-        idx = toks.get(value)?.next as usize;
-        Some((key, value))
-    })
 }
 
 /// Notes the key token `key` of the object whose keys start at `base`, as
