@@ -311,6 +311,43 @@ async fn a_turn_in_other_bytes_with_the_same_values_still_reads() {
     assert_eq!(t.analysis["respelled"].as_array().unwrap().len(), 8);
 }
 
+/// A unit respelled keeps, for the cache, the digest of the bytes it had; sent
+/// again in its new bytes, it is still stored as those bytes (the digest it keeps
+/// for the cache names the old ones).
+#[tokio::test]
+async fn a_respelled_turn_sent_again_is_stored_as_sent() {
+    let rig = Rig::start().await;
+    rig.send(&cc(1)).await;
+    let respelled = |rounds: usize| {
+        let mut body = cc(rounds);
+        reverse_keys(&mut body["messages"][0]);
+        serde_json::to_string_pretty(&body).unwrap()
+    };
+    let turns = [respelled(2), respelled(3), respelled(4)];
+    for turn in &turns {
+        rig.send_bytes(turn.as_bytes()).await;
+    }
+    captures::wait_records(&rig.server.captures, 4, WAIT).await;
+    let har: Value = serde_json::from_str(&captures::ok(
+        &rig.server.captures,
+        &["export", "--format", "har"],
+    ))
+    .unwrap();
+    let stored: Vec<&str> = har["log"]["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["request"]["postData"]["text"].as_str().unwrap())
+        .collect();
+    for turn in &turns {
+        assert!(
+            stored.contains(&turn.as_str()),
+            "a turn of {} bytes is stored as it was sent",
+            turn.len()
+        );
+    }
+}
+
 /// Puts every object's keys in `v` in the reverse order.
 fn reverse_keys(v: &mut Value) {
     match v {

@@ -40,7 +40,8 @@ pub(crate) struct Unit {
     /// The normalised bytes the provider caches (shares the body's bytes when the
     /// block is sent without `cache_control`).
     pub bytes: Bytes,
-    /// The content digest of `bytes`.
+    /// The digest the prefix chains: of `bytes`, or for a unit sent in other bytes
+    /// with the same JSON value, of the bytes it had before (see `digest_of_bytes`).
     pub hash: Hash,
     /// The running prefix hash: everything up to and including this unit, with the
     /// request-level inputs rendered into the prompt (model, settings, message roles).
@@ -59,6 +60,10 @@ pub(crate) struct Unit {
     /// JSON value: it takes that unit's digest, since the provider caches the prompt
     /// the JSON renders, not the JSON text.
     pub respelled: bool,
+    /// Whether `hash` is the content digest of `bytes`: not when the unit was
+    /// respelled, nor when it is the same bytes as a unit whose was not. Only such a
+    /// digest is lent to the prompt's unit, which a capture stores by it.
+    pub digest_of_bytes: bool,
     /// Where in [`Segments::mixed`] the request-level bytes mixed into the prefix
     /// just before it are.
     mixed: (u32, u32),
@@ -387,8 +392,7 @@ impl<'p> Chain<'p> {
             && prev.path == unit.path
             && prev.bytes[..] == *bytes
         {
-            unit.lend_hash(prev.hash);
-            return Measured::of(prev, false);
+            return Measured::same_bytes(unit, prev);
         }
         // A unit past the earlier turn's last is new (an agent's new round): not looked for.
         if self
@@ -396,8 +400,7 @@ impl<'p> Chain<'p> {
             .is_some_and(|p| self.units.len() < p.units.len())
             && let Some(prev) = self.moved_from(unit.path.region, bytes)
         {
-            unit.lend_hash(prev.hash);
-            return Measured::of(prev, false);
+            return Measured::same_bytes(unit, prev);
         }
         if let Some(prev) = self.previous.and_then(|p| p.units.get(self.units.len()))
             && prev.path == unit.path
@@ -405,7 +408,11 @@ impl<'p> Chain<'p> {
             // parsed, a few a turn; the digest is not lent: it names other bytes.
             && same_value(&prev.bytes, bytes)
         {
-            return Measured::of(prev, true);
+            return Measured {
+                respelled: true,
+                digest_of_bytes: false,
+                ..Measured::of(prev)
+            };
         }
         let tokens = estimate::tokens(self.format.provider(), counted) + estimate::BLOCK_OVERHEAD;
         let ignored = text.is_some_and(|t| self.is_ignored(unit.path.region, t));
@@ -414,6 +421,7 @@ impl<'p> Chain<'p> {
             tokens,
             ignored,
             respelled: false,
+            digest_of_bytes: true,
         }
     }
 
@@ -468,6 +476,7 @@ impl<'p> Chain<'p> {
             tokens,
             ignored,
             respelled,
+            digest_of_bytes,
         } = self.measure(unit, &bytes, counted, text);
         let cacheable = match &*unit.kind {
             "thinking" | "redacted_thinking" => false,
@@ -510,6 +519,7 @@ impl<'p> Chain<'p> {
             cacheable,
             ignored,
             respelled,
+            digest_of_bytes,
             mixed,
         });
     }
@@ -597,17 +607,28 @@ struct Measured {
     tokens: u32,
     ignored: bool,
     respelled: bool,
+    digest_of_bytes: bool,
 }
 
 impl Measured {
     /// An earlier turn's unit's measures, taken as they are.
-    fn of(prev: &Unit, respelled: bool) -> Measured {
+    fn of(prev: &Unit) -> Measured {
         Measured {
             hash: prev.hash,
             tokens: prev.tokens,
             ignored: prev.ignored,
-            respelled,
+            respelled: false,
+            digest_of_bytes: prev.digest_of_bytes,
         }
+    }
+
+    /// The measures of `unit`, the same bytes as the earlier turn's `prev`: its
+    /// digest is lent to `unit` only when it is the digest of those bytes.
+    fn same_bytes(unit: &crate::prompt::Unit, prev: &Unit) -> Measured {
+        if prev.digest_of_bytes {
+            unit.lend_hash(prev.hash);
+        }
+        Measured::of(prev)
     }
 }
 
