@@ -3,7 +3,8 @@
 //! check, `Prompt::read` with and without units, and the unit digests it leaves
 //! for later (whole body against unit by unit, against a memcmp with the last turn),
 //! the structure pass of a next turn that takes over what it shares with its last,
-//! and the prompt anatomy (cut into cache units and named).
+//! the cut into units, fresh and with the units a next turn shares with its last
+//! lent, and the prompt anatomy (cut into cache units and named).
 
 #[path = "../tests/support/shapes.rs"]
 mod shapes;
@@ -15,7 +16,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use promptgate::digest;
 use promptgate::json;
-use promptgate::{Format, Prompt};
+use promptgate::{Format, Prompt, PromptCell};
 
 /// The µs one call of `f` takes.
 fn time(budget: Duration, f: impl FnMut()) -> f64 {
@@ -33,6 +34,13 @@ fn main() {
         let copy = body.to_vec();
         let before = turn_before(&body, &toks);
         let before_toks = json::tape(&before).expect("JSON");
+        let last = PromptCell::of(Prompt::read(
+            Bytes::from(before.clone()),
+            Some(Format::AnthropicMessages),
+        ));
+        last.get().units();
+        let after_last =
+            || Prompt::read_after(body.clone(), Some(Format::AnthropicMessages), &last);
         let rows = [
             (
                 // The yardsticks: one copy of the body, and a walk that only skips it.
@@ -110,6 +118,18 @@ fn main() {
                 }),
             ),
             (
+                // A next turn read after its last turn was cut: the units of the
+                // blocks it shares with that turn are lent, not cut again.
+                "read after last, units",
+                time(budget, || drop(std::hint::black_box(after_last()))),
+            ),
+            (
+                "read after last, cut",
+                time(budget, || {
+                    std::hint::black_box(after_last().units().len());
+                }),
+            ),
+            (
                 "read, units, anatomy",
                 // Fresh each call: the cut hashes the units, and a read prompt keeps them.
                 time(budget, || {
@@ -171,6 +191,16 @@ fn main() {
             "  {:<22} {:>8.1}",
             "anatomy (cut + name)",
             of("read, units, anatomy") - of("read, units")
+        );
+        println!(
+            "  {:<22} {:>8.1}",
+            "cut",
+            of("read, units cut") - of("read, units")
+        );
+        println!(
+            "  {:<22} {:>8.1}",
+            "cut, units lent",
+            of("read after last, cut") - of("read after last, units")
         );
     }
 }

@@ -323,7 +323,8 @@ impl Prompt {
     /// [`Prompt::read`] of a body that may continue `before`'s (a conversation's
     /// next turn): the tokens of the bytes both begin and end with are `before`'s,
     /// and only the bytes between are scanned. The same model as `read` makes.
-    pub(crate) fn read_after(body: Bytes, format: Option<Format>, cell: &PromptCell) -> Prompt {
+    #[doc(hidden)] // public for benches/prompt
+    pub fn read_after(body: Bytes, format: Option<Format>, cell: &PromptCell) -> Prompt {
         let Some(last) = cell.if_read() else {
             return Prompt::read(body, format);
         };
