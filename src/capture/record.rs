@@ -2083,4 +2083,131 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
             "the hash still proves what came"
         );
     }
+
+    /// How a generated turn's message block is written: the same value in three
+    /// spellings (key order, spacing), a breakpoint, a secret.
+    #[derive(Debug, Clone)]
+    struct Block {
+        text: String,
+        spelling: u8,
+        marked: bool,
+        secret: bool,
+    }
+
+    impl Block {
+        fn json(&self) -> String {
+            let secret = if self.secret {
+                " sk-ant-api03-GENSECRET0123456789"
+            } else {
+                ""
+            };
+            let text = format!("{}{secret}", self.text);
+            let marker = if self.marked {
+                r#","cache_control":{"type":"ephemeral"}"#
+            } else {
+                ""
+            };
+            match self.spelling % 3 {
+                0 => format!(r#"{{"type":"text","text":"{text}"{marker}}}"#),
+                1 => format!(r#"{{"text":"{text}","type":"text"{marker}}}"#),
+                _ => format!(r#"{{ "type": "text", "text": "{text}"{marker} }}"#),
+            }
+        }
+    }
+
+    fn body_of(blocks: &[Block]) -> Bytes {
+        let messages: Vec<String> = blocks
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let role = if i % 2 == 0 { "user" } else { "assistant" };
+                format!(r#"{{"role":"{role}","content":[{}]}}"#, b.json())
+            })
+            .collect();
+        Bytes::from(format!(
+            r#"{{"model":"m","system":[{{"type":"text","text":"be brief"}}],"messages":[{}],"max_tokens":5}}"#,
+            messages.join(",")
+        ))
+    }
+
+    use crate::cache::segment;
+    use proptest::prelude::{prop_assert, prop_assert_eq};
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(
+            std::env::var("PROMPTGATE_FUZZ_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(128)
+        ))]
+
+        /// A conversation's turns, each analysed for the cache as the record pipeline
+        /// does (which lends digests to the prompt's units) and then captured with the
+        /// writer's warm cache, with or without rules writing the body sent: whatever
+        /// the turns do (grow, respell a block, move or add a breakpoint, resend, drop
+        /// the oldest round, carry a secret), each stores what the same exchange
+        /// stores captured alone, unanalysed.
+        #[test]
+        fn analysed_turns_store_what_a_fresh_capture_stores(
+            steps in proptest::collection::vec((0u8..6, 0usize..64, 0u8..3), 2..12),
+            rules in proptest::bool::ANY,
+        ) {
+            let redactor = Redactor::new(&[], &[]).unwrap();
+            let mut cache = UnitCache::default();
+            let mut previous = None;
+            let block = |i: usize| Block {
+                text: format!("round {i} ").repeat(4),
+                spelling: 0,
+                marked: false,
+                secret: false,
+            };
+            let mut blocks = vec![block(0), block(1)];
+            for (n, &(step, at, spelling)) in steps.iter().enumerate() {
+                let k = at % blocks.len();
+                match step {
+                    0 => {
+                        let i = blocks.len();
+                        blocks.extend([block(i), block(i + 1)]);
+                    }
+                    1 => blocks[k].spelling = spelling,
+                    2 => {} // the same body again
+                    3 => blocks[k].marked = !blocks[k].marked,
+                    // A context edit: the oldest round dropped, every later unit moved.
+                    4 if blocks.len() > 2 => drop(blocks.drain(..2)),
+                    _ => {
+                        let mut b = block(blocks.len());
+                        b.secret = true;
+                        blocks.push(b);
+                    }
+                }
+                let body = body_of(&blocks);
+                let mut r = exchange();
+                r.conversation = crate::conversation::ConversationCell::known("c".into());
+                r.set_request_body(body.clone(), body.clone());
+                if rules {
+                    r.set_sent_cell(derive(&r, &body));
+                }
+                // What the cache stage analyses: the body sent, held as rules wrote it.
+                let sent = r.sent_prompt.get();
+                let cut_from = sent
+                    .written_body(&r.request_body)
+                    .map_or_else(|| segment::CutFrom::Body(sent.body().clone()), segment::CutFrom::Written);
+                let segments = segment::segment_from(sent, &[], previous.as_ref(), cut_from)
+                    .expect("the body is a request");
+                previous = Some(segments);
+                let warm = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
+                let what = format!("turn {n} after {:?}", &steps[..=n]);
+                // The same exchange, neither analysed nor captured after other turns.
+                let mut fresh = exchange();
+                fresh.set_request_body(body.clone(), body.clone());
+                if rules {
+                    fresh.set_sent_cell(derive(&fresh, &body));
+                }
+                let fresh = CaptureRecord::redacted(&fresh, &redactor);
+                let sent_parts = |c: &CaptureRecord| c.request.sent_body.as_ref().map(|b| (b.parts.clone(), b.bytes.clone()));
+                prop_assert_eq!(&warm.request.body.parts, &fresh.request.body.parts, "{}", what);
+                prop_assert_eq!(&warm.request.body.bytes, &fresh.request.body.bytes, "{}", what);
+                prop_assert_eq!(sent_parts(&warm), sent_parts(&fresh), "{}", what);
+                prop_assert_eq!(&warm.redactions, &fresh.redactions, "{}", what);
+                prop_assert!(!String::from_utf8_lossy(&warm.request.body.bytes).contains("GENSECRET"));
+            }
+        }
+    }
 }
