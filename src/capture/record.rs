@@ -2140,7 +2140,8 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
 
         /// A conversation's turns, each analysed for the cache as the record pipeline
         /// does (which lends digests to the prompt's units) and then captured with the
-        /// writer's warm cache, with or without rules writing the body sent: whatever
+        /// writer's warm cache, with or without rules writing the body sent, each turn
+        /// read on its own or continuing the last (its tape and units lent): whatever
         /// the turns do (grow, respell a block, move or add a breakpoint, resend, drop
         /// the oldest round, carry a secret), each stores what the same exchange
         /// stores captured alone, unanalysed.
@@ -2148,6 +2149,7 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
         fn analysed_turns_store_what_a_fresh_capture_stores(
             steps in proptest::collection::vec((0u8..6, 0usize..64, 0u8..3), 2..12),
             rules in proptest::bool::ANY,
+            continued in proptest::bool::ANY,
         ) {
             let redactor = Redactor::new(&[], &[]).unwrap();
             let mut cache = UnitCache::default();
@@ -2159,6 +2161,7 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
                 secret: false,
             };
             let mut blocks = vec![block(0), block(1)];
+            let mut last = None;
             for (n, &(step, at, spelling)) in steps.iter().enumerate() {
                 let k = at % blocks.len();
                 match step {
@@ -2180,7 +2183,17 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
                 let body = body_of(&blocks);
                 let mut r = exchange();
                 r.conversation = crate::conversation::ConversationCell::known("c".into());
-                r.set_request_body(body.clone(), body.clone());
+                match last.take() {
+                    // As a body received lately continues its last turn: its tape
+                    // and units are taken from that turn's where the bytes are the same.
+                    Some(last) if continued => {
+                        let format = Some(crate::prompt::Format::AnthropicMessages);
+                        let model = crate::prompt::PromptCell::continuing(body.clone(), format, last);
+                        r.set_request_model(body.clone(), model);
+                    }
+                    _ => r.set_request_body(body.clone(), body.clone()),
+                }
+                last = Some(r.prompt.clone());
                 if rules {
                     r.set_sent_cell(derive(&r, &body));
                 }
