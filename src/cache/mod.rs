@@ -531,12 +531,10 @@ impl Sent {
     /// byte they copied.
     fn cut_from(&self) -> CutFrom {
         match self {
-            Sent::Cell { cell, received } => {
-                let written = received
-                    .as_ref()
-                    .and_then(|r| cell.if_read()?.written_body(r));
-                written.map_or_else(|| CutFrom::Body(cell.body().clone()), CutFrom::Written)
-            }
+            Sent::Cell { cell, received } => match (cell.if_read(), received) {
+                (Some(prompt), Some(received)) => CutFrom::of(prompt, received),
+                _ => CutFrom::Body(cell.body().clone()),
+            },
             Sent::Dried { received, dried } => {
                 CutFrom::Written(dried.written_body(received.clone()))
             }

@@ -80,6 +80,14 @@ pub(crate) enum CutFrom {
 }
 
 impl CutFrom {
+    /// How the cache stage holds `prompt`, the body sent: as rules wrote it, when
+    /// they wrote it copying from `received`; else as itself.
+    pub(crate) fn of(prompt: &Prompt, received: &Bytes) -> CutFrom {
+        prompt
+            .written_body(received)
+            .map_or_else(|| CutFrom::Body(prompt.body().clone()), CutFrom::Written)
+    }
+
     /// Whether both are the same bytes, compared as they are held (a body rules
     /// wrote is not put back together to be compared).
     pub(crate) fn same(&self, other: &CutFrom) -> bool {
