@@ -313,26 +313,36 @@ async fn command_failures_follow_on_error_and_are_on_the_record() {
         proxy.log().contains("hook failed"),
         "each failure is logged"
     );
-    // Counted in /metrics: each hook's turns by decision, and their time.
+    // Counted in /metrics: each hook's turns by decision, and their time. The
+    // metrics sink reads a record after the log line is written: scraped until the
+    // last exchange is counted.
     let admin = proxy.admin_addr();
     let headers = [("Host", admin.to_string())];
-    let metrics = client::send(
-        admin,
-        &client::request_bytes("GET", "/metrics", &headers, b""),
-    )
-    .await
-    .text();
-    for (hook, decision) in [
-        ("slow-allow", "error"),
-        ("slow-block", "error"),
-        ("garbage", "error"),
-        ("exit1", "error"),
-    ] {
-        let series = format!(
-            "promptgate_policy_decisions_total{{policy=\"{hook}\",phase=\"before_provider_request\",decision=\"{decision}\"}} "
-        );
+    let wanted: Vec<String> = ["slow-allow", "slow-block", "garbage", "exit1"]
+        .iter()
+        .map(|hook| {
+            format!(
+                "promptgate_policy_decisions_total{{policy=\"{hook}\",phase=\"before_provider_request\",decision=\"error\"}} "
+            )
+        })
+        .collect();
+    let deadline = Instant::now() + WAIT;
+    let metrics = loop {
+        let metrics = client::send(
+            admin,
+            &client::request_bytes("GET", "/metrics", &headers, b""),
+        )
+        .await
+        .text();
+        let counted = |series: &String| metrics.lines().any(|l| l.starts_with(series.as_str()));
+        if wanted.iter().all(counted) || Instant::now() > deadline {
+            break metrics;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for series in &wanted {
         assert!(
-            metrics.lines().any(|l| l.starts_with(&series)),
+            metrics.lines().any(|l| l.starts_with(series.as_str())),
             "{series} in\n{metrics}"
         );
     }
