@@ -803,8 +803,12 @@ fn request_body(
 }
 
 /// The most bytes [`UnitCache`] keeps (units as stored, plus the bytes as sent of the
-/// few that had something redacted).
-const UNIT_CACHE_BYTES: usize = 32 << 20;
+/// few that had something redacted): units shared across conversations, and those a
+/// conversation whose last turn is no longer kept sends again. Copies, so kept small;
+/// a conversation's last turn finds its units by place for the bytes it shares.
+// At 32 MiB, 200 KB conversations at c16 peaked at 112–116 MB RSS; at 4 MiB with the
+// last turns' bound below, 94–98 MB at the same CPU (bench/README, issue 45).
+const UNIT_CACHE_BYTES: usize = 4 << 20;
 
 /// Request units already redacted. An agent resends its whole conversation every
 /// turn, and the body sent upstream mostly repeats the one received: a unit seen
@@ -836,8 +840,10 @@ pub struct UnitCache {
 
 /// The most conversations [`UnitCache`] keeps the last bodies of, and the most bytes
 /// those bodies keep alive (bodies the cache analysis holds too cost nothing more).
+// 16 MiB held ~36 of 64 conversations at the 200 KB band; the others' units came from
+// the unit cache by lookup (c64: the writer 264–280 µs a turn, 228–229 with all kept).
 const LAST_TURNS: usize = 64;
-const LAST_TURN_BYTES: usize = 16 << 20;
+const LAST_TURN_BYTES: usize = 64 << 20;
 
 /// A conversation's last bodies, received and (when rules changed it) sent, with
 /// their blocks' digests.
@@ -859,6 +865,7 @@ struct LastTurn {
 struct PlacedUnits {
     parts: std::sync::Arc<Parts>,
     spans: Vec<Option<crate::digest::Digest>>,
+    places: crate::prompt::DigestPlaces,
 }
 
 impl PlacedUnits {
@@ -866,8 +873,8 @@ impl PlacedUnits {
     /// turn changes the unit its breakpoint left, and units found by their bytes or
     /// with a secret hold no digest here); the cursor moves past it.
     fn find(&self, cursor: &mut usize, digest: crate::digest::Digest) -> Option<CachedUnit> {
-        let k = crate::prompt::find_by_place(self.spans.len(), cursor, |k| {
-            self.spans[k] == Some(digest)
+        let k = self.places.find(self.spans.len(), cursor, &digest, |k| {
+            self.spans[k].as_ref()
         })?;
         let (_, stored, hash) = &self.parts.units[k];
         Some(CachedUnit {
@@ -1293,6 +1300,7 @@ impl UnitCache {
             placing.placed = Some(PlacedUnits {
                 parts: parts.clone(),
                 spans,
+                places: Default::default(),
             });
         }
         if !changed {
@@ -1934,6 +1942,51 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
         // blocks past the new round. The secret's block, the marked one and the
         // assistants' strings (found by their bytes) are found the other ways.
         assert_eq!(hits, [0, 3, 3, 4]);
+    }
+
+    /// A turn that dropped more of its oldest rounds than the by-place look reaches
+    /// takes the units that stayed by place too, and stores what a fresh cache stores.
+    #[test]
+    fn a_turn_that_dropped_its_oldest_rounds_takes_the_rest_by_place() {
+        let redactor = Redactor::new(&[], &[]).unwrap();
+        let turn = |rounds: std::ops::Range<usize>| {
+            let last = rounds.end - 1;
+            let messages: Vec<String> = rounds
+                .map(|i| {
+                    let marker = if i == last {
+                        r#","cache_control":{"type":"ephemeral"}"#
+                    } else {
+                        ""
+                    };
+                    format!(
+                        r#"{{"role":"user","content":[{{"type":"text","text":"round {i}"{marker}}}]}},{{"role":"assistant","content":[{{"type":"text","text":"ok {i}"}}]}}"#
+                    )
+                })
+                .collect();
+            Bytes::from(format!(
+                r#"{{"model":"m","system":[{{"type":"text","text":"be brief"}}],"messages":[{}],"max_tokens":5}}"#,
+                messages.join(",")
+            ))
+        };
+        let mut cache = UnitCache::default();
+        let mut hits = Vec::new();
+        for rounds in [0..14, 10..15] {
+            let body = turn(rounds.clone());
+            let mut r = exchange();
+            r.conversation = crate::conversation::ConversationCell::known("c".into());
+            r.set_request_body(body.clone(), body.clone());
+            let prompt = r.prompt.get();
+            for unit in prompt.units() {
+                unit.hash(prompt.body());
+            }
+            let before = cache.placed_hits;
+            let warm = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
+            hits.push(cache.placed_hits - before);
+            assert_stored_as_fresh(&warm, body, &redactor, "NOSECRET", &format!("{rounds:?}"));
+        }
+        // The system block, then rounds 10 to 13 but the one that carried the
+        // breakpoint (its user block): 1 + 4 + 3.
+        assert_eq!(hits, [0, 8]);
     }
 
     /// Units the cache stage hashed are found by that digest, unread; a block that

@@ -21,7 +21,7 @@ pub(crate) use crate::provider::json::key_is;
 pub use cell::PromptCell;
 pub(crate) use tree::Value;
 pub(crate) use tree::may_spell_cache_control;
-pub(crate) use units::{Kind, Marker, Message, Region, Ttl, Unit, UnitPath, find_by_place};
+pub(crate) use units::{DigestPlaces, Kind, Marker, Message, Region, Ttl, Unit, UnitPath};
 pub(crate) use view::{PromptView, UnitView, display_text};
 
 use crate::provider::json::{self, ScanError, Span, Tok};

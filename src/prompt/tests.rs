@@ -582,3 +582,34 @@ fn a_block_whose_bytes_moved_to_another_region_is_cut_afresh() {
     assert_eq!(fields(&after), fields(&fresh));
     assert_eq!(after.units()[1].path.region, Region::System);
 }
+
+/// Units a dropped round moved further than the by-place look reaches are still
+/// found where they went; a new unit past the last units' end builds no lookup.
+#[test]
+fn digest_places_find_units_moved_past_the_cursor_s_reach() {
+    let last: Vec<Option<crate::digest::Digest>> =
+        (0..30u8).map(|i| (i != 20).then_some([i; 32])).collect();
+    let at = |k: usize| last[k].as_ref();
+    let places = DigestPlaces::default();
+    let mut cursor = 0;
+    // Two system blocks, then the rounds after the ten dropped (20 held no digest).
+    let found: Vec<Option<usize>> = [0u8, 1]
+        .into_iter()
+        .chain(12..30)
+        .map(|i| places.find(last.len(), &mut cursor, &[i; 32], at))
+        .collect();
+    let expected: Vec<Option<usize>> = [0usize, 1]
+        .into_iter()
+        .chain(12..30)
+        .map(|k| (k != 20).then_some(k))
+        .collect();
+    assert_eq!(found, expected);
+    assert_eq!(cursor, 30);
+    // A new unit at the end is not looked for among them all.
+    let fresh = DigestPlaces::default();
+    let mut cursor = 25;
+    assert_eq!(fresh.find(last.len(), &mut cursor, &[99; 32], at), None);
+    assert_eq!(fresh.find(last.len(), &mut cursor, &[26; 32], at), Some(26));
+    assert_eq!(cursor, 27);
+    assert!(fresh.0.get().is_none());
+}

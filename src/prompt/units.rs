@@ -276,15 +276,45 @@ const PLACES_AHEAD: usize = 8;
 /// order): at `cursor` or a few places on; the cursor moves past it. A turn sends
 /// most of its last turn's units again in the same order, so this walk replaces a
 /// lookup a unit (the cut's lent units, the capture writer's units, the store's ids).
-pub(crate) fn find_by_place(
-    len: usize,
-    cursor: &mut usize,
-    is: impl Fn(usize) -> bool,
-) -> Option<usize> {
+fn find_by_place(len: usize, cursor: &mut usize, is: impl Fn(usize) -> bool) -> Option<usize> {
     let end = (*cursor + PLACES_AHEAD).min(len);
     let k = (*cursor..end).find(|&k| is(k))?;
     *cursor = k + 1;
     Some(k)
+}
+
+/// [`find_by_place`] over digests, and where that finds nothing while more than
+/// [`PLACES_AHEAD`] of the last units are still ahead, a lookup of the digest among
+/// them all (built on that first miss): a turn that dropped its oldest rounds moved
+/// every later unit past where the cursor looks, and each was then sought in a
+/// cold map or made again.
+// Conversations at the 200 KB band drop ~10 rounds every ~10 turns (bench/conversations).
+#[derive(Debug, Default)]
+pub(crate) struct DigestPlaces(pub(super) std::cell::OnceCell<digest::DigestMap<usize>>);
+
+impl DigestPlaces {
+    /// Where `digest` stands among the `len` last units whose digests `at` gives.
+    pub(crate) fn find<'d>(
+        &self,
+        len: usize,
+        cursor: &mut usize,
+        digest: &Digest,
+        at: impl Fn(usize) -> Option<&'d Digest>,
+    ) -> Option<usize> {
+        if let Some(k) = find_by_place(len, cursor, |k| at(k) == Some(digest)) {
+            return Some(k);
+        }
+        // Past the last units' end a unit is new: no lookup, no map built.
+        if *cursor + PLACES_AHEAD >= len {
+            return None;
+        }
+        let places = self
+            .0
+            .get_or_init(|| (0..len).filter_map(|k| Some((*at(k)?, k))).collect());
+        let k = *places.get(digest)?;
+        *cursor = (*cursor).max(k + 1);
+        Some(k)
+    }
 }
 
 /// Units lent so far (tests count them).

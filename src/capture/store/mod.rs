@@ -391,14 +391,16 @@ struct PlacedIds {
     hashes: Vec<[u8; 32]>,
     ids: Vec<i64>,
     marked: Instant,
+    places: crate::prompt::DigestPlaces,
 }
 
 impl PlacedIds {
     /// The id of the unit at `cursor` or a few places on whose digest is `hash`;
     /// the cursor moves past it.
     fn find(&self, cursor: &mut usize, hash: &[u8; 32]) -> Option<i64> {
-        let k =
-            crate::prompt::find_by_place(self.hashes.len(), cursor, |k| self.hashes[k] == *hash)?;
+        let k = self
+            .places
+            .find(self.hashes.len(), cursor, hash, |k| self.hashes.get(k))?;
         Some(self.ids[k])
     }
 }
@@ -453,6 +455,7 @@ impl UnitWriter {
             hashes: parts.units.iter().map(|(_, _, hash)| *hash).collect(),
             ids: ids[1..].to_vec(),
             marked,
+            places: Default::default(),
         });
     }
 
@@ -1752,7 +1755,12 @@ mod tests {
     }
 
     fn turn(n: usize) -> String {
-        let messages: Vec<String> = (0..n)
+        turn_of(0..n)
+    }
+
+    /// A turn of the messages `rounds` (one that dropped its oldest starts past 0).
+    fn turn_of(rounds: std::ops::Range<usize>) -> String {
+        let messages: Vec<String> = rounds
             .map(|i| {
                 format!(
                     r#"{{"role":"user","content":"message {i} {}"}}"#,
@@ -1945,6 +1953,18 @@ mod tests {
         }
         // The first turn has none; each later one every message of the one before.
         assert_eq!(hits, [0, 3, 4]);
+        // A turn that dropped more rounds than the by-place look reaches takes the
+        // ones that stayed by place too.
+        let mut dropped = record("01A9", 4, &turn_of(10..15));
+        dropped.conversation = Some("c".into());
+        let before = a.units.placed_hits;
+        a.insert(&[of("01A8", 3, 14)]).unwrap();
+        a.insert(std::slice::from_ref(&dropped)).unwrap();
+        assert_eq!(a.units.placed_hits - before, 5 + 4);
+        assert_eq!(
+            a.load("01A9").unwrap().request.body.bytes,
+            turn_of(10..15).as_bytes()
+        );
         // Another conversation's turn does not take them.
         let before = a.units.placed_hits;
         let mut other = record("01B", 9, &turn(6));
