@@ -165,6 +165,14 @@ const REWRITTEN: &[(&str, &str)] = &[
         "| memory freed after large answers | given back to the system: glibc's mmap threshold is pinned at 256 KiB; a copy with nothing to redact is shared, not duplicated | 8 concurrent 64 MB streams (16 MiB kept each) peak at 379 MB and fall back to 42 MB once recorded, where they stayed at 315 MB |",
         "the threshold is pinned at 4 MiB now: bodies of 256 KiB-4 MiB were faulted in each time (docs/security.md)",
     ),
+    (
+        "sent), the rest of the body (its \"skeleton\": keys, commas, message roles,",
+        "responses are stored in their records' rows since schema 9, not as units (docs/capture.md)",
+    ),
+    (
+        "`max_tokens`, metadata) and each response body. A record lists its units in",
+        "the same change",
+    ),
 ];
 
 #[test]

@@ -253,7 +253,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(proxy);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        6
+        7
     );
     // A second start finds the schema current and keeps what is there.
     let again = replica(&fake, &url, &[]);
@@ -261,7 +261,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     assert_eq!(pg.count("schema", "SELECT COUNT(*) FROM records"), 1);
 
     // A schema-1 database (before the prefix index, the units' used mark and the
-    // records' cost) is brought to 6, keeping its records.
+    // records' cost) is brought to 7, keeping its records.
     pg.execute("schema", "DROP TABLE cache_prefixes");
     pg.execute("schema", "ALTER TABLE units DROP COLUMN used_ms");
     pg.execute("schema", "ALTER TABLE records DROP COLUMN cost_microusd");
@@ -272,7 +272,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     drop(upgraded);
     assert_eq!(
         pg.count("schema", "SELECT MAX(version) FROM promptgate_schema"),
-        6
+        7
     );
     assert!(pg.count("schema", "SELECT COUNT(*) FROM cache_prefixes") > 0);
     assert!(pg.count("schema", "SELECT COUNT(*) FROM units WHERE used_ms > 0") > 0);
@@ -281,7 +281,7 @@ async fn an_empty_database_is_migrated_and_a_newer_schema_is_refused() {
     let (code, stderr) = refused_serve(&["--upstream-anthropic", &fake.url(), "--captures", &url]);
     assert_ne!(code, 0);
     assert!(
-        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 6)"),
+        stderr.contains("written by a newer promptgate (schema 99, this one knows up to 7)"),
         "{stderr}"
     );
     let read = captures::cli(url.as_str(), &["list"]);
@@ -1196,7 +1196,7 @@ async fn a_replica_started_while_postgres_is_down_serves_and_stores_everything_o
     // The schema was made when the database first answered, and the bodies are whole.
     assert_eq!(
         pg.count("late", "SELECT MAX(version) FROM promptgate_schema"),
-        6
+        7
     );
     let raw = captures::ok(url.as_str(), &["show", "last", "--raw", "--received"]);
     assert_eq!(

@@ -502,6 +502,27 @@ impl UnitWriter {
         self.zstd.compress(bytes)
     }
 
+    /// Each record's response bodies as they go in its row, compressed
+    /// ([`layout::encode_inline`]).
+    fn inline_responses(
+        &mut self,
+        records: &[&CaptureRecord],
+        laid_out: &mut [[Option<Vec<u8>>; 4]],
+    ) -> Result<(), StoreError> {
+        for (record, layouts) in records.iter().zip(laid_out) {
+            let responses = layouts.iter_mut().zip(record.bodies()).skip(2);
+            for (slot, body) in responses.filter(|_| record.captured) {
+                if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
+                    let data = self.compress(&body.bytes).map_err(|e| {
+                        StoreError::Corrupt(format!("compressing record {}: {e}", record.id))
+                    })?;
+                    *slot = Some(layout::encode_inline(&data));
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// A body's skeleton and units with their digests: as the writer cut them, or
     /// cut here as a request of `format`.
     fn pieces(body: &BodyInfo, format: Option<Format>) -> std::borrow::Cow<'_, Parts> {
@@ -946,7 +967,9 @@ impl Store {
                 let mut parts: [Option<std::borrow::Cow<'_, Parts>>; 4] = Default::default();
                 let mut layouts: [Option<Vec<u8>>; 4] = Default::default();
                 if record.captured {
-                    for (i, (slot, body)) in parts.iter_mut().zip(record.bodies()).enumerate() {
+                    // Request bodies only: responses are stored in their row (below).
+                    let requests = parts.iter_mut().zip(record.bodies()).take(2);
+                    for (i, (slot, body)) in requests.enumerate() {
                         if let Some(body) = body.filter(|b| !b.bytes.is_empty()) {
                             let known = body
                                 .parts
@@ -954,9 +977,7 @@ impl Store {
                                 .and_then(|p| self.units.layout_of(p, now));
                             match known {
                                 Some(layout) => layouts[i] = Some(layout),
-                                None => {
-                                    *slot = Some(UnitWriter::pieces(body, format.filter(|_| i < 2)))
-                                }
+                                None => *slot = Some(UnitWriter::pieces(body, format)),
                             }
                         }
                     }
@@ -965,6 +986,7 @@ impl Store {
                 parts
             })
             .collect();
+        self.units.inline_responses(&new, &mut laid_out)?;
         let every = named_bodies(&new, &bodies);
         let mut ids = self.units.ids(conn, &every)?.into_iter();
         for (record, (parts, layouts)) in new.iter().zip(bodies.iter().zip(&mut laid_out)) {
@@ -1138,8 +1160,10 @@ impl Store {
 
     /// A body from its layout.
     fn rebuild(&self, layout: &[u8]) -> Result<Vec<u8>, StoreError> {
-        let (skeleton, units) =
-            layout::decode(layout).ok_or_else(|| StoreError::Corrupt("bad layout".into()))?;
+        let (skeleton, units) = match read_layout(layout)? {
+            layout::Stored::Units(skeleton, units) => (skeleton, units),
+            layout::Stored::Inline(data) => return inflate_inline(data),
+        };
         let skeleton = self.unit(skeleton)?;
         let parts: Vec<(usize, Vec<u8>)> = units
             .into_iter()
@@ -1162,29 +1186,7 @@ impl Store {
         let (size, data) = (row.int(0)?, row.blob(1)?);
         let damaged = |why: String| StoreError::Corrupt(format!("unit {id}: {why}"));
         let size = u64::try_from(size).map_err(|_| damaged(format!("size {size}")))?;
-        // Never allocated from the stored size: the bytes grow as the data really
-        // decompresses, and reading stops one past the size.
-        let mut bytes =
-            Vec::with_capacity(usize::try_from(size).map_or(0, |s| s.min(UNIT_PREALLOC)));
-        let decoder = zstd::stream::read::Decoder::with_buffer(data.as_slice())
-            .map_err(|e| damaged(e.to_string()))?;
-        std::io::Read::read_to_end(
-            &mut std::io::Read::take(decoder, size.saturating_add(1)),
-            &mut bytes,
-        )
-        .map_err(|e| damaged(e.to_string()))?;
-        if bytes.len() as u64 != size {
-            return Err(damaged(format!(
-                "its size says {size} bytes, its data holds {}{}",
-                bytes.len(),
-                if bytes.len() as u64 > size {
-                    " or more"
-                } else {
-                    ""
-                }
-            )));
-        }
-        Ok(bytes)
+        inflate(&data, size).map_err(damaged)
     }
 
     /// How many records the column filters of `filter` select (no grep, no paging).
@@ -1300,8 +1302,11 @@ impl Store {
             return Ok(true);
         }
         for layout in layouts.iter().flatten() {
-            let (skeleton, units) =
-                layout::decode(layout).ok_or_else(|| StoreError::Corrupt("bad layout".into()))?;
+            let (skeleton, units) = match read_layout(layout)? {
+                layout::Stored::Units(skeleton, units) => (skeleton, units),
+                layout::Stored::Inline(data) if found(&inflate_inline(data)?) => return Ok(true),
+                layout::Stored::Inline(_) => continue,
+            };
             for unit in std::iter::once(skeleton).chain(units.into_iter().map(|(_, u)| u)) {
                 let hit = match hits.get(&unit) {
                     Some(h) => *h,
@@ -1532,10 +1537,11 @@ impl Store {
             &[],
             &mut |mut r| {
                 for layout in layouts(&mut r, 0)?.into_iter().flatten() {
-                    let (skeleton, units) = layout::decode(&layout)
-                        .ok_or_else(|| StoreError::Corrupt("bad layout".into()))?;
-                    used.insert(skeleton);
-                    used.extend(units.into_iter().map(|(_, u)| u));
+                    // A body in its row uses no unit.
+                    if let layout::Stored::Units(skeleton, units) = read_layout(&layout)? {
+                        used.insert(skeleton);
+                        used.extend(units.into_iter().map(|(_, u)| u));
+                    }
                 }
                 Ok(true)
             },
@@ -1606,6 +1612,47 @@ fn layouts(row: &mut SqlRow, from: usize) -> Result<[Option<Vec<u8>>; 4], StoreE
         row.take_blob(from + 2)?,
         row.take_blob(from + 3)?,
     ])
+}
+
+/// A body column: units to put back together, or the body itself (a response).
+fn read_layout(layout: &[u8]) -> Result<layout::Stored<'_>, StoreError> {
+    layout::read(layout).ok_or_else(|| StoreError::Corrupt("bad layout".into()))
+}
+
+/// The bytes of a zstd frame that holds `size` of them. Never allocated from the
+/// stored size: the bytes grow as the data really decompresses, and reading stops
+/// one past the size.
+fn inflate(data: &[u8], size: u64) -> Result<Vec<u8>, String> {
+    let mut bytes = Vec::with_capacity(usize::try_from(size).map_or(0, |s| s.min(UNIT_PREALLOC)));
+    let decoder = zstd::stream::read::Decoder::with_buffer(data).map_err(|e| e.to_string())?;
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(decoder, size.saturating_add(1)),
+        &mut bytes,
+    )
+    .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 != size {
+        return Err(format!(
+            "its size says {size} bytes, its data holds {}{}",
+            bytes.len(),
+            if bytes.len() as u64 > size {
+                " or more"
+            } else {
+                ""
+            }
+        ));
+    }
+    Ok(bytes)
+}
+
+/// A body stored in its row: its frame says its size (the writer's compressor
+/// writes it), and the record's digest is checked after.
+fn inflate_inline(data: &[u8]) -> Result<Vec<u8>, StoreError> {
+    let damaged = |why: String| StoreError::Corrupt(format!("a body in its row: {why}"));
+    let size = zstd::zstd_safe::get_frame_content_size(data)
+        .ok()
+        .flatten()
+        .ok_or_else(|| damaged("its frame says no size".into()))?;
+    inflate(data, size).map_err(damaged)
 }
 
 /// A record's metadata column: zstd JSON of the record without its bodies (`meta.rs`).
@@ -1933,6 +1980,93 @@ mod tests {
     /// A conversation's next turn takes its last turn's unit ids by place while they
     /// are trusted, and every turn reads back as it was sent; past the trust, after
     /// another replica collected the units, they are looked for and stored again.
+    /// A response is stored in its record's row, not as a unit: distinct responses
+    /// add no unit, and each reads back whole, also to a search. One stored as a
+    /// unit (before schema 9) still reads, and garbage collection keeps its unit.
+    #[test]
+    fn responses_are_stored_in_their_rows_and_older_ones_as_units_still_read() {
+        let d = dir("inline");
+        let mut store = Store::open(&at(&d)).unwrap();
+        let units = |s: &Store| {
+            s.conn
+                .query_row("SELECT COUNT(*) FROM units", &[])
+                .unwrap()
+                .unwrap()
+                .int(0)
+                .unwrap()
+        };
+        let answered = |id: &str, answer: &str| {
+            let mut r = record(id, 1, &turn(1));
+            r.response.body = BodyInfo::of(Bytes::from(answer.to_owned()), None);
+            r
+        };
+        store
+            .insert(&[answered("01A", "the first answer")])
+            .unwrap();
+        let after_one = units(&store);
+        store
+            .insert(&[answered("01B", "the second answer")])
+            .unwrap();
+        assert_eq!(units(&store), after_one, "the same request, another answer");
+        for (id, answer) in [("01A", "the first answer"), ("01B", "the second answer")] {
+            assert_eq!(
+                store.load(id).unwrap().response.body.bytes,
+                answer.as_bytes()
+            );
+        }
+        let grep = |s: &Store, needle: &str| {
+            let filter = Filter {
+                grep: Some(needle.into()),
+                ..Filter::default()
+            };
+            s.list(&filter)
+                .unwrap()
+                .into_iter()
+                .map(|r| r.id)
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(grep(&store, "second answer"), ["01B"]);
+        // A response stored the way schema 8 stored it: a unit, and its layout.
+        let old = b"an answer from before";
+        let data = zstd::bulk::compress(old, ZSTD_LEVEL).unwrap();
+        let rows = store
+            .conn
+            .query(
+                "INSERT INTO units (hash, size, data, used_ms) VALUES (?1, ?2, ?3, 0) RETURNING id",
+                &[
+                    Value::Blob(digest::content(old).to_vec()),
+                    Value::Int(old.len() as i64),
+                    Value::Blob(data),
+                ],
+            )
+            .unwrap();
+        let unit = rows[0].int(0).unwrap();
+        let mut before = answered("01C", "x");
+        before.response.body = BodyInfo::of(Bytes::from_static(old), None);
+        store.insert(&[before]).unwrap();
+        store
+            .conn
+            .execute(
+                "UPDATE records SET response = ?1 WHERE id = '01C'",
+                &[Value::Blob(layout::encode(unit, &[]))],
+            )
+            .unwrap();
+        assert_eq!(store.load("01C").unwrap().response.body.bytes, &old[..]);
+        assert_eq!(grep(&store, "from before"), ["01C"]);
+        let later = crate::capture::timestamp::now_ms() + UNTOUCHED_FOR.as_millis() as u64 + 1;
+        store.prune(&Retention::default(), later).unwrap();
+        assert_eq!(store.load("01C").unwrap().response.body.bytes, &old[..]);
+        // A damaged body in its row is an error for its record, not a panic.
+        store
+            .conn
+            .execute(
+                "UPDATE records SET response = ?1 WHERE id = '01B'",
+                &[Value::Blob(layout::encode_inline(b"not zstd"))],
+            )
+            .unwrap();
+        assert!(store.load("01B").is_err());
+    }
+
     #[test]
     fn a_turn_takes_its_last_turn_s_unit_ids_by_place_while_they_are_trusted() {
         let d = dir("placed");

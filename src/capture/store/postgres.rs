@@ -21,7 +21,7 @@ use super::sql::{
 };
 
 /// The schema this build writes.
-const SCHEMA_VERSION: i64 = 6;
+const SCHEMA_VERSION: i64 = 7;
 
 /// The SQLite schema a PostgreSQL one has the columns of (the store's readers ask
 /// the SQLite numbers): every column since the first, the cost from schema 5.
@@ -519,6 +519,8 @@ impl Postgres {
                     // Metadata against the built-in dictionary (`meta.rs`), as
                     // SQLite's schema 8: no table changes.
                     5 => {}
+                    // Responses in their records' rows, as SQLite's schema 9.
+                    6 => {}
                     _ => unreachable!("one migration per schema step"),
                 }
                 self.execute(

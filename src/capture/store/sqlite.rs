@@ -11,7 +11,7 @@ use super::sql::{Connection, Dialect, SqlRow, Value, escape_text, unescape_text}
 use super::{DB_FILE, StoreError, decode_meta};
 
 /// The schema this build writes.
-pub(super) const SCHEMA_VERSION: i64 = 8;
+pub(super) const SCHEMA_VERSION: i64 = 9;
 
 /// The first schema whose records carry their cost (`records.cost_microusd`).
 pub(super) const COST_SINCE: i64 = 7;
@@ -106,6 +106,10 @@ impl Sqlite {
                 // against the built-in dictionary (`meta.rs`), which an older
                 // promptgate cannot read; the version makes it say so.
                 7 => {}
+                // No table changes: from here a response may be stored in its
+                // record's row (`layout::encode_inline`), which an older promptgate
+                // cannot read.
+                8 => {}
                 _ => unreachable!("one migration per schema step"),
             }
             tx.pragma_update(None, "user_version", step + 1)?;
