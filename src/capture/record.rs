@@ -807,7 +807,7 @@ fn request_body(
 /// conversation whose last turn is no longer kept sends again. Copies, so kept small;
 /// a conversation's last turn finds its units by place for the bytes it shares.
 // At 32 MiB, 200 KB conversations at c16 peaked at 112–116 MB RSS; at 4 MiB with the
-// last turns' bound below, 94–98 MB at the same CPU (bench/README, issue 45).
+// last turns' bound below, 92–98 MB at the same CPU (bench/README, issue 45).
 const UNIT_CACHE_BYTES: usize = 4 << 20;
 
 /// Request units already redacted. An agent resends its whole conversation every
