@@ -1893,6 +1893,30 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
         );
     }
 
+    /// Captures `body` as conversation "c"'s next turn, its units hashed as the cache
+    /// stage hashes the body sent, and checks it stores what a fresh cache stores:
+    /// how many units it took from its last turn by place.
+    fn next_turn_by_place(
+        cache: &mut UnitCache,
+        body: Bytes,
+        redactor: &Redactor,
+        secret: &str,
+        what: &str,
+    ) -> usize {
+        let mut r = exchange();
+        r.conversation = crate::conversation::ConversationCell::known("c".into());
+        r.set_request_body(body.clone(), body.clone());
+        let prompt = r.prompt.get();
+        for unit in prompt.units() {
+            unit.hash(prompt.body());
+        }
+        let before = cache.placed_hits;
+        let warm = CaptureRecord::redacted_with(&r, redactor, cache);
+        let hits = cache.placed_hits - before;
+        assert_stored_as_fresh(&warm, body, redactor, secret, what);
+        hits
+    }
+
     /// A conversation's next turn takes the units its last turn stored by place (the
     /// new round, the unit its breakpoint left and a unit with a secret are found
     /// the other ways): each turn stores what a fresh cache stores.
@@ -1919,23 +1943,12 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
             ))
         };
         let mut cache = UnitCache::default();
-        let mut hits = Vec::new();
-        for rounds in 2..=5 {
-            let body = turn(rounds);
-            let mut r = exchange();
-            r.conversation = crate::conversation::ConversationCell::known("c".into());
-            r.set_request_body(body.clone(), body.clone());
-            let prompt = r.prompt.get();
-            // What the cache stage does to the body sent.
-            for unit in prompt.units() {
-                unit.hash(prompt.body());
-            }
-            let before = cache.placed_hits;
-            let warm = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
-            hits.push(cache.placed_hits - before);
-            let what = format!("{rounds} rounds");
-            assert_stored_as_fresh(&warm, body, &redactor, "PLACESECRET", &what);
-        }
+        let hits: Vec<usize> = (2..=5)
+            .map(|rounds| {
+                let what = format!("{rounds} rounds");
+                next_turn_by_place(&mut cache, turn(rounds), &redactor, "PLACESECRET", &what)
+            })
+            .collect();
         // The first turn has no last turn; each later one finds by place the units the
         // turn before kept by their span digest: the first round's block, the rounds
         // after the secret's but the last (it had the marker), and the two system
@@ -1969,21 +1982,13 @@ actions = [ { system.replace = { regex = "/home/[a-z]+/", with = "~/" } } ]
             ))
         };
         let mut cache = UnitCache::default();
-        let mut hits = Vec::new();
-        for rounds in [0..14, 10..15] {
-            let body = turn(rounds.clone());
-            let mut r = exchange();
-            r.conversation = crate::conversation::ConversationCell::known("c".into());
-            r.set_request_body(body.clone(), body.clone());
-            let prompt = r.prompt.get();
-            for unit in prompt.units() {
-                unit.hash(prompt.body());
-            }
-            let before = cache.placed_hits;
-            let warm = CaptureRecord::redacted_with(&r, &redactor, &mut cache);
-            hits.push(cache.placed_hits - before);
-            assert_stored_as_fresh(&warm, body, &redactor, "NOSECRET", &format!("{rounds:?}"));
-        }
+        let hits: Vec<usize> = [0..14, 10..15]
+            .into_iter()
+            .map(|rounds| {
+                let what = format!("{rounds:?}");
+                next_turn_by_place(&mut cache, turn(rounds), &redactor, "NOSECRET", &what)
+            })
+            .collect();
         // The system block, then rounds 10 to 13 but the one that carried the
         // breakpoint (its user block): 1 + 4 + 3.
         assert_eq!(hits, [0, 8]);
