@@ -250,7 +250,17 @@ impl Conversation {
 pub(crate) struct History {
     conversations: HashMap<String, Conversation>,
     limit: usize,
+    /// Conversations forgotten for room while their cache could still be alive
+    /// (seen within [`ACTIVE_WITHIN`]): each one's next turn is analysed as a new
+    /// conversation's, so its verdict cannot say what the provider did.
+    forgotten_active: u64,
+    /// The count last warned about ([`History::forgotten_warning`]).
+    warned_at: u64,
 }
+
+/// A conversation seen this lately may still have a live cache entry (the shortest
+/// ttl): forgetting it loses what the next turn's verdict needs.
+const ACTIVE_WITHIN: Millis = 300_000;
 
 impl History {
     /// Remembers at most `limit` conversations (the least recently active are forgotten).
@@ -258,6 +268,8 @@ impl History {
         History {
             conversations: HashMap::new(),
             limit: limit.max(1),
+            forgotten_active: 0,
+            warned_at: 0,
         }
     }
 
@@ -276,14 +288,30 @@ impl History {
                 .conversations
                 .iter()
                 .min_by_key(|(_, c)| c.last_seen)
-                .map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
+                .map(|(k, c)| (k.clone(), c.last_seen));
+            if let Some((k, last_seen)) = oldest {
                 self.conversations.remove(&k);
+                if now.saturating_sub(last_seen) < ACTIVE_WITHIN {
+                    self.forgotten_active += 1;
+                }
             }
         }
         let c = self.conversations.entry(key.to_owned()).or_default();
         c.last_seen = c.last_seen.max(now);
         c
+    }
+
+    /// How many conversations were forgotten while active, when that count has
+    /// reached the next power of ten since the last warning (1, 10, 100, …): a
+    /// warning a decade, not one a turn, when more run at once than are remembered.
+    pub(crate) fn forgotten_warning(&mut self) -> Option<(u64, usize)> {
+        let due = self.forgotten_active > 0
+            && (self.warned_at == 0 || self.forgotten_active >= self.warned_at * 10);
+        if !due {
+            return None;
+        }
+        self.warned_at = self.forgotten_active;
+        Some((self.forgotten_active, self.limit))
     }
 
     /// The provider's cache belongs to the workspace, not to one conversation: when
@@ -474,6 +502,33 @@ mod tests {
         // Idle past the longest ttl: forgotten when another conversation starts.
         h.conversation("d", 3 + IDLE_FORGOTTEN);
         assert!(h.get("a").is_none() && h.get("c").is_some() && h.get("d").is_some());
+    }
+
+    /// More conversations active at once than are remembered: each one forgotten
+    /// while its cache could be alive is counted, and warned about once a decade; one
+    /// forgotten after going quiet is not.
+    #[test]
+    fn conversations_forgotten_while_active_are_counted_and_warned_about_a_decade_at_once() {
+        let mut h = History::new(2);
+        h.conversation("a", 0);
+        h.conversation("b", ACTIVE_WITHIN);
+        h.conversation("c", ACTIVE_WITHIN + 1);
+        assert_eq!(
+            (h.forgotten_active, h.forgotten_warning()),
+            (0, None),
+            "a was quiet"
+        );
+        let mut warnings = Vec::new();
+        for turn in 0..25u64 {
+            // Three conversations in turn through room for two: each forgets one.
+            h.conversation(
+                ["a", "b", "c"][(turn % 3) as usize],
+                ACTIVE_WITHIN + 2 + turn,
+            );
+            warnings.extend(h.forgotten_warning());
+        }
+        assert_eq!(h.forgotten_active, 25);
+        assert_eq!(warnings, [(1, 2), (10, 2)]);
     }
 
     #[test]

@@ -851,6 +851,19 @@ impl CacheStage {
             self.catch_up(state, shared, &key, &b);
         }
         self.prepare_keyed(state, b, key, self.shared.as_ref());
+        Self::warn_forgotten(state);
+    }
+
+    /// Says when conversations were forgotten while active: past the remembered
+    /// number their verdicts are a new conversation's, which reads as unexplained.
+    fn warn_forgotten(state: &mut State) {
+        if let Some((forgotten, limit)) = state.history.forgotten_warning() {
+            tracing::warn!(
+                "cache analysis: {forgotten} conversation(s) forgotten while active, more than \
+                 the {limit} remembered at once (`[cache] conversations`): the next turn of each \
+                 is analysed as a new conversation's"
+            );
+        }
     }
 
     /// Brings in, from the shared store, the conversation of `workspace` that cached
