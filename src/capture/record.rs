@@ -864,8 +864,8 @@ struct LastTurn {
 #[derive(Debug)]
 struct PlacedUnits {
     parts: std::sync::Arc<Parts>,
-    spans: Vec<Option<crate::digest::Digest>>,
-    places: crate::prompt::DigestPlaces,
+    /// Each unit's span digest, in order.
+    spans: crate::prompt::DigestPlaces,
 }
 
 impl PlacedUnits {
@@ -873,9 +873,7 @@ impl PlacedUnits {
     /// turn changes the unit its breakpoint left, and units found by their bytes or
     /// with a secret hold no digest here); the cursor moves past it.
     fn find(&self, cursor: &mut usize, digest: crate::digest::Digest) -> Option<CachedUnit> {
-        let k = self.places.find(self.spans.len(), cursor, &digest, |k| {
-            self.spans[k].as_ref()
-        })?;
+        let k = self.spans.find(cursor, &digest)?;
         let (_, stored, hash) = &self.parts.units[k];
         Some(CachedUnit {
             sent: stored.clone(),
@@ -1299,8 +1297,7 @@ impl UnitCache {
         if placed_now {
             placing.placed = Some(PlacedUnits {
                 parts: parts.clone(),
-                spans,
-                places: Default::default(),
+                spans: crate::prompt::DigestPlaces::new(spans),
             });
         }
         if !changed {

@@ -589,14 +589,13 @@ fn a_block_whose_bytes_moved_to_another_region_is_cut_afresh() {
 fn digest_places_find_units_moved_past_the_cursor_s_reach() {
     let last: Vec<Option<crate::digest::Digest>> =
         (0..30u8).map(|i| (i != 20).then_some([i; 32])).collect();
-    let at = |k: usize| last[k].as_ref();
-    let places = DigestPlaces::default();
+    let places = DigestPlaces::new(last.clone());
     let mut cursor = 0;
     // Two system blocks, then the rounds after the ten dropped (20 held no digest).
     let found: Vec<Option<usize>> = [0u8, 1]
         .into_iter()
         .chain(12..30)
-        .map(|i| places.find(last.len(), &mut cursor, &[i; 32], at))
+        .map(|i| places.find(&mut cursor, &[i; 32]))
         .collect();
     let expected: Vec<Option<usize>> = [0usize, 1]
         .into_iter()
@@ -606,10 +605,10 @@ fn digest_places_find_units_moved_past_the_cursor_s_reach() {
     assert_eq!(found, expected);
     assert_eq!(cursor, 30);
     // A new unit at the end is not looked for among them all.
-    let fresh = DigestPlaces::default();
+    let fresh = DigestPlaces::new(last);
     let mut cursor = 25;
-    assert_eq!(fresh.find(last.len(), &mut cursor, &[99; 32], at), None);
-    assert_eq!(fresh.find(last.len(), &mut cursor, &[26; 32], at), Some(26));
+    assert_eq!(fresh.find(&mut cursor, &[99; 32]), None);
+    assert_eq!(fresh.find(&mut cursor, &[26; 32]), Some(26));
     assert_eq!(cursor, 27);
-    assert!(fresh.0.get().is_none());
+    assert!(fresh.lookup.get().is_none());
 }

@@ -289,29 +289,39 @@ fn find_by_place(len: usize, cursor: &mut usize, is: impl Fn(usize) -> bool) -> 
 /// every later unit past where the cursor looks, and each was then sought in a
 /// cold map or made again.
 // Conversations at the 200 KB band drop ~10 rounds every ~10 turns (bench/conversations).
-#[derive(Debug, Default)]
-pub(crate) struct DigestPlaces(pub(super) std::cell::OnceCell<digest::DigestMap<usize>>);
+#[derive(Debug)]
+pub(crate) struct DigestPlaces {
+    /// Each last unit's digest, in order (`None`: found no way by digest).
+    digests: Vec<Option<Digest>>,
+    pub(super) lookup: std::cell::OnceCell<digest::DigestMap<usize>>,
+}
 
 impl DigestPlaces {
-    /// Where `digest` stands among the `len` last units whose digests `at` gives.
-    pub(crate) fn find<'d>(
-        &self,
-        len: usize,
-        cursor: &mut usize,
-        digest: &Digest,
-        at: impl Fn(usize) -> Option<&'d Digest>,
-    ) -> Option<usize> {
-        if let Some(k) = find_by_place(len, cursor, |k| at(k) == Some(digest)) {
+    pub(crate) fn new(digests: Vec<Option<Digest>>) -> DigestPlaces {
+        DigestPlaces {
+            digests,
+            lookup: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// Where `digest` stands among the last units; the cursor moves past it.
+    pub(crate) fn find(&self, cursor: &mut usize, digest: &Digest) -> Option<usize> {
+        let len = self.digests.len();
+        if let Some(k) = find_by_place(len, cursor, |k| self.digests[k] == Some(*digest)) {
             return Some(k);
         }
         // Past the last units' end a unit is new: no lookup, no map built.
         if *cursor + PLACES_AHEAD >= len {
             return None;
         }
-        let places = self
-            .0
-            .get_or_init(|| (0..len).filter_map(|k| Some((*at(k)?, k))).collect());
-        let k = *places.get(digest)?;
+        let lookup = self.lookup.get_or_init(|| {
+            self.digests
+                .iter()
+                .enumerate()
+                .filter_map(|(k, d)| Some(((*d)?, k)))
+                .collect()
+        });
+        let k = *lookup.get(digest)?;
         *cursor = (*cursor).max(k + 1);
         Some(k)
     }

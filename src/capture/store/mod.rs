@@ -388,19 +388,16 @@ struct LaidOut {
 struct PlacedIds {
     conversation: String,
     /// The units' digests (the skeleton's left out), and their ids.
-    hashes: Vec<[u8; 32]>,
+    hashes: crate::prompt::DigestPlaces,
     ids: Vec<i64>,
     marked: Instant,
-    places: crate::prompt::DigestPlaces,
 }
 
 impl PlacedIds {
     /// The id of the unit at `cursor` or a few places on whose digest is `hash`;
     /// the cursor moves past it.
     fn find(&self, cursor: &mut usize, hash: &[u8; 32]) -> Option<i64> {
-        let k = self
-            .places
-            .find(self.hashes.len(), cursor, hash, |k| self.hashes.get(k))?;
+        let k = self.hashes.find(cursor, hash)?;
         Some(self.ids[k])
     }
 }
@@ -452,10 +449,11 @@ impl UnitWriter {
         }
         self.placed.push_back(PlacedIds {
             conversation: conversation.to_owned(),
-            hashes: parts.units.iter().map(|(_, _, hash)| *hash).collect(),
+            hashes: crate::prompt::DigestPlaces::new(
+                parts.units.iter().map(|(_, _, hash)| Some(*hash)).collect(),
+            ),
             ids: ids[1..].to_vec(),
             marked,
-            places: Default::default(),
         });
     }
 
