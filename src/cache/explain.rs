@@ -991,7 +991,9 @@ fn changed(now: &Segments, before: &Segments, d: usize) -> Reason {
         b.map_or(&empty, |u| &u.bytes),
     );
     let offset = x.iter().zip(y.iter()).take_while(|(p, q)| p == q).count();
-    let spelling_only = a.is_some() && b.is_some() && super::segment::same_value(x, y);
+    let spelling_only = a.is_some()
+        && b.is_some()
+        && super::segment::same_value_sized(x, y, now.unique_keys && before.unique_keys);
     Reason::PrefixChanged {
         unit: path,
         offset,
