@@ -85,7 +85,7 @@ impl Hasher {
 /// The bytes of one block of [`Blocks`]: 16 BLAKE3 chunks, as many as the AVX2 and
 /// AVX-512 paths hash side by side, so a block costs what the same bytes cost in one
 /// call; smaller blocks would repeat more of a body that changed in one place.
-const BLOCK: usize = 16 * blake3::CHUNK_LEN;
+pub(crate) const BLOCK: usize = 16 * blake3::CHUNK_LEN;
 
 /// A body with the chaining values of its whole [`BLOCK`]s: what lets a later body
 /// that repeats some of those blocks at the same offsets be hashed by its other bytes
@@ -103,6 +103,18 @@ impl Blocks {
     /// The body these blocks are of.
     pub fn body(&self) -> &bytes::Bytes {
         &self.body
+    }
+
+    /// The bytes this body begins with that `other`'s holds too, in whole blocks,
+    /// found by their values (no byte read).
+    pub fn shared_start(&self, other: &Blocks) -> usize {
+        let same = self
+            .values
+            .iter()
+            .zip(&other.values)
+            .take_while(|(a, b)| a == b)
+            .count();
+        same * BLOCK
     }
 }
 
@@ -291,6 +303,27 @@ mod tests {
                 let (d2, _) = content_after(&body, Some(&again));
                 assert_eq!(d2, d, "itself again, {} bytes", body.len());
             }
+        }
+    }
+
+    #[test]
+    fn the_start_two_bodies_share_is_counted_in_whole_blocks() {
+        let body = |edit: Option<usize>| {
+            let mut b: Vec<u8> = (0..5 * BLOCK as u32).map(|i| (i % 249) as u8).collect();
+            if let Some(at) = edit {
+                b[at] ^= 1;
+            }
+            bytes::Bytes::from(b)
+        };
+        let (_, a) = content_after(&body(None), None);
+        for (edit, shared) in [
+            (None, 5 * BLOCK),
+            (Some(0), 0),
+            (Some(2 * BLOCK + 7), 2 * BLOCK),
+            (Some(5 * BLOCK - 1), 4 * BLOCK),
+        ] {
+            let (_, b) = content_after(&body(edit), Some(&a));
+            assert_eq!(b.shared_start(&a), shared, "{edit:?}");
         }
     }
 
