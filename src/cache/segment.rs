@@ -284,8 +284,6 @@ struct Chain<'p> {
     moved: std::cell::OnceCell<ByBytes<'p>>,
     /// What becomes [`Segments::mixed`].
     mixed: Vec<u8>,
-    /// Every object of the body has distinct keys (see [`Segments::unique_keys`]).
-    unique_keys: bool,
 }
 
 /// Units' places by their region and bytes.
@@ -319,8 +317,12 @@ impl<'p> Chain<'p> {
             speed_mixed: false,
             moved: std::cell::OnceCell::new(),
             mixed: Vec::new(),
-            unique_keys: *prompt.keys() == crate::prompt::KeyCheck::Unique,
         }
+    }
+
+    /// Every object of the body has distinct keys (see [`Segments::unique_keys`]).
+    fn unique_keys(&self) -> bool {
+        *self.prompt.keys() == crate::prompt::KeyCheck::Unique
     }
 
     fn units(&mut self, range: std::ops::Range<usize>) {
@@ -426,7 +428,7 @@ impl<'p> Chain<'p> {
             && same_value_sized(
                 &prev.bytes,
                 bytes,
-                self.unique_keys && self.previous.is_some_and(|p| p.unique_keys),
+                self.unique_keys() && self.previous.is_some_and(|p| p.unique_keys),
             )
         {
             return Measured {
@@ -611,6 +613,7 @@ impl<'p> Chain<'p> {
             .filter(|(_, u)| u.breakpoint.is_some())
             .map(|(i, _)| i)
             .collect();
+        let unique_keys = self.unique_keys();
         Segments {
             body,
             format: self.format,
@@ -618,7 +621,7 @@ impl<'p> Chain<'p> {
             settings: self.settings,
             breakpoints,
             mixed: self.mixed,
-            unique_keys: self.unique_keys,
+            unique_keys,
         }
     }
 }
